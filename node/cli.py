@@ -1,0 +1,153 @@
+"""The `swarm-node` command: argument parsing and dispatch only.
+
+Each command's work lives in `node.commands.<name>` (or a benchmark in `node.bench.<name>`),
+imported when the command runs so that `swarm-node --help` does not load torch.
+A `CommandError` becomes one line on stderr and its exit code.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from node.errors import CommandError
+
+
+def _one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn `CommandError` (and unreadable files) into `swarm-node: error: ...` + exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CommandError as exc:
+            click.echo(f"swarm-node: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("swarm-node: interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+def _not_built(name: str, issue: str) -> None:
+    raise CommandError(f"'{name}' is not built yet ({issue})", exit_code=2)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="swarm-node")
+def cli() -> None:
+    """swarm-node: a peer of a decentralized RL training network."""
+
+
+@cli.command()
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Key file to write.")
+@click.option("--force", is_flag=True, help="Overwrite an existing key file.")
+@_one_line_errors
+def keygen(out: Path, force: bool) -> None:
+    """Create an Ed25519 identity key file (owner-readable only)."""
+    from node.commands import keys
+
+    keys.keygen(out, force=force)
+
+
+@cli.command(name="id")
+@click.argument("path", type=click.Path(path_type=Path))
+@_one_line_errors
+def id_(path: Path) -> None:
+    """Print the libp2p peer id of a key file."""
+    from node.commands import keys
+
+    keys.show_id(path)
+
+
+@cli.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print only the result JSON on stdout.")
+@click.option("--quick", is_flag=True, help="A short run (under a minute).")
+@click.pass_context
+@_one_line_errors
+def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
+    """Run benchmark NAME (codec, generate, verify, gossip, ...); the JSON result is the last line."""
+    if not name.isidentifier():
+        raise CommandError(f"unknown benchmark {name!r}")
+    try:
+        module = importlib.import_module(f"node.bench.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"node.bench.{name}":
+            raise
+        available = sorted(p.stem for p in Path(__file__).with_name("bench").glob("[a-z]*.py"))
+        raise CommandError(
+            f"unknown benchmark {name!r}; available: {', '.join(available)}"
+        ) from None
+    result = module.run(quick=quick, args=list(ctx.args))
+    if not as_json:
+        for key, value in result.items():
+            click.echo(f"{key:>32}: {json.dumps(value)}", err=True)
+    click.echo(json.dumps(result, sort_keys=False))
+
+
+@cli.command()
+@_one_line_errors
+def start() -> None:
+    """Join a training run as one role (inference, trainer, validator, relay)."""
+    _not_built("start", "issue 5: the real peer on py-libp2p")
+
+
+@cli.command()
+@_one_line_errors
+def devnet() -> None:
+    """Run a local swarm on loopback with the built-in tiny policy."""
+    _not_built("devnet", "issue 5: the real peer on py-libp2p")
+
+
+@cli.command()
+@_one_line_errors
+def sim() -> None:
+    """Simulate thousands of virtual peers with churn, latency and attackers."""
+    _not_built("sim", "the simulator issue")
+
+
+@cli.command()
+@_one_line_errors
+def audit() -> None:
+    """Audit rollout records against a model: proofs, sampling replay, rewards."""
+    _not_built("audit", "issue 4: verification")
+
+
+@cli.command()
+@_one_line_errors
+def status() -> None:
+    """Show what a running node is doing (peers, store, ledger)."""
+    _not_built("status", "issue 5: the real peer on py-libp2p")
+
+
+@cli.command(name="init-model")
+@_one_line_errors
+def init_model() -> None:
+    """Build and warm-start the built-in tiny policy."""
+    _not_built("init-model", "issue 3: inference worker offline")
+
+
+@cli.command()
+@_one_line_errors
+def rollouts() -> None:
+    """Generate signed rollout records offline."""
+    _not_built("rollouts", "issue 3: inference worker offline")
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""One module per `swarm-node` command; `node.cli` imports them lazily so `--help` stays fast."""

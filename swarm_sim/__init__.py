@@ -1,0 +1,1 @@
+"""Virtual-time simulator driving the same `protocol` rules over many virtual peers."""

@@ -1,0 +1,1 @@
+"""Tasks and rewards, generation engines, the built-in tiny policy, RL losses and training."""
