@@ -1,0 +1,148 @@
+"""Canonical msgpack encoding of the wire objects, and the strict decoder.
+
+An object `X(a, b, c)` of schema version s is the msgpack array `[s, a, b, c]`, fields in
+declaration order. There is exactly one encoding of each value (msgpack's shortest forms,
+float64 for floats, bin for bytes, str for text), and the decoder enforces it by re-encoding
+what it read and comparing bytes: so a signature over the canonical bytes covers every bit
+a peer can send, and no mutation decodes to an equal object.
+
+Decoder invariant (tested by the fuzzer in `node.bench.codec` and in tests): for any input
+bytes, `decode(cls, data)` either returns a valid `cls` or raises `DecodeError`. Nothing
+else escapes. The size limit of the object kind is checked before msgpack sees a byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, TypeVar
+
+import msgpack
+
+from protocol.errors import DecodeError, LocalProtocolError, OversizeError
+from protocol.schema import Spec
+
+T = TypeVar("T", bound="WireObject")
+
+
+def spec(s: Spec, **kwargs: Any) -> Any:
+    """Declare a dataclass field with its wire type: `top_k: int = spec(Int(*U32))`."""
+    return dataclasses.field(metadata={"spec": s}, **kwargs)
+
+
+class WireObject:
+    """Base of the frozen wire dataclasses. Subclasses set the three class constants.
+
+    Built objects validate themselves (`LocalProtocolError` on a bad value), so a wire
+    object that exists is legal, whichever side made it.
+    """
+
+    __slots__ = ()
+
+    KIND: ClassVar[str]
+    SCHEMA: ClassVar[int]
+    MAX_BYTES: ClassVar[int]
+    _FIELDS: ClassVar[tuple[tuple[str, Spec], ...]]
+
+    def __post_init__(self) -> None:
+        for name, s in self._fields():
+            problem = s.check(getattr(self, name))
+            if problem is not None:
+                raise LocalProtocolError(f"{type(self).__name__}.{name}: {problem}")
+
+    @classmethod
+    def _fields(cls) -> tuple[tuple[str, Spec], ...]:
+        fields = cls.__dict__.get("_FIELDS")
+        if fields is None:
+            fields = tuple((f.name, f.metadata["spec"]) for f in dataclasses.fields(cls))
+            cls._FIELDS = fields
+        return fields
+
+
+def wire(kind: str, schema: int, max_bytes: int) -> Any:
+    """Class decorator: a frozen, slotted dataclass registered as wire object `kind`."""
+
+    def wrap(cls: type) -> type:
+        cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
+        cls.KIND = kind
+        cls.SCHEMA = schema
+        cls.MAX_BYTES = max_bytes
+        for f in dataclasses.fields(cls):
+            if not isinstance(f.metadata.get("spec"), Spec):
+                raise TypeError(f"{cls.__name__}.{f.name} has no wire spec")
+        if kind in REGISTRY:
+            raise TypeError(f"wire kind {kind!r} registered twice")
+        REGISTRY[kind] = cls
+        return cls
+
+    return wrap
+
+
+REGISTRY: dict[str, type] = {}
+
+
+def to_wire(obj: WireObject) -> list[Any]:
+    """The msgpack-ready array of an object (schema version first)."""
+    out: list[Any] = [obj.SCHEMA]
+    for name, s in obj._fields():
+        out.append(s.to_wire(getattr(obj, name)))
+    return out
+
+
+def from_wire(cls: type[T], raw: Any, where: str | None = None) -> T:
+    """Build `cls` from an unpacked msgpack value, validating every field."""
+    name = where or cls.__name__
+    if type(raw) is not list:
+        raise DecodeError(name, None, f"expected an array, got {type(raw).__name__}")
+    fields = cls._fields()
+    if not raw:
+        raise DecodeError(name, None, "empty array (no schema version)")
+    if raw[0] != cls.SCHEMA or type(raw[0]) is not int:
+        raise DecodeError(name, None, f"unknown schema version {raw[0]!r} (expected {cls.SCHEMA})")
+    if len(raw) != len(fields) + 1:
+        if len(raw) < len(fields) + 1:
+            missing = ", ".join(n for n, _ in fields[len(raw) - 1 :])
+            raise DecodeError(name, None, f"missing fields: {missing}")
+        raise DecodeError(name, None, f"{len(raw) - 1 - len(fields)} extra field(s)")
+    obj = object.__new__(cls)
+    for (field, s), value in zip(fields, raw[1:], strict=True):
+        object.__setattr__(obj, field, s.from_wire(value, name, field))
+    return obj
+
+
+def encode(obj: WireObject) -> bytes:
+    """The canonical bytes of a wire object."""
+    data = msgpack.packb(to_wire(obj), use_bin_type=True)
+    if len(data) > obj.MAX_BYTES:
+        raise LocalProtocolError(
+            f"{type(obj).__name__} encodes to {len(data)} bytes, over its limit {obj.MAX_BYTES}"
+        )
+    return data
+
+
+def _unpack(name: str, data: bytes, limit: int) -> Any:
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            timestamp=0,
+        )
+    except Exception as exc:  # msgpack raises many types (ValueError, ExtraData, ...)
+        raise DecodeError(
+            name, None, f"not a msgpack value ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def decode(cls: type[T], data: bytes | bytearray | memoryview) -> T:
+    """Decode canonical bytes of `cls`. Raises `DecodeError` (and only that) on bad input."""
+    name = cls.__name__
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise DecodeError(name, None, f"expected bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) > cls.MAX_BYTES:
+        raise OversizeError(name, None, f"{len(data)} bytes, over the limit of {cls.MAX_BYTES}")
+    obj = from_wire(cls, _unpack(name, data, cls.MAX_BYTES))
+    if msgpack.packb(to_wire(obj), use_bin_type=True) != data:
+        raise DecodeError(name, None, "non-canonical encoding")
+    return obj
