@@ -48,7 +48,9 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Key file to write.")
+@click.option(
+    "--out", "out", required=True, type=click.Path(path_type=Path), help="Key file to write."
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing key file.")
 @_one_line_errors
 def keygen(out: Path, force: bool) -> None:

@@ -1,0 +1,164 @@
+"""The run manifest as a TOML file: read it into a `protocol.wire.RunManifest`.
+
+```toml
+[run]
+id = "demo"                 # lowercase letters, digits, - _ .
+model = "builtin:tiny"      # or a path / name of a Hugging Face model directory
+model_digest = ""           # optional: 64 hex chars, the content id of the weights
+seed = 1234
+group_size = 8              # rollouts per task for group-relative advantages
+max_staleness = 2           # a rollout of version v is usable at version t if t - v <= this
+trainer_keys = []           # peer ids allowed to publish new policy versions
+
+[sampling]
+max_new_tokens = 48
+temperature = 1.0
+top_p = 1.0
+top_k = 0                   # 0 = off
+
+[proofs]
+chunk = 32
+topk = 128
+
+[[datasets]]
+name = "basic_arithmetic"
+weight = 1
+```
+
+Errors are one line and name the TOML key (`sampling.top_p: 1.5 out of range [0.0, 1.0]`).
+Which datasets a run may use (refusing gameable scorers) is the task adapter's rule in
+`trainer.tasks`; this module only checks the shape.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from node.config import read_toml
+from node.errors import CommandError
+from protocol.errors import LocalProtocolError
+from protocol.identity import peer_id_from_b58, peer_id_to_b58
+from protocol.wire import DatasetSpec, RunManifest
+
+# RunManifest field -> (TOML section, key, default or REQUIRED)
+REQUIRED = object()
+FIELDS: dict[str, tuple[str, str, Any]] = {
+    "run_id": ("run", "id", REQUIRED),
+    "model": ("run", "model", "builtin:tiny"),
+    "model_digest": ("run", "model_digest", ""),
+    "seed": ("run", "seed", 0),
+    "group_size": ("run", "group_size", 8),
+    "max_staleness": ("run", "max_staleness", 2),
+    "trainer_keys": ("run", "trainer_keys", []),
+    "max_new_tokens": ("sampling", "max_new_tokens", 48),
+    "temperature": ("sampling", "temperature", 1.0),
+    "top_p": ("sampling", "top_p", 1.0),
+    "top_k": ("sampling", "top_k", 0),
+    "proof_chunk": ("proofs", "chunk", 32),
+    "proof_topk": ("proofs", "topk", 128),
+}
+SECTIONS = {"run", "sampling", "proofs", "datasets"}
+
+
+def _key_of(field: str) -> str:
+    if field == "datasets":
+        return "datasets"
+    section, key, _ = FIELDS[field]
+    return f"{section}.{key}"
+
+
+def manifest_from_table(table: dict[str, Any], source: str = "run manifest") -> RunManifest:
+    """Build a RunManifest from a parsed TOML table; one-line `CommandError` on any problem."""
+    for section in table:
+        if section not in SECTIONS:
+            raise CommandError(
+                f"{source}: unknown section [{section}]; allowed: {', '.join(sorted(SECTIONS))}"
+            )
+    for section in ("run", "sampling", "proofs"):
+        if not isinstance(table.get(section, {}), dict):
+            raise CommandError(f"{source}: '{section}' must be a table [{section}]")
+        known = {key for s, key, _ in FIELDS.values() if s == section}
+        for key in table.get(section, {}):
+            if key not in known:
+                raise CommandError(
+                    f"{source}: unknown key {section}.{key}; allowed: {', '.join(sorted(known))}"
+                )
+    kwargs: dict[str, Any] = {}
+    for field, (section, key, default) in FIELDS.items():
+        value = table.get(section, {}).get(key, default)
+        if value is REQUIRED:
+            raise CommandError(f"{source}: missing required key {section}.{key}")
+        if field in ("temperature", "top_p") and type(value) is int:
+            value = float(value)
+        kwargs[field] = value
+    try:
+        kwargs["model_digest"] = bytes.fromhex(kwargs["model_digest"])
+    except (TypeError, ValueError):
+        raise CommandError(f"{source}: run.model_digest: expected 64 hex characters") from None
+    keys = kwargs["trainer_keys"]
+    if not isinstance(keys, list):
+        raise CommandError(f"{source}: run.trainer_keys: expected a list of peer ids")
+    try:
+        kwargs["trainer_keys"] = tuple(peer_id_from_b58(k) for k in keys if isinstance(k, str))
+    except LocalProtocolError as exc:
+        raise CommandError(f"{source}: run.trainer_keys: {exc}") from None
+    if len(kwargs["trainer_keys"]) != len(keys):
+        raise CommandError(f"{source}: run.trainer_keys: expected strings")
+    datasets = table.get("datasets")
+    if not isinstance(datasets, list) or not datasets:
+        raise CommandError(f"{source}: at least one [[datasets]] entry (name, weight) is required")
+    specs = []
+    for i, entry in enumerate(datasets):
+        if not isinstance(entry, dict) or set(entry) - {"name", "weight"} or "name" not in entry:
+            raise CommandError(
+                f"{source}: datasets[{i}]: expected keys name (string) and weight (integer)"
+            )
+        try:
+            specs.append(DatasetSpec(name=entry["name"], weight=entry.get("weight", 1)))
+        except LocalProtocolError as exc:
+            raise CommandError(f"{source}: datasets[{i}]: {_problem(exc)}") from None
+    kwargs["datasets"] = tuple(specs)
+    try:
+        return RunManifest(**kwargs)
+    except LocalProtocolError as exc:
+        field = str(exc).split(":")[0].split(".")[-1]
+        key = _key_of(field) if field in FIELDS else field
+        raise CommandError(f"{source}: {key}: {_problem(exc)}") from None
+
+
+def _problem(exc: Exception) -> str:
+    return str(exc).split(": ", 1)[-1]
+
+
+def load_run_manifest(path: Path) -> RunManifest:
+    """Read and validate a run manifest TOML file."""
+    return manifest_from_table(read_toml(path, "run manifest"), source=str(path))
+
+
+def manifest_to_toml(m: RunManifest) -> str:
+    """The TOML text of a manifest (what `load_run_manifest` reads back to an equal object)."""
+    keys = ", ".join(f'"{peer_id_to_b58(k)}"' for k in m.trainer_keys)
+    lines = [
+        "[run]",
+        f'id = "{m.run_id}"',
+        f'model = "{m.model}"',
+        f'model_digest = "{m.model_digest.hex()}"',
+        f"seed = {m.seed}",
+        f"group_size = {m.group_size}",
+        f"max_staleness = {m.max_staleness}",
+        f"trainer_keys = [{keys}]",
+        "",
+        "[sampling]",
+        f"max_new_tokens = {m.max_new_tokens}",
+        f"temperature = {m.temperature!r}",
+        f"top_p = {m.top_p!r}",
+        f"top_k = {m.top_k}",
+        "",
+        "[proofs]",
+        f"chunk = {m.proof_chunk}",
+        f"topk = {m.proof_topk}",
+    ]
+    for d in m.datasets:
+        lines += ["", "[[datasets]]", f'name = "{d.name}"', f"weight = {d.weight}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,668 @@
+"""Durable storage of one peer: rollouts, verdicts, peer scores and bans, and a ledger.
+
+One SQLite file, `<data dir>/node.sqlite3`, in WAL mode with `synchronous=FULL`: every
+write method runs one transaction and returns only after it committed, so whatever a
+method has returned for (an "ack") survives `kill -9` and a power cut. Nothing here knows
+about the network or the protocol rules: the node feeds it what `protocol.admission` told it
+to store. What it owns: the schema, its version and migrations, and turning every SQLite
+failure into a one-line `StoreError`.
+
+Threads and trio
+----------------
+A `Store` holds one connection guarded by a lock, so it may be called from any thread; calls
+serialize. A write costs an fsync (about a millisecond on an SSD, more on a busy disk), so a
+trio task should call it through `await trio.to_thread.run_sync(store.put_rollout, ...)`
+(or batch with `put_rollouts`) rather than on the event loop. Reads are short indexed
+queries; `rollouts()` and `ledger()` take a `limit`.
+
+Public API
+----------
+`Store.open(data_dir) -> Store`  creates the directory and file if needed
+`Store(path)`                     open a given file; `close()`; usable as a context manager
+Rollouts (the signed header envelope and the encoded body, kept as received):
+    `put_rollout(RolloutRow) -> bool`       False when the id was already stored (idempotent;
+                                            a body missing before is filled in)
+    `put_rollouts(rows) -> int`             one transaction; returns how many were new
+    `set_body(rollout_id, body) -> bool`    attach a body pulled after the header
+    `get_rollout(rollout_id) -> RolloutRow | None`, `has_rollout(rollout_id) -> bool`
+    `rollouts(run_id=None, min_version=None, max_version=None, producer=None,
+              with_body=False, limit=1000) -> list[RolloutRow]`   oldest first
+    `recent_rollout_ids(since) -> list[bytes]`   to refill a dedup cache after a restart
+    `count_rollouts(run_id=None) -> int`
+    `prune_rollouts(run_id, below_version) -> int`   drop what the staleness bound made useless
+Verdicts:
+    `put_verdict(VerdictRow) -> bool`, `verdicts_for(rollout_id) -> list[VerdictRow]`
+Peers (bans survive a restart):
+    `save_peer(PeerRecord)`, `save_peers(records)`, `load_peers() -> list[PeerRecord]`
+    (feed to `protocol.peer_score.PeerScores(config, records)`), `active_bans(now)`
+    `forget_peer(peer)`
+Ledger (what this peer produced, and what was accepted or rejected, with reasons):
+    `log(LedgerEntry)` / `log_many(entries)`
+    `ledger(direction=None, outcome=None, kind=None, since=None, limit=1000) -> list[LedgerEntry]`
+    `ledger_summary(direction=None) -> dict[(direction, outcome, reason), count]`
+    `produced_status(kind="rollout") -> dict` produced / accepted / rejected / pending counts
+    of this peer's own work, judged by the verdicts logged against it
+    `prune_ledger(before) -> int`
+Maintenance: `schema_version() -> int`, `check() -> None` (full integrity check; slow on a
+large file).
+
+Peer ids are opaque `bytes` or `str` and come back as the type they went in as.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from node.errors import CommandError
+from protocol.peer_score import PeerId, PeerRecord
+
+__all__ = [
+    "DB_FILENAME",
+    "SCHEMA_VERSION",
+    "LedgerEntry",
+    "RolloutRow",
+    "Store",
+    "StoreError",
+    "VerdictRow",
+]
+
+DB_FILENAME = "node.sqlite3"
+APPLICATION_ID = 0x53574E44  # "SWND" in the SQLite header: this file is ours
+SCHEMA_VERSION = 1
+
+# MIGRATIONS[n] takes a database at schema version n - 1 to version n. Append, never edit.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE rollouts (
+            rollout_id     BLOB PRIMARY KEY,
+            run_id         TEXT NOT NULL,
+            producer       NOT NULL,          -- peer id, bytes or str
+            policy_version INTEGER NOT NULL,
+            header         BLOB NOT NULL,     -- signed header envelope, as received
+            body           BLOB,              -- encoded body; NULL until pulled
+            received_at    REAL NOT NULL,
+            source_peer                       -- who sent it; NULL when produced here
+        )""",
+        "CREATE INDEX rollouts_run_version ON rollouts(run_id, policy_version)",
+        "CREATE INDEX rollouts_received ON rollouts(received_at)",
+        "CREATE INDEX rollouts_producer ON rollouts(producer)",
+        """CREATE TABLE verdicts (
+            verdict_id  BLOB PRIMARY KEY,
+            rollout_id  BLOB NOT NULL,
+            validator   NOT NULL,
+            accepted    INTEGER NOT NULL,
+            reason      TEXT,
+            envelope    BLOB NOT NULL,
+            received_at REAL NOT NULL
+        )""",
+        "CREATE INDEX verdicts_rollout ON verdicts(rollout_id)",
+        """CREATE TABLE peers (
+            peer         PRIMARY KEY,
+            score        REAL NOT NULL,
+            updated_at   REAL NOT NULL,
+            banned_until REAL NOT NULL DEFAULT 0,
+            offences     INTEGER NOT NULL DEFAULT 0
+        )""",
+        """CREATE TABLE ledger (
+            seq       INTEGER PRIMARY KEY AUTOINCREMENT,
+            at        REAL NOT NULL,
+            direction TEXT NOT NULL CHECK (direction IN ('out', 'in')),
+            outcome   TEXT NOT NULL CHECK (outcome IN ('produced', 'accepted', 'rejected')),
+            kind      TEXT NOT NULL,
+            item_id   BLOB,
+            peer,
+            reason    TEXT,
+            detail    TEXT
+        )""",
+        "CREATE INDEX ledger_at ON ledger(at)",
+        "CREATE INDEX ledger_item ON ledger(item_id)",
+    ),
+}
+assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
+
+
+class StoreError(CommandError):
+    """The database cannot be opened or used; the message names the file and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutRow:
+    rollout_id: bytes
+    run_id: str
+    producer: PeerId
+    policy_version: int
+    header: bytes
+    body: bytes | None
+    received_at: float
+    source_peer: PeerId | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictRow:
+    verdict_id: bytes
+    rollout_id: bytes
+    validator: PeerId
+    accepted: bool
+    envelope: bytes
+    received_at: float
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One line of the ledger.
+
+    direction "out": this peer's own work: outcome "produced" when made, then "accepted" or
+    "rejected" (with the validator as `peer` and its reason) when a verdict about it arrives.
+    direction "in": what others sent us: "accepted" or "rejected" by admission (`reason` is
+    the admission reason, `peer` the sender).
+    """
+
+    at: float
+    direction: str
+    outcome: str
+    kind: str
+    item_id: bytes | None = None
+    peer: PeerId | None = None
+    reason: str | None = None
+    detail: str | None = None
+    seq: int | None = None  # set when read back
+
+
+_ROLLOUT_COLS = (
+    "rollout_id, run_id, producer, policy_version, header, body, received_at, source_peer"
+)
+_VERDICT_COLS = "verdict_id, rollout_id, validator, accepted, envelope, received_at, reason"
+_LEDGER_COLS = "at, direction, outcome, kind, item_id, peer, reason, detail, seq"
+
+
+def _rollout(row: tuple) -> RolloutRow:
+    return RolloutRow(*row)
+
+
+def _verdict(row: tuple) -> VerdictRow:
+    v = list(row)
+    v[3] = bool(v[3])
+    return VerdictRow(*v)
+
+
+def _check_peer(peer: object, what: str = "peer id") -> None:
+    if not isinstance(peer, bytes | str):
+        raise TypeError(f"{what} must be bytes or str, not {type(peer).__name__}")
+
+
+def _check_time(t: float, what: str = "time") -> None:
+    if not isinstance(t, int | float) or not math.isfinite(t):
+        raise ValueError(f"{what} must be a finite number of seconds")
+
+
+class Store:
+    """The node's SQLite database (see the module docstring)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        if self.path.is_dir():
+            raise StoreError(f"database path {self.path} is a directory")
+        try:
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=10.0
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open database {self.path}: {exc}") from None
+        self._conn = conn
+        try:
+            self._setup()
+        except StoreError:
+            self._close_quietly()
+            raise
+        except sqlite3.DatabaseError as exc:
+            self._close_quietly()
+            raise StoreError(
+                f"database {self.path} is corrupt or not an SQLite file ({exc}); "
+                "move it away to start with an empty store"
+            ) from None
+
+    @classmethod
+    def open(cls, data_dir: str | Path) -> Store:
+        """Open (creating if needed) the store of a data directory."""
+        d = Path(data_dir)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create data directory {d}: {exc.strerror}") from None
+        return cls(d / DB_FILENAME)
+
+    # -- opening, schema -----------------------------------------------------------
+
+    def _setup(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        # The first read of the header: a file that is not SQLite fails here.
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        n_tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if app_id not in (0, APPLICATION_ID) or (app_id == 0 and n_tables > 0):
+            raise StoreError(
+                f"{self.path} is an SQLite database of another program, not a swarm-node store"
+            )
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"database {self.path} has schema version {version}, newer than this "
+                f"swarm-node understands ({SCHEMA_VERSION}); upgrade swarm-node"
+            )
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            raise StoreError(f"cannot use database {self.path}: {exc}") from None
+        if str(mode).lower() != "wal":
+            raise StoreError(f"database {self.path} cannot use WAL mode (got {mode!r})")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=10000")
+        while version < SCHEMA_VERSION:
+            nxt = version + 1
+            with self._tx() as c:
+                for stmt in MIGRATIONS[nxt]:
+                    c.execute(stmt)
+                c.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                c.execute(f"PRAGMA user_version={nxt}")
+            version = nxt
+
+    def schema_version(self) -> int:
+        with self._read() as c:
+            return int(c.execute("PRAGMA user_version").fetchone()[0])
+
+    def check(self) -> None:
+        """Full integrity check; raises StoreError when the file is damaged."""
+        with self._read() as c:
+            rows = c.execute("PRAGMA integrity_check").fetchall()
+        if [r[0] for r in rows] != ["ok"]:
+            raise StoreError(f"database {self.path} failed its integrity check: {rows[0][0]}")
+
+    # -- plumbing ------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def _close_quietly(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+            self._conn = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _fail(self, exc: sqlite3.Error) -> StoreError:
+        if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc).lower():
+            return StoreError(f"database {self.path}: disk full ({exc})")
+        if isinstance(exc, sqlite3.DatabaseError) and not isinstance(
+            exc, sqlite3.OperationalError | sqlite3.IntegrityError
+        ):
+            return StoreError(f"database {self.path} is corrupt or unreadable: {exc}")
+        return StoreError(f"database {self.path}: {exc}")
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, committed (and fsynced) before the block's caller returns."""
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"database {self.path} is closed")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise self._fail(exc) from None
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise StoreError(f"database {self.path} is closed")
+            try:
+                yield conn
+            except sqlite3.Error as exc:
+                raise self._fail(exc) from None
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock, self._tx() as c:
+            yield c
+
+    # -- rollouts ------------------------------------------------------------------
+
+    @staticmethod
+    def _rollout_params(r: RolloutRow) -> tuple:
+        if not isinstance(r.rollout_id, bytes) or not isinstance(r.header, bytes):
+            raise TypeError("rollout_id and header must be bytes")
+        if r.body is not None and not isinstance(r.body, bytes):
+            raise TypeError("body must be bytes or None")
+        _check_peer(r.producer, "producer")
+        if r.source_peer is not None:
+            _check_peer(r.source_peer, "source_peer")
+        _check_time(r.received_at, "received_at")
+        return (
+            r.rollout_id,
+            str(r.run_id),
+            r.producer,
+            int(r.policy_version),
+            r.header,
+            r.body,
+            float(r.received_at),
+            r.source_peer,
+        )
+
+    @staticmethod
+    def _insert_rollout(c: sqlite3.Connection, params: tuple) -> bool:
+        cur = c.execute(
+            f"INSERT OR IGNORE INTO rollouts ({_ROLLOUT_COLS}) VALUES (?,?,?,?,?,?,?,?)", params
+        )
+        if cur.rowcount == 1:
+            return True
+        if params[5] is not None:  # known header, body arrived with this copy
+            c.execute(
+                "UPDATE rollouts SET body=? WHERE rollout_id=? AND body IS NULL",
+                (params[5], params[0]),
+            )
+        return False
+
+    def put_rollout(self, row: RolloutRow) -> bool:
+        """Store one rollout durably; False when its id was already there."""
+        params = self._rollout_params(row)
+        with self._write() as c:
+            return self._insert_rollout(c, params)
+
+    def put_rollouts(self, rows: Iterable[RolloutRow]) -> int:
+        """Store many rollouts in one transaction (one fsync); returns how many were new."""
+        params = [self._rollout_params(r) for r in rows]
+        with self._write() as c:
+            return sum(self._insert_rollout(c, p) for p in params)
+
+    def set_body(self, rollout_id: bytes, body: bytes) -> bool:
+        """Attach a pulled body to a stored header; False if unknown or already set."""
+        if not isinstance(body, bytes):
+            raise TypeError("body must be bytes")
+        with self._write() as c:
+            cur = c.execute(
+                "UPDATE rollouts SET body=? WHERE rollout_id=? AND body IS NULL",
+                (body, rollout_id),
+            )
+            return cur.rowcount == 1
+
+    def get_rollout(self, rollout_id: bytes) -> RolloutRow | None:
+        with self._read() as c:
+            row = c.execute(
+                f"SELECT {_ROLLOUT_COLS} FROM rollouts WHERE rollout_id=?", (rollout_id,)
+            ).fetchone()
+        return None if row is None else _rollout(row)
+
+    def has_rollout(self, rollout_id: bytes) -> bool:
+        with self._read() as c:
+            row = c.execute("SELECT 1 FROM rollouts WHERE rollout_id=?", (rollout_id,)).fetchone()
+        return row is not None
+
+    def rollouts(
+        self,
+        run_id: str | None = None,
+        min_version: int | None = None,
+        max_version: int | None = None,
+        producer: PeerId | None = None,
+        with_body: bool = False,
+        limit: int = 1000,
+    ) -> list[RolloutRow]:
+        """Stored rollouts matching every given filter, oldest received first."""
+        where, args = [], []
+        if run_id is not None:
+            where.append("run_id=?")
+            args.append(run_id)
+        if min_version is not None:
+            where.append("policy_version>=?")
+            args.append(int(min_version))
+        if max_version is not None:
+            where.append("policy_version<=?")
+            args.append(int(max_version))
+        if producer is not None:
+            where.append("producer=?")
+            args.append(producer)
+        if with_body:
+            where.append("body IS NOT NULL")
+        sql = f"SELECT {_ROLLOUT_COLS} FROM rollouts"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY received_at, rowid LIMIT ?"
+        args.append(int(limit))
+        with self._read() as c:
+            return [_rollout(r) for r in c.execute(sql, args).fetchall()]
+
+    def recent_rollout_ids(self, since: float, limit: int = 100_000) -> list[bytes]:
+        with self._read() as c:
+            rows = c.execute(
+                "SELECT rollout_id FROM rollouts WHERE received_at>=? "
+                "ORDER BY received_at DESC LIMIT ?",
+                (float(since), int(limit)),
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def count_rollouts(self, run_id: str | None = None) -> int:
+        with self._read() as c:
+            if run_id is None:
+                return int(c.execute("SELECT count(*) FROM rollouts").fetchone()[0])
+            return int(
+                c.execute("SELECT count(*) FROM rollouts WHERE run_id=?", (run_id,)).fetchone()[0]
+            )
+
+    def prune_rollouts(self, run_id: str, below_version: int) -> int:
+        """Delete rollouts of `run_id` with policy_version < below_version; returns the count."""
+        with self._write() as c:
+            cur = c.execute(
+                "DELETE FROM rollouts WHERE run_id=? AND policy_version<?",
+                (run_id, int(below_version)),
+            )
+            return cur.rowcount
+
+    # -- verdicts ------------------------------------------------------------------
+
+    def put_verdict(self, row: VerdictRow) -> bool:
+        _check_peer(row.validator, "validator")
+        _check_time(row.received_at, "received_at")
+        if not isinstance(row.envelope, bytes):
+            raise TypeError("verdict envelope must be bytes")
+        with self._write() as c:
+            cur = c.execute(
+                f"INSERT OR IGNORE INTO verdicts ({_VERDICT_COLS}) VALUES (?,?,?,?,?,?,?)",
+                (
+                    row.verdict_id,
+                    row.rollout_id,
+                    row.validator,
+                    int(bool(row.accepted)),
+                    row.envelope,
+                    float(row.received_at),
+                    row.reason,
+                ),
+            )
+            return cur.rowcount == 1
+
+    def verdicts_for(self, rollout_id: bytes) -> list[VerdictRow]:
+        with self._read() as c:
+            rows = c.execute(
+                f"SELECT {_VERDICT_COLS} FROM verdicts WHERE rollout_id=? ORDER BY received_at",
+                (rollout_id,),
+            ).fetchall()
+        return [_verdict(r) for r in rows]
+
+    # -- peers ---------------------------------------------------------------------
+
+    @staticmethod
+    def _peer_params(r: PeerRecord) -> tuple:
+        _check_peer(r.peer)
+        for name in ("score", "updated_at", "banned_until"):
+            _check_time(getattr(r, name), name)
+        return (r.peer, float(r.score), float(r.updated_at), float(r.banned_until), int(r.offences))
+
+    def save_peer(self, record: PeerRecord) -> None:
+        self.save_peers([record])
+
+    def save_peers(self, records: Iterable[PeerRecord]) -> None:
+        """Insert or replace peer records in one transaction."""
+        params = [self._peer_params(r) for r in records]
+        with self._write() as c:
+            c.executemany(
+                "INSERT INTO peers (peer, score, updated_at, banned_until, offences) "
+                "VALUES (?,?,?,?,?) ON CONFLICT(peer) DO UPDATE SET score=excluded.score, "
+                "updated_at=excluded.updated_at, banned_until=excluded.banned_until, "
+                "offences=excluded.offences",
+                params,
+            )
+
+    def load_peers(self) -> list[PeerRecord]:
+        with self._read() as c:
+            rows = c.execute(
+                "SELECT peer, score, updated_at, banned_until, offences FROM peers"
+            ).fetchall()
+        return [PeerRecord(*r) for r in rows]
+
+    def active_bans(self, now: float) -> list[PeerRecord]:
+        with self._read() as c:
+            rows = c.execute(
+                "SELECT peer, score, updated_at, banned_until, offences FROM peers "
+                "WHERE banned_until>? ORDER BY banned_until",
+                (float(now),),
+            ).fetchall()
+        return [PeerRecord(*r) for r in rows]
+
+    def forget_peer(self, peer: PeerId) -> None:
+        with self._write() as c:
+            c.execute("DELETE FROM peers WHERE peer=?", (peer,))
+
+    # -- ledger --------------------------------------------------------------------
+
+    @staticmethod
+    def _ledger_params(e: LedgerEntry) -> tuple:
+        if e.direction not in ("out", "in"):
+            raise ValueError(f"ledger direction must be 'out' or 'in', not {e.direction!r}")
+        if e.outcome not in ("produced", "accepted", "rejected"):
+            raise ValueError(f"ledger outcome {e.outcome!r} unknown")
+        if e.peer is not None:
+            _check_peer(e.peer)
+        _check_time(e.at, "at")
+        reason = None if e.reason is None else str(e.reason)
+        return (
+            float(e.at),
+            e.direction,
+            e.outcome,
+            str(e.kind),
+            e.item_id,
+            e.peer,
+            reason,
+            e.detail,
+        )
+
+    def log(self, entry: LedgerEntry) -> None:
+        self.log_many([entry])
+
+    def log_many(self, entries: Iterable[LedgerEntry]) -> None:
+        params = [self._ledger_params(e) for e in entries]
+        with self._write() as c:
+            c.executemany(
+                "INSERT INTO ledger (at, direction, outcome, kind, item_id, peer, reason, detail) "
+                "VALUES (?,?,?,?,?,?,?,?)",
+                params,
+            )
+
+    def ledger(
+        self,
+        direction: str | None = None,
+        outcome: str | None = None,
+        kind: str | None = None,
+        since: float | None = None,
+        item_id: bytes | None = None,
+        limit: int = 1000,
+    ) -> list[LedgerEntry]:
+        """Ledger lines matching every given filter, oldest first."""
+        where, args = [], []
+        for col, val in (
+            ("direction", direction),
+            ("outcome", outcome),
+            ("kind", kind),
+            ("item_id", item_id),
+        ):
+            if val is not None:
+                where.append(f"{col}=?")
+                args.append(val)
+        if since is not None:
+            where.append("at>=?")
+            args.append(float(since))
+        sql = f"SELECT {_LEDGER_COLS} FROM ledger"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY seq LIMIT ?"
+        args.append(int(limit))
+        with self._read() as c:
+            return [LedgerEntry(*r) for r in c.execute(sql, args).fetchall()]
+
+    def ledger_summary(
+        self, direction: str | None = None
+    ) -> dict[tuple[str, str, str | None], int]:
+        """Counts per (direction, outcome, reason)."""
+        sql = "SELECT direction, outcome, reason, count(*) FROM ledger"
+        args: list = []
+        if direction is not None:
+            sql += " WHERE direction=?"
+            args.append(direction)
+        sql += " GROUP BY direction, outcome, reason"
+        with self._read() as c:
+            return {(d, o, r): int(n) for d, o, r, n in c.execute(sql, args).fetchall()}
+
+    def produced_status(self, kind: str = "rollout") -> dict[str, int]:
+        """This peer's own items of `kind`: how many produced, and of those how many have
+        a verdict logged: accepted (any validator accepted and none rejected), rejected
+        (at least one rejection), or still pending."""
+        sql = """
+            SELECT
+              count(*),
+              sum(CASE WHEN rej > 0 THEN 1 ELSE 0 END),
+              sum(CASE WHEN rej = 0 AND acc > 0 THEN 1 ELSE 0 END)
+            FROM (
+              SELECT p.item_id,
+                (SELECT count(*) FROM ledger v WHERE v.item_id = p.item_id
+                   AND v.direction='out' AND v.outcome='rejected') AS rej,
+                (SELECT count(*) FROM ledger v WHERE v.item_id = p.item_id
+                   AND v.direction='out' AND v.outcome='accepted') AS acc
+              FROM ledger p
+              WHERE p.direction='out' AND p.outcome='produced' AND p.kind=?
+              GROUP BY p.item_id
+            )"""
+        with self._read() as c:
+            produced, rejected, accepted = c.execute(sql, (kind,)).fetchone()
+        produced, rejected, accepted = int(produced), int(rejected or 0), int(accepted or 0)
+        return {
+            "produced": produced,
+            "accepted": accepted,
+            "rejected": rejected,
+            "pending": produced - accepted - rejected,
+        }
+
+    def prune_ledger(self, before: float) -> int:
+        with self._write() as c:
+            return c.execute("DELETE FROM ledger WHERE at<?", (float(before),)).rowcount
