@@ -1,0 +1,320 @@
+"""Activation-hash proofs, byte-compatible with TOPLOC (`toploc` 0.1.6, decode chunks).
+
+What this module owns: turning the last hidden states of generated tokens into proof bytes,
+and checking proof bytes against recomputed hidden states. It knows nothing of models,
+rollouts or thresholds (those live in `verify.checks`); it never touches the network.
+
+The scheme, step by step (one proof per chunk of `chunk` = 32 generated tokens):
+
+1. Take the chunk's hidden states `[t, H]` (t = 32, or fewer for the last chunk), as bf16,
+   and flatten them row-major: position `i*H + j` is token i, feature j.
+2. Select the k = `topk` = 128 positions of largest |value| with `torch.topk` on the
+   absolute values, exactly as the reference does. Exact ties at the k-th place are broken
+   by torch's CPU top-k kernel (not "lowest index first": we measured that it is not); we
+   use the same kernel so our bytes equal the reference's. A verifier that breaks a tie the
+   other way sees one or two unexpected indices, which costs that many exponent mismatches
+   and stays far inside the thresholds.
+3. Each selected value becomes its bf16 bit pattern (0..65535) read as an integer mod
+   p = 65497 (a prime).
+4. The injective modulus m: the largest m in 65497, 65496, ..., 1 such that the selected
+   positions are pairwise distinct mod m.
+5. Interpolate the unique polynomial P of degree < k over GF(p) with P(pos mod m) = value
+   (Newton divided differences, O(k^2)), expanded to coefficients c_0..c_{k-1} ascending.
+   The polynomial is unique, so any correct interpolation gives the same coefficients.
+6. Bytes: m as uint16 big-endian, then c_0..c_{k-1} as uint16 big-endian: 2 + 2k bytes
+   (258 for k = 128).
+
+Verification recomputes step 2 on the verifier's own hidden states, evaluates P at each
+selected position mod m, reads the result as a bf16 bit pattern and compares it with the
+recomputed value: the count of exponent mismatches, and over the positions whose exponents
+match, the mean and median absolute difference of the 7-bit mantissas. The median is the
+upper median (`sorted[n // 2]`), as in the reference's C++ verifier; with no matching
+exponent both statistics are 2**64. Beyond the reference we also count sign mismatches
+(TOPLOC ignores the sign).
+
+Deliberate differences from the reference, where the reference has no defined behaviour:
+- A chunk with fewer than k values (a short last chunk with a small H) interpolates through
+  all of its values and pads the coefficients with zeros up to k (the same polynomial), so
+  the proof is still 2 + 2k bytes. The reference raises inside `torch.topk` there and
+  silently emits all-zero "null" proofs for the whole rollout.
+- Non-finite activations raise `ValueError` instead of being hashed: an honest model never
+  produces them after the final norm, and the reference's fallback (null proofs) is a
+  silent failure we refuse to copy.
+- Parsing is strict: a proof must be exactly 2 + 2k bytes, 1 <= m <= 65497, every
+  coefficient < p, and m large enough to be injective on the chunk's point count. The
+  reference's null proof (m = 0, all zeros) is malformed here, never a pass.
+
+Everything is vectorised across chunks with numpy int64 arithmetic; the only per-chunk
+Python loop is the (rarely more than one step) modulus search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+P = 65497  # the prime field of the reference
+CHUNK = 32  # generated tokens per proof
+TOPK = 128  # values per proof
+NO_MATCH = float(2**64)  # mantissa statistics when no exponent matches (as the reference)
+
+_BF16_EXP_MASK = 0x7F80
+_BF16_MANT_MASK = 0x007F
+_BF16_SIGN_MASK = 0x8000
+
+
+class ProofFormatError(ValueError):
+    """Proof bytes that cannot be a proof: wrong length, bad modulus or coefficient, or a
+    proof count that does not match the number of chunks."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkResult:
+    """Verification of one chunk. The first three fields are the reference's
+    `VerificationResult`; all are error measures (bigger is worse)."""
+
+    exp_mismatches: int
+    mant_err_mean: float
+    mant_err_median: float
+    sign_mismatches: int
+    points: int
+
+    def as_tuple(self) -> tuple[int, float, float]:
+        return (self.exp_mismatches, self.mant_err_mean, self.mant_err_median)
+
+
+def proof_size(topk: int = TOPK) -> int:
+    """Bytes of one proof: uint16 modulus + `topk` uint16 coefficients."""
+    return 2 + 2 * topk
+
+
+def n_chunks(n_tokens: int, chunk: int = CHUNK) -> int:
+    return (n_tokens + chunk - 1) // chunk
+
+
+# ---------------------------------------------------------------- field arithmetic
+
+_INV_TABLE: np.ndarray | None = None
+
+
+def _inverses() -> np.ndarray:
+    """inv[a] = a^(p-2) mod p for a in 0..p-1 (inv[0] = 0, never used)."""
+    global _INV_TABLE
+    if _INV_TABLE is None:
+        base = np.arange(P, dtype=np.int64)
+        result = np.ones(P, dtype=np.int64)
+        e = P - 2
+        while e:
+            if e & 1:
+                result = result * base % P
+            base = base * base % P
+            e >>= 1
+        result[0] = 0
+        _INV_TABLE = result
+    return _INV_TABLE
+
+
+def injective_moduli(positions: np.ndarray) -> np.ndarray:
+    """For each row of `positions` [C, n] (distinct non-negative ints), the largest
+    m <= 65497 with all `positions % m` distinct in that row. Returns int64 [C]."""
+    positions = np.asarray(positions, dtype=np.int64)
+    c, n = positions.shape
+    out = np.zeros(c, dtype=np.int64)
+    todo = np.arange(c)
+    m = P
+    while todo.size and m > 0:
+        if m < n:  # pigeonhole: no smaller modulus can be injective
+            break
+        r = np.sort(positions[todo] % m, axis=1)
+        ok = ~np.any(r[:, 1:] == r[:, :-1], axis=1) if n > 1 else np.ones(todo.size, bool)
+        out[todo[ok]] = m
+        todo = todo[~ok]
+        m -= 1
+    if todo.size:
+        raise ValueError("no injective modulus found")  # only for duplicate positions
+    return out
+
+
+def interpolate(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """Coefficients (ascending, [C, n]) of the polynomials of degree < n over GF(p) through
+    (xs[c, i], ys[c, i]); xs distinct mod p within a row. Newton divided differences, then
+    expansion of the Newton form with a running product (x - x_0)...(x - x_{i-1})."""
+    xs = np.asarray(xs, dtype=np.int64) % P
+    dd = np.asarray(ys, dtype=np.int64) % P  # [C, n]
+    c, n = dd.shape
+    inv = _inverses()
+    for k in range(1, n):
+        num = (dd[:, k:] - dd[:, k - 1 : n - 1]) % P
+        den = (xs[:, k:] - xs[:, : n - k]) % P
+        dd[:, k:] = num * inv[den] % P
+    coeffs = np.zeros((c, n), dtype=np.int64)
+    factor = np.zeros((c, n), dtype=np.int64)
+    factor[:, 0] = 1
+    for i in range(n):
+        coeffs[:, : i + 1] = (coeffs[:, : i + 1] + dd[:, i : i + 1] * factor[:, : i + 1]) % P
+        if i + 1 < n:
+            neg_xi = (P - xs[:, i : i + 1]) % P
+            shifted = np.zeros_like(factor[:, : i + 2])
+            shifted[:, 1:] = factor[:, : i + 1]
+            factor[:, : i + 2] = (shifted + factor[:, : i + 2] * neg_xi) % P
+    return coeffs
+
+
+def evaluate(coeffs: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """Horner evaluation over GF(p): coeffs [C, k] ascending, xs [C, n] -> [C, n]."""
+    coeffs = np.asarray(coeffs, dtype=np.int64)
+    xs = np.asarray(xs, dtype=np.int64) % P
+    result = np.broadcast_to(coeffs[:, -1:] % P, xs.shape).copy()
+    for j in range(coeffs.shape[1] - 2, -1, -1):
+        result = (result * xs + coeffs[:, j : j + 1]) % P
+    return result
+
+
+# ---------------------------------------------------------------- top-k selection
+
+
+def _chunk_groups(n_tokens: int, chunk: int) -> list[tuple[int, int, int]]:
+    """(first chunk index, number of chunks, rows per chunk) for the full chunks and the
+    short last chunk, in order."""
+    full, rest = divmod(n_tokens, chunk)
+    groups = []
+    if full:
+        groups.append((0, full, chunk))
+    if rest:
+        groups.append((full, 1, rest))
+    return groups
+
+
+def _as_bf16(activations: torch.Tensor) -> torch.Tensor:
+    if not isinstance(activations, torch.Tensor) or activations.dim() != 2:
+        raise ValueError("activations must be a [T, H] tensor")
+    x = activations.detach()
+    if x.dtype != torch.bfloat16:
+        x = x.to(torch.bfloat16)
+    x = x.cpu().contiguous()
+    if x.numel() and not bool(torch.isfinite(x).all()):
+        raise ValueError("activations contain NaN or inf")
+    return x
+
+
+# ---------------------------------------------------------------- build
+
+
+def build_proofs_bytes(
+    activations: torch.Tensor, chunk: int = CHUNK, topk: int = TOPK
+) -> list[bytes]:
+    """One proof per chunk of `chunk` rows of `activations` [T, H] (the generated tokens'
+    last hidden states, bf16; other float dtypes are rounded to bf16 first)."""
+    if chunk < 1 or not 1 <= topk <= 0x7FFF:
+        raise ValueError("chunk must be >= 1 and topk in 1..32767")
+    x = _as_bf16(activations)
+    t, h = x.shape
+    if h == 0:
+        raise ValueError("activations have no features")
+    proofs: list[bytes] = []
+    for first, count, rows in _chunk_groups(t, chunk):
+        block = x[first * chunk : first * chunk + count * rows]
+        flat = block.reshape(count, rows * h)
+        n = min(topk, rows * h)
+        idx_t = flat.abs().topk(n, dim=-1).indices
+        vals = torch.gather(flat, 1, idx_t)
+        pos = idx_t.numpy().astype(np.int64)
+        bits = vals.view(torch.int16).numpy().astype(np.int64) & 0xFFFF
+        moduli = injective_moduli(pos)
+        coeffs = interpolate(pos % moduli[:, None], bits)
+        if n < topk:
+            coeffs = np.concatenate([coeffs, np.zeros((count, topk - n), np.int64)], axis=1)
+        out = np.empty((count, topk + 1), dtype=">u2")
+        out[:, 0] = moduli
+        out[:, 1:] = coeffs
+        proofs.extend(row.tobytes() for row in out)
+    return proofs
+
+
+# ---------------------------------------------------------------- verify
+
+
+def parse_proof(data: bytes, topk: int = TOPK, points: int | None = None) -> tuple[int, np.ndarray]:
+    """(m, coefficients int64 [topk]) of one proof, or `ProofFormatError`."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise ProofFormatError(f"proof is {type(data).__name__}, not bytes")
+    data = bytes(data)
+    if len(data) != proof_size(topk):
+        raise ProofFormatError(f"proof is {len(data)} bytes, expected {proof_size(topk)}")
+    words = np.frombuffer(data, dtype=">u2").astype(np.int64)
+    m = int(words[0])
+    coeffs = words[1:]
+    if not 1 <= m <= P:
+        raise ProofFormatError(f"modulus {m} outside 1..{P}")
+    if points is not None and m < points:
+        raise ProofFormatError(f"modulus {m} cannot be injective on {points} points")
+    if int(coeffs.max(initial=0)) >= P:
+        raise ProofFormatError(f"coefficient >= {P}")
+    return m, coeffs
+
+
+def is_null_proof(data: bytes) -> bool:
+    """True for an all-zero proof (the reference's silent failure output)."""
+    return len(data) > 0 and not any(bytes(data))
+
+
+def verify_proofs_bytes(
+    activations: torch.Tensor,
+    proofs: list[bytes],
+    chunk: int = CHUNK,
+    topk: int = TOPK,
+) -> list[ChunkResult]:
+    """Check `proofs` against recomputed hidden states `activations` [T, H]; one
+    `ChunkResult` per chunk. Raises `ProofFormatError` for malformed proofs or a wrong
+    number of proofs, `ValueError` for unusable activations."""
+    x = _as_bf16(activations)
+    t, h = x.shape
+    if len(proofs) != n_chunks(t, chunk):
+        raise ProofFormatError(f"{len(proofs)} proofs for {n_chunks(t, chunk)} chunks of {t} tokens")
+    results: list[ChunkResult] = []
+    for first, count, rows in _chunk_groups(t, chunk):
+        n = min(topk, rows * h)
+        parsed = [parse_proof(proofs[first + i], topk, n) for i in range(count)]
+        moduli = np.array([m for m, _ in parsed], dtype=np.int64)
+        coeffs = np.stack([c for _, c in parsed])
+        block = x[first * chunk : first * chunk + count * rows]
+        flat = block.reshape(count, rows * h)
+        idx_t = flat.abs().topk(n, dim=-1).indices
+        vals = torch.gather(flat, 1, idx_t)
+        pos = idx_t.numpy().astype(np.int64)
+        got = vals.view(torch.int16).numpy().astype(np.int64) & 0xFFFF
+        claimed = evaluate(coeffs, pos % moduli[:, None])
+        results.extend(_compare(claimed, got))
+    return results
+
+
+def _compare(claimed: np.ndarray, got: np.ndarray) -> list[ChunkResult]:
+    """Exponent, mantissa and sign comparison of bf16 bit patterns, row by row."""
+    exp_c = (claimed & _BF16_EXP_MASK) >> 7
+    exp_g = (got & _BF16_EXP_MASK) >> 7
+    match = exp_c == exp_g
+    mant_err = np.abs((claimed & _BF16_MANT_MASK) - (got & _BF16_MANT_MASK))
+    sign_mis = ((claimed ^ got) & _BF16_SIGN_MASK) != 0
+    count = match.sum(axis=1)
+    sums = np.where(match, mant_err, 0).sum(axis=1)
+    ordered = np.sort(np.where(match, mant_err, np.iinfo(np.int64).max), axis=1)
+    out = []
+    for r in range(claimed.shape[0]):
+        c = int(count[r])
+        if c == 0:
+            mean = median = NO_MATCH
+        else:
+            mean = float(sums[r]) / c
+            median = float(ordered[r, c // 2])
+        out.append(
+            ChunkResult(
+                exp_mismatches=int(claimed.shape[1] - c),
+                mant_err_mean=mean,
+                mant_err_median=median,
+                sign_mismatches=int(sign_mis[r].sum()),
+                points=int(claimed.shape[1]),
+            )
+        )
+    return out
