@@ -144,11 +144,14 @@ def read_records(fileobj: BinaryIO) -> Iterator[bytes]:
         max_map_len=0,
         max_ext_len=0,
     )
+    start = fileobj.tell() if fileobj.seekable() else None
     index = 0
     while True:
         try:
             item = next(unpacker)
         except StopIteration:
+            if start is not None and fileobj.seek(0, 2) != start + unpacker.tell():
+                raise DecodeError("RolloutStream", f"item {index}", "truncated") from None
             return
         except Exception as exc:
             raise DecodeError("RolloutStream", f"item {index}", f"unreadable ({exc})") from None

@@ -1,0 +1,836 @@
+"""The admission pipeline: what a peer does with every message another peer sends it.
+
+A sans-IO state machine in the h11 manner. Events come in with the time as an argument
+(`handle(event) -> list[Action]`); actions go out; the caller (the libp2p node, or the
+simulator) carries them out. What this module owns: the order of the checks, which checks
+apply to which kind of message, the reason and score change of every rejection, per-peer
+rate limits, duplicate suppression, and when a peer is disconnected and banned. What it
+never touches: sockets, clocks, threads, storage, randomness, libp2p types. Peers are opaque
+ids (`bytes` or `str`); message bytes are decoded and verified by `protocol.envelope` /
+`protocol.rollout` (or by openers the caller supplies, see `KindRule.opener`).
+
+The pipeline (legal steps as data: `PIPELINE`, and per kind `KIND_RULES`)
+-----------------------------------------------------------------------
+    GATE       the sender is banned                           -> Reject(BANNED) + Disconnect
+    SIZE       len(data) > the kind's byte limit               -> OVERSIZED
+    DECODE     not a canonical encoding / wrong kind          -> MALFORMED (error's penalty)
+    SIGNATURE  signature does not verify; body != digest      -> BAD_SIGNATURE / BODY_MISMATCH
+    CONTEXT    other run; version older than t - S            -> WRONG_RUN / STALE
+               version newer than t + max_future_versions     -> FUTURE_VERSION
+               timestamp further than max_skew from now       -> CLOCK_SKEW
+               weights not signed by a trainer key, or old    -> UNAUTHORIZED / OUTDATED
+    RATE       token bucket per sender, and per signer         -> RATE_LIMITED
+    DEDUP      content id admitted before (bounded LRU + TTL) -> DUPLICATE
+    REPLAY     (signer, seq) used before (`ReplayGuard`)       -> REPLAY
+    STORE      -> Store(item)       (kinds with `store`)
+    FORWARD    -> Forward(item)     (gossiped kinds: let the router propagate it)
+    DELIVER    -> Deliver(item)     (hand it to the local role)
+
+Staleness: a rollout made at policy version v is usable at version t only if t - v <= S,
+S = `RunRules.max_staleness` (the run manifest's `max_staleness`). The current version t
+comes from `VersionChanged` events.
+
+Whose fault: penalties go to the *sender* (the peer that handed us the bytes). Faults no
+honest relay would pass on (malformed, bad signature, oversized) always count. Faults that
+depend on the receiver's view (stale, skewed clock, replay, rate of a signer) count only
+when the sender is also the signer; a relay that forwarded them is not blamed (penalty 0).
+Rejections with penalty 0 are "ignore" in gossipsub terms (`Reject.verdict == "ignore"`):
+drop, do not forward, do not penalise. Every admitted message earns the sender
+`admit_reward`; a sender whose score falls below the ban threshold gets
+`Disconnect` + `Ban` (`protocol.peer_score`).
+
+Public API
+----------
+`RunRules(run_id, max_staleness, trainer_keys=())`, `RunRules.from_manifest(manifest)`
+`AdmissionConfig(...)`  limits (defaults in the class); validated when built
+`Admission(run, config=AdmissionConfig(), *, version=0, scores=None, rules=KIND_RULES)`
+    `.handle(event) -> list[Action]`     the only way in
+    `.scores` (`PeerScores`), `.version`, `.rules`
+Events (frozen dataclasses, `now` in seconds, wall-clock in the node so that envelope
+timestamps and ban ends mean the same across peers and restarts):
+    `MessageReceived(peer, kind, data, now)`   bytes from `peer` (gossip or a stream)
+    `VersionChanged(version, now)`             our policy version is now `version`
+    `Tick(now)`                                 lifts ended bans (-> Unban), expires caches
+    `PeerConnected(peer, now)`                  -> Disconnect if the peer is banned
+    `Misbehaved(peer, penalty, reason, now)`    a role found fault (e.g. fraud proven by an
+                                                audit); penalty <= 0 is the score change
+    `StoreFailed(item, now)`                    the node could not store an admitted item:
+                                                forget it so a copy can be admitted later
+Actions (execute in the order returned; if a Store raises, skip the rest of that list
+and send `StoreFailed`):
+    `Reject(peer, reason, penalty, stage, detail, kind)`  penalty is the score change (<= 0)
+    `Store(item)`, `Forward(item)`, `Deliver(item)`       item is an `Admitted`
+    `Disconnect(peer, reason)`, `Ban(peer, until, record)` (persist `record`), `Unban(peer)`
+`Admitted`: kind, content_id (the rollout id for rollouts), sender, envelope, obj (decoded
+object: RolloutHeader, OpenedRollout, Verdict, WeightManifest, FraudEvidence), data (bytes as
+received), header / body (rollout header envelope bytes and body bytes, when present),
+received_at.
+`Kind`: ROLLOUT_HEADER (gossip), ROLLOUT_RECORD (pulled header + body), VERDICT (gossip),
+WEIGHT_ANNOUNCE (gossip, signed WeightManifest), FRAUD_EVIDENCE (gossip).
+`Reason`: a `StrEnum` (values are short snake_case names for the ledger); `PENALTIES` holds
+the default score change of each, `RELAY_BLAMED` which ones count against a relay.
+Helpers: `TokenBucket`, `RateLimiter`, `DedupCache` (all pure, time passed in).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.codec import decode
+from protocol.content_id import content_id
+from protocol.envelope import ReplayGuard, open_envelope
+from protocol.errors import (
+    DecodeError,
+    IntegrityError,
+    LocalProtocolError,
+    ReplayError,
+    SignatureError,
+)
+from protocol.errors import RemoteProtocolError as _RemoteError
+from protocol.peer_score import PeerId, PeerRecord, PeerScores
+from protocol.rollout import OpenedRollout, check_body, open_header
+from protocol.wire import (
+    Envelope,
+    FraudEvidence,
+    RolloutHeader,
+    RolloutRecord,
+    RunManifest,
+    Verdict,
+    WeightManifest,
+)
+
+__all__ = [
+    "KIND_RULES",
+    "PENALTIES",
+    "PIPELINE",
+    "RELAY_BLAMED",
+    "Action",
+    "Admission",
+    "AdmissionConfig",
+    "Admitted",
+    "Ban",
+    "DedupCache",
+    "Deliver",
+    "Disconnect",
+    "Event",
+    "Forward",
+    "Kind",
+    "KindRule",
+    "MessageReceived",
+    "Misbehaved",
+    "Opened",
+    "PeerConnected",
+    "RateLimiter",
+    "Reason",
+    "Reject",
+    "RunRules",
+    "Stage",
+    "Store",
+    "StoreFailed",
+    "Tick",
+    "TokenBucket",
+    "Unban",
+    "VersionChanged",
+]
+
+
+# --------------------------------------------------------------------------------------
+# Vocabulary: stages, kinds, reasons
+
+
+class Stage(enum.StrEnum):
+    GATE = "gate"
+    SIZE = "size"
+    DECODE = "decode"
+    SIGNATURE = "signature"
+    CONTEXT = "context"
+    RATE = "rate"
+    DEDUP = "dedup"
+    REPLAY = "replay"
+    STORE = "store"
+    FORWARD = "forward"
+    DELIVER = "deliver"
+
+
+PIPELINE: tuple[Stage, ...] = tuple(Stage)
+"""Every message goes through these stages in this order (a kind may skip some)."""
+
+
+class Kind(enum.StrEnum):
+    ROLLOUT_HEADER = "rollout_header"
+    ROLLOUT_RECORD = "rollout_record"
+    VERDICT = "verdict"
+    WEIGHT_ANNOUNCE = "weight_announce"
+    FRAUD_EVIDENCE = "fraud_evidence"
+
+
+class Reason(enum.StrEnum):
+    BANNED = "banned"
+    OVERSIZED = "oversized"
+    UNKNOWN_KIND = "unknown_kind"
+    MALFORMED = "malformed"
+    BAD_SIGNATURE = "bad_signature"
+    BODY_MISMATCH = "body_mismatch"
+    WRONG_RUN = "wrong_run"
+    STALE = "stale"
+    FUTURE_VERSION = "future_version"
+    CLOCK_SKEW = "clock_skew"
+    UNAUTHORIZED = "unauthorized"
+    OUTDATED = "outdated"
+    RATE_LIMITED = "rate_limited"
+    DUPLICATE = "duplicate"
+    REPLAY = "replay"
+    MISBEHAVED = "misbehaved"
+
+
+# Default score change per reason (<= 0). MALFORMED, BAD_SIGNATURE and BODY_MISMATCH use
+# the penalty carried by the protocol error instead when there is one.
+PENALTIES: Mapping[Reason, float] = {
+    Reason.BANNED: 0.0,
+    Reason.OVERSIZED: -10.0,
+    Reason.UNKNOWN_KIND: -10.0,
+    Reason.MALFORMED: -10.0,
+    Reason.BAD_SIGNATURE: -50.0,
+    Reason.BODY_MISMATCH: -50.0,
+    Reason.WRONG_RUN: -5.0,
+    Reason.STALE: -1.0,
+    Reason.FUTURE_VERSION: 0.0,  # we may simply be behind
+    Reason.CLOCK_SKEW: -2.0,
+    Reason.UNAUTHORIZED: -20.0,
+    Reason.OUTDATED: 0.0,  # an old announcement still echoing through gossip
+    Reason.RATE_LIMITED: -0.5,
+    Reason.DUPLICATE: 0.0,  # gossip delivers copies; never a fault
+    Reason.REPLAY: -5.0,
+    Reason.MISBEHAVED: -20.0,
+}
+assert set(PENALTIES) == set(Reason)
+
+# Reasons that count against a relay too (no honest peer forwards such bytes). The others
+# depend on the receiver's view and count only against the message's signer.
+RELAY_BLAMED: frozenset[Reason] = frozenset(
+    {
+        Reason.OVERSIZED,
+        Reason.UNKNOWN_KIND,
+        Reason.MALFORMED,
+        Reason.BAD_SIGNATURE,
+        Reason.BODY_MISMATCH,
+        Reason.WRONG_RUN,
+        Reason.UNAUTHORIZED,
+        Reason.RATE_LIMITED,  # the sender's own bucket; a signer's bucket is checked apart
+        Reason.MISBEHAVED,
+        Reason.BANNED,
+    }
+)
+
+
+# --------------------------------------------------------------------------------------
+# Run rules and settings
+
+
+@dataclass(frozen=True, slots=True)
+class RunRules:
+    """What the run manifest says that admission needs."""
+
+    run_id: str
+    max_staleness: int
+    trainer_keys: frozenset[bytes] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not self.run_id:
+            raise LocalProtocolError("RunRules.run_id must not be empty")
+        if self.max_staleness < 0:
+            raise LocalProtocolError("RunRules.max_staleness must be >= 0")
+        object.__setattr__(self, "trainer_keys", frozenset(self.trainer_keys))
+
+    @classmethod
+    def from_manifest(cls, manifest: RunManifest) -> RunRules:
+        return cls(manifest.run_id, manifest.max_staleness, frozenset(manifest.trainer_keys))
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    """Limits of admission. Rates are messages per second, bursts are bucket sizes."""
+
+    sender_rate: float = 50.0  # everything one connection sends us (relays carry many signers)
+    sender_burst: float = 200.0
+    signer_rate: float = 20.0  # what one producer may publish, whoever relays it
+    signer_burst: float = 100.0
+    max_rate_keys: int = 100_000  # buckets kept; an evicted one restarts full
+    dedup_entries: int = 65_536
+    dedup_ttl_s: float = 900.0
+    max_skew_s: float = 120.0
+    replay_window: int = 4096
+    max_signers: int = 100_000
+    max_future_versions: int = 2
+    admit_reward: float = 0.1
+    penalties: Mapping[Reason, float] = field(default_factory=lambda: dict(PENALTIES))
+
+    def __post_init__(self) -> None:
+        for name in ("sender_rate", "sender_burst", "signer_rate", "signer_burst",
+                     "dedup_ttl_s", "max_skew_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise LocalProtocolError(f"AdmissionConfig.{name} must be a positive number")
+        if self.sender_burst < 1 or self.signer_burst < 1:
+            raise LocalProtocolError("AdmissionConfig bursts must be >= 1")
+        for name in ("max_rate_keys", "dedup_entries", "replay_window", "max_signers"):
+            if getattr(self, name) < 1:
+                raise LocalProtocolError(f"AdmissionConfig.{name} must be >= 1")
+        if self.max_future_versions < 0:
+            raise LocalProtocolError("AdmissionConfig.max_future_versions must be >= 0")
+        if not (math.isfinite(self.admit_reward) and self.admit_reward >= 0):
+            raise LocalProtocolError("AdmissionConfig.admit_reward must be >= 0")
+        missing = set(Reason) - set(self.penalties)
+        if missing:
+            raise LocalProtocolError(f"AdmissionConfig.penalties lacks {sorted(missing)}")
+        for r, p in self.penalties.items():
+            if not (math.isfinite(p) and p <= 0):
+                raise LocalProtocolError(f"penalty of {r} must be a finite number <= 0")
+
+
+# --------------------------------------------------------------------------------------
+# Per-kind rules: how to open the bytes and which stages apply
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """What an opener returns: the signed envelope, the decoded object, the content id."""
+
+    envelope: Envelope
+    obj: Any
+    content_id: bytes
+    header: bytes | None = None  # rollout kinds: the header envelope bytes
+    body: bytes | None = None  # rollout record: the body bytes
+
+
+def _open_rollout_header(data: bytes) -> Opened:
+    env, header, rid = open_header(data)
+    return Opened(env, header, rid, header=bytes(data))
+
+
+def _open_rollout_record(data: bytes) -> Opened:
+    record = decode(RolloutRecord, data)
+    env, header, rid = open_header(record.header)
+    body = check_body(header, record.body)
+    opened = OpenedRollout(env, header, body, rid, bytes(data))
+    return Opened(env, opened, rid, header=record.header, body=record.body)
+
+
+def _envelope_opener(cls: type) -> Callable[[bytes], Opened]:
+    def opener(data: bytes) -> Opened:
+        env, obj = open_envelope(data, cls)
+        return Opened(env, obj, content_id(data))
+
+    opener.__name__ = f"open_{cls.__name__}"
+    return opener
+
+
+@dataclass(frozen=True, slots=True)
+class KindRule:
+    """How one kind of message is admitted.
+
+    opener:       bytes -> Opened; raises only `RemoteProtocolError` subclasses
+    max_bytes:    the SIZE stage's limit
+    gossip:       arrives by gossip: timestamp skew and replay apply, a signer rate limit
+                  applies, and an admitted copy is forwarded
+    versioned:    the envelope's policy version must be within the staleness bound
+    weights:      a weight announcement: signer must hold a trainer key, version must be new
+    store:        emit Store for admitted items
+    dedup_with:   kinds whose admitted ids also make this one a duplicate
+    """
+
+    opener: Callable[[bytes], Opened]
+    max_bytes: int
+    gossip: bool
+    versioned: bool
+    store: bool
+    weights: bool = False
+    dedup_with: tuple[Kind, ...] = ()
+
+    def stages(self) -> tuple[Stage, ...]:
+        """The stages this kind goes through, in pipeline order."""
+        skip = set()
+        if not self.gossip:
+            skip |= {Stage.REPLAY, Stage.FORWARD}
+        if not self.store:
+            skip.add(Stage.STORE)
+        return tuple(s for s in PIPELINE if s not in skip)
+
+
+_ENVELOPE_SLACK = 1024  # envelope fields around the payload (see Envelope)
+
+KIND_RULES: Mapping[Kind, KindRule] = {
+    Kind.ROLLOUT_HEADER: KindRule(
+        _open_rollout_header,
+        RolloutHeader.MAX_BYTES + _ENVELOPE_SLACK,
+        gossip=True,
+        versioned=True,
+        store=True,
+        dedup_with=(Kind.ROLLOUT_RECORD,),
+    ),
+    Kind.ROLLOUT_RECORD: KindRule(
+        _open_rollout_record, RolloutRecord.MAX_BYTES, gossip=False, versioned=True, store=True
+    ),
+    Kind.VERDICT: KindRule(
+        _envelope_opener(Verdict),
+        Verdict.MAX_BYTES + _ENVELOPE_SLACK,
+        gossip=True,
+        versioned=True,
+        store=True,
+    ),
+    Kind.WEIGHT_ANNOUNCE: KindRule(
+        _envelope_opener(WeightManifest),
+        WeightManifest.MAX_BYTES + _ENVELOPE_SLACK,
+        gossip=True,
+        versioned=False,
+        store=False,
+        weights=True,
+    ),
+    Kind.FRAUD_EVIDENCE: KindRule(
+        _envelope_opener(FraudEvidence),
+        FraudEvidence.MAX_BYTES + _ENVELOPE_SLACK,
+        gossip=True,
+        versioned=True,
+        store=False,
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------
+# Events and actions
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived:
+    peer: PeerId
+    kind: Kind | str
+    data: bytes
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class VersionChanged:
+    version: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class PeerConnected:
+    peer: PeerId
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Misbehaved:
+    peer: PeerId
+    penalty: float
+    reason: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A message that passed every check."""
+
+    kind: Kind
+    content_id: bytes
+    sender: PeerId
+    envelope: Envelope
+    obj: Any
+    data: bytes
+    received_at: float
+    header: bytes | None = None
+    body: bytes | None = None
+
+    @property
+    def signer(self) -> bytes:
+        return self.envelope.signer
+
+    @property
+    def policy_version(self) -> int:
+        return self.envelope.policy_version
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFailed:
+    item: Admitted
+    now: float
+
+
+Event = MessageReceived | VersionChanged | Tick | PeerConnected | Misbehaved | StoreFailed
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """A message refused. `penalty` is the score change applied to `peer` (<= 0)."""
+
+    peer: PeerId
+    reason: Reason
+    penalty: float
+    stage: Stage
+    detail: str = ""
+    kind: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        """Gossipsub's word for it: "reject" (a fault) or "ignore" (drop, no blame)."""
+        return "reject" if self.penalty < 0 else "ignore"
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    item: Admitted
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    item: Admitted
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    item: Admitted
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    peer: PeerId
+    reason: Reason
+
+
+@dataclass(frozen=True, slots=True)
+class Ban:
+    peer: PeerId
+    until: float
+    record: PeerRecord  # persist this (node.store.Store.save_peer) so the ban survives restart
+
+
+@dataclass(frozen=True, slots=True)
+class Unban:
+    peer: PeerId
+
+
+Action = Reject | Store | Forward | Deliver | Disconnect | Ban | Unban
+
+
+# --------------------------------------------------------------------------------------
+# Pure helpers: token buckets, dedup cache
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    """`burst` tokens, refilled at `rate` per second; a clock going backwards refills nothing."""
+
+    rate: float
+    burst: float
+    tokens: float
+    updated: float
+
+    def take(self, now: float, n: float = 1.0) -> bool:
+        if now > self.updated:
+            self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+            self.updated = now
+        if self.tokens >= n:
+            self.tokens -= n
+            return True
+        return False
+
+
+class RateLimiter:
+    """Token buckets by key, at most `max_keys` (least recently used forgotten first)."""
+
+    def __init__(self, rate: float, burst: float, max_keys: int) -> None:
+        self.rate, self.burst, self.max_keys = rate, burst, max_keys
+        self._buckets: OrderedDict[Any, TokenBucket] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def allow(self, key: Any, now: float) -> bool:
+        b = self._buckets.get(key)
+        if b is None:
+            b = self._buckets[key] = TokenBucket(self.rate, self.burst, self.burst, now)
+            if len(self._buckets) > self.max_keys:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+        return b.take(now)
+
+
+class DedupCache:
+    """Ids seen within the last `ttl_s` seconds, at most `max_entries` of them."""
+
+    def __init__(self, max_entries: int, ttl_s: float) -> None:
+        self.max_entries, self.ttl_s = max_entries, ttl_s
+        self._seen: OrderedDict[Any, float] = OrderedDict()  # id -> time added, oldest first
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._seen
+
+    def seen(self, key: Any, now: float) -> bool:
+        t = self._seen.get(key)
+        return t is not None and now - t <= self.ttl_s
+
+    def add(self, key: Any, now: float) -> None:
+        self._seen.pop(key, None)
+        self._seen[key] = now
+        self.expire(now)
+
+    def forget(self, key: Any) -> None:
+        self._seen.pop(key, None)
+
+    def expire(self, now: float) -> None:
+        while self._seen:
+            key, t = next(iter(self._seen.items()))
+            if len(self._seen) > self.max_entries or now - t > self.ttl_s:
+                del self._seen[key]
+            else:
+                break
+
+
+# --------------------------------------------------------------------------------------
+# The state machine
+
+
+class _Refused(Exception):
+    """Internal: a stage refused the message (never escapes `handle`)."""
+
+    def __init__(
+        self,
+        stage: Stage,
+        reason: Reason,
+        detail: str,
+        penalty: float | None = None,
+        signer: bytes | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.stage, self.reason, self.detail = stage, reason, detail
+        self.penalty, self.signer = penalty, signer
+
+
+class Admission:
+    """Admission of one peer's incoming messages (see the module docstring)."""
+
+    def __init__(
+        self,
+        run: RunRules,
+        config: AdmissionConfig | None = None,
+        *,
+        version: int = 0,
+        scores: PeerScores | None = None,
+        rules: Mapping[Kind, KindRule] = KIND_RULES,
+    ) -> None:
+        self.run = run
+        self.config = cfg = config if config is not None else AdmissionConfig()
+        self.version = int(version)
+        self.scores = scores if scores is not None else PeerScores()
+        self.rules = rules
+        self._sender_rate = RateLimiter(cfg.sender_rate, cfg.sender_burst, cfg.max_rate_keys)
+        self._signer_rate = RateLimiter(cfg.signer_rate, cfg.signer_burst, cfg.max_rate_keys)
+        self._dedup = DedupCache(cfg.dedup_entries, cfg.dedup_ttl_s)
+        self._replay = ReplayGuard(
+            run.run_id,
+            max_skew_ms=int(cfg.max_skew_s * 1000),
+            window=cfg.replay_window,
+            max_signers=cfg.max_signers,
+        )
+        self._weights_version = -1  # highest weight announcement admitted
+        self._handlers: dict[type, Callable[[Any], list[Action]]] = {
+            MessageReceived: self._on_message,
+            VersionChanged: self._on_version,
+            Tick: self._on_tick,
+            PeerConnected: self._on_connect,
+            Misbehaved: self._on_misbehaved,
+            StoreFailed: self._on_store_failed,
+        }
+
+    # -- entry point ---------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Action]:
+        """Feed one event; returns the actions to carry out, in order."""
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            raise LocalProtocolError(f"Admission cannot handle {type(event).__name__}")
+        now = event.now
+        if not isinstance(now, int | float) or not math.isfinite(now):
+            raise LocalProtocolError("event.now must be a finite number of seconds")
+        return handler(event)
+
+    # -- events --------------------------------------------------------------------
+
+    def _on_version(self, ev: VersionChanged) -> list[Action]:
+        if ev.version < 0:
+            raise LocalProtocolError("policy version must be >= 0")
+        self.version = int(ev.version)
+        return []
+
+    def _on_tick(self, ev: Tick) -> list[Action]:
+        self._dedup.expire(ev.now)
+        return [Unban(p) for p in self.scores.expire(ev.now)]
+
+    def _on_connect(self, ev: PeerConnected) -> list[Action]:
+        if self.scores.is_banned(ev.peer, ev.now):
+            return [Disconnect(ev.peer, Reason.BANNED)]
+        return []
+
+    def _on_misbehaved(self, ev: Misbehaved) -> list[Action]:
+        if not (math.isfinite(ev.penalty) and ev.penalty <= 0):
+            raise LocalProtocolError("Misbehaved.penalty is a score change <= 0")
+        return self._apply_score(ev.peer, ev.penalty, Reason.MISBEHAVED, ev.now)
+
+    def _on_store_failed(self, ev: StoreFailed) -> list[Action]:
+        self._dedup.forget((ev.item.kind, ev.item.content_id))
+        return []
+
+    def _on_message(self, ev: MessageReceived) -> list[Action]:
+        peer, now = ev.peer, ev.now
+        kind_name = str(ev.kind)
+        try:
+            if self.scores.is_banned(peer, now):
+                raise _Refused(Stage.GATE, Reason.BANNED, "sender is banned")
+            try:
+                kind = Kind(ev.kind)
+                rule = self.rules[kind]
+            except (ValueError, KeyError):
+                raise _Refused(
+                    Stage.SIZE, Reason.UNKNOWN_KIND, f"no such kind {kind_name!r}"
+                ) from None
+            data = ev.data
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise LocalProtocolError("MessageReceived.data must be bytes")
+            if len(data) > rule.max_bytes:
+                raise _Refused(
+                    Stage.SIZE, Reason.OVERSIZED, f"{len(data)} bytes > {rule.max_bytes}"
+                )
+            opened = self._open(rule, bytes(data))
+            self._check_context(rule, opened, peer, now)
+            self._check_rate(rule, opened, peer, now)
+            keys = [(kind, opened.content_id)] + [(k, opened.content_id) for k in rule.dedup_with]
+            if any(self._dedup.seen(k, now) for k in keys):
+                raise _Refused(Stage.DEDUP, Reason.DUPLICATE, "already admitted")
+
+            if rule.gossip:
+                try:
+                    self._replay.check(opened.envelope, int(now * 1000))
+                except ReplayError as exc:
+                    raise _Refused(
+                        Stage.REPLAY, Reason.REPLAY, str(exc), signer=opened.envelope.signer
+                    ) from None
+        except _Refused as r:
+            return self._reject(peer, r, kind_name, now)
+
+        self._dedup.add((kind, opened.content_id), now)
+        if rule.weights:
+            self._weights_version = max(self._weights_version, opened.obj.version)
+        item = Admitted(
+            kind, opened.content_id, peer, opened.envelope, opened.obj, bytes(data), now,
+            opened.header, opened.body,
+        )
+        actions: list[Action] = []
+        if rule.store:
+            actions.append(Store(item))
+        if rule.gossip:
+            actions.append(Forward(item))
+        actions.append(Deliver(item))
+        if self.config.admit_reward > 0:
+            self.scores.reward(peer, self.config.admit_reward, now)
+        return actions
+
+    # -- stages --------------------------------------------------------------------
+
+    @staticmethod
+    def _open(rule: KindRule, data: bytes) -> Opened:
+        try:
+            return rule.opener(data)
+        except SignatureError as exc:
+            raise _Refused(Stage.SIGNATURE, Reason.BAD_SIGNATURE, str(exc), exc.penalty) from None
+        except IntegrityError as exc:
+            raise _Refused(Stage.SIGNATURE, Reason.BODY_MISMATCH, str(exc), exc.penalty) from None
+        except DecodeError as exc:
+            raise _Refused(Stage.DECODE, Reason.MALFORMED, str(exc), exc.penalty) from None
+        except _RemoteError as exc:  # any other way a peer's bytes can be wrong
+            raise _Refused(Stage.DECODE, Reason.MALFORMED, str(exc), exc.penalty) from None
+
+    def _check_context(self, rule: KindRule, op: Opened, peer: PeerId, now: float) -> None:
+        env = op.envelope
+        who = env.signer
+        if env.run_id != self.run.run_id:
+            raise _Refused(Stage.CONTEXT, Reason.WRONG_RUN, f"run {env.run_id!r}", signer=who)
+        if rule.versioned:
+            v, t, s = env.policy_version, self.version, self.run.max_staleness
+            if t - v > s:
+                raise _Refused(
+                    Stage.CONTEXT, Reason.STALE, f"version {v} at {t}: {t - v} > S={s}",
+                    signer=who,
+                )
+            if v - t > self.config.max_future_versions:
+                raise _Refused(
+                    Stage.CONTEXT, Reason.FUTURE_VERSION, f"version {v}, ours is {t}",
+                    signer=who,
+                )
+        if rule.weights:
+            if env.signer not in self.run.trainer_keys:
+                raise _Refused(
+                    Stage.CONTEXT, Reason.UNAUTHORIZED, "weights not signed by a trainer key",
+                    signer=who,
+                )
+            version = op.obj.version
+            if version <= max(self._weights_version, self.version - 1):
+                raise _Refused(
+                    Stage.CONTEXT, Reason.OUTDATED, f"weights version {version} is not new",
+                    signer=who,
+                )
+        if rule.gossip:
+            skew_ms = env.timestamp_ms - now * 1000.0
+            if abs(skew_ms) > self.config.max_skew_s * 1000.0:
+                raise _Refused(
+                    Stage.CONTEXT, Reason.CLOCK_SKEW, f"timestamp {skew_ms:+.0f} ms from now",
+                    signer=who,
+                )
+
+    def _check_rate(self, rule: KindRule, op: Opened, peer: PeerId, now: float) -> None:
+        if not self._sender_rate.allow(peer, now):
+            raise _Refused(Stage.RATE, Reason.RATE_LIMITED, "sender over its rate")
+        if rule.gossip and not self._signer_rate.allow(op.envelope.signer, now):
+            # The signer published too much; its relays are not to blame.
+            pen = None if peer == op.envelope.signer else 0.0
+            raise _Refused(Stage.RATE, Reason.RATE_LIMITED, "signer over its rate", pen)
+
+    # -- scoring -------------------------------------------------------------------
+
+    def _reject(self, peer: PeerId, r: _Refused, kind: str, now: float) -> list[Action]:
+        if r.reason not in RELAY_BLAMED and r.signer is not None and peer != r.signer:
+            penalty = 0.0  # a view-dependent fault of the signer, not of this relay
+        elif r.penalty is None:
+            penalty = self.config.penalties[r.reason]
+        else:
+            penalty = min(0.0, float(r.penalty)) if math.isfinite(r.penalty) else 0.0
+        actions: list[Action] = [Reject(peer, r.reason, penalty, r.stage, r.detail, kind)]
+        if r.reason is Reason.BANNED:
+            actions.append(Disconnect(peer, Reason.BANNED))
+            return actions
+        actions.extend(self._apply_score(peer, penalty, r.reason, now))
+        return actions
+
+    def _apply_score(self, peer: PeerId, delta: float, reason: Reason, now: float) -> list[Action]:
+        if delta == 0:
+            return []
+        change = self.scores.adjust(peer, delta, now)
+        if change.banned_until is None:
+            return []
+        record = self.scores.record(peer, now)
+        assert record is not None
+        return [Disconnect(peer, reason), Ban(peer, change.banned_until, record)]
