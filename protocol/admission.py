@@ -271,8 +271,14 @@ class AdmissionConfig:
     penalties: Mapping[Reason, float] = field(default_factory=lambda: dict(PENALTIES))
 
     def __post_init__(self) -> None:
-        for name in ("sender_rate", "sender_burst", "signer_rate", "signer_burst",
-                     "dedup_ttl_s", "max_skew_s"):
+        for name in (
+            "sender_rate",
+            "sender_burst",
+            "signer_rate",
+            "signer_burst",
+            "dedup_ttl_s",
+            "max_skew_s",
+        ):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise LocalProtocolError(f"AdmissionConfig.{name} must be a positive number")
@@ -736,8 +742,15 @@ class Admission:
         if rule.weights:
             self._weights_version = max(self._weights_version, opened.obj.version)
         item = Admitted(
-            kind, opened.content_id, peer, opened.envelope, opened.obj, bytes(data), now,
-            opened.header, opened.body,
+            kind,
+            opened.content_id,
+            peer,
+            opened.envelope,
+            opened.obj,
+            bytes(data),
+            now,
+            opened.header,
+            opened.body,
         )
         actions: list[Action] = []
         if rule.store:
@@ -773,31 +786,41 @@ class Admission:
             v, t, s = env.policy_version, self.version, self.run.max_staleness
             if t - v > s:
                 raise _Refused(
-                    Stage.CONTEXT, Reason.STALE, f"version {v} at {t}: {t - v} > S={s}",
+                    Stage.CONTEXT,
+                    Reason.STALE,
+                    f"version {v} at {t}: {t - v} > S={s}",
                     signer=who,
                 )
             if v - t > self.config.max_future_versions:
                 raise _Refused(
-                    Stage.CONTEXT, Reason.FUTURE_VERSION, f"version {v}, ours is {t}",
+                    Stage.CONTEXT,
+                    Reason.FUTURE_VERSION,
+                    f"version {v}, ours is {t}",
                     signer=who,
                 )
         if rule.weights:
             if env.signer not in self.run.trainer_keys:
                 raise _Refused(
-                    Stage.CONTEXT, Reason.UNAUTHORIZED, "weights not signed by a trainer key",
+                    Stage.CONTEXT,
+                    Reason.UNAUTHORIZED,
+                    "weights not signed by a trainer key",
                     signer=who,
                 )
             version = op.obj.version
             if version <= max(self._weights_version, self.version - 1):
                 raise _Refused(
-                    Stage.CONTEXT, Reason.OUTDATED, f"weights version {version} is not new",
+                    Stage.CONTEXT,
+                    Reason.OUTDATED,
+                    f"weights version {version} is not new",
                     signer=who,
                 )
         if rule.gossip:
             skew_ms = env.timestamp_ms - now * 1000.0
             if abs(skew_ms) > self.config.max_skew_s * 1000.0:
                 raise _Refused(
-                    Stage.CONTEXT, Reason.CLOCK_SKEW, f"timestamp {skew_ms:+.0f} ms from now",
+                    Stage.CONTEXT,
+                    Reason.CLOCK_SKEW,
+                    f"timestamp {skew_ms:+.0f} ms from now",
                     signer=who,
                 )
 
