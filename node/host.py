@@ -1,0 +1,782 @@
+"""The one adapter over py-libp2p 0.8.1 + trio: every library workaround lives here.
+
+What this module owns
+---------------------
+A `SwarmHost` is a running libp2p host (TCP + Noise + Yamux) with GossipSub attached,
+an application heartbeat, framed request streams and bans. The rest of `node/` speaks
+only bytes, base58 peer ids and text multiaddrs to it; nothing outside this file imports
+`libp2p`.
+
+The library defaults that bite, and what we do about each (DESIGN.md section 3); every
+item has a test in `tests/test_node_host.py` that fails if the default comes back:
+
+1. Plaintext security is offered unless told otherwise -> `sec_opt` is Noise only.
+2. Mplex is slow -> Yamux only.
+3. GossipSub spam protection drops > 10 msg/s per peer and topic (our own publishes
+   too) -> `spam_protection_enabled=False`; our own per-peer rate rules live in
+   `protocol/` admission instead.
+4. Adaptive gossip stretches the heartbeat up to 30 s -> disabled, 1 s heartbeat.
+5. The per-peer outbound queue holds 32 RPCs and drops when full -> `publish()` paces:
+   it waits (bounded) until every live peer's queue is below `outbound_high_water`.
+6. The subscription queue holds 32 messages and drops with a warning -> the module
+   constant is raised before any subscribe and a reader task drains it at once.
+7. A peer receives its own publishes -> filtered on the origin id.
+8. Publishing before the remote joined our mesh reaches no one -> `publish()` waits
+   (bounded) until every subscribed peer is in the topic mesh.
+9. Messages over ~1 MiB are silently dropped -> `publish()` rejects anything over
+   `max_gossip_bytes` with `MessageTooLarge`; framed streams cap every frame.
+10. A SIGSTOPped peer blocks writes forever -> every dial, read, write and close here
+    runs under a deadline, and an application heartbeat drops a peer that has not
+    answered for `peer_dead_after_s`.
+11. `connect()` takes ~250 ms -> `connect_many()` dials concurrently.
+12. Leaving `host.run()` without `close()` leaks the listener; in-flight publishes at
+    shutdown raise "Nursery is closed" -> `open_host()` refuses new publishes, drains
+    the in-flight ones, then stops pubsub and calls `close()`.
+
+Resource handling: everything is owned by the `open_host()` context; on exit the port
+is released and all tasks are gone. Error handling: remote misbehaviour and timeouts
+surface as `PeerError` subclasses to the caller of the call that met them; background
+tasks (heartbeat, stream handlers) turn them into peer events, never into crashes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import secrets
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import libp2p.pubsub.pubsub as _libp2p_pubsub
+import multiaddr
+import trio
+from libp2p import create_yamux_muxer_option, new_host
+from libp2p.abc import INotifee
+from libp2p.crypto.ed25519 import Ed25519PrivateKey
+from libp2p.crypto.keys import KeyPair
+from libp2p.crypto.x25519 import create_new_key_pair as _new_x25519_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.network.config import ConnectionConfig
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.pubsub.gossipsub import PROTOCOL_ID as GOSSIPSUB_PROTOCOL_ID
+from libp2p.pubsub.gossipsub import GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.tools.anyio_service import background_trio_service
+
+log = logging.getLogger("swarm.host")
+
+# ---------------------------------------------------------------------------------------
+# Settings
+# ---------------------------------------------------------------------------------------
+
+# The library's RPC limit is 1 MiB including protobuf framing, the signature and the key;
+# 1,000,000 bytes of payload leaves room for all of it.
+MAX_GOSSIP_BYTES = 1_000_000
+# A body frame on a request stream: the largest wire object (a 4 MiB rollout body in its
+# envelope) plus headroom.
+MAX_FRAME_BYTES = 5 * 1024 * 1024
+# The subscription queue we install in place of the library's 32.
+SUBSCRIPTION_QUEUE = 4096
+PING_PROTOCOL = TProtocol("/swarm-rl/ping/1")
+_FRAME_HEADER = struct.Struct(">I")
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """Knobs of the adapter; the defaults are what the node runs with."""
+
+    dial_timeout_s: float = 5.0  # one connect(): TCP + Noise + Yamux + multiselect
+    io_timeout_s: float = 10.0  # one framed read or write on a stream
+    close_timeout_s: float = 2.0  # closing a stream or a connection
+    heartbeat_interval_s: float = 0.5  # application ping period per peer
+    peer_dead_after_s: float = 4.0  # no pong for this long: disconnect the peer
+    gossip_degree: int = 6  # GossipSub D, D_low, D_high
+    gossip_degree_low: int = 4
+    gossip_degree_high: int = 12
+    gossip_heartbeat_s: int = 1  # GossipSub heartbeat (the library default is 120 s)
+    outbound_high_water: int = 16  # pace publishes while a live peer's queue is longer
+    pace_max_wait_s: float = 2.0  # give up pacing on a peer after this (it drops it)
+    mesh_wait_s: float = 2.0  # wait this long at most for subscribed peers to join the mesh
+    max_gossip_bytes: int = MAX_GOSSIP_BYTES
+    max_frame_bytes: int = MAX_FRAME_BYTES
+    drain_timeout_s: float = 3.0  # shutdown: wait this long for in-flight publishes
+    max_connections: int = 200
+
+
+# ---------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------
+
+
+class HostError(Exception):
+    """Base of every error this adapter raises."""
+
+
+class HostClosed(HostError):
+    """The host is shutting down; no new work is accepted."""
+
+
+class MessageTooLarge(HostError):
+    """A local caller tried to send more than the configured limit (our bug, not theirs)."""
+
+
+class PeerError(HostError):
+    """Something went wrong with a remote peer: unreachable, too slow, or misbehaving."""
+
+    def __init__(self, peer: str, message: str) -> None:
+        super().__init__(f"{peer[:16]}...: {message}" if len(peer) > 16 else f"{peer}: {message}")
+        self.peer = peer
+
+
+class PeerTimeout(PeerError):
+    """A dial, read or write did not finish before its deadline."""
+
+
+class PeerUnreachable(PeerError):
+    """A dial failed, or the stream was closed or reset by the remote."""
+
+
+class FrameTooLarge(PeerError):
+    """The remote announced a frame above the cap; the stream was reset."""
+
+
+@dataclass(frozen=True)
+class DialResult:
+    """The outcome of dialing one multiaddr."""
+
+    addr: str
+    ok: bool
+    peer: str | None = None
+    error: str | None = None
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class GossipMessage:
+    """A message delivered on a subscribed topic (never one of our own)."""
+
+    topic: str
+    data: bytes
+    origin: str  # base58 peer id of the publisher (the GossipSub `from` field)
+    received_at: float  # time.time() at delivery
+
+
+@dataclass(frozen=True)
+class PeerEvent:
+    """A change in the set of peers: connected, dropped (heartbeat), disconnected, banned."""
+
+    kind: str
+    peer: str
+    reason: str = ""
+
+
+def _short(peer: str) -> str:
+    return peer[:12] + "..." if len(peer) > 12 else peer
+
+
+# ---------------------------------------------------------------------------------------
+# Framed streams
+# ---------------------------------------------------------------------------------------
+
+
+class FramedStream:
+    """A libp2p stream carrying length-prefixed frames (4-byte big-endian length).
+
+    Every read and write runs under `io_timeout_s`; a frame over `max_frame_bytes` is
+    refused before it is read. Errors become `PeerTimeout`, `PeerUnreachable` or
+    `FrameTooLarge`, all carrying the peer id.
+    """
+
+    def __init__(self, stream: Any, peer: str, settings: HostSettings) -> None:
+        self._stream = stream
+        self.peer = peer
+        self._settings = settings
+        self._buffer = bytearray()
+
+    async def send(self, data: bytes) -> None:
+        if len(data) > self._settings.max_frame_bytes:
+            raise MessageTooLarge(
+                f"frame of {len(data)} bytes exceeds the {self._settings.max_frame_bytes} byte cap"
+            )
+        await self._io(self._stream.write(_FRAME_HEADER.pack(len(data)) + data), "write")
+
+    async def receive(self, max_bytes: int | None = None) -> bytes:
+        """Read one frame of at most `max_bytes` (default: the host's frame cap)."""
+        cap = self._settings.max_frame_bytes if max_bytes is None else max_bytes
+        header = await self._read_exactly(_FRAME_HEADER.size)
+        (size,) = _FRAME_HEADER.unpack(header)
+        if size > cap:
+            await self.reset()
+            raise FrameTooLarge(self.peer, f"announced a {size} byte frame (cap {cap})")
+        return await self._read_exactly(size)
+
+    async def _read_exactly(self, n: int) -> bytes:
+        while len(self._buffer) < n:
+            chunk = await self._io(self._stream.read(max(n - len(self._buffer), 65536)), "read")
+            if not chunk:
+                raise PeerUnreachable(self.peer, "stream closed by the remote mid-frame")
+            self._buffer += chunk
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return data
+
+    async def _io(self, op: Awaitable[Any], what: str) -> Any:
+        try:
+            with trio.fail_after(self._settings.io_timeout_s):
+                return await op
+        except trio.TooSlowError:
+            raise PeerTimeout(
+                self.peer, f"stream {what} took over {self._settings.io_timeout_s:g} s"
+            ) from None
+        except (trio.Cancelled, HostError):
+            raise
+        except Exception as exc:  # the library raises many unrelated types for a dead stream
+            raise PeerUnreachable(self.peer, f"stream {what} failed: {exc!r}") from exc
+
+    async def close(self) -> None:
+        with trio.move_on_after(self._settings.close_timeout_s):
+            with contextlib.suppress(Exception):
+                await self._stream.close()
+
+    async def reset(self) -> None:
+        with trio.move_on_after(self._settings.close_timeout_s):
+            with contextlib.suppress(Exception):
+                await self._stream.reset()
+
+
+StreamHandler = Callable[[FramedStream], Awaitable[None]]
+Validator = Callable[[str, bytes], bool]
+
+
+# ---------------------------------------------------------------------------------------
+# The host
+# ---------------------------------------------------------------------------------------
+
+
+def key_pair_from_private_bytes(private_bytes: bytes) -> KeyPair:
+    """The libp2p Ed25519 key pair of our 32-byte identity seed (same peer id)."""
+    if len(private_bytes) != 32:
+        raise ValueError(f"an Ed25519 private key is 32 bytes, got {len(private_bytes)}")
+    private = Ed25519PrivateKey.new(private_bytes)
+    return KeyPair(private, private.get_public_key())
+
+
+def _apply_library_patches() -> None:
+    # Workaround 6: the library reads this module constant at subscribe() time.
+    _libp2p_pubsub.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_QUEUE
+
+
+@dataclass
+class _PeerState:
+    connected_at: float
+    last_pong: float
+    rtt_s: float = math.nan
+    dropping: bool = False
+
+
+class _Notifee(INotifee):
+    """Forwards connection events from the swarm into the `SwarmHost`."""
+
+    def __init__(self, host: SwarmHost) -> None:
+        self._host = host
+
+    async def opened_stream(self, network: Any, stream: Any) -> None:
+        return None
+
+    async def closed_stream(self, network: Any, stream: Any) -> None:
+        return None
+
+    async def connected(self, network: Any, conn: Any) -> None:
+        self._host._on_connected(conn.muxed_conn.peer_id)
+
+    async def disconnected(self, network: Any, conn: Any) -> None:
+        self._host._on_disconnected(conn.muxed_conn.peer_id)
+
+    async def listen(self, network: Any, multiaddr: Any) -> None:
+        return None
+
+    async def listen_close(self, network: Any, multiaddr: Any) -> None:
+        return None
+
+
+class SwarmHost:
+    """A running peer: use `open_host()` to get one.
+
+    Public surface: `peer_id`, `listen_addrs()`, `connect()`, `connect_many()`,
+    `connected_peers()`, `subscribe()`, `publish()`, `set_stream_handler()`,
+    `open_stream()`, `disconnect()`, `ban()`, `unban()`, `on_peer_event()`, `peer_rtt()`.
+    """
+
+    def __init__(self, private_bytes: bytes, settings: HostSettings) -> None:
+        _apply_library_patches()
+        self.settings = settings
+        key_pair = key_pair_from_private_bytes(private_bytes)
+        noise = NoiseTransport(key_pair, noise_privkey=_new_x25519_key_pair().private_key)
+        self._lh = new_host(
+            key_pair=key_pair,
+            sec_opt={NOISE_PROTOCOL_ID: noise},  # workaround 1: Noise only, no plaintext
+            muxer_opt=create_yamux_muxer_option(),  # workaround 2: Yamux only
+            negotiate_timeout=int(math.ceil(settings.dial_timeout_s)),
+            # The library's connection manager redials every peerstore address to keep
+            # 50 connections; discovery is ours (node/discovery.py), so it is switched off.
+            connection_config=ConnectionConfig(
+                min_connections=0,
+                low_watermark=0,
+                high_watermark=settings.max_connections,
+                max_connections=settings.max_connections,
+                dial_timeout=settings.dial_timeout_s,
+                connection_close_timeout=settings.close_timeout_s,
+                inbound_upgrade_timeout=settings.dial_timeout_s,
+                outbound_upgrade_timeout=settings.dial_timeout_s,
+                outbound_stream_protocol_negotiation_timeout=settings.dial_timeout_s,
+                inbound_stream_protocol_negotiation_timeout=settings.dial_timeout_s,
+            ),
+        )
+        self._gossipsub = GossipSub(
+            protocols=[GOSSIPSUB_PROTOCOL_ID],
+            degree=settings.gossip_degree,
+            degree_low=settings.gossip_degree_low,
+            degree_high=settings.gossip_degree_high,
+            heartbeat_interval=settings.gossip_heartbeat_s,  # workaround 4
+            heartbeat_initial_delay=0.1,
+            adaptive_gossip_enabled=False,  # workaround 4
+            spam_protection_enabled=False,  # workaround 3
+            prune_back_off=5,
+            unsubscribe_back_off=2,
+        )
+        self._pubsub = Pubsub(self._lh, self._gossipsub, strict_signing=True)
+        self.peer_id: str = self._lh.get_id().to_base58()
+        self._peers: dict[str, _PeerState] = {}
+        self._banned: dict[str, float] = {}  # peer -> unban time (time.time())
+        self._listeners: list[Callable[[PeerEvent], None]] = []
+        self._nursery: trio.Nursery | None = None
+        self._closing = False
+        self._in_flight = 0
+        self._idle = trio.Event()
+        self._idle.set()
+        self._validators: dict[str, Validator] = {}
+        self._pingers: set[str] = set()
+
+    # -- addresses and peers -------------------------------------------------------------
+
+    def listen_addrs(self) -> list[str]:
+        """Our dialable multiaddrs, each ending in `/p2p/<peer id>`."""
+        return [str(a) for a in self._lh.get_addrs()]
+
+    def connected_peers(self) -> list[str]:
+        """Peers with a live connection that the heartbeat has not dropped."""
+        return sorted(p for p, st in self._peers.items() if not st.dropping)
+
+    def peer_rtt(self, peer: str) -> float:
+        st = self._peers.get(peer)
+        return st.rtt_s if st else math.nan
+
+    def on_peer_event(self, callback: Callable[[PeerEvent], None]) -> None:
+        """Register a synchronous callback for `PeerEvent`s (it must not block)."""
+        self._listeners.append(callback)
+
+    def _emit(self, event: PeerEvent) -> None:
+        log.info("peer %s %s %s", event.kind, _short(event.peer), event.reason)
+        for callback in list(self._listeners):
+            callback(event)
+
+    def is_banned(self, peer: str) -> bool:
+        until = self._banned.get(peer)
+        if until is None:
+            return False
+        if until <= time.time():
+            del self._banned[peer]
+            self._pubsub.remove_from_blacklist(ID.from_base58(peer))
+            return False
+        return True
+
+    # -- connection events ---------------------------------------------------------------
+
+    def _on_connected(self, pid: ID) -> None:
+        peer = pid.to_base58()
+        if self.is_banned(peer):
+            if self._nursery is not None:
+                self._nursery.start_soon(self._close_peer, peer)
+            return
+        if peer in self._peers and not self._peers[peer].dropping:
+            return
+        now = time.monotonic()
+        self._peers[peer] = _PeerState(connected_at=now, last_pong=now)
+        if self._nursery is not None and peer not in self._pingers:
+            self._nursery.start_soon(self._ping_loop, peer)
+        self._emit(PeerEvent("connected", peer))
+
+    def _on_disconnected(self, pid: ID) -> None:
+        peer = pid.to_base58()
+        if self._lh.get_network().get_connections(pid):
+            return  # another connection to the same peer is still up
+        state = self._peers.pop(peer, None)
+        if state is not None and not state.dropping:
+            self._emit(PeerEvent("disconnected", peer, "connection closed"))
+
+    # -- dialing -------------------------------------------------------------------------
+
+    async def connect(self, addr: str) -> DialResult:
+        """Dial one `/ip4/.../tcp/.../p2p/<id>` multiaddr under `dial_timeout_s`; never raises
+        for a remote failure (the result says what went wrong)."""
+        self._check_open()
+        started = time.monotonic()
+        try:
+            info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+        except Exception as exc:
+            return DialResult(addr, False, error=f"not a dialable /p2p/ multiaddr ({exc})")
+        peer = info.peer_id.to_base58()
+        if peer == self.peer_id:
+            return DialResult(addr, False, peer, error="that is our own peer id")
+        if self.is_banned(peer):
+            return DialResult(addr, False, peer, error="peer is banned")
+        try:
+            with trio.fail_after(self.settings.dial_timeout_s):
+                await self._lh.connect(info)
+        except trio.TooSlowError:
+            return DialResult(
+                addr,
+                False,
+                peer,
+                f"no answer within {self.settings.dial_timeout_s:g} s",
+                time.monotonic() - started,
+            )
+        except trio.Cancelled:
+            raise
+        except Exception as exc:
+            reason = str(exc) or type(exc).__name__
+            cause = exc.__cause__ or exc.__context__
+            if cause is not None and str(cause):
+                reason = f"{reason}: {cause}"
+            return DialResult(addr, False, peer, reason[:300], time.monotonic() - started)
+        self._on_connected(info.peer_id)
+        return DialResult(addr, True, peer, None, time.monotonic() - started)
+
+    async def connect_many(self, addrs: Sequence[str]) -> list[DialResult]:
+        """Dial all `addrs` concurrently (workaround 11); results in the order given."""
+        results: list[DialResult | None] = [None] * len(addrs)
+
+        async def one(i: int, addr: str) -> None:
+            results[i] = await self.connect(addr)
+
+        async with trio.open_nursery() as nursery:
+            for i, addr in enumerate(addrs):
+                nursery.start_soon(one, i, addr)
+        return [r for r in results if r is not None]
+
+    async def disconnect(self, peer: str, reason: str = "") -> None:
+        """Close every connection to `peer` (bounded by `close_timeout_s`)."""
+        state = self._peers.get(peer)
+        if state is not None and not state.dropping:
+            state.dropping = True
+            self._emit(PeerEvent("dropped", peer, reason))
+        await self._close_peer(peer)
+
+    async def _close_peer(self, peer: str) -> None:
+        pid = ID.from_base58(peer)
+        with trio.move_on_after(self.settings.close_timeout_s):
+            with contextlib.suppress(Exception):
+                await self._lh.disconnect(pid)
+        # If the close timed out (a frozen peer never acknowledges), forget it anyway:
+        # the pubsub sender task for it is blocked, not us.
+        with contextlib.suppress(Exception):
+            self._lh.get_network().connections.pop(pid, None)
+        self._peers.pop(peer, None)
+
+    async def ban(self, peer: str, seconds: float, reason: str) -> None:
+        """Refuse `peer` for `seconds`: disconnect now, reject its connections and messages."""
+        self._banned[peer] = time.time() + seconds
+        self._pubsub.add_to_blacklist(ID.from_base58(peer))
+        self._emit(PeerEvent("banned", peer, reason))
+        await self.disconnect(peer, f"banned: {reason}")
+
+    def unban(self, peer: str) -> None:
+        if self._banned.pop(peer, None) is not None:
+            self._pubsub.remove_from_blacklist(ID.from_base58(peer))
+
+    # -- application heartbeat (workaround 10) -------------------------------------------
+
+    async def _handle_ping(self, stream: Any) -> None:
+        framed = FramedStream(stream, stream.muxed_conn.peer_id.to_base58(), self.settings)
+        deadline = self.settings.peer_dead_after_s * 3
+        try:
+            while True:
+                with trio.fail_after(deadline):
+                    nonce = await framed.receive(64)
+                await framed.send(nonce)
+        except (HostError, trio.TooSlowError):
+            pass
+        finally:
+            await framed.reset()
+
+    async def _ping_loop(self, peer: str) -> None:
+        """Ping `peer` every `heartbeat_interval_s`; drop it after `peer_dead_after_s` silent."""
+        self._pingers.add(peer)
+        s = self.settings
+        framed: FramedStream | None = None
+        try:
+            while peer in self._peers and not self._peers[peer].dropping:
+                state = self._peers[peer]
+                remaining = s.peer_dead_after_s - (time.monotonic() - state.last_pong)
+                if remaining <= 0:
+                    await self.disconnect(
+                        peer, f"no heartbeat answer for {s.peer_dead_after_s:g} s"
+                    )
+                    return
+                with trio.move_on_after(min(remaining, max(s.heartbeat_interval_s * 2, 1.0))):
+                    try:
+                        if framed is None:
+                            raw = await self._lh.new_stream(ID.from_base58(peer), [PING_PROTOCOL])
+                            framed = FramedStream(raw, peer, s)
+                        nonce = secrets.token_bytes(8)
+                        sent = time.monotonic()
+                        await framed.send(nonce)
+                        echo = await framed.receive(64)
+                        if echo == nonce:
+                            state.last_pong = time.monotonic()
+                            state.rtt_s = state.last_pong - sent
+                    except (HostError, trio.TooSlowError):
+                        framed = None
+                    except trio.Cancelled:
+                        raise
+                    except Exception:  # new_stream on a closing connection
+                        framed = None
+                await trio.sleep(s.heartbeat_interval_s)
+        finally:
+            self._pingers.discard(peer)
+            if framed is not None:
+                await framed.reset()
+
+    # -- streams -------------------------------------------------------------------------
+
+    def set_stream_handler(self, protocol: str, handler: StreamHandler) -> None:
+        """Serve `protocol`: `handler(stream)` runs per inbound stream; its `PeerError`s end
+        the stream, anything else propagates (a bug of ours must not be swallowed)."""
+
+        async def wrapped(raw: Any) -> None:
+            peer = raw.muxed_conn.peer_id.to_base58()
+            framed = FramedStream(raw, peer, self.settings)
+            if self._closing or self.is_banned(peer):
+                await framed.reset()
+                return
+            try:
+                await handler(framed)
+            except PeerError as exc:
+                log.info("stream %s from %s ended: %s", protocol, _short(peer), exc)
+            finally:
+                await framed.close()
+
+        self._lh.set_stream_handler(TProtocol(protocol), wrapped)
+
+    async def open_stream(self, peer: str, protocol: str) -> FramedStream:
+        """Open a stream to a connected (or known) peer under `dial_timeout_s`."""
+        self._check_open()
+        try:
+            with trio.fail_after(self.settings.dial_timeout_s):
+                raw = await self._lh.new_stream(ID.from_base58(peer), [TProtocol(protocol)])
+        except trio.TooSlowError:
+            raise PeerTimeout(
+                peer, f"opening {protocol} took over {self.settings.dial_timeout_s:g} s"
+            ) from None
+        except trio.Cancelled:
+            raise
+        except Exception as exc:
+            raise PeerUnreachable(peer, f"cannot open {protocol}: {exc}") from exc
+        return FramedStream(raw, peer, self.settings)
+
+    # -- gossip --------------------------------------------------------------------------
+
+    async def subscribe(
+        self, topic: str, validator: Validator | None = None
+    ) -> trio.MemoryReceiveChannel[GossipMessage]:
+        """Join `topic`; returns a channel of other peers' messages.
+
+        `validator(forwarder, data) -> bool` runs before a message is delivered or
+        forwarded (GossipSub topic validation): a False stops it at this hop.
+        """
+        self._check_open()
+        if validator is not None:
+            self._validators[topic] = validator
+
+            def check(forwarder: ID, msg: Any) -> bool:
+                if forwarder == self._lh.get_id():
+                    return True
+                return validator(forwarder.to_base58(), bytes(msg.data))
+
+            self._pubsub.set_topic_validator(topic, check, False)
+        subscription = await self._pubsub.subscribe(topic)
+        send, receive = trio.open_memory_channel[GossipMessage](SUBSCRIPTION_QUEUE)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._drain_subscription, topic, subscription, send)
+        return receive
+
+    async def _drain_subscription(
+        self, topic: str, subscription: Any, send: trio.MemorySendChannel[GossipMessage]
+    ) -> None:
+        me = self._lh.get_id().to_bytes()
+        async with send:
+            while True:
+                msg = await subscription.get()
+                if bytes(msg.from_id) == me:  # workaround 7
+                    continue
+                item = GossipMessage(
+                    topic, bytes(msg.data), ID(bytes(msg.from_id)).to_base58(), time.time()
+                )
+                try:
+                    send.send_nowait(item)
+                except trio.WouldBlock:
+                    log.warning("application is not reading topic %s; message dropped", topic)
+                except trio.BrokenResourceError:
+                    return
+
+    def topic_peers(self, topic: str) -> list[str]:
+        """Live peers that told us they subscribe to `topic`."""
+        live = set(self.connected_peers())
+        return sorted(
+            p.to_base58() for p in self._pubsub.peer_topics.get(topic, ()) if p.to_base58() in live
+        )
+
+    async def wait_for_topic_peers(self, topic: str, n: int, timeout_s: float) -> int:
+        """Wait (bounded) until at least `n` live peers subscribe to `topic`; returns the count."""
+        with trio.move_on_after(timeout_s):
+            while len(self.topic_peers(topic)) < n:
+                await trio.sleep(0.05)
+        return len(self.topic_peers(topic))
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        """Publish `data` on `topic`: size-checked, mesh-waited and paced (workarounds 5, 8, 9).
+
+        Raises `MessageTooLarge` (caller error) or `HostClosed`; never drops silently on
+        our side. A peer whose queue stays full past `pace_max_wait_s` (frozen) is left
+        to the heartbeat.
+        """
+        if len(data) > self.settings.max_gossip_bytes:
+            raise MessageTooLarge(
+                f"gossip message of {len(data)} bytes exceeds the {self.settings.max_gossip_bytes} "
+                "byte limit (GossipSub drops larger ones silently); send the bulk over a stream"
+            )
+        self._check_open()
+        self._in_flight += 1
+        self._idle = trio.Event() if self._in_flight == 1 else self._idle
+        try:
+            await self._wait_for_mesh(topic)
+            await self._pace()
+            await self._pubsub.publish(topic, data)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    async def _wait_for_mesh(self, topic: str) -> None:
+        """Wait (bounded) until each recently connected peer joined our mesh for `topic`:
+        a peer whose subscription has not arrived yet would not get the message at all."""
+        s = self.settings
+        with trio.move_on_after(s.mesh_wait_s):
+            while True:
+                mesh = self._gossipsub.mesh.get(topic, set())
+                if len(mesh) >= s.gossip_degree:
+                    return
+                now = time.monotonic()
+                pending = False
+                for peer, state in list(self._peers.items()):
+                    if state.dropping or now - state.connected_at >= s.mesh_wait_s:
+                        continue
+                    if ID.from_base58(peer) not in mesh:
+                        pending = True
+                        break
+                if not pending:
+                    return
+                await trio.sleep(0.05)
+
+    async def _pace(self) -> None:
+        s = self.settings
+        with trio.move_on_after(s.pace_max_wait_s):
+            while True:
+                now = time.monotonic()
+                busy = False
+                for peer in self.connected_peers():
+                    state = self._peers.get(peer)
+                    if state is None or now - state.last_pong > 2 * s.heartbeat_interval_s + 0.5:
+                        continue  # suspect: do not let a frozen peer stall everyone
+                    queue = self._pubsub.peer_queues.get(ID.from_base58(peer))
+                    if queue is not None and len(queue) >= s.outbound_high_water:
+                        busy = True
+                        break
+                if not busy:
+                    return
+                await trio.sleep(0.005)
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise HostClosed("the host is shutting down")
+
+    async def _drain(self) -> None:
+        """Refuse new work, wait (bounded) for in-flight publishes, then let queues flush."""
+        self._closing = True
+        with trio.move_on_after(self.settings.drain_timeout_s):
+            await self._idle.wait()
+            # Give the per-peer sender tasks a moment to write what is queued.
+            while any(len(q) for q in self._pubsub.peer_queues.values()):
+                await trio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def open_host(
+    private_bytes: bytes,
+    listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
+    settings: HostSettings | None = None,
+) -> AsyncIterator[SwarmHost]:
+    """Start a host listening on `listen`; on exit drain, stop pubsub, and close the host
+    so the port is released (workaround 12)."""
+    settings = settings or HostSettings()
+    host = SwarmHost(private_bytes, settings)
+    try:
+        addrs = [multiaddr.Multiaddr(a) for a in listen]
+    except Exception as exc:
+        raise ValueError(f"bad listen multiaddr in {list(listen)}: {exc}") from exc
+    lh = host._lh
+    lh.get_network().register_notifee(_Notifee(host))
+    lh.set_stream_handler(PING_PROTOCOL, host._handle_ping)
+    async with lh.run(addrs):
+        try:
+            async with background_trio_service(host._pubsub):
+                async with background_trio_service(host._gossipsub):
+                    await host._pubsub.wait_until_ready()
+                    async with trio.open_nursery() as nursery:
+                        host._nursery = nursery
+                        try:
+                            yield host
+                        finally:
+                            with trio.CancelScope(shield=True):
+                                await host._drain()
+                            nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(settings.close_timeout_s * 2):
+                    await lh.close()
+
+
+__all__ = [
+    "DialResult",
+    "FrameTooLarge",
+    "FramedStream",
+    "GossipMessage",
+    "HostClosed",
+    "HostError",
+    "HostSettings",
+    "MessageTooLarge",
+    "PeerError",
+    "PeerEvent",
+    "PeerTimeout",
+    "PeerUnreachable",
+    "SwarmHost",
+    "key_pair_from_private_bytes",
+    "open_host",
+]
