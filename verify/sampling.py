@@ -1,0 +1,296 @@
+"""Seeded Gumbel-max sampling that a verifier can replay token by token.
+
+What this module owns: the one rule by which an inference worker turns a row of logits
+into a token, and the log-probability it records for that token. What it never does:
+touch torch's (or numpy's) global RNG, read a clock, or depend on batch layout.
+
+The rule, for generated token number `step` (0-based, counted within the completion) of
+a sample whose record carries `seed` (an unsigned 64-bit integer):
+
+1. Noise. `u[v]` for every vocabulary entry `v` comes from Philox4x32-10 (Salmon et al.,
+   "Parallel random numbers: as easy as 1, 2, 3", SC'11), a counter-based generator:
+   key = (seed mod 2^32, seed >> 32), counter = (v // 4, step, 0, 0x47554D42 "GUMB");
+   `u[v]` is word `v % 4` of that block, mapped to (word + 0.5) / 2^32 (never 0 or 1).
+   Integer arithmetic only, so every machine (and a GPU) produces the same words.
+2. Gumbel noise `g = -log(-log(u))`, computed in float64 and rounded to float32. (libm
+   implementations may differ by one float64 ulp; the float32 result then differs with
+   probability about 2^-28 per entry, far below the logit noise a verifier tolerates.)
+3. Scores: `z = logits_f32 / temperature` (float32). Top-k then top-p filtering on `z`
+   (order: descending `z`, ties broken by lower token id): top-k keeps the first k; top-p
+   keeps the shortest prefix whose probability mass reaches `top_p` (softmax of the
+   top-k survivors, float64). Filtered entries get -inf.
+4. Token = argmax(z + g) (first index on ties). Temperature 0 means greedy: argmax(logits).
+5. Recorded log-prob = log_softmax(z over the kept entries)[token] in float64, stored as
+   float32: the log-probability of the token under the distribution actually sampled
+   (0.0 for greedy). RL's importance ratios use it.
+
+Disabled filters: `top_k <= 0` or `top_k >= vocab`, `top_p >= 1.0`.
+
+Public API (numpy in, numpy out; torch CPU tensors are accepted and converted):
+`philox4x32`, `gumbel_noise(seed, step, vocab_size)`, `gumbel_noise_batch(seeds, steps,
+vocab_size)`, `filter_mask`, `perturbed_scores`, `sample_token`, `sample_tokens`.
+`gumbel_noise_torch` produces the same noise as a torch tensor on any device (for GPU
+engines); its integer core is shared with the numpy path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DOMAIN",
+    "philox4x32",
+    "gumbel_noise",
+    "gumbel_noise_batch",
+    "gumbel_noise_torch",
+    "filter_mask",
+    "perturbed_scores",
+    "sample_token",
+    "sample_tokens",
+]
+
+DOMAIN = 0x47554D42  # "GUMB": the fourth counter word, separates this use of the seed
+_M32 = 0xFFFFFFFF
+_PHILOX_M0 = 0xD2511F53
+_PHILOX_M1 = 0xCD9E8D57
+_PHILOX_W0 = 0x9E3779B9
+_PHILOX_W1 = 0xBB67AE85
+_TWO32 = 4294967296.0
+
+
+def _mulhilo(a: Any, m: int) -> tuple[Any, Any]:
+    """(hi, lo) 32-bit halves of a * m for int64 arrays a < 2^32 and a constant m < 2^32.
+
+    Split into 16-bit partial products so no intermediate exceeds 2^50: works the same
+    for numpy int64 and torch int64 without relying on wrap-around.
+    """
+    p_lo = a * (m & 0xFFFF)  # < 2^48
+    p_hi = a * (m >> 16)  # < 2^48
+    mid = p_lo + ((p_hi & 0xFFFF) << 16)  # < 2^49
+    lo = mid & _M32
+    hi = ((p_hi >> 16) + (mid >> 32)) & _M32
+    return hi, lo
+
+
+def _philox_core(c0: Any, c1: Any, c2: Any, c3: Any, k0: Any, k1: Any, rounds: int = 10):
+    """Philox4x32 over int64 arrays holding uint32 values (numpy or torch, broadcastable)."""
+    for r in range(rounds):
+        if r:
+            k0 = (k0 + _PHILOX_W0) & _M32
+            k1 = (k1 + _PHILOX_W1) & _M32
+        hi0, lo0 = _mulhilo(c0, _PHILOX_M0)
+        hi1, lo1 = _mulhilo(c2, _PHILOX_M1)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+
+def philox4x32(counter: Sequence[int], key: Sequence[int], rounds: int = 10) -> tuple[int, ...]:
+    """One Philox4x32 block: four uint32 counter words and two key words → four words.
+
+    Matches the Random123 known-answer vectors (see tests/test_verify_sampling.py).
+    """
+    c = [np.int64(int(x) & _M32) for x in counter]
+    k = [np.int64(int(x) & _M32) for x in key]
+    out = _philox_core(c[0], c[1], c[2], c[3], k[0], k[1], rounds)
+    return tuple(int(x) for x in out)
+
+
+def _check_seed(seed: int) -> int:
+    seed = int(seed)
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"sampling seed must be an unsigned 64-bit integer, got {seed}")
+    return seed
+
+
+def _check_step(step: int) -> int:
+    step = int(step)
+    if not 0 <= step < 2**32:
+        raise ValueError(f"sampling step must be in [0, 2^32), got {step}")
+    return step
+
+
+def _gumbel_from_words(words: np.ndarray) -> np.ndarray:
+    u = (words.astype(np.float64) + 0.5) / _TWO32
+    return (-np.log(-np.log(u))).astype(np.float32)
+
+
+def gumbel_noise(seed: int, step: int, vocab_size: int) -> np.ndarray:
+    """Gumbel(0, 1) noise, float32 [vocab_size], for one (seed, step)."""
+    return gumbel_noise_batch([seed], [step], vocab_size)[0]
+
+
+def gumbel_noise_batch(
+    seeds: Sequence[int], steps: Sequence[int] | int, vocab_size: int
+) -> np.ndarray:
+    """Gumbel noise, float32 [B, vocab_size]; row b uses (seeds[b], steps[b])."""
+    if vocab_size <= 0:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    seed_list = [_check_seed(s) for s in seeds]
+    if isinstance(steps, int | np.integer):
+        step_list = [_check_step(steps)] * len(seed_list)
+    else:
+        step_list = [_check_step(s) for s in steps]
+    if len(step_list) != len(seed_list):
+        raise ValueError("seeds and steps differ in length")
+    # uint64 seeds do not fit int64: split into 32-bit words before converting.
+    lo = np.array([x & _M32 for x in seed_list], dtype=np.int64)
+    hi = np.array([x >> 32 for x in seed_list], dtype=np.int64)
+    words = _words_np_split(lo, hi, np.array(step_list, dtype=np.int64), vocab_size)
+    return _gumbel_from_words(words)
+
+
+def _words_np_split(lo: np.ndarray, hi: np.ndarray, steps: np.ndarray, vocab_size: int):
+    n_blocks = (vocab_size + 3) // 4
+    blocks = np.arange(n_blocks, dtype=np.int64)[None, :]
+    zeros = np.zeros_like(blocks)
+    dom = np.full_like(blocks, DOMAIN)
+    w = _philox_core(blocks, steps[:, None] + zeros, zeros, dom, lo[:, None], hi[:, None])
+    words = np.stack(np.broadcast_arrays(*w), axis=-1).reshape(len(lo), n_blocks * 4)
+    return words[:, :vocab_size]
+
+
+def gumbel_noise_torch(
+    seeds: Sequence[int], steps: Sequence[int], vocab_size: int, device: Any = "cpu"
+):
+    """The same noise as `gumbel_noise_batch`, as a float32 torch tensor on `device`."""
+    import torch
+
+    seed_list = [_check_seed(s) for s in seeds]
+    step_list = [_check_step(s) for s in steps]
+    n_blocks = (vocab_size + 3) // 4
+    i64 = dict(dtype=torch.int64, device=device)
+    blocks = torch.arange(n_blocks, **i64)[None, :]
+    lo = torch.tensor([x & _M32 for x in seed_list], **i64)[:, None]
+    hi = torch.tensor([x >> 32 for x in seed_list], **i64)[:, None]
+    st = torch.tensor(step_list, **i64)[:, None]
+    zeros = torch.zeros_like(blocks)
+    dom = torch.full_like(blocks, DOMAIN)
+    w = _philox_core(blocks, st + zeros, zeros, dom, lo, hi)
+    w = torch.broadcast_tensors(*w)
+    words = torch.stack(w, dim=-1).reshape(len(seed_list), n_blocks * 4)[:, :vocab_size]
+    u = (words.to(torch.float64) + 0.5) / _TWO32
+    return (-torch.log(-torch.log(u))).to(torch.float32)
+
+
+def _as_f32(logits: Any) -> np.ndarray:
+    if hasattr(logits, "detach"):  # a torch tensor
+        logits = logits.detach().to("cpu").float().numpy()
+    return np.asarray(logits, dtype=np.float32)
+
+
+def filter_mask(z: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """Boolean keep-mask [B, V] for scaled logits z [B, V] (rule step 3)."""
+    b, v = z.shape
+    use_k = 0 < top_k < v
+    use_p = top_p < 1.0
+    if not (use_k or use_p):
+        return np.isfinite(z) | (z == np.inf)
+    order = np.argsort(-z, axis=-1, kind="stable")  # descending, ties → lower id first
+    zs = np.take_along_axis(z, order, axis=-1)
+    keep_sorted = np.ones((b, v), dtype=bool)
+    if use_k:
+        keep_sorted[:, top_k:] = False
+    if use_p:
+        zz = np.where(keep_sorted, zs.astype(np.float64), -np.inf)
+        zz = zz - zz[:, :1]
+        p = np.exp(zz)
+        p /= p.sum(axis=-1, keepdims=True)
+        before = np.cumsum(p, axis=-1) - p  # mass strictly before each entry
+        keep_sorted &= before < top_p
+        keep_sorted[:, 0] = True
+    keep_sorted &= zs > -np.inf
+    keep_sorted[:, 0] = True
+    mask = np.zeros((b, v), dtype=bool)
+    np.put_along_axis(mask, order, keep_sorted, axis=-1)
+    return mask
+
+
+def _validate_settings(temperature: float, top_p: float, top_k: int) -> None:
+    if not (temperature >= 0.0 and np.isfinite(temperature)):
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not (0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if int(top_k) != top_k:
+        raise ValueError(f"top_k must be an integer, got {top_k}")
+
+
+def perturbed_scores(
+    logits: Any,
+    *,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seeds: Sequence[int],
+    steps: Sequence[int],
+) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, z) for logits [B, V]: scores = z + gumbel with filtered entries at -inf.
+
+    A verifier replaying a record can look at `scores.max() - scores[token]` (the margin
+    by which the recorded token lost, 0 when it is the argmax) instead of exact equality.
+    Not defined for temperature 0 (greedy has no noise; compare logits directly).
+    """
+    _validate_settings(temperature, top_p, top_k)
+    if temperature == 0.0:
+        raise ValueError("perturbed_scores needs temperature > 0")
+    x = _as_f32(logits)
+    if x.ndim != 2:
+        raise ValueError(f"logits must be [B, V], got shape {x.shape}")
+    z = (x / np.float32(temperature)).astype(np.float32)
+    keep = filter_mask(z, int(top_k), float(top_p))
+    g = gumbel_noise_batch(seeds, steps, x.shape[1])
+    scores = np.where(keep, z + g, np.float32(-np.inf)).astype(np.float32)
+    zk = np.where(keep, z, np.float32(-np.inf))
+    return scores, zk
+
+
+def sample_tokens(
+    logits: Any,
+    *,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seeds: Sequence[int],
+    steps: Sequence[int] | int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Batched rule: logits [B, V] → (tokens int64 [B], sampler log-probs float32 [B])."""
+    x = _as_f32(logits)
+    if x.ndim != 2:
+        raise ValueError(f"logits must be [B, V], got shape {x.shape}")
+    b = x.shape[0]
+    if len(seeds) != b:
+        raise ValueError(f"{len(seeds)} seeds for {b} rows")
+    step_list = [int(steps)] * b if isinstance(steps, int | np.integer) else list(steps)
+    _validate_settings(temperature, top_p, top_k)
+    if temperature == 0.0:
+        return np.argmax(x, axis=-1).astype(np.int64), np.zeros(b, dtype=np.float32)
+    scores, zk = perturbed_scores(
+        x, temperature=temperature, top_p=top_p, top_k=top_k, seeds=seeds, steps=step_list
+    )
+    tokens = np.argmax(scores, axis=-1).astype(np.int64)
+    z64 = zk.astype(np.float64)
+    zmax = z64.max(axis=-1, keepdims=True)
+    lse = np.log(np.exp(z64 - zmax).sum(axis=-1)) + zmax[:, 0]
+    logprobs = (z64[np.arange(b), tokens] - lse).astype(np.float32)
+    return tokens, logprobs
+
+
+def sample_token(
+    logits: Any,
+    *,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int,
+    step: int,
+) -> tuple[int, float]:
+    """One row: logits [V] → (token, sampler log-prob as a float32 value)."""
+    x = _as_f32(logits)
+    if x.ndim != 1:
+        raise ValueError(f"logits must be [V], got shape {x.shape}")
+    t, lp = sample_tokens(
+        x[None, :], temperature=temperature, top_p=top_p, top_k=top_k, seeds=[seed], steps=[step]
+    )
+    return int(t[0]), float(lp[0])
