@@ -32,6 +32,14 @@ Rollouts (the signed header envelope and the encoded body, kept as received):
     `prune_rollouts(run_id, below_version) -> int`   drop what the staleness bound made useless
 Verdicts:
     `put_verdict(VerdictRow) -> bool`, `verdicts_for(rollout_id) -> list[VerdictRow]`
+From admission's actions (one transaction each: the row and its ledger line together):
+    `put_admitted(item, own_peer=None) -> bool`   for `Store(item)`: a rollout header or
+        record, or a verdict (a verdict about a rollout `own_peer` produced also logs the
+        outcome of that work); False when it was already stored
+    `log_reject(reject, now, item_id=None)`       for `Reject` actions worth keeping (the
+        node may skip penalty-0 ones such as duplicates)
+    `put_produced(row)`                            this peer's own new rollout + "produced"
+    `rollout_row(item)`, `verdict_row(item)`       the rows an `Admitted` becomes
 Peers (bans survive a restart):
     `save_peer(PeerRecord)`, `save_peers(records)`, `load_peers() -> list[PeerRecord]`
     (feed to `protocol.peer_score.PeerScores(config, records)`), `active_bans(now)`
@@ -60,6 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node.errors import CommandError
+from protocol.admission import Admitted, Kind, Reject
 from protocol.peer_score import PeerId, PeerRecord
 
 __all__ = [
@@ -70,6 +79,8 @@ __all__ = [
     "Store",
     "StoreError",
     "VerdictRow",
+    "rollout_row",
+    "verdict_row",
 ]
 
 DB_FILENAME = "node.sqlite3"
@@ -489,19 +500,23 @@ class Store:
         if not isinstance(row.envelope, bytes):
             raise TypeError("verdict envelope must be bytes")
         with self._write() as c:
-            cur = c.execute(
-                f"INSERT OR IGNORE INTO verdicts ({_VERDICT_COLS}) VALUES (?,?,?,?,?,?,?)",
-                (
-                    row.verdict_id,
-                    row.rollout_id,
-                    row.validator,
-                    int(bool(row.accepted)),
-                    row.envelope,
-                    float(row.received_at),
-                    row.reason,
-                ),
-            )
-            return cur.rowcount == 1
+            return self._insert_verdict(c, row)
+
+    @staticmethod
+    def _insert_verdict(c: sqlite3.Connection, row: VerdictRow) -> bool:
+        cur = c.execute(
+            f"INSERT OR IGNORE INTO verdicts ({_VERDICT_COLS}) VALUES (?,?,?,?,?,?,?)",
+            (
+                row.verdict_id,
+                row.rollout_id,
+                row.validator,
+                int(bool(row.accepted)),
+                row.envelope,
+                float(row.received_at),
+                row.reason,
+            ),
+        )
+        return cur.rowcount == 1
 
     def verdicts_for(self, rollout_id: bytes) -> list[VerdictRow]:
         with self._read() as c:
@@ -584,11 +599,15 @@ class Store:
     def log_many(self, entries: Iterable[LedgerEntry]) -> None:
         params = [self._ledger_params(e) for e in entries]
         with self._write() as c:
-            c.executemany(
-                "INSERT INTO ledger (at, direction, outcome, kind, item_id, peer, reason, detail) "
-                "VALUES (?,?,?,?,?,?,?,?)",
-                params,
-            )
+            self._insert_ledger(c, params)
+
+    @staticmethod
+    def _insert_ledger(c: sqlite3.Connection, params: list[tuple]) -> None:
+        c.executemany(
+            "INSERT INTO ledger (at, direction, outcome, kind, item_id, peer, reason, detail) "
+            "VALUES (?,?,?,?,?,?,?,?)",
+            params,
+        )
 
     def ledger(
         self,
@@ -666,3 +685,98 @@ class Store:
     def prune_ledger(self, before: float) -> int:
         with self._write() as c:
             return c.execute("DELETE FROM ledger WHERE at<?", (float(before),)).rowcount
+
+    # -- from admission ------------------------------------------------------------
+
+    def put_admitted(self, item: Admitted, own_peer: PeerId | None = None) -> bool:
+        """Store what admission's `Store(item)` asks for, with its "in/accepted" ledger line."""
+        entries = [
+            LedgerEntry(
+                item.received_at, "in", "accepted", str(item.kind), item.content_id, item.sender
+            )
+        ]
+        if item.kind in (Kind.ROLLOUT_HEADER, Kind.ROLLOUT_RECORD):
+            params = self._rollout_params(rollout_row(item))
+            ledger = [self._ledger_params(e) for e in entries]
+            with self._write() as c:
+                new = self._insert_rollout(c, params)
+                self._insert_ledger(c, ledger)
+                return new
+        if item.kind is Kind.VERDICT:
+            row = verdict_row(item)
+            if own_peer is not None and item.obj.producer == own_peer:
+                outcome = "accepted" if row.accepted else "rejected"
+                entries.append(
+                    LedgerEntry(
+                        item.received_at,
+                        "out",
+                        outcome,
+                        "rollout",
+                        row.rollout_id,
+                        row.validator,
+                        row.reason,
+                    )
+                )
+            ledger = [self._ledger_params(e) for e in entries]
+            with self._write() as c:
+                new = self._insert_verdict(c, row)
+                if new:
+                    self._insert_ledger(c, ledger)
+                return new
+        raise ValueError(f"the store keeps no {item.kind} items")
+
+    def put_produced(self, row: RolloutRow) -> bool:
+        """Store this peer's own rollout and log it as produced, in one transaction."""
+        params = self._rollout_params(row)
+        entry = LedgerEntry(row.received_at, "out", "produced", "rollout", row.rollout_id)
+        ledger = [self._ledger_params(entry)]
+        with self._write() as c:
+            new = self._insert_rollout(c, params)
+            if new:
+                self._insert_ledger(c, ledger)
+            return new
+
+    def log_reject(self, reject: Reject, now: float, item_id: bytes | None = None) -> None:
+        """Log a rejection by admission: "in/rejected" with its reason, stage and detail."""
+        self.log(
+            LedgerEntry(
+                now,
+                "in",
+                "rejected",
+                reject.kind or "unknown",
+                item_id,
+                reject.peer,
+                str(reject.reason),
+                f"{reject.stage}: {reject.detail}"[:500],
+            )
+        )
+
+
+def rollout_row(item: Admitted) -> RolloutRow:
+    """The row an admitted rollout header or record becomes."""
+    if item.header is None:
+        raise ValueError(f"{item.kind} item carries no rollout header")
+    return RolloutRow(
+        rollout_id=item.content_id,
+        run_id=item.envelope.run_id,
+        producer=item.envelope.signer,
+        policy_version=item.envelope.policy_version,
+        header=item.header,
+        body=item.body,
+        received_at=item.received_at,
+        source_peer=item.sender,
+    )
+
+
+def verdict_row(item: Admitted) -> VerdictRow:
+    """The row an admitted verdict becomes."""
+    v = item.obj
+    return VerdictRow(
+        verdict_id=item.content_id,
+        rollout_id=v.rollout_id,
+        validator=item.envelope.signer,
+        accepted=bool(v.passed),
+        envelope=item.data,
+        received_at=item.received_at,
+        reason=v.reason,
+    )
