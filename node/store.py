@@ -51,6 +51,9 @@ Ledger (what this peer produced, and what was accepted or rejected, with reasons
     `produced_status(kind="rollout") -> dict` produced / accepted / rejected / pending counts
     of this peer's own work, judged by the verdicts logged against it
     `prune_ledger(before) -> int`
+Counters that must never repeat across restarts (envelope sequence numbers, task counters):
+    `reserve(name, n=1) -> int`   durably reserve n consecutive numbers, returns the first;
+    reserve blocks (say 1,000) and take from them in memory: a crash only skips numbers
 Maintenance: `schema_version() -> int`, `check() -> None` (full integrity check; slow on a
 large file).
 
@@ -85,7 +88,7 @@ __all__ = [
 
 DB_FILENAME = "node.sqlite3"
 APPLICATION_ID = 0x53574E44  # "SWND" in the SQLite header: this file is ours
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # MIGRATIONS[n] takes a database at schema version n - 1 to version n. Append, never edit.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -133,6 +136,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         )""",
         "CREATE INDEX ledger_at ON ledger(at)",
         "CREATE INDEX ledger_item ON ledger(item_id)",
+    ),
+    2: (
+        """CREATE TABLE counters (
+            name  TEXT PRIMARY KEY,
+            value INTEGER NOT NULL              -- the next unreserved number
+        )""",
     ),
 }
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
@@ -685,6 +694,22 @@ class Store:
     def prune_ledger(self, before: float) -> int:
         with self._write() as c:
             return c.execute("DELETE FROM ledger WHERE at<?", (float(before),)).rowcount
+
+    # -- counters ------------------------------------------------------------------
+
+    def reserve(self, name: str, n: int = 1) -> int:
+        """Reserve `n` consecutive numbers of counter `name` (starting at 0); returns the first."""
+        if n < 1:
+            raise ValueError("reserve at least one number")
+        with self._write() as c:
+            row = c.execute("SELECT value FROM counters WHERE name=?", (name,)).fetchone()
+            first = 0 if row is None else int(row[0])
+            c.execute(
+                "INSERT INTO counters (name, value) VALUES (?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET value=excluded.value",
+                (name, first + n),
+            )
+            return first
 
     # -- from admission ------------------------------------------------------------
 

@@ -12,6 +12,7 @@ ids (`bytes` or `str`); message bytes are decoded and verified by `protocol.enve
 The pipeline (legal steps as data: `PIPELINE`, and per kind `KIND_RULES`)
 -----------------------------------------------------------------------
     GATE       the sender is banned                           -> Reject(BANNED) + Disconnect
+               no such kind                                   -> UNKNOWN_KIND
     SIZE       len(data) > the kind's byte limit               -> OVERSIZED
     DECODE     not a canonical encoding / wrong kind          -> MALFORMED (error's penalty)
     SIGNATURE  signature does not verify; body != digest      -> BAD_SIGNATURE / BODY_MISMATCH
@@ -26,11 +27,21 @@ The pipeline (legal steps as data: `PIPELINE`, and per kind `KIND_RULES`)
     FORWARD    -> Forward(item)     (gossiped kinds: let the router propagate it)
     DELIVER    -> Deliver(item)     (hand it to the local role)
 
+`Admission` runs a kind's stages (`KIND_RULES[kind].stages()`, a sub-sequence of `PIPELINE`)
+in order through a stage -> method table; the first refusal wins. DECODE and SIGNATURE are
+one call to the kind's opener (the protocol functions decode and verify together); the
+error's class says which of the two failed. ROLLOUT_RECORD (pulled on request, possibly old)
+skips the skew, signer-rate and REPLAY rules and is not forwarded. The replay guard
+remembers a (signer, seq) as soon as it passes, so each identity must use one sequence
+counter for all kinds and never reuse numbers across restarts (`node.store.Store.reserve`).
+
 Staleness: a rollout made at policy version v is usable at version t only if t - v <= S,
 S = `RunRules.max_staleness` (the run manifest's `max_staleness`). The current version t
 comes from `VersionChanged` events.
 
-Whose fault: penalties go to the *sender* (the peer that handed us the bytes). Faults no
+Whose fault: penalties go to the *sender* (the peer that handed us the bytes; the node
+passes libp2p peer id bytes, `ID.to_bytes()`, so that a sender compares equal to an envelope
+signer). Faults no
 honest relay would pass on (malformed, bad signature, oversized) always count. Faults that
 depend on the receiver's view (stale, skewed clock, replay, rate of a signer) count only
 when the sender is also the signer; a relay that forwarded them is not blamed (penalty 0).
@@ -70,6 +81,10 @@ WEIGHT_ANNOUNCE (gossip, signed WeightManifest), FRAUD_EVIDENCE (gossip).
 `Reason`: a `StrEnum` (values are short snake_case names for the ledger); `PENALTIES` holds
 the default score change of each, `RELAY_BLAMED` which ones count against a relay.
 Helpers: `TokenBucket`, `RateLimiter`, `DedupCache` (all pure, time passed in).
+
+For the simulator: the same `Admission` runs on virtual time; to skip real signatures for
+thousands of peers pass `rules={k: dataclasses.replace(r, opener=cheap) ...}` where `cheap`
+returns an `Opened` for its own stand-in bytes and raises `RemoteProtocolError` subclasses.
 """
 
 from __future__ import annotations
@@ -627,6 +642,26 @@ class _Refused(Exception):
         self.penalty, self.signer = penalty, signer
 
 
+@dataclass(slots=True)
+class _Msg:
+    """A message on its way through the stages."""
+
+    peer: PeerId
+    now: float
+    kind: Kind
+    rule: KindRule
+    data: bytes
+    opened: Opened | None = None
+
+
+# The output stages and the action each one emits.
+_OUTPUTS: Mapping[Stage, Callable[[Admitted], Action]] = {
+    Stage.STORE: Store,
+    Stage.FORWARD: Forward,
+    Stage.DELIVER: Deliver,
+}
+
+
 class Admission:
     """Admission of one peer's incoming messages (see the module docstring)."""
 
@@ -654,6 +689,15 @@ class Admission:
             max_signers=cfg.max_signers,
         )
         self._weights_version = -1  # highest weight announcement admitted
+        # Legal steps as data: which method carries out each check stage.
+        self._checks: dict[Stage, Callable[[_Msg], None]] = {
+            Stage.SIZE: self._stage_size,
+            Stage.DECODE: self._stage_decode,  # the opener also checks the signature
+            Stage.CONTEXT: self._stage_context,
+            Stage.RATE: self._stage_rate,
+            Stage.DEDUP: self._stage_dedup,
+            Stage.REPLAY: self._stage_replay,
+        }
         self._handlers: dict[type, Callable[[Any], list[Action]]] = {
             MessageReceived: self._on_message,
             VersionChanged: self._on_version,
@@ -703,8 +747,11 @@ class Admission:
 
     def _on_message(self, ev: MessageReceived) -> list[Action]:
         peer, now = ev.peer, ev.now
+        if not isinstance(ev.data, bytes | bytearray | memoryview):
+            raise LocalProtocolError("MessageReceived.data must be bytes")
         kind_name = str(ev.kind)
         try:
+            # GATE comes before the kind's own stages are known.
             if self.scores.is_banned(peer, now):
                 raise _Refused(Stage.GATE, Reason.BANNED, "sender is banned")
             try:
@@ -712,62 +759,43 @@ class Admission:
                 rule = self.rules[kind]
             except (ValueError, KeyError):
                 raise _Refused(
-                    Stage.SIZE, Reason.UNKNOWN_KIND, f"no such kind {kind_name!r}"
+                    Stage.GATE, Reason.UNKNOWN_KIND, f"no such kind {kind_name!r}"
                 ) from None
-            data = ev.data
-            if not isinstance(data, bytes | bytearray | memoryview):
-                raise LocalProtocolError("MessageReceived.data must be bytes")
-            if len(data) > rule.max_bytes:
-                raise _Refused(
-                    Stage.SIZE, Reason.OVERSIZED, f"{len(data)} bytes > {rule.max_bytes}"
-                )
-            opened = self._open(rule, bytes(data))
-            self._check_context(rule, opened, peer, now)
-            self._check_rate(rule, opened, peer, now)
-            keys = [(kind, opened.content_id)] + [(k, opened.content_id) for k in rule.dedup_with]
-            if any(self._dedup.seen(k, now) for k in keys):
-                raise _Refused(Stage.DEDUP, Reason.DUPLICATE, "already admitted")
-
-            if rule.gossip:
-                try:
-                    self._replay.check(opened.envelope, int(now * 1000))
-                except ReplayError as exc:
-                    raise _Refused(
-                        Stage.REPLAY, Reason.REPLAY, str(exc), signer=opened.envelope.signer
-                    ) from None
+            m = _Msg(peer, now, kind, rule, bytes(ev.data))
+            stages = rule.stages()
+            for stage in stages:
+                check = self._checks.get(stage)
+                if check is not None:
+                    check(m)
         except _Refused as r:
             return self._reject(peer, r, kind_name, now)
 
-        self._dedup.add((kind, opened.content_id), now)
+        # Every check passed: remember it, then the output stages in table order.
+        op = m.opened
+        assert op is not None
+        self._dedup.add((kind, op.content_id), now)
         if rule.weights:
-            self._weights_version = max(self._weights_version, opened.obj.version)
-        item = Admitted(
-            kind,
-            opened.content_id,
-            peer,
-            opened.envelope,
-            opened.obj,
-            bytes(data),
-            now,
-            opened.header,
-            opened.body,
-        )
-        actions: list[Action] = []
-        if rule.store:
-            actions.append(Store(item))
-        if rule.gossip:
-            actions.append(Forward(item))
-        actions.append(Deliver(item))
+            self._weights_version = max(self._weights_version, op.obj.version)
         if self.config.admit_reward > 0:
             self.scores.reward(peer, self.config.admit_reward, now)
-        return actions
+        item = Admitted(
+            kind, op.content_id, peer, op.envelope, op.obj, m.data, now, op.header, op.body
+        )
+        return [make(item) for s in stages if (make := _OUTPUTS.get(s)) is not None]
 
-    # -- stages --------------------------------------------------------------------
+    # -- check stages (each raises _Refused or returns) ----------------------------
 
-    @staticmethod
-    def _open(rule: KindRule, data: bytes) -> Opened:
+    def _stage_size(self, m: _Msg) -> None:
+        if len(m.data) > m.rule.max_bytes:
+            raise _Refused(
+                Stage.SIZE, Reason.OVERSIZED, f"{len(m.data)} bytes > {m.rule.max_bytes}"
+            )
+
+    def _stage_decode(self, m: _Msg) -> None:
+        """Decode and verify in one call to the kind's opener (the protocol functions do
+        both); which stage failed is read from the error's class."""
         try:
-            return rule.opener(data)
+            m.opened = m.rule.opener(m.data)
         except SignatureError as exc:
             raise _Refused(Stage.SIGNATURE, Reason.BAD_SIGNATURE, str(exc), exc.penalty) from None
         except IntegrityError as exc:
@@ -777,60 +805,58 @@ class Admission:
         except _RemoteError as exc:  # any other way a peer's bytes can be wrong
             raise _Refused(Stage.DECODE, Reason.MALFORMED, str(exc), exc.penalty) from None
 
-    def _check_context(self, rule: KindRule, op: Opened, peer: PeerId, now: float) -> None:
+    def _stage_context(self, m: _Msg) -> None:
+        assert m.opened is not None
+        rule, op, now = m.rule, m.opened, m.now
         env = op.envelope
         who = env.signer
+
+        def refuse(reason: Reason, detail: str) -> _Refused:
+            return _Refused(Stage.CONTEXT, reason, detail, signer=who)
+
         if env.run_id != self.run.run_id:
-            raise _Refused(Stage.CONTEXT, Reason.WRONG_RUN, f"run {env.run_id!r}", signer=who)
+            raise refuse(Reason.WRONG_RUN, f"run {env.run_id!r}, this is {self.run.run_id!r}")
         if rule.versioned:
             v, t, s = env.policy_version, self.version, self.run.max_staleness
             if t - v > s:
-                raise _Refused(
-                    Stage.CONTEXT,
-                    Reason.STALE,
-                    f"version {v} at {t}: {t - v} > S={s}",
-                    signer=who,
-                )
+                raise refuse(Reason.STALE, f"version {v} at {t}: {t - v} > S={s}")
             if v - t > self.config.max_future_versions:
-                raise _Refused(
-                    Stage.CONTEXT,
-                    Reason.FUTURE_VERSION,
-                    f"version {v}, ours is {t}",
-                    signer=who,
-                )
+                raise refuse(Reason.FUTURE_VERSION, f"version {v}, ours is {t}")
         if rule.weights:
-            if env.signer not in self.run.trainer_keys:
-                raise _Refused(
-                    Stage.CONTEXT,
-                    Reason.UNAUTHORIZED,
-                    "weights not signed by a trainer key",
-                    signer=who,
-                )
+            if who not in self.run.trainer_keys:
+                raise refuse(Reason.UNAUTHORIZED, "weights not signed by a trainer key")
             version = op.obj.version
-            if version <= max(self._weights_version, self.version - 1):
-                raise _Refused(
-                    Stage.CONTEXT,
-                    Reason.OUTDATED,
-                    f"weights version {version} is not new",
-                    signer=who,
-                )
+            if version <= max(self._weights_version, self.version):
+                raise refuse(Reason.OUTDATED, f"weights version {version} is not new")
         if rule.gossip:
             skew_ms = env.timestamp_ms - now * 1000.0
             if abs(skew_ms) > self.config.max_skew_s * 1000.0:
-                raise _Refused(
-                    Stage.CONTEXT,
-                    Reason.CLOCK_SKEW,
-                    f"timestamp {skew_ms:+.0f} ms from now",
-                    signer=who,
-                )
+                raise refuse(Reason.CLOCK_SKEW, f"timestamp {skew_ms:+.0f} ms from now")
 
-    def _check_rate(self, rule: KindRule, op: Opened, peer: PeerId, now: float) -> None:
-        if not self._sender_rate.allow(peer, now):
+    def _stage_rate(self, m: _Msg) -> None:
+        assert m.opened is not None
+        if not self._sender_rate.allow(m.peer, m.now):
             raise _Refused(Stage.RATE, Reason.RATE_LIMITED, "sender over its rate")
-        if rule.gossip and not self._signer_rate.allow(op.envelope.signer, now):
+        signer = m.opened.envelope.signer
+        if m.rule.gossip and not self._signer_rate.allow(signer, m.now):
             # The signer published too much; its relays are not to blame.
-            pen = None if peer == op.envelope.signer else 0.0
+            pen = None if m.peer == signer else 0.0
             raise _Refused(Stage.RATE, Reason.RATE_LIMITED, "signer over its rate", pen)
+
+    def _stage_dedup(self, m: _Msg) -> None:
+        assert m.opened is not None
+        cid = m.opened.content_id
+        for k in (m.kind, *m.rule.dedup_with):
+            if self._dedup.seen((k, cid), m.now):
+                raise _Refused(Stage.DEDUP, Reason.DUPLICATE, f"already admitted as {k}")
+
+    def _stage_replay(self, m: _Msg) -> None:
+        assert m.opened is not None
+        env = m.opened.envelope
+        try:
+            self._replay.check(env, int(m.now * 1000))
+        except ReplayError as exc:
+            raise _Refused(Stage.REPLAY, Reason.REPLAY, str(exc), signer=env.signer) from None
 
     # -- scoring -------------------------------------------------------------------
 

@@ -356,6 +356,37 @@ def test_schema_version_is_recorded_and_reopening_is_idempotent(tmp_path):
         assert s.schema_version() == SCHEMA_VERSION and s.count_rollouts() == 1
 
 
+def test_counters_never_repeat_across_restarts(tmp_path):
+    with Store.open(tmp_path) as s:
+        assert s.reserve("seq", 1000) == 0
+        assert s.reserve("seq", 1000) == 1000
+        assert s.reserve("other") == 0
+    with Store.open(tmp_path) as s:
+        assert s.reserve("seq") == 2000
+        with pytest.raises(ValueError):
+            s.reserve("seq", 0)
+
+
+def test_version_1_database_is_migrated(tmp_path):
+    from node.store import APPLICATION_ID, MIGRATIONS
+
+    conn = sqlite3.connect(tmp_path / DB_FILENAME)
+    for stmt in MIGRATIONS[1]:
+        conn.execute(stmt)
+    conn.execute(
+        "INSERT INTO rollouts VALUES (?,?,?,?,?,?,?,?)",
+        (b"r", "run", b"p", 1, b"h", None, T0, None),
+    )
+    conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+    conn.execute("PRAGMA user_version=1")
+    conn.commit()
+    conn.close()
+    with Store.open(tmp_path) as s:
+        assert s.schema_version() == SCHEMA_VERSION == 2
+        assert s.has_rollout(b"r")
+        assert s.reserve("seq") == 0
+
+
 def test_newer_schema_is_refused_clearly(tmp_path):
     Store.open(tmp_path).close()
     conn = sqlite3.connect(tmp_path / DB_FILENAME)
