@@ -52,7 +52,7 @@ def test_hand_vector_two_points() -> None:
     # top-2 of |[1.0, -2.0, 0.5]|: pos 1 (-2.0 = 0xC000 = 49152), pos 0 (1.0 = 0x3F80 = 16256)
     # m = 65497 (0xFFD9); P(0) = 16256, P(1) = 49152 -> c0 = 16256, c1 = 32896 (0x8080)
     x = torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.bfloat16)
-    assert toploc.build_proofs_bytes(x, topk=2) == [bytes.fromhex("ffd9" "3f80" "8080")]
+    assert toploc.build_proofs_bytes(x, topk=2) == [bytes.fromhex("ffd93f808080")]
 
 
 def test_hand_vector_three_points() -> None:
@@ -60,7 +60,7 @@ def test_hand_vector_three_points() -> None:
     # f[0,1,2] = (-33024 - 32896) / 2 = -32960 = 32537 (mod p)
     # P(x) = 16256 + 32896 x + 32537 x (x - 1) = 16256 + 359 x + 32537 x^2
     x = torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.bfloat16)
-    assert toploc.build_proofs_bytes(x, topk=3) == [bytes.fromhex("ffd9" "3f80" "0167" "7f19")]
+    assert toploc.build_proofs_bytes(x, topk=3) == [bytes.fromhex("ffd93f8001677f19")]
 
 
 def test_big_endian_layout_and_size() -> None:
@@ -79,8 +79,18 @@ def test_big_endian_layout_and_size() -> None:
 @pytest.mark.parametrize(
     ("t", "h", "moduli", "digest"),
     [
-        (64, 64, [65497, 65497], "26bbe67a4b328cb8067d7564ddabf03711cb2bd4d1d15c3ea745d074419e2808"),
-        (40, 100, [65497, 65497], "ab71bc16dcd4b0d686bf7c9d337def64ad66ea7f5decf6ce3ef7c5b685f6069a"),
+        (
+            64,
+            64,
+            [65497, 65497],
+            "26bbe67a4b328cb8067d7564ddabf03711cb2bd4d1d15c3ea745d074419e2808",
+        ),
+        (
+            40,
+            100,
+            [65497, 65497],
+            "ab71bc16dcd4b0d686bf7c9d337def64ad66ea7f5decf6ce3ef7c5b685f6069a",
+        ),
         (3, 896, [65497], "c5e3e23a71142080e0b7cea542ef8372e01f582d9cac338fdbe909e9774a1d35"),
     ],
 )
@@ -145,7 +155,12 @@ def test_fewer_values_than_k_pads_with_zero_coefficients() -> None:
     assert m == P and len(proof) == 258
     assert not coeffs[24:].any() and coeffs[:24].any()
     (res,) = toploc.verify_proofs_bytes(x, [proof])
-    assert (res.exp_mismatches, res.mant_err_mean, res.sign_mismatches, res.points) == (0, 0.0, 0, 24)
+    assert (res.exp_mismatches, res.mant_err_mean, res.sign_mismatches, res.points) == (
+        0,
+        0.0,
+        0,
+        24,
+    )
 
 
 def test_empty_activations_give_no_proofs() -> None:
@@ -248,6 +263,8 @@ def test_byte_identical_with_reference_library() -> None:
         assert mine == theirs
         y = (x.float() * 1.01).to(torch.bfloat16)
         a = [r.as_tuple() for r in toploc.verify_proofs_bytes(y, theirs)]
-        b = [(r.exp_mismatches, r.mant_err_mean, r.mant_err_median)
-             for r in ref.verify_proofs_bytes(y, mine, 32, 128, skip_prefill=True)]
+        b = [
+            (r.exp_mismatches, r.mant_err_mean, r.mant_err_median)
+            for r in ref.verify_proofs_bytes(y, mine, 32, 128, skip_prefill=True)
+        ]
         assert a == [(v[0], float(v[1]), float(v[2])) for v in b]

@@ -30,7 +30,8 @@ recomputed value: the count of exponent mismatches, and over the positions whose
 match, the mean and median absolute difference of the 7-bit mantissas. The median is the
 upper median (`sorted[n // 2]`), as in the reference's C++ verifier; with no matching
 exponent both statistics are 2**64. Beyond the reference we also count sign mismatches
-(TOPLOC ignores the sign).
+among the positions whose exponents match (TOPLOC ignores the sign; a position the verifier
+selects but the prover did not evaluates to noise and is already an exponent mismatch).
 
 Deliberate differences from the reference, where the reference has no defined behaviour:
 - A chunk with fewer than k values (a short last chunk with a small H) interpolates through
@@ -296,7 +297,7 @@ def _compare(claimed: np.ndarray, got: np.ndarray) -> list[ChunkResult]:
     exp_g = (got & _BF16_EXP_MASK) >> 7
     match = exp_c == exp_g
     mant_err = np.abs((claimed & _BF16_MANT_MASK) - (got & _BF16_MANT_MASK))
-    sign_mis = ((claimed ^ got) & _BF16_SIGN_MASK) != 0
+    sign_mis = match & (((claimed ^ got) & _BF16_SIGN_MASK) != 0)
     count = match.sum(axis=1)
     sums = np.where(match, mant_err, 0).sum(axis=1)
     ordered = np.sort(np.where(match, mant_err, np.iinfo(np.int64).max), axis=1)

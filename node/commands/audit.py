@@ -1,0 +1,167 @@
+"""`swarm-node audit FILE... --model DIR [--manifest RUN.toml] [--json]`.
+
+Reads rollout record files (msgpack streams, `protocol.rollout.read_records`), opens each
+record (signature, body digest), audits them all against the model with one batched
+prefill (`verify.audit_records`) and prints one line per rollout, or one JSON object per
+line with `--json`. With a run manifest the task is re-derived and the reward re-scored
+(`make_judge`), and the sampling and proof settings are the run's; without one those
+checks are skipped (said once on stderr).
+
+Exit status: 0 when every rollout passed, 1 when any failed (a record that cannot be
+opened counts as a failed rollout), 2 on usage and IO errors (missing or unreadable file,
+a file that is not a record stream, an unusable model directory or manifest).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from node.errors import CommandError
+
+
+def make_judge(manifest: Any, tokenizer: Any) -> Callable[[Any], Any]:
+    """A task judge for `verify.audit_records`: re-derives the assignment of a rollout from
+    (run seed, producer, policy version, counter), checks header and prompt against it,
+    and re-scores the decoded completion with the dataset's scorer."""
+    from trainer.tasks import TaskError, TaskSet, assign_task
+    from verify.auditor import TaskJudgement
+
+    tasks = TaskSet(manifest.seed)
+
+    def judge(ro: Any) -> TaskJudgement:
+        env, header, body = ro.envelope, ro.header, ro.body
+        if env.run_id != manifest.run_id:
+            return TaskJudgement(f"run id {env.run_id!r} is not {manifest.run_id!r}", None)
+        try:
+            a = assign_task(manifest, env.signer, env.policy_version, header.counter)
+            task = tasks.task_for(a)
+        except TaskError as exc:
+            return TaskJudgement(f"task cannot be derived: {exc}", None)
+        for name in ("dataset", "task_index", "task_seed"):
+            if getattr(header, name) != getattr(a, name):
+                return TaskJudgement(f"header {name} {getattr(header, name)!r} is not the assigned {getattr(a, name)!r}", None)
+        prompt = tokenizer.encode(task.prompt, add_special_tokens=False)
+        text = tokenizer.decode(list(body.completion_ids), skip_special_tokens=True)
+        reward = tasks.score(task, text).reward
+        if tuple(prompt) != tuple(body.prompt_ids):
+            return TaskJudgement("prompt is not the assigned task's", reward)
+        return TaskJudgement(None, reward)
+
+    return judge
+
+
+def _load_records(files: Sequence[Path]) -> list[tuple[str, int, bytes]]:
+    from protocol.errors import RemoteProtocolError
+    from protocol.rollout import read_records
+
+    out = []
+    for path in files:
+        try:
+            with open(path, "rb") as f:
+                for i, rec in enumerate(read_records(f)):
+                    out.append((str(path), i, rec))
+        except FileNotFoundError:
+            raise CommandError(f"{path}: no such file") from None
+        except IsADirectoryError:
+            raise CommandError(f"{path}: is a directory") from None
+        except OSError as exc:
+            raise CommandError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        except RemoteProtocolError as exc:
+            raise CommandError(f"{path}: not a rollout record stream ({exc})") from None
+    return out
+
+
+def _load_model(model_dir: str) -> tuple[Any, Any]:
+    from trainer.model_dir import ModelDirError, load_model_dir
+
+    path: str | Path = model_dir
+    if model_dir.startswith("builtin:"):
+        from trainer.tiny_policy import BUILTIN_MODEL, is_built, policy_dir
+
+        if model_dir != BUILTIN_MODEL:
+            raise CommandError(f"unknown built-in model {model_dir!r} (have {BUILTIN_MODEL})")
+        path = policy_dir()
+        if not is_built(Path(path)):
+            raise CommandError("the built-in policy is not built yet: run `swarm-node init-model`")
+    try:
+        return load_model_dir(path)
+    except ModelDirError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def main(
+    files: Sequence[str | Path],
+    model: str,
+    as_json: bool = False,
+    manifest: str | Path | None = None,
+    out: Any = None,
+) -> int:
+    """Run the audit; returns the exit status (0 all passed, 1 any failed). Usage and IO
+    problems raise `CommandError` (exit status 2)."""
+    from protocol.errors import RemoteProtocolError
+    from protocol.rollout import open_record
+    from verify.auditor import AuditSettings, audit_records
+
+    out = out or sys.stdout
+    if not files:
+        raise CommandError("audit needs at least one record file")
+    records = _load_records([Path(f) for f in files])
+    run = None
+    if manifest is not None:
+        from node.run_file import load_run_manifest
+
+        run = load_run_manifest(Path(manifest))
+    lm, tokenizer = _load_model(model)
+    settings = AuditSettings()
+    judge = None
+    if run is not None:
+        settings = AuditSettings(chunk=run.proof_chunk, topk=run.proof_topk, expected_settings=run)
+        judge = make_judge(run, tokenizer)
+    else:
+        print("swarm-node audit: no --manifest: task, reward and run settings not checked", file=sys.stderr)
+
+    opened: list[tuple[int, Any]] = []
+    lines: list[dict[str, Any] | None] = [None] * len(records)
+    for k, (name, i, rec) in enumerate(records):
+        try:
+            opened.append((k, open_record(rec)))
+        except RemoteProtocolError as exc:
+            lines[k] = {"file": name, "index": i, "rollout_id": None, "passed": False,
+                        "reason": "bad-record", "detail": str(exc)}
+    results = audit_records([ro for _, ro in opened], lm, judge=judge, settings=settings)
+    for (k, ro), res in zip(opened, results, strict=True):
+        name, i, _ = records[k]
+        lines[k] = {
+            "file": name,
+            "index": i,
+            "rollout_id": ro.rollout_id.hex(),
+            "producer": ro.envelope.signer.hex(),
+            "policy_version": ro.envelope.policy_version,
+            "passed": res.passed,
+            "reason": res.reason,
+            "detail": res.detail,
+            "failures": list(res.failures),
+            "reward_claimed": ro.header.reward,
+            "reward_rescored": res.reward_rescored,
+            "metrics": {k2: round(v, 6) for k2, v in sorted(res.metrics.items())},
+        }
+    failed = 0
+    for line in lines:
+        assert line is not None
+        failed += not line["passed"]
+        if as_json:
+            out.write(json.dumps(line) + "\n")
+        else:
+            status = "PASS" if line["passed"] else "FAIL"
+            rid = (line["rollout_id"] or "-")[:16]
+            text = f"{status} {line['file']}#{line['index']} {rid} {line['reason']}"
+            if line.get("detail"):
+                text += f": {line['detail']}"
+            out.write(text + "\n")
+    if not as_json:
+        print(f"swarm-node audit: {len(lines) - failed}/{len(lines)} passed", file=sys.stderr)
+    return 1 if failed else 0

@@ -1,0 +1,217 @@
+"""Unit tests of the individual audit checks (`verify.checks`) on synthetic data."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from protocol.wire import RolloutBody
+from verify import checks, sampling, toploc
+from verify.thresholds import Thresholds
+
+EOS = 1
+V = 50
+
+
+def _body(**kw: object) -> RolloutBody:
+    base: dict = dict(
+        prompt_ids=(5, 6, 7),
+        completion_ids=(9, 10, EOS),
+        logprobs=(-1.0, -2.0, -0.5),
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=8,
+        sampling_seed=123,
+        finish_reason="eos",
+        proofs=(bytes(258),),
+    )
+    base.update(kw)
+    return RolloutBody(**base)
+
+
+# ------------------------------------------------------------------ termination
+
+
+def test_termination_accepts_eos_and_length() -> None:
+    assert checks.check_termination(_body(), {EOS}).passed
+    body = _body(completion_ids=(9, 10, 11), logprobs=(-1.0,) * 3, max_new_tokens=3, finish_reason="length")
+    assert checks.check_termination(body, {EOS}).passed
+
+
+@pytest.mark.parametrize(
+    ("kw", "detail"),
+    [
+        (dict(completion_ids=(9, EOS, 10)), "continue after EOS"),  # extended past EOS
+        (dict(completion_ids=(9, 10, 11)), "without an EOS"),  # truncated, claims eos
+        (dict(completion_ids=(9, 10, 11), finish_reason="length"), "stopped at 3 of 8"),
+        (dict(finish_reason="length", max_new_tokens=3), "EOS at 2"),
+        (dict(completion_ids=(9,) * 9, logprobs=(-1.0,) * 9, finish_reason="length"), "> max_new_tokens"),
+    ],
+)
+def test_termination_rejects(kw: dict, detail: str) -> None:
+    r = checks.check_termination(_body(**kw), {EOS})
+    assert not r.passed and r.reason == "termination" and detail in r.detail
+
+
+# ------------------------------------------------------------------ structure and format
+
+
+def test_structure_rejects_empty_and_inconsistent() -> None:
+    assert checks.check_structure(_body()).passed
+    r = checks.check_structure(_body(completion_ids=(), logprobs=(), proofs=()))
+    assert (r.passed, r.reason) == (False, "malformed")
+    assert not checks.check_structure(_body(logprobs=(-1.0,))).passed
+
+
+def test_settings_must_equal_the_runs() -> None:
+    @dataclasses.dataclass
+    class Run:
+        temperature: float = 1.0
+        top_p: float = 1.0
+        top_k: int = 0
+        max_new_tokens: int = 8
+
+    assert checks.check_settings(_body(), Run()).passed
+    r = checks.check_settings(_body(temperature=0.7), Run())
+    assert not r.passed and "temperature" in r.detail
+    assert checks.check_settings(_body(temperature=0.7), None).passed
+
+
+def test_proof_format_failures_are_never_a_pass() -> None:
+    good = toploc.build_proofs_bytes(torch.randn(3, 64).to(torch.bfloat16))
+    assert checks.check_proof_format(good, 3).passed
+    cases = {
+        "proof-missing": ([], 3),
+        "proof-null": ([bytes(258)], 3),
+        "proof-malformed": ([good[0][:-2]], 3),
+    }
+    for reason, (proofs, n) in cases.items():
+        r = checks.check_proof_format(proofs, n)
+        assert (r.passed, r.reason) == (False, reason)
+    assert checks.check_proof_format(good * 2, 3).reason == "proof-missing"  # too many
+
+
+def test_proof_check_statistics_and_sign() -> None:
+    x = torch.randn(40, 64, generator=torch.Generator().manual_seed(0))
+    proofs = toploc.build_proofs_bytes(x)
+    proof, sign = checks.check_proofs(x, proofs)
+    assert proof.passed and sign.passed and proof.metrics["proof_exp_mismatch_max"] == 0
+    other = torch.randn(40, 64, generator=torch.Generator().manual_seed(1))
+    assert checks.check_proofs(other, proofs)[0].reason == "proof-mismatch"
+    flipped = checks.check_proofs(-x, proofs)
+    assert flipped[0].passed and flipped[1].reason == "proof-sign"
+    assert flipped[1].metrics["proof_sign_mismatches"] == 256
+
+
+def test_proof_check_mantissa_limits() -> None:
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(2))
+    proofs = toploc.build_proofs_bytes(x)
+    drift = x * 1.03  # same exponents mostly, mantissas off by a few units
+    strict = Thresholds(proof_mant_mean=0.5, proof_mant_median=0.5)
+    assert checks.check_proofs(drift, proofs, th=strict)[0].reason == "proof-mismatch"
+    assert checks.check_proofs(drift, proofs, th=Thresholds(proof_mant_mean=20, proof_mant_median=20))[0].passed
+
+
+# ------------------------------------------------------------------ sampling replay
+
+
+def _sampled_body(logits: np.ndarray, temperature: float = 1.0, **kw: object) -> RolloutBody:
+    t = logits.shape[0]
+    toks, lps = sampling.sample_tokens(
+        logits, temperature=temperature, seeds=[77] * t, steps=list(range(t)), **kw
+    )
+    return _body(
+        completion_ids=tuple(int(v) for v in toks),
+        logprobs=tuple(float(v) for v in lps),
+        temperature=temperature,
+        sampling_seed=77,
+        max_new_tokens=t,
+        finish_reason="length",
+        **kw,
+    )
+
+
+def test_replay_accepts_the_rule_and_reports_zero_margin() -> None:
+    logits = np.random.default_rng(0).normal(size=(20, V)).astype(np.float32) * 3
+    body = _sampled_body(logits)
+    rep = checks.replay(logits, body)
+    assert np.all(rep.margins == 0)
+    assert checks.check_sampling(rep).passed
+    assert checks.check_logprobs(rep, body.logprobs).passed
+
+
+def test_replay_flags_an_edited_token_with_its_margin() -> None:
+    logits = np.random.default_rng(1).normal(size=(20, V)).astype(np.float32) * 3
+    body = _sampled_body(logits)
+    ids = list(body.completion_ids)
+    scores, _ = sampling.perturbed_scores(logits, temperature=1.0, top_p=1.0, top_k=0, seeds=[77] * 20, steps=list(range(20)))
+    worst = int(np.argmin(scores[10]))
+    ids[10] = worst
+    edited = dataclasses.replace(body, completion_ids=tuple(ids))
+    rep = checks.replay(logits, edited)
+    assert rep.margins[10] == pytest.approx(scores[10].max() - scores[10, worst])
+    r = checks.check_sampling(rep)
+    assert (r.passed, r.reason) == (False, "sampling-replay") and "token 10" in r.detail
+
+
+def test_replay_tolerates_only_near_ties() -> None:
+    logits = np.random.default_rng(2).normal(size=(30, V)).astype(np.float32)
+    body = _sampled_body(logits)
+    scores, _ = sampling.perturbed_scores(logits, temperature=1.0, top_p=1.0, top_k=0, seeds=[77] * 30, steps=list(range(30)))
+    # nudge the verifier's logits so that the runner-up at step 3 wins by a hair
+    second = int(np.argsort(scores[3])[-2])
+    gap = float(scores[3].max() - scores[3, second])
+    noisy = logits.copy()
+    noisy[3, second] += gap + 1e-3
+    rep = checks.replay(noisy, body)
+    assert 0 < rep.margins[3] < 0.01
+    assert checks.check_sampling(rep, Thresholds(sampling_margin=0.01)).passed
+    assert not checks.check_sampling(rep, Thresholds(sampling_margin=1e-4)).passed
+    assert not checks.check_sampling(rep, Thresholds(sampling_margin=0.01, sampling_near_ties_max=0)).passed
+
+
+def test_replay_margins_are_in_logit_units_and_filtered_tokens_are_infinite() -> None:
+    logits = np.random.default_rng(3).normal(size=(10, V)).astype(np.float32)
+    body = _sampled_body(logits, temperature=0.5, top_k=5)
+    rep = checks.replay(logits, body)
+    assert np.all(rep.margins == 0)
+    order = np.argsort(-logits[4])
+    ids = list(body.completion_ids)
+    ids[4] = int(order[-1])  # outside the top-5: the rule could never pick it
+    rep = checks.replay(logits, dataclasses.replace(body, completion_ids=tuple(ids)))
+    assert rep.margins[4] == np.inf
+    assert checks.check_sampling(rep).metrics["sampling_margin_max"] == 1e30
+
+
+def test_greedy_replay_uses_logit_margins() -> None:
+    logits = np.random.default_rng(4).normal(size=(6, V)).astype(np.float32)
+    ids = tuple(int(v) for v in logits.argmax(axis=1))
+    body = _body(completion_ids=ids, logprobs=(0.0,) * 6, temperature=0.0, max_new_tokens=6, finish_reason="length")
+    assert checks.check_sampling(checks.replay(logits, body)).passed
+    ids2 = (ids[0], int(logits[1].argmin())) + ids[2:]
+    rep = checks.replay(logits, dataclasses.replace(body, completion_ids=ids2))
+    assert rep.margins[1] == pytest.approx(float(logits[1].max() - logits[1].min()))
+
+
+def test_logprob_and_temperature_lies() -> None:
+    logits = np.random.default_rng(5).normal(size=(20, V)).astype(np.float32) * 2
+    body = _sampled_body(logits)
+    lied = dataclasses.replace(body, logprobs=tuple(float(np.float32(v - 0.2)) for v in body.logprobs))
+    r = checks.check_logprobs(checks.replay(logits, lied), lied.logprobs)
+    assert (r.passed, r.reason) == (False, "logprob-mismatch")
+    # sampled at 0.5, claimed 1.0: the replay at the claimed temperature disagrees
+    cold = _sampled_body(logits, temperature=0.5)
+    claim = dataclasses.replace(cold, temperature=1.0)
+    rep = checks.replay(logits, claim)
+    assert not (checks.check_sampling(rep).passed and checks.check_logprobs(rep, claim.logprobs).passed)
+
+
+def test_reward_check() -> None:
+    assert checks.check_reward(1.0, 1.0).passed
+    r = checks.check_reward(1.0, 0.0)
+    assert (r.passed, r.reason) == (False, "reward-mismatch")
+    assert not checks.check_reward(float("nan"), 0.0).passed

@@ -1,0 +1,300 @@
+"""The audit of rollouts: cheap checks first, then one batched prefill, then the model checks.
+
+What this module owns: running a causal LM (any transformers `*ForCausalLM` object the
+caller loaded) over prompt + completion to recompute the generated tokens' final hidden
+states and logits, and combining the checks of `verify.checks` into one verdict. It never
+loads a model or a tokenizer, never derives tasks itself (the caller passes a `judge`,
+since tasks live in `trainer/`, which `verify/` must not import) and never does network IO.
+
+Order of an audit (the first failure is the verdict's reason; all failures are listed):
+1. Cheap checks, no model: structure, sampling settings vs the run's, termination, proof
+   format (one non-null, parseable proof per chunk), the task (the caller's judge
+   re-derives the assignment; the sampler seed must equal the header's task seed) and the
+   reward (re-scored by the judge). A rollout failing here is rejected without a prefill.
+2. One prefill of prompt + completion per rollout, batched across rollouts (right padding,
+   so real tokens keep their positions; up to `max_batch_tokens` padded tokens a batch).
+   Row `n_prompt - 1 + i` is the hidden state that chose completion token i.
+3. Model checks: TOPLOC statistics and signs of the proofs, sampling replay, log-probs.
+
+Cost: one forward pass over prompt + completion, against the generation's one forward
+pass per generated token; the bench measures the ratio (`verify_speedup`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from protocol.wire import Metric, Verdict
+from verify import checks, toploc
+from verify.thresholds import THRESHOLDS, Thresholds
+
+DEFAULT_MAX_BATCH_TOKENS = 16_384
+
+
+@dataclass(frozen=True, slots=True)
+class TaskJudgement:
+    """What the caller's judge found: `problem` is None when the prompt is the assigned
+    task's; `reward` is the re-scored reward (None: not re-scored)."""
+
+    problem: str | None = None
+    reward: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditSettings:
+    chunk: int = toploc.CHUNK
+    topk: int = toploc.TOPK
+    thresholds: Thresholds = THRESHOLDS
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    expected_settings: Any = None  # a RunManifest (or same attributes): checked when given
+
+
+@dataclass(frozen=True, slots=True)
+class AuditResult:
+    passed: bool
+    reason: str  # "ok" or the first failing check's reason
+    detail: str
+    failures: tuple[str, ...]
+    metrics: dict[str, float] = field(default_factory=dict)
+    reward_rescored: float | None = None
+
+    def verdict(self, rollout_id: bytes, producer: bytes, claimed_reward: float) -> Verdict:
+        """The wire `Verdict` (reward_rescored falls back to the claim when not re-scored;
+        the metric `reward_rescored` is then absent)."""
+        metrics = tuple(
+            Metric(name=k[:64], value=_finite(v)) for k, v in sorted(self.metrics.items())
+        )[:64]
+        reward = self.reward_rescored if self.reward_rescored is not None else claimed_reward
+        return Verdict(
+            rollout_id=rollout_id,
+            producer=producer,
+            passed=self.passed,
+            reason=self.reason,
+            reward_rescored=float(min(1e6, max(-1e6, reward))),
+            metrics=metrics,
+        )
+
+
+def _finite(v: float) -> float:
+    v = float(v)
+    if math.isnan(v):
+        return -1.0
+    return max(-1e30, min(1e30, v))
+
+
+# ------------------------------------------------------------------ model helpers
+
+
+def eos_token_ids(model: Any) -> frozenset[int]:
+    """EOS ids from the model's generation config, else its config."""
+    ids: Any = None
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        ids = getattr(gen, "eos_token_id", None)
+    if ids is None:
+        ids = getattr(model.config, "eos_token_id", None)
+    if ids is None:
+        return frozenset()
+    if isinstance(ids, int):
+        return frozenset([ids])
+    return frozenset(int(i) for i in ids)
+
+
+def vocab_size(model: Any) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+def _batches(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
+    """Indices grouped longest first so that (batch size x longest) <= max_batch_tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        longest = lengths[cur[0]] if cur else lengths[i]
+        if cur and (len(cur) + 1) * longest > max_batch_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+@torch.inference_mode()
+def prefill(
+    model: Any,
+    sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """For each (prompt_ids, completion_ids): (hidden [T, H] in the model's dtype, logits
+    [T, V] float32) at the positions that chose the T completion tokens."""
+    base = model.base_model
+    head = model.get_output_embeddings()
+    device = head.weight.device
+    lengths = [len(p) + len(c) for p, c in sequences]
+    results: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(sequences)
+    for batch in _batches(lengths, max_batch_tokens):
+        width = max(lengths[i] for i in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, i in enumerate(batch):
+            p, c = sequences[i]
+            seq = torch.tensor(list(p) + list(c), dtype=torch.long)
+            ids[r, : len(seq)] = seq
+            mask[r, : len(seq)] = 1
+        out = base(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
+        h = out.last_hidden_state
+        for r, i in enumerate(batch):
+            p, c = sequences[i]
+            rows = h[r, len(p) - 1 : len(p) + len(c) - 1]
+            results[i] = (rows.cpu(), head(rows).float().cpu())
+    return [r for r in results if r is not None]
+
+
+# ------------------------------------------------------------------ audit
+
+
+def _combine(results: list[checks.CheckResult], reward: float | None) -> AuditResult:
+    metrics: dict[str, float] = {}
+    for r in results:
+        metrics.update(r.metrics)
+    failed = [r for r in results if not r.passed]
+    if failed:
+        first = failed[0]
+        return AuditResult(False, first.reason, first.detail, tuple(f.reason for f in failed), metrics, reward)
+    return AuditResult(True, "ok", "", (), metrics, reward)
+
+
+def cheap_checks(
+    body: Any,
+    *,
+    eos_ids: Collection[int],
+    vocab: int,
+    claimed_reward: float | None,
+    judgement: TaskJudgement | None,
+    settings: AuditSettings,
+) -> list[checks.CheckResult]:
+    """The checks that need no model. Any failure here makes a prefill pointless."""
+    out = [checks.check_structure(body)]
+    if not out[0].passed:
+        return out
+    ids = list(body.prompt_ids) + list(body.completion_ids)
+    if max(ids) >= vocab:
+        return [checks._fail("structure", "malformed", f"token id {max(ids)} outside the vocabulary of {vocab}")]
+    out.append(checks.check_settings(body, settings.expected_settings))
+    out.append(checks.check_termination(body, eos_ids))
+    out.append(checks.check_proof_format(body.proofs, len(body.completion_ids), settings.chunk, settings.topk))
+    if judgement is not None:
+        if judgement.problem is not None:
+            out.append(checks._fail("task", "task-mismatch", judgement.problem))
+        else:
+            out.append(checks._ok("task"))
+        if judgement.reward is not None and claimed_reward is not None:
+            out.append(checks.check_reward(claimed_reward, judgement.reward, settings.thresholds))
+    return out
+
+
+def audit_bodies(
+    bodies: Sequence[Any],
+    model: Any,
+    *,
+    eos_ids: Collection[int] | None = None,
+    claimed_rewards: Sequence[float | None] | None = None,
+    judgements: Sequence[TaskJudgement | None] | None = None,
+    settings: AuditSettings = AuditSettings(),
+) -> list[AuditResult]:
+    """Audit `RolloutBody` objects (or anything with the same attributes) against `model`
+    with one batched prefill; one `AuditResult` per body, in order."""
+    eos = frozenset(eos_ids) if eos_ids is not None else eos_token_ids(model)
+    vocab = vocab_size(model)
+    n = len(bodies)
+    rewards = list(claimed_rewards) if claimed_rewards is not None else [None] * n
+    judged = list(judgements) if judgements is not None else [None] * n
+    early: list[list[checks.CheckResult]] = []
+    for body, reward, judgement in zip(bodies, rewards, judged, strict=True):
+        early.append(
+            cheap_checks(body, eos_ids=eos, vocab=vocab, claimed_reward=reward, judgement=judgement, settings=settings)
+        )
+    todo = [i for i in range(n) if all(r.passed for r in early[i])]
+    recomputed = prefill(
+        model,
+        [(bodies[i].prompt_ids, bodies[i].completion_ids) for i in todo],
+        settings.max_batch_tokens,
+    )
+    late: dict[int, list[checks.CheckResult]] = {}
+    th = settings.thresholds
+    for i, (hidden, logits) in zip(todo, recomputed, strict=True):
+        body = bodies[i]
+        res = checks.check_proofs(hidden, body.proofs, settings.chunk, settings.topk, th)
+        rep = checks.replay(logits, body)
+        res.append(checks.check_sampling(rep, th))
+        res.append(checks.check_logprobs(rep, body.logprobs, th))
+        late[i] = res
+    out = []
+    for i in range(n):
+        j = judged[i]
+        out.append(_combine(early[i] + late.get(i, []), j.reward if j is not None else None))
+    return out
+
+
+def audit_records(
+    rollouts: Sequence[Any],
+    model: Any,
+    *,
+    judge: Callable[[Any], TaskJudgement] | None = None,
+    eos_ids: Collection[int] | None = None,
+    settings: AuditSettings = AuditSettings(),
+) -> list[AuditResult]:
+    """Audit opened rollout records (`protocol.rollout.OpenedRollout`) with one batched
+    prefill. The sampler seed must be the header's task seed; `judge(rollout)` (the
+    caller's) re-derives the task and re-scores the completion."""
+    judgements: list[TaskJudgement | None] = []
+    for ro in rollouts:
+        j = judge(ro) if judge is not None else None
+        if ro.body.sampling_seed != ro.header.task_seed:
+            j = TaskJudgement(
+                problem=f"sampling seed {ro.body.sampling_seed} is not the task seed {ro.header.task_seed}",
+                reward=j.reward if j is not None else None,
+            )
+        judgements.append(j)
+    return audit_bodies(
+        [ro.body for ro in rollouts],
+        model,
+        eos_ids=eos_ids,
+        claimed_rewards=[ro.header.reward for ro in rollouts],
+        judgements=judgements,
+        settings=settings,
+    )
+
+
+def audit_many(
+    rollouts: Sequence[Any],
+    model: Any,
+    *,
+    judge: Callable[[Any], TaskJudgement] | None = None,
+    eos_ids: Collection[int] | None = None,
+    settings: AuditSettings = AuditSettings(),
+) -> list[Verdict]:
+    """`audit_records`, as wire `Verdict`s."""
+    results = audit_records(rollouts, model, judge=judge, eos_ids=eos_ids, settings=settings)
+    return [
+        r.verdict(ro.rollout_id, ro.envelope.signer, ro.header.reward)
+        for r, ro in zip(results, rollouts, strict=True)
+    ]
+
+
+def audit(
+    rollout: Any,
+    model: Any,
+    *,
+    judge: Callable[[Any], TaskJudgement] | None = None,
+    eos_ids: Collection[int] | None = None,
+    settings: AuditSettings = AuditSettings(),
+) -> Verdict:
+    """Audit one opened rollout record; returns the signed-ready `Verdict`."""
+    return audit_many([rollout], model, judge=judge, eos_ids=eos_ids, settings=settings)[0]

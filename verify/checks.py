@@ -1,0 +1,270 @@
+"""The individual checks of an audit, each a pure function with its own verdict reason.
+
+What this module owns: judging one rollout body against values a verifier recomputed
+(hidden states and logits from one prefill) and against the run's rules. It never runs a
+model (see `verify.audit`), never reads files, and never decides thresholds (they live in
+`verify.thresholds` with the data that justifies them).
+
+Every check returns a `CheckResult`: `passed`, a `reason` (a verdict reason string, the
+same on every peer: lowercase, digits, `-`) and the measurements behind it. Reasons:
+
+| reason              | check                                                            |
+|---------------------|------------------------------------------------------------------|
+| `malformed`         | token, log-prob or settings shape inconsistent                   |
+| `proof-missing`     | no proofs, or not one per chunk of `chunk` completion tokens     |
+| `proof-malformed`   | a proof that cannot be parsed (length, modulus, coefficients)    |
+| `proof-null`        | an all-zero proof (TOPLOC's silent prover failure)               |
+| `proof-mismatch`    | TOPLOC statistics over the limit in some chunk                   |
+| `proof-sign`        | top-k values with matching magnitude but flipped sign            |
+| `termination`       | not ending at the first EOS, nor at exactly `max_new_tokens`     |
+| `sampling-replay`   | a token the seeded Gumbel-max rule would not have chosen         |
+| `logprob-mismatch`  | recorded sampler log-probs differ from recomputed ones           |
+| `task-mismatch`     | prompt, seed or task differ from the re-derived assignment        |
+| `reward-mismatch`   | claimed reward differs from the re-scored one                    |
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from verify import sampling, toploc
+from verify.thresholds import THRESHOLDS, Thresholds
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    name: str
+    passed: bool
+    reason: str  # "ok" when passed
+    metrics: dict[str, float] = field(default_factory=dict)
+    detail: str = ""
+
+
+def _ok(name: str, metrics: dict[str, float] | None = None) -> CheckResult:
+    return CheckResult(name, True, "ok", metrics or {})
+
+
+def _fail(name: str, reason: str, detail: str, metrics: dict[str, float] | None = None) -> CheckResult:
+    return CheckResult(name, False, reason, metrics or {}, detail)
+
+
+# ------------------------------------------------------------------ structure
+
+
+def check_structure(body: Any) -> CheckResult:
+    """Token counts, one log-prob per token, finite log-probs, usable sampling settings."""
+    n = len(body.completion_ids)
+    if n == 0:
+        return _fail("structure", "malformed", "empty completion")
+    if len(body.prompt_ids) == 0:
+        return _fail("structure", "malformed", "empty prompt")
+    if len(body.logprobs) != n:
+        return _fail("structure", "malformed", f"{len(body.logprobs)} log-probs for {n} tokens")
+    if not all(math.isfinite(x) for x in body.logprobs):
+        return _fail("structure", "malformed", "non-finite log-prob")
+    if not (0.0 < body.top_p <= 1.0) or not (body.temperature >= 0.0):
+        return _fail("structure", "malformed", "unusable sampling settings")
+    return _ok("structure", {"n_completion": float(n)})
+
+
+def check_settings(body: Any, expected: Any | None) -> CheckResult:
+    """The body's sampling settings equal the run's (a `RunManifest` or anything with the
+    same four attributes); `expected=None` skips."""
+    if expected is None:
+        return _ok("settings")
+    for name in ("temperature", "top_p", "top_k", "max_new_tokens"):
+        got, want = getattr(body, name), getattr(expected, name)
+        if got != want:
+            return _fail("settings", "malformed", f"{name} {got!r} differs from the run's {want!r}")
+    return _ok("settings")
+
+
+# ------------------------------------------------------------------ proofs
+
+
+def check_proof_format(
+    proofs: Sequence[bytes], n_tokens: int, chunk: int = toploc.CHUNK, topk: int = toploc.TOPK
+) -> CheckResult:
+    """One well-formed, non-null proof per chunk. An empty, zero or malformed proof is a
+    failure, never a pass."""
+    want = toploc.n_chunks(n_tokens, chunk)
+    if len(proofs) != want:
+        return _fail("proof-format", "proof-missing", f"{len(proofs)} proofs for {want} chunks")
+    for i, p in enumerate(proofs):
+        if isinstance(p, bytes | bytearray) and toploc.is_null_proof(p):
+            return _fail("proof-format", "proof-null", f"proof {i} is all zeros")
+        try:
+            toploc.parse_proof(p, topk)
+        except toploc.ProofFormatError as exc:
+            return _fail("proof-format", "proof-malformed", f"proof {i}: {exc}")
+    return _ok("proof-format")
+
+
+def check_proofs(
+    hidden: torch.Tensor,
+    proofs: Sequence[bytes],
+    chunk: int = toploc.CHUNK,
+    topk: int = toploc.TOPK,
+    th: Thresholds = THRESHOLDS,
+) -> list[CheckResult]:
+    """TOPLOC statistics per chunk against the recomputed hidden states [T, H], and our
+    sign check. Returns [proof result, sign result]."""
+    try:
+        chunks = toploc.verify_proofs_bytes(hidden, list(proofs), chunk, topk)
+    except toploc.ProofFormatError as exc:
+        return [_fail("proof", "proof-malformed", str(exc))]
+    except ValueError as exc:  # non-finite recomputed activations: the verifier's problem
+        return [_fail("proof", "proof-mismatch", f"recomputed activations unusable: {exc}")]
+    # TOPLOC's limits are per 128 points; a short chunk with fewer points scales them.
+    exp_frac = max(r.exp_mismatches / r.points for r in chunks)
+    mean = max(r.mant_err_mean for r in chunks)
+    median = max(r.mant_err_median for r in chunks)
+    sign = sum(r.sign_mismatches for r in chunks)
+    metrics = {
+        "proof_exp_mismatch_max": float(max(r.exp_mismatches for r in chunks)),
+        "proof_exp_mismatch_frac": exp_frac,
+        "proof_mant_mean_max": mean,
+        "proof_mant_median_max": median,
+        "proof_sign_mismatches": float(sign),
+    }
+    out = []
+    if exp_frac > th.proof_exp_mismatch_frac:
+        out.append(_fail("proof", "proof-mismatch", f"exponent mismatches {exp_frac:.3f} of top-k", metrics))
+    elif mean > th.proof_mant_mean or median > th.proof_mant_median:
+        out.append(_fail("proof", "proof-mismatch", f"mantissa error mean {mean:.2f} median {median:.1f}", metrics))
+    else:
+        out.append(_ok("proof", metrics))
+    if sign > th.proof_sign_mismatches:
+        out.append(_fail("proof-sign", "proof-sign", f"{sign} top-k values with flipped sign", metrics))
+    else:
+        out.append(_ok("proof-sign"))
+    return out
+
+
+# ------------------------------------------------------------------ termination
+
+
+def check_termination(body: Any, eos_token_ids: Collection[int]) -> CheckResult:
+    """Generation stops at the first EOS (kept as the last token, `finish_reason="eos"`)
+    or after exactly `max_new_tokens` without any EOS (`"length"`)."""
+    ids = list(body.completion_ids)
+    n = len(ids)
+    eos = set(int(e) for e in eos_token_ids)
+    first_eos = next((i for i, t in enumerate(ids) if t in eos), None)
+    metrics = {"n_completion": float(n), "max_new_tokens": float(body.max_new_tokens)}
+    if n > body.max_new_tokens:
+        return _fail("termination", "termination", f"{n} tokens > max_new_tokens {body.max_new_tokens}", metrics)
+    if body.finish_reason == "eos":
+        if first_eos is None:
+            return _fail("termination", "termination", "finish_reason eos without an EOS token", metrics)
+        if first_eos != n - 1:
+            return _fail("termination", "termination", f"tokens continue after EOS at {first_eos}", metrics)
+        return _ok("termination", metrics)
+    if body.finish_reason == "length":
+        if first_eos is not None:
+            return _fail("termination", "termination", f"EOS at {first_eos} but finish_reason length", metrics)
+        if n != body.max_new_tokens:
+            return _fail("termination", "termination", f"stopped at {n} of {body.max_new_tokens} tokens without EOS", metrics)
+        return _ok("termination", metrics)
+    return _fail("termination", "termination", f"unknown finish_reason {body.finish_reason!r}", metrics)
+
+
+# ------------------------------------------------------------------ sampling
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """Per-token replay of the seeded sampler on recomputed logits [T, V]."""
+
+    margins: np.ndarray  # float64 [T]: (best score - score of the recorded token) * temperature
+    logprobs: np.ndarray  # float64 [T]: recomputed sampler log-probs (nan where filtered out)
+
+
+def replay(logits: torch.Tensor | np.ndarray, body: Any) -> Replay:
+    """Replay the sampling rule of `verify.sampling` for every completion token.
+
+    Margins are in logit units (score margins times the temperature), so one tolerance
+    serves every temperature: a margin of 0 means the recorded token is the rule's choice;
+    a small positive margin is a near-tie that logit noise can flip; inf means the token
+    was filtered out (top-k / top-p) or out of the vocabulary.
+    """
+    x = logits.detach().float().cpu().numpy() if isinstance(logits, torch.Tensor) else np.asarray(logits, np.float32)
+    t, v = x.shape
+    tokens = np.asarray(body.completion_ids, dtype=np.int64)
+    in_vocab = tokens < v
+    safe = np.where(in_vocab, tokens, 0)
+    rows = np.arange(t)
+    if body.temperature == 0.0:
+        chosen = x[rows, safe].astype(np.float64)
+        margins = x.max(axis=1).astype(np.float64) - chosen
+        margins[~in_vocab] = np.inf
+        return Replay(margins, np.where(in_vocab, 0.0, np.nan))
+    scores, zk = sampling.perturbed_scores(
+        x,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seeds=[body.sampling_seed] * t,
+        steps=list(range(t)),
+    )
+    chosen = scores[rows, safe].astype(np.float64)
+    margins = (scores.max(axis=1).astype(np.float64) - chosen) * body.temperature
+    margins[~in_vocab | ~np.isfinite(chosen)] = np.inf
+    z64 = zk.astype(np.float64)
+    zmax = z64.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(z64 - zmax).sum(axis=1)) + zmax[:, 0]
+    lp = z64[rows, safe] - lse
+    lp[~in_vocab | ~np.isfinite(lp)] = np.nan
+    return Replay(margins, lp)
+
+
+def check_sampling(rep: Replay, th: Thresholds = THRESHOLDS) -> CheckResult:
+    """Every token must be the seeded rule's choice, except genuine near-ties: a recorded
+    token that loses by at most `sampling_margin` logits. Reports the worst margin."""
+    m = rep.margins
+    mismatched = m > 0
+    worst = float(m.max()) if m.size else 0.0
+    metrics = {
+        "sampling_mismatches": float(mismatched.sum()),
+        "sampling_margin_max": worst if math.isfinite(worst) else 1e30,
+    }
+    over = np.flatnonzero(m > th.sampling_margin)
+    if over.size:
+        i = int(over[0])
+        return _fail("sampling", "sampling-replay", f"token {i} loses by {m[i]:.4g} logits", metrics)
+    if mismatched.sum() > th.sampling_near_ties_max:
+        return _fail("sampling", "sampling-replay", f"{int(mismatched.sum())} near-tie tokens", metrics)
+    return _ok("sampling", metrics)
+
+
+def check_logprobs(rep: Replay, recorded: Sequence[float], th: Thresholds = THRESHOLDS) -> CheckResult:
+    """Recorded sampler log-probs vs recomputed ones (same rule, recomputed logits)."""
+    rec = np.asarray(recorded, dtype=np.float64)
+    diff = np.abs(rec - rep.logprobs)
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    worst = float(diff.max()) if diff.size else 0.0
+    mean = float(diff.mean()) if diff.size else 0.0
+    metrics = {
+        "logprob_err_max": worst if math.isfinite(worst) else 1e30,
+        "logprob_err_mean": mean if math.isfinite(mean) else 1e30,
+    }
+    if worst > th.logprob_err_max or mean > th.logprob_err_mean:
+        return _fail("logprobs", "logprob-mismatch", f"log-prob error max {worst:.3g} mean {mean:.3g}", metrics)
+    return _ok("logprobs", metrics)
+
+
+# ------------------------------------------------------------------ task and reward
+
+
+def check_reward(claimed: float, rescored: float, th: Thresholds = THRESHOLDS) -> CheckResult:
+    err = abs(float(claimed) - float(rescored))
+    metrics = {"reward_claimed": float(claimed), "reward_rescored": float(rescored)}
+    if not err <= th.reward_tolerance:
+        return _fail("reward", "reward-mismatch", f"claimed {claimed} but re-scored {rescored}", metrics)
+    return _ok("reward", metrics)

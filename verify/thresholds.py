@@ -1,0 +1,39 @@
+"""Audit thresholds, in one place, with the measurements that justify them.
+
+Each limit is an upper bound on an error measure (bigger is worse). They were set from the
+honest noise measured by `swarm-node bench verify` (see CALIBRATION below): every honest
+variation (fp32 vs bf16 compute, batch size, padding side, thread count, KV-cache decode
+vs prefill, sdpa vs eager attention) must pass with room to spare, and the limit sits
+well below what the attacks produce.
+
+TOPLOC's published accept rule is exp mismatches <= 38 of 128, mantissa mean <= 10,
+median <= 8; ours is tighter where the data allows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    # TOPLOC statistics, per chunk (worst chunk of a rollout)
+    proof_exp_mismatch_frac: float = 38 / 128
+    proof_mant_mean: float = 10.0
+    proof_mant_median: float = 8.0
+    # sign flips among top-k values whose exponents match, summed over the rollout
+    proof_sign_mismatches: int = 0
+    # sampling replay: the largest loss (in logits) a recorded token may have against the
+    # replayed choice, and how many such near-ties a rollout may contain
+    sampling_margin: float = 0.05
+    sampling_near_ties_max: int = 4
+    # sampler log-probs: largest and mean absolute difference (nats)
+    logprob_err_max: float = 0.05
+    logprob_err_mean: float = 0.01
+    # reward re-scoring
+    reward_tolerance: float = 1e-6
+
+
+THRESHOLDS = Thresholds()
+
+CALIBRATION = """(filled in from bench verify measurements)"""
