@@ -650,7 +650,7 @@ class _Msg:
     now: float
     kind: Kind
     rule: KindRule
-    data: bytes
+    data: bytes | bytearray | memoryview
     opened: Opened | None = None
 
 
@@ -679,6 +679,7 @@ class Admission:
         self.version = int(version)
         self.scores = scores if scores is not None else PeerScores()
         self.rules = rules
+        self._stages = {k: r.stages() for k, r in rules.items()}
         self._sender_rate = RateLimiter(cfg.sender_rate, cfg.sender_burst, cfg.max_rate_keys)
         self._signer_rate = RateLimiter(cfg.signer_rate, cfg.signer_burst, cfg.max_rate_keys)
         self._dedup = DedupCache(cfg.dedup_entries, cfg.dedup_ttl_s)
@@ -757,12 +758,12 @@ class Admission:
             try:
                 kind = Kind(ev.kind)
                 rule = self.rules[kind]
-            except (ValueError, KeyError):
+            except (ValueError, KeyError, TypeError):
                 raise _Refused(
                     Stage.GATE, Reason.UNKNOWN_KIND, f"no such kind {kind_name!r}"
                 ) from None
-            m = _Msg(peer, now, kind, rule, bytes(ev.data))
-            stages = rule.stages()
+            m = _Msg(peer, now, kind, rule, ev.data)
+            stages = self._stages[kind]
             for stage in stages:
                 check = self._checks.get(stage)
                 if check is not None:
@@ -779,7 +780,7 @@ class Admission:
         if self.config.admit_reward > 0:
             self.scores.reward(peer, self.config.admit_reward, now)
         item = Admitted(
-            kind, op.content_id, peer, op.envelope, op.obj, m.data, now, op.header, op.body
+            kind, op.content_id, peer, op.envelope, op.obj, bytes(m.data), now, op.header, op.body
         )
         return [make(item) for s in stages if (make := _OUTPUTS.get(s)) is not None]
 
@@ -794,6 +795,8 @@ class Admission:
     def _stage_decode(self, m: _Msg) -> None:
         """Decode and verify in one call to the kind's opener (the protocol functions do
         both); which stage failed is read from the error's class."""
+        if type(m.data) is not bytes:
+            m.data = bytes(m.data)  # copied only once the size is known to be within limits
         try:
             m.opened = m.rule.opener(m.data)
         except SignatureError as exc:

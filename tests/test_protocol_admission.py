@@ -481,3 +481,15 @@ def _run(events) -> list:
 def test_no_sequence_of_events_crashes_and_every_reject_has_a_reason(events):
     first = _run(events)
     assert _run(events) == first  # deterministic: same inputs, same actions
+
+
+def test_bytes_like_input_and_dedup_expiry():
+    a = machine(dedup_ttl_s=60.0)
+    h = header(record())
+    actions = a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, memoryview(h)))
+    assert isinstance(actions[-1], Deliver) and actions[-1].item.data == h
+    assert only_reject(a.handle(msg(RELAY, "rollout_header", bytearray(h)))).reason is (
+        Reason.DUPLICATE
+    )
+    a.handle(Tick(T0 + 61))
+    assert len(a._dedup) == 0
