@@ -36,8 +36,10 @@ From admission's actions (one transaction each: the row and its ledger line toge
     `put_admitted(item, own_peer=None) -> bool`   for `Store(item)`: a rollout header or
         record, or a verdict (a verdict about a rollout `own_peer` produced also logs the
         outcome of that work); False when it was already stored
+    `put_admitted_many(items, own_peer=None) -> list[bool]`   the same, one transaction
     `log_reject(reject, now, item_id=None)`       for `Reject` actions worth keeping (the
-        node may skip penalty-0 ones such as duplicates)
+        node may skip penalty-0 ones such as duplicates); `log_rejects([(reject, now)])`
+    Batch where you can: one transaction is one fsync (a few ms), whatever it holds.
     `put_produced(row)`                            this peer's own new rollout + "produced"
     `rollout_row(item)`, `verdict_row(item)`       the rows an `Admitted` becomes
 Peers (bans survive a restart):
@@ -69,6 +71,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from node.errors import CommandError
 from protocol.admission import Admitted, Kind, Reject
@@ -715,6 +718,27 @@ class Store:
 
     def put_admitted(self, item: Admitted, own_peer: PeerId | None = None) -> bool:
         """Store what admission's `Store(item)` asks for, with its "in/accepted" ledger line."""
+        return self.put_admitted_many([item], own_peer)[0]
+
+    def put_admitted_many(
+        self, items: Iterable[Admitted], own_peer: PeerId | None = None
+    ) -> list[bool]:
+        """`put_admitted` for many items in one transaction (one fsync); every item is
+        checked before anything is written, so a bad one (ValueError) writes none."""
+        plan = [self._plan_admitted(item, own_peer) for item in items]
+        with self._write() as c:
+            out = []
+            for is_rollout, params, ledger in plan:
+                if is_rollout:
+                    new = self._insert_rollout(c, params)
+                else:
+                    new = self._insert_verdict(c, params)
+                if new or is_rollout:  # a record after its header is logged as well
+                    self._insert_ledger(c, ledger)
+                out.append(new)
+            return out
+
+    def _plan_admitted(self, item: Admitted, own_peer: PeerId | None) -> tuple[bool, Any, list]:
         entries = [
             LedgerEntry(
                 item.received_at, "in", "accepted", str(item.kind), item.content_id, item.sender
@@ -722,13 +746,10 @@ class Store:
         ]
         if item.kind in (Kind.ROLLOUT_HEADER, Kind.ROLLOUT_RECORD):
             params = self._rollout_params(rollout_row(item))
-            ledger = [self._ledger_params(e) for e in entries]
-            with self._write() as c:
-                new = self._insert_rollout(c, params)
-                self._insert_ledger(c, ledger)
-                return new
+            return True, params, [self._ledger_params(e) for e in entries]
         if item.kind is Kind.VERDICT:
             row = verdict_row(item)
+            _check_peer(row.validator, "validator")
             if own_peer is not None and item.obj.producer == own_peer:
                 outcome = "accepted" if row.accepted else "rejected"
                 entries.append(
@@ -742,12 +763,7 @@ class Store:
                         row.reason,
                     )
                 )
-            ledger = [self._ledger_params(e) for e in entries]
-            with self._write() as c:
-                new = self._insert_verdict(c, row)
-                if new:
-                    self._insert_ledger(c, ledger)
-                return new
+            return False, row, [self._ledger_params(e) for e in entries]
         raise ValueError(f"the store keeps no {item.kind} items")
 
     def put_produced(self, row: RolloutRow) -> bool:
@@ -763,7 +779,13 @@ class Store:
 
     def log_reject(self, reject: Reject, now: float, item_id: bytes | None = None) -> None:
         """Log a rejection by admission: "in/rejected" with its reason, stage and detail."""
-        self.log(
+        self.log_rejects([(reject, now)], item_id)
+
+    def log_rejects(
+        self, rejects: Iterable[tuple[Reject, float]], item_id: bytes | None = None
+    ) -> None:
+        """`log_reject` for many (reject, time) pairs in one transaction."""
+        self.log_many(
             LedgerEntry(
                 now,
                 "in",
@@ -774,6 +796,7 @@ class Store:
                 str(reject.reason),
                 f"{reject.stage}: {reject.detail}"[:500],
             )
+            for reject, now in rejects
         )
 
 

@@ -39,9 +39,9 @@ Staleness: a rollout made at policy version v is usable at version t only if t -
 S = `RunRules.max_staleness` (the run manifest's `max_staleness`). The current version t
 comes from `VersionChanged` events.
 
-Whose fault: penalties go to the *sender* (the peer that handed us the bytes; the node
-passes libp2p peer id bytes, `ID.to_bytes()`, so that a sender compares equal to an envelope
-signer). Faults no
+Whose fault: penalties go to the *sender* (the peer that handed us the bytes; given as
+libp2p peer id bytes or their base58 text, so that a sender can be matched to an envelope
+signer; any other opaque id is simply never the signer). Faults no
 honest relay would pass on (malformed, bad signature, oversized) always count. Faults that
 depend on the receiver's view (stale, skewed clock, replay, rate of a signer) count only
 when the sender is also the signer; a relay that forwarded them is not blamed (penalty 0).
@@ -107,6 +107,7 @@ from protocol.errors import (
     SignatureError,
 )
 from protocol.errors import RemoteProtocolError as _RemoteError
+from protocol.identity import peer_id_to_b58
 from protocol.peer_score import PeerId, PeerRecord, PeerScores
 from protocol.rollout import OpenedRollout, check_body, open_header
 from protocol.wire import (
@@ -642,6 +643,13 @@ class _Refused(Exception):
         self.penalty, self.signer = penalty, signer
 
 
+def _same_peer(sender: PeerId, signer: bytes) -> bool:
+    """Whether the sender is the signer: peer ids as bytes, or as base58 text (`12D3KooW...`)."""
+    if isinstance(sender, str):
+        return sender == peer_id_to_b58(signer)
+    return sender == signer
+
+
 @dataclass(slots=True)
 class _Msg:
     """A message on its way through the stages."""
@@ -843,7 +851,7 @@ class Admission:
         signer = m.opened.envelope.signer
         if m.rule.gossip and not self._signer_rate.allow(signer, m.now):
             # The signer published too much; its relays are not to blame.
-            pen = None if m.peer == signer else 0.0
+            pen = None if _same_peer(m.peer, signer) else 0.0
             raise _Refused(Stage.RATE, Reason.RATE_LIMITED, "signer over its rate", pen)
 
     def _stage_dedup(self, m: _Msg) -> None:
@@ -864,7 +872,7 @@ class Admission:
     # -- scoring -------------------------------------------------------------------
 
     def _reject(self, peer: PeerId, r: _Refused, kind: str, now: float) -> list[Action]:
-        if r.reason not in RELAY_BLAMED and r.signer is not None and peer != r.signer:
+        if r.reason not in RELAY_BLAMED and r.signer is not None and not _same_peer(peer, r.signer):
             penalty = 0.0  # a view-dependent fault of the signer, not of this relay
         elif r.penalty is None:
             penalty = self.config.penalties[r.reason]

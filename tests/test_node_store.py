@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import signal
@@ -442,3 +443,27 @@ def test_closed_store_says_so(tmp_path):
     s.close()
     with pytest.raises(StoreError, match="closed"):
         s.count_rollouts()
+
+
+def test_batched_admitted_items_and_rejects(store):
+    a = Admission(RunRules("run", 2), version=5)
+    items, rejects = [], []
+    for i in range(20):
+        rec = make_record(
+            ALICE, _body(), dataset="d", task_index=i, counter=i, task_seed=i, reward=0.0,
+            run_id="run", policy_version=5, seq=i, timestamp_ms=int(T0 * 1000),
+        )  # fmt: skip
+        items.append(a.handle(MessageReceived(b"relay", Kind.ROLLOUT_RECORD, rec, T0))[0].item)
+        rejects += [
+            (x, T0 + i)
+            for x in a.handle(MessageReceived(b"junk%d" % i, Kind.VERDICT, b"junk", T0))
+            if isinstance(x, Reject)
+        ]
+    assert store.put_admitted_many(items) == [True] * 20
+    assert store.put_admitted_many(items[:3]) == [False] * 3
+    assert store.count_rollouts() == 20 and all(r.body for r in store.rollouts())
+    store.log_rejects(rejects)
+    assert store.ledger_summary("in")[("in", "rejected", "malformed")] == 20
+    bad = dataclasses.replace(items[0], kind=Kind.WEIGHT_ANNOUNCE)
+    with pytest.raises(ValueError):
+        store.put_admitted_many([items[0], bad])  # checked before anything is written

@@ -252,12 +252,14 @@ def test_staleness_bound(t, v):
         assert isinstance(actions[-1], Deliver)
 
 
-def test_stale_rollout_blames_its_producer_not_the_relay():
+@pytest.mark.parametrize("alice", [ALICE.peer_id, ALICE.peer_id_b58])
+def test_stale_rollout_blames_its_producer_not_the_relay(alice):
     a = machine()
     a.handle(VersionChanged(20, T0))
-    by_relay = only_reject(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, header(record(seq=1)))))
-    assert by_relay.reason is Reason.STALE and by_relay.penalty == 0.0
-    own = only_reject(a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, header(record(seq=2)))))
+    for relay in (RELAY, BOB.peer_id_b58):
+        r = only_reject(a.handle(msg(relay, Kind.ROLLOUT_HEADER, header(record(seq=1)))))
+        assert r.reason is Reason.STALE and r.penalty == 0.0
+    own = only_reject(a.handle(msg(alice, Kind.ROLLOUT_HEADER, header(record(seq=2)))))
     assert own.reason is Reason.STALE and own.penalty == PENALTIES[Reason.STALE] < 0
 
 
