@@ -128,13 +128,21 @@ class PeerProcess:
         self.addrs: list[str] = []
 
     @classmethod
-    async def start(cls, *extra: str, timeout: float = 60.0) -> PeerProcess:
+    async def start(
+        cls, *extra: str, timeout: float = 60.0, module: str = "node.bench._gossip_peer",
+        stderr_path: str | None = None,
+    ) -> PeerProcess:
         import subprocess
 
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "node.bench._gossip_peer", *extra],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        )
+        err = open(stderr_path, "ab") if stderr_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", module, *extra],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+            )
+        finally:
+            if stderr_path:
+                err.close()
         peer = cls(proc)
         hello = await peer.read(timeout)
         peer.peer_id, peer.addrs = hello["peer_id"], hello["addrs"]

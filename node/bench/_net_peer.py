@@ -1,0 +1,144 @@
+"""A full peer (`node.peer.open_peer`) producing synthetic records, driven by JSON lines.
+
+For integration tests and `bench gossip`; the records come from `node.bench._records`
+(well-formed and signed, not model output). Start-up prints
+`{"peer_id", "addrs", "bootstrap": [[addr, ok, error], ...]}`. Commands on stdin, one JSON
+object per line, each answered by one JSON line:
+
+- `{"cmd": "produce", "n": N, "rate": R}`  start producing N records at R/s (background)
+- `{"cmd": "stats"}`   peer stats, stored rollout / body counts, delivery latencies
+- `{"cmd": "ids"}`     hex ids of stored rollouts that have a body
+- `{"cmd": "evil"}`    publish malformed and oversized messages on the rollouts topic and
+                       send a garbage body request to every peer (misbehaviour for tests)
+- `{"cmd": "quit"}`
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+from node.bench._gossip_peer import _lines, _say
+from node.bench._records import synthetic_record, test_manifest
+from node.host import HostSettings, MessageTooLarge, PeerError
+from node.peer import PeerConfig, open_peer
+from node.rollout_exchange import protocol_id
+from protocol.admission import Admitted, Kind
+from protocol.identity import Identity
+
+
+async def main(args: argparse.Namespace) -> None:
+    identity = Identity.from_private_bytes(bytes.fromhex(args.key)) if args.key else Identity.generate()
+    manifest = test_manifest(args.run)
+    cfg = PeerConfig(
+        manifest=manifest,
+        identity=identity,
+        data_dir=Path(args.data_dir),
+        roles=("inference",),
+        listen=(args.listen,),
+        bootstrap=tuple(args.bootstrap),
+        pull_bodies=not args.no_pull,
+        publish_rate_per_s=args.publish_rate,
+        host=HostSettings(peer_dead_after_s=args.dead_after),
+    )
+    header_lat: list[float] = []
+    body_lat: list[float] = []
+
+    def on_deliver(item: Admitted) -> None:
+        lat = (item.received_at - item.envelope.timestamp_ms / 1000.0) * 1000.0
+        if item.kind is Kind.ROLLOUT_HEADER:
+            header_lat.append(lat)
+        elif item.kind is Kind.ROLLOUT_RECORD:
+            body_lat.append(lat)
+
+    with trio.move_on_after(args.max_life):
+        async with open_peer(cfg) as peer:
+            peer.on_deliver(on_deliver)
+            _say({"peer_id": peer.host.peer_id, "addrs": peer.host.listen_addrs(),
+                  "bootstrap": peer.bootstrap_results})
+
+            async def produce(n: int, rate: float, size: int) -> None:
+                rng = random.Random(os.getpid())
+                start = time.monotonic()
+                base = peer.counters["produced"]
+                for i in range(n):
+                    record = synthetic_record(identity, manifest, base + i, n_completion=size, rng=rng)
+                    await peer.produce(record)
+                    await trio.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
+
+            async def evil() -> dict[str, object]:
+                topic = peer.topics["rollouts"]
+                sent = 0
+                for i in range(30):
+                    await peer.host.publish(topic, b"\xc1garbage" + i.to_bytes(2, "big"))
+                    sent += 1
+                try:
+                    await peer.host.publish(topic, b"\x00" * (peer.host.settings.max_gossip_bytes + 1))
+                except MessageTooLarge:
+                    pass
+                # A header-sized message that is far over admission's header limit.
+                await peer.host.publish(topic, b"\x92" + os.urandom(200_000))
+                sent += 1
+                bad_requests = 0
+                for other in peer.host.connected_peers():
+                    try:
+                        stream = await peer.host.open_stream(other, protocol_id(manifest.run_id))
+                        await stream.send(b"\xff" * 64)
+                        await stream.close()
+                        bad_requests += 1
+                    except PeerError:
+                        pass
+                return {"evil_sent": sent, "bad_requests": bad_requests}
+
+            async with trio.open_nursery() as nursery:
+                stdin = trio.lowlevel.FdStream(os.dup(0))
+                async for cmd in _lines(stdin):
+                    kind = cmd.get("cmd")
+                    if kind == "produce":
+                        nursery.start_soon(produce, cmd["n"], cmd.get("rate", 2.0), cmd.get("size", 1024))
+                        _say({"ok": True})
+                    elif kind == "stats":
+                        counts = await trio.to_thread.run_sync(
+                            lambda: (peer.store.count_rollouts(),
+                                     len(peer.store.rollouts(with_body=True, limit=1_000_000)))
+                        )
+                        _say({**peer.stats(), "stored": counts[0], "bodies": counts[1],
+                              "header_latency_ms": header_lat, "body_latency_ms": body_lat,
+                              "connected": peer.host.connected_peers()})
+                    elif kind == "ids":
+                        rows = await trio.to_thread.run_sync(
+                            lambda: peer.store.rollouts(with_body=True, limit=1_000_000)
+                        )
+                        _say({"ids": [r.rollout_id.hex() for r in rows]})
+                    elif kind == "evil":
+                        _say(await evil())
+                    elif kind == "quit":
+                        break
+                nursery.cancel_scope.cancel()
+    _say({"closed": True})
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--run", default="net-test")
+    parser.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
+    parser.add_argument("--bootstrap", nargs="*", default=[])
+    parser.add_argument("--key", default="")
+    parser.add_argument("--no-pull", action="store_true")
+    parser.add_argument("--publish-rate", type=float, default=8.0)
+    parser.add_argument("--dead-after", type=float, default=4.0)
+    parser.add_argument("--max-life", type=float, default=300.0)
+    args = parser.parse_args()
+    sys.setrecursionlimit(10_000)
+    trio.run(main, args)
+
+
+if __name__ == "__main__":
+    cli()

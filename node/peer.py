@@ -1,0 +1,480 @@
+"""One running peer of a run: host + admission + store + gossip + body exchange + discovery.
+
+This is the IO shell around `protocol.admission`: bytes arrive (a gossip message through
+the GossipSub topic validator, or a record pulled over `/swarm-rl/<run>/rollout/1`), go in
+as `MessageReceived(sender, kind, data, now)`, and the returned actions are carried out
+here: `Store` -> `node.store.Store` (in a worker thread: every write is an fsync),
+`Forward` -> the validator answers True so GossipSub forwards it, `Deliver` -> the role's
+callbacks, `Reject` -> counters and the ledger, `Disconnect`/`Ban`/`Unban` -> the host
+(bans are persisted and reloaded at start, so they survive a restart).
+
+Flow of a rollout: the producer stores its record (`produce()`, acknowledged once the
+fsync returned), then gossips the signed header on the run's rollouts topic (paced by the
+`Outbox`). A receiver admits and stores the header, and, if it pulls bodies (validators,
+trainers, relays), fetches the record from the producer or the forwarding peer, admits
+it as `Kind.ROLLOUT_RECORD` (the body must match the signed digest) and stores the body.
+
+Resource handling: everything lives inside `open_peer()`; leaving it cancels the loops,
+drains and closes the host (port released) and closes the store. Error handling: a remote
+fault never raises out of a loop: it becomes a `Reject` (score change), a failed pull
+(retried from another source, bounded), or a dropped peer. Store failures are reported
+back to admission (`StoreFailed`) so a later copy can be admitted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from node import rollout_exchange
+from node.discovery import Discovery
+from node.gossip import Outbox, topic_name
+from node.host import HostSettings, PeerError, PeerEvent, SwarmHost, open_host
+from node.store import RolloutRow, Store, StoreError, VerdictRow
+from protocol import admission as adm
+from protocol.admission import (
+    Admission,
+    AdmissionConfig,
+    Admitted,
+    Ban,
+    Deliver,
+    Disconnect,
+    Forward,
+    Kind,
+    MessageReceived,
+    Misbehaved,
+    PeerConnected,
+    Reject,
+    RunRules,
+    StoreFailed,
+    Tick,
+    Unban,
+)
+from protocol.codec import decode, encode
+from protocol.content_id import content_id
+from protocol.envelope import seal
+from protocol.identity import Identity
+from protocol.peer_score import PeerScores
+from protocol.rollout import open_record
+from protocol.wire import PeerHello, RolloutRecord, RunManifest, Verdict, WireObject
+
+log = logging.getLogger("swarm.peer")
+
+PULL_WORKERS = 3
+PULL_ATTEMPTS = 3
+PULL_RETRY_S = 1.0
+ADMITTED_QUEUE = 4096
+PULL_QUEUE = 8192
+SCORE_SAVE_INTERVAL_S = 15.0
+AGENT = "swarm-node/0.1.0"
+BAD_REQUEST_PENALTY = -10.0
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """What a peer needs to join a run."""
+
+    manifest: RunManifest
+    identity: Identity
+    data_dir: Path
+    roles: tuple[str, ...]
+    listen: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
+    bootstrap: tuple[str, ...] = ()
+    pull_bodies: bool = True
+    publish_rate_per_s: float = 8.0
+    max_peers: int = 64
+    policy_version: int = 0
+    host: HostSettings = field(default_factory=HostSettings)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+
+
+class SeqCounter:
+    """Envelope sequence numbers: microseconds since the epoch, strictly increasing, so a
+    restarted peer never reuses one (receivers' `ReplayGuard` would refuse it)."""
+
+    def __init__(self) -> None:
+        self._last = 0
+
+    def next(self) -> int:
+        self._last = max(self._last + 1, time.time_ns() // 1000)
+        return self._last
+
+
+@dataclass
+class _Pull:
+    rollout_id: bytes
+    sources: list[str]
+    attempts: int = 0
+
+
+class Peer:
+    """A joined peer (build one with `open_peer()`); roles drive it through:
+
+    `produce(record)`, `publish_verdict(verdict)`, `on_deliver(callback)`, `stats()`,
+    plus `host`, `store`, `admission`, `discovery`, `identity`, `manifest`.
+    """
+
+    def __init__(self, cfg: PeerConfig, host: SwarmHost, store: Store, admission: Admission) -> None:
+        self.cfg = cfg
+        self.manifest = cfg.manifest
+        self.run_id = cfg.manifest.run_id
+        self.identity = cfg.identity
+        self.host = host
+        self.store = store
+        self.admission = admission
+        self.policy_version = cfg.policy_version
+        self.seq = SeqCounter()
+        self.outbox = Outbox(host, cfg.publish_rate_per_s)
+        self.counters: Counter[str] = Counter()
+        self.rejects: Counter[str] = Counter()
+        self.bootstrap_results: list[tuple[str, bool, str]] = []
+        self.started_at = time.time()
+        self._callbacks: list[Callable[[Admitted], None]] = []
+        self._admitted_send, self._admitted_recv = trio.open_memory_channel[tuple[Admitted, bool, bool]](ADMITTED_QUEUE)
+        self._pull_send, self._pull_recv = trio.open_memory_channel[_Pull](PULL_QUEUE)
+        self._ledger_send, self._ledger_recv = trio.open_memory_channel[tuple[Reject, float]](ADMITTED_QUEUE)
+        self._nursery: trio.Nursery | None = None
+        self.discovery = Discovery(
+            host, self.run_id, self._hello_bytes, max_peers=cfg.max_peers, on_hello=self._on_hello
+        )
+        self.topics = {name: topic_name(self.run_id, name) for name in ("rollouts", "verdicts", "weights", "fraud")}
+        host.set_stream_handler(rollout_exchange.protocol_id(self.run_id), self._serve_rollouts)
+        host.on_peer_event(self._on_peer_event)
+
+    # -- public ---------------------------------------------------------------------------
+
+    def on_deliver(self, callback: Callable[[Admitted], None]) -> None:
+        """`callback(item)` for every admitted rollout record (with body), header and
+        verdict; it runs on the event loop and must not block (queue work instead)."""
+        self._callbacks.append(callback)
+
+    async def produce(self, record: bytes) -> bytes:
+        """Store our own rollout record durably, then gossip its header; returns its id."""
+        opened = open_record(record)  # our own bytes: a failure here is our bug
+        rec = decode(RolloutRecord, record)
+        row = RolloutRow(
+            rollout_id=opened.rollout_id,
+            run_id=opened.envelope.run_id,
+            producer=opened.envelope.signer,
+            policy_version=opened.envelope.policy_version,
+            header=rec.header,
+            body=rec.body,
+            received_at=time.time(),
+        )
+        await trio.to_thread.run_sync(self.store.put_produced, row)
+        self.counters["produced"] += 1
+        await self.outbox.put(self.topics["rollouts"], rec.header)
+        return opened.rollout_id
+
+    def seal(self, obj: WireObject) -> bytes:
+        return seal(
+            self.identity, obj, run_id=self.run_id, policy_version=self.policy_version,
+            seq=self.seq.next(), timestamp_ms=int(time.time() * 1000),
+        )
+
+    async def publish_verdict(self, verdict: Verdict) -> bytes:
+        """Sign, store and gossip a verdict; returns its id."""
+        data = self.seal(verdict)
+        vid = content_id(data)
+        row = VerdictRow(vid, verdict.rollout_id, self.identity.peer_id, bool(verdict.passed),
+                         data, time.time(), verdict.reason)
+        await trio.to_thread.run_sync(self.store.put_verdict, row)
+        self.counters["verdicts_published"] += 1
+        await self.outbox.put(self.topics["verdicts"], data)
+        return vid
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "peer_id": self.host.peer_id,
+            "roles": list(self.cfg.roles),
+            "run": self.run_id,
+            "policy_version": self.policy_version,
+            "peers": len(self.host.connected_peers()),
+            "known_peers": len(self.discovery.book),
+            "counters": dict(self.counters),
+            "rejected": dict(self.rejects),
+            "outbox_pending": self.outbox.pending(),
+            "pull_pending": self._pull_recv.statistics().current_buffer_used,
+            "uptime_s": round(time.time() - self.started_at, 1),
+        }
+
+    # -- hello ----------------------------------------------------------------------------
+
+    def _hello_bytes(self) -> bytes:
+        hello = PeerHello(
+            roles=tuple(self.cfg.roles), policy_version=self.policy_version,
+            listen_addrs=tuple(self.host.listen_addrs()[:16]), agent=AGENT,
+        )
+        return self.seal(hello)
+
+    def _on_hello(self, peer: str, hello: PeerHello) -> None:
+        self.counters["hellos"] += 1
+
+    def _on_peer_event(self, event: PeerEvent) -> None:
+        self.counters[f"peer_{event.kind}"] += 1
+        if event.kind == "connected":
+            self._apply(self.admission.handle(PeerConnected(event.peer, time.time())))
+
+    # -- admission glue -------------------------------------------------------------------
+
+    def _validator(self, kind: Kind) -> Callable[[str, bytes], bool]:
+        def check(sender: str, data: bytes) -> bool:
+            return self._admit(sender, kind, data)
+
+        return check
+
+    def _admit(self, sender: str, kind: Kind, data: bytes) -> bool:
+        now = time.time()
+        self.counters[f"in_{kind}"] += 1
+        return self._apply(self.admission.handle(MessageReceived(sender, kind, data, now)))
+
+    def _apply(self, actions: list) -> bool:  # type: ignore[type-arg]
+        """Carry out admission's actions; True when the message was admitted."""
+        admitted = False
+        store_item: Admitted | None = None
+        deliver = False
+        for action in actions:
+            if isinstance(action, Reject):
+                self.rejects[str(action.reason)] += 1
+                if action.penalty < 0:
+                    with contextlib.suppress(trio.WouldBlock):
+                        self._ledger_send.send_nowait((action, time.time()))
+            elif isinstance(action, Forward):
+                admitted = True
+            elif isinstance(action, Deliver):
+                admitted = True
+                deliver = True
+                store_item = store_item or action.item
+            elif isinstance(action, Disconnect):
+                self._spawn(self.host.disconnect, action.peer, f"admission: {action.reason}")
+            elif isinstance(action, Ban):
+                self._spawn(self._ban, action)
+            elif isinstance(action, Unban):
+                self.host.unban(str(action.peer))
+            elif isinstance(action, adm.Store):
+                store_item = action.item
+        if store_item is not None:
+            has_store = any(isinstance(a, adm.Store) for a in actions)
+            try:
+                self._admitted_send.send_nowait((store_item, has_store, deliver))
+            except trio.WouldBlock:
+                self.admission.handle(StoreFailed(store_item, time.time()))
+                self.counters["overloaded_drops"] += 1
+                return False
+        return admitted
+
+    def _spawn(self, fn: Callable, *args: object) -> None:  # type: ignore[type-arg]
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
+
+    async def _ban(self, action: Ban) -> None:
+        self.counters["bans"] += 1
+        await self.host.ban(str(action.peer), max(1.0, action.until - time.time()), "score below threshold")
+        with contextlib.suppress(StoreError):
+            await trio.to_thread.run_sync(self.store.save_peer, action.record)
+
+    # -- loops ----------------------------------------------------------------------------
+
+    async def _process_loop(self) -> None:
+        """Store admitted items (batched, off the loop), then deliver and schedule pulls."""
+        own = self.identity.peer_id
+        while True:
+            batch = [await self._admitted_recv.receive()]
+            while len(batch) < 64:
+                try:
+                    batch.append(self._admitted_recv.receive_nowait())
+                except trio.WouldBlock:
+                    break
+
+            def write(items: list[tuple[Admitted, bool, bool]] = batch) -> list[bool]:
+                ok = []
+                for item, store, _ in items:
+                    if not store:
+                        ok.append(True)
+                        continue
+                    try:
+                        self.store.put_admitted(item, own_peer=own)
+                        ok.append(True)
+                    except (StoreError, ValueError) as exc:
+                        log.warning("store failed for %s: %s", item.kind, exc)
+                        ok.append(False)
+                return ok
+
+            results = await trio.to_thread.run_sync(write)
+            for (item, _, deliver), ok in zip(batch, results, strict=True):
+                if not ok:
+                    self.admission.handle(StoreFailed(item, time.time()))
+                    self.counters["store_failed"] += 1
+                    continue
+                self.counters[f"stored_{item.kind}"] += 1
+                if item.kind is Kind.ROLLOUT_HEADER and self.cfg.pull_bodies:
+                    sources = [s for s in dict.fromkeys([_b58(item.signer), str(item.sender)]) if s != self.host.peer_id]
+                    with contextlib.suppress(trio.WouldBlock):
+                        self._pull_send.send_nowait(_Pull(item.content_id, sources))
+                if deliver:
+                    for callback in list(self._callbacks):
+                        callback(item)
+
+    async def _pull_loop(self) -> None:
+        """Fetch bodies for admitted headers; each pull bounded by the host's deadlines."""
+        while True:
+            first = await self._pull_recv.receive()
+            batch = [first]
+            while len(batch) < rollout_exchange.MAX_IDS_PER_REQUEST:
+                try:
+                    batch.append(self._pull_recv.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            by_source: dict[str, list[_Pull]] = {}
+            live = set(self.host.connected_peers())
+            for p in batch:
+                source = next((s for s in p.sources if s in live), None)
+                if source is None:
+                    source = p.sources[0] if p.sources else ""
+                by_source.setdefault(source, []).append(p)
+            for source, pulls in by_source.items():
+                await self._pull_from(source, pulls)
+
+    async def _pull_from(self, source: str, pulls: list[_Pull]) -> None:
+        records: list[bytes | None]
+        try:
+            if not source:
+                raise PeerError("-", "no source")
+            records = await rollout_exchange.pull(self.host, source, self.run_id, [p.rollout_id for p in pulls])
+        except PeerError as exc:
+            log.info("pull from %s failed: %s", source[:12], exc)
+            self.counters["pull_errors"] += 1
+            records = [None] * len(pulls)
+        for p, rec in zip(pulls, records, strict=True):
+            if rec is not None:
+                self.counters["pulled"] += 1
+                self._admit(source, Kind.ROLLOUT_RECORD, rec)
+                continue
+            p.attempts += 1
+            if p.attempts >= PULL_ATTEMPTS:
+                self.counters["pull_gave_up"] += 1
+                continue
+            # rotate sources and retry later (the forwarder may not have the body yet)
+            p.sources = p.sources[1:] + p.sources[:1]
+            self._spawn(self._retry_pull, p)
+
+    async def _retry_pull(self, p: _Pull) -> None:
+        await trio.sleep(PULL_RETRY_S * p.attempts)
+        with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
+            self._pull_send.send_nowait(p)
+
+    async def _serve_rollouts(self, stream) -> None:  # type: ignore[no-untyped-def]
+        async def lookup(ids: list[bytes]) -> list[bytes | None]:
+            def read() -> list[bytes | None]:
+                out: list[bytes | None] = []
+                for rid in ids:
+                    row = self.store.get_rollout(rid)
+                    if row is None or row.body is None:
+                        out.append(None)
+                    else:
+                        out.append(encode(RolloutRecord(header=row.header, body=row.body)))
+                return out
+
+            return await trio.to_thread.run_sync(read)
+
+        try:
+            n = await rollout_exchange.serve(stream, lookup)
+        except rollout_exchange.BadRequest as exc:
+            self.rejects["bad_request"] += 1
+            self._apply(self.admission.handle(
+                Misbehaved(stream.peer, BAD_REQUEST_PENALTY, "bad rollout request", time.time())
+            ))
+            raise exc
+        self.counters["served"] += n
+
+    async def _tick_loop(self) -> None:
+        last_save = time.monotonic()
+        while True:
+            await trio.sleep(1.0)
+            now = time.time()
+            self._apply(self.admission.handle(Tick(now)))
+            if time.monotonic() - last_save > SCORE_SAVE_INTERVAL_S:
+                last_save = time.monotonic()
+                snapshot = self.admission.scores.snapshot(now)
+                with contextlib.suppress(StoreError):
+                    await trio.to_thread.run_sync(self.store.save_peers, snapshot)
+
+    async def _ledger_loop(self) -> None:
+        while True:
+            batch = [await self._ledger_recv.receive()]
+            while len(batch) < 256:
+                try:
+                    batch.append(self._ledger_recv.receive_nowait())
+                except trio.WouldBlock:
+                    break
+
+            def write(batch: list[tuple[Reject, float]] = batch) -> None:
+                for reject, at in batch:
+                    self.store.log_reject(reject, at)
+
+            with contextlib.suppress(StoreError):
+                await trio.to_thread.run_sync(write)
+
+
+def _b58(peer: bytes | str) -> str:
+    from protocol.identity import peer_id_to_b58
+
+    return peer if isinstance(peer, str) else peer_id_to_b58(peer)
+
+
+@contextlib.asynccontextmanager
+async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
+    """Open the store, start the host, load bans, subscribe, dial the bootstrap peers.
+
+    `peer.bootstrap_results` holds (addr, ok, error) for each bootstrap address.
+    """
+    store = await trio.to_thread.run_sync(Store.open, cfg.data_dir)
+    try:
+        now = time.time()
+        records = await trio.to_thread.run_sync(store.load_peers)
+        admission = Admission(
+            RunRules.from_manifest(cfg.manifest), cfg.admission, version=cfg.policy_version,
+            scores=PeerScores(records=records),
+        )
+        async with open_host(cfg.identity.private_bytes(), list(cfg.listen), cfg.host) as host:
+            peer = Peer(cfg, host, store, admission)
+            for rec in await trio.to_thread.run_sync(store.active_bans, now):
+                await host.ban(str(rec.peer), max(1.0, rec.banned_until - now), "ban kept from before restart")
+            async with trio.open_nursery() as nursery:
+                peer._nursery = nursery
+                kinds = {"rollouts": Kind.ROLLOUT_HEADER, "verdicts": Kind.VERDICT,
+                         "weights": Kind.WEIGHT_ANNOUNCE, "fraud": Kind.FRAUD_EVIDENCE}
+                for name, kind in kinds.items():
+                    channel = await host.subscribe(peer.topics[name], validator=peer._validator(kind))
+                    nursery.start_soon(_discard, channel)  # delivery happens via admission
+                nursery.start_soon(peer.outbox.run)
+                nursery.start_soon(peer._process_loop)
+                nursery.start_soon(peer._ledger_loop)
+                nursery.start_soon(peer._tick_loop)
+                for _ in range(PULL_WORKERS):
+                    nursery.start_soon(peer._pull_loop)
+                if cfg.bootstrap:
+                    peer.bootstrap_results = await peer.discovery.dial(list(cfg.bootstrap))
+                nursery.start_soon(peer.discovery.redial_loop)
+                try:
+                    yield peer
+                finally:
+                    with trio.CancelScope(shield=True), trio.move_on_after(5):
+                        snapshot = admission.scores.snapshot(time.time())
+                        with contextlib.suppress(StoreError):
+                            await trio.to_thread.run_sync(store.save_peers, snapshot)
+                    nursery.cancel_scope.cancel()
+    finally:
+        store.close()
+
+
+async def _discard(channel: trio.MemoryReceiveChannel) -> None:  # type: ignore[type-arg]
+    async for _ in channel:
+        pass
