@@ -379,6 +379,20 @@ def test_store_failed_forgets_the_item_so_a_copy_is_admitted():
     assert isinstance(a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec))[0], Store)
 
 
+def test_store_failed_header_copy_is_not_a_replay():
+    a = machine()
+    h = header(record(seq=3))
+    first = a.handle(msg(BOB.peer_id, Kind.ROLLOUT_HEADER, h))
+    a.handle(StoreFailed(first[0].item, T0))
+    again = a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, h, T0 + 1))
+    assert [type(x) for x in again] == [Store, Forward, Deliver]
+    # Only once, and only for those very bytes.
+    a.handle(StoreFailed(again[0].item, T0 + 1))
+    other = header(record(seq=3, seed=9))
+    r = only_reject(a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, other, T0 + 2)))
+    assert r.reason is Reason.REPLAY
+
+
 def test_local_misuse_raises():
     a = machine()
     with pytest.raises(LocalProtocolError):
