@@ -10,7 +10,7 @@ failure into a one-line `StoreError`.
 Threads and trio
 ----------------
 A `Store` holds one connection guarded by a lock, so it may be called from any thread; calls
-serialize. A write costs an fsync (about a millisecond on an SSD, more on a busy disk), so a
+serialize. A write transaction costs an fsync (about 4 ms on the dev VM's disk), so a
 trio task should call it through `await trio.to_thread.run_sync(store.put_rollout, ...)`
 (or batch with `put_rollouts`) rather than on the event loop. Reads are short indexed
 queries; `rollouts()` and `ledger()` take a `limit`.
@@ -48,7 +48,7 @@ Peers (bans survive a restart):
     `forget_peer(peer)`
 Ledger (what this peer produced, and what was accepted or rejected, with reasons):
     `log(LedgerEntry)` / `log_many(entries)`
-    `ledger(direction=None, outcome=None, kind=None, since=None, limit=1000) -> list[LedgerEntry]`
+    `ledger(direction=None, outcome=None, kind=None, since=None, item_id=None, limit=1000)`
     `ledger_summary(direction=None) -> dict[(direction, outcome, reason), count]`
     `produced_status(kind="rollout") -> dict` produced / accepted / rejected / pending counts
     of this peer's own work, judged by the verdicts logged against it
@@ -60,6 +60,9 @@ Maintenance: `schema_version() -> int`, `check() -> None` (full integrity check;
 large file).
 
 Peer ids are opaque `bytes` or `str` and come back as the type they went in as.
+Errors: an unopenable, foreign, newer-schema, corrupt or full database raises `StoreError`
+(a `node.errors.CommandError`, exit code 2) naming the file; misuse (wrong types, unknown
+ledger words) raises TypeError / ValueError before anything is written.
 """
 
 from __future__ import annotations
