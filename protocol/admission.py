@@ -662,6 +662,7 @@ class _Msg:
     opened: Opened | None = None
 
 
+_MAX_RETRIES = 4096  # items whose store failed that a later copy may replace
 
 # The output stages and the action each one emits.
 _OUTPUTS: Mapping[Stage, Callable[[Admitted], Action]] = {
@@ -699,6 +700,7 @@ class Admission:
             max_signers=cfg.max_signers,
         )
         self._weights_version = -1  # highest weight announcement admitted
+        self._retry: OrderedDict[tuple[bytes, int], bytes] = OrderedDict()  # see StoreFailed
         # Legal steps as data: which method carries out each check stage.
         self._checks: dict[Stage, Callable[[_Msg], None]] = {
             Stage.SIZE: self._stage_size,
@@ -754,7 +756,11 @@ class Admission:
     def _on_store_failed(self, ev: StoreFailed) -> list[Action]:
         item = ev.item
         self._dedup.forget((item.kind, item.content_id))
-        self._replay.forget(item.envelope.signer, item.envelope.seq)
+        # The replay guard already holds (signer, seq); let a copy of these very bytes
+        # through once more (bounded memory, oldest forgotten first).
+        self._retry[(item.envelope.signer, item.envelope.seq)] = item.content_id
+        while len(self._retry) > _MAX_RETRIES:
+            self._retry.popitem(last=False)
         return []
 
     def _on_message(self, ev: MessageReceived) -> list[Action]:
@@ -867,6 +873,9 @@ class Admission:
     def _stage_replay(self, m: _Msg) -> None:
         assert m.opened is not None
         env = m.opened.envelope
+        if self._retry.get((env.signer, env.seq)) == m.opened.content_id:
+            del self._retry[(env.signer, env.seq)]  # a copy of an item we failed to store
+            return
         try:
             self._replay.check(env, int(m.now * 1000))
         except ReplayError as exc:

@@ -134,10 +134,3 @@ class ReplayGuard:
             if len(w.seen) > 2 * self.window:
                 floor = w.high - self.window
                 w.seen = {s for s in w.seen if s > floor}
-
-    def forget(self, signer: bytes, seq: int) -> None:
-        """Undo the memory of one (signer, seq), e.g. when the message could not be stored,
-        so that a copy arriving later is not refused as a replay."""
-        w = self._signers.get(signer)
-        if w is not None:
-            w.seen.discard(seq)
