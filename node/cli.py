@@ -127,10 +127,14 @@ def audit() -> None:
 
 
 @cli.command()
+@click.option("--data-dir", type=click.Path(path_type=Path), help="The node's data directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_one_line_errors
-def status() -> None:
-    """Show what a running node is doing (peers, store, ledger)."""
-    _not_built("status", "issue 5: the real peer on py-libp2p")
+def status(data_dir: Path | None, as_json: bool) -> None:
+    """Show a node's store: rollouts, its own work's verdicts, rejections, bans."""
+    from node.commands import status as cmd
+
+    cmd.main(data_dir=data_dir, as_json=as_json)
 
 
 @cli.command(name="init-model")

@@ -1,0 +1,82 @@
+"""`swarm-node status`: what a node's data directory says about it.
+
+Reads the node's SQLite store (safe while the node runs: WAL readers do not block the
+writer) and prints the stored rollouts, this peer's own work as validators judged it, what
+it accepted and rejected from others and why, and the peers it has banned.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from node.config import default_data_dir
+from node.errors import CommandError
+from node.store import DB_FILENAME, Store
+
+
+def collect(data_dir: Path, now: float | None = None) -> dict[str, Any]:
+    """The status of the store under `data_dir` as a JSON-ready dict."""
+    path = data_dir / DB_FILENAME
+    if not path.is_file():
+        raise CommandError(f"no node store at {path} (has a node run with --data-dir {data_dir}?)")
+    now = time.time() if now is None else now
+    with Store(path) as store:
+        inbound: dict[str, dict[str, int]] = {}
+        for (direction, outcome, reason), n in store.ledger_summary("in").items():
+            assert direction == "in"
+            bucket = inbound.setdefault(outcome, {})
+            bucket[reason or "-"] = bucket.get(reason or "-", 0) + n
+        peers = store.load_peers()
+        bans = store.active_bans(now)
+        return {
+            "store": str(path),
+            "schema_version": store.schema_version(),
+            "rollouts_stored": store.count_rollouts(),
+            "own_rollouts": store.produced_status("rollout"),
+            "inbound": inbound,
+            "peers_scored": len(peers),
+            "banned": [
+                {
+                    "peer": _peer_text(r.peer),
+                    "until_s": round(r.banned_until - now, 1),
+                    "offences": r.offences,
+                }
+                for r in bans
+            ],
+        }
+
+
+def _peer_text(peer: bytes | str) -> str:
+    if isinstance(peer, bytes):
+        from protocol.identity import peer_id_to_b58
+
+        return peer_id_to_b58(peer)
+    return peer
+
+
+def main(data_dir: Path | None, as_json: bool) -> None:
+    data_dir = Path(data_dir or default_data_dir()).expanduser()
+    status = collect(data_dir)
+    if as_json:
+        click.echo(json.dumps(status))
+        return
+    own = status["own_rollouts"]
+    click.echo(f"store           {status['store']} (schema v{status['schema_version']})")
+    click.echo(f"rollouts stored {status['rollouts_stored']}")
+    click.echo(
+        f"own rollouts    {own['produced']} produced, {own['accepted']} accepted,"
+        f" {own['rejected']} rejected, {own['pending']} pending"
+    )
+    for outcome, reasons in sorted(status["inbound"].items()):
+        detail = ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items(), key=lambda x: -x[1]))
+        click.echo(f"inbound {outcome:<8}{sum(reasons.values())} ({detail})")
+    click.echo(f"peers scored    {status['peers_scored']}, banned now {len(status['banned'])}")
+    for ban in status["banned"]:
+        click.echo(
+            f"  banned {ban['peer']} for {ban['until_s']} s more ({ban['offences']} offences)"
+        )

@@ -1,0 +1,66 @@
+"""`swarm-node status` reads a node's store: counts, rejection reasons, bans."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from node.store import LedgerEntry, Store
+from protocol.identity import Identity, peer_id_to_b58
+from protocol.peer_score import PeerRecord
+
+
+def test_status_reports_ledger_and_bans(tmp_path):
+    now = time.time()
+    bad = Identity.generate().peer_id
+    with Store.open(tmp_path) as store:
+        for i in range(3):
+            store.log(
+                LedgerEntry(
+                    at=now,
+                    direction="in",
+                    outcome="rejected",
+                    kind="rollout_header",
+                    item_id=bytes([i]) * 32,
+                    peer=bad,
+                    reason="bad_signature",
+                )
+            )
+        store.log(
+            LedgerEntry(
+                at=now,
+                direction="in",
+                outcome="accepted",
+                kind="rollout_header",
+                item_id=b"\x09" * 32,
+                peer=bad,
+            )
+        )
+        store.save_peer(
+            PeerRecord(peer=bad, score=-120.0, updated_at=now, banned_until=now + 600, offences=1)
+        )
+    result = subprocess.run(
+        [sys.executable, "-m", "node.cli", "status", "--data-dir", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert status["inbound"]["rejected"] == {"bad_signature": 3}
+    assert status["inbound"]["accepted"] == {"-": 1}
+    assert [b["peer"] for b in status["banned"]] == [peer_id_to_b58(bad)]
+    assert 500 < status["banned"][0]["until_s"] <= 600
+
+
+def test_status_without_a_store_is_one_line_exit_2(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "node.cli", "status", "--data-dir", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "no node store" in result.stderr
