@@ -1,0 +1,87 @@
+"""`swarm-node init-model`: build and warm-start the built-in tiny policy (cached).
+
+Writes an ordinary Hugging Face model directory under `<data dir>/models/` and a run
+manifest for it (`<data dir>/tiny-run.toml`) ready for `swarm-node rollouts --run`.
+A second call finds the cache and returns at once (`--force` rebuilds).
+Progress goes to stderr; the result is returned and printed as one JSON line on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from node.errors import CommandError
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def main(
+    *,
+    data_dir: str | None = None,
+    seed: int = 0,
+    force: bool = False,
+    threads: int | None = None,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Build (or find) the tiny policy; returns its path, run manifest path and report."""
+    from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml
+    from trainer import tiny_policy
+
+    if not 0 <= seed < 2**31:
+        raise CommandError(f"--seed must be in [0, 2^31), got {seed}")
+    if threads is not None and threads < 1:
+        raise CommandError(f"--threads must be >= 1, got {threads}")
+    say = (lambda _m: None) if quiet else _say
+    root = tiny_policy.default_data_dir(data_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        path, report, built = tiny_policy.ensure_policy(
+            root, seed=seed, force=force, threads=threads, progress=say
+        )
+    except OSError as exc:
+        raise CommandError(f"cannot write to data directory {root}: {exc.strerror or exc}") from None
+    run_path = root / "tiny-run.toml"
+    if not run_path.exists() or force:
+        manifest = manifest_from_table(tiny_policy.run_manifest_table(), source="built-in manifest")
+        run_path.write_text(manifest_to_toml(manifest))
+    else:
+        load_run_manifest(run_path)  # an edited manifest must still be valid
+    if seed != 0:
+        say("note: rollouts use the built-in model of seed 0 unless --model names this directory")
+    say(
+        f"{'built' if built else 'cached'}: {path} (solve rate {report['solve_rate']:.1%} "
+        f"sampled, {report['greedy_solve_rate']:.1%} greedy; {report['steps']} steps)"
+    )
+    result = {
+        "model_dir": str(path),
+        "run_manifest": str(run_path),
+        "built": built,
+        "warm_start_solve_rate": report["solve_rate"],
+        "greedy_solve_rate": report["greedy_solve_rate"],
+        "steps": report["steps"],
+        "init_model_seconds": report.get("init_model_seconds"),
+        "threads": report["threads"],
+        "n_params": report["n_params"],
+    }
+    print(json.dumps(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m node.commands.init_model")
+    ap.add_argument("--data-dir")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--threads", type=int)
+    a = ap.parse_args()
+    try:
+        main(data_dir=a.data_dir, seed=a.seed, force=a.force, threads=a.threads)
+    except CommandError as exc:
+        print(f"swarm-node: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)

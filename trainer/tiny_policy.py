@@ -1,0 +1,343 @@
+"""The built-in tiny policy: a tokenizer and a small Qwen2 model made here, warm-started.
+
+Nothing is downloaded. The tokenizer is a byte-level BPE trained with `tokenizers` on the
+built-in task text (digits split one per token, `<answer>` and `</answer>` single tokens).
+The model is a standard `transformers` Qwen2 (4 layers, hidden 192), so its directory is
+an ordinary Hugging Face model directory any engine can load.
+
+Warm start (supervised): next-token cross-entropy on `prompt -> <answer>gold</answer><eos>`
+over freshly generated tasks of the built-in mix, loss on the completion only, AdamW with
+a linear warm-up. Every `EVAL_EVERY` steps the policy is scored on `EVAL_TASKS` held-out
+tasks with the run's own seeded sampler (temperature 1.0); training stops at the first
+evaluation reaching `TARGET_SOLVE_RATE`, so RL starts from a policy that solves a modest
+share of tasks (signal), not all of them (nothing left to learn). Deterministic for a
+seed on one machine and thread count (float reductions may differ elsewhere).
+
+Cache: `<data dir>/models/tiny-<RECIPE>-seed<seed>/` (written to a temporary directory
+then renamed), with `warm_start.json` holding the report. Data dir: `--data-dir`, else
+`$SWARM_NODE_DATA`, else `~/.cache/swarm-node`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.tasks import TaskSet, render_prompt, render_target
+
+# ----------------------------------------------------------------------------- settings
+RECIPE = "v1"  # bump when anything below changes: it names the cache directory
+BUILTIN_MODEL = "builtin:tiny"
+TASK_MIX: tuple[tuple[str, int], ...] = (
+    ("tiny-chain-sum", 2),
+    ("tiny-products", 1),
+    ("tiny-gcd", 1),
+)
+VOCAB_SIZE = 512  # BPE target (special and added tokens included)
+HIDDEN = 192
+LAYERS = 4
+HEADS = 4
+KV_HEADS = 2
+INTERMEDIATE = 512
+MAX_POSITIONS = 256
+TOKENIZER_TEXTS = 3000  # task texts the tokenizer is trained on
+
+BATCH = 64  # warm-start sequences per step
+LR = 3e-3
+WARMUP_STEPS = 20
+WEIGHT_DECAY = 0.01
+MAX_STEPS = 600
+EVAL_EVERY = 25
+EVAL_TASKS = 128
+TARGET_SOLVE_RATE = 0.25  # stop at the first evaluation at or above this
+EVAL_TEMPERATURE = 1.0
+EVAL_MAX_NEW_TOKENS = 16
+DEFAULT_MAX_NEW_TOKENS = 32  # for the built-in run manifest
+
+PAD, EOS = "<|pad|>", "<|endoftext|>"  # Qwen2Tokenizer defaults unk to <|endoftext|>
+ADDED = ("<answer>", "</answer>")
+_TRAIN_SEED_TAG = 0x5EED_0000  # the warm start's task seeds never equal a run's
+
+
+def default_data_dir(value: str | os.PathLike[str] | None = None) -> Path:
+    """`value` if given, else $SWARM_NODE_DATA, else ~/.cache/swarm-node."""
+    if value:
+        return Path(value).expanduser()
+    env = os.environ.get("SWARM_NODE_DATA")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "swarm-node"
+
+
+def policy_dir(data_dir: str | os.PathLike[str] | None = None, seed: int = 0) -> Path:
+    return default_data_dir(data_dir) / "models" / f"tiny-{RECIPE}-seed{seed}"
+
+
+def is_built(path: Path) -> bool:
+    return (path / "warm_start.json").is_file() and (path / "config.json").is_file()
+
+
+# ---------------------------------------------------------------------------- tokenizer
+def _task_texts(seed: int, n: int) -> list[str]:
+    tasks = TaskSet(_TRAIN_SEED_TAG + seed + 1)
+    out = []
+    for i in range(n):
+        name = TASK_MIX[i % len(TASK_MIX)][0]
+        t = tasks.task(name, i)
+        out.append(render_prompt(t.question) + render_target(t.answer or ""))
+    return out
+
+
+def build_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE) -> Any:
+    """A byte-level BPE `PreTrainedTokenizerFast` trained on the built-in task text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split("<answer>", "isolated"),
+            pre_tokenizers.Split("</answer>", "isolated"),
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(ADDED),
+        special_tokens=[PAD, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_task_texts(seed, TOKENIZER_TEXTS), trainer)
+    tok.add_tokens(list(ADDED))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD)
+    fast.padding_side = "left"
+    return fast
+
+
+# -------------------------------------------------------------------------------- model
+def build_model(tokenizer: Any, seed: int = 0, **overrides: Any) -> Any:
+    """A freshly initialised Qwen2 causal LM sized for the tokenizer (float32, CPU)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    kw: dict[str, Any] = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    kw.update(overrides)
+    config = Qwen2Config(**kw)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval()
+
+
+# ----------------------------------------------------------------------------- training
+@dataclass
+class WarmStartReport:
+    recipe: str
+    seed: int
+    steps: int
+    seconds: float
+    solve_rate: float  # sampled at EVAL_TEMPERATURE on EVAL_TASKS held-out tasks
+    greedy_solve_rate: float
+    target_solve_rate: float
+    evals: list[tuple[int, float]]
+    final_loss: float
+    threads: int
+    n_params: int
+    vocab_size: int
+
+
+def _encode_example(tokenizer: Any, prompt: str, target: str) -> tuple[list[int], list[int]]:
+    p = tokenizer.encode(prompt, add_special_tokens=False)
+    c = tokenizer.encode(target, add_special_tokens=False) + [tokenizer.eos_token_id]
+    return p, c
+
+
+def solve_rate(
+    engine: Any,
+    tokenizer: Any,
+    tasks: TaskSet,
+    items: list[tuple[str, int]],
+    temperature: float,
+    max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
+    seed: int = 0,
+) -> float:
+    """Share of `items` (dataset, index) whose completion scores 1.0."""
+    from trainer.engine import SamplingSettings
+
+    batch = [tasks.task(n, i) for n, i in items]
+    prompts = [tokenizer.encode(t.prompt, add_special_tokens=False) for t in batch]
+    settings = SamplingSettings(temperature=temperature, max_new_tokens=max_new_tokens)
+    seeds = [(seed * 1_000_003 + k) % 2**64 for k in range(len(batch))]
+    gens = engine.generate(prompts, settings, seeds, capture_hidden=False)
+    solved = 0
+    for t, g in zip(batch, gens, strict=True):
+        text = tokenizer.decode(g.completion_ids, skip_special_tokens=True)
+        solved += tasks.score(t, text).reward >= 1.0
+    return solved / len(batch)
+
+
+def warm_start(
+    model: Any,
+    tokenizer: Any,
+    *,
+    seed: int = 0,
+    max_steps: int = MAX_STEPS,
+    target: float = TARGET_SOLVE_RATE,
+    threads: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> WarmStartReport:
+    """Supervised warm start in place (see module docstring); returns the report."""
+    import torch
+
+    from trainer.engine_hf import HFEngine, torch_threads
+
+    say = progress or (lambda _m: None)
+    t0 = time.perf_counter()
+    train_tasks = TaskSet(_TRAIN_SEED_TAG + seed + 2)
+    eval_tasks = TaskSet(_TRAIN_SEED_TAG + seed + 3)
+    names = [n for n, w in TASK_MIX for _ in range(w)]
+    eval_items = [(names[k % len(names)], k) for k in range(EVAL_TASKS)]
+    engine = HFEngine(model, tokenizer, max_batch=EVAL_TASKS)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.95))
+    evals: list[tuple[int, float]] = []
+    loss_value = float("nan")
+    rate = 0.0
+    step = 0
+    with torch_threads(threads):
+        n_threads = torch.get_num_threads()
+        while step < max_steps:
+            # -- one batch of fresh tasks, right-padded, loss on the completion only
+            picks = torch.randint(0, len(names), (BATCH,), generator=gen).tolist()
+            seqs, starts = [], []
+            for k, pick in enumerate(picks):
+                t = train_tasks.task(names[pick], step * BATCH + k)
+                p, c = _encode_example(tokenizer, t.prompt, render_target(t.answer or ""))
+                seqs.append(p + c)
+                starts.append(len(p))
+            width = max(len(s) for s in seqs)
+            ids = torch.full((BATCH, width), tokenizer.pad_token_id, dtype=torch.long)
+            labels = torch.full((BATCH, width), -100, dtype=torch.long)
+            for k, s in enumerate(seqs):
+                ids[k, : len(s)] = torch.tensor(s)
+                labels[k, starts[k] : len(s)] = torch.tensor(s[starts[k] :])
+            model.train()
+            lr = LR * min(1.0, (step + 1) / WARMUP_STEPS)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            logits = model(input_ids=ids).logits  # (B, T, V)
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                labels[:, 1:].reshape(-1),
+                ignore_index=-100,
+            )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            loss_value = loss.item()
+            step += 1
+            if step % EVAL_EVERY == 0 or step == max_steps:
+                model.eval()
+                rate = solve_rate(engine, tokenizer, eval_tasks, eval_items, EVAL_TEMPERATURE, seed=seed)
+                evals.append((step, rate))
+                say(
+                    f"warm start: step {step}/{max_steps} loss {loss_value:.3f} "
+                    f"solve rate {rate:.1%} ({time.perf_counter() - t0:.0f}s)"
+                )
+                if rate >= target:
+                    break
+        model.eval()
+        greedy = solve_rate(engine, tokenizer, eval_tasks, eval_items, 0.0, seed=seed)
+    return WarmStartReport(
+        recipe=RECIPE,
+        seed=seed,
+        steps=step,
+        seconds=round(time.perf_counter() - t0, 2),
+        solve_rate=rate,
+        greedy_solve_rate=greedy,
+        target_solve_rate=target,
+        evals=evals,
+        final_loss=round(loss_value, 4),
+        threads=n_threads,
+        n_params=sum(p.numel() for p in model.parameters()),
+        vocab_size=len(tokenizer),
+    )
+
+
+# -------------------------------------------------------------------------------- cache
+def ensure_policy(
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    seed: int = 0,
+    force: bool = False,
+    threads: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Path, dict[str, Any], bool]:
+    """(model directory, warm-start report, built_now). Builds it if not cached."""
+    from trainer.model_dir import save_model_dir
+
+    say = progress or (lambda _m: None)
+    out = policy_dir(data_dir, seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time; others then find the cache
+        if is_built(out) and not force:
+            return out, json.loads((out / "warm_start.json").read_text()), False
+        t0 = time.perf_counter()
+        say("building tokenizer")
+        tok = build_tokenizer(seed)
+        model = build_model(tok, seed)
+        say(
+            f"model: Qwen2, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
+            f"vocab {len(tok)}"
+        )
+        report = asdict(warm_start(model, tok, seed=seed, threads=threads, progress=say))
+        report["init_model_seconds"] = round(time.perf_counter() - t0, 2)
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_model_dir(model, tok, tmp)
+        (tmp / "warm_start.json").write_text(json.dumps(report, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+        return out, report, True
+
+
+def run_manifest_table(run_id: str = "tiny-local", seed: int = 1) -> dict[str, Any]:
+    """A run manifest (as a TOML table for `node.run_file.manifest_from_table`) for the
+    built-in policy and task mix."""
+    return {
+        "run": {"id": run_id, "model": BUILTIN_MODEL, "seed": seed, "group_size": 4},
+        "sampling": {
+            "max_new_tokens": DEFAULT_MAX_NEW_TOKENS,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": 0,
+        },
+        "proofs": {"chunk": 32, "topk": 128},
+        "datasets": [{"name": n, "weight": w} for n, w in TASK_MIX],
+    }
