@@ -113,7 +113,7 @@ def test_proof_check_mantissa_limits() -> None:
     drift = x * 1.03  # same exponents mostly, mantissas off by a few units
     strict = Thresholds(proof_mant_mean=0.5, proof_mant_median=0.5)
     assert checks.check_proofs(drift, proofs, th=strict)[0].reason == "proof-mismatch"
-    assert checks.check_proofs(drift, proofs, th=Thresholds(proof_mant_mean=20, proof_mant_median=20))[0].passed
+    assert checks.check_proofs(drift, proofs, th=Thresholds(proof_mant_mean=20, proof_mant_median=20, proof_mant_mean_all=20))[0].passed
 
 
 # ------------------------------------------------------------------ sampling replay

@@ -51,6 +51,7 @@ class AuditSettings:
     topk: int = toploc.TOPK
     thresholds: Thresholds = THRESHOLDS
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    padding_side: str = "right"  # "left" uses explicit position ids (same result, up to noise)
     expected_settings: Any = None  # a RunManifest (or same attributes): checked when given
 
 
@@ -130,9 +131,15 @@ def prefill(
     model: Any,
     sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    padding_side: str = "right",
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """For each (prompt_ids, completion_ids): (hidden [T, H] in the model's dtype, logits
-    [T, V] float32) at the positions that chose the T completion tokens."""
+    [T, V] float32) at the positions that chose the T completion tokens.
+
+    Right padding keeps every real token at its own position with no position ids;
+    left padding passes explicit position ids starting at 0 for each sequence."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     base = model.base_model
     head = model.get_output_embeddings()
     device = head.weight.device
@@ -142,16 +149,23 @@ def prefill(
         width = max(lengths[i] for i in batch)
         ids = torch.zeros((len(batch), width), dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
+        offsets = []
         for r, i in enumerate(batch):
             p, c = sequences[i]
             seq = torch.tensor(list(p) + list(c), dtype=torch.long)
-            ids[r, : len(seq)] = seq
-            mask[r, : len(seq)] = 1
-        out = base(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
+            off = width - len(seq) if padding_side == "left" else 0
+            ids[r, off : off + len(seq)] = seq
+            mask[r, off : off + len(seq)] = 1
+            offsets.append(off)
+        kwargs: dict[str, Any] = {}
+        if padding_side == "left":
+            kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
+        out = base(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False, **kwargs)
         h = out.last_hidden_state
         for r, i in enumerate(batch):
             p, c = sequences[i]
-            rows = h[r, len(p) - 1 : len(p) + len(c) - 1]
+            start = offsets[r] + len(p) - 1
+            rows = h[r, start : start + len(c)]
             results[i] = (rows.cpu(), head(rows).float().cpu())
     return [r for r in results if r is not None]
 
@@ -225,6 +239,7 @@ def audit_bodies(
         model,
         [(bodies[i].prompt_ids, bodies[i].completion_ids) for i in todo],
         settings.max_batch_tokens,
+        settings.padding_side,
     )
     late: dict[int, list[checks.CheckResult]] = {}
     th = settings.thresholds

@@ -126,7 +126,15 @@ def check_proofs(
     mean = max(r.mant_err_mean for r in chunks)
     median = max(r.mant_err_median for r in chunks)
     sign = sum(r.sign_mismatches for r in chunks)
+    # rollout-level aggregates: every point of every chunk (steadier than the worst chunk)
+    points = sum(r.points for r in chunks)
+    matched = [(r.points - r.exp_mismatches, r.mant_err_mean) for r in chunks]
+    n_match = sum(m for m, _ in matched)
+    mean_all = sum(m * e for m, e in matched if m) / n_match if n_match else toploc.NO_MATCH
+    exp_all = 1.0 - n_match / points
     metrics = {
+        "proof_exp_mismatch_frac_all": exp_all,
+        "proof_mant_mean_all": mean_all,
         "proof_exp_mismatch_max": float(max(r.exp_mismatches for r in chunks)),
         "proof_exp_mismatch_frac": exp_frac,
         "proof_mant_mean_max": mean,
@@ -135,9 +143,11 @@ def check_proofs(
     }
     out = []
     if exp_frac > th.proof_exp_mismatch_frac:
-        out.append(_fail("proof", "proof-mismatch", f"exponent mismatches {exp_frac:.3f} of top-k", metrics))
+        out.append(_fail("proof", "proof-mismatch", f"exponent mismatches {exp_frac:.3f} of top-k in a chunk", metrics))
     elif mean > th.proof_mant_mean or median > th.proof_mant_median:
-        out.append(_fail("proof", "proof-mismatch", f"mantissa error mean {mean:.2f} median {median:.1f}", metrics))
+        out.append(_fail("proof", "proof-mismatch", f"mantissa error mean {mean:.2f} median {median:.1f} in a chunk", metrics))
+    elif exp_all > th.proof_exp_mismatch_frac_all or mean_all > th.proof_mant_mean_all:
+        out.append(_fail("proof", "proof-mismatch", f"rollout exponent mismatches {exp_all:.3f}, mantissa error mean {mean_all:.3f}", metrics))
     else:
         out.append(_ok("proof", metrics))
     if sign > th.proof_sign_mismatches:

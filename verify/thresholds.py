@@ -21,6 +21,9 @@ class Thresholds:
     proof_exp_mismatch_frac: float = 38 / 128
     proof_mant_mean: float = 10.0
     proof_mant_median: float = 8.0
+    # the same over all points of the rollout
+    proof_exp_mismatch_frac_all: float = 0.1
+    proof_mant_mean_all: float = 1.0
     # sign flips among top-k values whose exponents match, summed over the rollout
     proof_sign_mismatches: int = 0
     # sampling replay: the largest loss (in logits) a recorded token may have against the

@@ -1,0 +1,267 @@
+"""The audit end to end on a micro random model: honest records pass; each tamper is caught
+by its own check (with the careful attacker's re-proving where it matters); the audit
+command's output and exit codes."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from node.commands import audit as audit_cmd
+from node.commands import rollouts
+from node.errors import CommandError
+from node.keyfile import write_key
+from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml
+from protocol.identity import Identity
+from protocol.rollout import make_record, open_record, read_records, write_records
+from protocol.wire import Verdict
+from trainer.model_dir import save_model_dir
+from trainer.tasks import TaskSet
+from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
+from verify import audit, checks, toploc
+from verify.auditor import AuditSettings, audit_records, prefill
+
+pytestmark = pytest.mark.slow  # builds a tokenizer and a model, generates rollouts
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("audit")
+    tok = build_tokenizer(seed=0)
+    model = build_model(
+        tok, seed=3, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+    )
+    model_dir = save_model_dir(model, tok, root / "model")
+    table = run_manifest_table(run_id="audit-test", seed=9)
+    table["sampling"]["max_new_tokens"] = 40  # two proof chunks when no EOS comes
+    run = root / "run.toml"
+    run.write_text(manifest_to_toml(manifest_from_table(table)))
+    key = root / "key.pem"
+    identity = Identity.generate()
+    write_key(key, identity)
+    out = root / "honest.msgpack"
+    rollouts.main(run=run, key=key, n=6, out=out, model=str(model_dir), batch_size=6, quiet=True)
+    with open(out, "rb") as f:
+        records = list(read_records(f))
+    manifest = load_run_manifest(run)
+    return dict(
+        root=root, tok=tok, model=model, model_dir=model_dir, run=run, identity=identity,
+        records=records, opened=[open_record(r) for r in records], manifest=manifest,
+        judge=audit_cmd.make_judge(manifest, tok), tasks=TaskSet(manifest.seed),
+        settings=AuditSettings(expected_settings=manifest),
+    )
+
+
+def _audit(env, opened, model=None):
+    return audit_records(opened, model or env["model"], judge=env["judge"], settings=env["settings"])
+
+
+def _resign(env, ro, body, reward=None):
+    """A record for a doctored body, signed by the same key, reward re-scored honestly."""
+    h, e = ro.header, ro.envelope
+    if reward is None:
+        task = env["tasks"].task(h.dataset, h.task_index)
+        text = env["tok"].decode(list(body.completion_ids), skip_special_tokens=True)
+        reward = env["tasks"].score(task, text).reward
+    rec = make_record(
+        env["identity"], body, dataset=h.dataset, task_index=h.task_index, counter=h.counter,
+        task_seed=h.task_seed, reward=reward, run_id=e.run_id, policy_version=e.policy_version,
+        seq=e.seq, timestamp_ms=e.timestamp_ms,
+    )
+    return open_record(rec)
+
+
+def _reprove(env, body, negate=False):
+    """Honest proofs and sampler log-probs for (possibly doctored) tokens."""
+    ((hidden, logits),) = prefill(env["model"], [(body.prompt_ids, body.completion_ids)])
+    rep = checks.replay(logits, body)
+    lps = np.nan_to_num(rep.logprobs, nan=-1e4).clip(-1e4, 0).astype(np.float32)
+    h = -hidden if negate else hidden
+    return dataclasses.replace(
+        body, proofs=tuple(toploc.build_proofs_bytes(h)), logprobs=tuple(float(x) for x in lps)
+    )
+
+
+def _one(env, body, **kw):
+    ro = env["opened"][0]
+    return _audit(env, [_resign(env, ro, body, **kw)])[0]
+
+
+def test_honest_records_pass(env):
+    results = _audit(env, env["opened"])
+    assert [r.reason for r in results] == ["ok"] * 6, [r.detail for r in results]
+    r = results[0]
+    assert r.metrics["proof_exp_mismatch_max"] == 0 and r.metrics["sampling_margin_max"] == 0
+    assert r.reward_rescored == env["opened"][0].header.reward
+
+
+def test_audit_returns_a_wire_verdict(env):
+    ro = env["opened"][1]
+    v = audit(ro, env["model"], judge=env["judge"], settings=env["settings"])
+    assert isinstance(v, Verdict)
+    assert (v.passed, v.reason, v.rollout_id, v.producer) == (True, "ok", ro.rollout_id, ro.envelope.signer)
+    names = {m.name for m in v.metrics}
+    assert {"proof_mant_mean_all", "sampling_margin_max", "logprob_err_mean"} <= names
+
+
+def test_other_model_fails_the_proof_check(env):
+    other = build_model(
+        env["tok"], seed=4, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+    )
+    results = _audit(env, env["opened"], model=other)
+    assert all(r.reason == "proof-mismatch" for r in results)
+
+
+@pytest.mark.parametrize(
+    ("make_proofs", "reason"),
+    [
+        (lambda b: (), "proof-missing"),
+        (lambda b: tuple(bytes(258) for _ in b.proofs), "proof-null"),
+        (lambda b: tuple(p[:100] for p in b.proofs), "proof-malformed"),
+        (lambda b: tuple(p[:-2] + bytes([p[-2], p[-1] ^ 1]) for p in b.proofs), "proof-mismatch"),
+    ],
+)
+def test_bad_proofs(env, make_proofs, reason):
+    b = env["opened"][0].body
+    assert _one(env, dataclasses.replace(b, proofs=make_proofs(b))).reason == reason
+
+
+def test_copied_proofs(env):
+    a, b = env["opened"][0].body, env["opened"][1].body
+    proofs = (list(b.proofs) * 2)[: len(a.proofs)]
+    assert _one(env, dataclasses.replace(a, proofs=tuple(proofs))).reason == "proof-mismatch"
+
+
+def test_flipped_signs(env):
+    body = _reprove(env, env["opened"][0].body, negate=True)
+    r = _one(env, body)
+    assert r.reason == "proof-sign" and r.failures == ("proof-sign",)
+
+
+def test_edited_token_fails_the_replay_even_when_reproved(env):
+    b = env["opened"][0].body
+    ids = list(b.completion_ids)
+    i = len(ids) // 2
+    ids[i] = (ids[i] + 7) % 300 + 2
+    body = _reprove(env, dataclasses.replace(b, completion_ids=tuple(ids)))
+    r = _one(env, body)
+    assert r.failures == ("sampling-replay",) and f"token {i}" in r.detail
+
+
+def test_extended_and_truncated_fail_termination(env):
+    b = env["opened"][0].body
+    longer = _reprove(env, dataclasses.replace(b, completion_ids=b.completion_ids + (5, 6), logprobs=b.logprobs + (-1.0, -1.0)))
+    assert _one(env, longer).reason == "termination"
+    k = len(b.completion_ids) // 2
+    shorter = _reprove(env, dataclasses.replace(b, completion_ids=b.completion_ids[:k], logprobs=b.logprobs[:k]))
+    assert _one(env, shorter).reason == "termination"
+
+
+def test_logprob_lie(env):
+    b = env["opened"][0].body
+    lied = tuple(float(np.float32(x * 0.5)) for x in b.logprobs)
+    assert _one(env, dataclasses.replace(b, logprobs=lied)).reason == "logprob-mismatch"
+
+
+def test_temperature_claim_differs_from_the_run(env):
+    b = env["opened"][0].body
+    assert _one(env, dataclasses.replace(b, temperature=0.7)).reason == "malformed"
+
+
+def test_task_and_reward(env):
+    ro = env["opened"][0]
+    b = ro.body
+    wrong_seed = _one(env, dataclasses.replace(b, sampling_seed=b.sampling_seed ^ 1))
+    assert wrong_seed.reason == "task-mismatch"
+    other_prompt = env["opened"][1].body.prompt_ids
+    if other_prompt != b.prompt_ids:
+        assert _one(env, dataclasses.replace(b, prompt_ids=other_prompt)).reason == "task-mismatch"
+    lie = 1.0 if ro.header.reward < 1.0 else 0.0
+    r = _one(env, b, reward=lie)
+    assert (r.reason, r.reward_rescored) == ("reward-mismatch", ro.header.reward)
+
+
+def test_token_outside_the_vocabulary(env):
+    b = env["opened"][0].body
+    vocab = env["model"].get_output_embeddings().weight.shape[0]
+    ids = (vocab + 5,) + b.completion_ids[1:]
+    assert _one(env, dataclasses.replace(b, completion_ids=ids)).reason == "malformed"
+
+
+def test_left_padded_prefill_matches(env):
+    right = prefill(env["model"], [(r.body.prompt_ids, r.body.completion_ids) for r in env["opened"]])
+    left = prefill(env["model"], [(r.body.prompt_ids, r.body.completion_ids) for r in env["opened"]], padding_side="left")
+    for (h1, l1), (h2, l2) in zip(right, left, strict=True):
+        assert h1.shape == h2.shape
+        assert torch.allclose(l1, l2, atol=1e-4)
+
+
+# ------------------------------------------------------------------ the audit command
+
+
+def _write(env, name, records):
+    path = env["root"] / name
+    with open(path, "wb") as f:
+        write_records(f, records)
+    return path
+
+
+def test_cli_all_pass_exit_0(env):
+    path = _write(env, "ok.msgpack", env["records"][:3])
+    out = io.StringIO()
+    code = audit_cmd.main([path], str(env["model_dir"]), as_json=True, manifest=env["run"], out=out)
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert code == 0 and len(lines) == 3 and all(x["passed"] and x["reason"] == "ok" for x in lines)
+    assert lines[0]["rollout_id"] == env["opened"][0].rollout_id.hex()
+
+
+def test_cli_any_fail_exit_1(env):
+    ro = env["opened"][0]
+    bad = _resign(env, ro, dataclasses.replace(ro.body, proofs=tuple(bytes(258) for _ in ro.body.proofs)))
+    broken = bytearray(env["records"][2])
+    broken[-1] ^= 1  # body no longer matches the signed digest
+    path = _write(env, "bad.msgpack", [env["records"][1], bad.record, bytes(broken)])
+    out = io.StringIO()
+    code = audit_cmd.main([path], str(env["model_dir"]), as_json=False, manifest=env["run"], out=out)
+    lines = out.getvalue().splitlines()
+    assert code == 1
+    assert lines[0].startswith("PASS") and " ok" in lines[0]
+    assert lines[1].startswith("FAIL") and "proof-null" in lines[1]
+    assert lines[2].startswith("FAIL") and "bad-record" in lines[2]
+
+
+def test_cli_without_manifest_still_checks_proofs(env):
+    path = _write(env, "nomanifest.msgpack", env["records"][:1])
+    assert audit_cmd.main([path], str(env["model_dir"]), out=io.StringIO()) == 0
+
+
+@pytest.mark.parametrize("case", ["missing", "directory", "garbage", "bad-model", "no-files", "bad-manifest"])
+def test_cli_usage_and_io_errors_exit_2(env, case):
+    good = _write(env, "one.msgpack", env["records"][:1])
+    model, files, manifest = str(env["model_dir"]), [good], None
+    if case == "missing":
+        files = [env["root"] / "nope.msgpack"]
+    elif case == "directory":
+        files = [env["root"]]
+    elif case == "garbage":
+        g = env["root"] / "garbage.bin"
+        g.write_bytes(b"\x93\x01\x02\x03 not records")
+        files = [g]
+    elif case == "bad-model":
+        model = str(env["root"])
+    elif case == "no-files":
+        files = []
+    elif case == "bad-manifest":
+        m = env["root"] / "bad.toml"
+        m.write_text("[run]\nid = 'x'\n")
+        manifest = m
+    with pytest.raises(CommandError) as exc:
+        audit_cmd.main(files, model, manifest=manifest, out=io.StringIO())
+    assert exc.value.exit_code == 2 and "\n" not in str(exc.value)
