@@ -37,6 +37,7 @@ MAX_HELLO_BYTES = 8 * 1024
 MAX_ADDRS_FRAME = MAX_SHARED_ADDRS * 300 + 16
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
+FLAP_WINDOW_S = 30.0
 
 
 def hello_protocol(run_id: str) -> str:
@@ -57,6 +58,8 @@ class _Entry:
     next_try: float = 0.0  # time.monotonic()
     last_error: str = ""
     hello: PeerHello | None = None
+    last_success: float = -1e9
+    flaps: int = 0
 
 
 class AddressBook:
@@ -125,10 +128,16 @@ class AddressBook:
         if len(e.addrs) > 1:  # try the next address next time
             e.addrs = e.addrs[1:] + e.addrs[:1]
 
-    def succeeded(self, peer: str) -> None:
+    def succeeded(self, peer: str, now: float) -> None:
+        """A dial worked. A peer that keeps dropping us right after (a ban on their side)
+        still backs off: a success within FLAP_WINDOW_S of the last one counts as a flap."""
         e = self._peers.get(peer)
-        if e is not None:
-            e.failures, e.next_try, e.last_error = 0, 0.0, ""
+        if e is None:
+            return
+        e.flaps = e.flaps + 1 if now - e.last_success < FLAP_WINDOW_S else 0
+        e.last_success = now
+        e.failures, e.last_error = 0, ""
+        e.next_try = now + (min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** min(e.flaps, 10)) if e.flaps else 0.0)
 
     def roles(self, peer: str) -> tuple[str, ...]:
         e = self._peers.get(peer)
@@ -261,7 +270,7 @@ class Discovery:
         greet: list[str] = []
         for r in results:
             if r.ok and r.peer:
-                self.book.succeeded(r.peer)
+                self.book.succeeded(r.peer, now)
                 greet.append(r.peer)
             elif r.peer:
                 self.book.failed(r.peer, r.error or "failed", now)
@@ -272,14 +281,21 @@ class Discovery:
                     nursery.start_soon(self.greet, peer)
         return out
 
-    async def redial_loop(self, interval_s: float = 1.0, max_parallel: int = 8) -> None:
-        """Forever: greet new inbound peers, dial due known peers (bounded per round)."""
+    async def redial_loop(
+        self, interval_s: float = 1.0, max_parallel: int = 8, exchange_every_s: float = 5.0
+    ) -> None:
+        """Forever: greet new inbound peers, re-exchange peer lists every `exchange_every_s`
+        while below `max_peers`, and dial due known peers (at most `max_parallel` a round)."""
+        last_exchange = time.monotonic()
         while True:
             connected = set(self.host.connected_peers())
-            new = connected - self._greeted
-            if new:
+            greet = connected - self._greeted
+            if len(connected) < self.max_peers and time.monotonic() - last_exchange > exchange_every_s:
+                last_exchange = time.monotonic()
+                greet = connected  # ask everyone again: they may know peers we do not
+            if greet:
                 async with trio.open_nursery() as nursery:
-                    for peer in new:
+                    for peer in list(greet)[:max_parallel * 4]:
                         self._greeted.add(peer)
                         nursery.start_soon(self.greet, peer)
             self._greeted &= connected  # a peer that left is greeted again when it returns

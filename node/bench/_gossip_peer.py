@@ -126,6 +126,7 @@ class PeerProcess:
         self._buf = b""
         self.peer_id = ""
         self.addrs: list[str] = []
+        self.hello: dict = {}  # type: ignore[type-arg]
 
     @classmethod
     async def start(
@@ -145,7 +146,7 @@ class PeerProcess:
                 err.close()
         peer = cls(proc)
         hello = await peer.read(timeout)
-        peer.peer_id, peer.addrs = hello["peer_id"], hello["addrs"]
+        peer.peer_id, peer.addrs, peer.hello = hello["peer_id"], hello["addrs"], hello
         return peer
 
     async def read(self, timeout: float = 30.0) -> dict:  # type: ignore[type-arg]
