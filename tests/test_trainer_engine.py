@@ -34,7 +34,8 @@ def _prompts(tok, n=5):
     tasks = TaskSet(1)
     names = ["tiny-chain-sum", "tiny-products", "tiny-gcd"]
     prompts = [tok.encode(tasks.task(names[i % 3], i).prompt, add_special_tokens=False) for i in range(n)]
-    prompts[1] = prompts[1][:7]  # different lengths exercise left padding
+    if n > 1:
+        prompts[1] = prompts[1][:7]  # different lengths exercise left padding
     return prompts
 
 

@@ -1,0 +1,117 @@
+"""`swarm-node bench generate`: CPU generation figures on the built-in tiny policy.
+
+- `tokens_per_s`: generated tokens per second, all prompts in one batch (KV cache, seeded
+  sampler, hidden capture on: what `rollouts` does).
+- `tokens_per_s_unbatched`: the same with one prompt at a time.
+- `hidden_capture_overhead_pct`: time per token with hidden-state capture vs without, same
+  prompts and seeds (so the same tokens), best of interleaved repeats.
+- `seeded_sampler_overhead_pct`: time per token of the seeded Gumbel-max sampler vs the
+  engine's plain `torch.multinomial` sampling (capture off for both), best of repeats.
+- `warm_start_solve_rate`, `init_model_seconds`: from the warm start. The full run builds
+  the policy afresh in a temporary data directory (timed); `--quick` reads the cached
+  policy's report (building it first if missing) and runs in under a minute.
+Extra arguments: `--data-dir DIR`, `--threads N`, `--prompts N`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _timed(engine: Any, prompts: list[list[int]], settings: Any, seeds: list[int], capture: bool):
+    t0 = time.perf_counter()
+    gens = engine.generate(prompts, settings, seeds, capture_hidden=capture)
+    dt = time.perf_counter() - t0
+    return dt, sum(len(g.completion_ids) for g in gens)
+
+
+def run(quick: bool, args: list[str]) -> dict[str, Any]:
+    from node.errors import CommandError
+
+    ap = argparse.ArgumentParser(prog="swarm-node bench generate", add_help=False)
+    ap.add_argument("--data-dir")
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--prompts", type=int)
+    try:
+        opts = ap.parse_args(args)
+    except SystemExit:
+        raise CommandError(f"bench generate: bad arguments {args}; allowed: --data-dir, --threads, --prompts") from None
+
+    import torch
+
+    from trainer import tiny_policy
+    from trainer.engine import SamplingSettings
+    from trainer.engine_hf import HFEngine
+    from trainer.model_dir import load_model_dir
+    from trainer.tasks import TaskSet, assign_task
+
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    t_start = time.perf_counter()
+    if quick:
+        path, report, built = tiny_policy.ensure_policy(opts.data_dir, progress=_say)
+        init_seconds = report.get("init_model_seconds")
+    else:
+        with tempfile.TemporaryDirectory(prefix="swarm-node-bench-") as tmp:
+            _say("building the tiny policy from scratch (timed)")
+            t0 = time.perf_counter()
+            _, report, _ = tiny_policy.ensure_policy(tmp, progress=_say)
+            init_seconds = round(time.perf_counter() - t0, 2)
+        path, _, _ = tiny_policy.ensure_policy(opts.data_dir, progress=_say)
+
+    model, tok = load_model_dir(path)
+    from node.run_file import manifest_from_table
+    from protocol.identity import Identity
+
+    manifest = manifest_from_table(tiny_policy.run_manifest_table(), source="built-in manifest")
+    settings = SamplingSettings.from_manifest(manifest)
+    n = opts.prompts or (32 if quick else 64)
+    producer = Identity.from_private_bytes(bytes(32)).peer_id
+    tasks = TaskSet(manifest.seed)
+    assigns = [assign_task(manifest, producer, 0, c) for c in range(n)]
+    prompts = [tok.encode(tasks.task_for(a).prompt, add_special_tokens=False) for a in assigns]
+    seeds = [a.task_seed for a in assigns]
+
+    batched = HFEngine(model, tok, max_batch=n)
+    multinomial = HFEngine(model, tok, max_batch=n, sampler="multinomial")
+    _timed(batched, prompts[:4], settings, seeds[:4], True)  # warm-up
+
+    repeats = 2 if quick else 3
+    cap, nocap, plain = [], [], []
+    for r in range(repeats):
+        _say(f"generate: batched repeat {r + 1}/{repeats}")
+        cap.append(_timed(batched, prompts, settings, seeds, True))
+        nocap.append(_timed(batched, prompts, settings, seeds, False))
+        plain.append(_timed(multinomial, prompts, settings, seeds, False))
+
+    def per_token(runs: list[tuple[float, int]]) -> float:
+        return min(dt / max(k, 1) for dt, k in runs)
+
+    n_unbatched = 8 if quick else 16
+    unbatched = HFEngine(model, tok, max_batch=1)
+    _say(f"generate: unbatched, {n_unbatched} prompts")
+    dt_u, k_u = _timed(unbatched, prompts[:n_unbatched], settings, seeds[:n_unbatched], True)
+
+    return {
+        "tokens_per_s": round(1.0 / per_token(cap), 1),
+        "tokens_per_s_unbatched": round(k_u / dt_u, 1),
+        "hidden_capture_overhead_pct": round((per_token(cap) / per_token(nocap) - 1) * 100, 2),
+        "seeded_sampler_overhead_pct": round((per_token(nocap) / per_token(plain) - 1) * 100, 2),
+        "warm_start_solve_rate": report["solve_rate"],
+        "warm_start_greedy_solve_rate": report["greedy_solve_rate"],
+        "init_model_seconds": init_seconds,
+        "batch": n,
+        "mean_completion_tokens": round(sum(k for _, k in cap) / len(cap) / n, 2),
+        "max_new_tokens": settings.max_new_tokens,
+        "threads": torch.get_num_threads(),
+        "params": sum(p.numel() for p in model.parameters()),
+        "seconds": round(time.perf_counter() - t_start, 1),
+    }
