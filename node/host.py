@@ -260,6 +260,34 @@ Validator = Callable[[str, bytes], bool]
 # ---------------------------------------------------------------------------------------
 
 
+def explain(exc: BaseException) -> str:
+    """One line saying why a library call failed: the library wraps the real cause (a
+    refused connection, a failed handshake) several levels deep; dig it out."""
+    seen: set[int] = set()
+    causes: list[BaseException] = []
+    stack: list[BaseException] = [exc]
+    while stack and len(seen) < 32:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        causes.append(e)
+        for nested in (*getattr(e, "errors", ()), *getattr(e, "exceptions", ())):
+            if isinstance(nested, BaseException):
+                stack.append(nested)
+        for nested in (e.__cause__, e.__context__):
+            if nested is not None:
+                stack.append(nested)
+    for e in causes:
+        if isinstance(e, OSError) and e.strerror:
+            return e.strerror
+    for e in reversed(causes):
+        text = str(e).strip()
+        if text and "no addresses established" not in text and not text.startswith("Error 1"):
+            return text.splitlines()[0][:300]
+    return (str(exc) or type(exc).__name__)[:300]
+
+
 def key_pair_from_private_bytes(private_bytes: bytes) -> KeyPair:
     """The libp2p Ed25519 key pair of our 32-byte identity seed (same peer id)."""
     if len(private_bytes) != 32:
@@ -451,11 +479,7 @@ class SwarmHost:
         except trio.Cancelled:
             raise
         except Exception as exc:
-            reason = str(exc) or type(exc).__name__
-            cause = exc.__cause__ or exc.__context__
-            if cause is not None and str(cause):
-                reason = f"{reason}: {cause}"
-            return DialResult(addr, False, peer, reason[:300], time.monotonic() - started)
+            return DialResult(addr, False, peer, explain(exc), time.monotonic() - started)
         self._on_connected(info.peer_id)
         return DialResult(addr, True, peer, None, time.monotonic() - started)
 

@@ -1,0 +1,216 @@
+"""`swarm-node start`: join a training run as one role (inference, trainer, validator, relay).
+
+    swarm-node start --role inference --run RUN.toml --key KEY \\
+        --listen /ip4/0.0.0.0/tcp/4001 --bootstrap /ip4/1.2.3.4/tcp/4001/p2p/12D3KooW... \\
+        --data-dir DIR [--model DIR]
+
+Start-up prints the peer id, the listen addresses, the run joined and how many peers were
+reached; when a bootstrap peer does not answer it says which address failed and why (and
+keeps retrying with backoff). While running it writes `<data dir>/status.json` once a
+second (what `swarm-node status` and `swarm-node devnet` read). SIGINT or SIGTERM stop it
+cleanly: publishes drain, the host closes (port released), the store closes. One process
+per data directory (a lock file refuses a second one); several roles per machine are fine
+with separate data directories.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from node.errors import CommandError
+
+STATUS_FILE = "status.json"
+LOCK_FILE = "node.lock"
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _check_addrs(addrs: Sequence[str], what: str, need_peer: bool) -> list[str]:
+    import multiaddr
+
+    out = []
+    for a in addrs:
+        try:
+            multiaddr.Multiaddr(a)
+        except Exception as exc:
+            raise CommandError(f"{what} {a!r} is not a multiaddr ({exc})") from None
+        if need_peer and "/p2p/" not in a:
+            raise CommandError(f"{what} {a!r} must end in /p2p/<peer id>")
+        out.append(a)
+    return out
+
+
+def _lock(data_dir: Path) -> Any:
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        fh = open(data_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held for the process lifetime
+    except OSError as exc:
+        raise CommandError(f"cannot use data directory {data_dir}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        raise CommandError(
+            f"data directory {data_dir} is in use by another swarm-node process; "
+            "give each node its own --data-dir"
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    return fh
+
+
+def write_status(data_dir: Path, status: dict[str, Any]) -> None:
+    """Atomically replace `<data dir>/status.json`."""
+    tmp = data_dir / f".{STATUS_FILE}.tmp"
+    tmp.write_text(json.dumps(status))
+    os.replace(tmp, data_dir / STATUS_FILE)
+
+
+def main(
+    *,
+    role: str,
+    run: Path | str,
+    key: Path | str,
+    listen: Sequence[str] = (),
+    bootstrap: Sequence[str] = (),
+    data_dir: Path | str | None = None,
+    model: str | None = None,
+    config: Path | str | None = None,
+    batch_size: int | None = None,
+    audit_fraction: float | None = None,
+    max_rollouts: int | None = None,
+    duration: float | None = None,
+    threads: int | None = 1,
+    log_level: str | None = None,
+) -> None:
+    """Run a node until SIGINT/SIGTERM or `duration` seconds; see the module docstring."""
+    from node.config import ROLES, load_config
+    from node.keyfile import read_key
+    from node.run_file import load_run_manifest
+
+    if role not in ROLES:
+        raise CommandError(f"--role must be one of {', '.join(ROLES)}, got {role!r}")
+    cfg = load_config(
+        Path(config) if config else None,
+        {
+            "node.role": role,
+            "node.listen": list(listen) or None,
+            "node.bootstrap": list(bootstrap) or None,
+            "node.log_level": log_level,
+            "inference.batch_size": batch_size,
+            "validator.audit_fraction": audit_fraction,
+        },
+    )
+    if duration is not None and not duration > 0:
+        raise CommandError(f"--duration must be positive, got {duration}")
+    if max_rollouts is not None and max_rollouts < 1:
+        raise CommandError(f"--max-rollouts must be >= 1, got {max_rollouts}")
+    logging.basicConfig(
+        level=getattr(logging, cfg["node.log_level"].upper()),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    # py-libp2p logs every failed dial at ERROR; our own lines already say what failed.
+    quiet = logging.DEBUG if cfg["node.log_level"] == "debug" else logging.CRITICAL
+    for noisy in ("libp2p", "multiaddr", "async_service"):
+        logging.getLogger(noisy).setLevel(quiet)
+    listen_addrs = _check_addrs(cfg["node.listen"], "--listen", need_peer=False)
+    boot = _check_addrs(cfg["node.bootstrap"], "--bootstrap", need_peer=True)
+    manifest = load_run_manifest(Path(run))
+    identity = read_key(Path(key))
+    ddir = Path(data_dir) if data_dir else Path(cfg["node.data_dir"]) / "nodes" / f"{identity.peer_id_b58[-12:]}-{role}"
+    lock = _lock(ddir)
+    try:
+        import trio
+
+        trio.run(_run, role, manifest, identity, ddir, listen_addrs, boot, model, cfg,
+                 max_rollouts, duration, threads)
+    finally:
+        lock.close()
+
+
+async def _run(
+    role: str, manifest: Any, identity: Any, data_dir: Path, listen: list[str], boot: list[str],
+    model: str | None, cfg: Any, max_rollouts: int | None, duration: float | None,
+    threads: int | None,
+) -> None:
+    import trio
+
+    from node.host import HostSettings
+    from node.peer import PeerConfig, open_peer
+    from node.roles import RoleContext, role_module
+
+    module = role_module(role)
+    settings = HostSettings(
+        dial_timeout_s=cfg["network.dial_timeout_s"],
+        io_timeout_s=cfg["network.io_timeout_s"],
+        heartbeat_interval_s=cfg["network.heartbeat_interval_s"],
+        peer_dead_after_s=cfg["network.heartbeat_timeout_s"],
+        max_gossip_bytes=cfg["network.max_message_bytes"],
+    )
+    pcfg = PeerConfig(
+        manifest=manifest, identity=identity, data_dir=data_dir, roles=(role,),
+        listen=tuple(listen), bootstrap=tuple(boot), pull_bodies=module.PULLS_BODIES,
+        publish_rate_per_s=cfg["network.publish_rate_per_s"], max_peers=cfg["network.max_peers"],
+        host=settings,
+    )
+    ctx = RoleContext(
+        model=model, batch_size=cfg["inference.batch_size"], threads=threads,
+        audit_fraction=cfg["validator.audit_fraction"], max_rollouts=max_rollouts,
+        data_dir=data_dir, say=lambda m: _say(f"  {m}"),
+    )
+    try:
+        async with open_peer(pcfg) as peer:
+            _say(f"swarm-node: peer {peer.host.peer_id}")
+            _say(f"  role {role}, run {manifest.run_id!r} at policy version {peer.policy_version}, data {data_dir}")
+            for a in peer.host.listen_addrs():
+                _say(f"  listening on {a}")
+            if boot:
+                ok = sum(1 for _, good, _ in peer.bootstrap_results if good)
+                _say(f"  bootstrap: {ok}/{len(boot)} reached")
+                for addr, good, err in peer.bootstrap_results:
+                    if not good:
+                        _say(f"  bootstrap FAILED {addr}: {err} (retrying with backoff)")
+            _say(f"  peers reached: {len(peer.host.connected_peers())}")
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async with trio.open_nursery() as nursery:
+
+                    async def stop_on_signal() -> None:
+                        async for sig in signals:
+                            _say(f"swarm-node: {signal.Signals(sig).name}: stopping")
+                            nursery.cancel_scope.cancel()
+                            return
+
+                    async def status_loop() -> None:
+                        while True:
+                            write_status(data_dir, {**peer.stats(), "role_status": ctx.status,
+                                                    "pid": os.getpid(), "time": time.time()})
+                            await trio.sleep(1.0)
+
+                    nursery.start_soon(stop_on_signal)
+                    nursery.start_soon(status_loop)
+                    nursery.start_soon(module.run, peer, ctx)
+                    if duration is not None:
+                        await trio.sleep(duration)
+                        _say(f"swarm-node: --duration {duration:g} s reached: stopping")
+                        nursery.cancel_scope.cancel()
+            write_status(data_dir, {**peer.stats(), "role_status": ctx.status, "pid": os.getpid(),
+                                    "time": time.time(), "stopped": True})
+    except OSError as exc:
+        raise CommandError(f"cannot listen on {', '.join(listen)}: {exc.strerror or exc}") from None
+    with contextlib.suppress(Exception):
+        _say(f"swarm-node: stopped cleanly ({data_dir})")

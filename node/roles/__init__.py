@@ -1,0 +1,44 @@
+"""Role loops of a peer: inference, trainer, validator, relay.
+
+Each role module exposes `PULLS_BODIES: bool` (whether the peer fetches rollout bodies)
+and `async def run(peer, ctx) -> None`, which runs until cancelled (or until the role's
+own bound, e.g. `ctx.max_rollouts`). Model work (generation, audits) runs in a worker
+thread (`trio.to_thread.run_sync`) so network deadlines and heartbeats hold while the
+model computes; `ctx.threads` caps torch's threads per process.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROLES = ("inference", "trainer", "validator", "relay")
+
+
+@dataclass
+class RoleContext:
+    """What a role needs besides the peer."""
+
+    model: str | None = None  # --model: a model directory or builtin:tiny (default: the run's)
+    models_dir: str | None = None  # where built-in models are cached (default: SWARM_NODE_DATA)
+    batch_size: int = 8
+    threads: int | None = 1
+    audit_fraction: float = 0.25
+    max_rollouts: int | None = None  # inference: stop producing after this many (None: forever)
+    data_dir: Path = Path(".")
+    status: dict[str, Any] = field(default_factory=dict)  # live figures the role reports
+    say: Callable[[str], None] = print
+
+
+def role_module(role: str) -> ModuleType:
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)}")
+    return importlib.import_module(f"node.roles.{role}")
+
+
+def runner(role: str) -> Callable[[Any, RoleContext], Awaitable[None]]:
+    return role_module(role).run  # type: ignore[no-any-return]

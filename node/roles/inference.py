@@ -1,0 +1,73 @@
+"""The inference role: generate rollouts with the run's policy, store them, gossip headers.
+
+Each batch: task assignments from (run seed, our peer id, policy version, counter) via
+`trainer.tasks`, generation and activation proofs through the same code as
+`swarm-node rollouts` (`node.commands.rollouts.generate_records`), run in a worker thread.
+The counter resumes from the store's ledger after a restart, so a task is never assigned
+twice and envelope sequence numbers (the counter) keep increasing.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import trio
+
+from node.roles import RoleContext
+
+PULLS_BODIES = False
+
+
+def load(ctx: RoleContext, manifest: Any) -> Any:
+    """Check the datasets, find and load the model (blocking: call in a thread)."""
+    from node.commands.rollouts import check_datasets, load_engine, resolve_model
+
+    check_datasets(manifest, "run manifest")
+    path = resolve_model(ctx.model, manifest.model, ctx.models_dir)
+    return load_engine(path, batch_size=ctx.batch_size, threads=ctx.threads)
+
+
+async def run(peer: Any, ctx: RoleContext) -> None:
+    from node.commands.rollouts import _proof_builder, generate_records
+    from protocol.rollout import read_records
+
+    manifest = peer.manifest
+    engine = await trio.to_thread.run_sync(load, ctx, manifest)
+    build = _proof_builder()
+    status = await trio.to_thread.run_sync(peer.store.produced_status)
+    counter = status["produced"]
+    tmp = ctx.data_dir / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    produced = 0
+    rewards: list[float] = []
+    started = time.monotonic()
+    ctx.say(f"inference: model loaded; resuming at counter {counter}")
+    while ctx.max_rollouts is None or produced < ctx.max_rollouts:
+        n = ctx.batch_size if ctx.max_rollouts is None else min(ctx.batch_size, ctx.max_rollouts - produced)
+        out = tmp / f"batch-{counter}.msgpack"
+        summary = await trio.to_thread.run_sync(
+            functools.partial(
+                generate_records, engine=engine, manifest=manifest, identity=peer.identity, n=n,
+                out=out, policy_version=peer.policy_version, start_counter=counter,
+                batch_size=n, build_proofs=build, say=lambda _m: None,
+            )
+        )
+        with open(out, "rb") as fh:
+            records = list(read_records(fh))
+        out.unlink(missing_ok=True)
+        for record in records:
+            await peer.produce(record)
+        counter += len(records)
+        produced += len(records)
+        rewards.append(float(summary["reward_mean"]) * len(records))
+        ctx.status.update(
+            produced=produced,
+            counter=counter,
+            reward_mean=round(sum(rewards) / max(produced, 1), 4),
+            tokens_per_s=summary.get("tokens_per_s"),
+            rollouts_per_min=round(produced / max(time.monotonic() - started, 1e-9) * 60, 1),
+        )
+    ctx.say(f"inference: produced {produced} rollouts (bound reached)")
+    await trio.sleep_forever()
