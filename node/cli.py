@@ -120,10 +120,27 @@ def sim() -> None:
 
 
 @cli.command()
+@click.argument("files", nargs=-1, type=click.Path(path_type=Path))
+@click.option(
+    "--model", default="builtin:tiny", show_default=True, help="Model directory (or builtin:tiny)."
+)
+@click.option(
+    "--run",
+    "--manifest",
+    "manifest",
+    type=click.Path(path_type=Path),
+    help="Run manifest: re-derive tasks and re-score rewards.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per rollout.")
 @_one_line_errors
-def audit() -> None:
-    """Audit rollout records against a model: proofs, sampling replay, rewards."""
-    _not_built("audit", "issue 4: verification")
+def audit(files: tuple[Path, ...], model: str, manifest: Path | None, as_json: bool) -> None:
+    """Audit rollout records: proofs, sampling replay, log-probs, termination, reward.
+
+    Exit status 0 when every rollout passed, 1 when any failed, 2 on usage or IO errors.
+    """
+    from node.commands import audit as cmd
+
+    sys.exit(cmd.main(files=list(files), model=model, as_json=as_json, manifest=manifest))
 
 
 @cli.command()
@@ -138,17 +155,50 @@ def status(data_dir: Path | None, as_json: bool) -> None:
 
 
 @cli.command(name="init-model")
+@click.option(
+    "--data-dir", help="Where models are cached (default $SWARM_NODE_DATA or ~/.cache/swarm-node)."
+)
+@click.option(
+    "--seed", default=0, show_default=True, type=int, help="Seed of the build (deterministic)."
+)
+@click.option("--force", is_flag=True, help="Rebuild even if the cache has it.")
+@click.option("--threads", type=int, help="Torch CPU threads.")
+@click.option("--quiet", is_flag=True, help="No progress output.")
 @_one_line_errors
-def init_model() -> None:
-    """Build and warm-start the built-in tiny policy."""
-    _not_built("init-model", "issue 3: inference worker offline")
+def init_model(
+    data_dir: str | None, seed: int, force: bool, threads: int | None, quiet: bool
+) -> None:
+    """Build and warm-start the built-in tiny policy (cached; a Hugging Face model directory)."""
+    from node.commands import init_model as cmd
+
+    cmd.main(data_dir=data_dir, seed=seed, force=force, threads=threads, quiet=quiet)
 
 
 @cli.command()
+@click.option(
+    "--run", "run", required=True, type=click.Path(path_type=Path), help="Run manifest TOML."
+)
+@click.option("--key", required=True, type=click.Path(path_type=Path), help="Identity key file.")
+@click.option("--n", "n", required=True, type=int, help="How many rollouts.")
+@click.option(
+    "--out", required=True, type=click.Path(path_type=Path), help="Output file (msgpack stream)."
+)
+@click.option("--model", help="Model directory or builtin:tiny (default: the manifest's model).")
+@click.option("--data-dir", help="Data directory holding the built-in policy.")
+@click.option("--policy-version", default=0, show_default=True, type=int)
+@click.option(
+    "--start-counter", default=0, show_default=True, type=int, help="First assignment counter."
+)
+@click.option("--batch-size", default=16, show_default=True, type=int)
+@click.option("--threads", type=int, help="Torch CPU threads.")
+@click.option("--no-proofs", is_flag=True, help="Leave activation proofs empty.")
+@click.option("--quiet", is_flag=True, help="No progress output.")
 @_one_line_errors
-def rollouts() -> None:
-    """Generate signed rollout records offline."""
-    _not_built("rollouts", "issue 3: inference worker offline")
+def rollouts(no_proofs: bool, **kwargs: Any) -> None:
+    """Generate N signed rollout records offline, with activation proofs."""
+    from node.commands import rollouts as cmd
+
+    cmd.main(proofs=not no_proofs, **kwargs)
 
 
 def main() -> None:
