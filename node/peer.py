@@ -203,7 +203,12 @@ class Peer:
             "outbox_pending": self.outbox.pending(),
             "pull_pending": self._pull_recv.statistics().current_buffer_used,
             "uptime_s": round(time.time() - self.started_at, 1),
+            "rtt_ms_median": self._rtt_median_ms(),
         }
+
+    def _rtt_median_ms(self) -> float | None:
+        rtts = sorted(r for p in self.host.connected_peers() if (r := self.host.peer_rtt(p)) == r)
+        return round(rtts[len(rtts) // 2] * 1000, 3) if rtts else None
 
     # -- hello ----------------------------------------------------------------------------
 

@@ -63,12 +63,19 @@ async def main(args: argparse.Namespace) -> None:
             _say({"peer_id": peer.host.peer_id, "addrs": peer.host.listen_addrs(),
                   "bootstrap": peer.bootstrap_results})
 
+            pool = None
+            if args.proof_pool:
+                import msgpack
+
+                pool = [tuple(x) for x in msgpack.unpackb(Path(args.proof_pool).read_bytes())]
+
             async def produce(n: int, rate: float, size: int) -> None:
                 rng = random.Random(os.getpid())
                 start = time.monotonic()
                 base = peer.counters["produced"]
                 for i in range(n):
-                    record = synthetic_record(identity, manifest, base + i, n_completion=size, rng=rng)
+                    record = synthetic_record(identity, manifest, base + i, n_completion=size,
+                                              proof_pool=pool, rng=rng)
                     await peer.produce(record)
                     await trio.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
 
@@ -135,6 +142,7 @@ def cli() -> None:
     parser.add_argument("--publish-rate", type=float, default=8.0)
     parser.add_argument("--dead-after", type=float, default=4.0)
     parser.add_argument("--max-life", type=float, default=300.0)
+    parser.add_argument("--proof-pool", default="", help="msgpack file of real proof lists")
     args = parser.parse_args()
     sys.setrecursionlimit(10_000)
     trio.run(main, args)

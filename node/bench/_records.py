@@ -29,12 +29,15 @@ def synthetic_record(
     n_completion: int = 1024,
     seq: int | None = None,
     real_proofs: bool = False,
+    proof_pool: list[tuple[bytes, ...]] | None = None,
     rng: random.Random | None = None,
 ) -> bytes:
     """One signed record; ~20 KB with the defaults (tokens, log-probs, 32 proofs)."""
     rng = rng or random.Random(counter)
     n_chunks = (n_completion + 31) // 32
-    if real_proofs:
+    if proof_pool:
+        proofs = rng.choice(proof_pool)[:n_chunks]
+    elif real_proofs:
         import torch
 
         from verify.toploc import build_proofs_bytes
@@ -70,6 +73,16 @@ def synthetic_record(
         seq=seq if seq is not None else time.time_ns() // 1000,
         timestamp_ms=now_ms,
     )
+
+
+def make_proof_pool(n: int, n_completion: int = 1024, seed: int = 0) -> list[tuple[bytes, ...]]:
+    """`n` lists of real TOPLOC proofs (from random activations) to draw from cheaply."""
+    import torch
+
+    from verify.toploc import build_proofs_bytes
+
+    gen = torch.Generator().manual_seed(seed)
+    return [tuple(build_proofs_bytes(torch.randn(n_completion, 64, generator=gen))) for _ in range(n)]
 
 
 def test_manifest(run_id: str = "net-test", max_staleness: int = 2) -> RunManifest:

@@ -1,0 +1,231 @@
+"""`swarm-node bench gossip`: rollout gossip among 8 real peer processes on loopback.
+
+Each peer is a full node (`node.bench._net_peer`: host, admission, SQLite store, body
+pulls). Producers publish signed ~20 KB records (header gossiped, body pulled; token ids,
+log-probs and real TOPLOC proofs built from random activations) at a fixed rate for a
+fixed time; every peer pulls every body. Midway one non-producing peer is frozen with
+SIGSTOP and later another is killed with SIGKILL; we measure how long until every other
+peer has dropped each. Figures:
+
+    delivery_ratio        bodies stored at live receivers / (records x live receivers)
+    latency_p50_ms/p99    record signed -> body admitted and stored, at receivers
+    header_latency_p50_ms record signed -> header admitted
+    records_per_s         records delivered to every live receiver, per second of run
+    rss_mb_max            largest resident set of any peer process
+    frozen_peer_detect_s  SIGSTOP -> dropped by every live peer
+    killed_peer_detect_s  SIGKILL -> dropped by every live peer
+
+The run's parameters (peers, producers, rate, sizes, duration, loopback RTT) are in the
+result too, so the simulator can be asked to predict these figures. `--quick`: 15 s of
+publishing, under a minute in all.
+
+Options (after `--quick`): `--peers N` (8), `--producers N` (4), `--rate R` per producer
+per second (2), `--duration S` (45; quick 15), `--size TOKENS` completion tokens (1024).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node.bench._gossip_peer import PeerProcess
+
+
+def _say(msg: str) -> None:
+    print(f"bench gossip: {msg}", file=sys.stderr, flush=True)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return round(s[min(len(s) - 1, int(q * len(s)))], 2)
+
+
+async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    import msgpack
+    import psutil
+
+    from node.bench._records import make_proof_pool
+
+    pool_path = tmp / "proofs.msgpack"
+    pool_path.write_bytes(msgpack.packb([list(p) for p in make_proof_pool(8, opts.size)]))
+    procs: list[PeerProcess] = []
+    rss_max = 0.0
+
+    def sample_rss() -> None:
+        nonlocal rss_max
+        for p in procs:
+            try:
+                rss_max = max(rss_max, psutil.Process(p.proc.pid).memory_info().rss / 2**20)
+            except psutil.Error:
+                pass
+
+    async def spawn(i: int, boot: str | None) -> PeerProcess:
+        args = ["--data-dir", str(tmp / f"p{i}"), "--proof-pool", str(pool_path), "--dead-after", "4",
+                "--max-life", str(opts.duration + 180)]
+        if boot:
+            args += ["--bootstrap", boot]
+        return await PeerProcess.start(*args, module="node.bench._net_peer",
+                                       stderr_path=str(tmp / f"p{i}.log"), timeout=120)
+
+    try:
+        t0 = time.monotonic()
+        boot = await spawn(0, None)
+        procs.append(boot)
+        rest: dict[int, PeerProcess] = {}
+
+        async def one(i: int) -> None:
+            rest[i] = await spawn(i, boot.addrs[0])
+
+        async with trio.open_nursery() as nursery:
+            for i in range(1, opts.peers):
+                nursery.start_soon(one, i)
+        procs += [rest[i] for i in sorted(rest)]
+        _say(f"{opts.peers} peers started in {time.monotonic() - t0:.1f} s")
+
+        async def stats(p: PeerProcess) -> dict[str, Any]:
+            return await p.ask({"cmd": "stats"}, timeout=60)
+
+        want = min(opts.peers - 1, 5)
+        with trio.move_on_after(45):
+            while True:
+                counts = [len((await stats(p))["connected"]) for p in procs]
+                if min(counts) >= want:
+                    break
+                await trio.sleep(0.5)
+        _say(f"connected: {counts}")
+        producers = procs[: opts.producers]
+        frozen = procs[-1] if opts.peers - opts.producers >= 3 else None
+        killed = procs[-2] if frozen is not None else None
+        n_each = int(opts.rate * opts.duration)
+        start = time.monotonic()
+        for p in producers:
+            await p.ask({"cmd": "produce", "n": n_each, "rate": opts.rate, "size": opts.size})
+        _say(f"{len(producers)} producers x {n_each} records at {opts.rate}/s")
+
+        excluded: set[str] = set()
+
+        async def detect(victim: PeerProcess, sig: int) -> float | None:
+            os.kill(victim.proc.pid, sig)
+            at = time.monotonic()
+            excluded.add(victim.peer_id)
+            observers = [p for p in procs if p.peer_id not in excluded]
+            with trio.move_on_after(30):
+                while True:
+                    seen = [victim.peer_id in (await stats(p))["connected"] for p in observers]
+                    if not any(seen):
+                        return round(time.monotonic() - at, 2)
+                    await trio.sleep(0.25)
+            return None
+
+        frozen_s = killed_s = None
+        while time.monotonic() - start < opts.duration:
+            sample_rss()
+            elapsed = time.monotonic() - start
+            if frozen is not None and frozen_s is None and elapsed > opts.duration / 4:
+                frozen_s = await detect(frozen, signal.SIGSTOP)
+                _say(f"frozen peer dropped by all after {frozen_s} s")
+            elif killed is not None and killed_s is None and elapsed > opts.duration / 2:
+                killed_s = await detect(killed, signal.SIGKILL)
+                _say(f"killed peer dropped by all after {killed_s} s")
+            await trio.sleep(0.5)
+        live = [p for p in procs if p.peer_id not in excluded]
+        produced_ids: set[str] = set()
+        for p in producers:
+            produced_ids |= set((await p.ask({"cmd": "ids"}, timeout=60))["ids"])
+        _say(f"publishing done: {len(produced_ids)} records; waiting for delivery")
+        receivers = live  # producers also receive each other's records
+        settle_until = time.monotonic() + 30
+        have: dict[str, set[str]] = {}
+        while time.monotonic() < settle_until:
+            sample_rss()
+            for p in receivers:
+                have[p.peer_id] = set((await p.ask({"cmd": "ids"}, timeout=60))["ids"]) & produced_ids
+            if all(len(v) == len(produced_ids) for v in have.values()):
+                break
+            await trio.sleep(1.0)
+        delivered = sum(len(v) for v in have.values())
+        body_lat: list[float] = []
+        header_lat: list[float] = []
+        rtts: list[float] = []
+        for p in receivers:
+            s = await stats(p)
+            body_lat += s["body_latency_ms"]
+            header_lat += s["header_latency_ms"]
+            if s.get("rtt_ms_median") is not None:
+                rtts.append(s["rtt_ms_median"])
+        run_s = opts.duration
+        record_bytes = _record_size(opts.size)
+        return {
+            "delivery_ratio": round(delivered / (len(produced_ids) * len(receivers)), 4) if produced_ids else None,
+            "latency_p50_ms": _pct(body_lat, 0.50),
+            "latency_p99_ms": _pct(body_lat, 0.99),
+            "header_latency_p50_ms": _pct(header_lat, 0.50),
+            "records_per_s": round(len(produced_ids) / run_s, 2),
+            "rss_mb_max": round(rss_max, 1),
+            "frozen_peer_detect_s": frozen_s,
+            "killed_peer_detect_s": killed_s,
+            "params": {
+                "peers": opts.peers,
+                "producers": opts.producers,
+                "rate_per_producer_per_s": opts.rate,
+                "duration_s": run_s,
+                "completion_tokens": opts.size,
+                "record_bytes": record_bytes[0],
+                "header_bytes": record_bytes[1],
+                "records": len(produced_ids),
+                "live_receivers": len(receivers),
+                "heartbeat_dead_after_s": 4.0,
+                "loopback_rtt_ms_median": round(statistics.median(rtts), 3) if rtts else None,
+                "transport": "tcp+noise+yamux, gossipsub headers, stream body pull",
+                "cpus": os.cpu_count(),
+            },
+        }
+    finally:
+        for p in procs:
+            if p.proc.poll() is None:
+                try:
+                    os.kill(p.proc.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        async with trio.open_nursery() as nursery:
+            for p in procs:
+                nursery.start_soon(p.stop, 5.0)
+
+
+def _record_size(n_completion: int) -> tuple[int, int]:
+    from node.bench._records import synthetic_record, test_manifest
+    from protocol.codec import decode
+    from protocol.identity import Identity
+    from protocol.wire import RolloutRecord
+
+    rec = synthetic_record(Identity.generate(), test_manifest(), 0, n_completion=n_completion)
+    return len(rec), len(decode(RolloutRecord, rec).header)
+
+
+def run(quick: bool, args: list[str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="swarm-node bench gossip")
+    parser.add_argument("--peers", type=int, default=8)
+    parser.add_argument("--producers", type=int, default=4)
+    parser.add_argument("--rate", type=float, default=2.0)
+    parser.add_argument("--duration", type=float, default=None)
+    parser.add_argument("--size", type=int, default=1024)
+    opts = parser.parse_args(args)
+    if opts.duration is None:
+        opts.duration = 15.0 if quick else 45.0
+    if not 2 <= opts.peers <= 32 or not 1 <= opts.producers <= opts.peers:
+        from node.errors import CommandError
+
+        raise CommandError("--peers must be 2..32 and --producers 1..peers")
+    with tempfile.TemporaryDirectory(prefix="bench-gossip-") as tmp:
+        return trio.run(_bench, opts, Path(tmp))

@@ -1,0 +1,329 @@
+"""`swarm-node devnet`: a local swarm of real node processes on loopback.
+
+By default: one trainer (also the bootstrap peer), three inference workers and one
+validator, on the built-in tiny policy and task mix (built on first use, cached), at a
+fixed policy version. Each node is a separate `swarm-node start` process with its own key
+and data directory under the report directory; they find each other through the trainer
+and peer exchange. The terminal shows live progress (rich); after `--duration` seconds, or
+on Ctrl-C, every process gets SIGTERM (then SIGKILL after a grace period) and the report
+directory receives:
+
+    report.json      parameters, per-node final status, totals, time series
+    progress.png     rollouts produced / received by the trainer / verified over time
+    workers.png      per-worker rollouts and validator verdicts
+    nodes/<name>/    each node's key, data directory (SQLite store) and log
+    run.toml         the run manifest every node joined
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node.errors import CommandError
+
+DEFAULT_DURATION_S = 120.0
+START_TIMEOUT_S = 120.0
+STOP_GRACE_S = 15.0
+
+
+@dataclass
+class NodeProc:
+    name: str
+    role: str
+    dir: Path
+    proc: subprocess.Popen[bytes]
+    log: Path
+    peer_id: str = ""
+    addr: str = ""
+    status: dict[str, Any] = field(default_factory=dict)
+    exit_code: int | None = None
+
+    def read_status(self) -> None:
+        try:
+            self.status = json.loads((self.dir / "data" / "status.json").read_text())
+        except (OSError, ValueError):
+            pass
+
+    def banner(self) -> tuple[str, str]:
+        """(peer id, first listen address) from the node's start-up lines, if printed yet."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return "", ""
+        peer = addr = ""
+        for line in text.splitlines():
+            if line.startswith("swarm-node: peer "):
+                peer = line.split()[-1]
+            elif line.strip().startswith("listening on ") and not addr:
+                addr = line.strip().split()[-1]
+        return peer, addr
+
+
+def _spawn(name: str, role: str, root: Path, run: Path, extra: list[str]) -> NodeProc:
+    from node.keyfile import write_key
+    from protocol.identity import Identity
+
+    d = root / "nodes" / name
+    d.mkdir(parents=True, exist_ok=True)
+    key = d / "node.key"
+    if not key.exists():
+        write_key(key, Identity.generate())
+    log = d / "node.log"
+    cmd = [
+        sys.executable, "-m", "node.commands.start", "--role", role, "--run", str(run),
+        "--key", str(key), "--data-dir", str(d / "data"), "--listen", "/ip4/127.0.0.1/tcp/0",
+        *extra,
+    ]
+    fh = open(log, "ab")  # noqa: SIM115 - the child owns it; closed when we exit
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    fh.close()
+    return NodeProc(name, role, d, proc, log)
+
+
+def _wait_banner(node: NodeProc, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        node.peer_id, node.addr = node.banner()
+        if node.addr:
+            return
+        if node.proc.poll() is not None:
+            tail = node.log.read_text(errors="replace")[-800:]
+            raise CommandError(f"{node.name} exited with {node.proc.returncode} at start-up: {tail.strip().splitlines()[-1] if tail.strip() else 'no output'}")
+        time.sleep(0.2)
+    raise CommandError(f"{node.name} did not start listening within {timeout:g} s (log: {node.log})")
+
+
+def _stop_all(nodes: list[NodeProc]) -> None:
+    """SIGTERM everyone, wait up to STOP_GRACE_S, then SIGKILL the rest."""
+    for n in nodes:
+        if n.proc.poll() is None:
+            try:
+                n.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + STOP_GRACE_S
+    for n in nodes:
+        try:
+            n.exit_code = n.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            n.proc.kill()
+            n.exit_code = n.proc.wait(timeout=5)
+
+
+def _totals(nodes: list[NodeProc]) -> dict[str, Any]:
+    produced = sum(n.status.get("role_status", {}).get("produced", 0) for n in nodes if n.role == "inference")
+    trainer = next((n for n in nodes if n.role == "trainer"), None)
+    tstat = trainer.status.get("role_status", {}) if trainer else {}
+    validators = [n.status.get("role_status", {}) for n in nodes if n.role == "validator"]
+    inference_rewards = [
+        (n.status.get("role_status", {}).get("reward_mean"), n.status.get("role_status", {}).get("produced", 0))
+        for n in nodes if n.role == "inference"
+    ]
+    weighted = [(r * k, k) for r, k in inference_rewards if r is not None and k]
+    return {
+        "produced": produced,
+        "trainer_bodies": tstat.get("bodies", 0),
+        "trainer_verified": tstat.get("verified", 0),
+        "trainer_rejected": tstat.get("rejected", 0),
+        "trainer_usable": tstat.get("usable_at_version", 0),
+        "audited": sum(v.get("passed", 0) + v.get("failed", 0) for v in validators),
+        "audits_passed": sum(v.get("passed", 0) for v in validators),
+        "audits_failed": sum(v.get("failed", 0) for v in validators),
+        "reward_mean": round(sum(a for a, _ in weighted) / sum(k for _, k in weighted), 4) if weighted else None,
+        "peers_min": min((n.status.get("peers", 0) for n in nodes), default=0),
+    }
+
+
+def _table(nodes: list[NodeProc], elapsed: float, duration: float) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"swarm-node devnet  {elapsed:5.0f}/{duration:.0f} s  (Ctrl-C stops)", expand=False)
+    for col in ("node", "role", "peer", "peers", "work", "stored", "bodies", "state"):
+        t.add_column(col)
+    for n in nodes:
+        s = n.status
+        rs = s.get("role_status", {})
+        if n.role == "inference":
+            work = f"{rs.get('produced', 0)} made, reward {rs.get('reward_mean', '-')}"
+        elif n.role == "validator":
+            work = f"{rs.get('passed', 0)} pass / {rs.get('failed', 0)} fail of {rs.get('sampled', 0)} sampled"
+        elif n.role == "trainer":
+            work = f"{rs.get('verified', 0)} verified, {rs.get('usable_at_version', 0)} usable"
+        else:
+            work = f"{rs.get('served', 0)} served"
+        counters = s.get("counters", {})
+        alive = n.proc.poll() is None
+        state = "running" if alive else f"exited {n.proc.returncode}"
+        if alive and not s:
+            state = "starting (loading model)"
+        t.add_row(
+            n.name, n.role, (n.peer_id or "")[-8:], str(s.get("peers", "-")), work,
+            str(counters.get("stored_rollout_header", counters.get("produced", 0))),
+            str(counters.get("stored_rollout_record", 0)), state,
+        )
+    return t
+
+
+def _plots(out: Path, series: list[dict[str, Any]], nodes: list[NodeProc]) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    if series:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ts = [p["t"] for p in series]
+        for key, label in (("produced", "produced (workers)"), ("trainer_bodies", "received by trainer"),
+                           ("audited", "audited (validators)"), ("trainer_verified", "verified at trainer")):
+            ax.plot(ts, [p[key] for p in series], label=label)
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("rollouts")
+        ax.set_title("devnet progress")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "progress.png", dpi=100)
+        plt.close(fig)
+        written.append("progress.png")
+    workers = [n for n in nodes if n.role in ("inference", "validator")]
+    if workers:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        names = [n.name for n in workers]
+        made = [n.status.get("role_status", {}).get("produced", 0) for n in workers]
+        passed = [n.status.get("role_status", {}).get("passed", 0) for n in workers]
+        failed = [n.status.get("role_status", {}).get("failed", 0) for n in workers]
+        ax.bar(names, made, label="rollouts produced")
+        ax.bar(names, passed, label="audits passed")
+        ax.bar(names, failed, bottom=passed, label="audits failed")
+        ax.set_ylabel("count")
+        ax.set_title("per node")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "workers.png", dpi=100)
+        plt.close(fig)
+        written.append("workers.png")
+    return written
+
+
+def main(
+    *,
+    inference: int = 3,
+    validators: int = 1,
+    trainers: int = 1,
+    relays: int = 0,
+    duration: float = DEFAULT_DURATION_S,
+    out: Path | str | None = None,
+    run: Path | str | None = None,
+    audit_fraction: float = 0.5,
+    batch_size: int = 4,
+    live: bool = True,
+) -> dict[str, Any]:
+    """Run the devnet; returns (and writes) the report dict."""
+    from rich.console import Console
+    from rich.live import Live
+
+    if not 1 <= inference <= 16 or not 0 <= validators <= 8 or not 1 <= trainers <= 1 or not 0 <= relays <= 8:
+        raise CommandError("devnet: --inference 1..16, --validators 0..8, --trainers 1, --relays 0..8")
+    if not 5 <= duration <= 24 * 3600:
+        raise CommandError(f"--duration must be in [5, 86400] seconds, got {duration}")
+    console = Console(stderr=True)
+    root = Path(out) if out else Path.cwd() / "devnet-reports" / time.strftime("%Y%m%d-%H%M%S")
+    root.mkdir(parents=True, exist_ok=True)
+    run_path = root / "run.toml"
+    if run is not None:
+        run_path.write_text(Path(run).read_text())
+    else:
+        from node.run_file import manifest_from_table, manifest_to_toml
+        from trainer.tiny_policy import run_manifest_table
+
+        run_path.write_text(manifest_to_toml(manifest_from_table(run_manifest_table("devnet"))))
+    from node.run_file import load_run_manifest
+    from trainer import tiny_policy
+
+    manifest = load_run_manifest(run_path)
+    if manifest.model.startswith("builtin:"):
+        console.print("devnet: preparing the built-in policy (first run builds and caches it) ...")
+        path, _report, built = tiny_policy.ensure_policy(progress=lambda m: console.print(f"  {m}"))
+        console.print(f"devnet: policy {'built' if built else 'cached'} at {path}")
+
+    common = ["--duration", str(duration + 60)]  # the nodes' own bound, past ours
+    nodes: list[NodeProc] = []
+    series: list[dict[str, Any]] = []
+    interrupted = False
+    started = time.monotonic()
+    try:
+        boot = _spawn("trainer", "trainer", root, run_path, common)
+        nodes.append(boot)
+        _wait_banner(boot, START_TIMEOUT_S)
+        extra = [*common, "--bootstrap", f"{boot.addr}"]
+        for i in range(validators):
+            nodes.append(_spawn(f"validator{i + 1}", "validator", root, run_path,
+                                [*extra, "--audit-fraction", str(audit_fraction), "--batch-size", str(batch_size)]))
+        for i in range(relays):
+            nodes.append(_spawn(f"relay{i + 1}", "relay", root, run_path, extra))
+        for i in range(inference):
+            nodes.append(_spawn(f"worker{i + 1}", "inference", root, run_path,
+                                [*extra, "--batch-size", str(batch_size)]))
+        for n in nodes[1:]:
+            _wait_banner(n, START_TIMEOUT_S)
+        started = time.monotonic()
+        with Live(_table(nodes, 0, duration), console=console, refresh_per_second=2,
+                  transient=False, auto_refresh=live) as view:
+            last_sample = -10.0
+            while (elapsed := time.monotonic() - started) < duration:
+                for n in nodes:
+                    n.read_status()
+                if elapsed - last_sample >= 2.0:
+                    last_sample = elapsed
+                    series.append({"t": round(elapsed, 1), **_totals(nodes)})
+                if live:
+                    view.update(_table(nodes, elapsed, duration))
+                if all(n.proc.poll() is not None for n in nodes):
+                    break
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print("devnet: Ctrl-C: stopping every node ...")
+    finally:
+        _stop_all(nodes)
+    for n in nodes:
+        n.read_status()
+    totals = _totals(nodes)
+    report = {
+        "parameters": {
+            "inference": inference, "validators": validators, "trainers": trainers, "relays": relays,
+            "duration_s": duration, "audit_fraction": audit_fraction, "batch_size": batch_size,
+            "run_id": manifest.run_id, "model": manifest.model, "policy_version": 0,
+        },
+        "interrupted": interrupted,
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "totals": totals,
+        "delivery_to_trainer": round(totals["trainer_bodies"] / totals["produced"], 4) if totals["produced"] else None,
+        "nodes": [
+            {"name": n.name, "role": n.role, "peer_id": n.peer_id, "exit_code": n.exit_code,
+             "log": str(n.log.relative_to(root)), "status": n.status}
+            for n in nodes
+        ],
+        "series": series,
+    }
+    report["plots"] = _plots(root, series, nodes)
+    (root / "report.json").write_text(json.dumps(report, indent=2))
+    console.print(
+        f"devnet: {totals['produced']} rollouts produced, {totals['trainer_bodies']} at the trainer, "
+        f"{totals['audits_passed']} audits passed / {totals['audits_failed']} failed; report in {root}"
+    )
+    bad = [n.name for n in nodes if n.exit_code not in (0, None)]
+    if bad:
+        console.print(f"devnet: nodes that did not stop cleanly: {', '.join(bad)} (see their logs)")
+    return report
