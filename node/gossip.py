@@ -20,7 +20,6 @@ anything being dropped.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import trio
@@ -85,14 +84,14 @@ class Outbox:
 
     async def run(self) -> None:
         tokens = float(self.burst)
-        last = time.monotonic()
+        last = trio.current_time()
         async for topic, data in self._receive:
-            now = time.monotonic()
+            now = trio.current_time()
             tokens = min(float(self.burst), tokens + (now - last) * self.rate_per_s)
             last = now
             if tokens < 1.0:
                 await trio.sleep((1.0 - tokens) / self.rate_per_s)
-                tokens, last = 1.0, time.monotonic()
+                tokens, last = 1.0, trio.current_time()
             tokens -= 1.0
             try:
                 await self._host.publish(topic, data)

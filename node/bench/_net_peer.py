@@ -25,7 +25,7 @@ from pathlib import Path
 import trio
 
 from node.bench._gossip_peer import _lines, _say
-from node.bench._records import synthetic_record, test_manifest
+from node.bench._records import net_manifest, synthetic_record
 from node.host import HostSettings, MessageTooLarge, PeerError
 from node.peer import PeerConfig, open_peer
 from node.rollout_exchange import protocol_id
@@ -35,7 +35,7 @@ from protocol.identity import Identity
 
 async def main(args: argparse.Namespace) -> None:
     identity = Identity.from_private_bytes(bytes.fromhex(args.key)) if args.key else Identity.generate()
-    manifest = test_manifest(args.run)
+    manifest = net_manifest(args.run)
     cfg = PeerConfig(
         manifest=manifest,
         identity=identity,

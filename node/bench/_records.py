@@ -85,7 +85,7 @@ def make_proof_pool(n: int, n_completion: int = 1024, seed: int = 0) -> list[tup
     return [tuple(build_proofs_bytes(torch.randn(n_completion, 64, generator=gen))) for _ in range(n)]
 
 
-def test_manifest(run_id: str = "net-test", max_staleness: int = 2) -> RunManifest:
+def net_manifest(run_id: str = "net-test", max_staleness: int = 2) -> RunManifest:
     """A minimal run manifest for network tests and benchmarks (no model is loaded)."""
     from node.run_file import manifest_from_table
 

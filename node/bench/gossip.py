@@ -204,12 +204,12 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 
 def _record_size(n_completion: int) -> tuple[int, int]:
-    from node.bench._records import synthetic_record, test_manifest
+    from node.bench._records import net_manifest, synthetic_record
     from protocol.codec import decode
     from protocol.identity import Identity
     from protocol.wire import RolloutRecord
 
-    rec = synthetic_record(Identity.generate(), test_manifest(), 0, n_completion=n_completion)
+    rec = synthetic_record(Identity.generate(), net_manifest(), 0, n_completion=n_completion)
     return len(rec), len(decode(RolloutRecord, rec).header)
 
 
