@@ -1,0 +1,56 @@
+"""`swarm-node devnet` end to end: real node processes, a small (untrained) model, a report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from node.commands import devnet
+from node.run_file import manifest_from_table, manifest_to_toml
+from trainer.model_dir import save_model_dir
+from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("devnet-model")
+    tok = build_tokenizer(seed=0)
+    model = build_model(
+        tok, seed=2, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+    )
+    model_dir = save_model_dir(model, tok, root / "model")
+    table = run_manifest_table(run_id="devnet-test", seed=3)
+    table["run"]["model"] = str(model_dir)
+    table["sampling"]["max_new_tokens"] = 24
+    run = root / "run.toml"
+    run.write_text(manifest_to_toml(manifest_from_table(table)))
+    return run
+
+
+def test_devnet_runs_workers_validator_trainer_and_writes_a_report(small_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    report = devnet.main(
+        inference=2, validators=1, duration=40, out=out, run=small_run,
+        audit_fraction=1.0, batch_size=2, live=False,
+    )
+    on_disk = json.loads((out / "report.json").read_text())
+    assert on_disk["totals"] == report["totals"]
+    totals = report["totals"]
+    assert totals["produced"] > 0, report
+    assert totals["trainer_bodies"] > 0, report
+    assert totals["audited"] > 0, report
+    assert totals["audits_failed"] == 0, report  # honest workers pass their audits
+    roles = sorted(n["role"] for n in report["nodes"])
+    assert roles == ["inference", "inference", "trainer", "validator"]
+    assert all(n["exit_code"] == 0 for n in report["nodes"]), [(n["name"], n["exit_code"]) for n in report["nodes"]]
+    assert report["series"] and report["series"][-1]["produced"] == totals["produced"] or report["series"]
+    for plot in report["plots"]:
+        assert (out / plot).stat().st_size > 1000
+    for n in report["nodes"]:
+        assert (out / n["log"]).exists()
+        assert "stopped cleanly" in (out / n["log"]).read_text()

@@ -1,0 +1,94 @@
+"""`swarm-node start` as a real process: start-up report, bootstrap diagnostics, status file,
+one process per data directory, clean stop on SIGTERM (port released)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from node.bench._records import net_manifest
+from node.keyfile import write_key
+from node.run_file import manifest_to_toml
+from protocol.identity import Identity
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(tmp: Path, name: str, *extra: str) -> subprocess.Popen[str]:
+    key = tmp / f"{name}.key"
+    if not key.exists():
+        write_key(key, Identity.generate())
+    return subprocess.Popen(
+        [sys.executable, "-m", "node.commands.start", "--role", "relay", "--run", str(tmp / "run.toml"),
+         "--key", str(key), "--data-dir", str(tmp / name), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def _wait_for(path: Path, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            time.sleep(0.2)
+    raise AssertionError(f"{path} never appeared")
+
+
+def test_start_reports_bootstrap_failures_and_stops_cleanly(tmp_path: Path) -> None:
+    (tmp_path / "run.toml").write_text(manifest_to_toml(net_manifest("start-test")))
+    port = _free_port()
+    a = _start(tmp_path, "a", "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--duration", "60")
+    try:
+        status_a = _wait_for(tmp_path / "a" / "status.json", 60)
+        a_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{status_a['peer_id']}"
+        dead = f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{Identity.generate().peer_id_b58}"
+        b = _start(tmp_path, "b", "--bootstrap", a_addr, "--bootstrap", dead, "--duration", "4")
+        out_b, _ = b.communicate(timeout=90)
+        assert b.returncode == 0, out_b
+        assert "swarm-node: peer 12D3KooW" in out_b
+        assert "run 'start-test'" in out_b and "listening on /ip4/127.0.0.1/tcp/" in out_b
+        assert "bootstrap: 1/2 reached" in out_b
+        assert f"bootstrap FAILED {dead}: " in out_b and "refused" in out_b.lower()
+        assert "peers reached: 1" in out_b and "stopped cleanly" in out_b
+
+        # a second process on the same data directory is refused with one line
+        again = _start(tmp_path, "a", "--listen", "/ip4/127.0.0.1/tcp/0", "--duration", "5")
+        out_again, _ = again.communicate(timeout=60)
+        assert again.returncode == 2 and "in use by another swarm-node process" in out_again
+
+        # SIGTERM: a clean stop that releases the port
+        a.send_signal(signal.SIGTERM)
+        out_a, _ = a.communicate(timeout=30)
+        assert a.returncode == 0, out_a
+        assert "SIGTERM: stopping" in out_a and "stopped cleanly" in out_a
+        assert json.loads((tmp_path / "a" / "status.json").read_text())["stopped"] is True
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait()
+
+
+def test_start_refuses_bad_arguments_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "run.toml").write_text(manifest_to_toml(net_manifest("start-test")))
+    p = _start(tmp_path, "c", "--bootstrap", "/ip4/127.0.0.1/tcp/4001")
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 2 and "must end in /p2p/<peer id>" in out
+    p = _start(tmp_path, "d", "--listen", "not-an-addr")
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 2 and "multiaddr" in out and out.count("\n") == 1
