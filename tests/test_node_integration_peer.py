@@ -1,0 +1,72 @@
+"""The peer runtime in one process: admission as the GossipSub validator (a rejected message
+is not forwarded), headers forwarded across a hop with bodies pulled, bans that survive a
+restart."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from node.bench._records import net_manifest, synthetic_record
+from node.peer import PeerConfig, open_peer
+from protocol.admission import Kind
+from protocol.identity import Identity
+
+pytestmark = pytest.mark.network
+
+
+def _cfg(tmp: Path, name: str, manifest, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
+    return PeerConfig(manifest=manifest, identity=Identity.generate(), data_dir=tmp / name,
+                      roles=("relay",), **kw)
+
+
+async def _until(what: str, check, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    with trio.move_on_after(timeout):
+        while not check():
+            await trio.sleep(0.05)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_rejected_gossip_stops_at_the_first_hop_and_valid_gossip_crosses_it(tmp_path: Path) -> None:
+    manifest = net_manifest("hop")
+    async with (
+        open_peer(_cfg(tmp_path, "b", manifest)) as b,
+        open_peer(_cfg(tmp_path, "a", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],))) as a,
+        open_peer(_cfg(tmp_path, "c", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],))) as c,
+    ):
+        await _until("chain a - b - c", lambda: len(b.host.connected_peers()) == 2)
+        assert a.host.connected_peers() == [b.host.peer_id] and c.host.connected_peers() == [b.host.peer_id]
+        await a.host.wait_for_topic_peers(a.topics["rollouts"], 1, 10)
+        await c.host.wait_for_topic_peers(c.topics["rollouts"], 1, 10)
+        for i in range(3):
+            await a.host.publish(a.topics["rollouts"], b"\xc1not a header" + bytes([i]))
+        rid = await a.produce(synthetic_record(a.identity, manifest, 0, n_completion=64))
+        await _until("c stores the record's body", lambda: c.counters["stored_rollout_record"] >= 1)
+        assert b.rejects["malformed"] == 3
+        assert c.rejects.get("malformed", 0) == 0  # never forwarded past b
+        assert c.counters["in_rollout_header"] == 1
+        row = c.store.get_rollout(rid)
+        assert row is not None and row.body is not None and row.source_peer is not None
+
+
+async def test_a_ban_survives_a_restart(tmp_path: Path) -> None:
+    manifest = net_manifest("bans")
+    cfg = _cfg(tmp_path, "d", manifest)
+    offender = Identity.generate().peer_id_b58
+    async with open_peer(cfg) as peer:
+        for i in range(30):
+            if peer.host.is_banned(offender):
+                break
+            peer._admit(offender, Kind.ROLLOUT_HEADER, b"\xc1junk" + bytes([i]))
+            await trio.sleep(0)
+        await _until("the offender is banned", lambda: peer.host.is_banned(offender))
+        assert peer.counters["bans"] == 1
+    async with open_peer(cfg) as again:
+        assert again.host.is_banned(offender)
+        assert again.admission.scores.is_banned(offender, time.time())
+        rejected = again.store.ledger(direction="in", outcome="rejected", limit=100)
+        assert any(e.reason == "malformed" and e.peer == offender for e in rejected)
