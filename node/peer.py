@@ -299,13 +299,19 @@ class Peer:
                     break
 
             def write(items: list[tuple[Admitted, bool, bool]] = batch) -> list[bool]:
+                """One transaction (one fsync) for the batch; item by item if it fails."""
+                to_store = [item for item, store, _ in items if store]
+                try:
+                    if to_store:
+                        self.store.put_admitted_many(to_store, own_peer=own)
+                    return [True] * len(items)
+                except (StoreError, ValueError) as exc:
+                    log.warning("batch store failed (%s); storing one by one", exc)
                 ok = []
                 for item, store, _ in items:
-                    if not store:
-                        ok.append(True)
-                        continue
                     try:
-                        self.store.put_admitted(item, own_peer=own)
+                        if store:
+                            self.store.put_admitted(item, own_peer=own)
                         ok.append(True)
                     except (StoreError, ValueError) as exc:
                         log.warning("store failed for %s: %s", item.kind, exc)
@@ -420,12 +426,8 @@ class Peer:
                 except trio.WouldBlock:
                     break
 
-            def write(batch: list[tuple[Reject, float]] = batch) -> None:
-                for reject, at in batch:
-                    self.store.log_reject(reject, at)
-
             with contextlib.suppress(StoreError):
-                await trio.to_thread.run_sync(write)
+                await trio.to_thread.run_sync(self.store.log_rejects, batch)
 
 
 def _b58(peer: bytes | str) -> str:
