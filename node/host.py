@@ -428,6 +428,8 @@ class SwarmHost:
     # -- connection events ---------------------------------------------------------------
 
     def _on_connected(self, pid: ID) -> None:
+        if self._closing:
+            return  # shutting down: the connection is closed with the network
         peer = pid.to_base58()
         if self.is_banned(peer):
             if self._nursery is not None:
@@ -773,18 +775,26 @@ async def open_host(
             async with background_trio_service(host._pubsub):
                 async with background_trio_service(host._gossipsub):
                     await host._pubsub.wait_until_ready()
-                    async with trio.open_nursery() as nursery:
-                        host._nursery = nursery
-                        try:
-                            yield host
-                        finally:
-                            with trio.CancelScope(shield=True):
-                                await host._drain()
-                            nursery.cancel_scope.cancel()
+                    try:
+                        async with trio.open_nursery() as nursery:
+                            host._nursery = nursery
+                            try:
+                                yield host
+                            finally:
+                                with trio.CancelScope(shield=True):
+                                    await host._drain()
+                                nursery.cancel_scope.cancel()
+                    finally:
+                        # Close the network while pubsub still runs: a message arriving
+                        # after the pubsub service stopped crashes the library's inbound
+                        # handler ("Nursery is closed to new arrivals").
+                        with trio.CancelScope(shield=True):
+                            with trio.move_on_after(settings.close_timeout_s * 2):
+                                await lh.close()
         finally:
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(settings.close_timeout_s * 2):
-                    await lh.close()
+                    await lh.close()  # idempotent; covers a failure before the inner close
 
 
 __all__ = [

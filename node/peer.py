@@ -276,8 +276,9 @@ class Peer:
         return admitted
 
     def _spawn(self, fn: Callable, *args: object) -> None:  # type: ignore[type-arg]
-        if self._nursery is not None:
-            self._nursery.start_soon(fn, *args)
+        if self._nursery is None or self.host._closing:
+            return  # shutting down: nothing new starts
+        self._nursery.start_soon(fn, *args)
 
     async def _ban(self, action: Ban) -> None:
         self.counters["bans"] += 1

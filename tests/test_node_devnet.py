@@ -48,9 +48,12 @@ def test_devnet_runs_workers_validator_trainer_and_writes_a_report(small_run: Pa
     roles = sorted(n["role"] for n in report["nodes"])
     assert roles == ["inference", "inference", "trainer", "validator"]
     assert all(n["exit_code"] == 0 for n in report["nodes"]), [(n["name"], n["exit_code"]) for n in report["nodes"]]
-    assert report["series"] and report["series"][-1]["produced"] == totals["produced"] or report["series"]
+    assert report["series"] and report["series"][-1]["produced"] <= totals["produced"]
     for plot in report["plots"]:
         assert (out / plot).stat().st_size > 1000
     for n in report["nodes"]:
         assert (out / n["log"]).exists()
-        assert "stopped cleanly" in (out / n["log"]).read_text()
+        log = (out / n["log"]).read_text()
+        assert "stopped cleanly" in log
+        assert "Traceback" not in log, f"{n['name']}: {log[log.find('Traceback'):][:2000]}"
+

@@ -287,3 +287,26 @@ async def test_killed_peer_is_noticed() -> None:
             )
     finally:
         await victim.stop()
+
+
+async def test_shutdown_while_messages_arrive_is_clean() -> None:
+    """Messages arriving while the host stops must not hit the stopped pubsub service
+    ("Nursery is closed to new arrivals" from the library's inbound handler)."""
+    async with open_host(_key()) as a:
+        await a.subscribe("in")
+        async with trio.open_nursery() as nursery:
+            stop = trio.Event()
+
+            async def flood() -> None:
+                while not stop.is_set():
+                    await a.publish("in", b"m" * 3000)
+                    await trio.sleep(0)
+
+            nursery.start_soon(flood)
+            for _ in range(4):
+                async with open_host(_key()) as b:
+                    await b.subscribe("in")
+                    assert (await b.connect(a.listen_addrs()[0])).ok
+                    await b.wait_for_topic_peers("in", 1, 10)
+                    await trio.sleep(0.3)
+            stop.set()

@@ -146,30 +146,33 @@ def _totals(nodes: list[NodeProc]) -> dict[str, Any]:
 def _table(nodes: list[NodeProc], elapsed: float, duration: float) -> Any:
     from rich.table import Table
 
-    t = Table(title=f"swarm-node devnet  {elapsed:5.0f}/{duration:.0f} s  (Ctrl-C stops)", expand=False)
-    for col in ("node", "role", "peer", "peers", "work", "stored", "bodies", "state"):
-        t.add_column(col)
+    t = Table(title=f"swarm-node devnet  {elapsed:4.0f}/{duration:.0f} s  (Ctrl-C stops)", expand=False)
+    for col in ("node", "peer", "peers", "work", "headers", "bodies", "state"):
+        t.add_column(col, no_wrap=True)
     for n in nodes:
         s = n.status
         rs = s.get("role_status", {})
         if n.role == "inference":
-            work = f"{rs.get('produced', 0)} made, reward {rs.get('reward_mean', '-')}"
+            work = f"{rs.get('produced', 0)} made r={rs.get('reward_mean', 0) or 0:.2f}"
         elif n.role == "validator":
-            work = f"{rs.get('passed', 0)} pass / {rs.get('failed', 0)} fail of {rs.get('sampled', 0)} sampled"
+            work = f"{rs.get('passed', 0)} ok {rs.get('failed', 0)} bad /{rs.get('sampled', 0)}"
         elif n.role == "trainer":
-            work = f"{rs.get('verified', 0)} verified, {rs.get('usable_at_version', 0)} usable"
+            work = f"{rs.get('verified', 0)} verified"
         else:
             work = f"{rs.get('served', 0)} served"
         counters = s.get("counters", {})
         alive = n.proc.poll() is None
-        state = "running" if alive else f"exited {n.proc.returncode}"
-        if alive and not s:
-            state = "starting (loading model)"
+        state = ("up" if s else "loading") if alive else f"exit {n.proc.returncode}"
         t.add_row(
-            n.name, n.role, (n.peer_id or "")[-8:], str(s.get("peers", "-")), work,
-            str(counters.get("stored_rollout_header", counters.get("produced", 0))),
+            n.name, (n.peer_id or "")[-6:], str(s.get("peers", "-")), work,
+            str(counters.get("stored_rollout_header", 0)),
             str(counters.get("stored_rollout_record", 0)), state,
         )
+    totals = _totals(nodes)
+    t.caption = (
+        f"{totals['produced']} produced, {totals['trainer_bodies']} at trainer, "
+        f"{totals['audits_passed']}/{totals['audited']} audits passed"
+    )
     return t
 
 
