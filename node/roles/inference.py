@@ -44,6 +44,7 @@ async def run(peer: Any, ctx: RoleContext) -> None:
     rewards: list[float] = []
     started = time.monotonic()
     ctx.say(f"inference: model loaded; resuming at counter {counter}")
+    last_print = time.monotonic()
     while ctx.max_rollouts is None or produced < ctx.max_rollouts:
         n = ctx.batch_size if ctx.max_rollouts is None else min(ctx.batch_size, ctx.max_rollouts - produced)
         out = tmp / f"batch-{counter}.msgpack"
@@ -69,5 +70,9 @@ async def run(peer: Any, ctx: RoleContext) -> None:
             tokens_per_s=summary.get("tokens_per_s"),
             rollouts_per_min=round(produced / max(time.monotonic() - started, 1e-9) * 60, 1),
         )
+        if time.monotonic() - last_print >= 30.0:
+            last_print = time.monotonic()
+            ctx.say(f"inference: {produced} rollouts produced, reward mean {ctx.status['reward_mean']}, "
+                    f"{ctx.status['rollouts_per_min']}/min")
     ctx.say(f"inference: produced {produced} rollouts (bound reached)")
     await trio.sleep_forever()

@@ -20,6 +20,7 @@ from protocol.admission import Admitted, Kind
 PULLS_BODIES = True
 MAX_TRACKED = 100_000
 REPORT_EVERY_S = 5.0
+PRINT_EVERY_S = 30.0
 
 
 class _Track:
@@ -76,6 +77,16 @@ async def run(peer: Any, ctx: RoleContext) -> None:
 
     peer.on_deliver(on_deliver)
     ctx.say("trainer: collecting verified rollouts (training not built yet: fixed policy version)")
+    last_print = trio.current_time()
     while True:
         await trio.sleep(REPORT_EVERY_S)
-        ctx.status.update(summarize(tracks, peer.policy_version, peer.manifest.max_staleness))
+        summary = summarize(tracks, peer.policy_version, peer.manifest.max_staleness)
+        ctx.status.update(summary)
+        if trio.current_time() - last_print >= PRINT_EVERY_S:
+            last_print = trio.current_time()
+            ctx.say(
+                f"trainer: would train on {summary['usable_at_version']} verified rollouts "
+                f"({summary['task_groups']} tasks, reward mean {summary['usable_reward_mean']}) "
+                f"at version {peer.policy_version}; {summary['bodies']} received, "
+                f"{summary['rejected']} rejected by validators, {summary['unverified']} not audited"
+            )
