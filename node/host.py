@@ -556,7 +556,7 @@ class SwarmHost:
                         peer, f"no heartbeat answer for {s.peer_dead_after_s:g} s"
                     )
                     return
-                with trio.move_on_after(min(remaining, max(s.heartbeat_interval_s * 2, 1.0))):
+                with trio.move_on_after(min(remaining, max(s.heartbeat_interval_s * 2, 1.0))) as scope:
                     try:
                         if framed is None:
                             raw = await self._lh.new_stream(ID.from_base58(peer), [PING_PROTOCOL])
@@ -568,12 +568,19 @@ class SwarmHost:
                         if echo == nonce:
                             state.last_pong = time.monotonic()
                             state.rtt_s = state.last_pong - sent
+                        else:  # out of step: start a fresh stream
+                            await framed.reset()
+                            framed = None
                     except (HostError, trio.TooSlowError):
                         framed = None
                     except trio.Cancelled:
                         raise
                     except Exception:  # new_stream on a closing connection
                         framed = None
+                if scope.cancelled_caught and framed is not None:
+                    # A late echo would arrive on this stream and put it out of step.
+                    await framed.reset()
+                    framed = None
                 await trio.sleep(s.heartbeat_interval_s)
         finally:
             self._pingers.discard(peer)
