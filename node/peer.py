@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -68,7 +69,7 @@ from protocol.wire import PeerHello, RolloutRecord, RunManifest, Verdict, WireOb
 log = logging.getLogger("swarm.peer")
 
 PULL_WORKERS = 3
-PULL_ATTEMPTS = 3
+PULL_ATTEMPTS = 8
 PULL_RETRY_S = 1.0
 ADMITTED_QUEUE = 4096
 PULL_QUEUE = 8192
@@ -96,14 +97,18 @@ class PeerConfig:
 
 
 class SeqCounter:
-    """Envelope sequence numbers: microseconds since the epoch, strictly increasing, so a
-    restarted peer never reuses one (receivers' `ReplayGuard` would refuse it)."""
+    """Envelope sequence numbers for one signer: dense (+1 per message), so receivers'
+    `ReplayGuard` window (the last 4096 numbers) tolerates gossip reordering, and starting
+    at `start_s * 4096` (start time in seconds), so a restarted peer continues above what it
+    used before as long as it averaged under 4096 messages per second."""
 
-    def __init__(self) -> None:
-        self._last = 0
+    PER_SECOND = 4096
+
+    def __init__(self, start_s: float | None = None) -> None:
+        self._last = int(time.time() if start_s is None else start_s) * self.PER_SECOND
 
     def next(self) -> int:
-        self._last = max(self._last + 1, time.time_ns() // 1000)
+        self._last += 1
         return self._last
 
 
@@ -373,12 +378,17 @@ class Peer:
             if p.attempts >= PULL_ATTEMPTS:
                 self.counters["pull_gave_up"] += 1
                 continue
-            # rotate sources and retry later (the forwarder may not have the body yet)
+            # Rotate sources and retry later (the forwarder may not have the body yet);
+            # after the announcers, any connected peer may hold it (relays, trainers).
             p.sources = p.sources[1:] + p.sources[:1]
+            if p.attempts == 2:
+                others = [x for x in self.host.connected_peers() if x not in p.sources]
+                random.shuffle(others)
+                p.sources += others[:3]
             self._spawn(self._retry_pull, p)
 
     async def _retry_pull(self, p: _Pull) -> None:
-        await trio.sleep(PULL_RETRY_S * p.attempts)
+        await trio.sleep(min(8.0, PULL_RETRY_S * 2 ** (p.attempts - 1)))
         with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
             self._pull_send.send_nowait(p)
 

@@ -75,7 +75,7 @@ async def main(args: argparse.Namespace) -> None:
                 base = peer.counters["produced"]
                 for i in range(n):
                     record = synthetic_record(identity, manifest, base + i, n_completion=size,
-                                              proof_pool=pool, rng=rng)
+                                              proof_pool=pool, rng=rng, seq=peer.seq.next())
                     await peer.produce(record)
                     await trio.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
 

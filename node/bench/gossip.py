@@ -158,8 +158,13 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         body_lat: list[float] = []
         header_lat: list[float] = []
         rtts: list[float] = []
+        diag: dict[str, int] = {}
         for p in receivers:
             s = await stats(p)
+            for k in ("pull_errors", "pull_gave_up", "overloaded_drops", "store_failed"):
+                diag[k] = diag.get(k, 0) + s["counters"].get(k, 0)
+            for k, v in s["rejected"].items():
+                diag[f"rejected_{k}"] = diag.get(f"rejected_{k}", 0) + v
             body_lat += s["body_latency_ms"]
             header_lat += s["header_latency_ms"]
             if s.get("rtt_ms_median") is not None:
@@ -175,6 +180,7 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "rss_mb_max": round(rss_max, 1),
             "frozen_peer_detect_s": frozen_s,
             "killed_peer_detect_s": killed_s,
+            "diagnostics": diag,
             "params": {
                 "peers": opts.peers,
                 "producers": opts.producers,
