@@ -215,3 +215,13 @@ def test_reward_check() -> None:
     r = checks.check_reward(1.0, 0.0)
     assert (r.passed, r.reason) == (False, "reward-mismatch")
     assert not checks.check_reward(float("nan"), 0.0).passed
+
+
+def test_drift_combines_logprob_and_proof_errors() -> None:
+    th = Thresholds(drift=0.002, drift_proof_weight=0.001)
+    assert checks.check_drift({"logprob_err_mean": 0.001, "proof_mant_mean_all": 0.5}, th).passed
+    # each term alone is under the limit, their sum is not
+    r = checks.check_drift({"logprob_err_mean": 0.0015, "proof_mant_mean_all": 0.9}, th)
+    assert (r.passed, r.reason) == (False, "model-drift")
+    assert r.metrics["drift"] == pytest.approx(0.0024)
+    assert checks.check_drift({}, th).passed  # nothing to combine: other checks decide

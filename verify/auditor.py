@@ -15,6 +15,10 @@ Order of an audit (the first failure is the verdict's reason; all failures are l
    so real tokens keep their positions; up to `max_batch_tokens` padded tokens a batch).
    Row `n_prompt - 1 + i` is the hidden state that chose completion token i.
 3. Model checks: TOPLOC statistics and signs of the proofs, sampling replay, log-probs.
+4. A rollout failing a model check is prefilled once more at the other precision (bf16 for
+   an fp32 model, and back): honest workers may compute in either, and the tight limits
+   hold for a worker checked at its own precision. It passes if every model check passes
+   there; the metric `audit_precision_bits` says which precision judged it.
 
 Cost: one forward pass over prompt + completion, against the generation's one forward
 pass per generated token; the bench measures the ratio (`verify_speedup`).
@@ -52,6 +56,7 @@ class AuditSettings:
     thresholds: Thresholds = THRESHOLDS
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     padding_side: str = "right"  # "left" uses explicit position ids (same result, up to noise)
+    second_precision: bool = True  # re-check failing model checks at the other precision
     expected_settings: Any = None  # a RunManifest (or same attributes): checked when given
 
 
@@ -235,6 +240,28 @@ def audit_bodies(
             cheap_checks(body, eos_ids=eos, vocab=vocab, claimed_reward=reward, judgement=judgement, settings=settings)
         )
     todo = [i for i in range(n) if all(r.passed for r in early[i])]
+    late = _model_checks(model, bodies, todo, settings)
+    if settings.second_precision and late:
+        # A rollout whose model checks fail at the verifier's precision gets one more
+        # prefill at the other allowed precision (fp32 <-> bf16): an honest worker may
+        # compute in either, and each is checked against its own kind of rounding noise.
+        retry = [i for i in todo if not all(r.passed for r in late[i])]
+        if retry:
+            other = _other_precision(model)
+            again = _model_checks(other, bodies, retry, settings)
+            for i in retry:
+                if all(r.passed for r in again[i]):
+                    late[i] = again[i]
+    out = []
+    for i in range(n):
+        j = judged[i]
+        out.append(_combine(early[i] + late.get(i, []), j.reward if j is not None else None))
+    return out
+
+
+def _model_checks(
+    model: Any, bodies: Sequence[Any], todo: Sequence[int], settings: AuditSettings
+) -> dict[int, list[checks.CheckResult]]:
     recomputed = prefill(
         model,
         [(bodies[i].prompt_ids, bodies[i].completion_ids) for i in todo],
@@ -243,18 +270,38 @@ def audit_bodies(
     )
     late: dict[int, list[checks.CheckResult]] = {}
     th = settings.thresholds
+    bits = 16.0 if next(model.parameters()).dtype == torch.bfloat16 else 32.0
     for i, (hidden, logits) in zip(todo, recomputed, strict=True):
         body = bodies[i]
         res = checks.check_proofs(hidden, body.proofs, settings.chunk, settings.topk, th)
         rep = checks.replay(logits, body)
         res.append(checks.check_sampling(rep, th))
         res.append(checks.check_logprobs(rep, body.logprobs, th))
+        merged: dict[str, float] = {}
+        for r in res:
+            merged.update(r.metrics)
+        res.append(checks.check_drift(merged, th))
+        res.append(checks._ok("precision", {"audit_precision_bits": bits}))
         late[i] = res
-    out = []
-    for i in range(n):
-        j = judged[i]
-        out.append(_combine(early[i] + late.get(i, []), j.reward if j is not None else None))
-    return out
+    return late
+
+
+_OTHER_PRECISION: dict[int, tuple[Any, Any]] = {}
+
+
+def _other_precision(model: Any) -> Any:
+    """A bf16 copy of an fp32 model (or an fp32 copy of a bf16 one), cached per model."""
+    import copy
+
+    hit = _OTHER_PRECISION.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    dtype = next(model.parameters()).dtype
+    target = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
+    other = copy.deepcopy(model).to(target).eval()
+    _OTHER_PRECISION.clear()  # keep one copy at most
+    _OTHER_PRECISION[id(model)] = (model, other)
+    return other
 
 
 def audit_records(

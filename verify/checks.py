@@ -19,6 +19,7 @@ same on every peer: lowercase, digits, `-`) and the measurements behind it. Reas
 | `termination`       | not ending at the first EOS, nor at exactly `max_new_tokens`     |
 | `sampling-replay`   | a token the seeded Gumbel-max rule would not have chosen         |
 | `logprob-mismatch`  | recorded sampler log-probs differ from recomputed ones           |
+| `model-drift`       | log-probs and proof values together drift more than rounding     |
 | `task-mismatch`     | prompt, seed or task differ from the re-derived assignment        |
 | `reward-mismatch`   | claimed reward differs from the re-scored one                    |
 """
@@ -267,6 +268,25 @@ def check_logprobs(rep: Replay, recorded: Sequence[float], th: Thresholds = THRE
     if worst > th.logprob_err_max or mean > th.logprob_err_mean:
         return _fail("logprobs", "logprob-mismatch", f"log-prob error max {worst:.3g} mean {mean:.3g}", metrics)
     return _ok("logprobs", metrics)
+
+
+def check_drift(metrics: dict[str, float], th: Thresholds = THRESHOLDS) -> CheckResult:
+    """The fine test for a slightly different model (int8 weights, small perturbations):
+    drift = mean |log-prob error| + w * mean mantissa error of all proof points.
+
+    Each term alone overlaps between honest rounding noise and a quantised model; their
+    sum separates them better because the two measure independent views of the same
+    deviation (the sampled token's log-prob, the hidden state's largest entries).
+    """
+    lp = metrics.get("logprob_err_mean")
+    mant = metrics.get("proof_mant_mean_all")
+    if lp is None or mant is None:
+        return _ok("drift")
+    drift = lp + th.drift_proof_weight * mant
+    m = {"drift": drift}
+    if not drift <= th.drift:
+        return _fail("drift", "model-drift", f"drift {drift:.5f} > {th.drift}", m)
+    return _ok("drift", m)
 
 
 # ------------------------------------------------------------------ task and reward
