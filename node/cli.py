@@ -99,17 +99,59 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
 
 
 @cli.command()
+@click.option(
+    "--role", required=True, type=click.Choice(["inference", "trainer", "validator", "relay"])
+)
+@click.option(
+    "--run", "run", required=True, type=click.Path(path_type=Path), help="Run manifest TOML."
+)
+@click.option("--key", required=True, type=click.Path(path_type=Path), help="Identity key file.")
+@click.option("--listen", multiple=True, help="Multiaddr to listen on (repeatable).")
+@click.option(
+    "--bootstrap", multiple=True, help="Multiaddr of a peer, ending in /p2p/<id> (repeatable)."
+)
+@click.option("--data-dir", type=click.Path(path_type=Path), help="Store, caches, status file.")
+@click.option("--model", help="Model directory or builtin:tiny (default: the manifest's model).")
+@click.option("--config", type=click.Path(path_type=Path), help="Node configuration TOML.")
+@click.option("--batch-size", type=int, help="Inference batch size.")
+@click.option("--audit-fraction", type=float, help="Validator: share of rollouts to audit.")
+@click.option("--max-rollouts", type=int, help="Inference: stop producing after this many.")
+@click.option("--duration", type=float, help="Stop by itself after this many seconds.")
+@click.option("--threads", default=1, show_default=True, type=int, help="Torch CPU threads.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @_one_line_errors
-def start() -> None:
+def start(**kwargs: Any) -> None:
     """Join a training run as one role (inference, trainer, validator, relay)."""
-    _not_built("start", "issue 5: the real peer on py-libp2p")
+    from node.commands import start as cmd
+
+    cmd.main(**kwargs)
 
 
 @cli.command()
+@click.option("--inference", default=3, show_default=True, help="Inference workers.")
+@click.option("--validators", default=1, show_default=True, help="Validators.")
+@click.option("--relays", default=0, show_default=True, help="Relays.")
+@click.option("--duration", default=120.0, show_default=True, help="Seconds to run, then stop.")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    help="Report directory (default ./devnet-reports/<time>).",
+)
+@click.option(
+    "--run",
+    "run",
+    type=click.Path(path_type=Path),
+    help="Run manifest (default: the built-in tiny run).",
+)
+@click.option("--audit-fraction", default=0.5, show_default=True, help="Validator audit share.")
+@click.option("--batch-size", default=4, show_default=True, help="Inference batch size.")
+@click.option("--no-live", is_flag=True, help="Plain progress lines instead of a live table.")
 @_one_line_errors
-def devnet() -> None:
-    """Run a local swarm on loopback with the built-in tiny policy."""
-    _not_built("devnet", "issue 5: the real peer on py-libp2p")
+def devnet(no_live: bool, **kwargs: Any) -> None:
+    """Run a local swarm of real processes on loopback with the built-in tiny policy."""
+    from node.commands import devnet as cmd
+
+    cmd.main(live=not no_live, **kwargs)
 
 
 @cli.command()
