@@ -33,7 +33,9 @@ def collect(data_dir: Path, now: float | None = None) -> dict[str, Any]:
             bucket[reason or "-"] = bucket.get(reason or "-", 0) + n
         peers = store.load_peers()
         bans = store.active_bans(now)
+        live = _read_live(data_dir)
         return {
+            "live": live,
             "store": str(path),
             "schema_version": store.schema_version(),
             "rollouts_stored": store.count_rollouts(),
@@ -51,6 +53,15 @@ def collect(data_dir: Path, now: float | None = None) -> dict[str, Any]:
         }
 
 
+def _read_live(data_dir: Path) -> dict[str, Any] | None:
+    """The running node's own `status.json` (written each second by `swarm-node start`)."""
+    try:
+        live = json.loads((data_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return live if isinstance(live, dict) else None
+
+
 def _peer_text(peer: bytes | str) -> str:
     if isinstance(peer, bytes):
         from protocol.identity import peer_id_to_b58
@@ -66,6 +77,10 @@ def main(data_dir: Path | None, as_json: bool) -> None:
         click.echo(json.dumps(status))
         return
     own = status["own_rollouts"]
+    live = status["live"]
+    if live:
+        summary = ", ".join(f"{k}={v}" for k, v in live.items() if isinstance(v, int | float | str))
+        click.echo(f"live            {summary}")
     click.echo(f"store           {status['store']} (schema v{status['schema_version']})")
     click.echo(f"rollouts stored {status['rollouts_stored']}")
     click.echo(
