@@ -17,6 +17,7 @@ directory receives:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -281,9 +282,10 @@ def main(
         for n in nodes[1:]:
             _wait_banner(n, START_TIMEOUT_S)
         started = time.monotonic()
-        with Live(_table(nodes, 0, duration), console=console, refresh_per_second=2,
-                  transient=False, auto_refresh=live) as view:
+        with (Live(_table(nodes, 0, duration), console=console, refresh_per_second=2,
+                   transient=False) if live else contextlib.nullcontext()) as view:
             last_sample = -10.0
+            last_line = 0.0
             while (elapsed := time.monotonic() - started) < duration:
                 for n in nodes:
                     n.read_status()
@@ -292,6 +294,14 @@ def main(
                     series.append({"t": round(elapsed, 1), **_totals(nodes)})
                 if live:
                     view.update(_table(nodes, elapsed, duration))
+                elif elapsed - last_line >= 10.0:
+                    last_line = elapsed
+                    t = _totals(nodes)
+                    console.print(
+                        f"devnet {elapsed:4.0f}/{duration:.0f} s: {t['produced']} produced, "
+                        f"{t['trainer_bodies']} at trainer, {t['audits_passed']}/{t['audited']} audits "
+                        f"passed, {t['trainer_verified']} verified, min peers {t['peers_min']}"
+                    )
                 if all(n.proc.poll() is not None for n in nodes):
                     break
                 time.sleep(0.5)
