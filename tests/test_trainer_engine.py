@@ -88,26 +88,31 @@ def test_outputs_match_a_verifier_prefill(tiny):
 
 def test_eos_stops_and_greedy_and_multinomial(tiny):
     model, tok, _ = tiny
-    prompts = _prompts(tok, 2)
-    eos = tok.eos_token_id
-    # force EOS by biasing the head: every sample ends at step 0
+    prompts = _prompts(tok, 4)
+    seeds = [1, 2, 3, 4]
     eng = HFEngine(model, tok)
-    with torch.no_grad():
-        saved = model.get_output_embeddings().weight[eos].clone()
-        model.get_output_embeddings().weight[eos] *= 0
-        model.get_output_embeddings().weight[eos] += 50 * model.base_model.norm.weight.sign()
-    try:
-        g = eng.generate(prompts, SETTINGS, [1, 2])
-    finally:
-        with torch.no_grad():
-            model.get_output_embeddings().weight[eos] = saved
-    assert all(x.completion_ids == [eos] and x.finish_reason == "eos" for x in g)
+    ref = eng.generate(prompts, SETTINGS, seeds)
+    # declare a token sample 0 draws at step 3 an EOS: every sample stops at its first
+    # occurrence, and the tokens before it are unchanged (rows leave the batch cleanly)
+    stop = ref[0].completion_ids[3]
+    eng.eos_token_ids = frozenset([stop])
+    got = eng.generate(prompts, SETTINGS, seeds)
+    for a, b in zip(ref, got, strict=True):
+        if stop in a.completion_ids:
+            k = a.completion_ids.index(stop)
+            assert b.completion_ids == a.completion_ids[: k + 1] and b.finish_reason == "eos"
+        else:
+            assert b.completion_ids == a.completion_ids and b.finish_reason == "length"
+        assert torch.allclose(b.hidden, a.hidden[: len(b.completion_ids)], atol=1e-5)
+    eng.eos_token_ids = frozenset(range(len(tok)))
+    assert all(len(g.completion_ids) == 1 and g.finish_reason == "eos" for g in eng.generate(prompts, SETTINGS, seeds))
+    eng = HFEngine(model, tok)
     greedy = SamplingSettings(temperature=0.0, max_new_tokens=6)
-    a = eng.generate(prompts, greedy, [1, 2])
-    b = eng.generate(prompts, greedy, [3, 4])
+    a = eng.generate(prompts, greedy, [1, 2, 3, 4])
+    b = eng.generate(prompts, greedy, [5, 6, 7, 8])
     assert [x.completion_ids for x in a] == [x.completion_ids for x in b]
     assert all(lp == 0.0 for x in a for lp in x.logprobs)
-    m = HFEngine(model, tok, sampler="multinomial").generate(prompts, SETTINGS, [1, 2], capture_hidden=False)
+    m = HFEngine(model, tok, sampler="multinomial").generate(prompts, SETTINGS, seeds, capture_hidden=False)
     assert all(x.hidden is None and len(x.completion_ids) >= 1 for x in m)
 
 

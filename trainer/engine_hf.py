@@ -26,6 +26,8 @@ import torch
 from trainer.engine import Engine, Generation, SamplingSettings, check_batch
 from verify.sampling import sample_tokens
 
+SMALL_MODEL_PARAMS = 20_000_000  # below this the engine defaults to one thread
+
 # Architectures whose logits are exactly lm_head(base_model(...).last_hidden_state).
 _PLAIN_HEAD = {
     "LlamaForCausalLM",
@@ -72,6 +74,9 @@ class HFEngine(Engine):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch = int(max_batch)
+        n_params = sum(p.numel() for p in model.parameters())
+        if threads is None and n_params < SMALL_MODEL_PARAMS:
+            threads = 1  # tiny matmuls: threading overhead (and oversubscription) dominate
         self.threads = threads
         self.sampler = sampler
         head = model.get_output_embeddings()
@@ -190,7 +195,8 @@ class HFEngine(Engine):
 
         tokens: list[list[int]] = [[] for _ in range(b)]
         logps: list[list[float]] = [[] for _ in range(b)]
-        hiddens: list[list[torch.Tensor]] = [[] for _ in range(b)]
+        # per step: the batch's hidden rows [alive, H] and which sample each row is
+        step_hidden: list[tuple[torch.Tensor, list[int]]] = []
         finish: list[str] = ["length"] * b
         alive = list(range(b))  # original indices of the rows still in the batch
         next_pos = torch.tensor(lengths, dtype=torch.long)
@@ -199,13 +205,13 @@ class HFEngine(Engine):
         logits, h, cache = self._forward(ids, mask, pos, cache)
         for step in range(settings.max_new_tokens):
             tok, lp = self._sample(logits, settings, [seeds[i] for i in alive], step)
+            if capture_hidden:
+                step_hidden.append((h.detach().to(torch.float32), list(alive)))
             keep_rows: list[int] = []
             for row, i in enumerate(alive):
                 t = int(tok[row])
                 tokens[i].append(t)
                 logps[i].append(float(lp[row]))
-                if capture_hidden:
-                    hiddens[i].append(h[row].detach().to(torch.float32).clone())
                 if t in self.eos_token_ids:
                     finish[i] = "eos"
                 else:
@@ -224,9 +230,13 @@ class HFEngine(Engine):
             next_pos[alive] += 1
             logits, h, cache = self._forward(new_ids, mask, step_pos, cache)
 
+        rows: list[list[torch.Tensor]] = [[] for _ in range(b)]
+        for hs, who in step_hidden:
+            for r, i in enumerate(who):
+                rows[i].append(hs[r])
         out = []
         for i in range(b):
-            hid = torch.stack(hiddens[i]) if capture_hidden else None
+            hid = torch.stack(rows[i]) if capture_hidden else None
             out.append(Generation(tokens[i], logps[i], hid, finish[i]))  # type: ignore[arg-type]
         return out
 

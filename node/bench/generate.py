@@ -111,7 +111,7 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
         "batch": n,
         "mean_completion_tokens": round(sum(k for _, k in cap) / len(cap) / n, 2),
         "max_new_tokens": settings.max_new_tokens,
-        "threads": torch.get_num_threads(),
+        "threads": batched.threads or torch.get_num_threads(),
         "params": sum(p.numel() for p in model.parameters()),
         "seconds": round(time.perf_counter() - t_start, 1),
     }
