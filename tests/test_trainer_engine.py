@@ -23,8 +23,13 @@ def tiny(tmp_path_factory):
     """A randomly initialised micro Qwen2 (hidden 64, 2 layers) saved as a model dir."""
     tok = build_tokenizer(seed=0)
     model = build_model(
-        tok, seed=1, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
+        tok,
+        seed=1,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
     )
     path = save_model_dir(model, tok, tmp_path_factory.mktemp("micro") / "model")
     return model, tok, path
@@ -33,7 +38,9 @@ def tiny(tmp_path_factory):
 def _prompts(tok, n=5):
     tasks = TaskSet(1)
     names = ["tiny-chain-sum", "tiny-products", "tiny-gcd"]
-    prompts = [tok.encode(tasks.task(names[i % 3], i).prompt, add_special_tokens=False) for i in range(n)]
+    prompts = [
+        tok.encode(tasks.task(names[i % 3], i).prompt, add_special_tokens=False) for i in range(n)
+    ]
     if n > 1:
         prompts[1] = prompts[1][:7]  # different lengths exercise left padding
     return prompts
@@ -42,6 +49,7 @@ def _prompts(tok, n=5):
 SETTINGS = SamplingSettings(temperature=1.0, top_p=0.95, top_k=50, max_new_tokens=12)
 
 
+@pytest.mark.slow
 def test_same_seed_same_tokens_across_batch_sizes_and_threads(tiny):
     model, tok, _ = tiny
     prompts = _prompts(tok)
@@ -79,8 +87,12 @@ def test_outputs_match_a_verifier_prefill(tiny):
         assert torch.allclose(h, g.hidden, atol=1e-4)
         assert g.hidden.to(torch.bfloat16).shape == h.shape
         toks, lps = sample_tokens(
-            logits, temperature=SETTINGS.temperature, top_p=SETTINGS.top_p,
-            top_k=SETTINGS.top_k, seeds=[seed] * t, steps=list(range(t)),
+            logits,
+            temperature=SETTINGS.temperature,
+            top_p=SETTINGS.top_p,
+            top_k=SETTINGS.top_k,
+            seeds=[seed] * t,
+            steps=list(range(t)),
         )
         assert toks.tolist() == g.completion_ids
         assert np.allclose(lps, g.logprobs, atol=1e-4)
@@ -105,14 +117,19 @@ def test_eos_stops_and_greedy_and_multinomial(tiny):
             assert b.completion_ids == a.completion_ids and b.finish_reason == "length"
         assert torch.allclose(b.hidden, a.hidden[: len(b.completion_ids)], atol=1e-5)
     eng.eos_token_ids = frozenset(range(len(tok)))
-    assert all(len(g.completion_ids) == 1 and g.finish_reason == "eos" for g in eng.generate(prompts, SETTINGS, seeds))
+    assert all(
+        len(g.completion_ids) == 1 and g.finish_reason == "eos"
+        for g in eng.generate(prompts, SETTINGS, seeds)
+    )
     eng = HFEngine(model, tok)
     greedy = SamplingSettings(temperature=0.0, max_new_tokens=6)
     a = eng.generate(prompts, greedy, [1, 2, 3, 4])
     b = eng.generate(prompts, greedy, [5, 6, 7, 8])
     assert [x.completion_ids for x in a] == [x.completion_ids for x in b]
     assert all(lp == 0.0 for x in a for lp in x.logprobs)
-    m = HFEngine(model, tok, sampler="multinomial").generate(prompts, SETTINGS, seeds, capture_hidden=False)
+    m = HFEngine(model, tok, sampler="multinomial").generate(
+        prompts, SETTINGS, seeds, capture_hidden=False
+    )
     assert all(x.hidden is None and len(x.completion_ids) >= 1 for x in m)
 
 
@@ -135,7 +152,9 @@ def test_saved_model_dir_reloads_to_identical_logits(tiny, tmp_path):
     ids = torch.tensor([_prompts(tok, 1)[0]])
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, again(input_ids=ids).logits)
-    assert tok2.encode("12 + 3", add_special_tokens=False) == tok.encode("12 + 3", add_special_tokens=False)
+    assert tok2.encode("12 + 3", add_special_tokens=False) == tok.encode(
+        "12 + 3", add_special_tokens=False
+    )
     save_model_dir(again, tok2, tmp_path / "copy")
     third, _ = load_model_dir(tmp_path / "copy")
     with torch.no_grad():

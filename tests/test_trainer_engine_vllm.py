@@ -25,9 +25,16 @@ def test_torch_rule_matches_the_reference(temperature, top_p, top_k):
     rng = np.random.default_rng(3)
     for i in range(40):
         x = rng.normal(scale=3.0, size=200).astype(np.float32)
-        want, _ = sample_token(x, temperature=temperature, top_p=top_p, top_k=top_k, seed=i * 7919, step=i)
+        want, _ = sample_token(
+            x, temperature=temperature, top_p=top_p, top_k=top_k, seed=i * 7919, step=i
+        )
         got = seeded_choice_torch(
-            torch.from_numpy(x), temperature=temperature, top_p=top_p, top_k=top_k, seed=i * 7919, step=i
+            torch.from_numpy(x),
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=i * 7919,
+            step=i,
         )
         assert got == want
 
@@ -36,7 +43,9 @@ def test_recorded_logprobs_match_the_sampler():
     rng = np.random.default_rng(4)
     x = rng.normal(size=(6, 100)).astype(np.float32)
     s = SamplingSettings(temperature=0.8, top_p=0.9, top_k=30, max_new_tokens=6)
-    toks, lps = sample_tokens(x, temperature=0.8, top_p=0.9, top_k=30, seeds=[99] * 6, steps=list(range(6)))
+    toks, lps = sample_tokens(
+        x, temperature=0.8, top_p=0.9, top_k=30, seeds=[99] * 6, steps=list(range(6))
+    )
     got = recorded_logprobs(torch.from_numpy(x), toks.tolist(), s, 99)
     assert np.allclose(got, lps, atol=1e-6)
     # a token the rule filtered out gets the floor, not -inf
@@ -57,7 +66,10 @@ def test_vllm_engine_matches_cpu_engine(tmp_path):  # pragma: no cover - GPU onl
     model = build_model(tok, seed=3)
     path = save_model_dir(model, tok, tmp_path / "m")
     tasks = TaskSet(1)
-    prompts = [tok.encode(tasks.task("tiny-chain-sum", i).prompt, add_special_tokens=False) for i in range(8)]
+    prompts = [
+        tok.encode(tasks.task("tiny-chain-sum", i).prompt, add_special_tokens=False)
+        for i in range(8)
+    ]
     settings = SamplingSettings(temperature=1.0, top_p=0.95, top_k=0, max_new_tokens=16)
     seeds = list(range(100, 108))
     cpu = HFEngine(model, tok).generate(prompts, settings, seeds)

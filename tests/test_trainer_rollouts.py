@@ -33,8 +33,13 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("rollouts")
     tok = build_tokenizer(seed=0)
     model = build_model(
-        tok, seed=2, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
+        tok,
+        seed=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
     )
     model_dir = save_model_dir(model, tok, root / "model")
     table = run_manifest_table(run_id="test-run", seed=5)
@@ -44,17 +49,26 @@ def setup(tmp_path_factory):
     key = root / "key.pem"
     identity = Identity.generate()
     write_key(key, identity)
-    return dict(root=root, model=model, tok=tok, model_dir=model_dir, run=run, key=key, identity=identity)
+    return dict(
+        root=root, model=model, tok=tok, model_dir=model_dir, run=run, key=key, identity=identity
+    )
 
 
 def test_records_open_rederive_and_replay(setup, capsys):
     out = setup["root"] / "r.msgpack"
     summary = rollouts.main(
-        run=setup["run"], key=setup["key"], n=6, out=out, model=str(setup["model_dir"]),
-        batch_size=4, quiet=True,
+        run=setup["run"],
+        key=setup["key"],
+        n=6,
+        out=out,
+        model=str(setup["model_dir"]),
+        batch_size=4,
+        quiet=True,
     )
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["n"] == 6
-    assert summary["n"] == 6 and 0.0 <= summary["reward_mean"] <= 1.0 and summary["tokens_per_s"] > 0
+    assert (
+        summary["n"] == 6 and 0.0 <= summary["reward_mean"] <= 1.0 and summary["tokens_per_s"] > 0
+    )
     manifest = load_run_manifest(setup["run"])
     tasks = TaskSet(manifest.seed)
     tok, model = setup["tok"], setup["model"]
@@ -73,22 +87,33 @@ def test_records_open_rederive_and_replay(setup, capsys):
         assert h.reward == tasks.score(task, text).reward
         assert len(b.logprobs) == len(b.completion_ids) and all(lp <= 0 for lp in b.logprobs)
         assert (b.temperature, b.top_p, b.top_k, b.max_new_tokens) == (
-            manifest.temperature, manifest.top_p, manifest.top_k, manifest.max_new_tokens
+            manifest.temperature,
+            manifest.top_p,
+            manifest.top_k,
+            manifest.max_new_tokens,
         )
         # replay the sampler on a verifier's prefill
         t = len(b.completion_ids)
         ids = torch.tensor([list(b.prompt_ids) + list(b.completion_ids)])
         with torch.no_grad():
-            hid = model.base_model(input_ids=ids).last_hidden_state[0, h.n_prompt - 1 : h.n_prompt + t - 1]
+            hid = model.base_model(input_ids=ids).last_hidden_state[
+                0, h.n_prompt - 1 : h.n_prompt + t - 1
+            ]
             logits = model.get_output_embeddings()(hid)
         toks, _ = sample_tokens(
-            logits, temperature=b.temperature, top_p=b.top_p, top_k=b.top_k,
-            seeds=[b.sampling_seed] * t, steps=list(range(t)),
+            logits,
+            temperature=b.temperature,
+            top_p=b.top_p,
+            top_k=b.top_k,
+            seeds=[b.sampling_seed] * t,
+            steps=list(range(t)),
         )
         assert toks.tolist() == list(b.completion_ids)
         if HAVE_TOPLOC:
             assert len(b.proofs) == math.ceil(t / manifest.proof_chunk)
-            results = verify_proofs_bytes(hid, list(b.proofs), chunk=manifest.proof_chunk, topk=manifest.proof_topk)
+            results = verify_proofs_bytes(
+                hid, list(b.proofs), chunk=manifest.proof_chunk, topk=manifest.proof_topk
+            )
             assert len(results) == len(b.proofs)
             assert all(c.exp_mismatches <= 38 for c in results)
 
@@ -97,9 +122,16 @@ def test_same_inputs_same_records_apart_from_time(setup):
     outs = []
     for name in ("a", "b"):
         out = setup["root"] / f"{name}.msgpack"
-        rollouts.main(run=setup["run"], key=setup["key"], n=3, out=out,
-                      model=str(setup["model_dir"]), batch_size=3 if name == "a" else 1,
-                      quiet=True, proofs=False)
+        rollouts.main(
+            run=setup["run"],
+            key=setup["key"],
+            n=3,
+            out=out,
+            model=str(setup["model_dir"]),
+            batch_size=3 if name == "a" else 1,
+            quiet=True,
+            proofs=False,
+        )
         with open(out, "rb") as f:
             outs.append([open_record(r).body for r in read_records(f)])
     assert [b.completion_ids for b in outs[0]] == [b.completion_ids for b in outs[1]]
@@ -114,7 +146,9 @@ def _err(**kw) -> str:
 
 
 def test_bad_inputs_give_one_line_errors(setup, tmp_path, monkeypatch):
-    base = dict(run=setup["run"], key=setup["key"], n=2, out=tmp_path / "o", model=str(setup["model_dir"]))
+    base = dict(
+        run=setup["run"], key=setup["key"], n=2, out=tmp_path / "o", model=str(setup["model_dir"])
+    )
     assert "does not exist" in _err(**{**base, "model": str(tmp_path / "missing")})
     assert "no config.json" in _err(**{**base, "model": str(tmp_path)})
     assert "--n" in _err(**{**base, "n": 0})

@@ -54,16 +54,30 @@ def test_assignment_follows_weights():
 def test_group_members_share_the_task_not_the_seed():
     g = [_derive(group_size=4, counter=c) for c in range(8)]
     assert len({(x.dataset, x.task_index) for x in g[:4]}) == 1
-    assert (g[0].dataset, g[0].task_index, g[0].group) != (g[4].dataset, g[4].task_index, g[4].group)
+    assert (g[0].dataset, g[0].task_index, g[0].group) != (
+        g[4].dataset,
+        g[4].task_index,
+        g[4].group,
+    )
     assert len({x.task_seed for x in g}) == 8
 
 
 def test_assign_task_reads_the_manifest():
     m = RunManifest(
-        run_id="t", model="builtin:tiny", model_digest=b"", seed=7,
-        datasets=tuple(DatasetSpec(name=n, weight=w) for n, w in MIX), group_size=1,
-        max_staleness=2, max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0,
-        proof_chunk=32, proof_topk=128, trainer_keys=(),
+        run_id="t",
+        model="builtin:tiny",
+        model_digest=b"",
+        seed=7,
+        datasets=tuple(DatasetSpec(name=n, weight=w) for n, w in MIX),
+        group_size=1,
+        max_staleness=2,
+        max_new_tokens=16,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        proof_chunk=32,
+        proof_topk=128,
+        trainer_keys=(),
     )
     assert assign_task(m, P1, 0, 5) == _derive(counter=5)
 
@@ -113,9 +127,15 @@ def test_scoring_is_exact_and_robust_on_malformed_answers():
     t = tasks.task("tiny-chain-sum", 1)
     assert tasks.score(t, render_target(t.answer)).reward == 1.0
     malformed = [
-        "", "<answer>", "<answer></answer>", "<answer>\x00\xff</answer>",
-        "<answer>" + "9" * 5000 + "</answer>", "<answer>1e999999</answer>",
-        "<answer>NaN</answer>", "<answer>[[[</answer>", "<answer>💥</answer>",
+        "",
+        "<answer>",
+        "<answer></answer>",
+        "<answer>\x00\xff</answer>",
+        "<answer>" + "9" * 5000 + "</answer>",
+        "<answer>1e999999</answer>",
+        "<answer>NaN</answer>",
+        "<answer>[[[</answer>",
+        "<answer>💥</answer>",
     ]
     for name in ["tiny-chain-sum", "tiny-gcd", "prime_factorization", "basic_arithmetic"]:
         task = tasks.task(name, 2)

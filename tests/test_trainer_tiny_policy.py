@@ -42,7 +42,12 @@ def test_model_init_is_deterministic(tok):
 def short_recipe(monkeypatch):
     """A few small steps instead of the full warm start."""
     for name, value in dict(
-        BATCH=8, MAX_STEPS=4, EVAL_EVERY=2, EVAL_TASKS=8, FINAL_EVAL_TASKS=8, TOKENIZER_TEXTS=300,
+        BATCH=8,
+        MAX_STEPS=4,
+        EVAL_EVERY=2,
+        EVAL_TASKS=8,
+        FINAL_EVAL_TASKS=8,
+        TOKENIZER_TEXTS=300,
     ).items():
         monkeypatch.setattr(tp, name, value)
 
@@ -50,7 +55,9 @@ def short_recipe(monkeypatch):
 def test_warm_start_is_deterministic_for_a_seed(tok, short_recipe):
     runs = []
     for _ in range(2):
-        model = tp.build_model(tok, seed=1, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+        model = tp.build_model(
+            tok, seed=1, hidden_size=32, intermediate_size=64, num_hidden_layers=1
+        )
         before = {k: v.clone() for k, v in model.state_dict().items()}
         rep = tp.warm_start(model, tok, seed=3, max_steps=4, threads=1)
         runs.append((model.state_dict(), rep))

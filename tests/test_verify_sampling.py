@@ -70,9 +70,7 @@ def test_noise_is_gumbel_distributed():
 def test_sampling_frequencies_follow_softmax():
     logits = np.array([2.0, 1.0, 0.0, -1.0], dtype=np.float32)
     n = 20_000
-    toks, _ = sample_tokens(
-        np.tile(logits, (n, 1)), temperature=1.0, seeds=list(range(n)), steps=0
-    )
+    toks, _ = sample_tokens(np.tile(logits, (n, 1)), temperature=1.0, seeds=list(range(n)), steps=0)
     freq = np.bincount(toks, minlength=4) / n
     p = np.exp(logits) / np.exp(logits).sum()
     assert np.abs(freq - p).max() < 0.015
@@ -119,7 +117,10 @@ def test_token_choice_is_independent_of_batch_layout():
     x = rng.normal(size=(6, 300)).astype(np.float32)
     seeds = [11, 22, 33, 44, 55, 66]
     together, lp_t = sample_tokens(x, temperature=1.0, top_p=0.9, top_k=50, seeds=seeds, steps=4)
-    alone = [sample_token(x[i], temperature=1.0, top_p=0.9, top_k=50, seed=s, step=4) for i, s in enumerate(seeds)]
+    alone = [
+        sample_token(x[i], temperature=1.0, top_p=0.9, top_k=50, seed=s, step=4)
+        for i, s in enumerate(seeds)
+    ]
     assert together.tolist() == [t for t, _ in alone]
     assert lp_t.tolist() == [lp for _, lp in alone]
 

@@ -48,7 +48,9 @@ def seeded_choice_torch(
     if 0 < top_k < v:
         keep[top_k:] = False
     if top_p < 1.0:
-        zz = torch.where(keep, zs.double(), torch.tensor(float("-inf"), device=x.device, dtype=torch.float64))
+        zz = torch.where(
+            keep, zs.double(), torch.tensor(float("-inf"), device=x.device, dtype=torch.float64)
+        )
         p = torch.softmax(zz - zz[0], dim=-1)
         before = torch.cumsum(p, dim=-1) - p
         keep &= before < top_p
@@ -76,8 +78,12 @@ def recorded_logprobs(
     if settings.temperature == 0.0:
         return [0.0] * t
     _, zk = perturbed_scores(
-        logits, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-        seeds=[seed] * t, steps=list(range(t)),
+        logits,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        seeds=[seed] * t,
+        steps=list(range(t)),
     )
     z = zk.astype(np.float64)
     zmax = z.max(axis=1, keepdims=True)
@@ -122,8 +128,12 @@ def _processor_class() -> type:
                 if index >= logits.shape[0]:
                     continue
                 tok = seeded_choice_torch(
-                    logits[index], temperature=temp, top_p=top_p, top_k=top_k,
-                    seed=seed, step=len(out_ids),
+                    logits[index],
+                    temperature=temp,
+                    top_p=top_p,
+                    top_k=top_k,
+                    seed=seed,
+                    step=len(out_ids),
                 )
                 logits[index].fill_(float("-inf"))
                 logits[index, tok] = 0.0

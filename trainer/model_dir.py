@@ -66,7 +66,9 @@ def load_model_dir(path: str | os.PathLike[str], dtype: Any = None) -> tuple[Any
             try:
                 tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
             except Exception as exc:  # transformers raises many types for broken files
-                raise ModelDirError(f"tokenizer in {p} cannot be loaded ({_one_line(exc)})") from None
+                raise ModelDirError(
+                    f"tokenizer in {p} cannot be loaded ({_one_line(exc)})"
+                ) from None
             try:
                 model = AutoModelForCausalLM.from_pretrained(
                     str(p), local_files_only=True, dtype=dtype

@@ -272,7 +272,9 @@ class TaskSet:
                     **dict(source.config),
                 )
         except Exception as exc:  # reasoning-gym raises assorted types on bad configs
-            raise TaskError(f"dataset {name!r} cannot be built: {type(exc).__name__}: {exc}") from None
+            raise TaskError(
+                f"dataset {name!r} cannot be built: {type(exc).__name__}: {exc}"
+            ) from None
 
     def task(self, name: str, task_index: int) -> Task:
         ds = self.dataset(name)
@@ -283,7 +285,9 @@ class TaskSet:
                 f"dataset {name!r} item {task_index} cannot be generated: {type(exc).__name__}"
             ) from None
         answer = entry.get("answer")
-        return Task(name, task_index, str(entry["question"]), None if answer is None else str(answer), entry)
+        return Task(
+            name, task_index, str(entry["question"]), None if answer is None else str(answer), entry
+        )
 
     def task_for(self, assignment: Assignment) -> Task:
         return self.task(assignment.dataset, assignment.task_index)

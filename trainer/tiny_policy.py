@@ -270,7 +270,9 @@ def warm_start(
             step += 1
             if step % EVAL_EVERY == 0 or step == max_steps:
                 model.eval()
-                rate = solve_rate(engine, tokenizer, eval_tasks, eval_items, EVAL_TEMPERATURE, seed=seed)
+                rate = solve_rate(
+                    engine, tokenizer, eval_tasks, eval_items, EVAL_TEMPERATURE, seed=seed
+                )
                 evals.append((step, rate))
                 say(
                     f"warm start: step {step}/{max_steps} loss {loss_value:.3f} "
@@ -281,9 +283,13 @@ def warm_start(
         model.eval()
         final_items = [(names[k % len(names)], EVAL_TASKS + k) for k in range(FINAL_EVAL_TASKS)]
         engine = HFEngine(model, tokenizer, max_batch=FINAL_EVAL_TASKS)
-        rate = solve_rate(engine, tokenizer, eval_tasks, final_items, EVAL_TEMPERATURE, seed=seed + 1)
+        rate = solve_rate(
+            engine, tokenizer, eval_tasks, final_items, EVAL_TEMPERATURE, seed=seed + 1
+        )
         greedy = solve_rate(engine, tokenizer, eval_tasks, final_items, 0.0, seed=seed)
-        say(f"warm start: done after {step} steps; solve rate {rate:.1%} sampled, {greedy:.1%} greedy")
+        say(
+            f"warm start: done after {step} steps; solve rate {rate:.1%} sampled, {greedy:.1%} greedy"
+        )
     return WarmStartReport(
         recipe=RECIPE,
         seed=seed,

@@ -43,7 +43,9 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     try:
         opts = ap.parse_args(args)
     except SystemExit:
-        raise CommandError(f"bench generate: bad arguments {args}; allowed: --data-dir, --threads, --prompts") from None
+        raise CommandError(
+            f"bench generate: bad arguments {args}; allowed: --data-dir, --threads, --prompts"
+        ) from None
 
     import torch
 

@@ -43,7 +43,9 @@ def main(
             root, seed=seed, force=force, threads=threads, progress=say
         )
     except OSError as exc:
-        raise CommandError(f"cannot write to data directory {root}: {exc.strerror or exc}") from None
+        raise CommandError(
+            f"cannot write to data directory {root}: {exc.strerror or exc}"
+        ) from None
     run_path = root / "tiny-run.toml"
     if not run_path.exists() or force:
         manifest = manifest_from_table(tiny_policy.run_manifest_table(), source="built-in manifest")

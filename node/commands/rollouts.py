@@ -33,7 +33,9 @@ def resolve_model(model: str | None, manifest_model: str, data_dir: str | None) 
     name = model or manifest_model
     if name == tiny_policy.BUILTIN_MODEL or name.startswith("builtin:"):
         if name != tiny_policy.BUILTIN_MODEL:
-            raise CommandError(f"unknown built-in model {name!r} (known: {tiny_policy.BUILTIN_MODEL})")
+            raise CommandError(
+                f"unknown built-in model {name!r} (known: {tiny_policy.BUILTIN_MODEL})"
+            )
         path = tiny_policy.policy_dir(data_dir)
         if not tiny_policy.is_built(path):
             raise CommandError(
@@ -214,7 +216,9 @@ def generate_records(
                     batch_tasks = [tasks.task_for(a) for a in assignments]
                 except TaskError as exc:
                     raise CommandError(str(exc)) from None
-                prompts = [tokenizer.encode(t.prompt, add_special_tokens=False) for t in batch_tasks]
+                prompts = [
+                    tokenizer.encode(t.prompt, add_special_tokens=False) for t in batch_tasks
+                ]
                 t0 = time.perf_counter()
                 gens = engine.generate(
                     prompts,
