@@ -132,7 +132,8 @@ def _totals(nodes: list[NodeProc]) -> dict[str, Any]:
     weighted = [(r * k, k) for r, k in inference_rewards if r is not None and k]
     return {
         "produced": produced,
-        "trainer_bodies": tstat.get("bodies", 0),
+        "trainer_bodies": (trainer.status.get("counters", {}).get("stored_rollout_record", 0)
+                           if trainer else 0),
         "trainer_verified": tstat.get("verified", 0),
         "trainer_rejected": tstat.get("rejected", 0),
         "trainer_usable": tstat.get("usable_at_version", 0),

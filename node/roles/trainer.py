@@ -19,7 +19,7 @@ from protocol.admission import Admitted, Kind
 
 PULLS_BODIES = True
 MAX_TRACKED = 100_000
-REPORT_EVERY_S = 5.0
+REPORT_EVERY_S = 2.0
 PRINT_EVERY_S = 30.0
 
 
