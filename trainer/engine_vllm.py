@@ -4,7 +4,8 @@ Imported only when used (`pip install swarm-node[gpu]`); nothing here runs at im
 without vLLM. Tested only where a CUDA GPU and vLLM exist (tests skip elsewhere).
 
 How the protocol's sampling rule (`verify.sampling`) runs inside vLLM: a V1 logits
-processor (`SeededGumbelProcessor`, vLLM >= 0.10.2 `LogitsProcessor` API) reads each
+processor (`SeededGumbelProcessor`, the `LogitsProcessor` API of vLLM >= 0.10.2's V1
+model runner; vLLM's newer "model runner V2" has a different interface) reads each
 request's `extra_args["swarm_seed"]` and its live output-token list (step = tokens so
 far), applies the rule on the GPU (same Philox noise via `gumbel_noise_torch`, same
 top-k / top-p order and tie-breaks), and leaves only the chosen token finite; vLLM then
@@ -92,9 +93,14 @@ def recorded_logprobs(
     return np.maximum(lp, -1e4).astype(np.float32).tolist()
 
 
-def _processor_class() -> type:
-    """Build the vLLM logits-processor class (vLLM must be importable)."""
+try:  # vLLM is optional: without it only the torch helpers above are usable
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
+except ImportError:  # pragma: no cover - depends on the install
+    LogitsProcessor = None
+
+PROCESSOR_FQCN = "trainer.engine_vllm:SeededGumbelProcessor"  # importable in vLLM workers
+
+if LogitsProcessor is not None:  # pragma: no cover - GPU installs only
 
     class SeededGumbelProcessor(LogitsProcessor):
         """Forces each opted-in request's next token to the seeded rule's choice."""
@@ -139,8 +145,6 @@ def _processor_class() -> type:
                 logits[index, tok] = 0.0
             return logits
 
-    return SeededGumbelProcessor
-
 
 class VLLMEngine(Engine):
     """Generation on a GPU with vLLM; same contract as `HFEngine` (see `trainer.engine`)."""
@@ -164,13 +168,14 @@ class VLLMEngine(Engine):
             raise RuntimeError("the vLLM engine needs a CUDA GPU; use the CPU engine instead")
         from trainer.model_dir import load_model_dir
 
-        processor = _processor_class()
+        if LogitsProcessor is None:
+            raise RuntimeError("this vLLM has no V1 LogitsProcessor API (needs vLLM >= 0.10.2)")
         self.llm = vllm.LLM(
             model=str(model_dir),
             dtype=dtype,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
-            logits_processors=[processor],
+            logits_processors=[PROCESSOR_FQCN],
             enable_prefix_caching=False,
             **llm_kwargs,
         )
