@@ -2,8 +2,8 @@
 
 Nothing is downloaded. The tokenizer is a byte-level BPE trained with `tokenizers` on the
 built-in task text (digits split one per token, `<answer>` and `</answer>` single tokens).
-The model is a standard `transformers` Qwen2 (4 layers, hidden 128, 0.83M parameters), so its directory is
-an ordinary Hugging Face model directory any engine can load.
+The model is a standard `transformers` Qwen2 (4 layers, hidden 128, 0.83M parameters), so
+its directory is an ordinary Hugging Face model directory any engine can load.
 
 Warm start (supervised): next-token cross-entropy on `prompt -> <answer>gold</answer><eos>`
 over freshly generated tasks of the built-in mix, loss on the completion only, AdamW with
@@ -11,8 +11,9 @@ a linear warm-up and cosine decay. Every `EVAL_EVERY` steps the policy is scored
 `EVAL_TASKS` held-out tasks with the run's own seeded sampler (temperature 1.0); training
 stops at the first evaluation reaching `TARGET_SOLVE_RATE` (or at `MAX_STEPS`), so RL starts
 from a policy that solves a modest share of tasks (signal), not all of them (nothing left
-to learn). The reported solve rates come from `FINAL_EVAL_TASKS` fresh held-out tasks. Deterministic for a
-seed on one machine and thread count (float reductions may differ elsewhere).
+to learn). The reported solve rates come from `FINAL_EVAL_TASKS` fresh held-out tasks.
+Training runs on one thread by default, so the result is deterministic for a seed (float
+reductions can still differ across CPU types and library versions).
 
 Cache: `<data dir>/models/tiny-<RECIPE>-seed<seed>/` (written to a temporary directory
 then renamed), with `warm_start.json` holding the report. Data dir: `--data-dir`, else
