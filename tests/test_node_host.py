@@ -75,6 +75,12 @@ async def test_noise_yamux_connect_and_stream_frames() -> None:
         b.set_stream_handler("/t/echo/1", echo)
         result = await a.connect(b.listen_addrs()[0])
         assert result.ok, result.error
+        from libp2p.peer.id import ID
+        from libp2p.stream_muxer.yamux.yamux import Yamux
+
+        conn = a._lh.get_network().get_connections(ID.from_base58(b.peer_id))[0]
+        assert isinstance(conn.muxed_conn, Yamux)
+        assert str(conn.muxed_conn.negotiated_security_protocol) == "/noise"
         stream = await a.open_stream(b.peer_id, "/t/echo/1")
         payload = secrets.token_bytes(300_000)
         await stream.send(payload)

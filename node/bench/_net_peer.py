@@ -111,11 +111,8 @@ async def main(args: argparse.Namespace) -> None:
                         nursery.start_soon(produce, cmd["n"], cmd.get("rate", 2.0), cmd.get("size", 1024))
                         _say({"ok": True})
                     elif kind == "stats":
-                        counts = await trio.to_thread.run_sync(
-                            lambda: (peer.store.count_rollouts(),
-                                     len(peer.store.rollouts(with_body=True, limit=1_000_000)))
-                        )
-                        _say({**peer.stats(), "stored": counts[0], "bodies": counts[1],
+                        stored = await trio.to_thread.run_sync(peer.store.count_rollouts)
+                        _say({**peer.stats(), "stored": stored,
                               "header_latency_ms": header_lat, "body_latency_ms": body_lat,
                               "connected": peer.host.connected_peers()})
                     elif kind == "ids":
