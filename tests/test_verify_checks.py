@@ -225,3 +225,19 @@ def test_drift_combines_logprob_and_proof_errors() -> None:
     assert (r.passed, r.reason) == (False, "model-drift")
     assert r.metrics["drift"] == pytest.approx(0.0024)
     assert checks.check_drift({}, th).passed  # nothing to combine: other checks decide
+
+
+def test_calibrate_takes_twice_the_honest_maximum_above_floors() -> None:
+    from verify.thresholds import STRICT, THRESHOLDS, calibrate
+
+    rows = [
+        {"proof_mant_mean_all": 0.3, "logprob_err_mean": 0.0, "drift": 0.0003, "proof_mant_median_max": 1.0},
+        {"proof_mant_mean_all": 0.1, "logprob_err_mean": 0.0001, "drift": 0.0002, "proof_mant_median_max": 0.0},
+    ]
+    th = calibrate(rows, THRESHOLDS)
+    assert th.proof_mant_mean_all == pytest.approx(0.6)
+    assert th.logprob_err_mean == 0.0005  # floor
+    assert th.drift == 0.0006  # floor above 2 x 0.0003
+    assert th.proof_mant_median == THRESHOLDS.proof_mant_median  # never below the base's
+    assert th.logprob_err_max == THRESHOLDS.logprob_err_max  # no data: the base's value
+    assert calibrate(rows, STRICT).proof_mant_median == 1.0

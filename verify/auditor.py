@@ -35,7 +35,7 @@ import torch
 
 from protocol.wire import Metric, Verdict
 from verify import checks, toploc
-from verify.thresholds import THRESHOLDS, Thresholds
+from verify.thresholds import STRICT, THRESHOLDS, Thresholds
 
 DEFAULT_MAX_BATCH_TOKENS = 16_384
 
@@ -53,7 +53,8 @@ class TaskJudgement:
 class AuditSettings:
     chunk: int = toploc.CHUNK
     topk: int = toploc.TOPK
-    thresholds: Thresholds = THRESHOLDS
+    thresholds: Thresholds = STRICT  # for an fp32 prefill (and the reward tolerance)
+    bf16_thresholds: Thresholds = THRESHOLDS  # for a bf16 prefill
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     padding_side: str = "right"  # "left" uses explicit position ids (same result, up to noise)
     second_precision: bool = True  # re-check failing model checks at the other precision
@@ -269,8 +270,9 @@ def _model_checks(
         settings.padding_side,
     )
     late: dict[int, list[checks.CheckResult]] = {}
-    th = settings.thresholds
-    bits = 16.0 if next(model.parameters()).dtype == torch.bfloat16 else 32.0
+    low = next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
+    th = settings.bf16_thresholds if low else settings.thresholds
+    bits = 16.0 if low else 32.0
     for i, (hidden, logits) in zip(todo, recomputed, strict=True):
         body = bodies[i]
         res = checks.check_proofs(hidden, body.proofs, settings.chunk, settings.topk, th)

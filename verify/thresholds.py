@@ -12,7 +12,7 @@ median <= 8; ours is tighter where the data allows it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +40,53 @@ class Thresholds:
     reward_tolerance: float = 1e-6
 
 
+# The loose regime: a verifier prefill in bf16, judging a worker that computed in bf16.
+# bf16 KV-cache decode and bf16 prefill round differently, and how much depends on the
+# model (see CALIBRATION); these defaults admit the noisiest case we measured.
 THRESHOLDS = Thresholds()
+
+# The strict regime: an fp32 verifier judging an fp32 worker. On a CPU, fp32 decode and
+# fp32 prefill agree to the last bf16 bit in nearly every value whatever the batch size,
+# padding, thread count or attention kernel (CALIBRATION), so the limits sit just above 0.
+STRICT = Thresholds(
+    proof_exp_mismatch_frac=0.04,
+    proof_mant_mean=0.05,
+    proof_mant_median=0.0,
+    proof_exp_mismatch_frac_all=0.02,
+    proof_mant_mean_all=0.02,
+    sampling_margin=0.01,
+    sampling_near_ties_max=2,
+    logprob_err_max=0.002,
+    logprob_err_mean=0.0005,
+    drift=0.0006,
+)
+
+# Calibration: metric name -> threshold field, and the floor no calibration goes below.
+CALIBRATED = {
+    "proof_exp_mismatch_frac": ("proof_exp_mismatch_frac", 0.04),
+    "proof_mant_mean_max": ("proof_mant_mean", 0.05),
+    "proof_exp_mismatch_frac_all": ("proof_exp_mismatch_frac_all", 0.02),
+    "proof_mant_mean_all": ("proof_mant_mean_all", 0.02),
+    "sampling_margin_max": ("sampling_margin", 0.01),
+    "logprob_err_max": ("logprob_err_max", 0.002),
+    "logprob_err_mean": ("logprob_err_mean", 0.0005),
+    "drift": ("drift", 0.0006),
+}
+
+
+def calibrate(honest: list[dict[str, float]], base: Thresholds, factor: float = 2.0) -> Thresholds:
+    """Thresholds from the metrics of honest rollouts judged at one precision: each
+    calibrated limit is `factor` times the largest honest value, never below its floor;
+    the other limits are `base`'s. Use a calibration set apart from the rollouts judged."""
+    changes: dict[str, float] = {}
+    for metric, (field, floor) in CALIBRATED.items():
+        values = [row[metric] for row in honest if metric in row]
+        if values:
+            changes[field] = max(floor, factor * max(values))
+    median_vals = [row["proof_mant_median_max"] for row in honest if "proof_mant_median_max" in row]
+    if median_vals:
+        changes["proof_mant_median"] = max(base.proof_mant_median, max(median_vals))
+    return replace(base, **changes)
+
 
 CALIBRATION = """(filled in from bench verify measurements)"""

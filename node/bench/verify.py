@@ -32,7 +32,7 @@ import copy
 import statistics
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 HONEST = {
@@ -399,6 +399,50 @@ def _changed_fraction(a: Any, b: Any) -> float:
     return changed / max(1, total)
 
 
+# ------------------------------------------------------------------ calibration
+
+def _raw_metrics(model: Any, opened: list[Any], settings: Any) -> list[dict[str, float]]:
+    from verify import auditor
+    from verify.thresholds import Thresholds
+
+    inf = 1e300
+    loose = Thresholds(
+        proof_exp_mismatch_frac=inf, proof_mant_mean=inf, proof_mant_median=inf,
+        proof_exp_mismatch_frac_all=inf, proof_mant_mean_all=inf, proof_sign_mismatches=10**9,
+        sampling_margin=inf, sampling_near_ties_max=10**9, logprob_err_max=inf,
+        logprob_err_mean=inf, drift=inf,
+    )
+    st = replace(settings, thresholds=loose, bf16_thresholds=loose, second_precision=False)
+    bodies = [ro.body for ro in opened]
+    late = auditor._model_checks(model, bodies, list(range(len(bodies))), st)
+    rows = []
+    for i in range(len(bodies)):
+        row: dict[str, float] = {}
+        for r in late[i]:
+            row.update(r.metrics)
+        rows.append(row)
+    return rows
+
+
+def _calibrate(ctx: Ctx, engine: Any) -> Any:
+    """Thresholds from honest workers at each precision, judged at that precision, on
+    rollouts (counters from 10^7) that the benchmark cases never see."""
+    from verify import auditor
+    from verify.thresholds import STRICT, THRESHOLDS, calibrate
+
+    cal = replace(ctx, n=max(8, ctx.n // 2))
+    fp32 = _open(_make_records(cal, engine, counter0=10**7).records)
+    bf = _bf16(ctx.model)
+    bf16 = _open(_make_records(cal, _engine(bf, ctx.tokenizer, max_batch=64), counter0=2 * 10**7).records)
+    rows32 = _raw_metrics(ctx.model, fp32, ctx.audit_settings)
+    rows16 = _raw_metrics(auditor._other_precision(ctx.model), bf16, ctx.audit_settings)
+    return replace(
+        ctx.audit_settings,
+        thresholds=calibrate(rows32, STRICT),
+        bf16_thresholds=calibrate(rows16, THRESHOLDS),
+    )
+
+
 # ------------------------------------------------------------------ stats
 
 
@@ -431,12 +475,13 @@ def _parse(args: list[str], quick: bool) -> argparse.Namespace:
     ap.add_argument("--hidden", type=int, default=None)
     ap.add_argument("--n", type=int, default=None)
     ap.add_argument("--only", default=None, help="comma-separated case names")
+    ap.add_argument("--no-calibrate", action="store_true", help="use the shipped thresholds")
     try:
         ns = ap.parse_args(args)
     except SystemExit:
         from node.errors import CommandError
 
-        raise CommandError(f"bench verify: bad arguments {args} (know --hidden H, --n N, --only a,b)") from None
+        raise CommandError(f"bench verify: bad arguments {args} (know --hidden H, --n N, --only a,b, --no-calibrate)") from None
     if ns.hidden is not None and not 16 <= ns.hidden <= 8192:
         from node.errors import CommandError
 
@@ -458,18 +503,22 @@ def run(quick: bool, args: list[str]) -> dict:
     def want(name: str) -> bool:
         return only is None or name in only
 
-    # ---- honest baseline: timing with and without proofs, then the audit
+    # ---- honest baseline: timing with and without proofs, then the audit.
+    # Timed single-threaded (generation and audit alike) and as CPU seconds: the machine is
+    # shared, and busy-waiting thread pools make multi-threaded timings meaningless there.
+    # Interleaved rounds, best of each.
+    from trainer.engine_hf import torch_threads
+
     base_engine = _engine(ctx.model, tok, max_batch=64)
-    _make_records(replace(ctx, n=min(ctx.n, 4)), base_engine)  # warm-up
-    # Interleaved rounds, best of each: the machine is shared, so the minimum is the
-    # least disturbed measurement. CPU seconds (all threads) are reported beside wall time.
+    timing_engine = _engine(ctx.model, tok, max_batch=64, threads=1)
+    _make_records(replace(ctx, n=min(ctx.n, 4)), timing_engine)  # warm-up
     rounds = 1 if quick else 3
     t_without, t_with, c_without, c_with, base = [], [], [], [], None
     for _ in range(rounds):
         c0 = time.process_time()
-        plain = _make_records(ctx, base_engine, proofs=False)
+        plain = _make_records(ctx, timing_engine, proofs=False)
         c1 = time.process_time()
-        made = _make_records(ctx, base_engine, proofs=True)
+        made = _make_records(ctx, timing_engine, proofs=True)
         c2 = time.process_time()
         t_without.append(plain.gen_seconds)
         t_with.append(made.gen_seconds + made.proof_seconds)
@@ -480,17 +529,29 @@ def run(quick: bool, args: list[str]) -> dict:
     _say(f"generated {ctx.n} rollouts: {min(t_without):.2f}s without proofs, {min(t_with):.2f}s with")
     base_opened = _open(base.records)
     t_audits, c_audits = [], []
-    for _ in range(rounds + 1):
-        c0 = time.process_time()
-        base_res, t = _audit(ctx, base_opened)
-        c_audits.append(time.process_time() - c0)
-        t_audits.append(t)
+    with torch_threads(1):
+        for _ in range(rounds + 1):
+            c0 = time.process_time()
+            base_res, t = _audit(ctx, base_opened)
+            c_audits.append(time.process_time() - c0)
+            t_audits.append(t)
     t_audit = min(t_audits)
     _say(f"audited {ctx.n} rollouts in {t_audit:.2f}s")
+
+    # ---- calibration on a separate set of honest rollouts (other counters)
+    thresholds_report: dict[str, Any] = {"calibrated": not ns.no_calibrate}
+    if not ns.no_calibrate:
+        ctx.audit_settings = _calibrate(ctx, base_engine)
+        _say("thresholds calibrated on honest fp32 and bf16 workers")
+        base_res, _ = _audit(ctx, base_opened)
+    for name, th in (("fp32", ctx.audit_settings.thresholds), ("bf16", ctx.audit_settings.bf16_thresholds)):
+        thresholds_report[name] = {k: round(v, 6) for k, v in asdict(th).items()}
 
     honest: dict[str, float] = {}
     attacks: dict[str, float] = {}
     stale_changed = None
+    cherry_identical = None
+    copied_skipped = None
     calib_honest: dict[str, Any] = {}
     calib_attack: dict[str, Any] = {}
 
@@ -545,7 +606,12 @@ def run(quick: bool, args: list[str]) -> dict:
     if want("cherry_pick"):
         own = lambda s, k: (s * 6364136223846793005 + 1442695040888963407 * (k + 1)) % 2**64  # noqa: E731
         made = _make_records(ctx, base_engine, seed_fn=own, pick_of=4)
-        attack_case("cherry_pick", _audit(ctx, _open(made.records))[0])
+        picked = _open(made.records)
+        # a pick equal to the assigned seed's own sample is no cheat (and cannot be seen)
+        altered = [p for p, b in zip(picked, base_opened, strict=True)
+                   if p.body.completion_ids != b.body.completion_ids]
+        cherry_identical = len(picked) - len(altered)
+        attack_case("cherry_pick", _audit(ctx, altered)[0] if altered else [])
 
     # ---- edited records (careful attacker: re-proved, re-scored, re-signed)
     gen = torch.Generator().manual_seed(5)
@@ -586,14 +652,16 @@ def run(quick: bool, args: list[str]) -> dict:
         copied = []
         for i, ro in enumerate(base_opened):
             need = len(ro.body.proofs)
-            donor = next(
-                (bodies[(i + d) % len(bodies)] for d in range(1, len(bodies))
-                 if len(bodies[(i + d) % len(bodies)].proofs) >= need),
-                bodies[(i + 1) % len(bodies)],
-            )
-            pr = (list(donor.proofs) * need)[:need]
-            copied.append(_resign(ctx, ro, replace(ro.body, proofs=tuple(pr))))
-        attack_case("proof_copied", _audit(ctx, _open(copied))[0])
+            # the next rollout whose proofs differ (a group shares prompts, and a
+            # confident policy often its completions, hence its proofs too)
+            for d in range(1, len(bodies)):
+                donor = bodies[(i + d) % len(bodies)]
+                pr = tuple((list(donor.proofs) * need)[:need])
+                if pr != ro.body.proofs:
+                    copied.append(_resign(ctx, ro, replace(ro.body, proofs=pr)))
+                    break
+        copied_skipped = len(base_opened) - len(copied)
+        attack_case("proof_copied", _audit(ctx, _open(copied))[0] if copied else [])
     if want("zero_proofs"):
         zeroed = [_resign(ctx, ro, replace(ro.body, proofs=tuple(bytes(len(p)) for p in ro.body.proofs)))
                   for ro in base_opened]
@@ -616,8 +684,12 @@ def run(quick: bool, args: list[str]) -> dict:
         "proof_build_overhead_cpu_pct": round(100 * (min(c_with) - min(c_without)) / min(c_without), 2),
         "verify_speedup_cpu": round(min(c_with) / min(c_audits), 2),
         "stale_weights_changed_frac": None if stale_changed is None else round(stale_changed, 5),
+        "cherry_pick_identical_to_honest": cherry_identical,
+        "proof_copied_no_distinct_donor": copied_skipped,
+        "thresholds": thresholds_report,
         "attacks": attacks,
         "honest": honest,
+        "timing_threads": 1,
         "threads": torch.get_num_threads(),
         "seconds": round(time.perf_counter() - t_start, 1),
         "calibration": {"honest": calib_honest, "attacks": calib_attack},
