@@ -76,6 +76,7 @@ PULL_QUEUE = 8192
 SCORE_SAVE_INTERVAL_S = 15.0
 AGENT = "swarm-node/0.1.0"
 BAD_REQUEST_PENALTY = -10.0
+MAX_SERVE_STREAMS_PER_PEER = 4
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ class Peer:
         self._pull_send, self._pull_recv = trio.open_memory_channel[_Pull](PULL_QUEUE)
         self._ledger_send, self._ledger_recv = trio.open_memory_channel[tuple[Reject, float]](ADMITTED_QUEUE)
         self._nursery: trio.Nursery | None = None
+        self._serving: dict[str, int] = {}  # peer -> open body streams we serve
         self.discovery = Discovery(
             host, self.run_id, self._hello_bytes, max_peers=cfg.max_peers, on_hello=self._on_hello
         )
@@ -406,6 +408,12 @@ class Peer:
 
             return await trio.to_thread.run_sync(read)
 
+        active = self._serving.get(stream.peer, 0)
+        if active >= MAX_SERVE_STREAMS_PER_PEER:
+            self.counters["serve_refused"] += 1
+            await stream.reset()  # a peer gets a few body streams at a time, not the store
+            return
+        self._serving[stream.peer] = active + 1
         try:
             n = await rollout_exchange.serve(stream, lookup)
         except rollout_exchange.BadRequest as exc:
@@ -414,6 +422,12 @@ class Peer:
                 Misbehaved(stream.peer, BAD_REQUEST_PENALTY, "bad rollout request", time.time())
             ))
             raise exc
+        finally:
+            left = self._serving.get(stream.peer, 1) - 1
+            if left > 0:
+                self._serving[stream.peer] = left
+            else:
+                self._serving.pop(stream.peer, None)
         self.counters["served"] += n
 
     async def _tick_loop(self) -> None:

@@ -70,3 +70,34 @@ async def test_a_ban_survives_a_restart(tmp_path: Path) -> None:
         assert again.admission.scores.is_banned(offender, time.time())
         rejected = again.store.ledger(direction="in", outcome="rejected", limit=100)
         assert any(e.reason == "malformed" and e.peer == offender for e in rejected)
+
+
+async def test_body_streams_per_peer_are_capped(tmp_path: Path) -> None:
+    from node import rollout_exchange as rx
+    from node.host import PeerError
+    from node.peer import MAX_SERVE_STREAMS_PER_PEER
+
+    manifest = net_manifest("cap")
+    async with open_peer(_cfg(tmp_path, "s", manifest)) as server, open_peer(
+        _cfg(tmp_path, "c", manifest, bootstrap=(server.host.listen_addrs()[0],))
+    ) as client:
+        await _until("connected", lambda: client.host.connected_peers() == [server.host.peer_id])
+        streams, refused = [], 0
+        for _ in range(MAX_SERVE_STREAMS_PER_PEER + 2):
+            try:
+                stream = await client.host.open_stream(server.host.peer_id, rx.protocol_id("cap"))
+            except PeerError:
+                refused += 1  # the server reset it during negotiation
+                continue
+            streams.append(stream)
+            await trio.sleep(0.2)  # let the server's handler start
+        await _until("extra streams refused", lambda: server.counters["serve_refused"] >= 2, timeout=10)
+        # the first ones still work
+        await streams[0].send(rx.encode_request([bytes(32)]))
+        assert await streams[0].receive() == b""  # unknown id: an empty frame
+        for late in streams[MAX_SERVE_STREAMS_PER_PEER:]:
+            with pytest.raises(PeerError):
+                await late.send(rx.encode_request([bytes(32)]))
+                await late.receive()
+        for s in streams:
+            await s.close()
