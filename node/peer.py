@@ -243,9 +243,13 @@ class Peer:
         return check
 
     def _admit(self, sender: str, kind: Kind, data: bytes) -> bool:
+        return self._admit_actions(sender, kind, data)[0]
+
+    def _admit_actions(self, sender: str, kind: Kind, data: bytes) -> tuple[bool, list]:  # type: ignore[type-arg]
         now = time.time()
         self.counters[f"in_{kind}"] += 1
-        return self._apply(self.admission.handle(MessageReceived(sender, kind, data, now)))
+        actions = self.admission.handle(MessageReceived(sender, kind, data, now))
+        return self._apply(actions), actions
 
     def _apply(self, actions: list) -> bool:  # type: ignore[type-arg]
         """Carry out admission's actions; True when the message was admitted."""
@@ -374,8 +378,12 @@ class Peer:
         for p, rec in zip(pulls, records, strict=True):
             if rec is not None:
                 self.counters["pulled"] += 1
-                self._admit(source, Kind.ROLLOUT_RECORD, rec)
-                continue
+                admitted, actions = self._admit_actions(source, Kind.ROLLOUT_RECORD, rec)
+                if admitted or any(
+                    isinstance(a, Reject) and a.reason == "duplicate" for a in actions
+                ):
+                    continue
+                # A bad body from this source (it paid for it in score): try another one.
             p.attempts += 1
             if p.attempts >= PULL_ATTEMPTS:
                 self.counters["pull_gave_up"] += 1
