@@ -241,3 +241,20 @@ def test_calibrate_takes_twice_the_honest_maximum_above_floors() -> None:
     assert th.proof_mant_median == THRESHOLDS.proof_mant_median  # never below the base's
     assert th.logprob_err_max == THRESHOLDS.logprob_err_max  # no data: the base's value
     assert calibrate(rows, STRICT).proof_mant_median == 1.0
+
+
+def test_replay_many_equals_one_by_one() -> None:
+    rng = np.random.default_rng(6)
+    bodies, logits = [], []
+    for k, temp in enumerate((1.0, 0.7, 1.0, 0.0)):
+        lg = rng.normal(size=(5 + k, V)).astype(np.float32)
+        b = _sampled_body(lg, temperature=temp) if temp else _body(
+            completion_ids=tuple(int(v) for v in lg.argmax(1)), logprobs=(0.0,) * (5 + k),
+            temperature=0.0, max_new_tokens=5 + k, finish_reason="length")
+        bodies.append(dataclasses.replace(b, sampling_seed=100 + k))
+        logits.append(torch.from_numpy(lg))
+    many = checks.replay_many(logits, bodies)
+    for rep, lg, b in zip(many, logits, bodies, strict=True):
+        one = checks.replay(lg, b)
+        assert np.array_equal(rep.margins, one.margins)
+        assert np.array_equal(rep.logprobs, one.logprobs, equal_nan=True)

@@ -268,3 +268,16 @@ def test_byte_identical_with_reference_library() -> None:
             for r in ref.verify_proofs_bytes(y, mine, 32, 128, skip_prefill=True)
         ]
         assert a == [(v[0], float(v[1]), float(v[2])) for v in b]
+
+
+def test_many_equals_one_by_one() -> None:
+    gen = torch.Generator().manual_seed(7)
+    acts = [torch.randn(t, 48, generator=gen).to(torch.bfloat16) for t in (5, 32, 70, 1, 33)]
+    many = toploc.build_proofs_bytes_many(acts)
+    assert many == [toploc.build_proofs_bytes(a) for a in acts]
+    noisy = [(a.float() * 1.02).to(torch.bfloat16) for a in acts]
+    assert toploc.verify_proofs_bytes_many(noisy, many) == [
+        toploc.verify_proofs_bytes(a, p) for a, p in zip(noisy, many, strict=True)
+    ]
+    with pytest.raises(ProofFormatError):
+        toploc.verify_proofs_bytes_many(acts, [many[0]] * len(acts))

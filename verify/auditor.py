@@ -273,10 +273,22 @@ def _model_checks(
     low = next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
     th = settings.bf16_thresholds if low else settings.thresholds
     bits = 16.0 if low else 32.0
-    for i, (hidden, logits) in zip(todo, recomputed, strict=True):
+    todo_bodies = [bodies[i] for i in todo]
+    try:  # one batched proof verification for all rollouts; per rollout if any is bad
+        chunk_lists = toploc.verify_proofs_bytes_many(
+            [h for h, _ in recomputed], [list(b.proofs) for b in todo_bodies], settings.chunk, settings.topk
+        )
+        proof_res: list[list[checks.CheckResult]] = [checks.judge_proof_chunks(c, th) for c in chunk_lists]
+    except ValueError:  # ProofFormatError is a ValueError too
+        proof_res = [
+            checks.check_proofs(h, b.proofs, settings.chunk, settings.topk, th)
+            for (h, _), b in zip(recomputed, todo_bodies, strict=True)
+        ]
+    replays = checks.replay_many([lg for _, lg in recomputed], todo_bodies)
+    for k, i in enumerate(todo):
         body = bodies[i]
-        res = checks.check_proofs(hidden, body.proofs, settings.chunk, settings.topk, th)
-        rep = checks.replay(logits, body)
+        res = proof_res[k]
+        rep = replays[k]
         res.append(checks.check_sampling(rep, th))
         res.append(checks.check_logprobs(rep, body.logprobs, th))
         merged: dict[str, float] = {}

@@ -122,6 +122,11 @@ def check_proofs(
         return [_fail("proof", "proof-malformed", str(exc))]
     except ValueError as exc:  # non-finite recomputed activations: the verifier's problem
         return [_fail("proof", "proof-mismatch", f"recomputed activations unusable: {exc}")]
+    return judge_proof_chunks(chunks, th)
+
+
+def judge_proof_chunks(chunks: Sequence[toploc.ChunkResult], th: Thresholds = THRESHOLDS) -> list[CheckResult]:
+    """[proof result, sign result] from the per-chunk statistics of one rollout."""
     # TOPLOC's limits are per 128 points; a short chunk with fewer points scales them.
     exp_frac = max(r.exp_mismatches / r.points for r in chunks)
     mean = max(r.mant_err_mean for r in chunks)
@@ -224,6 +229,38 @@ def replay(logits: torch.Tensor | np.ndarray, body: Any) -> Replay:
         seeds=[body.sampling_seed] * t,
         steps=list(range(t)),
     )
+    return _replay_from_scores(scores, zk, body)
+
+
+def replay_many(logits: Sequence[torch.Tensor], bodies: Sequence[Any]) -> list[Replay]:
+    """`replay` for many rollouts: rows of rollouts with the same sampling settings are
+    scored in one batched call (the sampler's noise is per row: seed and step)."""
+    out: list[Replay | None] = [None] * len(bodies)
+    groups: dict[tuple[float, float, int], list[int]] = {}
+    for i, b in enumerate(bodies):
+        if b.temperature == 0.0:
+            out[i] = replay(logits[i], b)
+        else:
+            groups.setdefault((b.temperature, b.top_p, b.top_k), []).append(i)
+    for (temp, top_p, top_k), idx in groups.items():
+        x = torch.cat([logits[i].float() for i in idx]).numpy()
+        seeds = [bodies[i].sampling_seed for i in idx for _ in range(len(bodies[i].completion_ids))]
+        steps = [s for i in idx for s in range(len(bodies[i].completion_ids))]
+        scores, zk = sampling.perturbed_scores(x, temperature=temp, top_p=top_p, top_k=top_k, seeds=seeds, steps=steps)
+        start = 0
+        for i in idx:
+            t = len(bodies[i].completion_ids)
+            out[i] = _replay_from_scores(scores[start : start + t], zk[start : start + t], bodies[i])
+            start += t
+    return [r for r in out if r is not None]
+
+
+def _replay_from_scores(scores: np.ndarray, zk: np.ndarray, body: Any) -> Replay:
+    t, v = scores.shape
+    tokens = np.asarray(body.completion_ids, dtype=np.int64)
+    in_vocab = tokens < v
+    safe = np.where(in_vocab, tokens, 0)
+    rows = np.arange(t)
     chosen = scores[rows, safe].astype(np.float64)
     margins = (scores.max(axis=1).astype(np.float64) - chosen) * body.temperature
     margins[~in_vocab | ~np.isfinite(chosen)] = np.inf

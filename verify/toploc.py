@@ -176,18 +176,6 @@ def evaluate(coeffs: np.ndarray, xs: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- top-k selection
 
 
-def _chunk_groups(n_tokens: int, chunk: int) -> list[tuple[int, int, int]]:
-    """(first chunk index, number of chunks, rows per chunk) for the full chunks and the
-    short last chunk, in order."""
-    full, rest = divmod(n_tokens, chunk)
-    groups = []
-    if full:
-        groups.append((0, full, chunk))
-    if rest:
-        groups.append((full, 1, rest))
-    return groups
-
-
 def _as_bf16(activations: torch.Tensor) -> torch.Tensor:
     if not isinstance(activations, torch.Tensor) or activations.dim() != 2:
         raise ValueError("activations must be a [T, H] tensor")
@@ -203,35 +191,60 @@ def _as_bf16(activations: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- build
 
 
+def _grouped_chunks(xs: list[torch.Tensor], chunk: int) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """(rows, H) -> [(rollout, chunk index)]: chunks of equal shape, batched together."""
+    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for i, x in enumerate(xs):
+        t, h = x.shape
+        for c in range(n_chunks(t, chunk)):
+            rows = min(chunk, t - c * chunk)
+            groups.setdefault((rows, h), []).append((i, c))
+    return groups
+
+
+def _select(xs: list[torch.Tensor], items: list[tuple[int, int]], rows: int, h: int, chunk: int, topk: int):
+    """Top-k positions and bf16 bit patterns of a batch of equally shaped chunks."""
+    flat = torch.stack([xs[i][c * chunk : c * chunk + rows] for i, c in items]).reshape(len(items), rows * h)
+    n = min(topk, rows * h)
+    idx_t = flat.abs().topk(n, dim=-1).indices  # torch's CPU kernel, as the reference
+    vals = torch.gather(flat, 1, idx_t)
+    pos = idx_t.numpy().astype(np.int64)
+    bits = vals.view(torch.int16).numpy().astype(np.int64) & 0xFFFF
+    return pos, bits, n
+
+
 def build_proofs_bytes(
     activations: torch.Tensor, chunk: int = CHUNK, topk: int = TOPK
 ) -> list[bytes]:
     """One proof per chunk of `chunk` rows of `activations` [T, H] (the generated tokens'
     last hidden states, bf16; other float dtypes are rounded to bf16 first)."""
+    return build_proofs_bytes_many([activations], chunk, topk)[0]
+
+
+def build_proofs_bytes_many(
+    activations: list[torch.Tensor], chunk: int = CHUNK, topk: int = TOPK
+) -> list[list[bytes]]:
+    """`build_proofs_bytes` for many rollouts at once: chunks of the same shape from all of
+    them share one top-k call and one vectorised interpolation (much faster for many short
+    rollouts than one call each)."""
     if chunk < 1 or not 1 <= topk <= 0x7FFF:
         raise ValueError("chunk must be >= 1 and topk in 1..32767")
-    x = _as_bf16(activations)
-    t, h = x.shape
-    if h == 0:
+    xs = [_as_bf16(a) for a in activations]
+    if any(x.shape[1] == 0 for x in xs):
         raise ValueError("activations have no features")
-    proofs: list[bytes] = []
-    for first, count, rows in _chunk_groups(t, chunk):
-        block = x[first * chunk : first * chunk + count * rows]
-        flat = block.reshape(count, rows * h)
-        n = min(topk, rows * h)
-        idx_t = flat.abs().topk(n, dim=-1).indices
-        vals = torch.gather(flat, 1, idx_t)
-        pos = idx_t.numpy().astype(np.int64)
-        bits = vals.view(torch.int16).numpy().astype(np.int64) & 0xFFFF
+    out: list[list[bytes]] = [[b""] * n_chunks(x.shape[0], chunk) for x in xs]
+    for (rows, h), items in _grouped_chunks(xs, chunk).items():
+        pos, bits, n = _select(xs, items, rows, h, chunk, topk)
         moduli = injective_moduli(pos)
         coeffs = interpolate(pos % moduli[:, None], bits)
         if n < topk:
-            coeffs = np.concatenate([coeffs, np.zeros((count, topk - n), np.int64)], axis=1)
-        out = np.empty((count, topk + 1), dtype=">u2")
-        out[:, 0] = moduli
-        out[:, 1:] = coeffs
-        proofs.extend(row.tobytes() for row in out)
-    return proofs
+            coeffs = np.concatenate([coeffs, np.zeros((len(items), topk - n), np.int64)], axis=1)
+        words = np.empty((len(items), topk + 1), dtype=">u2")
+        words[:, 0] = moduli
+        words[:, 1:] = coeffs
+        for (i, c), row in zip(items, words, strict=True):
+            out[i][c] = row.tobytes()
+    return out
 
 
 # ---------------------------------------------------------------- verify
@@ -270,25 +283,34 @@ def verify_proofs_bytes(
     """Check `proofs` against recomputed hidden states `activations` [T, H]; one
     `ChunkResult` per chunk. Raises `ProofFormatError` for malformed proofs or a wrong
     number of proofs, `ValueError` for unusable activations."""
-    x = _as_bf16(activations)
-    t, h = x.shape
-    if len(proofs) != n_chunks(t, chunk):
-        raise ProofFormatError(f"{len(proofs)} proofs for {n_chunks(t, chunk)} chunks of {t} tokens")
-    results: list[ChunkResult] = []
-    for first, count, rows in _chunk_groups(t, chunk):
+    return verify_proofs_bytes_many([activations], [proofs], chunk, topk)[0]
+
+
+def verify_proofs_bytes_many(
+    activations: list[torch.Tensor],
+    proofs: list[list[bytes]],
+    chunk: int = CHUNK,
+    topk: int = TOPK,
+) -> list[list[ChunkResult]]:
+    """`verify_proofs_bytes` for many rollouts at once (chunks of equal shape batched).
+    Raises on the first malformed proof or unusable activations of any rollout."""
+    if len(activations) != len(proofs):
+        raise ValueError(f"{len(activations)} activations for {len(proofs)} proof lists")
+    xs = [_as_bf16(a) for a in activations]
+    for x, pl in zip(xs, proofs, strict=True):
+        if len(pl) != n_chunks(x.shape[0], chunk):
+            raise ProofFormatError(f"{len(pl)} proofs for {n_chunks(x.shape[0], chunk)} chunks of {x.shape[0]} tokens")
+    out: list[list[ChunkResult | None]] = [[None] * len(pl) for pl in proofs]
+    for (rows, h), items in _grouped_chunks(xs, chunk).items():
         n = min(topk, rows * h)
-        parsed = [parse_proof(proofs[first + i], topk, n) for i in range(count)]
+        parsed = [parse_proof(proofs[i][c], topk, n) for i, c in items]
         moduli = np.array([m for m, _ in parsed], dtype=np.int64)
         coeffs = np.stack([c for _, c in parsed])
-        block = x[first * chunk : first * chunk + count * rows]
-        flat = block.reshape(count, rows * h)
-        idx_t = flat.abs().topk(n, dim=-1).indices
-        vals = torch.gather(flat, 1, idx_t)
-        pos = idx_t.numpy().astype(np.int64)
-        got = vals.view(torch.int16).numpy().astype(np.int64) & 0xFFFF
+        pos, got, _ = _select(xs, items, rows, h, chunk, topk)
         claimed = evaluate(coeffs, pos % moduli[:, None])
-        results.extend(_compare(claimed, got))
-    return results
+        for (i, c), res in zip(items, _compare(claimed, got), strict=True):
+            out[i][c] = res
+    return [[r for r in rs if r is not None] for rs in out]
 
 
 def _compare(claimed: np.ndarray, got: np.ndarray) -> list[ChunkResult]:

@@ -190,7 +190,7 @@ def _make_records(
     from protocol.wire import RolloutBody
     from trainer.engine import SamplingSettings
     from trainer.tasks import assign_task
-    from verify.toploc import build_proofs_bytes
+    from verify.toploc import build_proofs_bytes_many
 
     m = ctx.manifest
     claimed = SamplingSettings.from_manifest(m)
@@ -217,10 +217,10 @@ def _make_records(
             if best[i] is None or r > best[i][0]:  # type: ignore[index]
                 best[i] = (r, g)
     t0 = time.perf_counter()
-    proof_lists = [
-        build_proofs_bytes(g.hidden, m.proof_chunk, m.proof_topk) if proofs else []
-        for _, g in best  # type: ignore[misc]
-    ]
+    if proofs:  # all rollouts of the batch at once (the worker does this off the decode path)
+        proof_lists = build_proofs_bytes_many([g.hidden for _, g in best], m.proof_chunk, m.proof_topk)  # type: ignore[misc]
+    else:
+        proof_lists = [[] for _ in best]
     proof_s = time.perf_counter() - t0
     records = []
     tokens = pbytes = chunks = 0
