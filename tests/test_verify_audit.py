@@ -292,3 +292,15 @@ def test_bf16_worker_passes_only_through_the_second_precision(env):
     for r, b in zip(fp32_only, bits, strict=True):
         assert r.passed or b == 16.0
     assert not all(r.passed for r in fp32_only)  # bf16 rounding is visible to the fp32 pass
+
+
+def test_shared_prompt_prefill_matches_the_plain_one(env):
+    from verify.auditor import prefill_shared
+
+    ro = env["opened"]
+    # a GRPO group: the same prompt with different completions, plus a one-token completion
+    seqs = [(ro[0].body.prompt_ids, r.body.completion_ids) for r in ro[:3]]
+    seqs += [(ro[3].body.prompt_ids, ro[3].body.completion_ids), (ro[4].body.prompt_ids, (5,))]
+    for (h1, l1), (h2, l2) in zip(prefill(env["model"], seqs), prefill_shared(env["model"], seqs), strict=True):
+        assert h1.shape == h2.shape and l1.shape == l2.shape
+        assert torch.allclose(h1, h2, atol=1e-5) and torch.allclose(l1, l2, atol=1e-4)

@@ -58,6 +58,7 @@ class AuditSettings:
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     padding_side: str = "right"  # "left" uses explicit position ids (same result, up to noise)
     second_precision: bool = True  # re-check failing model checks at the other precision
+    share_prompts: bool = True  # one prefill per distinct prompt (GRPO groups share one)
     expected_settings: Any = None  # a RunManifest (or same attributes): checked when given
 
 
@@ -150,7 +151,7 @@ def prefill(
     head = model.get_output_embeddings()
     device = head.weight.device
     lengths = [len(p) + len(c) for p, c in sequences]
-    results: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(sequences)
+    rows_of: dict[int, torch.Tensor] = {}
     for batch in _batches(lengths, max_batch_tokens):
         width = max(lengths[i] for i in batch)
         ids = torch.zeros((len(batch), width), dtype=torch.long)
@@ -171,9 +172,105 @@ def prefill(
         for r, i in enumerate(batch):
             p, c = sequences[i]
             start = offsets[r] + len(p) - 1
-            rows = h[r, start : start + len(c)]
-            results[i] = (rows.cpu(), head(rows).float().cpu())
-    return [r for r in results if r is not None]
+            rows_of[i] = h[r, start : start + len(c)]
+    return _with_logits(head, [rows_of[i] for i in range(len(sequences))])
+
+
+def _cache_kwarg(model: Any) -> str:
+    import inspect
+
+    params = inspect.signature(model.base_model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+@torch.inference_mode()
+def prefill_shared(
+    model: Any,
+    sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`prefill`, computing each distinct prompt once (a GRPO group's rollouts share one).
+
+    Pass 1 prefills the distinct prompts (right-padded batches) and keeps their keys and
+    values; its last prompt row is the hidden state that chose completion token 0. Pass 2
+    runs the completions (all but their last token) on top of their prompt's cache, with
+    explicit positions and the prompt padding masked out. Same values as `prefill` up to
+    float reordering; a group of g rollouts costs one prompt instead of g.
+    """
+    from transformers import DynamicCache
+
+    base = model.base_model
+    head = model.get_output_embeddings()
+    device = head.weight.device
+    cache_kw = _cache_kwarg(model)
+    prompts: dict[tuple[int, ...], int] = {}
+    for p, _ in sequences:
+        prompts.setdefault(tuple(p), len(prompts))
+    uniq = list(prompts)
+    kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in uniq]  # per prompt, per layer
+    last_row: list[torch.Tensor | None] = [None] * len(uniq)
+    for batch in _batches([len(p) for p in uniq], max_batch_tokens):
+        width = max(len(uniq[u]) for u in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, u in enumerate(batch):
+            ids[r, : len(uniq[u])] = torch.tensor(uniq[u], dtype=torch.long)
+            mask[r, : len(uniq[u])] = 1
+        cache = DynamicCache()
+        out = base(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True, **{cache_kw: cache})
+        for r, u in enumerate(batch):
+            n = len(uniq[u])
+            last_row[u] = out.last_hidden_state[r, n - 1 : n]
+            kv[u] = [(layer.keys[r, :, :n], layer.values[r, :, :n]) for layer in cache.layers]
+    rest = [i for i, (_, c) in enumerate(sequences) if len(c) > 1]
+    rows_of: dict[int, torch.Tensor] = {}
+    for batch in _batches([len(sequences[i][0]) + len(sequences[i][1]) for i in rest], max_batch_tokens):
+        items = [rest[k] for k in batch]
+        lp = max(len(sequences[i][0]) for i in items)
+        lc = max(len(sequences[i][1]) - 1 for i in items)
+        ids = torch.zeros((len(items), lc), dtype=torch.long)
+        mask = torch.zeros((len(items), lp + lc), dtype=torch.long)
+        pos = torch.zeros((len(items), lc), dtype=torch.long)
+        for r, i in enumerate(items):
+            p, c = sequences[i]
+            ids[r, : len(c) - 1] = torch.tensor(list(c[:-1]), dtype=torch.long)
+            mask[r, : len(p)] = 1
+            mask[r, lp : lp + len(c) - 1] = 1
+            pos[r] = torch.arange(len(p), len(p) + lc)
+        cache = DynamicCache()
+        n_layers = len(kv[prompts[tuple(sequences[items[0]][0])]])
+        for layer in range(n_layers):
+            ks, vs = [], []
+            for i in items:
+                k, v = kv[prompts[tuple(sequences[i][0])]][layer]
+                pad = lp - k.shape[1]
+                ks.append(torch.nn.functional.pad(k, (0, 0, 0, pad)))
+                vs.append(torch.nn.functional.pad(v, (0, 0, 0, pad)))
+            cache.update(torch.stack(ks), torch.stack(vs), layer)
+        out = base(
+            input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+            use_cache=True, **{cache_kw: cache},
+        )
+        for r, i in enumerate(items):
+            rows_of[i] = out.last_hidden_state[r, : len(sequences[i][1]) - 1]
+    hidden = []
+    for i, (p, c) in enumerate(sequences):
+        first = last_row[prompts[tuple(p)]]
+        assert first is not None
+        hidden.append(torch.cat([first, rows_of[i]]) if len(c) > 1 else first)
+    return _with_logits(head, hidden)
+
+
+def _with_logits(head: Any, hidden: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(hidden, logits) per sequence, the LM head applied once to all rows."""
+    if not hidden:
+        return []
+    logits = head(torch.cat(hidden)).float().cpu()
+    out, start = [], 0
+    for h in hidden:
+        out.append((h.cpu(), logits[start : start + h.shape[0]]))
+        start += h.shape[0]
+    return out
 
 
 # ------------------------------------------------------------------ audit
@@ -263,12 +360,11 @@ def audit_bodies(
 def _model_checks(
     model: Any, bodies: Sequence[Any], todo: Sequence[int], settings: AuditSettings
 ) -> dict[int, list[checks.CheckResult]]:
-    recomputed = prefill(
-        model,
-        [(bodies[i].prompt_ids, bodies[i].completion_ids) for i in todo],
-        settings.max_batch_tokens,
-        settings.padding_side,
-    )
+    seqs = [(bodies[i].prompt_ids, bodies[i].completion_ids) for i in todo]
+    if settings.share_prompts and settings.padding_side == "right":
+        recomputed = prefill_shared(model, seqs, settings.max_batch_tokens)
+    else:
+        recomputed = prefill(model, seqs, settings.max_batch_tokens, settings.padding_side)
     late: dict[int, list[checks.CheckResult]] = {}
     low = next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
     th = settings.bf16_thresholds if low else settings.thresholds
