@@ -204,8 +204,10 @@ async def test_close_releases_the_listening_port_and_refuses_new_work() -> None:
         host_a = a
     with pytest.raises(HostClosed):
         await host_a.publish("t", b"late")
-    with socket.socket() as s:  # the port is free again (no SO_REUSEADDR games)
+    with socket.socket() as s:  # no listener left (Linux refuses this bind while one is)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
+        s.listen()
     async with open_host(_key(), listen) as again:
         assert str(port) in again.listen_addrs()[0]
 

@@ -76,8 +76,10 @@ def test_start_reports_bootstrap_failures_and_stops_cleanly(tmp_path: Path) -> N
         assert a.returncode == 0, out_a
         assert "SIGTERM: stopping" in out_a and "stopped cleanly" in out_a
         assert json.loads((tmp_path / "a" / "status.json").read_text())["stopped"] is True
-        with socket.socket() as s:
+        with socket.socket() as s:  # no listener left (TIME_WAIT connections may remain)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
+            s.listen()
     finally:
         if a.poll() is None:
             a.kill()
