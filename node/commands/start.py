@@ -125,6 +125,9 @@ def main(
         stream=sys.stderr,
     )
     # py-libp2p logs every failed dial at ERROR; our own lines already say what failed.
+    # (Import it first: importing libp2p resets its loggers' levels.)
+    import node.host  # noqa: F401
+
     quiet = logging.DEBUG if cfg["node.log_level"] == "debug" else logging.CRITICAL
     for noisy in ("libp2p", "multiaddr", "async_service"):
         logging.getLogger(noisy).setLevel(quiet)
