@@ -14,8 +14,9 @@ message that fails is neither delivered nor forwarded.
 Pacing: receivers rate-limit each signer (`AdmissionConfig.signer_rate`, 20/s) and each
 sender; a busy worker must stay below that or its own messages get refused. The
 `Outbox` is a bounded queue per topic drained by one task at `rate_per_s` (token bucket
-with a small burst); a full queue makes `put()` wait, so a producer slows down instead of
-anything being dropped.
+with a small burst); a full queue (32 by default: a few seconds of backlog) makes `put()`
+wait, so a producer slows down to what the network takes instead of anything being dropped
+or announced late.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class Outbox:
     a `MessageTooLarge` is a bug of ours and propagates.
     """
 
-    def __init__(self, host: SwarmHost, rate_per_s: float, burst: int = 4, capacity: int = 256) -> None:
+    def __init__(self, host: SwarmHost, rate_per_s: float, burst: int = 4, capacity: int = 32) -> None:
         if rate_per_s <= 0:
             raise ValueError("rate_per_s must be positive")
         self._host = host

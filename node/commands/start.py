@@ -6,7 +6,8 @@
 
 Start-up prints the peer id, the listen addresses, the run joined and how many peers were
 reached; when a bootstrap peer does not answer it says which address failed and why (and
-keeps retrying with backoff). While running it writes `<data dir>/status.json` once a
+keeps retrying with backoff). SIGUSR1 stops making new work (an inference worker finishes
+its batch, then only serves). While running it writes `<data dir>/status.json` once a
 second (what `swarm-node status` and `swarm-node devnet` read). SIGINT or SIGTERM stop it
 cleanly: publishes drain, the host closes (port released), the store closes. One process
 per data directory (a lock file refuses a second one); several roles per machine are fine
@@ -189,11 +190,15 @@ async def _run(
                     if not good:
                         _say(f"  bootstrap FAILED {addr}: {err} (retrying with backoff)")
             _say(f"  peers reached: {len(peer.host.connected_peers())}")
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
                 async with trio.open_nursery() as nursery:
 
                     async def stop_on_signal() -> None:
                         async for sig in signals:
+                            if sig == signal.SIGUSR1:
+                                _say("swarm-node: SIGUSR1: no new work; still serving what we have")
+                                ctx.producing = False
+                                continue
                             _say(f"swarm-node: {signal.Signals(sig).name}: stopping")
                             nursery.cancel_scope.cancel()
                             return

@@ -32,6 +32,7 @@ class RoleContext:
     data_dir: Path = Path(".")
     status: dict[str, Any] = field(default_factory=dict)  # live figures the role reports
     say: Callable[[str], None] = print
+    producing: bool = True  # cleared by SIGUSR1: stop making new work, keep serving it
 
 
 def role_module(role: str) -> ModuleType:

@@ -46,6 +46,10 @@ async def run(peer: Any, ctx: RoleContext) -> None:
     ctx.say(f"inference: model loaded; resuming at counter {counter}")
     last_print = time.monotonic()
     while ctx.max_rollouts is None or produced < ctx.max_rollouts:
+        if not ctx.producing:
+            ctx.say(f"inference: paused after {produced} rollouts (still serving them)")
+            ctx.status["paused"] = True
+            break
         n = ctx.batch_size if ctx.max_rollouts is None else min(ctx.batch_size, ctx.max_rollouts - produced)
         out = tmp / f"batch-{counter}.msgpack"
         summary = await trio.to_thread.run_sync(
@@ -74,5 +78,6 @@ async def run(peer: Any, ctx: RoleContext) -> None:
             last_print = time.monotonic()
             ctx.say(f"inference: {produced} rollouts produced, reward mean {ctx.status['reward_mean']}, "
                     f"{ctx.status['rollouts_per_min']}/min")
-    ctx.say(f"inference: produced {produced} rollouts (bound reached)")
+    else:
+        ctx.say(f"inference: produced {produced} rollouts (bound reached)")
     await trio.sleep_forever()
