@@ -43,6 +43,8 @@ def test_devnet_runs_workers_validator_trainer_and_writes_a_report(small_run: Pa
     totals = report["totals"]
     assert totals["produced"] > 0, report
     assert totals["trainer_bodies"] > 0, report
+    # workers pause (still serving) and the trainer catches up before the stop
+    assert report["delivery_to_trainer"] >= 0.95, report["totals"]
     assert totals["audited"] > 0, report
     assert totals["audits_failed"] == 0, report  # honest workers pass their audits
     roles = sorted(n["role"] for n in report["nodes"])
