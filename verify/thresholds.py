@@ -61,32 +61,48 @@ STRICT = Thresholds(
     drift=0.0006,
 )
 
-# Calibration: metric name -> threshold field, and the floor no calibration goes below.
+# Floors of the bf16 regime when calibrated: bf16 decode and bf16 prefill round alike
+# most of the time (often to the bit on this CPU) but not always, so its floors allow a
+# few one-ulp disagreements in a rollout where the strict regime allows almost none.
+BF16_FLOOR = Thresholds(
+    proof_exp_mismatch_frac=0.06,
+    proof_mant_mean=0.2,
+    proof_mant_median=1.0,
+    proof_exp_mismatch_frac_all=0.03,
+    proof_mant_mean_all=0.1,
+    sampling_margin=0.02,
+    sampling_near_ties_max=4,
+    logprob_err_max=0.005,
+    logprob_err_mean=0.0015,
+    drift=0.0016,
+)
+
+# Calibrated limits: metric name -> threshold field.
 CALIBRATED = {
-    "proof_exp_mismatch_frac": ("proof_exp_mismatch_frac", 0.04),
-    "proof_mant_mean_max": ("proof_mant_mean", 0.05),
-    "proof_exp_mismatch_frac_all": ("proof_exp_mismatch_frac_all", 0.02),
-    "proof_mant_mean_all": ("proof_mant_mean_all", 0.02),
-    "sampling_margin_max": ("sampling_margin", 0.01),
-    "logprob_err_max": ("logprob_err_max", 0.002),
-    "logprob_err_mean": ("logprob_err_mean", 0.0005),
-    "drift": ("drift", 0.0006),
+    "proof_exp_mismatch_frac": "proof_exp_mismatch_frac",
+    "proof_mant_mean_max": "proof_mant_mean",
+    "proof_exp_mismatch_frac_all": "proof_exp_mismatch_frac_all",
+    "proof_mant_mean_all": "proof_mant_mean_all",
+    "sampling_margin_max": "sampling_margin",
+    "logprob_err_max": "logprob_err_max",
+    "logprob_err_mean": "logprob_err_mean",
+    "drift": "drift",
+    "proof_mant_median_max": "proof_mant_median",
 }
 
 
-def calibrate(honest: list[dict[str, float]], base: Thresholds, factor: float = 2.0) -> Thresholds:
+def calibrate(honest: list[dict[str, float]], floor: Thresholds, factor: float = 2.0) -> Thresholds:
     """Thresholds from the metrics of honest rollouts judged at one precision: each
-    calibrated limit is `factor` times the largest honest value, never below its floor;
-    the other limits are `base`'s. Use a calibration set apart from the rollouts judged."""
+    calibrated limit is `factor` times the largest honest value, never below the floor's
+    (the median limit: the largest honest median itself); other limits are the floor's.
+    Use a calibration set apart from the rollouts to be judged."""
     changes: dict[str, float] = {}
-    for metric, (field, floor) in CALIBRATED.items():
+    for metric, name in CALIBRATED.items():
         values = [row[metric] for row in honest if metric in row]
         if values:
-            changes[field] = max(floor, factor * max(values))
-    median_vals = [row["proof_mant_median_max"] for row in honest if "proof_mant_median_max" in row]
-    if median_vals:
-        changes["proof_mant_median"] = max(base.proof_mant_median, max(median_vals))
-    return replace(base, **changes)
+            scale = 1.0 if metric == "proof_mant_median_max" else factor
+            changes[name] = max(getattr(floor, name), scale * max(values))
+    return replace(floor, **changes)
 
 
 CALIBRATION = """(filled in from bench verify measurements)"""

@@ -30,8 +30,9 @@ recomputed value: the count of exponent mismatches, and over the positions whose
 match, the mean and median absolute difference of the 7-bit mantissas. The median is the
 upper median (`sorted[n // 2]`), as in the reference's C++ verifier; with no matching
 exponent both statistics are 2**64. Beyond the reference we also count sign mismatches
-among the positions whose exponents match (TOPLOC ignores the sign; a position the verifier
-selects but the prover did not evaluates to noise and is already an exponent mismatch).
+among the positions whose magnitudes agree (same exponent, mantissa within 2 units): TOPLOC
+ignores the sign; a position the verifier selects but the prover did not evaluates to
+noise, which must not count as a flipped sign.
 
 Deliberate differences from the reference, where the reference has no defined behaviour:
 - A chunk with fewer than k values (a short last chunk with a small H) interpolates through
@@ -64,6 +65,10 @@ NO_MATCH = float(2**64)  # mantissa statistics when no exponent matches (as the 
 _BF16_EXP_MASK = 0x7F80
 _BF16_MANT_MASK = 0x007F
 _BF16_SIGN_MASK = 0x8000
+# A sign mismatch counts only where the magnitude agrees (same exponent, mantissa within
+# this many units): a position the prover did not select evaluates to a random value,
+# whose exponent matches by chance about once in 256 and whose sign is a coin toss.
+_SIGN_MANT_TOL = 2
 
 
 class ProofFormatError(ValueError):
@@ -319,7 +324,7 @@ def _compare(claimed: np.ndarray, got: np.ndarray) -> list[ChunkResult]:
     exp_g = (got & _BF16_EXP_MASK) >> 7
     match = exp_c == exp_g
     mant_err = np.abs((claimed & _BF16_MANT_MASK) - (got & _BF16_MANT_MASK))
-    sign_mis = match & (((claimed ^ got) & _BF16_SIGN_MASK) != 0)
+    sign_mis = match & (mant_err <= _SIGN_MANT_TOL) & (((claimed ^ got) & _BF16_SIGN_MASK) != 0)
     count = match.sum(axis=1)
     sums = np.where(match, mant_err, 0).sum(axis=1)
     ordered = np.sort(np.where(match, mant_err, np.iinfo(np.int64).max), axis=1)

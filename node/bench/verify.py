@@ -70,6 +70,11 @@ METRICS = (
     "logprob_err_max",
     "logprob_err_mean",
 )
+# Calibration: limits = factor x the largest honest value on a separate calibration set.
+# bf16 rounding noise is heavy-tailed (a few rollouts disagree by several times the typical
+# amount), hence the larger factor there.
+FP32_FACTOR = 2.0
+BF16_FACTOR = 2.0
 FULL_N = 200
 QUICK_N = 8
 # "One training step" for stale_version: one AdamW step at this learning rate on the honest
@@ -428,9 +433,9 @@ def _calibrate(ctx: Ctx, engine: Any) -> Any:
     """Thresholds from honest workers at each precision, judged at that precision, on
     rollouts (counters from 10^7) that the benchmark cases never see."""
     from verify import auditor
-    from verify.thresholds import STRICT, THRESHOLDS, calibrate
+    from verify.thresholds import BF16_FLOOR, STRICT, calibrate
 
-    cal = replace(ctx, n=max(8, ctx.n // 2))
+    cal = replace(ctx, n=max(8, ctx.n))
     fp32 = _open(_make_records(cal, engine, counter0=10**7).records)
     bf = _bf16(ctx.model)
     bf16 = _open(_make_records(cal, _engine(bf, ctx.tokenizer, max_batch=64), counter0=2 * 10**7).records)
@@ -438,8 +443,8 @@ def _calibrate(ctx: Ctx, engine: Any) -> Any:
     rows16 = _raw_metrics(auditor._other_precision(ctx.model), bf16, ctx.audit_settings)
     return replace(
         ctx.audit_settings,
-        thresholds=calibrate(rows32, STRICT),
-        bf16_thresholds=calibrate(rows16, THRESHOLDS),
+        thresholds=calibrate(rows32, STRICT, factor=FP32_FACTOR),
+        bf16_thresholds=calibrate(rows16, BF16_FLOOR, factor=BF16_FACTOR),
     )
 
 
