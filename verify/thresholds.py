@@ -105,4 +105,40 @@ def calibrate(honest: list[dict[str, float]], floor: Thresholds, factor: float =
     return replace(floor, **changes)
 
 
-CALIBRATION = """(filled in from bench verify measurements)"""
+CALIBRATION = """
+Measured with `swarm-node bench verify` on this project's 2-core CPU machine (torch 2.13,
+transformers 5), 200 rollouts per case; each entry is [p50, max] over honest rollouts or
+[min, p50] over attacked ones. "fp32" = an fp32 verifier prefill, "bf16" = a bf16 one.
+
+Honest noise, fp32 worker vs fp32 verifier (batch 64 KV-cache decode vs batched prefill;
+batch 1; 1 thread; eager attention; left-padded prefill):
+  built-in policy (trained, hidden 128): every metric exactly 0 in every variation.
+  random-init hidden 192: proof_mant_mean_all max 0.0078 (batch 1, eager), all else 0.
+  -> STRICT: proof_mant_mean_all 0.02, logprob_err_mean 0.0005, logprob_err_max 0.002 ...
+
+Honest noise, bf16 worker:
+  built-in, bf16 verifier: 0 in all 200 of the bench's set; 0.10 max in an earlier
+    200-rollout set (other prompts); vs an fp32 verifier: proof_mant_mean_all [0.71,
+    0.97], logprob_err_mean up to 0.019 (hence the second, bf16 pass).
+  hidden 192, bf16 verifier: proof_mant_mean_all [0.23, 0.82] with rare outliers to
+    1.11; logprob_err_mean [0.0010, 0.0014]; vs fp32: [0.46, 0.99], [0.0013, 0.0019].
+  -> BF16_FLOOR, raised per model by `calibrate` (2 x the largest honest value on a
+     separate calibration set of 200 honest rollouts).
+
+Attacks, at the verifier's fp32 pass (the strict regime):
+  int8 weights (fp32 compute): built-in proof_mant_mean_all [0.095, 0.18];
+    hidden 192 [0.44, 0.75], logprob_err_mean [0.0021, 0.0037].
+  1% weight noise: built-in [1.21, 1.47]; hidden 192 [1.02, 1.88].
+  one training step (AdamW lr 1e-5, 6.3% / 15.6% of bf16 weights changed):
+    built-in [0.0, 0.0078]; hidden 192 [0.23, 0.40]: inside the honest bf16 noise.
+  temperature lie (0.7 claimed 1.0): logprob_err_mean [0.0019, 0.046] (built-in).
+  edited token, cherry-pick: sampling margins of whole logits (>= 0.08 vs honest 0.0014).
+
+Where honest and dishonest overlap: on the random-init hidden-192 model int8 weights move
+the activations by about as much as bf16 rounding does (bf16 honest outliers 0.86-1.11
+vs int8 0.44-1.5 at the bf16 pass), so 1% of honest bf16 rollouts fail or 0.5% of int8
+rollouts pass there, whichever way the line is drawn; on the trained policy the two are
+apart (bf16 <= 0.10, int8 >= 0.58 at the bf16 pass; fp32 0 vs int8 >= 0.095).
+Thresholds are per model and per hardware mix: a run should calibrate them (the bench
+shows how) on the GPUs and CPUs its workers and verifiers really use.
+"""

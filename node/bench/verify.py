@@ -14,6 +14,19 @@ hidden size H with the built-in tokenizer), N signed rollout records per case:
   variation (see ATTACKS / HONEST below for what each does).
 - `calibration`: per case, the distribution of each audit metric (honest: p50 and max;
   attacks: min and p50), the data behind `verify.thresholds`.
+- `thresholds`: the limits used. Unless `--no-calibrate`, they are calibrated first on a
+  separate set of honest fp32 and bf16 rollouts (other counters, so other tasks):
+  2 x the largest honest value of each metric, above `verify.thresholds` floors.
+
+Timing (`proof_build_overhead_pct`, `verify_speedup`) runs generation and audit with one
+thread each, best of 3 interleaved rounds, and also as CPU seconds (`*_cpu`): the machine
+is shared, and busy-waiting thread pools make multi-threaded wall times meaningless there.
+Generation time is the engine's `generate` (plus proof building where said); audit time
+is the whole audit of the opened records (cheap checks, task re-derivation and re-scoring,
+batched prefill, proof, replay and log-prob checks, second-precision re-checks).
+
+Options: `--hidden H` (random-init model), `--n N` (rollouts per case), `--only a,b`
+(cases by name), `--no-calibrate` (the shipped default thresholds).
 
 The verifier in every case is the same: the claimed weights in float32, sdpa attention,
 right-padded batched prefill, default threads, the run manifest's settings. The policy's
