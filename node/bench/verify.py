@@ -528,7 +528,10 @@ def run(quick: bool, args: list[str]) -> dict:
     from trainer.engine_hf import torch_threads
 
     base_engine = _engine(ctx.model, tok, max_batch=64)
-    timing_engine = _engine(ctx.model, tok, max_batch=64, threads=1)
+    # Generation is timed at the worker's usual batch size (the yardstick).
+    from node.commands.rollouts import DEFAULT_BATCH_SIZE
+
+    timing_engine = _engine(ctx.model, tok, max_batch=DEFAULT_BATCH_SIZE, threads=1)
     _make_records(replace(ctx, n=min(ctx.n, 4)), timing_engine)  # warm-up
     rounds = 1 if quick else 3
     t_without, t_with, c_without, c_with, base = [], [], [], [], None
@@ -708,6 +711,7 @@ def run(quick: bool, args: list[str]) -> dict:
         "attacks": attacks,
         "honest": honest,
         "timing_threads": 1,
+        "generation_batch": DEFAULT_BATCH_SIZE,
         "threads": torch.get_num_threads(),
         "seconds": round(time.perf_counter() - t_start, 1),
         "calibration": {"honest": calib_honest, "attacks": calib_attack},

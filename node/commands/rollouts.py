@@ -20,6 +20,7 @@ from typing import Any
 from node.errors import CommandError
 
 MAX_N = 1_000_000
+DEFAULT_BATCH_SIZE = 16  # the worker's usual generation batch (benchmarks time at it too)
 
 
 def _say(msg: str) -> None:
@@ -85,7 +86,7 @@ def main(
     data_dir: str | None = None,
     policy_version: int = 0,
     start_counter: int = 0,
-    batch_size: int = 16,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     threads: int | None = None,
     proofs: bool = True,
     quiet: bool = False,
