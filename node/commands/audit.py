@@ -14,6 +14,7 @@ a file that is not a record stream, an unusable model directory or manifest).
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -32,6 +33,11 @@ def make_judge(manifest: Any, tokenizer: Any) -> Callable[[Any], Any]:
 
     tasks = TaskSet(manifest.seed)
 
+    @functools.lru_cache(maxsize=4096)
+    def encode_prompt(prompt: str) -> tuple[int, ...]:
+        # Tasks repeat (small task pools, GRPO groups): encode each distinct prompt once.
+        return tuple(tokenizer.encode(prompt, add_special_tokens=False))
+
     def judge(ro: Any) -> TaskJudgement:
         env, header, body = ro.envelope, ro.header, ro.body
         if env.run_id != manifest.run_id:
@@ -44,10 +50,10 @@ def make_judge(manifest: Any, tokenizer: Any) -> Callable[[Any], Any]:
         for name in ("dataset", "task_index", "task_seed"):
             if getattr(header, name) != getattr(a, name):
                 return TaskJudgement(f"header {name} {getattr(header, name)!r} is not the assigned {getattr(a, name)!r}", None)
-        prompt = tokenizer.encode(task.prompt, add_special_tokens=False)
+        prompt = encode_prompt(task.prompt)
         text = tokenizer.decode(list(body.completion_ids), skip_special_tokens=True)
         reward = tasks.score(task, text).reward
-        if tuple(prompt) != tuple(body.prompt_ids):
+        if prompt != tuple(body.prompt_ids):
             return TaskJudgement("prompt is not the assigned task's", reward)
         return TaskJudgement(None, reward)
 
