@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -114,6 +115,45 @@ def test_proof_check_mantissa_limits() -> None:
     strict = Thresholds(proof_mant_mean=0.5, proof_mant_median=0.5)
     assert checks.check_proofs(drift, proofs, th=strict)[0].reason == "proof-mismatch"
     assert checks.check_proofs(drift, proofs, th=Thresholds(proof_mant_mean=20, proof_mant_median=20, proof_mant_mean_all=20))[0].passed
+
+
+def test_a_far_point_counts_as_a_mismatch_not_as_mantissa_error() -> None:
+    # one top-k value moved within its binade by far more than rounding (a position the
+    # prover did not select reads as such): a mismatch, not 100 units of mantissa error
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    proofs = toploc.build_proofs_bytes(x)
+    y = x.clone().float()
+    r, c = divmod(int(y.abs().flatten().argmax()), 64)
+    v = float(y[r, c])
+    base = 2.0 ** math.floor(math.log2(abs(v)))
+    y[r, c] = math.copysign(base * (1.0 if abs(v) / base > 1.5 else 1.95), v)  # same exponent, mantissa >= 64 away
+    proof, sign = checks.check_proofs(y, proofs)
+    (ref,) = toploc.verify_proofs_bytes(y, proofs)  # TOPLOC averages it in instead
+    assert ref.mant_err_mean > 0.5
+    assert proof.metrics["proof_far_points"] == 1
+    # (the edit may also reorder a bf16 tie at the top-k boundary: an exponent mismatch)
+    assert proof.metrics["proof_exp_mismatch_max"] == ref.exp_mismatches + 1
+    assert proof.metrics["proof_mant_mean_all"] == 0.0
+    assert sign.passed
+    # small errors stay mantissa error
+    (small,) = checks.proof_chunks_many([x.float() * 1.03], [proofs])[0]
+    assert small.far_points == 0 and small.mant_err_mean > 0
+
+
+def test_proof_chunks_agree_with_toploc_without_far_points() -> None:
+    gen = torch.Generator().manual_seed(4)
+    xs = [torch.randn(t, 48, generator=gen) for t in (5, 32, 70)]
+    proofs = [toploc.build_proofs_bytes(x) for x in xs]
+    noisy = [x * (1 + 0.004 * torch.randn(x.shape, generator=gen)) for x in xs]
+    ours = checks.proof_chunks_many(noisy, proofs)
+    theirs = toploc.verify_proofs_bytes_many(noisy, proofs)
+    for a, b in zip(ours, theirs, strict=True):
+        for o, t in zip(a, b, strict=True):
+            assert (o.points, o.exp_mismatches, o.sign_mismatches) == (t.points, t.exp_mismatches, t.sign_mismatches)
+            if o.far_points == 0:
+                assert (o.mant_err_mean, o.mant_err_median) == (t.mant_err_mean, t.mant_err_median)
+    with pytest.raises(toploc.ProofFormatError):
+        checks.proof_chunks_many(xs[:1], [proofs[2]])
 
 
 # ------------------------------------------------------------------ sampling replay
@@ -241,3 +281,8 @@ def test_calibrate_takes_twice_the_honest_maximum_above_floors() -> None:
     assert th.proof_mant_median == 1.0  # the largest honest median itself
     assert th.logprob_err_max == STRICT.logprob_err_max  # no data: the floor's value
     assert calibrate([], BF16_FLOOR) == BF16_FLOOR
+    # drift, the joint statistic, gets its own (smaller) factor
+    loose = calibrate([{"drift": 0.003, "logprob_err_mean": 0.001}], BF16_FLOOR)
+    assert loose.drift == pytest.approx(1.5 * 0.003)
+    assert loose.logprob_err_mean == pytest.approx(2 * 0.001)
+    assert calibrate([{"drift": 0.003}], BF16_FLOOR, metric_factors={}).drift == pytest.approx(0.006)

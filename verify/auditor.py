@@ -14,7 +14,8 @@ Order of an audit (the first failure is the verdict's reason; all failures are l
 2. One prefill of prompt + completion per rollout, batched across rollouts (right padding,
    so real tokens keep their positions; up to `max_batch_tokens` padded tokens a batch).
    Row `n_prompt - 1 + i` is the hidden state that chose completion token i.
-3. Model checks: TOPLOC statistics and signs of the proofs, sampling replay, log-probs.
+3. Model checks: proof statistics (TOPLOC's, a far point counted as a mismatch, see
+   `checks.FAR_MANT_ERR`) and signs, sampling replay, log-probs, drift.
 4. A rollout failing a model check is prefilled once more at the other precision (bf16 for
    an fp32 model, and back): honest workers may compute in either, and the tight limits
    hold for a worker checked at its own precision. It passes if every model check passes
@@ -371,7 +372,7 @@ def _model_checks(
     bits = 16.0 if low else 32.0
     todo_bodies = [bodies[i] for i in todo]
     try:  # one batched proof verification for all rollouts; per rollout if any is bad
-        chunk_lists = toploc.verify_proofs_bytes_many(
+        chunk_lists = checks.proof_chunks_many(
             [h for h, _ in recomputed], [list(b.proofs) for b in todo_bodies], settings.chunk, settings.topk
         )
         proof_res: list[list[checks.CheckResult]] = [checks.judge_proof_chunks(c, th) for c in chunk_lists]

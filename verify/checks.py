@@ -107,6 +107,93 @@ def check_proof_format(
     return _ok("proof-format")
 
 
+# A top-k point whose exponent matches but whose 7-bit mantissa is off by more than this
+# many units (more than 1/8 of its binade) is not rounding noise: it is a position the
+# prover did not select (a near-tie at the top-k boundary), where the proof's polynomial
+# evaluates to a random 16-bit pattern whose exponent happened to match (1 in 256).
+# TOPLOC averages such a point into the mantissa error (it adds up to 127/128 to a chunk's
+# mean); we count it as a mismatch instead, like a differing exponent, so that one stray
+# point cannot dominate the mean. Measured (bench verify --hidden 192, bf16 worker judged
+# by a bf16 prefill, 400 rollouts): honest rounding errors reach 8 units at most, the 4
+# rollouts with mean > 0.8 each owe it to one point off by 76-109 units; int8 workers'
+# errors reach 16 at the p99 (see verify.thresholds.CALIBRATION).
+FAR_MANT_ERR = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ProofChunk:
+    """Our statistics of one chunk's top-k points (claimed by the proof vs recomputed)."""
+
+    points: int
+    exp_mismatches: int  # differing exponents (TOPLOC's count)
+    far_points: int  # equal exponents, mantissas more than FAR_MANT_ERR apart
+    mant_err_mean: float  # over the remaining (near) points; NO_MATCH when none
+    mant_err_median: float  # upper median over the near points; NO_MATCH when none
+    sign_mismatches: int  # near points, mantissas within 2 units, opposite signs
+
+    @property
+    def mismatches(self) -> int:
+        return self.exp_mismatches + self.far_points
+
+    @property
+    def near_points(self) -> int:
+        return self.points - self.mismatches
+
+
+def proof_chunks_many(
+    activations: Sequence[torch.Tensor],
+    proofs: Sequence[Sequence[bytes]],
+    chunk: int = toploc.CHUNK,
+    topk: int = toploc.TOPK,
+) -> list[list[ProofChunk]]:
+    """Per rollout, per chunk: `ProofChunk` statistics of `proofs` against recomputed
+    hidden states [T, H]. The top-k selection, parsing and evaluation are TOPLOC's
+    (`verify.toploc`, chunks of equal shape batched across rollouts). Raises
+    `toploc.ProofFormatError` for malformed proofs or a wrong proof count, `ValueError`
+    for unusable activations."""
+    if len(activations) != len(proofs):
+        raise ValueError(f"{len(activations)} activations for {len(proofs)} proof lists")
+    xs = [toploc._as_bf16(a) for a in activations]
+    for x, pl in zip(xs, proofs, strict=True):
+        if len(pl) != toploc.n_chunks(x.shape[0], chunk):
+            raise toploc.ProofFormatError(
+                f"{len(pl)} proofs for {toploc.n_chunks(x.shape[0], chunk)} chunks of {x.shape[0]} tokens"
+            )
+    out: list[list[ProofChunk | None]] = [[None] * len(pl) for pl in proofs]
+    for (rows, h), items in toploc._grouped_chunks(xs, chunk).items():
+        n = min(topk, rows * h)
+        parsed = [toploc.parse_proof(proofs[i][c], topk, n) for i, c in items]
+        moduli = np.array([m for m, _ in parsed], dtype=np.int64)
+        coeffs = np.stack([c for _, c in parsed])
+        pos, got, _ = toploc._select(xs, items, rows, h, chunk, topk)
+        claimed = toploc.evaluate(coeffs, pos % moduli[:, None])
+        for (i, c), res in zip(items, _chunk_stats(claimed, got), strict=True):
+            out[i][c] = res
+    return [[r for r in rs if r is not None] for rs in out]
+
+
+def _chunk_stats(claimed: np.ndarray, got: np.ndarray) -> list[ProofChunk]:
+    """`ProofChunk` per row of bf16 bit patterns [chunks, points]."""
+    exp_match = (claimed & toploc._BF16_EXP_MASK) == (got & toploc._BF16_EXP_MASK)
+    mant_err = np.abs((claimed & toploc._BF16_MANT_MASK) - (got & toploc._BF16_MANT_MASK))
+    near = exp_match & (mant_err <= FAR_MANT_ERR)
+    far = exp_match & ~near
+    sign = near & (mant_err <= toploc._SIGN_MANT_TOL) & (((claimed ^ got) & toploc._BF16_SIGN_MASK) != 0)
+    count = near.sum(axis=1)
+    sums = np.where(near, mant_err, 0).sum(axis=1).tolist()
+    ordered = np.sort(np.where(near, mant_err, np.iinfo(np.int64).max), axis=1)
+    medians = ordered[np.arange(len(count)), np.minimum(count // 2, ordered.shape[1] - 1)].tolist()
+    points = int(claimed.shape[1])
+    out = []
+    for c, s, med, e, f, g in zip(
+        count.tolist(), sums, medians, (~exp_match).sum(axis=1).tolist(), far.sum(axis=1).tolist(),
+        sign.sum(axis=1).tolist(), strict=True,
+    ):
+        mean, median = (s / c, float(med)) if c else (toploc.NO_MATCH, toploc.NO_MATCH)
+        out.append(ProofChunk(points, e, f, mean, median, g))
+    return out
+
+
 def check_proofs(
     hidden: torch.Tensor,
     proofs: Sequence[bytes],
@@ -114,10 +201,10 @@ def check_proofs(
     topk: int = toploc.TOPK,
     th: Thresholds = THRESHOLDS,
 ) -> list[CheckResult]:
-    """TOPLOC statistics per chunk against the recomputed hidden states [T, H], and our
+    """Proof statistics per chunk against the recomputed hidden states [T, H], and our
     sign check. Returns [proof result, sign result]."""
     try:
-        chunks = toploc.verify_proofs_bytes(hidden, list(proofs), chunk, topk)
+        chunks = proof_chunks_many([hidden], [list(proofs)], chunk, topk)[0]
     except toploc.ProofFormatError as exc:
         return [_fail("proof", "proof-malformed", str(exc))]
     except ValueError as exc:  # non-finite recomputed activations: the verifier's problem
@@ -125,24 +212,31 @@ def check_proofs(
     return judge_proof_chunks(chunks, th)
 
 
-def judge_proof_chunks(chunks: Sequence[toploc.ChunkResult], th: Thresholds = THRESHOLDS) -> list[CheckResult]:
-    """[proof result, sign result] from the per-chunk statistics of one rollout."""
+def judge_proof_chunks(chunks: Sequence[ProofChunk], th: Thresholds = THRESHOLDS) -> list[CheckResult]:
+    """[proof result, sign result] from the per-chunk statistics of one rollout.
+
+    The mismatch limits count exponent mismatches and far points together (both are
+    points whose claimed value is not the recomputed one up to rounding); the mantissa
+    limits apply to the remaining near points. TOPLOC's own statistics differ only in
+    averaging far points into the mantissa error (`verify.toploc.verify_proofs_bytes`)."""
     # TOPLOC's limits are per 128 points; a short chunk with fewer points scales them.
-    exp_frac = max(r.exp_mismatches / r.points for r in chunks)
+    exp_frac = max(r.mismatches / r.points for r in chunks)
     mean = max(r.mant_err_mean for r in chunks)
     median = max(r.mant_err_median for r in chunks)
     sign = sum(r.sign_mismatches for r in chunks)
     # rollout-level aggregates: every point of every chunk (steadier than the worst chunk)
     points = sum(r.points for r in chunks)
-    matched = [(r.points - r.exp_mismatches, r.mant_err_mean) for r in chunks]
-    n_match = sum(m for m, _ in matched)
-    mean_all = sum(m * e for m, e in matched if m) / n_match if n_match else toploc.NO_MATCH
-    exp_all = 1.0 - n_match / points
+    n_near = sum(r.near_points for r in chunks)
+    mean_all = (
+        sum(r.near_points * r.mant_err_mean for r in chunks if r.near_points) / n_near if n_near else toploc.NO_MATCH
+    )
+    exp_all = 1.0 - n_near / points
     metrics = {
         "proof_exp_mismatch_frac_all": exp_all,
         "proof_mant_mean_all": mean_all,
-        "proof_exp_mismatch_max": float(max(r.exp_mismatches for r in chunks)),
+        "proof_exp_mismatch_max": float(max(r.mismatches for r in chunks)),
         "proof_exp_mismatch_frac": exp_frac,
+        "proof_far_points": float(sum(r.far_points for r in chunks)),
         "proof_mant_mean_max": mean,
         "proof_mant_median_max": median,
         "proof_sign_mismatches": float(sign),
@@ -309,11 +403,14 @@ def check_logprobs(rep: Replay, recorded: Sequence[float], th: Thresholds = THRE
 
 def check_drift(metrics: dict[str, float], th: Thresholds = THRESHOLDS) -> CheckResult:
     """The fine test for a slightly different model (int8 weights, small perturbations):
-    drift = mean |log-prob error| + w * mean mantissa error of all proof points.
+    drift = mean |log-prob error| + w * mean mantissa error of the rollout's near proof
+    points (far points excluded, see `FAR_MANT_ERR`).
 
     Each term alone overlaps between honest rounding noise and a quantised model; their
     sum separates them better because the two measure independent views of the same
-    deviation (the sampled token's log-prob, the hidden state's largest entries).
+    deviation (the sampled token's log-prob, the hidden state's largest entries): an
+    honest rollout that is unlucky in one view is typical in the other, a different model
+    is off in both. `w` weighs the terms equally at their typical honest values.
     """
     lp = metrics.get("logprob_err_mean")
     mant = metrics.get("proof_mant_mean_all")

@@ -33,9 +33,11 @@ class Thresholds:
     # sampler log-probs: largest and mean absolute difference (nats)
     logprob_err_max: float = 0.03
     logprob_err_mean: float = 0.01
-    # drift = logprob_err_mean + drift_proof_weight * proof_mant_mean_all (see checks.check_drift)
-    drift: float = 0.0024
-    drift_proof_weight: float = 0.001
+    # drift = logprob_err_mean + drift_proof_weight * proof_mant_mean_all (see checks.check_drift);
+    # the weight makes the terms equal at their typical honest bf16 values (hidden 192:
+    # logprob_err_mean p50 0.00093, proof_mant_mean_all p50 0.21 -> 0.0044)
+    drift: float = 0.0045
+    drift_proof_weight: float = 0.005
     # reward re-scoring
     reward_tolerance: float = 1e-6
 
@@ -74,7 +76,7 @@ BF16_FLOOR = Thresholds(
     sampling_near_ties_max=4,
     logprob_err_max=0.005,
     logprob_err_mean=0.0015,
-    drift=0.0016,
+    drift=0.002,  # = logprob_err_mean + drift_proof_weight * proof_mant_mean_all floors
 )
 
 # Calibrated limits: metric name -> threshold field.
@@ -91,17 +93,33 @@ CALIBRATED = {
 }
 
 
-def calibrate(honest: list[dict[str, float]], floor: Thresholds, factor: float = 2.0) -> Thresholds:
+# Metrics calibrated with their own factor instead of `calibrate`'s general one:
+# - the median limit is the largest honest median itself (an integer statistic);
+# - drift, the joint statistic, has a light honest tail and is the one that separates a
+#   slightly different model from rounding noise, so it gets less headroom: at hidden 192
+#   (bf16 worker, bf16 prefill; three sets of 200) its maximum is 1.4-1.6 x its median
+#   and the three sets' maxima lie within 12 % (0.00283, 0.00306, 0.00315), while int8
+#   workers start at 0.00657. 1.5 x the calibration maximum (~0.0045) leaves about 1.4 x
+#   room on both sides; 2 x (~0.0061) would leave int8 less than 10 %.
+METRIC_FACTORS = {"proof_mant_median_max": 1.0, "drift": 1.5}
+
+
+def calibrate(
+    honest: list[dict[str, float]],
+    floor: Thresholds,
+    factor: float = 2.0,
+    metric_factors: dict[str, float] | None = None,
+) -> Thresholds:
     """Thresholds from the metrics of honest rollouts judged at one precision: each
-    calibrated limit is `factor` times the largest honest value, never below the floor's
-    (the median limit: the largest honest median itself); other limits are the floor's.
-    Use a calibration set apart from the rollouts to be judged."""
+    calibrated limit is `factor` times the largest honest value (`metric_factors`, by
+    default METRIC_FACTORS, override it per metric), never below the floor's; other limits
+    are the floor's. Use a calibration set apart from the rollouts to be judged."""
+    own = METRIC_FACTORS if metric_factors is None else metric_factors
     changes: dict[str, float] = {}
     for metric, name in CALIBRATED.items():
         values = [row[metric] for row in honest if metric in row]
         if values:
-            scale = 1.0 if metric == "proof_mant_median_max" else factor
-            changes[name] = max(getattr(floor, name), scale * max(values))
+            changes[name] = max(getattr(floor, name), own.get(metric, factor) * max(values))
     return replace(floor, **changes)
 
 
@@ -121,9 +139,10 @@ Honest noise, bf16 worker:
     200-rollout set (other prompts); vs an fp32 verifier: proof_mant_mean_all [0.71,
     0.97], logprob_err_mean up to 0.019 (hence the second, bf16 pass).
   hidden 192, bf16 verifier: proof_mant_mean_all [0.23, 0.82] with rare outliers to
-    1.11; logprob_err_mean [0.0010, 0.0014]; vs fp32: [0.46, 0.99], [0.0013, 0.0019].
+    1.11 as TOPLOC averages it, [0.21, 0.39] with far points counted as mismatches
+    (below); logprob_err_mean [0.0010, 0.0014]; vs fp32: [0.46, 0.99], [0.0013, 0.0019].
   -> BF16_FLOOR, raised per model by `calibrate` (2 x the largest honest value on a
-     separate calibration set of 200 honest rollouts).
+     separate calibration set of 200 honest rollouts; drift 1.5 x).
 
 Attacks, at the verifier's fp32 pass (the strict regime):
   int8 weights (fp32 compute): built-in proof_mant_mean_all [0.095, 0.18];
@@ -134,11 +153,30 @@ Attacks, at the verifier's fp32 pass (the strict regime):
   temperature lie (0.7 claimed 1.0): logprob_err_mean [0.0019, 0.046] (built-in).
   edited token, cherry-pick: sampling margins of whole logits (>= 0.08 vs honest 0.0014).
 
-Where honest and dishonest overlap: on the random-init hidden-192 model int8 weights move
-the activations by about as much as bf16 rounding does (bf16 honest outliers 0.86-1.11
-vs int8 0.44-1.5 at the bf16 pass), so 1% of honest bf16 rollouts fail or 0.5% of int8
-rollouts pass there, whichever way the line is drawn; on the trained policy the two are
-apart (bf16 <= 0.10, int8 >= 0.58 at the bf16 pass; fp32 0 vs int8 >= 0.095).
+Where honest and dishonest come close: on the random-init hidden-192 model int8 weights
+(per-row scale / 254, about one bf16 ulp) move the activations by about as much as bf16
+rounding does. With TOPLOC's mantissa mean the two overlapped at the bf16 pass (honest
+bf16 outliers 0.86-1.04 vs int8 from 0.51), so 1% of honest bf16 rollouts failed or 0.5%
+of int8 ones passed, whichever way the line was drawn. Measured per point (bf16 worker,
+bf16 prefill, 400 honest and 400 int8 rollouts, /tmp script on the bench's helpers):
+  - every honest outlier (4 of 400 with mean > 0.8) owes it to ONE point off by 76-109
+    mantissa units (a top-k boundary tie the prover resolved differently; the proof's
+    polynomial evaluates to noise there and its exponent matched by chance). Honest
+    rounding errors never exceed 8 units; counting points off by > 16 units
+    (`checks.FAR_MANT_ERR`) as mismatches instead of mantissa error leaves honest
+    proof_mant_mean_all [0.21, 0.39] (p50, max) vs int8 [0.51, 0.86] (min, p50).
+  - log-prob error alone overlaps too (honest max 0.00165, int8 min 0.00131, a 3-token
+    rollout whose mantissa mean is 1.67); no honest rollout is high in both views.
+  - drift = logprob_err_mean + 0.005 x proof_mant_mean_all (far points excluded) at the
+    bf16 pass: honest bf16 [0.0020, 0.0032] (p50, max over 600), int8 [0.0066, 0.0084]
+    (min, p50): 2.1 x apart. Calibrated at 1.5 x the calibration set's maximum (see
+    METRIC_FACTORS). bench verify --hidden 192: int8_quantized 1.0, fp32_vs_bf16 0.0.
+  - also measured and not used: r16/r32 ratios (how much better the bf16 prefill matches
+    than the fp32 one; honest p50 0.46 max 0.89, int8 min 0.93 for the mantissa mean,
+    overlapping once log-probs are included), the fraction of points with any mantissa
+    error (honest max 0.32, int8 min 0.47: 1.46 x, less than drift's 2.1 x).
+On the trained policy the two are far apart (bf16 <= 0.10, int8 >= 0.58 at the bf16 pass;
+fp32 0 vs int8 >= 0.095).
 Thresholds are per model and per hardware mix: a run should calibrate them (the bench
 shows how) on the GPUs and CPUs its workers and verifiers really use.
 """

@@ -16,7 +16,8 @@ hidden size H with the built-in tokenizer), N signed rollout records per case:
   attacks: min and p50), the data behind `verify.thresholds`.
 - `thresholds`: the limits used. Unless `--no-calibrate`, they are calibrated first on a
   separate set of honest fp32 and bf16 rollouts (other counters, so other tasks):
-  2 x the largest honest value of each metric, above `verify.thresholds` floors.
+  2 x the largest honest value of each metric (drift: 1.5 x, see
+  `verify.thresholds.METRIC_FACTORS`), above `verify.thresholds` floors.
 
 Timing (`proof_build_overhead_pct`, `verify_speedup`) runs generation and audit with one
 thread each, best of 3 interleaved rounds, and also as CPU seconds (`*_cpu`): the machine
@@ -82,6 +83,8 @@ METRICS = (
     "sampling_margin_max",
     "logprob_err_max",
     "logprob_err_mean",
+    "proof_far_points",
+    "drift",
 )
 # Calibration: limits = factor x the largest honest value on a separate calibration set.
 # bf16 rounding noise is heavy-tailed (a few rollouts disagree by several times the typical
