@@ -151,34 +151,16 @@ def proof_chunks_many(
     (`verify.toploc`, chunks of equal shape batched across rollouts). Raises
     `toploc.ProofFormatError` for malformed proofs or a wrong proof count, `ValueError`
     for unusable activations."""
-    if len(activations) != len(proofs):
-        raise ValueError(f"{len(activations)} activations for {len(proofs)} proof lists")
-    xs = [toploc._as_bf16(a) for a in activations]
-    for x, pl in zip(xs, proofs, strict=True):
-        if len(pl) != toploc.n_chunks(x.shape[0], chunk):
-            raise toploc.ProofFormatError(
-                f"{len(pl)} proofs for {toploc.n_chunks(x.shape[0], chunk)} chunks of {x.shape[0]} tokens"
-            )
-    out: list[list[ProofChunk | None]] = [[None] * len(pl) for pl in proofs]
-    for (rows, h), items in toploc._grouped_chunks(xs, chunk).items():
-        n = min(topk, rows * h)
-        parsed = [toploc.parse_proof(proofs[i][c], topk, n) for i, c in items]
-        moduli = np.array([m for m, _ in parsed], dtype=np.int64)
-        coeffs = np.stack([c for _, c in parsed])
-        pos, got, _ = toploc._select(xs, items, rows, h, chunk, topk)
-        claimed = toploc.evaluate(coeffs, pos % moduli[:, None])
-        for (i, c), res in zip(items, _chunk_stats(claimed, got), strict=True):
-            out[i][c] = res
-    return [[r for r in rs if r is not None] for rs in out]
+    return toploc.compare_many(activations, proofs, _chunk_stats, chunk, topk)
 
 
 def _chunk_stats(claimed: np.ndarray, got: np.ndarray) -> list[ProofChunk]:
     """`ProofChunk` per row of bf16 bit patterns [chunks, points]."""
-    exp_match = (claimed & toploc._BF16_EXP_MASK) == (got & toploc._BF16_EXP_MASK)
-    mant_err = np.abs((claimed & toploc._BF16_MANT_MASK) - (got & toploc._BF16_MANT_MASK))
+    exp_match = (claimed & toploc.BF16_EXP_MASK) == (got & toploc.BF16_EXP_MASK)
+    mant_err = np.abs((claimed & toploc.BF16_MANT_MASK) - (got & toploc.BF16_MANT_MASK))
     near = exp_match & (mant_err <= FAR_MANT_ERR)
     far = exp_match & ~near
-    sign = near & (mant_err <= toploc._SIGN_MANT_TOL) & (((claimed ^ got) & toploc._BF16_SIGN_MASK) != 0)
+    sign = near & (mant_err <= toploc.SIGN_MANT_TOL) & (((claimed ^ got) & toploc.BF16_SIGN_MASK) != 0)
     count = near.sum(axis=1)
     sums = np.where(near, mant_err, 0).sum(axis=1).tolist()
     ordered = np.sort(np.where(near, mant_err, np.iinfo(np.int64).max), axis=1)

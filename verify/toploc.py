@@ -52,23 +52,27 @@ Python loop is the (rarely more than one step) modulus search.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
+
+R = TypeVar("R")
 
 P = 65497  # the prime field of the reference
 CHUNK = 32  # generated tokens per proof
 TOPK = 128  # values per proof
 NO_MATCH = float(2**64)  # mantissa statistics when no exponent matches (as the reference)
 
-_BF16_EXP_MASK = 0x7F80
-_BF16_MANT_MASK = 0x007F
-_BF16_SIGN_MASK = 0x8000
+BF16_EXP_MASK = 0x7F80
+BF16_MANT_MASK = 0x007F
+BF16_SIGN_MASK = 0x8000
 # A sign mismatch counts only where the magnitude agrees (same exponent, mantissa within
 # this many units): a position the prover did not select evaluates to a random value,
 # whose exponent matches by chance about once in 256 and whose sign is a coin toss.
-_SIGN_MANT_TOL = 2
+SIGN_MANT_TOL = 2
 
 
 class ProofFormatError(ValueError):
@@ -299,13 +303,31 @@ def verify_proofs_bytes_many(
 ) -> list[list[ChunkResult]]:
     """`verify_proofs_bytes` for many rollouts at once (chunks of equal shape batched).
     Raises on the first malformed proof or unusable activations of any rollout."""
+    return compare_many(activations, proofs, _compare, chunk, topk)
+
+
+def compare_many(
+    activations: Sequence[torch.Tensor],
+    proofs: Sequence[Sequence[bytes]],
+    stats: Callable[[np.ndarray, np.ndarray], list[R]],
+    chunk: int = CHUNK,
+    topk: int = TOPK,
+) -> list[list[R]]:
+    """Evaluate every proof at its chunk's recomputed top-k positions and summarise.
+
+    Chunks of equal shape are batched across rollouts. `stats(claimed, got)` receives the
+    bf16 bit patterns [chunks, points] the proofs claim and the ones recomputed from
+    `activations`, and returns one summary per row; the result is, per rollout, one
+    summary per chunk. Raises `ProofFormatError` for malformed proofs or a wrong number of
+    proofs, `ValueError` for unusable activations.
+    """
     if len(activations) != len(proofs):
         raise ValueError(f"{len(activations)} activations for {len(proofs)} proof lists")
     xs = [_as_bf16(a) for a in activations]
     for x, pl in zip(xs, proofs, strict=True):
         if len(pl) != n_chunks(x.shape[0], chunk):
             raise ProofFormatError(f"{len(pl)} proofs for {n_chunks(x.shape[0], chunk)} chunks of {x.shape[0]} tokens")
-    out: list[list[ChunkResult | None]] = [[None] * len(pl) for pl in proofs]
+    out: list[list[R | None]] = [[None] * len(pl) for pl in proofs]
     for (rows, h), items in _grouped_chunks(xs, chunk).items():
         n = min(topk, rows * h)
         parsed = [parse_proof(proofs[i][c], topk, n) for i, c in items]
@@ -313,18 +335,18 @@ def verify_proofs_bytes_many(
         coeffs = np.stack([c for _, c in parsed])
         pos, got, _ = _select(xs, items, rows, h, chunk, topk)
         claimed = evaluate(coeffs, pos % moduli[:, None])
-        for (i, c), res in zip(items, _compare(claimed, got), strict=True):
+        for (i, c), res in zip(items, stats(claimed, got), strict=True):
             out[i][c] = res
     return [[r for r in rs if r is not None] for rs in out]
 
 
 def _compare(claimed: np.ndarray, got: np.ndarray) -> list[ChunkResult]:
     """Exponent, mantissa and sign comparison of bf16 bit patterns, row by row."""
-    exp_c = (claimed & _BF16_EXP_MASK) >> 7
-    exp_g = (got & _BF16_EXP_MASK) >> 7
+    exp_c = (claimed & BF16_EXP_MASK) >> 7
+    exp_g = (got & BF16_EXP_MASK) >> 7
     match = exp_c == exp_g
-    mant_err = np.abs((claimed & _BF16_MANT_MASK) - (got & _BF16_MANT_MASK))
-    sign_mis = match & (mant_err <= _SIGN_MANT_TOL) & (((claimed ^ got) & _BF16_SIGN_MASK) != 0)
+    mant_err = np.abs((claimed & BF16_MANT_MASK) - (got & BF16_MANT_MASK))
+    sign_mis = match & (mant_err <= SIGN_MANT_TOL) & (((claimed ^ got) & BF16_SIGN_MASK) != 0)
     count = match.sum(axis=1)
     sums = np.where(match, mant_err, 0).sum(axis=1)
     ordered = np.sort(np.where(match, mant_err, np.iinfo(np.int64).max), axis=1)
