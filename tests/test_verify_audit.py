@@ -276,7 +276,7 @@ def test_bf16_worker_passes_only_through_the_second_precision(env):
         out = env["root"] / "bf16.msgpack"
         generate_records(
             engine=bf, manifest=env["manifest"], identity=env["identity"], n=4, out=out,
-            build_proofs=toploc.build_proofs_bytes, say=lambda _m: None,
+            build_proofs=toploc.build_proofs_bytes_many, say=lambda _m: None,
         )
     finally:
         env["model"].to(torch.float32)

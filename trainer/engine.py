@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from protocol.wire import RolloutBody
+
 FinishReason = Literal["eos", "length"]
 
 
@@ -99,3 +101,25 @@ def check_batch(prompts: Sequence[Sequence[int]], seeds: Sequence[int], vocab_si
     for s in seeds:
         if not 0 <= int(s) < 2**64:
             raise ValueError(f"seed {s} is not an unsigned 64-bit integer")
+
+
+def rollout_body(
+    prompt_ids: Sequence[int],
+    generation: Generation,
+    settings: SamplingSettings,
+    sampling_seed: int,
+    proofs: Sequence[bytes],
+) -> RolloutBody:
+    """The wire body of one generated rollout, with the sampling settings as claimed."""
+    return RolloutBody(
+        prompt_ids=tuple(int(t) for t in prompt_ids),
+        completion_ids=tuple(int(t) for t in generation.completion_ids),
+        logprobs=tuple(float(x) for x in generation.logprobs),
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        max_new_tokens=settings.max_new_tokens,
+        sampling_seed=sampling_seed,
+        finish_reason=generation.finish_reason,
+        proofs=tuple(proofs),
+    )

@@ -208,8 +208,7 @@ def _make_records(
     """Generate ctx.n records as a worker would (task assignment, seeded sampling, proofs,
     signed records), with the knobs the attacks need."""
     from protocol.rollout import make_record
-    from protocol.wire import RolloutBody
-    from trainer.engine import SamplingSettings
+    from trainer.engine import SamplingSettings, rollout_body
     from trainer.tasks import assign_task
     from verify.toploc import build_proofs_bytes_many
 
@@ -246,18 +245,7 @@ def _make_records(
     records = []
     tokens = pbytes = chunks = 0
     for a, prompt, (reward, g), pl in zip(assigns, prompts, best, proof_lists, strict=True):  # type: ignore[misc]
-        body = RolloutBody(
-            prompt_ids=tuple(prompt),
-            completion_ids=tuple(int(x) for x in g.completion_ids),
-            logprobs=tuple(float(x) for x in g.logprobs),
-            temperature=claimed.temperature,
-            top_p=claimed.top_p,
-            top_k=claimed.top_k,
-            max_new_tokens=claimed.max_new_tokens,
-            sampling_seed=a.task_seed,
-            finish_reason=g.finish_reason,
-            proofs=tuple(pl),
-        )
+        body = rollout_body(prompt, g, claimed, a.task_seed, pl)
         tokens += len(body.completion_ids)
         pbytes += sum(len(p) for p in pl)
         chunks += len(pl)

@@ -68,12 +68,13 @@ def check_datasets(manifest: Any, source: str) -> None:
 
 
 def _proof_builder() -> Any:
-    """`verify.toploc.build_proofs_bytes` if present, else None (proofs left empty)."""
+    """`verify.toploc.build_proofs_bytes_many` (one call per batch: chunks of equal shape
+    are built together), or None when verification is not installed (proofs left empty)."""
     try:
-        from verify.toploc import build_proofs_bytes
+        from verify.toploc import build_proofs_bytes_many
     except ImportError:
         return None
-    return build_proofs_bytes
+    return build_proofs_bytes_many
 
 
 def main(
@@ -148,8 +149,7 @@ def generate_records(
 ) -> dict[str, Any]:
     """The work of `main`, with everything already loaded (used by tests and benches)."""
     from protocol.rollout import make_record, write_records
-    from protocol.wire import RolloutBody
-    from trainer.engine import SamplingSettings
+    from trainer.engine import SamplingSettings, rollout_body
     from trainer.tasks import PartialCreditLog, TaskError, TaskSet, assign_task
 
     settings = SamplingSettings.from_manifest(manifest)
@@ -172,18 +172,7 @@ def generate_records(
             proof_lists = fut.result() if fut is not None else [[] for _ in items]
             records = []
             for (assignment, prompt_ids, g, reward), pl in zip(items, proof_lists, strict=True):
-                body = RolloutBody(
-                    prompt_ids=tuple(prompt_ids),
-                    completion_ids=tuple(int(t) for t in g.completion_ids),
-                    logprobs=tuple(float(x) for x in g.logprobs),
-                    temperature=settings.temperature,
-                    top_p=settings.top_p,
-                    top_k=settings.top_k,
-                    max_new_tokens=settings.max_new_tokens,
-                    sampling_seed=assignment.task_seed,
-                    finish_reason=g.finish_reason,
-                    proofs=tuple(pl),
-                )
+                body = rollout_body(prompt_ids, g, settings, assignment.task_seed, pl)
                 records.append(
                     make_record(
                         identity,
@@ -202,9 +191,7 @@ def generate_records(
             written += write_records(fh, records)
 
     def proofs_for(hiddens: list[Any]) -> list[list[bytes]]:
-        return [
-            build_proofs(h, chunk=manifest.proof_chunk, topk=manifest.proof_topk) for h in hiddens
-        ]
+        return build_proofs(hiddens, chunk=manifest.proof_chunk, topk=manifest.proof_topk)
 
     try:
         with open(out, "wb") as fh:
