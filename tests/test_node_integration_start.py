@@ -32,7 +32,7 @@ def _start(tmp: Path, name: str, *extra: str) -> subprocess.Popen[str]:
     if not key.exists():
         write_key(key, Identity.generate())
     return subprocess.Popen(
-        [sys.executable, "-m", "node.commands.start", "--role", "relay", "--run", str(tmp / "run.toml"),
+        [sys.executable, "-m", "node.cli", "start", "--role", "relay", "--run", str(tmp / "run.toml"),
          "--key", str(key), "--data-dir", str(tmp / name), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )

@@ -81,7 +81,7 @@ def _spawn(name: str, role: str, root: Path, run: Path, extra: list[str]) -> Nod
         write_key(key, Identity.generate())
     log = d / "node.log"
     cmd = [
-        sys.executable, "-m", "node.commands.start", "--role", role, "--run", str(run),
+        sys.executable, "-m", "node.cli", "start", "--role", role, "--run", str(run),
         "--key", str(key), "--data-dir", str(d / "data"), "--listen", "/ip4/127.0.0.1/tcp/0",
         *extra,
     ]

@@ -71,19 +71,3 @@ def main(
     }
     print(json.dumps(result), flush=True)
     return result
-
-
-if __name__ == "__main__":
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m node.commands.init_model")
-    ap.add_argument("--data-dir")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--force", action="store_true")
-    ap.add_argument("--threads", type=int)
-    a = ap.parse_args()
-    try:
-        main(data_dir=a.data_dir, seed=a.seed, force=a.force, threads=a.threads)
-    except CommandError as exc:
-        print(f"swarm-node: error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)

@@ -257,38 +257,3 @@ def generate_records(
         "policy_version": policy_version,
         "counters": [start_counter, start_counter + n - 1],
     }
-
-
-if __name__ == "__main__":  # python -m node.commands.rollouts RUN KEY N OUT [MODEL]
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m node.commands.rollouts")
-    ap.add_argument("--run", required=True)
-    ap.add_argument("--key", required=True)
-    ap.add_argument("--n", type=int, required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--model")
-    ap.add_argument("--data-dir")
-    ap.add_argument("--policy-version", type=int, default=0)
-    ap.add_argument("--start-counter", type=int, default=0)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--threads", type=int)
-    ap.add_argument("--no-proofs", action="store_true")
-    a = ap.parse_args()
-    try:
-        main(
-            run=a.run,
-            key=a.key,
-            n=a.n,
-            out=a.out,
-            model=a.model,
-            data_dir=a.data_dir,
-            policy_version=a.policy_version,
-            start_counter=a.start_counter,
-            batch_size=a.batch_size,
-            threads=a.threads,
-            proofs=not a.no_proofs,
-        )
-    except CommandError as exc:
-        print(f"swarm-node: error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)

@@ -222,36 +222,3 @@ async def _run(
         raise CommandError(f"cannot listen on {', '.join(listen)}: {exc.strerror or exc}") from None
     with contextlib.suppress(Exception):
         _say(f"swarm-node: stopped cleanly ({data_dir})")
-
-
-def _cli(argv: Sequence[str] | None = None) -> int:
-    """`python -m node.commands.start ...`: the same options as `swarm-node start` (used by
-    `swarm-node devnet` to spawn nodes without going through the CLI group)."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="swarm-node start")
-    p.add_argument("--role", required=True)
-    p.add_argument("--run", required=True)
-    p.add_argument("--key", required=True)
-    p.add_argument("--listen", action="append", default=[])
-    p.add_argument("--bootstrap", action="append", default=[])
-    p.add_argument("--data-dir")
-    p.add_argument("--model")
-    p.add_argument("--config")
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--audit-fraction", type=float)
-    p.add_argument("--max-rollouts", type=int)
-    p.add_argument("--duration", type=float)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--log-level")
-    a = p.parse_args(argv)
-    try:
-        main(**vars(a))
-    except CommandError as exc:
-        print(f"swarm-node: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_cli())
