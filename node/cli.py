@@ -30,11 +30,28 @@ def _one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except CommandError as exc:
             click.echo(f"swarm-node: error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except BaseExceptionGroup as group:
+            # A CommandError raised inside a trio nursery arrives wrapped in a group.
+            found = _first_command_error(group)
+            if found is None:
+                raise
+            click.echo(f"swarm-node: error: {found}", err=True)
+            sys.exit(found.exit_code)
         except KeyboardInterrupt:
             click.echo("swarm-node: interrupted", err=True)
             sys.exit(130)
 
     return wrapper
+
+
+def _first_command_error(group: BaseExceptionGroup) -> CommandError | None:
+    """The first `CommandError` anywhere inside an exception group (nested groups too)."""
+    for exc in group.exceptions:
+        if isinstance(exc, CommandError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup) and (inner := _first_command_error(exc)):
+            return inner
+    return None
 
 
 def _not_built(name: str, issue: str) -> None:

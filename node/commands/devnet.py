@@ -273,21 +273,24 @@ def main(
         raise CommandError("devnet: --inference 1..16, --validators 0..8, --trainers 1, --relays 0..8")
     if not 5 <= duration <= 24 * 3600:
         raise CommandError(f"--duration must be in [5, 86400] seconds, got {duration}")
-    console = Console(stderr=True)
-    root = Path(out) if out else Path.cwd() / "devnet-reports" / time.strftime("%Y%m%d-%H%M%S")
-    root.mkdir(parents=True, exist_ok=True)
-    run_path = root / "run.toml"
-    if run is not None:
-        run_path.write_text(Path(run).read_text())
-    else:
-        from node.run_file import manifest_from_table, manifest_to_toml
-        from trainer.tiny_policy import run_manifest_table
-
-        run_path.write_text(manifest_to_toml(manifest_from_table(run_manifest_table("devnet"))))
-    from node.run_file import load_run_manifest
+    from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml
     from trainer import tiny_policy
 
-    manifest = load_run_manifest(run_path)
+    console = Console(stderr=True)
+    # Everything local first: the run file, then the report directory.
+    if run is not None:
+        manifest = load_run_manifest(Path(run))
+        run_text = Path(run).read_text()
+    else:
+        manifest = manifest_from_table(tiny_policy.run_manifest_table("devnet"))
+        run_text = manifest_to_toml(manifest)
+    root = Path(out) if out else Path.cwd() / "devnet-reports" / time.strftime("%Y%m%d-%H%M%S")
+    run_path = root / "run.toml"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        run_path.write_text(run_text)
+    except OSError as exc:
+        raise CommandError(f"--out {root}: cannot write the report directory ({exc.strerror or exc})") from None
     if manifest.model.startswith("builtin:"):
         console.print("devnet: preparing the built-in policy (first run builds and caches it) ...")
         path, _report, built = tiny_policy.ensure_policy(progress=lambda m: console.print(f"  {m}"))

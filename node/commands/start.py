@@ -137,26 +137,32 @@ def main(
     manifest = load_run_manifest(Path(run))
     identity = read_key(Path(key))
     ddir = Path(data_dir) if data_dir else Path(cfg["node.data_dir"]) / "nodes" / f"{identity.peer_id_b58[-12:]}-{role}"
+    from node.roles import RoleContext, check_local
+
+    ctx = RoleContext(
+        model=model, batch_size=cfg["inference.batch_size"], threads=threads,
+        audit_fraction=cfg["validator.audit_fraction"], max_rollouts=max_rollouts,
+        data_dir=ddir, say=lambda m: _say(f"  {m}"),
+    )
+    check_local(role, ctx, manifest)  # model and datasets: before touching the network
     lock = _lock(ddir)
     try:
         import trio
 
-        trio.run(_run, role, manifest, identity, ddir, listen_addrs, boot, model, cfg,
-                 max_rollouts, duration, threads)
+        trio.run(_run, role, manifest, identity, ddir, listen_addrs, boot, ctx, cfg, duration)
     finally:
         lock.close()
 
 
 async def _run(
     role: str, manifest: Any, identity: Any, data_dir: Path, listen: list[str], boot: list[str],
-    model: str | None, cfg: Any, max_rollouts: int | None, duration: float | None,
-    threads: int | None,
+    ctx: Any, cfg: Any, duration: float | None,
 ) -> None:
     import trio
 
     from node.host import HostSettings
     from node.peer import PeerConfig, open_peer
-    from node.roles import RoleContext, role_module
+    from node.roles import role_module
 
     module = role_module(role)
     settings = HostSettings(
@@ -171,11 +177,6 @@ async def _run(
         listen=tuple(listen), bootstrap=tuple(boot), pull_bodies=module.PULLS_BODIES,
         publish_rate_per_s=cfg["network.publish_rate_per_s"], max_peers=cfg["network.max_peers"],
         host=settings,
-    )
-    ctx = RoleContext(
-        model=model, batch_size=cfg["inference.batch_size"], threads=threads,
-        audit_fraction=cfg["validator.audit_fraction"], max_rollouts=max_rollouts,
-        data_dir=data_dir, say=lambda m: _say(f"  {m}"),
     )
     try:
         async with open_peer(pcfg) as peer:

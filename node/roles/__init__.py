@@ -1,7 +1,9 @@
 """Role loops of a peer: inference, trainer, validator, relay.
 
-Each role module exposes `PULLS_BODIES: bool` (whether the peer fetches rollout bodies)
-and `async def run(peer, ctx) -> None`, which runs until cancelled (or until the role's
+Each role module exposes `PULLS_BODIES: bool` (whether the peer fetches rollout bodies),
+optionally `NEEDS_MODEL: bool` (whether it loads the run's policy; `check_local` checks the
+model directory and datasets before the node touches the network) and
+`async def run(peer, ctx) -> None`, which runs until cancelled (or until the role's
 own bound, e.g. `ctx.max_rollouts`). Model work (generation, audits) runs in a worker
 thread (`trio.to_thread.run_sync`) so network deadlines and heartbeats hold while the
 model computes; `ctx.threads` caps torch's threads per process.
@@ -43,3 +45,21 @@ def role_module(role: str) -> ModuleType:
 
 def runner(role: str) -> Callable[[Any, RoleContext], Awaitable[None]]:
     return role_module(role).run  # type: ignore[no-any-return]
+
+
+def check_local(role: str, ctx: RoleContext, manifest: Any) -> Path | None:
+    """Everything a role needs from this machine, checked cheaply before any network IO:
+    the run's datasets and, for roles that load the policy, its model directory (found and
+    complete; not loaded). Returns the model directory, or None. Raises `CommandError`."""
+    from node.commands.rollouts import check_datasets, resolve_model
+    from node.errors import CommandError
+    from trainer.model_dir import ModelDirError, check_model_dir
+
+    if not getattr(role_module(role), "NEEDS_MODEL", False):
+        return None
+    check_datasets(manifest, "run manifest")
+    path = resolve_model(ctx.model, manifest.model, ctx.models_dir)
+    try:
+        return check_model_dir(path)
+    except ModelDirError as exc:
+        raise CommandError(f"--model: {exc}") from None

@@ -18,6 +18,7 @@ import trio
 from node.roles import RoleContext
 
 PULLS_BODIES = False
+NEEDS_MODEL = True
 
 
 def load(ctx: RoleContext, manifest: Any) -> Any:

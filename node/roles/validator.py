@@ -21,6 +21,7 @@ from protocol.content_id import content_id
 from protocol.identity import peer_id_to_b58
 
 PULLS_BODIES = True
+NEEDS_MODEL = True
 FAILED_AUDIT_PENALTY = -20.0
 QUEUE = 1024
 

@@ -1,0 +1,87 @@
+"""First contact through the real CLI: every user error is one line on stderr and exit code 2,
+and everything local (model, run file, key, output directory) is checked before the node
+touches the network."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from node.bench._records import net_manifest
+from node.keyfile import write_key
+from node.run_file import manifest_to_toml
+from protocol.identity import Identity
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "node.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def one_line_error(res: subprocess.CompletedProcess, *needles: str) -> None:
+    err = res.stderr.strip()
+    assert res.returncode == 2, (res.returncode, res.stdout[-2000:], err[-3000:])
+    assert "Traceback" not in err and "ExceptionGroup" not in err, err[-3000:]
+    assert err.count("\n") == 0, err[-3000:]
+    assert err.startswith("swarm-node: error: "), err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> dict[str, Path]:
+    key = tmp_path / "node.key"
+    write_key(key, Identity.generate())
+    run = tmp_path / "run.toml"
+    run.write_text(manifest_to_toml(net_manifest("err-test")))
+    return {"key": key, "run": run, "tmp": tmp_path, "empty": tmp_path / "empty-cache"}
+
+
+def _start(s: dict[str, Path], *extra: str) -> subprocess.CompletedProcess:
+    # the listen address is a port nobody should hold; no network is reached in these cases
+    return cli(
+        "start", "--run", str(s["run"]), "--key", str(s["key"]), "--data-dir", str(s["tmp"] / "d"),
+        "--duration", "30", *extra,
+        env={"SWARM_NODE_DATA": str(s["empty"])},
+    )
+
+
+def test_start_with_missing_model_dir(setup):
+    res = _start(setup, "--role", "inference", "--model", "/nonexistent/model")
+    one_line_error(res, "/nonexistent/model", "does not exist")
+    assert "listening" not in res.stdout
+
+
+@pytest.mark.parametrize("role", ["inference", "validator"])
+def test_start_before_init_model_names_init_model(setup, role):
+    res = _start(setup, "--role", role)
+    one_line_error(res, "init-model")
+    assert "listening" not in res.stdout
+
+
+def test_start_with_a_model_dir_holding_only_config(setup):
+    model = setup["tmp"] / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    res = _start(setup, "--role", "validator", "--model", str(model))
+    one_line_error(res, str(model))
+    assert "listening" not in res.stdout
+
+
+def test_devnet_with_missing_run_file(setup):
+    res = cli("devnet", "--run", str(setup["tmp"] / "nope.toml"), "--out", str(setup["tmp"] / "r"))
+    one_line_error(res, "nope.toml", "does not exist")
+
+
+def test_devnet_with_unwritable_out_dir(setup):
+    res = cli("devnet", "--out", "/proc/nope/x")
+    one_line_error(res, "/proc/nope/x")
