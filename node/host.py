@@ -32,6 +32,18 @@ item has a test in `tests/test_node_host.py` that fails if the default comes bac
 12. Leaving `host.run()` without `close()` leaks the listener; in-flight publishes at
     shutdown raise "Nursery is closed" -> `open_host()` refuses new publishes, drains
     the in-flight ones, then stops pubsub and calls `close()`.
+13. A message id is (sender, seqno) and the seqno starts at the clock in whole seconds,
+    +1 per message: a peer publishing several messages a second runs ahead of the clock,
+    and after a restart its new messages reuse ids receivers saw in the last 120 s
+    (`seen_ttl`) and are dropped as "seen" before any check of ours, on every topic ->
+    the seqno starts at the clock in nanoseconds (`_seqno_start()`), so a restart lands
+    above anything published before unless a peer averaged a message per nanosecond.
+    (The id function itself stays (sender, seqno): the library's message cache, which
+    answers IWANT, is hard-wired to it.)
+14. A peer restarted on a new port is dialed at its old address: the library dials only
+    the first stored address of each transport, and a peer whose dial failed is refused
+    for 60 s (negative cache) -> `connect()` replaces the peer's stored addresses with
+    the one given and forgets a past failure.
 
 Resource handling: everything is owned by the `open_host()` context; on exit the port
 is released and all tasks are gone. Error handling: remote misbehaviour and timeouts
@@ -296,6 +308,12 @@ def key_pair_from_private_bytes(private_bytes: bytes) -> KeyPair:
     return KeyPair(private, private.get_public_key())
 
 
+def _seqno_start() -> int:
+    """The first GossipSub seqno of this process (workaround 13): the clock in nanoseconds,
+    so a restarted publisher continues above every seqno it used before."""
+    return time.time_ns()
+
+
 def _apply_library_patches() -> None:
     # Workaround 6: the library reads this module constant at subscribe() time.
     _libp2p_pubsub.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_QUEUE
@@ -380,6 +398,7 @@ class SwarmHost:
             unsubscribe_back_off=2,
         )
         self._pubsub = Pubsub(self._lh, self._gossipsub, strict_signing=True)
+        self._pubsub.counter = _seqno_start()  # workaround 13
         self.peer_id: str = self._lh.get_id().to_base58()
         self._peers: dict[str, _PeerState] = {}
         self._banned: dict[str, float] = {}  # peer -> unban time (time.time())
@@ -467,6 +486,7 @@ class SwarmHost:
             return DialResult(addr, False, peer, error="that is our own peer id")
         if self.is_banned(peer):
             return DialResult(addr, False, peer, error="peer is banned")
+        self._forget_old_addrs(info.peer_id)
         try:
             with trio.fail_after(self.settings.dial_timeout_s):
                 await self._lh.connect(info)
@@ -484,6 +504,17 @@ class SwarmHost:
             return DialResult(addr, False, peer, explain(exc), time.monotonic() - started)
         self._on_connected(info.peer_id)
         return DialResult(addr, True, peer, None, time.monotonic() - started)
+
+    def _forget_old_addrs(self, pid: ID) -> None:
+        """Workaround 14: dial the address given, not a stale one of an earlier run."""
+        network = self._lh.get_network()
+        if network.get_connections(pid):
+            return  # connected: the library reuses the live connection
+        with contextlib.suppress(Exception):
+            self._lh.get_peerstore().clear_addrs(pid)
+        negative = getattr(network, "_negative_peer_cache", None)
+        if negative is not None:
+            negative.evict(str(pid))
 
     async def connect_many(self, addrs: Sequence[str]) -> list[DialResult]:
         """Dial all `addrs` concurrently (workaround 11); results in the order given."""

@@ -318,3 +318,39 @@ async def test_shutdown_while_messages_arrive_is_clean() -> None:
                     await b.wait_for_topic_peers("in", 1, 10)
                     await trio.sleep(0.3)
             stop.set()
+
+
+@pytest.mark.slow
+async def test_a_publisher_restarted_within_the_seen_ttl_is_not_dropped_as_seen() -> None:
+    """py-libp2p's message id is (sender, seqno) and the seqno starts at the clock in whole
+    seconds: a publisher sending several messages a second runs ahead of the clock, and
+    after a restart (same key) its new messages reuse ids the subscriber saw within the
+    last 120 s and are dropped before any check of ours. Here the publisher sends 120
+    messages as fast as it may, is SIGKILLed, restarts at once with the same key and sends
+    60 more: every one of the 180 must arrive."""
+    key = _key().hex()
+    async with open_host(_key()) as sub:
+        channel = await sub.subscribe("restart")
+        got: list[bytes] = []
+
+        async def collect(n: int, timeout: float) -> None:
+            with trio.move_on_after(timeout):
+                while len(got) < n:
+                    got.append((await channel.receive()).data)
+
+        for run, n in ((0, 120), (1, 60)):
+            pub = await PeerProcess.start("--topic", "restart", "--key", key)
+            try:
+                assert (await sub.connect(pub.addrs[0])).ok
+                joined = await pub.ask({"cmd": "wait_peers", "n": 1, "timeout": 10})
+                assert joined["topic_peers"] == 1
+                await pub.ask({"cmd": "publish", "n": n, "size": 64}, timeout=60)
+                await collect(120 * run + n, timeout=15)
+            finally:
+                pub.proc.kill()  # SIGKILL: no goodbye, the subscriber keeps its seen cache
+                with trio.move_on_after(5):
+                    await pub.proc.wait()
+            with trio.fail_after(10):
+                while pub.peer_id in sub.connected_peers():
+                    await trio.sleep(0.05)
+        assert len(got) == 180, f"{180 - len(got)} of the restarted publisher's messages dropped"
