@@ -9,6 +9,7 @@ seed = 1234
 group_size = 8              # rollouts per task for group-relative advantages
 max_staleness = 2           # a rollout of version v is usable at version t if t - v <= this
 trainer_keys = []           # peer ids allowed to publish new policy versions
+snapshot_every = 8          # weights: a full snapshot every K versions (joiners start there)
 
 [sampling]
 max_new_tokens = 48
@@ -51,6 +52,7 @@ FIELDS: dict[str, tuple[str, str, Any]] = {
     "group_size": ("run", "group_size", 8),
     "max_staleness": ("run", "max_staleness", 2),
     "trainer_keys": ("run", "trainer_keys", []),
+    "snapshot_every": ("run", "snapshot_every", 8),
     "max_new_tokens": ("sampling", "max_new_tokens", 48),
     "temperature": ("sampling", "temperature", 1.0),
     "top_p": ("sampling", "top_p", 1.0),
@@ -148,6 +150,7 @@ def manifest_to_toml(m: RunManifest) -> str:
         f"group_size = {m.group_size}",
         f"max_staleness = {m.max_staleness}",
         f"trainer_keys = [{keys}]",
+        f"snapshot_every = {m.snapshot_every}",
         "",
         "[sampling]",
         f"max_new_tokens = {m.max_new_tokens}",

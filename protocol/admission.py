@@ -20,6 +20,8 @@ The pipeline (legal steps as data: `PIPELINE`, and per kind `KIND_RULES`)
                version newer than t + max_future_versions     -> FUTURE_VERSION
                timestamp further than max_skew from now       -> CLOCK_SKEW
                weights not signed by a trainer key, or old    -> UNAUTHORIZED / OUTDATED
+               (OUTDATED only for gossiped announcements: a pulled manifest of an older
+               version is what a joiner or a lagging peer asks for)
     RATE       token bucket per sender, and per signer         -> RATE_LIMITED
     DEDUP      content id admitted before (bounded LRU + TTL) -> DUPLICATE
     REPLAY     (signer, seq) used before (`ReplayGuard`)       -> REPLAY
@@ -77,7 +79,8 @@ object: RolloutHeader, OpenedRollout, Verdict, WeightManifest, FraudEvidence), d
 received), header / body (rollout header envelope bytes and body bytes, when present),
 received_at.
 `Kind`: ROLLOUT_HEADER (gossip), ROLLOUT_RECORD (pulled header + body), VERDICT (gossip),
-WEIGHT_ANNOUNCE (gossip, signed WeightManifest), FRAUD_EVIDENCE (gossip).
+WEIGHT_ANNOUNCE (gossip, signed WeightManifest), WEIGHT_MANIFEST (a signed WeightManifest
+pulled over the shard stream, any version), FRAUD_EVIDENCE (gossip).
 `Reason`: a `StrEnum` (values are short snake_case names for the ledger); `PENALTIES` holds
 the default score change of each, `RELAY_BLAMED` which ones count against a relay.
 Helpers: `TokenBucket`, `RateLimiter`, `DedupCache` (all pure, time passed in).
@@ -182,6 +185,7 @@ class Kind(enum.StrEnum):
     ROLLOUT_RECORD = "rollout_record"
     VERDICT = "verdict"
     WEIGHT_ANNOUNCE = "weight_announce"
+    WEIGHT_MANIFEST = "weight_manifest"
     FRAUD_EVIDENCE = "fraud_evidence"
 
 
@@ -409,6 +413,14 @@ KIND_RULES: Mapping[Kind, KindRule] = {
         _envelope_opener(WeightManifest),
         WeightManifest.MAX_BYTES + _ENVELOPE_SLACK,
         gossip=True,
+        versioned=False,
+        store=False,
+        weights=True,
+    ),
+    Kind.WEIGHT_MANIFEST: KindRule(
+        _envelope_opener(WeightManifest),
+        WeightManifest.MAX_BYTES + _ENVELOPE_SLACK,
+        gossip=False,
         versioned=False,
         store=False,
         weights=True,
@@ -792,7 +804,7 @@ class Admission:
         op = m.opened
         assert op is not None
         self._dedup.add((kind, op.content_id), now)
-        if rule.weights:
+        if rule.weights and rule.gossip:
             self._weights_version = max(self._weights_version, op.obj.version)
         if self.config.admit_reward > 0:
             self.scores.reward(peer, self.config.admit_reward, now)
@@ -846,7 +858,7 @@ class Admission:
             if who not in self.run.trainer_keys:
                 raise refuse(Reason.UNAUTHORIZED, "weights not signed by a trainer key")
             version = op.obj.version
-            if version <= max(self._weights_version, self.version):
+            if rule.gossip and version <= max(self._weights_version, self.version):
                 raise refuse(Reason.OUTDATED, f"weights version {version} is not new")
         if rule.gossip:
             skew_ms = env.timestamp_ms - now * 1000.0

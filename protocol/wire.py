@@ -9,7 +9,7 @@ by the per-shard digests of the signed WeightManifest.
 
 Limits are set for the largest legitimate object with room to spare, and checked before
 decoding: a rollout of up to 16,384 prompt and 16,384 completion tokens, proofs of up to
-k = 1,024 coefficients, shards of up to 16 MiB.
+k = 1,024 coefficients, shards of up to 64 MiB.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ MiB = 1024 * KiB
 MAX_PROMPT_TOKENS = 16_384
 MAX_COMPLETION_TOKENS = 16_384
 MAX_PROOF_BYTES = 2 + 2 * 1024
-MAX_SHARD_BYTES = 16 * MiB
+MAX_SHARD_BYTES = 64 * MiB
 DIGEST = Bytes(32, sizes=(32,))
 OPTIONAL_DIGEST = Bytes(32, sizes=(0, 32))
 NAME_CHARS = string.ascii_lowercase + string.digits + "-_."
@@ -75,6 +75,8 @@ class RunManifest(WireObject):
     proof_chunk: int = spec(Int(1, 4096))
     proof_topk: int = spec(Int(1, 1024))
     trainer_keys: tuple[bytes, ...] = spec(ListOf(PeerId(), 16))
+    # -- weight broadcast (issue 8) --
+    snapshot_every: int = spec(Int(1, 1_000_000), default=8)  # K: a full snapshot every K versions
 
 
 @wire("rollout_header", schema=1, max_bytes=2 * KiB)

@@ -1,0 +1,98 @@
+"""`swarm-node bench broadcast`: weight broadcast figures (issue 8).
+
+delta: patch size over full checkpoint size for consecutive versions made by one AdamW
+step on the built-in policy. The policy ships in bf16 (the trainer keeps an fp32 master
+copy; a version is the master cast to bf16), so a small step changes only the bf16 values
+whose rounding it crosses. One step at each learning rate from the same start, one
+side-by-side run: `patch_bytes_ratio_lr1e-5`, `patch_bytes_ratio_lr1e-6`; the patch is
+checked bit-exact (applied, digest equal to the full version's).
+
+real: see `node.bench._broadcast_real` (1 origin + N receivers as processes on loopback,
+upload capped by the node's own limiter).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+LRS = (("lr1e-5", 1e-5), ("lr1e-6", 1e-6))
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def bf16_state(model: Any) -> dict[str, Any]:
+    import torch
+
+    return {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
+
+
+def one_adamw_step(model: Any, lr: float, seed: int = 0) -> None:
+    """One AdamW step (fp32 master weights) on a next-token loss over random sequences."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (16, 32), generator=g)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    model.train()
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    model.eval()
+
+
+def delta_part(quick: bool) -> dict[str, Any]:
+    import copy
+
+    import torch
+
+    from trainer.checkpoint import from_state_dict, weights_digest
+    from trainer.delta import apply_patch, make_patch, patch_stats
+    from trainer.model_dir import load_model_dir
+    from trainer.tiny_policy import ensure_policy
+
+    path, _, _ = ensure_policy(progress=_say)
+    torch.set_num_threads(1)
+    model, _ = load_model_dir(path)
+    base = from_state_dict(bf16_state(model))
+    out: dict[str, Any] = {"delta_full_bytes": len(base)}
+    for name, lr in LRS:
+        m = copy.deepcopy(model)
+        one_adamw_step(m, lr)
+        new = from_state_dict(bf16_state(m))
+        t0 = time.perf_counter()
+        patch = make_patch(base, new)
+        made_s = time.perf_counter() - t0
+        assert weights_digest(apply_patch(base, patch)) == weights_digest(new)
+        stats = patch_stats(patch)
+        out[f"patch_bytes_ratio_{name}"] = round(len(patch) / len(new), 5)
+        out[f"changed_fraction_{name}"] = round(stats["changed"] / _elements(model), 5)
+        _say(
+            f"delta {name}: patch {len(patch)} bytes of {len(new)} "
+            f"({len(patch) / len(new):.4f}), {stats['changed']} values changed, {made_s:.3f} s"
+        )
+    return out
+
+
+def _elements(model: Any) -> int:
+    return sum(v.numel() for v in model.state_dict().values())
+
+
+def run(quick: bool, args: list[str]) -> dict:
+    parts = {"delta", "real"}
+    chosen = set(args) or parts
+    if chosen - parts:
+        raise SystemExit(f"bench broadcast parts are {sorted(parts)}, got {args}")
+    result: dict[str, Any] = {"quick": quick}
+    if "delta" in chosen:
+        result.update(delta_part(quick))
+    if "real" in chosen:
+        from node.bench._broadcast_real import real_part
+
+        result.update(real_part(quick))
+    return result

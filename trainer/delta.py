@@ -1,0 +1,179 @@
+"""Exact delta patches between two canonical checkpoints of the same layout.
+
+RL steps change few values of a bf16 policy (DESIGN.md: 1-3 % per step), so a version is
+cheaper to ship as "what changed since the previous one". A patch here is an *overwrite*
+patch, bit-exact by construction:
+
+- per tensor, compare the two versions' raw elements as unsigned integers of the element
+  size (a bf16 or fp32 value is changed iff its bit pattern is; NaN payloads and -0.0
+  included);
+- store the changed element indices, delta-encoded as little-endian uint32 (first index
+  absolute, then gaps), and the new elements' bytes, each zlib-compressed;
+- anchor the patch on the base file's digest and name the target file's digest.
+
+Applying checks the base digest first (`PatchError`: patch on the wrong base), rebuilds
+the target and checks its digest (the result is the full version, byte for byte, or an
+error). Tensors absent from the patch are unchanged. Both files must have the same header
+(same names, dtypes, shapes): a layout change is shipped as a full version.
+
+Patch file (msgpack map):
+    {"format": "swarm-rl-patch/1", "base": <32 bytes>, "target": <32 bytes>,
+     "tensors": [[name, element size, changed count, zlib(gap indices), zlib(values)], ...]}
+
+Public API: `make_patch(base, target) -> bytes`, `apply_patch(base, patch) -> bytes`,
+`patch_stats(patch)`, `PatchError`. Decompression is bounded by the sizes the patch
+declares and the base tensor's size (no zip bomb gets past it).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from trainer.checkpoint import Checkpoint, CheckpointError, parse, weights_digest
+
+FORMAT = "swarm-rl-patch/1"
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+ZLIB_LEVEL = 6
+MAX_PATCH_TENSORS = 1_000_000
+
+
+class PatchError(ValueError):
+    """A patch that cannot be made or applied; the message is one line."""
+
+
+def _same_layout(a: Checkpoint, b: Checkpoint) -> bool:
+    return a.header_end == b.header_end and a.data[: a.header_end] == b.data[: b.header_end]
+
+
+def make_patch(base: bytes, target: bytes) -> bytes:
+    """The exact patch turning canonical checkpoint `base` into `target`."""
+    try:
+        a, b = parse(base), parse(target)
+    except CheckpointError as exc:
+        raise PatchError(f"cannot diff: {exc}") from None
+    if not _same_layout(a, b):
+        raise PatchError("the two checkpoints differ in layout (names, dtypes or shapes)")
+    entries: list[list[Any]] = []
+    for t in a.tensors:
+        size = _element_size(t.dtype, t.nbytes, t.shape)
+        if t.nbytes == 0:
+            continue
+        old = np.frombuffer(a.data, dtype=_UINT[size], count=t.nbytes // size, offset=t.begin)
+        new = np.frombuffer(b.data, dtype=_UINT[size], count=t.nbytes // size, offset=t.begin)
+        changed = np.flatnonzero(old != new)
+        if changed.size == 0:
+            continue
+        gaps = np.diff(changed, prepend=0).astype("<u4")
+        values = new[changed].astype(new.dtype.newbyteorder("<"))
+        entries.append(
+            [
+                t.name,
+                size,
+                int(changed.size),
+                zlib.compress(gaps.tobytes(), ZLIB_LEVEL),
+                zlib.compress(values.tobytes(), ZLIB_LEVEL),
+            ]
+        )
+    patch = {
+        "format": FORMAT,
+        "base": weights_digest(base),
+        "target": weights_digest(target),
+        "tensors": entries,
+    }
+    return msgpack.packb(patch, use_bin_type=True)
+
+
+def _element_size(dtype: str, nbytes: int, shape: tuple[int, ...]) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return nbytes // count if count else 1
+
+
+def read_patch(patch: bytes) -> dict[str, Any]:
+    """Decode and shape-check a patch (not applied); `PatchError` if malformed."""
+    try:
+        p = msgpack.unpackb(
+            patch, raw=False, max_array_len=MAX_PATCH_TENSORS, max_map_len=8, strict_map_key=True
+        )
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise PatchError(f"patch is not msgpack: {exc}") from None
+    if not isinstance(p, dict) or p.get("format") != FORMAT:
+        raise PatchError(f"not a {FORMAT} patch")
+    for key in ("base", "target"):
+        if not (isinstance(p.get(key), bytes) and len(p[key]) == 32):
+            raise PatchError(f"patch field {key!r} is not a 32-byte digest")
+    tensors = p.get("tensors")
+    if not isinstance(tensors, list):
+        raise PatchError("patch field 'tensors' is not a list")
+    for e in tensors:
+        if not (
+            isinstance(e, list)
+            and len(e) == 5
+            and isinstance(e[0], str)
+            and e[1] in _UINT
+            and isinstance(e[2], int)
+            and e[2] > 0
+            and isinstance(e[3], bytes)
+            and isinstance(e[4], bytes)
+        ):
+            raise PatchError("patch holds a malformed tensor entry")
+    return p
+
+
+def _inflate(data: bytes, size: int, what: str) -> bytes:
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(data, size)
+    except zlib.error as exc:
+        raise PatchError(f"{what}: corrupt compressed data ({exc})") from None
+    if len(out) != size or d.unconsumed_tail or not d.eof:
+        raise PatchError(f"{what}: expected {size} bytes after decompression")
+    return out
+
+
+def apply_patch(base: bytes, patch: bytes) -> bytes:
+    """`target` from `base` and a patch; checks both digests (`PatchError` otherwise)."""
+    p = read_patch(patch)
+    if weights_digest(base) != p["base"]:
+        raise PatchError(
+            f"patch on the wrong base: it expects {p['base'].hex()[:16]}, "
+            f"the base is {weights_digest(base).hex()[:16]}"
+        )
+    ck = parse(base)
+    by_name = ck.by_name()
+    out = bytearray(base)
+    seen: set[str] = set()
+    for name, size, n, zgaps, zvalues in p["tensors"]:
+        t = by_name.get(name)
+        if t is None or name in seen:
+            raise PatchError(f"patch names tensor {name!r} absent from the base (or twice)")
+        seen.add(name)
+        count = t.nbytes // size if t.nbytes else 0
+        if _element_size(t.dtype, t.nbytes, t.shape) != size or n > count:
+            raise PatchError(f"patch entry {name!r} does not fit the base tensor")
+        gaps = np.frombuffer(_inflate(zgaps, 4 * n, name), dtype="<u4").astype(np.int64)
+        idx = np.cumsum(gaps)
+        if idx[-1] >= count or (n > 1 and not np.all(gaps[1:] > 0)):
+            raise PatchError(f"patch entry {name!r}: indices out of range or not increasing")
+        values = np.frombuffer(_inflate(zvalues, size * n, name), dtype=_UINT[size])
+        view = np.frombuffer(out, dtype=_UINT[size], count=count, offset=t.begin)
+        view[idx] = values
+    result = bytes(out)
+    if weights_digest(result) != p["target"]:
+        raise PatchError("patched weights do not match the target digest")
+    return result
+
+
+def patch_stats(patch: bytes) -> dict[str, int]:
+    """Counts of a (well-formed) patch: tensors touched, elements changed, bytes."""
+    p = read_patch(patch)
+    return {
+        "tensors": len(p["tensors"]),
+        "changed": sum(e[2] for e in p["tensors"]),
+        "bytes": len(patch),
+    }
