@@ -304,3 +304,39 @@ def test_shared_prompt_prefill_matches_the_plain_one(env):
     for (h1, l1), (h2, l2) in zip(prefill(env["model"], seqs), prefill_shared(env["model"], seqs), strict=True):
         assert h1.shape == h2.shape and l1.shape == l2.shape
         assert torch.allclose(h1, h2, atol=1e-5) and torch.allclose(l1, l2, atol=1e-4)
+
+
+# ------------------------------------------------------------------ batch invariance
+
+
+@pytest.fixture(scope="module")
+def bf16_records(env):
+    """32 records of a worker computing in bf16 (its rounding differs with the batch)."""
+    from node.commands.rollouts import generate_records
+    from trainer.engine_hf import HFEngine
+
+    worker = HFEngine(_bf16_copy(env["model"]), env["tok"], max_batch=16)
+    out = env["root"] / "bf16-32.msgpack"
+    generate_records(
+        engine=worker, manifest=env["manifest"], identity=env["identity"], n=32, out=out,
+        build_proofs=toploc.build_proofs_bytes_many, say=lambda _m: None,
+    )
+    with open(out, "rb") as f:
+        return [open_record(r) for r in read_records(f)]
+
+
+def _bf16_copy(model):
+    import copy
+
+    return copy.deepcopy(model).to(torch.bfloat16)
+
+
+def test_verdicts_do_not_depend_on_the_batch(env, bf16_records):
+    """Audit N records together and each alone: same verdicts and reasons. Tight bf16
+    limits put some honest bf16 records near a limit, where batch rounding decides."""
+    from verify.thresholds import BF16_FLOOR
+
+    settings = dataclasses.replace(env["settings"], bf16_thresholds=BF16_FLOOR)
+    together = audit_records(bf16_records, env["model"], judge=env["judge"], settings=settings)
+    alone = [audit_records([ro], env["model"], judge=env["judge"], settings=settings)[0] for ro in bf16_records]
+    assert [(r.passed, r.reason) for r in together] == [(r.passed, r.reason) for r in alone]

@@ -19,7 +19,11 @@ Order of an audit (the first failure is the verdict's reason; all failures are l
 4. A rollout failing a model check is prefilled once more at the other precision (bf16 for
    an fp32 model, and back): honest workers may compute in either, and the tight limits
    hold for a worker checked at its own precision. It passes if every model check passes
-   there; the metric `audit_precision_bits` says which precision judged it.
+   there; the metric `audit_precision_bits` says which precision judged it, and a rollout
+   failing both is reported with the retry's reason (the regime that decided).
+5. Batch invariance: a rollout whose batched result is not clear of every limit (`CLEAR`)
+   is decided by a prefill of its own, so its verdict and reason do not depend on which
+   other rollouts shared its batch.
 
 Cost: one forward pass over prompt + completion, against the generation's one forward
 pass per generated token; the bench measures the ratio (`verify_speedup`).
@@ -36,7 +40,7 @@ import torch
 
 from protocol.wire import Metric, Verdict
 from verify import checks, toploc
-from verify.thresholds import STRICT, THRESHOLDS, Thresholds
+from verify.thresholds import CALIBRATED, STRICT, THRESHOLDS, Thresholds
 
 DEFAULT_MAX_BATCH_TOKENS = 16_384
 
@@ -339,6 +343,46 @@ def audit_bodies(
             cheap_checks(body, eos_ids=eos, vocab=vocab, claimed_reward=reward, judgement=judgement, settings=settings)
         )
     todo = [i for i in range(n) if all(r.passed for r in early[i])]
+    late = _decide(model, bodies, todo, settings)
+    if len(todo) > 1:
+        # Batch invariance: a batched prefill rounds differently from a prefill of one
+        # rollout (bf16 more than fp32), so a rollout whose batched result is not clear of
+        # every limit is decided by a prefill of its own (see CLEAR).
+        for i in todo:
+            if not _clear(late[i], settings):
+                late[i] = _decide(model, bodies, [i], settings)[i]
+    out = []
+    for i in range(n):
+        j = judged[i]
+        out.append(_combine(early[i] + late.get(i, []), j.reward if j is not None else None))
+    return out
+
+
+# A rollout is clear of the limits when every limited metric is at most this fraction of
+# its limit. Batch rounding moved honest bf16 metrics by up to ~45 % of their value on the
+# test model (tests/test_verify_audit.py, 32 records, together vs alone); a metric at half
+# its limit in a batch cannot cross the limit alone unless batching more than doubles it.
+CLEAR = 0.5
+
+
+def _clear(results: list[checks.CheckResult], settings: AuditSettings) -> bool:
+    """Passed, and every limited metric at most CLEAR x its limit."""
+    if not all(r.passed for r in results):
+        return False
+    metrics: dict[str, float] = {}
+    for r in results:
+        metrics.update(r.metrics)
+    th = settings.bf16_thresholds if metrics.get("audit_precision_bits") == 16.0 else settings.thresholds
+    limits = [(m, getattr(th, f)) for m, f in CALIBRATED.items()]
+    limits.append(("sampling_mismatches", float(th.sampling_near_ties_max)))
+    return all(metrics.get(m, 0.0) <= CLEAR * limit for m, limit in limits)
+
+
+def _decide(
+    model: Any, bodies: Sequence[Any], todo: Sequence[int], settings: AuditSettings
+) -> dict[int, list[checks.CheckResult]]:
+    """The model checks of `todo`, with the second-precision retry; a rollout failing both
+    precisions keeps the retry's results (the last regime judged it)."""
     late = _model_checks(model, bodies, todo, settings)
     if settings.second_precision and late:
         # A rollout whose model checks fail at the verifier's precision gets one more
@@ -346,16 +390,9 @@ def audit_bodies(
         # compute in either, and each is checked against its own kind of rounding noise.
         retry = [i for i in todo if not all(r.passed for r in late[i])]
         if retry:
-            other = _other_precision(model)
-            again = _model_checks(other, bodies, retry, settings)
-            for i in retry:
-                if all(r.passed for r in again[i]):
-                    late[i] = again[i]
-    out = []
-    for i in range(n):
-        j = judged[i]
-        out.append(_combine(early[i] + late.get(i, []), j.reward if j is not None else None))
-    return out
+            again = _model_checks(_other_precision(model), bodies, retry, settings)
+            late.update(again)
+    return late
 
 
 def _model_checks(
