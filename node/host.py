@@ -44,6 +44,12 @@ item has a test in `tests/test_node_host.py` that fails if the default comes bac
     the first stored address of each transport, and a peer whose dial failed is refused
     for 60 s (negative cache) -> `connect()` replaces the peer's stored addresses with
     the one given and forgets a past failure.
+15. A listen address that cannot be bound (port in use, address not on this machine)
+    is logged and skipped: the host runs unreachable -> `open_host()` checks that every
+    requested address got a listener and raises `ListenFailed` naming it and why.
+16. Listen sockets get SO_REUSEPORT (for hole punching), so two nodes on the same port
+    both "listen" and the kernel splits connections between them -> the library's
+    socket-flag helper is replaced by one that sets SO_REUSEADDR only.
 
 Resource handling: everything is owned by the `open_host()` context; on exit the port
 is released and all tasks are gone. Error handling: remote misbehaviour and timeouts
@@ -54,9 +60,11 @@ tasks (heartbeat, stream handlers) turn them into peer events, never into crashe
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import secrets
+import socket
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -64,6 +72,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import libp2p.pubsub.pubsub as _libp2p_pubsub
+import libp2p.transport.tcp.tcp as _libp2p_tcp
 import multiaddr
 import trio
 from libp2p import create_yamux_muxer_option, new_host
@@ -129,6 +138,10 @@ class HostSettings:
 
 class HostError(Exception):
     """Base of every error this adapter raises."""
+
+
+class ListenFailed(HostError):
+    """A listen address could not be bound; the message names the address and the reason."""
 
 
 class HostClosed(HostError):
@@ -314,9 +327,58 @@ def _seqno_start() -> int:
     return time.time_ns()
 
 
+def _reuse_addr_only(sock: Any) -> None:
+    """Workaround 16: SO_REUSEADDR (quick restarts past TIME_WAIT), never SO_REUSEPORT."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+
 def _apply_library_patches() -> None:
     # Workaround 6: the library reads this module constant at subscribe() time.
     _libp2p_pubsub.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_QUEUE
+    # Workaround 16: looked up at call time by the TCP listener and the hole-punch dialer.
+    _libp2p_tcp._set_reuse_flags = _reuse_addr_only
+
+
+def _tcp_target(addr: multiaddr.Multiaddr) -> tuple[str, int] | None:
+    """(ip, port) of an /ip4|ip6/.../tcp/... multiaddr, else None."""
+    protos = {p.name for p in addr.protocols()}
+    if "tcp" not in protos:
+        return None
+    ip = addr.value_for_protocol("ip4") if "ip4" in protos else None
+    if ip is None and "ip6" in protos:
+        ip = addr.value_for_protocol("ip6")
+    return (str(ip), int(addr.value_for_protocol("tcp"))) if ip else None
+
+
+def _listen_failures(requested: Sequence[multiaddr.Multiaddr], got: Sequence[Any]) -> list[str]:
+    """Workaround 15: each requested TCP address without a listener, with the reason
+    (found by binding a plain socket to it: the library only logs its own error)."""
+    bound = [t for t in (_tcp_target(a) for a in got) if t]
+    failures = []
+    for addr in requested:
+        want = _tcp_target(addr)
+        if want is None:
+            continue
+        ip, port = want
+        if any((ip in ("0.0.0.0", "::") or b_ip == ip) and (port == 0 or b_port == port)
+               for b_ip, b_port in bound):
+            continue
+        reason = "no listener was started"
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((ip, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                reason = f"port {port} is in use by another process"
+            elif exc.errno == errno.EADDRNOTAVAIL:
+                reason = f"{ip} is not an address of this machine (cannot assign requested address)"
+            else:
+                reason = exc.strerror or str(exc)
+        failures.append(f"cannot listen on {addr}: {reason}")
+    return failures
 
 
 @dataclass
@@ -792,6 +854,21 @@ class SwarmHost:
 
 
 @contextlib.asynccontextmanager
+async def _plain_listen_failed() -> AsyncIterator[None]:
+    """Raise `ListenFailed` bare, not wrapped in the library's exception group."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        match, rest = group.split(ListenFailed)
+        if match is not None and rest is None:
+            leaf: BaseException = match
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            raise leaf from None
+        raise
+
+
+@contextlib.asynccontextmanager
 async def open_host(
     private_bytes: bytes,
     listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
@@ -808,8 +885,11 @@ async def open_host(
     lh = host._lh
     lh.get_network().register_notifee(_Notifee(host))
     lh.set_stream_handler(PING_PROTOCOL, host._handle_ping)
-    async with lh.run(addrs):
+    async with _plain_listen_failed(), lh.run(addrs):
         try:
+            failures = _listen_failures(addrs, lh.get_addrs())
+            if failures:
+                raise ListenFailed("; ".join(failures))
             async with background_trio_service(host._pubsub):
                 async with background_trio_service(host._gossipsub):
                     await host._pubsub.wait_until_ready()
@@ -843,6 +923,7 @@ __all__ = [
     "HostClosed",
     "HostError",
     "HostSettings",
+    "ListenFailed",
     "MessageTooLarge",
     "PeerError",
     "PeerEvent",

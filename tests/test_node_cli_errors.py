@@ -4,7 +4,9 @@ touches the network."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 
 from node.bench._records import net_manifest
 from node.keyfile import write_key
-from node.run_file import manifest_to_toml
+from node.run_file import manifest_from_table, manifest_to_toml
 from protocol.identity import Identity
 
 
@@ -85,3 +87,38 @@ def test_devnet_with_missing_run_file(setup):
 def test_devnet_with_unwritable_out_dir(setup):
     res = cli("devnet", "--out", "/proc/nope/x")
     one_line_error(res, "/proc/nope/x")
+
+
+def test_start_on_a_busy_port_names_the_address(setup):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        addr = f"/ip4/127.0.0.1/tcp/{s.getsockname()[1]}"
+        res = _start(setup, "--role", "relay", "--listen", addr)
+    one_line_error(res, addr, "in use")
+    assert "listening on" not in res.stdout
+
+
+def test_start_on_a_non_local_address_names_it(setup):
+    addr = "/ip4/192.0.2.7/tcp/4001"  # TEST-NET-1: not an address of this machine
+    res = _start(setup, "--role", "relay", "--listen", addr)
+    one_line_error(res, addr, "not an address of this machine")
+
+
+@pytest.mark.slow
+def test_a_worker_without_peers_waits_instead_of_piling_up_work(setup):
+    """A lone worker makes at most one batch, says it waits for peers, and stops cleanly."""
+    from trainer import tiny_policy
+
+    if not tiny_policy.is_built(tiny_policy.policy_dir()):
+        pytest.skip("built-in policy not built (swarm-node init-model)")
+    run = setup["tmp"] / "tiny-run.toml"
+    run.write_text(manifest_to_toml(manifest_from_table(tiny_policy.run_manifest_table("lonely"))))
+    res = cli(
+        "start", "--role", "inference", "--run", str(run), "--key", str(setup["key"]),
+        "--data-dir", str(setup["tmp"] / "w"), "--batch-size", "2", "--duration", "25",
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "waiting for peers" in res.stdout, res.stdout
+    status = json.loads((setup["tmp"] / "w" / "status.json").read_text())
+    assert status["role_status"]["produced"] <= 2, status

@@ -20,6 +20,7 @@ from node.host import (
     FrameTooLarge,
     HostClosed,
     HostSettings,
+    ListenFailed,
     MessageTooLarge,
     PeerEvent,
     open_host,
@@ -354,3 +355,33 @@ async def test_a_publisher_restarted_within_the_seen_ttl_is_not_dropped_as_seen(
                 while pub.peer_id in sub.connected_peers():
                     await trio.sleep(0.05)
         assert len(got) == 180, f"{180 - len(got)} of the restarted publisher's messages dropped"
+
+
+async def test_busy_port_fails_loudly_naming_the_address() -> None:
+    with socket.socket() as s:  # someone else's listener (a plain socket, no SO_REUSEPORT)
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        addr = f"/ip4/127.0.0.1/tcp/{s.getsockname()[1]}"
+        with pytest.raises(ListenFailed, match="in use") as info:
+            with trio.fail_after(10):
+                async with open_host(_key(), [addr]):
+                    pass
+        assert addr in str(info.value)
+
+
+async def test_non_local_address_fails_loudly() -> None:
+    addr = "/ip4/192.0.2.7/tcp/0"  # TEST-NET-1: never an address of this machine
+    with pytest.raises(ListenFailed, match="192.0.2.7") as info:
+        with trio.fail_after(10):
+            async with open_host(_key(), [addr]):
+                pass
+    assert "assign" in str(info.value).lower() or "not an address" in str(info.value)
+
+
+async def test_two_hosts_cannot_share_a_port_so_reuseport_is_off() -> None:
+    async with open_host(_key()) as a:
+        port = a.listen_addrs()[0].split("/tcp/")[1].split("/")[0]
+        with pytest.raises(ListenFailed, match="in use"):
+            with trio.fail_after(10):
+                async with open_host(_key(), [f"/ip4/127.0.0.1/tcp/{port}"]):
+                    pass

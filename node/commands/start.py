@@ -160,7 +160,7 @@ async def _run(
 ) -> None:
     import trio
 
-    from node.host import HostSettings
+    from node.host import HostSettings, ListenFailed
     from node.peer import PeerConfig, open_peer
     from node.roles import role_module
 
@@ -219,6 +219,8 @@ async def _run(
                         nursery.cancel_scope.cancel()
             write_status(data_dir, {**peer.stats(), "role_status": ctx.status, "pid": os.getpid(),
                                     "time": time.time(), "stopped": True})
+    except ListenFailed as exc:
+        raise CommandError(str(exc)) from None
     except OSError as exc:
         raise CommandError(f"cannot listen on {', '.join(listen)}: {exc.strerror or exc}") from None
     with contextlib.suppress(Exception):

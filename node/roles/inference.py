@@ -4,7 +4,8 @@ Each batch: task assignments from (run seed, our peer id, policy version, counte
 `trainer.tasks`, generation and activation proofs through the same code as
 `swarm-node rollouts` (`node.commands.rollouts.generate_records`), run in a worker thread.
 The counter resumes from the store's ledger after a restart, so a task is never assigned
-twice and envelope sequence numbers (the counter) keep increasing.
+twice and envelope sequence numbers (the counter) keep increasing. With no peer subscribed
+to the rollouts topic the worker waits (and says so) instead of piling up work nobody sees.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from node.roles import RoleContext
 
 PULLS_BODIES = False
 NEEDS_MODEL = True
+PEER_POLL_S = 0.5  # how often a worker without peers looks again
 
 
 def load(ctx: RoleContext, manifest: Any) -> Any:
@@ -28,6 +30,22 @@ def load(ctx: RoleContext, manifest: Any) -> Any:
     check_datasets(manifest, "run manifest")
     path = resolve_model(ctx.model, manifest.model, ctx.models_dir)
     return load_engine(path, batch_size=ctx.batch_size, threads=ctx.threads)
+
+
+async def _wait_for_peers(peer: Any, ctx: RoleContext, produced: int) -> None:
+    """With nobody subscribed to our rollouts, work made now would go stale unseen: hold
+    the next batch (the unpublished backlog stays at most one batch) until a peer is here."""
+    topic = peer.topics["rollouts"]
+    if peer.host.topic_peers(topic):
+        return
+    ctx.say(f"inference: no peers on {topic}; waiting for peers before producing more "
+            f"({produced} rollouts made so far)")
+    ctx.status["waiting_for_peers"] = True
+    while not peer.host.topic_peers(topic) and ctx.producing:
+        await trio.sleep(PEER_POLL_S)
+    ctx.status["waiting_for_peers"] = False
+    if ctx.producing:
+        ctx.say(f"inference: {len(peer.host.topic_peers(topic))} peer(s) here; producing")
 
 
 async def run(peer: Any, ctx: RoleContext) -> None:
@@ -44,6 +62,7 @@ async def run(peer: Any, ctx: RoleContext) -> None:
     produced = 0
     rewards: list[float] = []
     started = time.monotonic()
+    ctx.status.update(produced=0, counter=counter)
     ctx.say(f"inference: model loaded; resuming at counter {counter}")
     last_print = time.monotonic()
     while ctx.max_rollouts is None or produced < ctx.max_rollouts:
@@ -51,6 +70,7 @@ async def run(peer: Any, ctx: RoleContext) -> None:
             ctx.say(f"inference: paused after {produced} rollouts (still serving them)")
             ctx.status["paused"] = True
             break
+        await _wait_for_peers(peer, ctx, produced)
         n = ctx.batch_size if ctx.max_rollouts is None else min(ctx.batch_size, ctx.max_rollouts - produced)
         out = tmp / f"batch-{counter}.msgpack"
         summary = await trio.to_thread.run_sync(
