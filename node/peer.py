@@ -14,6 +14,15 @@ fsync returned), then gossips the signed header on the run's rollouts topic (pac
 trainers, relays), fetches the record from the producer or the forwarding peer, admits
 it as `Kind.ROLLOUT_RECORD` (the body must match the signed digest) and stores the body.
 
+Nothing produced is lost to the network (`protocol.catch_up` holds the rules): a peer that
+pulls bodies asks each neighbour, when it joins and every few seconds, which rollouts it
+holds (`node.sync_exchange`) and pulls the ones it lacks through admission; a worker asks
+trainers which of its own rollouts they hold (receipts: `Store.delivery_status()` says
+produced / delivered / pending / too stale). What was in memory at a crash is rebuilt
+from the store at start: the dedup memory (so copies stay duplicates), the pulls still
+owed (headers without a body), and peer scores, which are saved as soon as a penalty is
+applied (with the ledger line that explains it).
+
 Resource handling: everything lives inside `open_peer()`; leaving it cancels the loops,
 drains and closes the host (port released) and closes the store. Error handling: a remote
 fault never raises out of a loop: it becomes a `Reject` (score change), a failed pull
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 import time
 from collections import Counter
@@ -34,12 +44,13 @@ from pathlib import Path
 
 import trio
 
-from node import rollout_exchange
+from node import rollout_exchange, sync_exchange
 from node.discovery import Discovery
 from node.gossip import Outbox, topic_name
 from node.host import HostSettings, PeerError, PeerEvent, SwarmHost, open_host
 from node.store import RolloutRow, Store, StoreError, VerdictRow
 from protocol import admission as adm
+from protocol import catch_up as cu
 from protocol.admission import (
     Admission,
     AdmissionConfig,
@@ -49,6 +60,7 @@ from protocol.admission import (
     Disconnect,
     Forward,
     Kind,
+    Known,
     MessageReceived,
     Misbehaved,
     PeerConnected,
@@ -73,7 +85,9 @@ PULL_ATTEMPTS = 8
 PULL_RETRY_S = 1.0
 ADMITTED_QUEUE = 4096
 PULL_QUEUE = 8192
-SCORE_SAVE_INTERVAL_S = 15.0
+SCORE_SAVE_INTERVAL_S = 15.0  # rewards; a penalty is saved at once (with its ledger line)
+CATCH_UP_TICK_S = 1.0
+DELIVERY_CHECK_S = 5.0
 AGENT = "swarm-node/0.1.0"
 BAD_REQUEST_PENALTY = -10.0
 MAX_SERVE_STREAMS_PER_PEER = 4
@@ -148,11 +162,15 @@ class Peer:
         self._ledger_send, self._ledger_recv = trio.open_memory_channel[tuple[Reject, float]](ADMITTED_QUEUE)
         self._nursery: trio.Nursery | None = None
         self._serving: dict[str, int] = {}  # peer -> open body streams we serve
+        self._pulling: set[bytes] = set()  # ids queued or being pulled
+        self.catch_up = cu.CatchUp(pulls=cfg.pull_bodies, producer=cfg.identity.peer_id)
+        self.delivery: dict[str, int] = {}
         self.discovery = Discovery(
             host, self.run_id, self._hello_bytes, max_peers=cfg.max_peers, on_hello=self._on_hello
         )
         self.topics = {name: topic_name(self.run_id, name) for name in ("rollouts", "verdicts", "weights", "fraud")}
         host.set_stream_handler(rollout_exchange.protocol_id(self.run_id), self._serve_rollouts)
+        host.set_stream_handler(sync_exchange.protocol_id(self.run_id), self._serve_sync)
         host.on_peer_event(self._on_peer_event)
 
     # -- public ---------------------------------------------------------------------------
@@ -209,6 +227,7 @@ class Peer:
             "rejected": dict(self.rejects),
             "outbox_pending": self.outbox.pending(),
             "pull_pending": self._pull_recv.statistics().current_buffer_used,
+            "delivery": dict(self.delivery),
             "uptime_s": round(time.time() - self.started_at, 1),
             "rtt_ms_median": self._rtt_median_ms(),
         }
@@ -228,11 +247,16 @@ class Peer:
 
     def _on_hello(self, peer: str, hello: PeerHello) -> None:
         self.counters["hellos"] += 1
+        trainer = "trainer" in hello.roles
+        self._catch_up(self.catch_up.handle(cu.PeerJoined(peer, time.time(), receipts_from=trainer)))
 
     def _on_peer_event(self, event: PeerEvent) -> None:
         self.counters[f"peer_{event.kind}"] += 1
         if event.kind == "connected":
             self._apply(self.admission.handle(PeerConnected(event.peer, time.time())))
+            self._catch_up(self.catch_up.handle(cu.PeerJoined(event.peer, time.time())))
+        else:
+            self.catch_up.handle(cu.PeerLeft(event.peer, time.time()))
 
     # -- admission glue -------------------------------------------------------------------
 
@@ -338,12 +362,21 @@ class Peer:
                     continue
                 self.counters[f"stored_{item.kind}"] += 1
                 if item.kind is Kind.ROLLOUT_HEADER and self.cfg.pull_bodies:
-                    sources = [s for s in dict.fromkeys([_b58(item.signer), str(item.sender)]) if s != self.host.peer_id]
-                    with contextlib.suppress(trio.WouldBlock):
-                        self._pull_send.send_nowait(_Pull(item.content_id, sources))
+                    self._want(item.content_id, [_b58(item.signer), str(item.sender)])
                 if deliver:
                     for callback in list(self._callbacks):
                         callback(item)
+
+    def _want(self, rollout_id: bytes, sources: list[str]) -> None:
+        """Queue a body pull (once per id while it is queued or running)."""
+        if rollout_id in self._pulling:
+            return
+        sources = [s for s in dict.fromkeys(sources) if s and s != self.host.peer_id]
+        try:
+            self._pull_send.send_nowait(_Pull(rollout_id, sources))
+            self._pulling.add(rollout_id)
+        except trio.WouldBlock:
+            self.counters["pull_queue_full"] += 1  # catch-up offers it again later
 
     async def _pull_loop(self) -> None:
         """Fetch bodies for admitted headers; each pull bounded by the host's deadlines."""
@@ -355,6 +388,13 @@ class Peer:
                     batch.append(self._pull_recv.receive_nowait())
                 except trio.WouldBlock:
                     break
+            # A body we already hold is never fetched again (restart, catch-up, two announcers).
+            held = await trio.to_thread.run_sync(self.store.bodies_held, [p.rollout_id for p in batch])
+            for p in batch:
+                if p.rollout_id in held:
+                    self._pulling.discard(p.rollout_id)
+                    self.counters["pull_skipped_held"] += 1
+            batch = [p for p in batch if p.rollout_id not in held]
             by_source: dict[str, list[_Pull]] = {}
             live = set(self.host.connected_peers())
             for p in batch:
@@ -382,11 +422,13 @@ class Peer:
                 if admitted or any(
                     isinstance(a, Reject) and a.reason == "duplicate" for a in actions
                 ):
+                    self._pulling.discard(p.rollout_id)
                     continue
                 # A bad body from this source (it paid for it in score): try another one.
             p.attempts += 1
             if p.attempts >= PULL_ATTEMPTS:
-                self.counters["pull_gave_up"] += 1
+                self.counters["pull_gave_up"] += 1  # the header stays: retried at restart
+                self._pulling.discard(p.rollout_id)
                 continue
             # Rotate sources and retry later (the forwarder may not have the body yet);
             # after the announcers, any connected peer may hold it (relays, trainers).
@@ -399,8 +441,90 @@ class Peer:
 
     async def _retry_pull(self, p: _Pull) -> None:
         await trio.sleep(min(8.0, PULL_RETRY_S * 2 ** (p.attempts - 1)))
-        with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
+        try:
             self._pull_send.send_nowait(p)
+        except (trio.WouldBlock, trio.ClosedResourceError):
+            self._pulling.discard(p.rollout_id)
+
+    # -- catch-up and receipts (rules: protocol.catch_up) ---------------------------------
+
+    def _catch_up(self, actions: list[cu.Action]) -> None:
+        for a in actions:
+            if isinstance(a, cu.Ask):
+                self._spawn(self._ask, a)
+            elif isinstance(a, cu.Pull):
+                self.counters["catch_up_offered"] += len(a.ids)
+                for rid in a.ids:
+                    self._want(rid, [a.peer])
+            elif isinstance(a, cu.Receipt):
+                self._spawn(self._receipt, a)
+
+    async def _ask(self, a: cu.Ask) -> None:
+        try:
+            ids, ats, more = await sync_exchange.ask(
+                self.host, a.peer, self.run_id, a.since, a.min_version, a.producer,
+                self.catch_up.config.page,
+            )
+        except PeerError as exc:
+            log.info("catch-up with %s failed: %s", a.peer[:12], exc)
+            self.counters["catch_up_errors"] += 1
+            self.catch_up.handle(cu.Failed(a.peer, time.time()))
+            return
+        if self.cfg.pull_bodies:
+            have = await trio.to_thread.run_sync(self.store.bodies_held, ids)
+            held = tuple(i in have or i in self._pulling for i in ids)
+        else:
+            held = (False,) * len(ids)
+        self._catch_up(self.catch_up.handle(cu.Answered(a.peer, ids, ats, more, held, time.time())))
+
+    async def _receipt(self, r: cu.Receipt) -> None:
+        with contextlib.suppress(StoreError):
+            n = await trio.to_thread.run_sync(self.store.mark_delivered, r.ids, r.peer, time.time())
+            self.counters["receipts"] += n
+
+    async def _serve_sync(self, stream) -> None:  # type: ignore[no-untyped-def]
+        async def lookup(since: float, min_version: int, producer: bytes | None, limit: int):  # type: ignore[no-untyped-def]
+            return await trio.to_thread.run_sync(self.store.held_since, since, min_version, producer, limit)
+
+        try:
+            self.counters["catch_up_served"] += await sync_exchange.serve(stream, lookup)
+        except sync_exchange.BadRequest:
+            self.rejects["bad_request"] += 1
+            self._apply(self.admission.handle(
+                Misbehaved(stream.peer, BAD_REQUEST_PENALTY, "bad catch-up request", time.time())
+            ))
+            self._spawn(self._save_scores)
+            raise
+
+    async def _catch_up_loop(self) -> None:
+        """Drive `protocol.catch_up`; a worker also accounts its rollouts (delivered,
+        pending, too stale) every `DELIVERY_CHECK_S`."""
+        last_check = -math.inf
+        while True:
+            now = time.time()
+            self._catch_up(self.catch_up.handle(
+                cu.Tick(now, self.policy_version, self.manifest.max_staleness)
+            ))
+            if time.monotonic() - last_check >= DELIVERY_CHECK_S:
+                last_check = time.monotonic()
+                with contextlib.suppress(StoreError):
+                    await trio.to_thread.run_sync(self._account_delivery, now)
+            await trio.sleep(CATCH_UP_TICK_S)
+
+    def _account_delivery(self, now: float) -> None:
+        """(In a thread.) Mark our unacknowledged rollouts past the staleness bound."""
+        verdict = cu.classify(
+            self.store.undelivered_own(), (), self.policy_version, self.manifest.max_staleness
+        )
+        if verdict.too_stale:
+            reason = f"no trainer holds it and it is older than version {self.policy_version} - S"
+            self.store.mark_too_stale(sorted(verdict.too_stale), reason, now)
+        self.delivery = self.store.delivery_status()
+
+    async def _save_scores(self) -> None:
+        snapshot = self.admission.scores.snapshot(time.time())
+        with contextlib.suppress(StoreError):
+            await trio.to_thread.run_sync(self.store.save_peers, snapshot)
 
     async def _serve_rollouts(self, stream) -> None:  # type: ignore[no-untyped-def]
         async def lookup(ids: list[bytes]) -> list[bytes | None]:
@@ -429,6 +553,7 @@ class Peer:
             self._apply(self.admission.handle(
                 Misbehaved(stream.peer, BAD_REQUEST_PENALTY, "bad rollout request", time.time())
             ))
+            self._spawn(self._save_scores)
             raise exc
         finally:
             left = self._serving.get(stream.peer, 1) - 1
@@ -459,6 +584,9 @@ class Peer:
                 except trio.WouldBlock:
                     break
 
+            # Scores first, then the lines that explain them: a crash never keeps a
+            # penalty's ledger line but forgets the penalty.
+            await self._save_scores()
             with contextlib.suppress(StoreError):
                 await trio.to_thread.run_sync(self.store.log_rejects, batch)
 
@@ -485,6 +613,7 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
         )
         async with open_host(cfg.identity.private_bytes(), list(cfg.listen), cfg.host) as host:
             peer = Peer(cfg, host, store, admission)
+            await _restore(peer, now)
             for rec in await trio.to_thread.run_sync(store.active_bans, now):
                 await host.ban(str(rec.peer), max(1.0, rec.banned_until - now), "ban kept from before restart")
             async with trio.open_nursery() as nursery:
@@ -498,6 +627,7 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
                 nursery.start_soon(peer._process_loop)
                 nursery.start_soon(peer._ledger_loop)
                 nursery.start_soon(peer._tick_loop)
+                nursery.start_soon(peer._catch_up_loop)
                 for _ in range(PULL_WORKERS):
                     nursery.start_soon(peer._pull_loop)
                 if cfg.bootstrap:
@@ -513,6 +643,21 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
                     nursery.cancel_scope.cancel()
     finally:
         store.close()
+
+
+async def _restore(peer: Peer, now: float) -> None:
+    """Rebuild what lived only in memory before a restart: dedup memory and owed pulls."""
+    ttl = peer.admission.config.dedup_ttl_s
+    limit = peer.admission.config.dedup_entries
+    headers, records, verdicts = await trio.to_thread.run_sync(peer.store.known_since, now - ttl, limit)
+    for kind, ids in ((Kind.ROLLOUT_HEADER, headers + records), (Kind.ROLLOUT_RECORD, records),
+                      (Kind.VERDICT, verdicts)):
+        peer.admission.handle(Known(kind, tuple(ids), now))
+    if peer.cfg.pull_bodies:
+        for row in await trio.to_thread.run_sync(peer.store.missing_bodies, PULL_QUEUE // 2):
+            sources = [_b58(row.producer)] + ([str(row.source_peer)] if row.source_peer else [])
+            peer._want(row.rollout_id, sources)
+        peer.counters["pulls_restored"] = len(peer._pulling)
 
 
 async def _discard(channel: trio.MemoryReceiveChannel) -> None:  # type: ignore[type-arg]

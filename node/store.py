@@ -53,6 +53,14 @@ Ledger (what this peer produced, and what was accepted or rejected, with reasons
     `produced_status(kind="rollout") -> dict` produced / accepted / rejected / pending counts
     of this peer's own work, judged by the verdicts logged against it
     `prune_ledger(before) -> int`
+Catch-up and delivery (see `protocol.catch_up`):
+    `held_since(since, min_version=0, producer=None, limit=1024) -> (ids, ats, more)`
+        rollouts held with a body, received at or after `since`, oldest first
+    `bodies_held(ids) -> set[bytes]`, `missing_bodies(limit) -> list[RolloutRow]`
+        (headers whose body was never pulled: pending pulls survive a restart)
+    `mark_delivered(ids, peer, at) -> int`, `mark_too_stale(ids, reason, at) -> int`
+    `undelivered_own(limit) -> list[(rollout_id, policy_version)]`
+    `delivery_status() -> {produced, delivered, pending, too_stale}` of our own rollouts
 Counters that must never repeat across restarts (envelope sequence numbers, task counters):
     `reserve(name, n=1) -> int`   durably reserve n consecutive numbers, returns the first;
     reserve blocks (say 1,000) and take from them in memory: a crash only skips numbers
@@ -94,7 +102,7 @@ __all__ = [
 
 DB_FILENAME = "node.sqlite3"
 APPLICATION_ID = 0x53574E44  # "SWND" in the SQLite header: this file is ours
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # MIGRATIONS[n] takes a database at schema version n - 1 to version n. Append, never edit.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -148,6 +156,16 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             name  TEXT PRIMARY KEY,
             value INTEGER NOT NULL              -- the next unreserved number
         )""",
+    ),
+    3: (
+        """CREATE TABLE deliveries (
+            rollout_id BLOB PRIMARY KEY,        -- one of our own rollouts
+            state      TEXT NOT NULL CHECK (state IN ('delivered', 'too_stale')),
+            peer,                               -- the trainer that holds it (delivered)
+            at         REAL NOT NULL,
+            reason     TEXT
+        )""",
+        "CREATE INDEX rollouts_missing_body ON rollouts(received_at) WHERE body IS NULL",
     ),
 }
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
@@ -489,6 +507,128 @@ class Store:
                 (float(since), int(limit)),
             ).fetchall()
         return [r[0] for r in rows]
+
+    # -- catch-up and delivery -------------------------------------------------------
+
+    def held_since(
+        self, since: float, min_version: int = 0, producer: PeerId | None = None, limit: int = 1024
+    ) -> tuple[list[bytes], list[float], bool]:
+        """Rollouts held with a body, received at or after `since` (oldest first), made at
+        version >= `min_version`, of `producer` if given: (ids, received_at, more)."""
+        sql = (
+            "SELECT rollout_id, received_at FROM rollouts WHERE received_at>=? "
+            "AND policy_version>=? AND body IS NOT NULL"
+        )
+        args: list = [float(since), int(min_version)]
+        if producer is not None:
+            sql += " AND producer=?"
+            args.append(producer)
+        sql += " ORDER BY received_at, rowid LIMIT ?"
+        args.append(int(limit) + 1)
+        with self._read() as c:
+            rows = c.execute(sql, args).fetchall()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return [r[0] for r in rows], [float(r[1]) for r in rows], more
+
+    def bodies_held(self, ids: Iterable[bytes]) -> set[bytes]:
+        """Which of `ids` are stored with a body."""
+        ids = list(ids)
+        out: set[bytes] = set()
+        with self._read() as c:
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                out.update(
+                    r[0]
+                    for r in c.execute(
+                        f"SELECT rollout_id FROM rollouts WHERE body IS NOT NULL "
+                        f"AND rollout_id IN ({marks})",
+                        chunk,
+                    )
+                )
+        return out
+
+    def missing_bodies(self, limit: int = 8192) -> list[RolloutRow]:
+        """Stored headers whose body never arrived, oldest first."""
+        with self._read() as c:
+            rows = c.execute(
+                f"SELECT {_ROLLOUT_COLS} FROM rollouts WHERE body IS NULL "
+                "ORDER BY received_at LIMIT ?",
+                (int(limit),),
+            ).fetchall()
+        return [_rollout(r) for r in rows]
+
+    def mark_delivered(self, ids: Iterable[bytes], peer: PeerId, at: float) -> int:
+        """Record that `peer` (a trainer) holds these rollouts of ours; returns how many
+        were not known as delivered before."""
+        _check_peer(peer)
+        with self._write() as c:
+            n = 0
+            for rid in ids:
+                cur = c.execute(
+                    "INSERT INTO deliveries (rollout_id, state, peer, at) VALUES (?, 'delivered', ?, ?) "
+                    "ON CONFLICT(rollout_id) DO UPDATE SET state='delivered', peer=excluded.peer, "
+                    "at=excluded.at, reason=NULL WHERE state!='delivered'",
+                    (rid, peer, float(at)),
+                )
+                n += cur.rowcount
+            return n
+
+    def mark_too_stale(self, ids: Iterable[bytes], reason: str, at: float) -> int:
+        """Record that these rollouts of ours went unacknowledged past the staleness bound."""
+        with self._write() as c:
+            return sum(
+                c.execute(
+                    "INSERT OR IGNORE INTO deliveries (rollout_id, state, at, reason) "
+                    "VALUES (?, 'too_stale', ?, ?)",
+                    (rid, float(at), str(reason)),
+                ).rowcount
+                for rid in ids
+            )
+
+    def undelivered_own(self, limit: int = 100_000) -> list[tuple[bytes, int]]:
+        """Our own rollouts with no delivery state yet: (rollout_id, policy_version)."""
+        sql = """
+            SELECT r.rollout_id, r.policy_version FROM ledger p
+            JOIN rollouts r ON r.rollout_id = p.item_id
+            LEFT JOIN deliveries d ON d.rollout_id = p.item_id
+            WHERE p.direction='out' AND p.outcome='produced' AND p.kind='rollout'
+              AND d.rollout_id IS NULL
+            ORDER BY p.seq LIMIT ?"""
+        with self._read() as c:
+            return [(r[0], int(r[1])) for r in c.execute(sql, (int(limit),))]
+
+    def delivery_status(self) -> dict[str, int]:
+        """Our own rollouts: produced, delivered (a trainer holds it), too stale, pending."""
+        with self._read() as c:
+            produced = c.execute(
+                "SELECT count(DISTINCT item_id) FROM ledger WHERE direction='out' "
+                "AND outcome='produced' AND kind='rollout'"
+            ).fetchone()[0]
+            by_state = dict(c.execute("SELECT state, count(*) FROM deliveries GROUP BY state"))
+        delivered, stale = int(by_state.get("delivered", 0)), int(by_state.get("too_stale", 0))
+        return {
+            "produced": int(produced),
+            "delivered": delivered,
+            "pending": int(produced) - delivered - stale,
+            "too_stale": stale,
+        }
+
+    def known_since(self, since: float, limit: int = 65_536) -> tuple[list[bytes], list[bytes], list[bytes]]:
+        """Ids stored since `since` (newest first), to refill a dedup cache after a restart:
+        (rollouts with a header only, rollouts with a body, verdicts)."""
+        with self._read() as c:
+            rows = c.execute(
+                "SELECT rollout_id, body IS NOT NULL FROM rollouts WHERE received_at>=? "
+                "ORDER BY received_at DESC LIMIT ?",
+                (float(since), int(limit)),
+            ).fetchall()
+            verdicts = c.execute(
+                "SELECT verdict_id FROM verdicts WHERE received_at>=? ORDER BY received_at DESC LIMIT ?",
+                (float(since), int(limit)),
+            ).fetchall()
+        return [r[0] for r in rows if not r[1]], [r[0] for r in rows if r[1]], [v[0] for v in verdicts]
 
     def count_rollouts(self, run_id: str | None = None) -> int:
         with self._read() as c:

@@ -69,6 +69,9 @@ timestamps and ban ends mean the same across peers and restarts):
                                                 audit); penalty <= 0 is the score change
     `StoreFailed(item, now)`                    the node could not store an admitted item:
                                                 forget it so a copy can be admitted later
+    `Known(kind, ids, now)`                     items already stored (the node loads them at
+                                                start): copies are duplicates, as before a
+                                                restart
 Actions (execute in the order returned; if a Store raises, skip the rest of that list
 and send `StoreFailed`):
     `Reject(peer, reason, penalty, stage, detail, kind)`  penalty is the score change (<= 0)
@@ -140,6 +143,7 @@ __all__ = [
     "Forward",
     "Kind",
     "KindRule",
+    "Known",
     "MessageReceived",
     "Misbehaved",
     "Opened",
@@ -501,7 +505,14 @@ class StoreFailed:
     now: float
 
 
-Event = MessageReceived | VersionChanged | Tick | PeerConnected | Misbehaved | StoreFailed
+@dataclass(frozen=True, slots=True)
+class Known:
+    kind: Kind
+    ids: tuple[bytes, ...]
+    now: float
+
+
+Event = MessageReceived | VersionChanged | Tick | PeerConnected | Misbehaved | StoreFailed | Known
 
 
 @dataclass(frozen=True, slots=True)
@@ -729,6 +740,7 @@ class Admission:
             PeerConnected: self._on_connect,
             Misbehaved: self._on_misbehaved,
             StoreFailed: self._on_store_failed,
+            Known: self._on_known,
         }
 
     # -- entry point ---------------------------------------------------------------
@@ -773,6 +785,12 @@ class Admission:
         self._retry[(item.envelope.signer, item.envelope.seq)] = item.content_id
         while len(self._retry) > _MAX_RETRIES:
             self._retry.popitem(last=False)
+        return []
+
+    def _on_known(self, ev: Known) -> list[Action]:
+        kind = Kind(ev.kind)
+        for cid in ev.ids:
+            self._dedup.add((kind, bytes(cid)), ev.now)
         return []
 
     def _on_message(self, ev: MessageReceived) -> list[Action]:

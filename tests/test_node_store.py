@@ -383,7 +383,8 @@ def test_version_1_database_is_migrated(tmp_path):
     conn.commit()
     conn.close()
     with Store.open(tmp_path) as s:
-        assert s.schema_version() == SCHEMA_VERSION == 2
+        assert s.schema_version() == SCHEMA_VERSION == 3
+        assert s.delivery_status()["produced"] == 0
         assert s.has_rollout(b"r")
         assert s.reserve("seq") == 0
 
