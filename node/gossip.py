@@ -6,6 +6,7 @@ Topics (one run never sees another's traffic):
     swarm-rl/<run>/verdicts/1   signed validator verdicts (`Kind.VERDICT`)
     swarm-rl/<run>/weights/1    signed weight announcements (`Kind.WEIGHT_ANNOUNCE`)
     swarm-rl/<run>/fraud/1      fraud evidence (`Kind.FRAUD_EVIDENCE`)
+    swarm-rl/<run>/delegations/1  trainer-signed grants of the right to judge (`Kind.DELEGATION`)
 
 Every message on a topic is exactly one signed envelope of that topic's kind; the
 receiving side runs it through `protocol.admission` as a GossipSub topic validator, so a
@@ -33,6 +34,7 @@ TOPIC_KINDS: dict[str, Kind] = {
     "verdicts": Kind.VERDICT,
     "weights": Kind.WEIGHT_ANNOUNCE,
     "fraud": Kind.FRAUD_EVIDENCE,
+    "delegations": Kind.DELEGATION,
 }
 
 

@@ -46,7 +46,7 @@ import trio
 
 from node import rollout_exchange, sync_exchange
 from node.discovery import Discovery
-from node.gossip import Outbox, topic_name
+from node.gossip import TOPIC_KINDS, Outbox, topic_name
 from node.host import HostSettings, PeerError, PeerEvent, SwarmHost, open_host
 from node.store import RolloutRow, Store, StoreError, VerdictRow
 from protocol import admission as adm
@@ -73,10 +73,11 @@ from protocol.admission import (
 from protocol.codec import decode, encode
 from protocol.content_id import content_id
 from protocol.envelope import seal
+from protocol.errors import RemoteProtocolError
 from protocol.identity import Identity
 from protocol.peer_score import PeerScores
 from protocol.rollout import open_record
-from protocol.wire import PeerHello, RolloutRecord, RunManifest, Verdict, WireObject
+from protocol.wire import Delegation, PeerHello, RolloutRecord, RunManifest, Verdict, WireObject
 
 log = logging.getLogger("swarm.peer")
 
@@ -168,7 +169,7 @@ class Peer:
         self.discovery = Discovery(
             host, self.run_id, self._hello_bytes, max_peers=cfg.max_peers, on_hello=self._on_hello
         )
-        self.topics = {name: topic_name(self.run_id, name) for name in ("rollouts", "verdicts", "weights", "fraud")}
+        self.topics = {name: topic_name(self.run_id, name) for name in TOPIC_KINDS}
         host.set_stream_handler(rollout_exchange.protocol_id(self.run_id), self._serve_rollouts)
         host.set_stream_handler(sync_exchange.protocol_id(self.run_id), self._serve_sync)
         host.on_peer_event(self._on_peer_event)
@@ -214,6 +215,18 @@ class Peer:
         self.counters["verdicts_published"] += 1
         await self.outbox.put(self.topics["verdicts"], data)
         return vid
+
+    def report(self, peer: bytes | str, penalty: float, reason: str) -> None:
+        """A role found fault with `peer` (e.g. a failed audit): score it down by `penalty`
+        (<= 0) through admission, which bans it below the threshold."""
+        self._apply(self.admission.handle(Misbehaved(_b58(peer), penalty, reason, time.time())))
+
+    async def publish_delegation(self, validator: bytes, granted: bool) -> bytes:
+        """Grant (or revoke) `validator` the right to judge; only a trainer key's counts."""
+        data = self.seal(Delegation(validator=validator, granted=granted))
+        self._admit(self.host.peer_id, Kind.DELEGATION, data)  # applies to us as well
+        await self.outbox.put(self.topics["delegations"], data)
+        return content_id(data)
 
     def stats(self) -> dict[str, object]:
         return {
@@ -416,6 +429,11 @@ class Peer:
             self.counters["pull_errors"] += 1
             records = [None] * len(pulls)
         for p, rec in zip(pulls, records, strict=True):
+            if rec is not None and _record_id(rec) != p.rollout_id:
+                # Not what we asked for (a re-signed copy, another rollout): the source pays.
+                self.counters["pull_wrong_record"] += 1
+                self.report(source, BAD_REQUEST_PENALTY, "served another rollout than asked")
+                rec = None
             if rec is not None:
                 self.counters["pulled"] += 1
                 admitted, actions = self._admit_actions(source, Kind.ROLLOUT_RECORD, rec)
@@ -591,6 +609,14 @@ class Peer:
                 await trio.to_thread.run_sync(self.store.log_rejects, batch)
 
 
+def _record_id(record: bytes) -> bytes | None:
+    """The rollout id of record bytes (None when they are not a record)."""
+    try:
+        return content_id(decode(RolloutRecord, record).header)
+    except RemoteProtocolError:
+        return None
+
+
 def _b58(peer: bytes | str) -> str:
     from protocol.identity import peer_id_to_b58
 
@@ -618,9 +644,7 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
                 await host.ban(str(rec.peer), max(1.0, rec.banned_until - now), "ban kept from before restart")
             async with trio.open_nursery() as nursery:
                 peer._nursery = nursery
-                kinds = {"rollouts": Kind.ROLLOUT_HEADER, "verdicts": Kind.VERDICT,
-                         "weights": Kind.WEIGHT_ANNOUNCE, "fraud": Kind.FRAUD_EVIDENCE}
-                for name, kind in kinds.items():
+                for name, kind in TOPIC_KINDS.items():
                     channel = await host.subscribe(peer.topics[name], validator=peer._validator(kind))
                     nursery.start_soon(_discard, channel)  # delivery happens via admission
                 nursery.start_soon(peer.outbox.run)

@@ -10,6 +10,8 @@ group_size = 8              # rollouts per task for group-relative advantages
 max_staleness = 2           # a rollout of version v is usable at version t if t - v <= this
 trainer_keys = []           # peer ids allowed to publish new policy versions
 snapshot_every = 8          # weights: a full snapshot every K versions (joiners start there)
+validator_keys = []         # peer ids whose verdicts count (trainer keys may delegate more)
+verdict_quorum = 1          # distinct passing validators that make a rollout verified
 
 [sampling]
 max_new_tokens = 48
@@ -53,6 +55,8 @@ FIELDS: dict[str, tuple[str, str, Any]] = {
     "max_staleness": ("run", "max_staleness", 2),
     "trainer_keys": ("run", "trainer_keys", []),
     "snapshot_every": ("run", "snapshot_every", 8),
+    "validator_keys": ("run", "validator_keys", []),
+    "verdict_quorum": ("run", "verdict_quorum", 1),
     "max_new_tokens": ("sampling", "max_new_tokens", 48),
     "temperature": ("sampling", "temperature", 1.0),
     "top_p": ("sampling", "top_p", 1.0),
@@ -98,15 +102,8 @@ def manifest_from_table(table: dict[str, Any], source: str = "run manifest") -> 
         kwargs["model_digest"] = bytes.fromhex(kwargs["model_digest"])
     except (TypeError, ValueError):
         raise CommandError(f"{source}: run.model_digest: expected 64 hex characters") from None
-    keys = kwargs["trainer_keys"]
-    if not isinstance(keys, list):
-        raise CommandError(f"{source}: run.trainer_keys: expected a list of peer ids")
-    try:
-        kwargs["trainer_keys"] = tuple(peer_id_from_b58(k) for k in keys if isinstance(k, str))
-    except LocalProtocolError as exc:
-        raise CommandError(f"{source}: run.trainer_keys: {exc}") from None
-    if len(kwargs["trainer_keys"]) != len(keys):
-        raise CommandError(f"{source}: run.trainer_keys: expected strings")
+    for name in ("trainer_keys", "validator_keys"):
+        kwargs[name] = _peer_ids(kwargs[name], f"{source}: run.{name}")
     datasets = table.get("datasets")
     if not isinstance(datasets, list) or not datasets:
         raise CommandError(f"{source}: at least one [[datasets]] entry (name, weight) is required")
@@ -129,6 +126,18 @@ def manifest_from_table(table: dict[str, Any], source: str = "run manifest") -> 
         raise CommandError(f"{source}: {key}: {_problem(exc)}") from None
 
 
+def _peer_ids(keys: Any, where: str) -> tuple[bytes, ...]:
+    """A TOML list of base58 peer ids as raw peer ids; one-line `CommandError` otherwise."""
+    if not isinstance(keys, list):
+        raise CommandError(f"{where}: expected a list of peer ids")
+    if not all(isinstance(k, str) for k in keys):
+        raise CommandError(f"{where}: expected strings")
+    try:
+        return tuple(peer_id_from_b58(k) for k in keys)
+    except LocalProtocolError as exc:
+        raise CommandError(f"{where}: {exc}") from None
+
+
 def _problem(exc: Exception) -> str:
     return str(exc).split(": ", 1)[-1]
 
@@ -141,6 +150,7 @@ def load_run_manifest(path: Path) -> RunManifest:
 def manifest_to_toml(m: RunManifest) -> str:
     """The TOML text of a manifest (what `load_run_manifest` reads back to an equal object)."""
     keys = ", ".join(f'"{peer_id_to_b58(k)}"' for k in m.trainer_keys)
+    validators = ", ".join(f'"{peer_id_to_b58(k)}"' for k in m.validator_keys)
     lines = [
         "[run]",
         f'id = "{m.run_id}"',
@@ -151,6 +161,8 @@ def manifest_to_toml(m: RunManifest) -> str:
         f"max_staleness = {m.max_staleness}",
         f"trainer_keys = [{keys}]",
         f"snapshot_every = {m.snapshot_every}",
+        f"validator_keys = [{validators}]",
+        f"verdict_quorum = {m.verdict_quorum}",
         "",
         "[sampling]",
         f"max_new_tokens = {m.max_new_tokens}",

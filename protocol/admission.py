@@ -102,6 +102,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.audit_sample import check_ticket
+from protocol.authority import Authority
 from protocol.codec import decode
 from protocol.content_id import content_id
 from protocol.envelope import ReplayGuard, open_envelope
@@ -117,6 +119,7 @@ from protocol.identity import peer_id_to_b58
 from protocol.peer_score import PeerId, PeerRecord, PeerScores
 from protocol.rollout import OpenedRollout, check_body, open_header
 from protocol.wire import (
+    Delegation,
     Envelope,
     FraudEvidence,
     RolloutHeader,
@@ -169,12 +172,14 @@ __all__ = [
 class Stage(enum.StrEnum):
     GATE = "gate"
     SIZE = "size"
+    RATE = "rate"
     DECODE = "decode"
     SIGNATURE = "signature"
     CONTEXT = "context"
-    RATE = "rate"
     DEDUP = "dedup"
     REPLAY = "replay"
+    UNIQUE = "unique"
+    QUOTA = "quota"
     STORE = "store"
     FORWARD = "forward"
     DELIVER = "deliver"
@@ -191,6 +196,7 @@ class Kind(enum.StrEnum):
     WEIGHT_ANNOUNCE = "weight_announce"
     WEIGHT_MANIFEST = "weight_manifest"
     FRAUD_EVIDENCE = "fraud_evidence"
+    DELEGATION = "delegation"
 
 
 class Reason(enum.StrEnum):
@@ -210,6 +216,8 @@ class Reason(enum.StrEnum):
     DUPLICATE = "duplicate"
     REPLAY = "replay"
     MISBEHAVED = "misbehaved"
+    DOUBLE_WORK = "double_work"
+    FLOODING = "flooding"
 
 
 # Default score change per reason (<= 0). MALFORMED, BAD_SIGNATURE and BODY_MISMATCH use
@@ -231,6 +239,8 @@ PENALTIES: Mapping[Reason, float] = {
     Reason.DUPLICATE: 0.0,  # gossip delivers copies; never a fault
     Reason.REPLAY: -5.0,
     Reason.MISBEHAVED: -20.0,
+    Reason.DOUBLE_WORK: -20.0,  # two signed rollouts for one unit of work: the signer's fault
+    Reason.FLOODING: -1.0,  # past its allowance of blameless refusals (copies, replays)
 }
 assert set(PENALTIES) == set(Reason)
 
@@ -248,6 +258,7 @@ RELAY_BLAMED: frozenset[Reason] = frozenset(
         Reason.RATE_LIMITED,  # the sender's own bucket; a signer's bucket is checked apart
         Reason.MISBEHAVED,
         Reason.BANNED,
+        Reason.FLOODING,
     }
 )
 
@@ -263,17 +274,28 @@ class RunRules:
     run_id: str
     max_staleness: int
     trainer_keys: frozenset[bytes] = frozenset()
+    validator_keys: frozenset[bytes] = frozenset()
+    verdict_quorum: int = 1
 
     def __post_init__(self) -> None:
         if not self.run_id:
             raise LocalProtocolError("RunRules.run_id must not be empty")
         if self.max_staleness < 0:
             raise LocalProtocolError("RunRules.max_staleness must be >= 0")
+        if self.verdict_quorum < 1:
+            raise LocalProtocolError("RunRules.verdict_quorum must be >= 1")
         object.__setattr__(self, "trainer_keys", frozenset(self.trainer_keys))
+        object.__setattr__(self, "validator_keys", frozenset(self.validator_keys))
 
     @classmethod
     def from_manifest(cls, manifest: RunManifest) -> RunRules:
-        return cls(manifest.run_id, manifest.max_staleness, frozenset(manifest.trainer_keys))
+        return cls(
+            manifest.run_id,
+            manifest.max_staleness,
+            frozenset(manifest.trainer_keys),
+            frozenset(manifest.validator_keys),
+            manifest.verdict_quorum,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +314,9 @@ class AdmissionConfig:
     max_signers: int = 100_000
     max_future_versions: int = 2
     admit_reward: float = 0.1
+    waste_rate: float = 2.0  # blameless refusals (copies, stale replays) a sender gets free
+    waste_burst: float = 50.0
+    work_entries: int = 262_144  # units of work remembered (producer, counter, version)
     penalties: Mapping[Reason, float] = field(default_factory=lambda: dict(PENALTIES))
 
     def __post_init__(self) -> None:
@@ -300,6 +325,8 @@ class AdmissionConfig:
             "sender_burst",
             "signer_rate",
             "signer_burst",
+            "waste_rate",
+            "waste_burst",
             "dedup_ttl_s",
             "max_skew_s",
         ):
@@ -308,7 +335,13 @@ class AdmissionConfig:
                 raise LocalProtocolError(f"AdmissionConfig.{name} must be a positive number")
         if self.sender_burst < 1 or self.signer_burst < 1:
             raise LocalProtocolError("AdmissionConfig bursts must be >= 1")
-        for name in ("max_rate_keys", "dedup_entries", "replay_window", "max_signers"):
+        for name in (
+            "max_rate_keys",
+            "dedup_entries",
+            "replay_window",
+            "max_signers",
+            "work_entries",
+        ):
             if getattr(self, name) < 1:
                 raise LocalProtocolError(f"AdmissionConfig.{name} must be >= 1")
         if self.max_future_versions < 0:
@@ -372,6 +405,10 @@ class KindRule:
     weights:      a weight announcement: signer must hold a trainer key, version must be new
     store:        emit Store for admitted items
     dedup_with:   kinds whose admitted ids also make this one a duplicate
+    work:         a rollout: one per (producer, counter, version) and per body digest (UNIQUE)
+    judged:       a verdict: the signer must be allowed to judge (`protocol.authority`),
+                  must not judge its own rollout, and a sample ticket must be its own
+    delegation:   a trainer-signed grant or revocation of the right to judge
     """
 
     opener: Callable[[bytes], Opened]
@@ -381,12 +418,17 @@ class KindRule:
     store: bool
     weights: bool = False
     dedup_with: tuple[Kind, ...] = ()
+    work: bool = False
+    judged: bool = False
+    delegation: bool = False
 
     def stages(self) -> tuple[Stage, ...]:
         """The stages this kind goes through, in pipeline order."""
         skip = set()
         if not self.gossip:
-            skip |= {Stage.REPLAY, Stage.FORWARD}
+            skip |= {Stage.REPLAY, Stage.FORWARD, Stage.QUOTA}
+        if not self.work:
+            skip.add(Stage.UNIQUE)
         if not self.store:
             skip.add(Stage.STORE)
         return tuple(s for s in PIPELINE if s not in skip)
@@ -402,9 +444,15 @@ KIND_RULES: Mapping[Kind, KindRule] = {
         versioned=True,
         store=True,
         dedup_with=(Kind.ROLLOUT_RECORD,),
+        work=True,
     ),
     Kind.ROLLOUT_RECORD: KindRule(
-        _open_rollout_record, RolloutRecord.MAX_BYTES, gossip=False, versioned=True, store=True
+        _open_rollout_record,
+        RolloutRecord.MAX_BYTES,
+        gossip=False,
+        versioned=True,
+        store=True,
+        work=True,
     ),
     Kind.VERDICT: KindRule(
         _envelope_opener(Verdict),
@@ -412,6 +460,15 @@ KIND_RULES: Mapping[Kind, KindRule] = {
         gossip=True,
         versioned=True,
         store=True,
+        judged=True,
+    ),
+    Kind.DELEGATION: KindRule(
+        _envelope_opener(Delegation),
+        Delegation.MAX_BYTES + _ENVELOPE_SLACK,
+        gossip=True,
+        versioned=False,
+        store=False,
+        delegation=True,
     ),
     Kind.WEIGHT_ANNOUNCE: KindRule(
         _envelope_opener(WeightManifest),
@@ -660,10 +717,11 @@ class _Refused(Exception):
         detail: str,
         penalty: float | None = None,
         signer: bytes | None = None,
+        blame_signer: bool = False,
     ) -> None:
         super().__init__(detail)
         self.stage, self.reason, self.detail = stage, reason, detail
-        self.penalty, self.signer = penalty, signer
+        self.penalty, self.signer, self.blame_signer = penalty, signer, blame_signer
 
 
 def _same_peer(sender: PeerId, signer: bytes) -> bool:
@@ -671,6 +729,56 @@ def _same_peer(sender: PeerId, signer: bytes) -> bool:
     if isinstance(sender, str):
         return sender == peer_id_to_b58(signer)
     return sender == signer
+
+
+def _as_peer_form(like: PeerId, peer_id: bytes) -> PeerId:
+    """A signer's peer id in the form senders are given in (text or bytes)."""
+    return peer_id_to_b58(peer_id) if isinstance(like, str) else peer_id
+
+
+def _work_key(op: Opened) -> tuple[int, int, bytes]:
+    """(counter, policy version, body digest) of an opened rollout header or record."""
+    obj = op.obj
+    header = obj.header if isinstance(obj, OpenedRollout) else obj
+    return header.counter, op.envelope.policy_version, header.body_digest
+
+
+class WorkIndex:
+    """Which rollout holds each unit of work: (signer, counter, version) and body digest.
+
+    Bounded: at most `max_entries` of each, oldest forgotten first.
+    """
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self._units: OrderedDict[tuple[bytes, int, int], bytes] = OrderedDict()
+        self._bodies: OrderedDict[bytes, tuple[bytes, bytes]] = OrderedDict()  # -> signer, id
+
+    def __len__(self) -> int:
+        return len(self._units)
+
+    def clash(self, signer: bytes, key: tuple[int, int, bytes], rid: bytes) -> str | None:
+        """None if `rid` may hold this work; else what it clashes on ("counter", "body",
+        or "other_signer" when another signer's rollout already holds the body)."""
+        counter, version, digest = key
+        held = self._units.get((signer, counter, version))
+        if held is not None and held != rid:
+            return "counter"
+        body = self._bodies.get(digest)
+        if body is not None and body[1] != rid:
+            return "body" if body[0] == signer else "other_signer"
+        return None
+
+    def add(self, signer: bytes, key: tuple[int, int, bytes], rid: bytes) -> None:
+        counter, version, digest = key
+        self._units[(signer, counter, version)] = rid
+        self._units.move_to_end((signer, counter, version))
+        self._bodies[digest] = (signer, rid)
+        self._bodies.move_to_end(digest)
+        while len(self._units) > self.max_entries:
+            self._units.popitem(last=False)
+        while len(self._bodies) > self.max_entries:
+            self._bodies.popitem(last=False)
 
 
 @dataclass(slots=True)
@@ -715,7 +823,10 @@ class Admission:
         self._stages = {k: r.stages() for k, r in rules.items()}
         self._sender_rate = RateLimiter(cfg.sender_rate, cfg.sender_burst, cfg.max_rate_keys)
         self._signer_rate = RateLimiter(cfg.signer_rate, cfg.signer_burst, cfg.max_rate_keys)
+        self._waste = RateLimiter(cfg.waste_rate, cfg.waste_burst, cfg.max_rate_keys)
         self._dedup = DedupCache(cfg.dedup_entries, cfg.dedup_ttl_s)
+        self.authority = Authority(run.validator_keys, run.trainer_keys)
+        self.work = WorkIndex(cfg.work_entries)
         self._replay = ReplayGuard(
             run.run_id,
             max_skew_ms=int(cfg.max_skew_s * 1000),
@@ -727,11 +838,13 @@ class Admission:
         # Legal steps as data: which method carries out each check stage.
         self._checks: dict[Stage, Callable[[_Msg], None]] = {
             Stage.SIZE: self._stage_size,
+            Stage.RATE: self._stage_rate,
             Stage.DECODE: self._stage_decode,  # the opener also checks the signature
             Stage.CONTEXT: self._stage_context,
-            Stage.RATE: self._stage_rate,
             Stage.DEDUP: self._stage_dedup,
             Stage.REPLAY: self._stage_replay,
+            Stage.UNIQUE: self._stage_unique,
+            Stage.QUOTA: self._stage_quota,
         }
         self._handlers: dict[type, Callable[[Any], list[Action]]] = {
             MessageReceived: self._on_message,
@@ -824,6 +937,13 @@ class Admission:
         self._dedup.add((kind, op.content_id), now)
         if rule.weights and rule.gossip:
             self._weights_version = max(self._weights_version, op.obj.version)
+        if rule.work:
+            self.work.add(op.envelope.signer, _work_key(op), op.content_id)
+        if rule.delegation:
+            env = op.envelope
+            self.authority.apply(
+                env.signer, op.obj.validator, op.obj.granted, (env.timestamp_ms, env.seq)
+            )
         if self.config.admit_reward > 0:
             self.scores.reward(peer, self.config.admit_reward, now)
         item = Admitted(
@@ -878,20 +998,65 @@ class Admission:
             version = op.obj.version
             if rule.gossip and version <= max(self._weights_version, self.version):
                 raise refuse(Reason.OUTDATED, f"weights version {version} is not new")
+        if rule.judged:
+            self._check_judge(op, now, m.peer)
+        if rule.delegation and not self.authority.may_delegate(who):
+            raise refuse(Reason.UNAUTHORIZED, "delegation not signed by a trainer key")
         if rule.gossip:
             skew_ms = env.timestamp_ms - now * 1000.0
             if abs(skew_ms) > self.config.max_skew_s * 1000.0:
                 raise refuse(Reason.CLOCK_SKEW, f"timestamp {skew_ms:+.0f} ms from now")
 
+    def _check_judge(self, op: Opened, now: float, sender: PeerId) -> None:
+        """A verdict counts only from a key allowed to judge, never about its own work."""
+        who, v = op.envelope.signer, op.obj
+        # Whether a key may judge can change (delegations): a relay that has not heard
+        # of a revocation yet is not to blame.
+        pen = None if _same_peer(sender, who) else 0.0
+        if not self.authority.may_judge(who):
+            raise _Refused(Stage.CONTEXT, Reason.UNAUTHORIZED, "signer may not judge", pen)
+        if v.producer == who:
+            raise _Refused(Stage.CONTEXT, Reason.UNAUTHORIZED, "a verdict on its own work", pen)
+        if v.sample_ticket and not check_ticket(
+            who, self.run.run_id, v.rollout_id, v.sample_ticket
+        ):
+            raise _Refused(
+                Stage.SIGNATURE, Reason.BAD_SIGNATURE, "sample ticket is not the signer's"
+            )
+
     def _stage_rate(self, m: _Msg) -> None:
-        assert m.opened is not None
+        """The cheap per-sender limit, before any decoding or signature check."""
         if not self._sender_rate.allow(m.peer, m.now):
             raise _Refused(Stage.RATE, Reason.RATE_LIMITED, "sender over its rate")
+
+    def _stage_quota(self, m: _Msg) -> None:
+        """What one signer may publish, counted only for fresh, unique messages: copies
+        and replays sent by a third party never reach this stage, so never cost it."""
+        assert m.opened is not None
         signer = m.opened.envelope.signer
-        if m.rule.gossip and not self._signer_rate.allow(signer, m.now):
+        if not self._signer_rate.allow(signer, m.now):
             # The signer published too much; its relays are not to blame.
             pen = None if _same_peer(m.peer, signer) else 0.0
-            raise _Refused(Stage.RATE, Reason.RATE_LIMITED, "signer over its rate", pen)
+            raise _Refused(Stage.QUOTA, Reason.RATE_LIMITED, "signer over its rate", pen)
+
+    def _stage_unique(self, m: _Msg) -> None:
+        """One rollout per (producer, counter, version) and per body digest."""
+        assert m.opened is not None
+        op = m.opened
+        signer = op.envelope.signer
+        clash = self.work.clash(signer, _work_key(op), op.content_id)
+        if clash is None:
+            return
+        if clash == "other_signer":
+            # Someone else signed this body first: not provably this signer's fault.
+            raise _Refused(Stage.UNIQUE, Reason.DUPLICATE, "body already admitted", 0.0)
+        raise _Refused(
+            Stage.UNIQUE,
+            Reason.DOUBLE_WORK,
+            f"{clash} already used by another rollout",
+            signer=signer,
+            blame_signer=True,
+        )
 
     def _stage_dedup(self, m: _Msg) -> None:
         assert m.opened is not None
@@ -914,17 +1079,31 @@ class Admission:
     # -- scoring -------------------------------------------------------------------
 
     def _reject(self, peer: PeerId, r: _Refused, kind: str, now: float) -> list[Action]:
-        if r.reason not in RELAY_BLAMED and r.signer is not None and not _same_peer(peer, r.signer):
+        relayed = r.signer is not None and not _same_peer(peer, r.signer)
+        if r.reason not in RELAY_BLAMED and relayed:
             penalty = 0.0  # a view-dependent fault of the signer, not of this relay
         elif r.penalty is None:
             penalty = self.config.penalties[r.reason]
         else:
             penalty = min(0.0, float(r.penalty)) if math.isfinite(r.penalty) else 0.0
-        actions: list[Action] = [Reject(peer, r.reason, penalty, r.stage, r.detail, kind)]
+        reason = r.reason
         if r.reason is Reason.BANNED:
-            actions.append(Disconnect(peer, Reason.BANNED))
-            return actions
-        actions.extend(self._apply_score(peer, penalty, r.reason, now))
+            return [
+                Reject(peer, reason, penalty, r.stage, r.detail, kind),
+                Disconnect(peer, reason),
+            ]
+        if penalty == 0 and not self._waste.allow(peer, now):
+            # Blameless refusals (copies, replays, stale or skewed messages someone else
+            # signed) are free only up to an allowance: past it the sender pays for them.
+            reason, penalty = Reason.FLOODING, self.config.penalties[Reason.FLOODING]
+        actions: list[Action] = [Reject(peer, reason, penalty, r.stage, r.detail, kind)]
+        actions.extend(self._apply_score(peer, penalty, reason, now))
+        if r.blame_signer and relayed and r.signer is not None:
+            # The signer is provably at fault (it signed both): it pays whoever relayed it.
+            signer = _as_peer_form(peer, r.signer)
+            actions.extend(
+                self._apply_score(signer, self.config.penalties[r.reason], r.reason, now)
+            )
         return actions
 
     def _apply_score(self, peer: PeerId, delta: float, reason: Reason, now: float) -> list[Action]:

@@ -77,6 +77,9 @@ class RunManifest(WireObject):
     trainer_keys: tuple[bytes, ...] = spec(ListOf(PeerId(), 16))
     # -- weight broadcast (issue 8) --
     snapshot_every: int = spec(Int(1, 1_000_000), default=8)  # K: a full snapshot every K versions
+    # Trust (who may judge, how many must agree; see protocol.authority, protocol.verified).
+    validator_keys: tuple[bytes, ...] = spec(ListOf(PeerId(), 64), default=())
+    verdict_quorum: int = spec(Int(1, 64), default=1)
 
 
 @wire("rollout_header", schema=1, max_bytes=2 * KiB)
@@ -140,6 +143,20 @@ class Verdict(WireObject):
     reason: str = spec(Str(64, min_len=1, charset=NAME_CHARS))
     reward_rescored: float = spec(Float(-1e6, 1e6))
     metrics: tuple[Metric, ...] = spec(ListOf(Nested(Metric), 64))
+    # The validator's audit-sample ticket for this rollout (protocol.audit_sample): its own
+    # deterministic signature over the rollout id; empty when the audit was not sampled.
+    sample_ticket: bytes = spec(Bytes(SIGNATURE_SIZE, sizes=(0, SIGNATURE_SIZE)), default=b"")
+
+
+@wire("delegation", schema=1, max_bytes=1 * KiB)
+class Delegation(WireObject):
+    """A trainer key's grant (or revocation) of the right to judge rollouts to `validator`.
+
+    The newest delegation of a validator (by the envelope's timestamp, then seq) wins.
+    """
+
+    validator: bytes = spec(PeerId())
+    granted: bool = spec(Bool())
 
 
 @wire("fraud_evidence", schema=1, max_bytes=4 * MiB + 16 * KiB)
@@ -216,7 +233,15 @@ class Envelope(WireObject):
 
 SIGNED_KINDS: dict[str, type[WireObject]] = {
     cls.KIND: cls
-    for cls in (RunManifest, RolloutHeader, Verdict, FraudEvidence, WeightManifest, PeerHello)
+    for cls in (
+        RunManifest,
+        RolloutHeader,
+        Verdict,
+        Delegation,
+        FraudEvidence,
+        WeightManifest,
+        PeerHello,
+    )
 }
 
 ALL_OBJECTS: tuple[type[WireObject], ...] = (
@@ -227,6 +252,7 @@ ALL_OBJECTS: tuple[type[WireObject], ...] = (
     RolloutRecord,
     Metric,
     Verdict,
+    Delegation,
     FraudEvidence,
     ShardInfo,
     WeightManifest,

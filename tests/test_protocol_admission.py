@@ -59,7 +59,12 @@ S = 2  # staleness bound
 
 
 def rules() -> RunRules:
-    return RunRules(RUN, max_staleness=S, trainer_keys=frozenset({TRAINER.peer_id}))
+    return RunRules(
+        RUN,
+        max_staleness=S,
+        trainer_keys=frozenset({TRAINER.peer_id}),
+        validator_keys=frozenset({BOB.peer_id}),
+    )
 
 
 def body(n: int = 8, seed: int = 0) -> RolloutBody:
@@ -84,8 +89,9 @@ def record(
     version: int = 10,
     run_id: str = RUN,
     at: float = T0,
-    seed: int = 0,
+    seed: int | None = None,
 ) -> bytes:
+    seed = seq if seed is None else seed  # each counter its own work (one body per rollout)
     return make_record(
         ident,
         body(seed=seed),
@@ -143,7 +149,7 @@ def test_pulled_record_after_its_header_is_stored_not_forwarded():
     item = actions[0].item
     assert item.content_id == content_id(header(rec))  # the rollout id
     assert item.body == decode(RolloutRecord, rec).body
-    assert item.obj.body.sampling_seed == 0
+    assert item.obj.body.sampling_seed == 1
     # The header gossiped again after we hold the record is a duplicate.
     r = only_reject(a.handle(msg(BOB.peer_id, Kind.ROLLOUT_HEADER, header(rec))))
     assert r.reason is Reason.DUPLICATE and r.penalty == 0 and r.verdict == "ignore"
@@ -315,7 +321,8 @@ def test_earliest_stage_wins():
     stale = header(record(version=1, run_id="other"))
     r = only_reject(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, stale)))
     assert r.reason is Reason.WRONG_RUN  # the run is checked before the version
-    assert PIPELINE.index(Stage.SIZE) < PIPELINE.index(Stage.DECODE) < PIPELINE.index(Stage.RATE)
+    # The cheap per-sender limit runs before any decoding or signature check.
+    assert PIPELINE.index(Stage.SIZE) < PIPELINE.index(Stage.RATE) < PIPELINE.index(Stage.DECODE)
 
 
 def test_rule_table_lists_the_stages_of_each_kind():

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import CommandError
+from protocol.identity import Identity
 
 DEFAULT_DURATION_S = 120.0
 START_TIMEOUT_S = 120.0
@@ -70,15 +71,22 @@ class NodeProc:
         return peer, addr
 
 
-def _spawn(name: str, role: str, root: Path, run: Path, extra: list[str]) -> NodeProc:
-    from node.keyfile import write_key
-    from protocol.identity import Identity
+def _node_key(root: Path, name: str) -> Identity:
+    """The node's key file under `root/nodes/<name>/node.key`, made on first use."""
+    from node.keyfile import read_key, write_key
 
     d = root / "nodes" / name
     d.mkdir(parents=True, exist_ok=True)
     key = d / "node.key"
     if not key.exists():
         write_key(key, Identity.generate())
+    return read_key(key)
+
+
+def _spawn(name: str, role: str, root: Path, run: Path, extra: list[str]) -> NodeProc:
+    d = root / "nodes" / name
+    _node_key(root, name)
+    key = d / "node.key"
     log = d / "node.log"
     cmd = [
         sys.executable, "-m", "node.cli", "start", "--role", role, "--run", str(run),
@@ -281,10 +289,18 @@ def main(
     if run is not None:
         manifest = load_run_manifest(Path(run))
         run_text = Path(run).read_text()
-    else:
-        manifest = manifest_from_table(tiny_policy.run_manifest_table("devnet"))
-        run_text = manifest_to_toml(manifest)
     root = Path(out) if out else Path.cwd() / "devnet-reports" / time.strftime("%Y%m%d-%H%M%S")
+    if run is None:
+        table = tiny_policy.run_manifest_table("devnet")
+        # Only the manifest's validator keys may judge: make the validators' keys first.
+        try:
+            table["run"]["validator_keys"] = [
+                _node_key(root, f"validator{i + 1}").peer_id_b58 for i in range(validators)
+            ]
+        except OSError as exc:
+            raise CommandError(f"--out {root}: cannot write the report directory ({exc.strerror or exc})") from None
+        manifest = manifest_from_table(table)
+        run_text = manifest_to_toml(manifest)
     run_path = root / "run.toml"
     try:
         root.mkdir(parents=True, exist_ok=True)

@@ -1,24 +1,28 @@
 """The validator role: audit a fraction of the rollouts it admits and gossip signed verdicts.
 
-Which rollouts: a deterministic sample (hash of our peer id and the rollout id below
-`audit_fraction`), so each validator checks a different, reproducible subset. How: one
+Which rollouts: those whose audit-sample ticket (`protocol.audit_sample`: our own
+deterministic signature over the rollout id) falls below `audit_fraction`. Only we can
+compute it, so a producer cannot re-sign its rollout until no validator samples it; the
+ticket travels in the verdict, so anyone can check afterwards that the sample was honest.
+How: one
 batched prefill per batch with `verify.auditor.audit_many` (proof statistics, sampling
 replay, log-probs, task and reward re-derived by `node.commands.audit.make_judge`), in a
-worker thread. A failed audit also costs the producer score (`Misbehaved`), which bans a
-peer that keeps cheating.
+worker thread. A failed audit also costs the producer score (`Peer.report`), which bans
+a peer that keeps cheating.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 import trio
 
 from node.roles import RoleContext
-from protocol.admission import Admitted, Kind, Misbehaved
-from protocol.content_id import content_id
-from protocol.identity import peer_id_to_b58
+from protocol.admission import Admitted, Kind
+from protocol.audit_sample import sample_ticket, sampled
+from protocol.identity import Identity
 
 PULLS_BODIES = True
 NEEDS_MODEL = True
@@ -26,12 +30,9 @@ FAILED_AUDIT_PENALTY = -20.0
 QUEUE = 1024
 
 
-def selected(own_peer: bytes, rollout_id: bytes, fraction: float) -> bool:
-    """The deterministic sample: True for about `fraction` of rollout ids."""
-    if fraction >= 1.0:
-        return True
-    h = int.from_bytes(content_id(own_peer + rollout_id)[:8], "big")
-    return h < fraction * 2.0**64
+def selected(identity: Identity, run_id: str, rollout_id: bytes, fraction: float) -> bool:
+    """Our sample: True for about `fraction` of rollout ids, unpredictable to producers."""
+    return sampled(sample_ticket(identity, run_id, rollout_id), fraction)
 
 
 def load(ctx: RoleContext, manifest: Any) -> tuple[Any, Any, Any, Any]:
@@ -64,10 +65,11 @@ async def run(peer: Any, ctx: RoleContext) -> None:
         if item.kind is not Kind.ROLLOUT_RECORD:
             return
         counts["seen"] += 1
-        if not selected(peer.identity.peer_id, item.content_id, ctx.audit_fraction):
+        ticket = sample_ticket(peer.identity, peer.run_id, item.content_id)
+        if not sampled(ticket, ctx.audit_fraction):
             return
         try:
-            send.send_nowait(item.obj)
+            send.send_nowait((item.obj, ticket))
             counts["sampled"] += 1
         except trio.WouldBlock:
             counts["queue_full"] += 1
@@ -77,7 +79,8 @@ async def run(peer: Any, ctx: RoleContext) -> None:
 
     def audit(batch: list[Any]) -> list[Any]:
         with torch_threads(ctx.threads):
-            return audit_many(batch, model, judge=judge, eos_ids=eos_ids, settings=settings)
+            rollouts = [ro for ro, _ in batch]
+            return audit_many(rollouts, model, judge=judge, eos_ids=eos_ids, settings=settings)
 
     while True:
         batch = [await receive.receive()]
@@ -88,18 +91,18 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                 break
         started = time.monotonic()
         verdicts = await trio.to_thread.run_sync(audit, batch)
-        for ro, verdict in zip(batch, verdicts, strict=True):
-            await peer.publish_verdict(verdict)
+        for (ro, ticket), verdict in zip(batch, verdicts, strict=True):
+            await peer.publish_verdict(dataclasses.replace(verdict, sample_ticket=ticket))
             if verdict.passed:
                 counts["passed"] += 1
             else:
                 counts["failed"] += 1
                 reasons[verdict.reason] = reasons.get(verdict.reason, 0) + 1
-                peer._apply(peer.admission.handle(Misbehaved(
-                    peer_id_to_b58(ro.envelope.signer), FAILED_AUDIT_PENALTY,
-                    f"failed audit: {verdict.reason}", time.time(),
-                )))
+                peer.report(
+                    ro.envelope.signer, FAILED_AUDIT_PENALTY, f"failed audit: {verdict.reason}"
+                )
         ctx.status.update(
-            **counts, fail_reasons=dict(reasons),
+            **counts,
+            fail_reasons=dict(reasons),
             audit_s_per_rollout=round((time.monotonic() - started) / len(batch), 3),
         )

@@ -1,0 +1,477 @@
+"""Trust and accounting rules (issue 10): who may judge, what counts as work, who pays.
+
+Each test here was written against the findings reproduced on main before the fix:
+anyone could vouch, a third party's replays drained the signer's rate, the same work
+could be counted twice, audits could be dodged and counters shopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from protocol import admission as adm
+from protocol.admission import (
+    KIND_RULES,
+    Admission,
+    AdmissionConfig,
+    Deliver,
+    Kind,
+    MessageReceived,
+    Reason,
+    Reject,
+    RunRules,
+    Stage,
+    Store,
+)
+from protocol.audit_sample import check_ticket, sample_ticket, sampled
+from protocol.authority import Authority
+from protocol.codec import decode, encode
+from protocol.content_id import content_id
+from protocol.envelope import seal
+from protocol.identity import Identity
+from protocol.rollout import make_record
+from protocol.verified import Status, VerifiedRule, Vote, judge
+from protocol.wire import Delegation, RolloutRecord, Verdict
+from tests.test_protocol_admission import ALICE, BOB, RELAY, RUN, T0, TRAINER, body, header
+
+VALIDATOR = Identity.from_private_bytes(bytes(range(3, 35)))
+DELEGATE = Identity.from_private_bytes(bytes(range(4, 36)))
+SYBIL = Identity.from_private_bytes(bytes(range(5, 37)))
+
+
+def rules() -> RunRules:
+    return RunRules(
+        RUN,
+        max_staleness=2,
+        trainer_keys=frozenset({TRAINER.peer_id}),
+        validator_keys=frozenset({VALIDATOR.peer_id}),
+    )
+
+
+def machine(**cfg) -> Admission:
+    return Admission(rules(), AdmissionConfig(**cfg), version=10)
+
+
+def msg(peer, kind, data, now=T0) -> MessageReceived:
+    return MessageReceived(peer, kind, data, now)
+
+
+def rollout(
+    ident: Identity = ALICE,
+    *,
+    seq: int = 1,
+    counter: int | None = None,
+    seed: int | None = None,
+    version: int = 10,
+    at: float = T0,
+) -> bytes:
+    seed = seq if seed is None else seed
+    return make_record(
+        ident,
+        body(seed=seed),
+        dataset="chain_sum",
+        task_index=seq,
+        counter=seq if counter is None else counter,
+        task_seed=seed,
+        reward=1.0,
+        run_id=RUN,
+        policy_version=version,
+        seq=seq,
+        timestamp_ms=int(at * 1000),
+    )
+
+
+def verdict(
+    judge_id: Identity, rid: bytes, producer: bytes, passed: bool = True, seq: int = 1
+) -> bytes:
+    v = Verdict(
+        rollout_id=rid,
+        producer=producer,
+        passed=passed,
+        reason="ok" if passed else "bad_proof",
+        reward_rescored=1.0,
+        metrics=(),
+    )
+    return seal(judge_id, v, run_id=RUN, policy_version=10, seq=seq, timestamp_ms=int(T0 * 1000))
+
+
+def delegation(validator: Identity, granted: bool, seq: int, signer: Identity = TRAINER) -> bytes:
+    d = Delegation(validator=validator.peer_id, granted=granted)
+    return seal(
+        signer, d, run_id=RUN, policy_version=10, seq=seq, timestamp_ms=int(T0 * 1000) + seq
+    )
+
+
+def reject(actions) -> Reject:
+    assert actions and isinstance(actions[0], Reject), actions
+    return actions[0]
+
+
+# -- 1. who may vouch ----------------------------------------------------------------------
+
+
+def test_verdict_from_a_key_the_manifest_does_not_name_is_unauthorized():
+    a = machine()
+    rid = content_id(header(rollout()))
+    r = reject(a.handle(msg(BOB.peer_id, Kind.VERDICT, verdict(BOB, rid, ALICE.peer_id))))
+    assert (r.reason, r.stage) == (Reason.UNAUTHORIZED, Stage.CONTEXT) and r.penalty < 0
+    ok = a.handle(msg(RELAY, Kind.VERDICT, verdict(VALIDATOR, rid, ALICE.peer_id)))
+    assert isinstance(ok[-1], Deliver)
+
+
+def test_self_vouching_verdict_is_unauthorized_even_relayed():
+    a = machine()
+    rid = content_id(header(rollout()))
+    r = reject(a.handle(msg(RELAY, Kind.VERDICT, verdict(ALICE, rid, ALICE.peer_id))))
+    assert r.reason is Reason.UNAUTHORIZED
+
+
+def test_trainer_signed_delegation_grants_and_revokes_the_right_to_judge():
+    a = machine()
+    rid = content_id(header(rollout()))
+    assert reject(a.handle(msg(RELAY, Kind.VERDICT, verdict(DELEGATE, rid, ALICE.peer_id, seq=1))))
+    # Only a trainer key may delegate.
+    forged = reject(a.handle(msg(RELAY, Kind.DELEGATION, delegation(DELEGATE, True, 1, SYBIL))))
+    assert forged.reason is Reason.UNAUTHORIZED
+    assert isinstance(
+        a.handle(msg(RELAY, Kind.DELEGATION, delegation(DELEGATE, True, 2)))[-1], Deliver
+    )
+    ok = a.handle(msg(RELAY, Kind.VERDICT, verdict(DELEGATE, rid, ALICE.peer_id, seq=2)))
+    assert isinstance(ok[-1], Deliver)
+    assert isinstance(
+        a.handle(msg(RELAY, Kind.DELEGATION, delegation(DELEGATE, False, 3)))[-1], Deliver
+    )
+    r = reject(a.handle(msg(RELAY, Kind.VERDICT, verdict(DELEGATE, rid, ALICE.peer_id, seq=3))))
+    assert r.reason is Reason.UNAUTHORIZED
+    # An older grant echoing through gossip does not undo the revocation.
+    late = a.handle(msg(BOB.peer_id, Kind.DELEGATION, delegation(DELEGATE, True, 2)))
+    assert reject(late).reason is Reason.DUPLICATE
+    assert not a.authority.may_judge(DELEGATE.peer_id)
+
+
+def test_authority_orders_delegations_by_time_then_seq():
+    auth = Authority(validator_keys={VALIDATOR.peer_id}, trainer_keys={TRAINER.peer_id})
+    assert auth.may_judge(VALIDATOR.peer_id) and not auth.may_judge(DELEGATE.peer_id)
+    assert auth.apply(TRAINER.peer_id, DELEGATE.peer_id, True, (5, 1))
+    assert not auth.apply(TRAINER.peer_id, DELEGATE.peer_id, False, (4, 9))  # older: ignored
+    assert auth.may_judge(DELEGATE.peer_id)
+    assert auth.apply(TRAINER.peer_id, VALIDATOR.peer_id, False, (6, 1))  # revoke a listed key
+    assert not auth.may_judge(VALIDATOR.peer_id)
+    with pytest.raises(PermissionError):
+        auth.apply(SYBIL.peer_id, SYBIL.peer_id, True, (7, 1))
+
+
+def _vote(who: Identity, passed: bool, producer: bytes = ALICE.peer_id) -> Vote:
+    return Vote(signer=who.peer_id, producer=producer, passed=passed)
+
+
+def test_verified_needs_a_quorum_of_authorized_judges_and_ignores_the_rest():
+    auth = Authority(
+        validator_keys={VALIDATOR.peer_id, DELEGATE.peer_id}, trainer_keys={TRAINER.peer_id}
+    )
+    one = VerifiedRule(quorum=1)
+    two = VerifiedRule(quorum=2)
+    p = ALICE.peer_id
+    assert judge(p, [], auth, one) is Status.PENDING
+    assert judge(p, [_vote(VALIDATOR, True)], auth, one) is Status.VERIFIED
+    assert judge(p, [_vote(VALIDATOR, True)], auth, two) is Status.PENDING
+    # The same judge twice is one vote.
+    assert judge(p, [_vote(VALIDATOR, True)] * 2, auth, two) is Status.PENDING
+    assert judge(p, [_vote(VALIDATOR, True), _vote(DELEGATE, True)], auth, two) is Status.VERIFIED
+    # Sybils, the producer itself and verdicts about another producer count for nothing.
+    junk = [
+        _vote(SYBIL, True),
+        _vote(ALICE, True),
+        _vote(SYBIL, False),
+        _vote(DELEGATE, False, producer=BOB.peer_id),
+    ]
+    assert judge(p, junk, auth, one) is Status.PENDING
+    assert judge(p, [*junk, _vote(VALIDATOR, True)], auth, one) is Status.VERIFIED
+    # One authorized failure rejects.
+    assert judge(p, [_vote(VALIDATOR, True), _vote(DELEGATE, False)], auth, one) is Status.REJECTED
+
+
+def test_run_rules_read_validators_and_quorum_from_the_manifest():
+    from protocol.wire import DatasetSpec, RunManifest
+
+    m = RunManifest(
+        run_id=RUN,
+        model="builtin:tiny",
+        model_digest=b"",
+        seed=7,
+        datasets=(DatasetSpec(name="chain_sum", weight=1),),
+        group_size=1,
+        max_staleness=2,
+        max_new_tokens=16,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        proof_chunk=32,
+        proof_topk=128,
+        trainer_keys=(),
+        validator_keys=(VALIDATOR.peer_id,),
+        verdict_quorum=2,
+    )
+    r = RunRules.from_manifest(m)
+    assert r.validator_keys == frozenset({VALIDATOR.peer_id}) and r.verdict_quorum == 2
+
+
+# -- 5. replays never cost the signer ------------------------------------------------------
+
+
+def test_third_party_replaying_a_fresh_header_pays_and_the_signer_does_not():
+    a = machine()
+    first = header(rollout(seq=1))
+    assert isinstance(a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, first))[-1], Deliver)
+    attacker = "attacker"
+    t = T0
+    for _ in range(400):  # ~40 copies a second for 10 s
+        t += 0.025
+        a.handle(msg(attacker, Kind.ROLLOUT_HEADER, first, t))
+    # The honest worker keeps publishing at its own modest rate: every header admitted.
+    for seq in range(2, 40):
+        t += 0.2
+        acts = a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, header(rollout(seq=seq, at=t)), t))
+        assert isinstance(acts[-1], Deliver), acts
+    assert a.scores.score(ALICE.peer_id, t) > 0
+    assert a.scores.score(attacker, t) < 0
+
+
+def test_stale_replays_are_rate_limited_before_any_signature_check():
+    opened = []
+
+    def counting(data: bytes):
+        opened.append(1)
+        return KIND_RULES[Kind.ROLLOUT_HEADER].opener(data)
+
+    rules_ = dict(KIND_RULES)
+    rules_[Kind.ROLLOUT_HEADER] = dataclasses.replace(rules_[Kind.ROLLOUT_HEADER], opener=counting)
+    a = Admission(rules(), AdmissionConfig(), version=10, rules=rules_)
+    old = [header(rollout(seq=i, at=T0 - 3600)) for i in range(1, 11)]
+    for i in range(2000):
+        a.handle(msg("attacker", Kind.ROLLOUT_HEADER, old[i % 10], T0 + i * 0.001))
+    assert len(opened) < 400  # the sender's own bucket refuses the rest unopened
+    assert a.scores.score("attacker", T0 + 2) < 0
+    assert a.scores.score(ALICE.peer_id, T0 + 2) == 0
+
+
+def test_the_cheap_sender_limit_comes_before_decoding():
+    stages = KIND_RULES[Kind.ROLLOUT_HEADER].stages()
+    assert stages.index(Stage.RATE) < stages.index(Stage.DECODE)
+    assert stages.index(Stage.DEDUP) < stages.index(Stage.QUOTA)
+    assert stages.index(Stage.REPLAY) < stages.index(Stage.QUOTA)
+
+
+# -- 3. one unit of work counts once -------------------------------------------------------
+
+
+def test_same_body_resigned_under_a_new_counter_is_refused_on_gossip_and_pull():
+    a = machine()
+    rec1 = rollout(seq=1, counter=1, seed=0)
+    rec2 = rollout(seq=2, counter=2, seed=0)  # identical body, new seq and counter
+    assert isinstance(a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, header(rec1)))[-1], Deliver)
+    assert isinstance(a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec1))[-1], Deliver)
+    r = reject(a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, header(rec2))))
+    assert (r.reason, r.stage) == (Reason.DOUBLE_WORK, Stage.UNIQUE) and r.penalty < 0
+    b = machine()
+    assert isinstance(b.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec1))[-1], Deliver)
+    assert reject(b.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec2))).reason is Reason.DOUBLE_WORK
+
+
+def test_same_counter_new_content_is_refused():
+    a = machine()
+    assert isinstance(
+        a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, header(rollout(seq=1, counter=7))))[-1],
+        Deliver,
+    )
+    r = reject(
+        a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, header(rollout(seq=2, counter=7, seed=5))))
+    )
+    assert r.reason is Reason.DOUBLE_WORK
+    # The same counter at another policy version is another unit of work.
+    ok = a.handle(
+        msg(
+            ALICE.peer_id,
+            Kind.ROLLOUT_HEADER,
+            header(rollout(seq=3, counter=7, seed=6, version=11)),
+        )
+    )
+    assert isinstance(ok[-1], Deliver)
+
+
+def test_pulled_record_with_same_seq_and_new_timestamp_is_refused():
+    a = machine()
+    rec1 = rollout(seq=4)
+    rec2 = rollout(seq=4, at=T0 + 1)  # same seq, same counter, new timestamp: a new id
+    assert isinstance(a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, header(rec1)))[-1], Deliver)
+    assert reject(a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, header(rec2)))).reason in (
+        Reason.REPLAY,
+        Reason.DOUBLE_WORK,
+    )
+    assert reject(a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec2))).reason is Reason.DOUBLE_WORK
+    assert isinstance(a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec1))[-1], Deliver)
+
+
+def test_relay_of_double_work_is_not_blamed_but_the_signer_is():
+    a = machine()
+    a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, header(rollout(seq=1, counter=3))))
+    r = reject(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, header(rollout(seq=2, counter=3, seed=1)))))
+    assert r.reason is Reason.DOUBLE_WORK and r.penalty == 0.0
+    assert a.scores.score(ALICE.peer_id, T0) < 0  # two signed rollouts for one counter
+
+
+# -- 2. audit sampling the producer cannot predict -----------------------------------------
+
+
+def test_audit_ticket_is_the_validators_own_signature_and_checkable_by_anyone():
+    rid = content_id(b"some rollout")
+    t = sample_ticket(VALIDATOR, RUN, rid)
+    assert t == sample_ticket(VALIDATOR, RUN, rid)  # deterministic
+    assert check_ticket(VALIDATOR.peer_id, RUN, rid, t)
+    assert not check_ticket(DELEGATE.peer_id, RUN, rid, t)
+    assert not check_ticket(VALIDATOR.peer_id, RUN, content_id(b"other"), t)
+    hits = sum(
+        sampled(sample_ticket(VALIDATOR, RUN, content_id(bytes([i, j]))), 0.25)
+        for i in range(20)
+        for j in range(20)
+    )
+    assert 60 < hits < 140
+    assert sampled(t, 1.0) and not sampled(t, 0.0)
+
+
+def test_verdict_with_a_forged_sample_ticket_is_refused():
+    a = machine()
+    rid = content_id(header(rollout()))
+    v = Verdict(
+        rollout_id=rid,
+        producer=ALICE.peer_id,
+        passed=True,
+        reason="ok",
+        reward_rescored=1.0,
+        metrics=(),
+        sample_ticket=sample_ticket(DELEGATE, RUN, rid),
+    )
+    data = seal(VALIDATOR, v, run_id=RUN, policy_version=10, seq=9, timestamp_ms=int(T0 * 1000))
+    assert reject(a.handle(msg(RELAY, Kind.VERDICT, data))).reason is Reason.BAD_SIGNATURE
+
+
+def test_validator_role_samples_by_ticket_not_by_public_hash():
+    from node.roles import validator as role
+
+    rid = content_id(b"r")
+    assert role.selected(VALIDATOR, RUN, rid, 1.0)
+    picks = [role.selected(VALIDATOR, RUN, content_id(bytes([i])), 0.5) for i in range(64)]
+    expect = [
+        sampled(sample_ticket(VALIDATOR, RUN, content_id(bytes([i]))), 0.5) for i in range(64)
+    ]
+    assert picks == expect
+
+
+def test_store_before_forward_in_admission_order():
+    a = machine()
+    acts = a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, header(rollout())))
+    assert [type(x) for x in acts][:2] == [Store, adm.Forward]
+
+
+def test_record_roundtrip_keeps_body():
+    rec = rollout()
+    assert decode(RolloutRecord, rec).body == encode(body(seed=1))
+
+
+# -- 4. counter shopping -------------------------------------------------------------------
+
+
+def _shop(ledger, producer: bytes, solved: list[bool], publish) -> None:
+    for c, ok in enumerate(solved):
+        if publish(c, ok):
+            ledger.add(producer, c, 1.0 if ok else 0.0)
+
+
+def test_counter_shopping_gains_nothing():
+    import random
+
+    from protocol.accounting import WorkLedger
+
+    rng = random.Random(7)
+    solved = [rng.random() < 0.23 for _ in range(512)]
+    ledger = WorkLedger()
+    _shop(ledger, b"honest", solved, lambda c, ok: True)
+    _shop(ledger, b"shopper", solved, lambda c, ok: ok)  # publishes only what it solved
+    honest = ledger.counted_reward(b"honest")
+    assert honest is not None and 0.15 < honest < 0.3
+    assert not ledger.allowed(b"shopper") and ledger.counted_reward(b"shopper") == 0.0
+    # A careful shopper withholds failures only up to the allowance: its gain stays small.
+    careful = WorkLedger()
+    budget = [careful.rule.limit(512) - 1]
+
+    def within(c: int, ok: bool) -> bool:
+        if ok or budget[0] < 1:
+            return True
+        budget[0] -= 1
+        return False
+
+    _shop(careful, b"careful", solved, within)
+    assert careful.allowed(b"careful")
+    assert careful.counted_reward(b"careful") / honest <= 1.05
+
+
+def test_counters_arriving_out_of_order_and_twice():
+    from protocol.accounting import WorkLedger
+
+    ledger = WorkLedger()
+    for c in (5, 3, 4, 7, 6, 3):
+        ledger.add(b"p", c, 0.5)
+    s = ledger.standing(b"p")
+    assert (s.first, s.last, s.published, s.withheld) == (3, 7, 5, 0)
+    ledger.add(b"p", 40, 0.0)
+    s = ledger.standing(b"p")
+    assert s.withheld == 32 and not s.allowed and s.weight < 0.2
+
+
+# -- the trainer's wiring of the rules -----------------------------------------------------
+
+
+def test_trainer_counts_only_authorized_verdicts_on_the_right_producer():
+    from node.roles.trainer import Collector
+    from protocol.verified import VerifiedRule
+
+    a = machine()
+    rec = rollout(seq=1)
+    rid = content_id(header(rec))
+    c = Collector(a.authority, VerifiedRule(quorum=1))
+    deliver = [
+        x.item for x in a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec)) if isinstance(x, Deliver)
+    ]
+    c.on_deliver(deliver[0])
+    # A self-vouching verdict never even gets through admission; one that names another
+    # producer is admitted (the validator may judge) but counts for nothing.
+    assert (
+        reject(a.handle(msg(RELAY, Kind.VERDICT, verdict(ALICE, rid, ALICE.peer_id)))).reason
+        is Reason.UNAUTHORIZED
+    )
+    wrong = a.handle(msg(RELAY, Kind.VERDICT, verdict(VALIDATOR, rid, BOB.peer_id, seq=1)))
+    c.on_deliver(wrong[-1].item)
+    assert c.summarize(10, 2)["verified"] == 0
+    right = a.handle(msg(RELAY, Kind.VERDICT, verdict(VALIDATOR, rid, ALICE.peer_id, seq=2)))
+    c.on_deliver(right[-1].item)
+    assert c.summarize(10, 2)["verified"] == 1
+
+
+def test_trainer_refuses_a_producer_that_withholds_counters():
+    from node.roles.trainer import Collector
+    from protocol.verified import VerifiedRule
+
+    a = machine(signer_burst=1000.0, sender_burst=1000.0)
+    c = Collector(a.authority, VerifiedRule(quorum=1))
+    went_bad = []
+    for counter in range(0, 200, 5):  # publishes one counter in five
+        acts = a.handle(
+            msg(RELAY, Kind.ROLLOUT_HEADER, header(rollout(seq=counter + 1, counter=counter)))
+        )
+        bad = c.on_deliver(acts[-1].item)
+        if bad is not None:
+            went_bad.append(bad)
+    assert went_bad == [ALICE.peer_id]
+    assert c.summarize(10, 2)["producers_refused"] == 1
