@@ -242,7 +242,7 @@ def test_peer_records_replace(store):
 # -- the ledger ---------------------------------------------------------------------------
 
 
-def _body() -> RolloutBody:
+def _body(seed: int = 1) -> RolloutBody:
     return RolloutBody(
         prompt_ids=(1, 2),
         completion_ids=(3, 4),
@@ -251,7 +251,7 @@ def _body() -> RolloutBody:
         top_p=1.0,
         top_k=0,
         max_new_tokens=2,
-        sampling_seed=1,
+        sampling_seed=seed,
         finish_reason="length",
         proofs=(bytes(258),),
     )
@@ -295,7 +295,7 @@ def test_ledger_of_own_work_and_admitted_items(store):
             RolloutRow(ids[-1], "run", ALICE.peer_id, 5, r.header, r.body, T0 + i)
         )
     # A validator's verdicts come in through admission: one pass, one fail.
-    a = Admission(RunRules("run", 2), version=5)
+    a = Admission(RunRules("run", 2, validator_keys=frozenset({VALIDATOR.peer_id})), version=5)
     for seq, (rid, passed) in enumerate([(ids[0], True), (ids[1], False)]):
         actions = a.handle(
             MessageReceived(VALIDATOR.peer_id, Kind.VERDICT, _verdict(rid, passed, seq), T0 + 10)
@@ -451,7 +451,7 @@ def test_batched_admitted_items_and_rejects(store):
     items, rejects = [], []
     for i in range(20):
         rec = make_record(
-            ALICE, _body(), dataset="d", task_index=i, counter=i, task_seed=i, reward=0.0,
+            ALICE, _body(i), dataset="d", task_index=i, counter=i, task_seed=i, reward=0.0,
             run_id="run", policy_version=5, seq=i, timestamp_ms=int(T0 * 1000),
         )  # fmt: skip
         items.append(a.handle(MessageReceived(b"relay", Kind.ROLLOUT_RECORD, rec, T0))[0].item)

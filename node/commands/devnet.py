@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -291,15 +292,17 @@ def main(
         run_text = Path(run).read_text()
     root = Path(out) if out else Path.cwd() / "devnet-reports" / time.strftime("%Y%m%d-%H%M%S")
     if run is None:
-        table = tiny_policy.run_manifest_table("devnet")
-        # Only the manifest's validator keys may judge: make the validators' keys first.
+        manifest = manifest_from_table(tiny_policy.run_manifest_table("devnet"))
+    if validators and not manifest.validator_keys:
+        # Only the manifest's validator keys may judge: make the validators' keys first
+        # and name them in the devnet's copy of the run.
         try:
-            table["run"]["validator_keys"] = [
-                _node_key(root, f"validator{i + 1}").peer_id_b58 for i in range(validators)
-            ]
+            keys = tuple(_node_key(root, f"validator{i + 1}").peer_id for i in range(validators))
         except OSError as exc:
             raise CommandError(f"--out {root}: cannot write the report directory ({exc.strerror or exc})") from None
-        manifest = manifest_from_table(table)
+        manifest = dataclasses.replace(manifest, validator_keys=keys)
+        run_text = manifest_to_toml(manifest)
+    elif run is None:
         run_text = manifest_to_toml(manifest)
     run_path = root / "run.toml"
     try:

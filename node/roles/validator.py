@@ -58,7 +58,7 @@ async def run(peer: Any, ctx: RoleContext) -> None:
 
     model, judge, settings, eos_ids = await trio.to_thread.run_sync(load, ctx, peer.manifest)
     send, receive = trio.open_memory_channel[Any](QUEUE)
-    counts = {"seen": 0, "sampled": 0, "passed": 0, "failed": 0, "queue_full": 0}
+    counts = {"seen": 0, "sampled": 0, "passed": 0, "failed": 0, "queue_full": 0, "unauthorized": 0}
     reasons: dict[str, int] = {}
 
     def on_deliver(item: Admitted) -> None:
@@ -91,8 +91,15 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                 break
         started = time.monotonic()
         verdicts = await trio.to_thread.run_sync(audit, batch)
+        authorized = peer.admission.authority.may_judge(peer.identity.peer_id)
+        if not authorized and not counts["unauthorized"]:
+            ctx.say("validator: this key is not in the run's validator_keys and holds no "
+                    "delegation: auditing, but not publishing verdicts nobody would count")
         for (ro, ticket), verdict in zip(batch, verdicts, strict=True):
-            await peer.publish_verdict(dataclasses.replace(verdict, sample_ticket=ticket))
+            if authorized:
+                await peer.publish_verdict(dataclasses.replace(verdict, sample_ticket=ticket))
+            else:
+                counts["unauthorized"] += 1
             if verdict.passed:
                 counts["passed"] += 1
             else:
