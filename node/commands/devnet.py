@@ -18,13 +18,13 @@ directory receives:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
