@@ -129,33 +129,97 @@ def write_records(fileobj: BinaryIO, records: Iterable[bytes]) -> int:
     return n
 
 
+@dataclass(frozen=True, slots=True)
+class StreamItem:
+    """One item of a record stream: its `record` bytes, or (record None) a `problem` with
+    a one-line `detail`. Problems: `stream-empty` (no bytes at all), `stream-truncated`
+    (the stream ends inside an item), `stream-garbage` (bytes that are not a msgpack
+    `bin`; reading stops there, nothing after it can be framed), `record-too-large` (a
+    `bin` longer than a record may be; skipped, reading goes on after it)."""
+
+    index: int
+    offset: int
+    record: bytes | None = None
+    problem: str = ""
+    detail: str = ""
+
+
+# msgpack bin headers: type byte -> width of the big-endian length that follows
+_BIN_LEN_BYTES = {0xC4: 1, 0xC5: 2, 0xC6: 4}
+_SKIP_CHUNK = 1 << 20
+
+
+def _read_exactly(fileobj: BinaryIO, n: int) -> bytes:
+    parts, left = [], n
+    while left:
+        part = fileobj.read(left)
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def _skip(fileobj: BinaryIO, n: int) -> int:
+    """Skip n bytes (reading in bounded chunks); returns how many were there."""
+    done = 0
+    while done < n:
+        part = fileobj.read(min(_SKIP_CHUNK, n - done))
+        if not part:
+            break
+        done += len(part)
+    return done
+
+
+def scan_records(fileobj: BinaryIO, max_bytes: int = RolloutRecord.MAX_BYTES) -> Iterator[StreamItem]:
+    """Every item of a msgpack record stream, in order, each a record or a problem (see
+    `StreamItem`); never raises on bad bytes and never holds more than one record (at most
+    `max_bytes`) in memory. An empty stream yields one `stream-empty` item."""
+    index = offset = 0
+    while True:
+        head = fileobj.read(1)
+        if not head:
+            if index == 0:
+                yield StreamItem(0, 0, problem="stream-empty", detail="no records: the file is empty")
+            return
+        width = _BIN_LEN_BYTES.get(head[0])
+        if width is None:
+            yield StreamItem(index, offset, problem="stream-garbage",
+                             detail=f"byte 0x{head[0]:02x} at offset {offset} does not start a record")
+            return
+        raw = _read_exactly(fileobj, width)
+        if len(raw) < width:
+            yield StreamItem(index, offset, problem="stream-truncated",
+                             detail=f"stream ends inside the header of item {index} at offset {offset}")
+            return
+        size = int.from_bytes(raw, "big")
+        if size > max_bytes:
+            got = _skip(fileobj, size)
+            if got < size:
+                yield StreamItem(index, offset, problem="stream-truncated",
+                                 detail=f"item {index} promises {size} bytes, the stream ends after {got}")
+                return
+            yield StreamItem(index, offset, problem="record-too-large",
+                             detail=f"item {index} is {size} bytes, a record is at most {max_bytes}")
+        else:
+            data = _read_exactly(fileobj, size)
+            if len(data) < size:
+                yield StreamItem(index, offset, problem="stream-truncated",
+                                 detail=f"item {index} promises {size} bytes, the stream ends after {len(data)}")
+                return
+            yield StreamItem(index, offset, record=data)
+        index += 1
+        offset += 1 + width + size
+
+
 def read_records(fileobj: BinaryIO) -> Iterator[bytes]:
     """Yield each record's bytes from a msgpack stream (not yet opened or checked).
 
-    Raises `DecodeError` when the stream holds anything but bounded `bin` items.
+    Raises `DecodeError` at the first problem `scan_records` finds (an empty stream is
+    no problem here: it holds zero records).
     """
-    unpacker = msgpack.Unpacker(
-        fileobj,
-        raw=False,
-        max_buffer_size=RolloutRecord.MAX_BYTES + 16,
-        max_bin_len=RolloutRecord.MAX_BYTES,
-        max_str_len=0,
-        max_array_len=0,
-        max_map_len=0,
-        max_ext_len=0,
-    )
-    start = fileobj.tell() if fileobj.seekable() else None
-    index = 0
-    while True:
-        try:
-            item = next(unpacker)
-        except StopIteration:
-            if start is not None and fileobj.seek(0, 2) != start + unpacker.tell():
-                raise DecodeError("RolloutStream", f"item {index}", "truncated") from None
-            return
-        except Exception as exc:
-            raise DecodeError("RolloutStream", f"item {index}", f"unreadable ({exc})") from None
-        if type(item) is not bytes:
-            raise DecodeError("RolloutStream", f"item {index}", "not a bin record")
-        yield item
-        index += 1
+    for item in scan_records(fileobj):
+        if item.record is not None:
+            yield item.record
+        elif item.problem != "stream-empty":
+            raise DecodeError("RolloutStream", f"item {item.index}", f"{item.problem}: {item.detail}")

@@ -43,6 +43,11 @@ from verify import checks, toploc
 from verify.thresholds import CALIBRATED, STRICT, THRESHOLDS, Thresholds
 
 DEFAULT_MAX_BATCH_TOKENS = 16_384
+# Per-record limit on prompt + completion tokens: a longer record fails (`too-large`)
+# before any prefill. What a record costs the auditor: one prefill of its tokens (batched
+# up to max_batch_tokens), hidden states [T, H] and float32 logits [T, V] for its T
+# completion tokens, so at most 4 * max_record_tokens * (H + V) bytes beyond the model.
+DEFAULT_MAX_RECORD_TOKENS = 8_192
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,7 @@ class AuditSettings:
     thresholds: Thresholds = STRICT  # for an fp32 prefill (and the reward tolerance)
     bf16_thresholds: Thresholds = THRESHOLDS  # for a bf16 prefill
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    max_record_tokens: int = DEFAULT_MAX_RECORD_TOKENS
     padding_side: str = "right"  # "left" uses explicit position ids (same result, up to noise)
     second_precision: bool = True  # re-check failing model checks at the other precision
     share_prompts: bool = True  # one prefill per distinct prompt (GRPO groups share one)
@@ -306,6 +312,8 @@ def cheap_checks(
     if not out[0].passed:
         return out
     ids = list(body.prompt_ids) + list(body.completion_ids)
+    if len(ids) > settings.max_record_tokens:
+        return [checks._fail("structure", "too-large", f"{len(ids)} tokens > the audit's limit of {settings.max_record_tokens} per record")]
     if max(ids) >= vocab:
         return [checks._fail("structure", "malformed", f"token id {max(ids)} outside the vocabulary of {vocab}")]
     out.append(checks.check_settings(body, settings.expected_settings))

@@ -7,9 +7,14 @@ line with `--json`. With a run manifest the task is re-derived and the reward re
 (`make_judge`), and the sampling and proof settings are the run's; without one those
 checks are skipped (said once on stderr).
 
-Exit status: 0 when every rollout passed, 1 when any failed (a record that cannot be
-opened counts as a failed rollout), 2 on usage and IO errors (missing or unreadable file,
-a file that is not a record stream, an unusable model directory or manifest).
+Exit status: 0 when every rollout passed, 1 when any failed, 2 on usage and IO errors
+(missing or unreadable file, an unusable model directory or manifest). A record that
+cannot be opened (`bad-record`) and every stream problem count as failed items with their
+own line and reason, and the other records of the file are still audited:
+`stream-empty` (an empty file), `stream-truncated` (the file ends inside a record),
+`stream-garbage` (bytes that are not a record; the rest of that file cannot be read),
+`record-too-large` (over `RolloutRecord.MAX_BYTES`, skipped unread). Per record, the
+audit enforces `AuditSettings.max_record_tokens` (reason `too-large`, before any prefill).
 """
 
 from __future__ import annotations
@@ -60,24 +65,24 @@ def make_judge(manifest: Any, tokenizer: Any) -> Callable[[Any], Any]:
     return judge
 
 
-def _load_records(files: Sequence[Path]) -> list[tuple[str, int, bytes]]:
-    from protocol.errors import RemoteProtocolError
-    from protocol.rollout import read_records
+def _load_records(files: Sequence[Path]) -> list[tuple[str, int, bytes | None, str, str]]:
+    """(file, index, record bytes or None, problem, detail) for every item of every file:
+    a stream problem (`protocol.rollout.scan_records`) is an item of its own that fails,
+    and the records around it are still audited."""
+    from protocol.rollout import scan_records
 
     out = []
     for path in files:
         try:
             with open(path, "rb") as f:
-                for i, rec in enumerate(read_records(f)):
-                    out.append((str(path), i, rec))
+                for item in scan_records(f):
+                    out.append((str(path), item.index, item.record, item.problem, item.detail))
         except FileNotFoundError:
             raise CommandError(f"{path}: no such file") from None
         except IsADirectoryError:
             raise CommandError(f"{path}: is a directory") from None
         except OSError as exc:
             raise CommandError(f"{path}: cannot read ({exc.strerror or exc})") from None
-        except RemoteProtocolError as exc:
-            raise CommandError(f"{path}: not a rollout record stream ({exc})") from None
     return out
 
 
@@ -132,15 +137,19 @@ def main(
 
     opened: list[tuple[int, Any]] = []
     lines: list[dict[str, Any] | None] = [None] * len(records)
-    for k, (name, i, rec) in enumerate(records):
+    for k, (name, i, rec, problem, detail) in enumerate(records):
+        if rec is None:
+            lines[k] = {"file": name, "index": i, "rollout_id": None, "passed": False,
+                        "reason": problem, "detail": detail}
+            continue
         try:
             opened.append((k, open_record(rec)))
         except RemoteProtocolError as exc:
             lines[k] = {"file": name, "index": i, "rollout_id": None, "passed": False,
-                        "reason": "bad-record", "detail": str(exc)}
+                        "reason": "bad-record", "detail": str(exc) or type(exc).__name__}
     results = audit_records([ro for _, ro in opened], lm, judge=judge, settings=settings)
     for (k, ro), res in zip(opened, results, strict=True):
-        name, i, _ = records[k]
+        name, i = records[k][:2]
         lines[k] = {
             "file": name,
             "index": i,
