@@ -44,11 +44,13 @@ from pathlib import Path
 
 import trio
 
-from node import rollout_exchange, sync_exchange
+from node import rollout_exchange, shard_exchange, sync_exchange
 from node.discovery import Discovery
 from node.gossip import TOPIC_KINDS, Outbox, topic_name
 from node.host import HostSettings, PeerError, PeerEvent, SwarmHost, open_host
 from node.store import RolloutRow, Store, StoreError, VerdictRow
+from node.weights_store import WeightsStore
+from node.weights_sync import WeightSettings, WeightSync
 from protocol import admission as adm
 from protocol import catch_up as cu
 from protocol.admission import (
@@ -69,6 +71,7 @@ from protocol.admission import (
     StoreFailed,
     Tick,
     Unban,
+    VersionChanged,
 )
 from protocol.codec import decode, encode
 from protocol.content_id import content_id
@@ -110,6 +113,7 @@ class PeerConfig:
     policy_version: int = 0
     host: HostSettings = field(default_factory=HostSettings)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    weights: WeightSettings = field(default_factory=WeightSettings)
 
 
 class SeqCounter:
@@ -142,7 +146,10 @@ class Peer:
     plus `host`, `store`, `admission`, `discovery`, `identity`, `manifest`.
     """
 
-    def __init__(self, cfg: PeerConfig, host: SwarmHost, store: Store, admission: Admission) -> None:
+    def __init__(
+        self, cfg: PeerConfig, host: SwarmHost, store: Store, admission: Admission,
+        weights_store: WeightsStore | None = None,
+    ) -> None:
         self.cfg = cfg
         self.manifest = cfg.manifest
         self.run_id = cfg.manifest.run_id
@@ -172,6 +179,11 @@ class Peer:
         self.topics = {name: topic_name(self.run_id, name) for name in TOPIC_KINDS}
         host.set_stream_handler(rollout_exchange.protocol_id(self.run_id), self._serve_rollouts)
         host.set_stream_handler(sync_exchange.protocol_id(self.run_id), self._serve_sync)
+        self.weights: WeightSync | None = None
+        if weights_store is not None:
+            self.weights = WeightSync(self, weights_store, cfg.weights)
+            host.set_stream_handler(shard_exchange.protocol_id(self.run_id), self.weights.serve)
+            self.on_deliver(self.weights.on_admitted)
         host.on_peer_event(self._on_peer_event)
 
     # -- public ---------------------------------------------------------------------------
@@ -227,6 +239,11 @@ class Peer:
         self._admit(self.host.peer_id, Kind.DELEGATION, data)  # applies to us as well
         await self.outbox.put(self.topics["delegations"], data)
         return content_id(data)
+    def set_policy_version(self, version: int) -> None:
+        """Our current policy version (the newest installed): staleness is judged from it."""
+        if version != self.policy_version:
+            self.policy_version = version
+            self._apply(self.admission.handle(VersionChanged(version, time.time())))
 
     def stats(self) -> dict[str, object]:
         return {
@@ -243,6 +260,7 @@ class Peer:
             "delivery": dict(self.delivery),
             "uptime_s": round(time.time() - self.started_at, 1),
             "rtt_ms_median": self._rtt_median_ms(),
+            "weights": self.weights.status() if self.weights is not None else None,
         }
 
     def _rtt_median_ms(self) -> float | None:
@@ -262,6 +280,8 @@ class Peer:
         self.counters["hellos"] += 1
         trainer = "trainer" in hello.roles
         self._catch_up(self.catch_up.handle(cu.PeerJoined(peer, time.time(), receipts_from=trainer)))
+        if self.weights is not None:
+            self.weights.on_hello(peer, hello.policy_version)
 
     def _on_peer_event(self, event: PeerEvent) -> None:
         self.counters[f"peer_{event.kind}"] += 1
@@ -630,7 +650,9 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
     `peer.bootstrap_results` holds (addr, ok, error) for each bootstrap address.
     """
     store = await trio.to_thread.run_sync(Store.open, cfg.data_dir)
+    weights_store = None
     try:
+        weights_store = await trio.to_thread.run_sync(WeightsStore.open, cfg.data_dir)
         now = time.time()
         records = await trio.to_thread.run_sync(store.load_peers)
         admission = Admission(
@@ -640,6 +662,7 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
         async with open_host(cfg.identity.private_bytes(), list(cfg.listen), cfg.host) as host:
             peer = Peer(cfg, host, store, admission)
             await _restore(peer, now)
+            peer = Peer(cfg, host, store, admission, weights_store)
             for rec in await trio.to_thread.run_sync(store.active_bans, now):
                 await host.ban(str(rec.peer), max(1.0, rec.banned_until - now), "ban kept from before restart")
             async with trio.open_nursery() as nursery:
@@ -654,6 +677,8 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
                 nursery.start_soon(peer._catch_up_loop)
                 for _ in range(PULL_WORKERS):
                     nursery.start_soon(peer._pull_loop)
+                if peer.weights is not None:
+                    nursery.start_soon(peer.weights.run)
                 if cfg.bootstrap:
                     peer.bootstrap_results = await peer.discovery.dial(list(cfg.bootstrap))
                 nursery.start_soon(peer.discovery.redial_loop)
@@ -667,6 +692,8 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
                     nursery.cancel_scope.cancel()
     finally:
         store.close()
+        if weights_store is not None:
+            weights_store.close()
 
 
 async def _restore(peer: Peer, now: float) -> None:

@@ -1,0 +1,189 @@
+"""The weight shard stream protocol `/swarm-rl/<run>/shard/1`: have-maps, manifests, shards.
+
+One request per stream (opening a Yamux stream is cheap), every frame length-prefixed by
+`node.host.FramedStream`, every read and write under the host's I/O deadline:
+
+    client -> server   request frame, msgpack array:
+                         ["have"]                     which manifests and shards do you hold
+                         ["manifest", id]             the signed manifest envelope `id`
+                         ["shard", id, index]         the bytes of one shard
+    server -> client   "have":     msgpack array of [manifest id (32 bytes), bitfield]
+                                   (bit i, LSB-first per byte, set = shard i held, verified)
+                       "manifest": the envelope bytes, or an empty frame
+                       "shard":    a header frame msgpack [size] (size -1: not held), then
+                                   the bytes in frames of at most CHUNK bytes
+
+The server only sends what it verified (the store holds nothing else) and paces every
+chunk through the node's `UploadLimiter`. The client trusts nothing: manifests go through
+admission, a shard's size and digest are checked by the caller against the signed
+manifest (`ShardFailed` here means a broken transfer: truncated, oversized, too slow).
+A request that is not one of the three forms costs the sender (`BadRequest`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+
+import msgpack
+
+from node.host import FramedStream, PeerError, SwarmHost
+from node.upload_limit import UploadLimiter
+from protocol.wire import MAX_SHARD_BYTES, WeightManifest
+
+CHUNK = 256 * 1024
+MAX_REQUEST_BYTES = 128
+MAX_HAVE_ENTRIES = 256
+MAX_HAVE_BYTES = MAX_HAVE_ENTRIES * (40 + 65_536 // 8)
+MAX_ENVELOPE_BYTES = WeightManifest.MAX_BYTES + 1024
+
+
+class BadRequest(PeerError):
+    """The client sent something that is not a shard-protocol request."""
+
+
+class ShardFailed(PeerError):
+    """A shard transfer broke: size mismatch, truncated, or refused."""
+
+
+def protocol_id(run_id: str) -> str:
+    return f"/swarm-rl/{run_id}/shard/1"
+
+
+def bitfield(indices: Iterable[int], n: int) -> bytes:
+    out = bytearray((n + 7) // 8)
+    for i in indices:
+        if 0 <= i < n:
+            out[i // 8] |= 1 << (i % 8)
+    return bytes(out)
+
+
+def from_bitfield(bits: bytes, n: int) -> set[int]:
+    return {i for i in range(min(n, len(bits) * 8)) if bits[i // 8] >> (i % 8) & 1}
+
+
+def decode_request(peer: str, data: bytes) -> list:  # type: ignore[type-arg]
+    try:
+        req = msgpack.unpackb(data, raw=False, max_bin_len=32, max_str_len=16, max_array_len=3)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise BadRequest(peer, f"shard request is not msgpack: {exc}") from None
+    ok = isinstance(req, list) and req and (
+        req == ["have"]
+        or (len(req) == 2 and req[0] == "manifest" and isinstance(req[1], bytes) and len(req[1]) == 32)
+        or (
+            len(req) == 3 and req[0] == "shard" and isinstance(req[1], bytes) and len(req[1]) == 32
+            and isinstance(req[2], int) and 0 <= req[2] < 65_536
+        )
+    )  # fmt: skip
+    if not ok:
+        raise BadRequest(peer, "not a shard request")
+    return req
+
+
+# -- server ---------------------------------------------------------------------------------
+
+HaveFn = Callable[[], Awaitable[list[tuple[bytes, bytes]]]]
+ManifestFn = Callable[[bytes], Awaitable[bytes | None]]
+ShardFn = Callable[[bytes, int], Awaitable[bytes | None]]
+
+
+async def serve(
+    stream: FramedStream, limiter: UploadLimiter, have: HaveFn, manifest: ManifestFn, shard: ShardFn
+) -> int:
+    """Answer one request; returns the shard bytes uploaded (0 for other requests)."""
+    try:
+        frame = await stream.receive(MAX_REQUEST_BYTES)
+    except PeerError:
+        return 0
+    req = decode_request(stream.peer, frame)
+    if req[0] == "have":
+        entries = (await have())[:MAX_HAVE_ENTRIES]
+        await stream.send(msgpack.packb([[m, b] for m, b in entries], use_bin_type=True))
+        return 0
+    if req[0] == "manifest":
+        await stream.send(await manifest(req[1]) or b"")
+        return 0
+    data = await shard(req[1], req[2])
+    if data is None:
+        await stream.send(msgpack.packb([-1]))
+        return 0
+    await stream.send(msgpack.packb([len(data)]))
+    view = memoryview(data)
+    for start in range(0, len(data), CHUNK):
+        piece = view[start : start + CHUNK]
+        await limiter.acquire(len(piece))
+        await stream.send(bytes(piece))
+    return len(data)
+
+
+# -- client ---------------------------------------------------------------------------------
+
+
+async def _request(host: SwarmHost, peer: str, run_id: str, req: list) -> FramedStream:  # type: ignore[type-arg]
+    stream = await host.open_stream(peer, protocol_id(run_id))
+    try:
+        await stream.send(msgpack.packb(req, use_bin_type=True))
+    except BaseException:
+        await stream.reset()
+        raise
+    return stream
+
+
+async def fetch_have(host: SwarmHost, peer: str, run_id: str) -> dict[bytes, bytes]:
+    """{manifest id: bitfield} announced by `peer` (unchecked beyond shape)."""
+    stream = await _request(host, peer, run_id, ["have"])
+    try:
+        raw = await stream.receive(MAX_HAVE_BYTES)
+    finally:
+        await stream.close()
+    try:
+        entries = msgpack.unpackb(raw, raw=False, max_array_len=MAX_HAVE_ENTRIES, max_str_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ShardFailed(peer, f"have-map is not msgpack: {exc}") from None
+    out: dict[bytes, bytes] = {}
+    for e in entries if isinstance(entries, list) else ():
+        if (
+            isinstance(e, list)
+            and len(e) == 2
+            and isinstance(e[0], bytes)
+            and len(e[0]) == 32
+            and isinstance(e[1], bytes)
+        ):
+            out[e[0]] = e[1]
+    return out
+
+
+async def fetch_manifest(
+    host: SwarmHost, peer: str, run_id: str, manifest_id: bytes
+) -> bytes | None:
+    stream = await _request(host, peer, run_id, ["manifest", manifest_id])
+    try:
+        return await stream.receive(MAX_ENVELOPE_BYTES) or None
+    finally:
+        await stream.close()
+
+
+async def fetch_shard(
+    host: SwarmHost, peer: str, run_id: str, manifest_id: bytes, index: int, size: int
+) -> bytes | None:
+    """The shard's bytes (exactly `size` of them, digest unchecked), or None if the peer
+    does not hold it. Raises `PeerError` subclasses on a broken or wrong-sized transfer."""
+    stream = await _request(host, peer, run_id, ["shard", manifest_id, index])
+    try:
+        head = msgpack.unpackb(await stream.receive(64))
+        if head == [-1]:
+            return None
+        if not (isinstance(head, list) and len(head) == 1 and isinstance(head[0], int)):
+            raise ShardFailed(peer, "bad shard header")
+        if head[0] != size or size > MAX_SHARD_BYTES:
+            raise ShardFailed(peer, f"shard of {head[0]} bytes announced, the manifest says {size}")
+        buf = bytearray()
+        while len(buf) < size:
+            piece = await stream.receive(min(CHUNK, size - len(buf)))
+            if not piece:
+                raise ShardFailed(peer, "empty chunk in a shard transfer")
+            buf += piece
+        return bytes(buf)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise ShardFailed(peer, f"bad shard header: {exc}") from None
+    finally:
+        await stream.close()

@@ -1,0 +1,267 @@
+"""The weights on disk: signed manifests, verified shards, installed policy versions.
+
+Layout under `<data dir>/weights/`:
+    weights.sqlite3           manifests (signed envelope bytes), verified shards, versions
+    parts/<manifest hex>/<i>  one verified shard of a manifest still being fetched (or of a
+                              delta patch, kept so we can serve it onward)
+    versions/<v>.safetensors  an installed version: the canonical checkpoint
+
+Rules: a shard is written only after its digest matched the signed manifest
+(`put_shard` checks again), as temp file + fsync + rename, then recorded in SQLite; so
+after a crash or restart every recorded shard is a verified one and is never fetched
+again (`have(manifest)`). An install writes the resulting checkpoint to a temporary file,
+fsyncs it, checks its digest against the manifest's `file_digest`, then renames it into
+place and records it: a version that is listed is complete and verified, and a failed
+install (bad patch, wrong base, disk full) leaves the previous versions as they were.
+
+Threads: one SQLite connection behind a lock; every method blocks (disk, hashing), so call
+them from trio with `trio.to_thread.run_sync`. Errors: `WeightsError` (a
+`node.errors.CommandError`) with a one-line message; a full disk says so.
+
+Public API
+----------
+`WeightsStore.open(data_dir)`, `close()`
+Manifests: `put_manifest(manifest_id, manifest, envelope)`, `manifest(id)`,
+    `manifests() -> list[(id, WeightManifest)]`, `envelope(id)`
+Shards: `have(id) -> set[int]`, `put_shard(id, index, data)`, `read_shard(id, index)`
+Versions: `installed() -> dict[version, digest]`, `version_path(v)`, `read_version(v)`,
+    `install_full(id)`, `install_delta(id)`, `install_bytes(version, data, digest)`,
+    `prune(keep)` (drops other versions and manifests of dropped versions)
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from node.errors import CommandError
+from protocol.codec import decode, encode
+from protocol.content_id import content_id
+from protocol.wire import WeightManifest
+from trainer.checkpoint import weights_digest
+from trainer.delta import PatchError, apply_patch
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS manifests (
+    id BLOB PRIMARY KEY, version INTEGER NOT NULL, kind TEXT NOT NULL,
+    manifest BLOB NOT NULL, envelope BLOB NOT NULL, received_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS shards (
+    manifest_id BLOB NOT NULL, idx INTEGER NOT NULL, PRIMARY KEY (manifest_id, idx));
+CREATE TABLE IF NOT EXISTS versions (
+    version INTEGER PRIMARY KEY, digest BLOB NOT NULL, size INTEGER NOT NULL,
+    installed_at REAL NOT NULL);
+"""
+
+
+class WeightsError(CommandError):
+    """A weights store failure (disk, database, a bad install); one line."""
+
+
+def _fsync_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically: temp file, fsync, rename, fsync the directory."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno == errno.ENOSPC:
+            raise WeightsError(f"disk full while writing {path.name} in {path.parent}") from None
+        raise WeightsError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+class WeightsStore:
+    """See the module docstring."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        try:
+            (root / "parts").mkdir(parents=True, exist_ok=True)
+            (root / "versions").mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(root / "weights.sqlite3", check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise WeightsError(f"cannot open the weights store in {root}: {exc}") from None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, data_dir: Path) -> WeightsStore:
+        return cls(Path(data_dir) / "weights")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _exec(self, sql: str, args: tuple = ()) -> list[tuple]:  # type: ignore[type-arg]
+        try:
+            with self._lock, self._db:
+                return self._db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise WeightsError(f"weights store: {exc}") from None
+
+    # -- manifests --------------------------------------------------------------------------
+
+    def put_manifest(self, manifest_id: bytes, manifest: WeightManifest, envelope: bytes) -> bool:
+        """Remember an admitted, signed manifest; False if it was known."""
+        rows = self._exec("SELECT 1 FROM manifests WHERE id=?", (manifest_id,))
+        if rows:
+            return False
+        self._exec(
+            "INSERT OR IGNORE INTO manifests VALUES (?,?,?,?,?,?)",
+            (manifest_id, manifest.version, manifest.kind, encode(manifest), envelope, time.time()),
+        )
+        return True
+
+    def manifest(self, manifest_id: bytes) -> WeightManifest | None:
+        rows = self._exec("SELECT manifest FROM manifests WHERE id=?", (manifest_id,))
+        return decode(WeightManifest, rows[0][0]) if rows else None
+
+    def manifests(self) -> list[tuple[bytes, WeightManifest]]:
+        rows = self._exec("SELECT id, manifest FROM manifests ORDER BY version, kind")
+        return [(bytes(i), decode(WeightManifest, m)) for i, m in rows]
+
+    def envelope(self, manifest_id: bytes) -> bytes | None:
+        rows = self._exec("SELECT envelope FROM manifests WHERE id=?", (manifest_id,))
+        return bytes(rows[0][0]) if rows else None
+
+    # -- shards -----------------------------------------------------------------------------
+
+    def _part(self, manifest_id: bytes, index: int) -> Path:
+        return self.root / "parts" / manifest_id.hex() / str(index)
+
+    def have(self, manifest_id: bytes) -> set[int]:
+        """Indices of verified shards held for a manifest (all of them once installed)."""
+        m = self.manifest(manifest_id)
+        if m is None:
+            return set()
+        if m.kind == "full" and self._installed_digest(m.version) == m.file_digest:
+            return set(range(len(m.shards)))
+        rows = self._exec("SELECT idx FROM shards WHERE manifest_id=?", (manifest_id,))
+        return {i for (i,) in rows if self._part(manifest_id, i).exists()}
+
+    def put_shard(self, manifest_id: bytes, index: int, data: bytes) -> None:
+        """Store a shard that matches its signed digest (`ValueError` if it does not)."""
+        m = self.manifest(manifest_id)
+        if m is None or not 0 <= index < len(m.shards):
+            raise ValueError("shard of an unknown manifest")
+        info = m.shards[index]
+        if len(data) != info.size or content_id(data) != info.digest:
+            raise ValueError("shard does not match its digest")
+        path = self._part(manifest_id, index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _fsync_write(path, data)
+        self._exec("INSERT OR IGNORE INTO shards VALUES (?,?)", (manifest_id, index))
+
+    def read_shard(self, manifest_id: bytes, index: int) -> bytes | None:
+        """A verified shard's bytes, or None if we do not hold it."""
+        m = self.manifest(manifest_id)
+        if m is None or not 0 <= index < len(m.shards):
+            return None
+        info = m.shards[index]
+        if m.kind == "full" and self._installed_digest(m.version) == m.file_digest:
+            try:
+                with open(self.version_path(m.version), "rb") as fh:
+                    fh.seek(info.offset)
+                    return fh.read(info.size)
+            except OSError:
+                return None
+        if index not in self.have(manifest_id):
+            return None
+        try:
+            return self._part(manifest_id, index).read_bytes()
+        except OSError:
+            return None
+
+    def _payload(self, manifest_id: bytes, m: WeightManifest) -> bytes:
+        missing = set(range(len(m.shards))) - self.have(manifest_id)
+        if missing:
+            raise WeightsError(f"manifest of version {m.version}: {len(missing)} shards missing")
+        return b"".join(self._part(manifest_id, i).read_bytes() for i in range(len(m.shards)))
+
+    # -- versions ---------------------------------------------------------------------------
+
+    def version_path(self, version: int) -> Path:
+        return self.root / "versions" / f"{version}.safetensors"
+
+    def installed(self) -> dict[int, bytes]:
+        return {v: bytes(d) for v, d in self._exec("SELECT version, digest FROM versions")}
+
+    def _installed_digest(self, version: int) -> bytes | None:
+        rows = self._exec("SELECT digest FROM versions WHERE version=?", (version,))
+        return bytes(rows[0][0]) if rows else None
+
+    def read_version(self, version: int) -> bytes:
+        try:
+            return self.version_path(version).read_bytes()
+        except OSError as exc:
+            raise WeightsError(f"version {version} is not readable: {exc.strerror}") from None
+
+    def install_bytes(self, version: int, data: bytes, digest: bytes) -> None:
+        """Install a checkpoint as `version` if its digest is `digest` (atomic)."""
+        if weights_digest(data) != digest:
+            raise WeightsError(f"version {version}: the weights do not match the signed digest")
+        if self._installed_digest(version) == digest:
+            return
+        _fsync_write(self.version_path(version), data)
+        self._exec(
+            "INSERT OR REPLACE INTO versions VALUES (?,?,?,?)",
+            (version, digest, len(data), time.time()),
+        )
+
+    def install_full(self, manifest_id: bytes) -> int:
+        m = self._need(manifest_id, "full")
+        data = self._payload(manifest_id, m)
+        self.install_bytes(m.version, data, m.file_digest)
+        shutil.rmtree(self.root / "parts" / manifest_id.hex(), ignore_errors=True)
+        self._exec("DELETE FROM shards WHERE manifest_id=?", (manifest_id,))
+        return m.version
+
+    def install_delta(self, manifest_id: bytes) -> int:
+        m = self._need(manifest_id, "delta")
+        if self._installed_digest(m.base_version) != m.base_digest:
+            raise WeightsError(
+                f"patch to version {m.version}: base version {m.base_version} not installed"
+            )
+        patch = self._payload(manifest_id, m)
+        try:
+            data = apply_patch(self.read_version(m.base_version), patch)
+        except PatchError as exc:
+            raise WeightsError(f"patch to version {m.version}: {exc}") from None
+        self.install_bytes(m.version, data, m.file_digest)
+        return m.version
+
+    def _need(self, manifest_id: bytes, kind: str) -> WeightManifest:
+        m = self.manifest(manifest_id)
+        if m is None or m.kind != kind:
+            raise WeightsError(f"no {kind} manifest {manifest_id.hex()[:16]}")
+        return m
+
+    def prune(self, keep: set[int]) -> list[int]:
+        """Drop installed versions not in `keep`, and manifests of versions below them."""
+        dropped = [v for v in self.installed() if v not in keep]
+        for v in dropped:
+            self._exec("DELETE FROM versions WHERE version=?", (v,))
+            self.version_path(v).unlink(missing_ok=True)
+        if keep:
+            floor = min(keep)
+            for mid, m in self.manifests():
+                if m.version < floor:
+                    self._exec("DELETE FROM manifests WHERE id=?", (mid,))
+                    self._exec("DELETE FROM shards WHERE manifest_id=?", (mid,))
+                    shutil.rmtree(self.root / "parts" / mid.hex(), ignore_errors=True)
+        return dropped

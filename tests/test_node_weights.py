@@ -1,0 +1,265 @@
+"""Weight broadcast between real peers (py-libp2p on loopback, in one trio process):
+publish, swarm fetch, delta install, bad input of each kind named in issue 8."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+
+from node.bench._records import net_manifest
+from node.peer import PeerConfig, open_peer
+from node.weights_store import WeightsError, WeightsStore
+from node.weights_sync import WeightSettings
+from protocol.envelope import seal
+from protocol.identity import Identity
+from trainer.checkpoint import canonical_bytes, weights_digest
+from trainer.export import full_manifest
+
+pytestmark = pytest.mark.network
+
+SHARD = 64 * 1024
+
+
+def ckpt(seed: int, n: int = 256 * 1024, change: float = 0.0, base_seed: int = 0) -> bytes:
+    """A canonical checkpoint of 4 tensors (`n` float32 values in all)."""
+    rng = np.random.default_rng(base_seed)
+    w = rng.standard_normal(n).astype(np.float32)
+    if change:
+        r = np.random.default_rng(seed)
+        m = r.random(n) < change
+        w = np.where(m, w + 1e-2, w).astype(np.float32)
+    q = n // 4
+    return canonical_bytes(
+        {f"t{i}": ("F32", (q // 64, 64), w[i * q : (i + 1) * q].tobytes()) for i in range(4)}
+    )
+
+
+def settings(**kw) -> WeightSettings:  # type: ignore[no-untyped-def]
+    base = dict(shard_bytes=SHARD, have_poll_s=0.2, idle_poll_s=1.0)
+    base.update(kw)
+    return WeightSettings(**base)
+
+
+def cfg(tmp: Path, name: str, manifest, identity=None, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
+    weights = kw.pop("weights", settings())
+    return PeerConfig(
+        manifest=manifest,
+        identity=identity or Identity.generate(),
+        data_dir=tmp / name,
+        roles=("relay",),
+        weights=weights,
+        **kw,
+    )
+
+
+async def until(what: str, check, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    with trio.move_on_after(timeout):
+        while not check():
+            await trio.sleep(0.05)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def run_manifest(name: str, trainer: Identity):  # type: ignore[no-untyped-def]
+    return dataclasses.replace(net_manifest(name), trainer_keys=(trainer.peer_id,), max_staleness=1)
+
+
+async def test_publish_reaches_peers_then_patches_install(tmp_path: Path) -> None:
+    trainer = Identity.generate()
+    manifest = run_manifest("wb", trainer)
+    v0 = ckpt(0)
+    async with open_peer(cfg(tmp_path, "t", manifest, trainer)) as t:
+        boot = (t.host.listen_addrs()[0],)
+        async with (
+            open_peer(cfg(tmp_path, "a", manifest, bootstrap=boot)) as a,
+            open_peer(cfg(tmp_path, "b", manifest, bootstrap=boot)) as b,
+        ):
+            assert await t.weights.publish(v0) == 0
+            await until(
+                "v0 everywhere", lambda: a.weights.newest() == 0 and b.weights.newest() == 0
+            )
+            assert a.weights.store.read_version(0) == v0
+            full_bytes = a.weights.counters["bytes_downloaded"]
+            assert full_bytes >= len(v0)
+            v1 = ckpt(1, change=0.01)
+            assert await t.weights.publish(v1) == 1
+            await until(
+                "v1 everywhere", lambda: a.weights.newest() == 1 and b.weights.newest() == 1
+            )
+            assert b.weights.store.read_version(1) == v1
+            assert a.policy_version == 1 and a.admission.version == 1
+            delta_bytes = a.weights.counters["bytes_downloaded"] - full_bytes
+            assert delta_bytes < len(v1) / 5  # the patch, not the full version
+            v2 = ckpt(2, change=0.01)
+            await t.weights.publish(v2)
+            await until("v2", lambda: a.weights.newest() == 2)
+            assert sorted(a.weights.installed()) == [0, 1, 2]  # S + 1 = 2 kept, plus snapshot 0
+            st = a.stats()["weights"]
+            assert st["installed"] == [0, 1, 2] and st["download"] is None
+
+
+async def test_joiner_fetches_manifests_from_have_maps(tmp_path: Path) -> None:
+    trainer = Identity.generate()
+    manifest = run_manifest("join", trainer)
+    async with open_peer(cfg(tmp_path, "t", manifest, trainer)) as t:
+        await t.weights.publish(ckpt(0))
+        await t.weights.publish(ckpt(1, change=0.01))
+        async with open_peer(
+            cfg(tmp_path, "j", manifest, bootstrap=(t.host.listen_addrs()[0],))
+        ) as j:
+            await until("the joiner installs v1", lambda: j.weights.newest() == 1)
+            assert j.weights.store.read_version(1) == ckpt(1, change=0.01)
+            assert 0 not in j.weights.installed()  # fewest bytes: the full v1, no chain
+
+
+async def test_manifest_from_a_non_trainer_key_is_refused(tmp_path: Path) -> None:
+    trainer, mallory = Identity.generate(), Identity.generate()
+    manifest = run_manifest("unauth", trainer)
+    async with open_peer(cfg(tmp_path, "m", manifest, mallory)) as m:
+        async with open_peer(
+            cfg(tmp_path, "a", manifest, bootstrap=(m.host.listen_addrs()[0],))
+        ) as a:
+            with pytest.raises(WeightsError, match="trainer_keys"):
+                await m.weights.publish(ckpt(0))
+            env = seal(
+                mallory,
+                full_manifest(3, ckpt(0), max_shard_bytes=SHARD),
+                run_id="unauth",
+                policy_version=3,
+                seq=m.seq.next(),
+                timestamp_ms=int(trio.current_time() * 0) or _now_ms(),
+            )
+            await m.host.wait_for_topic_peers(m.topics["weights"], 1, 10)
+            await m.host.publish(m.topics["weights"], env)
+            await until("a rejects it", lambda: a.rejects.get("unauthorized", 0) >= 1)
+            assert a.weights.target == 0 and a.weights.newest() is None
+            assert a.admission.scores.score(m.host.peer_id, _now_ms() / 1000) < 0
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+async def test_bad_and_truncated_shards_are_fetched_elsewhere(tmp_path: Path) -> None:
+    trainer = Identity.generate()
+    manifest = run_manifest("bad", trainer)
+    v0 = ckpt(0)
+    async with open_peer(
+        cfg(tmp_path, "t", manifest, trainer, weights=settings(upload_limit_mib_s=2))
+    ) as t:
+        await t.weights.publish(v0)
+        boot = (t.host.listen_addrs()[0],)
+        async with open_peer(cfg(tmp_path, "liar", manifest, bootstrap=boot)) as liar:
+            await until("liar has v0", lambda: liar.weights.newest() == 0)
+            real = liar.weights.store.read_shard
+            calls = {"n": 0}
+
+            def corrupt(mid: bytes, index: int) -> bytes | None:
+                data = real(mid, index)
+                calls["n"] += 1
+                if data is None:
+                    return None
+                if calls["n"] % 2:
+                    return bytes([data[0] ^ 1]) + data[1:]  # flipped bit: fails the digest
+                return data[: len(data) // 2]  # truncated
+
+            liar.weights.store.read_shard = corrupt  # type: ignore[method-assign]
+            async with open_peer(
+                cfg(tmp_path, "a", manifest, bootstrap=(liar.host.listen_addrs()[0], *boot))
+            ) as a:
+                await until("a installs v0", lambda: a.weights.newest() == 0)
+                assert a.weights.store.read_version(0) == v0
+                c = a.weights.counters
+                assert calls["n"] >= 1
+                assert c.get("bad_shards_received", 0) + c.get("shard_fetch_failed", 0) >= 1
+                if c.get("bad_shards_received"):
+                    assert a.admission.scores.score(liar.host.peer_id, _now_ms() / 1000) < 0
+
+
+async def test_oversized_manifest_refused_before_download(tmp_path: Path) -> None:
+    trainer = Identity.generate()
+    manifest = run_manifest("big", trainer)
+    async with open_peer(cfg(tmp_path, "t", manifest, trainer)) as t:
+        small = settings(max_version_bytes=100_000)
+        async with open_peer(
+            cfg(tmp_path, "a", manifest, weights=small, bootstrap=(t.host.listen_addrs()[0],))
+        ) as a:
+            await t.host.wait_for_topic_peers(t.topics["weights"], 1, 10)
+            await t.weights.publish(ckpt(0))
+            await until("refused", lambda: a.weights.counters.get("refused_oversized", 0) >= 1)
+            await trio.sleep(0.5)
+            assert a.weights.counters.get("bytes_downloaded", 0) == 0
+            assert "over the limit" in (a.weights.status()["error"] or "")
+
+
+async def test_restart_mid_download_resumes_without_refetching(tmp_path: Path) -> None:
+    trainer = Identity.generate()
+    manifest = run_manifest("resume", trainer)
+    v0 = ckpt(0, n=512 * 1024)  # 2 MiB, 32 shards; the trainer uploads 1 MiB/s
+    async with open_peer(
+        cfg(tmp_path, "t", manifest, trainer, weights=settings(upload_limit_mib_s=1))
+    ) as t:
+        await t.weights.publish(v0)
+        boot = (t.host.listen_addrs()[0],)
+        acfg = cfg(tmp_path, "a", manifest, bootstrap=boot)
+        async with open_peer(acfg) as a:
+            await until("some shards", lambda: a.weights.counters.get("shards_verified", 0) >= 4)
+            assert a.weights.newest() is None
+        first = a.weights.counters["shards_verified"]  # counted until the peer stopped
+        assert first < 32
+        async with open_peer(acfg) as a2:
+            await until("installed after restart", lambda: a2.weights.newest() == 0)
+            second = a2.weights.counters.get("shards_verified", 0)
+            n_shards = len(full_manifest(0, v0, max_shard_bytes=SHARD).shards)
+            assert first + second == n_shards  # no verified shard fetched twice
+            assert a2.weights.store.read_version(0) == v0
+
+
+async def test_disk_full_keeps_the_previous_version(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    trainer = Identity.generate()
+    manifest = run_manifest("full", trainer)
+    async with open_peer(cfg(tmp_path, "t", manifest, trainer)) as t:
+        await t.weights.publish(ckpt(0))
+        async with open_peer(
+            cfg(tmp_path, "a", manifest, bootstrap=(t.host.listen_addrs()[0],))
+        ) as a:
+            await until("v0", lambda: a.weights.newest() == 0)
+
+            def full_disk(*_a, **_k):  # type: ignore[no-untyped-def]
+                raise WeightsError("disk full while writing 1.safetensors")
+
+            monkeypatch.setattr(a.weights.store, "install_bytes", full_disk)
+            await t.weights.publish(ckpt(1, change=0.01))
+            await until("install failed", lambda: a.weights.counters.get("install_failed", 0) >= 1)
+            assert a.weights.newest() == 0 and a.policy_version == 0
+            assert "disk full" in a.weights.status()["error"]
+            monkeypatch.undo()
+            await until("v1 after space came back", lambda: a.weights.newest() == 1, timeout=30)
+
+
+def test_store_refuses_a_patch_on_the_wrong_base_and_a_foreign_shard(tmp_path: Path) -> None:
+    from protocol.content_id import content_id
+    from trainer.export import export_version
+
+    store = WeightsStore.open(tmp_path)
+    a, b, other = ckpt(0), ckpt(1, change=0.01), ckpt(5, base_seed=9)
+    store.install_bytes(0, other, weights_digest(other))  # our v0 is different weights
+    delta = export_version(1, b, parent=(0, a), max_shard_bytes=SHARD)[1]
+    mid = content_id(b"delta")
+    store.put_manifest(mid, delta.manifest, b"env")
+    for s in delta.manifest.shards:
+        store.put_shard(mid, s.index, delta.payload[s.offset : s.offset + s.size])
+    with pytest.raises(WeightsError, match="base version 0 not installed"):
+        store.install_delta(mid)
+    with pytest.raises(ValueError, match="digest"):
+        store.put_shard(mid, 0, b"x" * delta.manifest.shards[0].size)  # a shard of another manifest
+    with pytest.raises(WeightsError, match="signed digest"):
+        store.install_bytes(1, a, weights_digest(b))
+    assert sorted(store.installed()) == [0]
+    store.close()
