@@ -59,7 +59,7 @@ from node import shard_exchange
 from node.host import PeerError
 from node.upload_limit import UploadLimiter
 from node.weights_store import WeightsError, WeightsStore
-from protocol.admission import Admitted, Kind, Misbehaved
+from protocol.admission import Admitted, Kind
 from protocol.content_id import content_id
 from protocol.envelope import seal
 from protocol.shard_schedule import Cancel, DropPeer, Request, ScheduleConfig, ShardScheduler
@@ -304,7 +304,7 @@ class WeightSync:
             self._bump("shards_served")
 
     def _misbehaved(self, peer: str, penalty: float, why: str) -> None:
-        self.peer._apply(self.peer.admission.handle(Misbehaved(peer, penalty, why, time.time())))
+        self.peer.report(peer, penalty, why)
 
     # -- the download loop -------------------------------------------------------------------
 
