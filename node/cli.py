@@ -117,17 +117,23 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
 
 @cli.command()
 @click.option(
-    "--role", required=True, type=click.Choice(["inference", "trainer", "validator", "relay"])
+    "--role",
+    type=click.Choice(["inference", "trainer", "validator", "relay"]),
+    help="What this node does (or node.role in --config; default inference).",
 )
 @click.option(
-    "--run", "run", required=True, type=click.Path(path_type=Path), help="Run manifest TOML."
+    "--run", "run", type=click.Path(path_type=Path), help="Run manifest TOML (or node.run)."
 )
-@click.option("--key", required=True, type=click.Path(path_type=Path), help="Identity key file.")
+@click.option("--key", type=click.Path(path_type=Path), help="Identity key file (or node.key).")
 @click.option("--listen", multiple=True, help="Multiaddr to listen on (repeatable).")
 @click.option(
     "--bootstrap", multiple=True, help="Multiaddr of a peer, ending in /p2p/<id> (repeatable)."
 )
-@click.option("--data-dir", type=click.Path(path_type=Path), help="Store, caches, status file.")
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    help="This node's directory: store, status file, models/ (default <data root>/nodes/...).",
+)
 @click.option("--model", help="Model directory or builtin:tiny (default: the manifest's model).")
 @click.option("--config", type=click.Path(path_type=Path), help="Node configuration TOML.")
 @click.option("--batch-size", type=int, help="Inference batch size.")
@@ -190,20 +196,31 @@ def sim() -> None:
     type=click.Path(path_type=Path),
     help="Run manifest: re-derive tasks and re-score rewards.",
 )
+@click.option("--data-dir", help="Data directory holding the built-in policy (init-model's).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per rollout.")
 @_one_line_errors
-def audit(files: tuple[Path, ...], model: str, manifest: Path | None, as_json: bool) -> None:
+def audit(
+    files: tuple[Path, ...], model: str, manifest: Path | None, data_dir: str | None, as_json: bool
+) -> None:
     """Audit rollout records: proofs, sampling replay, log-probs, termination, reward.
 
     Exit status 0 when every rollout passed, 1 when any failed, 2 on usage or IO errors.
     """
     from node.commands import audit as cmd
 
-    sys.exit(cmd.main(files=list(files), model=model, as_json=as_json, manifest=manifest))
+    sys.exit(
+        cmd.main(
+            files=list(files), model=model, as_json=as_json, manifest=manifest, data_dir=data_dir
+        )
+    )
 
 
 @cli.command()
-@click.option("--data-dir", type=click.Path(path_type=Path), help="The node's data directory.")
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    help="The node's directory (default: the one node under <data root>/nodes/).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_one_line_errors
 def status(data_dir: Path | None, as_json: bool) -> None:

@@ -1,6 +1,8 @@
 """Node configuration: one TOML file, overridden by command-line flags, validated as a table.
 
-Every key is declared once in `NODE_KEYS` with its type, default and allowed values. Errors
+Every key is declared once in `NODE_KEYS` with its type, default and allowed values.
+Paths in the file (`PATH_KEYS`) are relative to the file; an empty `node.data_dir` means
+the default (`node.paths`). Errors
 name the bad key and what is allowed: `network.io_timeout_s: expected a number in
 (0, 600], got 'soon'`. Unknown sections and keys are errors too (a typo must not be
 silently ignored). The run manifest has its own loader, `node.run_file`.
@@ -87,10 +89,10 @@ def default_data_dir() -> str:
 
 NODE_KEYS: tuple[Key, ...] = (
     Key("node.role", "inference", choice(*ROLES), " | ".join(ROLES), "what this process does"),
-    Key("node.key", "", text, "a path", "identity key file (swarm-node keygen)"),
-    Key("node.run", "", text, "a path", "run manifest TOML"),
-    Key("node.data_dir", "", text, "a path", "where the store and caches live"),
-    Key("node.model", "", text, "a path or empty", "Hugging Face model directory"),
+    Key("node.key", "", text, "a path", "identity key file (swarm-node keygen); required"),
+    Key("node.run", "", text, "a path", "run manifest TOML; required"),
+    Key("node.data_dir", "", text, "a path", "this node's directory (see node.paths)"),
+    Key("node.model", "", text, "a path or empty", "model directory (default: the run's)"),
     Key(
         "node.listen",
         ("/ip4/127.0.0.1/tcp/0",),
@@ -114,6 +116,9 @@ NODE_KEYS: tuple[Key, ...] = (
     Key("inference.batch_size", 8, integer(1, 4096), "an integer in [1, 4096]"),
     Key("validator.audit_fraction", 0.25, number(0, 1), "a number in [0, 1]"),
 )
+
+
+PATH_KEYS = ("node.key", "node.run", "node.data_dir", "node.model")
 
 
 class Config(Mapping[str, Any]):
@@ -168,6 +173,10 @@ def load_config(path: Path | None = None, overrides: Mapping[str, Any] | None = 
     raw: dict[str, Any] = {}
     if path is not None:
         raw.update(_flatten(read_toml(path, "config file"), str(path)))
+        for name in PATH_KEYS:  # paths in the file are relative to the file
+            value = raw.get(name)
+            if isinstance(value, str) and value and not value.startswith("builtin:"):
+                raw[name] = str((path.parent / Path(value).expanduser()).resolve())
     for name, value in (overrides or {}).items():
         if value is not None:
             raw[name] = value
@@ -184,8 +193,6 @@ def load_config(path: Path | None = None, overrides: Mapping[str, Any] | None = 
             raise CommandError(f"{name}: expected {key.allowed}, got {value!r}") from None
     for key in NODE_KEYS:
         values.setdefault(key.name, key.default)
-    if not values["node.data_dir"]:
-        values["node.data_dir"] = default_data_dir()
     if values["network.heartbeat_timeout_s"] <= values["network.heartbeat_interval_s"]:
         raise CommandError(
             "network.heartbeat_timeout_s: expected more than network.heartbeat_interval_s"

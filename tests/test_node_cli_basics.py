@@ -111,7 +111,7 @@ def test_config_defaults_file_and_flag_override(tmp_path):
     assert cfg["node.role"] == "validator"
     assert cfg["network.io_timeout_s"] == 4.5
     assert cfg["network.dial_timeout_s"] == 10.0
-    assert cfg["node.data_dir"]
+    assert cfg["node.data_dir"] == ""  # the default: node.paths decides
 
 
 @pytest.mark.parametrize(

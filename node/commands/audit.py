@@ -1,4 +1,4 @@
-"""`swarm-node audit FILE... --model DIR [--manifest RUN.toml] [--json]`.
+"""`swarm-node audit FILE... [--model DIR] [--run RUN.toml] [--data-dir D] [--json]`.
 
 Reads rollout record files (msgpack streams, `protocol.rollout.read_records`), opens each
 record (signature, body digest), audits them all against the model with one batched
@@ -86,18 +86,11 @@ def _load_records(files: Sequence[Path]) -> list[tuple[str, int, bytes | None, s
     return out
 
 
-def _load_model(model_dir: str) -> tuple[Any, Any]:
+def _load_model(model_dir: str, data_dir: str | None) -> tuple[Any, Any]:
+    from node.paths import resolve_model
     from trainer.model_dir import ModelDirError, load_model_dir
 
-    path: str | Path = model_dir
-    if model_dir.startswith("builtin:"):
-        from trainer.tiny_policy import BUILTIN_MODEL, is_built, policy_dir
-
-        if model_dir != BUILTIN_MODEL:
-            raise CommandError(f"unknown built-in model {model_dir!r} (have {BUILTIN_MODEL})")
-        path = policy_dir()
-        if not is_built(Path(path)):
-            raise CommandError("the built-in policy is not built yet: run `swarm-node init-model`")
+    path = resolve_model(model_dir, model_dir, data_dir)
     try:
         return load_model_dir(path)
     except ModelDirError as exc:
@@ -110,6 +103,7 @@ def main(
     as_json: bool = False,
     manifest: str | Path | None = None,
     out: Any = None,
+    data_dir: str | None = None,
 ) -> int:
     """Run the audit; returns the exit status (0 all passed, 1 any failed). Usage and IO
     problems raise `CommandError` (exit status 2)."""
@@ -126,14 +120,14 @@ def main(
         from node.run_file import load_run_manifest
 
         run = load_run_manifest(Path(manifest))
-    lm, tokenizer = _load_model(model)
+    lm, tokenizer = _load_model(model, data_dir)
     settings = AuditSettings()
     judge = None
     if run is not None:
         settings = AuditSettings(chunk=run.proof_chunk, topk=run.proof_topk, expected_settings=run)
         judge = make_judge(run, tokenizer)
     else:
-        print("swarm-node audit: no --manifest: task, reward and run settings not checked", file=sys.stderr)
+        print("swarm-node audit: no --run: task, reward and run settings not checked", file=sys.stderr)
 
     opened: list[tuple[int, Any]] = []
     lines: list[dict[str, Any] | None] = [None] * len(records)

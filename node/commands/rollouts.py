@@ -28,22 +28,10 @@ def _say(msg: str) -> None:
 
 
 def resolve_model(model: str | None, manifest_model: str, data_dir: str | None) -> Path:
-    """`--model` (a directory or `builtin:tiny`), else the manifest's model, as a directory."""
-    from trainer import tiny_policy
+    """See `node.paths.resolve_model` (kept here for callers of this module)."""
+    from node.paths import resolve_model as resolve
 
-    name = model or manifest_model
-    if name == tiny_policy.BUILTIN_MODEL or name.startswith("builtin:"):
-        if name != tiny_policy.BUILTIN_MODEL:
-            raise CommandError(
-                f"unknown built-in model {name!r} (known: {tiny_policy.BUILTIN_MODEL})"
-            )
-        path = tiny_policy.policy_dir(data_dir)
-        if not tiny_policy.is_built(path):
-            raise CommandError(
-                f"the built-in policy is not built yet in {path.parent.parent}; run: swarm-node init-model"
-            )
-        return path
-    return Path(name).expanduser()
+    return resolve(model, manifest_model, data_dir)
 
 
 def load_engine(path: Path, *, batch_size: int, threads: int | None) -> Any:

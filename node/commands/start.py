@@ -83,9 +83,9 @@ def write_status(data_dir: Path, status: dict[str, Any]) -> None:
 
 def main(
     *,
-    role: str,
-    run: Path | str,
-    key: Path | str,
+    role: str | None = None,
+    run: Path | str | None = None,
+    key: Path | str | None = None,
     listen: Sequence[str] = (),
     bootstrap: Sequence[str] = (),
     data_dir: Path | str | None = None,
@@ -98,17 +98,23 @@ def main(
     threads: int | None = 1,
     log_level: str | None = None,
 ) -> None:
-    """Run a node until SIGINT/SIGTERM or `duration` seconds; see the module docstring."""
+    """Run a node until SIGINT/SIGTERM or `duration` seconds; see the module docstring.
+    Flags override the config file; paths resolve as `node.paths` says."""
     from node.config import ROLES, load_config
     from node.keyfile import read_key
+    from node.paths import node_dir, required_path
     from node.run_file import load_run_manifest
 
-    if role not in ROLES:
+    if role is not None and role not in ROLES:
         raise CommandError(f"--role must be one of {', '.join(ROLES)}, got {role!r}")
     cfg = load_config(
         Path(config) if config else None,
         {
             "node.role": role,
+            "node.key": str(key) if key else None,
+            "node.run": str(run) if run else None,
+            "node.model": model,
+            "node.data_dir": str(data_dir) if data_dir else None,
             "node.listen": list(listen) or None,
             "node.bootstrap": list(bootstrap) or None,
             "node.log_level": log_level,
@@ -116,6 +122,7 @@ def main(
             "validator.audit_fraction": audit_fraction,
         },
     )
+    role = cfg["node.role"]
     if duration is not None and not duration > 0:
         raise CommandError(f"--duration must be positive, got {duration}")
     if max_rollouts is not None and max_rollouts < 1:
@@ -134,13 +141,13 @@ def main(
         logging.getLogger(noisy).setLevel(quiet)
     listen_addrs = _check_addrs(cfg["node.listen"], "--listen", need_peer=False)
     boot = _check_addrs(cfg["node.bootstrap"], "--bootstrap", need_peer=True)
-    manifest = load_run_manifest(Path(run))
-    identity = read_key(Path(key))
-    ddir = Path(data_dir) if data_dir else Path(cfg["node.data_dir"]) / "nodes" / f"{identity.peer_id_b58[-12:]}-{role}"
+    manifest = load_run_manifest(required_path(None, cfg["node.run"], "--run", "node.run"))
+    identity = read_key(required_path(None, cfg["node.key"], "--key", "node.key"))
+    ddir = node_dir(cfg["node.data_dir"], identity.peer_id_b58, role)
     from node.roles import RoleContext, check_local
 
     ctx = RoleContext(
-        model=model, batch_size=cfg["inference.batch_size"], threads=threads,
+        model=cfg["node.model"] or None, models_dir=str(ddir), batch_size=cfg["inference.batch_size"], threads=threads,
         audit_fraction=cfg["validator.audit_fraction"], max_rollouts=max_rollouts,
         data_dir=ddir, say=lambda m: _say(f"  {m}"),
     )

@@ -14,7 +14,6 @@ from typing import Any
 
 import click
 
-from node.config import default_data_dir
 from node.errors import CommandError
 from node.store import DB_FILENAME, Store
 
@@ -70,8 +69,26 @@ def _peer_text(peer: bytes | str) -> str:
     return peer
 
 
+def _find(data_dir: Path | None) -> Path:
+    """The node directory to show: the one given, else the only one under the data root."""
+    from node.paths import data_root, find_node_dirs
+
+    if data_dir:
+        return Path(data_dir).expanduser()
+    root = data_root()
+    found = find_node_dirs(root)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise CommandError(f"no node store under {root} (give the node's --data-dir)")
+    raise CommandError(
+        f"{len(found)} nodes under {root / 'nodes'}; give one with --data-dir: "
+        + ", ".join(p.name for p in found)
+    )
+
+
 def main(data_dir: Path | None, as_json: bool) -> None:
-    data_dir = Path(data_dir or default_data_dir()).expanduser()
+    data_dir = _find(data_dir)
     status = collect(data_dir)
     if as_json:
         click.echo(json.dumps(status))

@@ -1,0 +1,81 @@
+"""Where things are: one resolution of data directory, key, run file and model for every
+command (`start`, `rollouts`, `audit`, `status`, `init-model`).
+
+- The data root holds the model cache (`<root>/models/`) and, by default, each node's own
+  directory (`<root>/nodes/<peer id tail>-<role>/`). It is `--data-dir`, else
+  `$SWARM_NODE_DATA`, else `~/.cache/swarm-node`.
+- `start --data-dir D` (or `node.data_dir` in the config file) is that node's own
+  directory; a model is looked for under `D/models/` first, then under the default root,
+  so `init-model --data-dir D` followed by any command with `--data-dir D` finds it.
+- Key and run file come from the flag, else from the config file (paths there are
+  relative to the config file); a missing one names both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from node.errors import CommandError
+
+
+def data_root(value: str | Path | None = None) -> Path:
+    """`value` if given, else $SWARM_NODE_DATA, else ~/.cache/swarm-node."""
+    from trainer.tiny_policy import default_data_dir
+
+    return default_data_dir(value)
+
+
+def model_roots(data_dir: str | Path | None) -> list[Path]:
+    """Where a built-in model may be cached, in search order (no duplicates)."""
+    roots = [data_root(data_dir)] if data_dir else []
+    default = data_root()
+    if default not in roots:
+        roots.append(default)
+    return roots
+
+
+def resolve_model(model: str | None, manifest_model: str, data_dir: str | Path | None) -> Path:
+    """`--model` (a directory or `builtin:tiny`), else the manifest's model, as a directory.
+    Built-in models are looked for under each of `model_roots(data_dir)`."""
+    from trainer import tiny_policy
+
+    name = model or manifest_model
+    if not name.startswith("builtin:"):
+        return Path(name).expanduser()
+    if name != tiny_policy.BUILTIN_MODEL:
+        raise CommandError(f"unknown built-in model {name!r} (known: {tiny_policy.BUILTIN_MODEL})")
+    roots = model_roots(data_dir)
+    for root in roots:
+        path = tiny_policy.policy_dir(root)
+        if tiny_policy.is_built(path):
+            return path
+    where = " or ".join(str(r) for r in roots)
+    hint = f" --data-dir {roots[0]}" if data_dir else ""
+    raise CommandError(f"the built-in policy is not built yet in {where}; run: swarm-node init-model{hint}")
+
+
+def required_path(flag_value: str | Path | None, cfg_value: str, flag: str, key: str) -> Path:
+    """The flag's path, else the config file's; neither: a one-line error naming both."""
+    value = flag_value or cfg_value
+    if not value:
+        raise CommandError(f"{flag} is required (or {key} in the --config file)")
+    return Path(value).expanduser()
+
+
+def node_dir(data_dir: str | Path | None, peer_id_b58: str, role: str) -> Path:
+    """A node's own directory: the one given, else `<data root>/nodes/<id tail>-<role>`."""
+    if data_dir:
+        return Path(data_dir).expanduser()
+    return data_root() / "nodes" / f"{peer_id_b58[-12:]}-{role}"
+
+
+def find_node_dirs(root: Path) -> list[Path]:
+    """Node directories holding a store: `root` itself, or those under `root/nodes/`."""
+    from node.store import DB_FILENAME
+
+    if (root / DB_FILENAME).is_file():
+        return [root]
+    nodes = root / "nodes"
+    if not nodes.is_dir():
+        return []
+    return sorted(p for p in nodes.iterdir() if (p / DB_FILENAME).is_file())
