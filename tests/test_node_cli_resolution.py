@@ -98,10 +98,10 @@ def test_audit_takes_data_dir_and_names_the_run_flag(tmp_path: Path):
     (data / "models").mkdir(parents=True)
     (data / "models" / built.name).symlink_to(built)  # as `init-model --data-dir data` leaves it
     records = tmp_path / "none.msgpack"
-    records.write_bytes(b"")
+    records.write_bytes(b"")  # an empty stream: a failed record, not a usage error
     env = {"SWARM_NODE_DATA": str(tmp_path / "empty")}
     missing = cli("audit", str(records), env=env)
     assert missing.returncode == 2 and "init-model" in missing.stderr
     found = cli("audit", str(records), "--data-dir", str(data), env=env)
-    assert found.returncode == 0, found.stderr
+    assert found.returncode != 2 and "init-model" not in found.stderr, found.stderr  # model found
     assert "no --run" in found.stderr and "--manifest" not in found.stderr
