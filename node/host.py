@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import inspect
 import logging
 import math
 import secrets
@@ -277,7 +278,7 @@ class FramedStream:
 
 
 StreamHandler = Callable[[FramedStream], Awaitable[None]]
-Validator = Callable[[str, bytes], bool]
+Validator = Callable[[str, bytes], bool] | Callable[[str, bytes], Awaitable[bool]]
 
 
 # ---------------------------------------------------------------------------------------
@@ -725,18 +726,29 @@ class SwarmHost:
         """Join `topic`; returns a channel of other peers' messages.
 
         `validator(forwarder, data) -> bool` runs before a message is delivered or
-        forwarded (GossipSub topic validation): a False stops it at this hop.
+        forwarded (GossipSub topic validation): a False stops it at this hop. It may be a
+        coroutine function (e.g. one that stores the message before it may be forwarded);
+        GossipSub gives it 5 s, then drops the message.
         """
         self._check_open()
         if validator is not None:
             self._validators[topic] = validator
+            if inspect.iscoroutinefunction(validator):
 
-            def check(forwarder: ID, msg: Any) -> bool:
-                if forwarder == self._lh.get_id():
-                    return True
-                return validator(forwarder.to_base58(), bytes(msg.data))
+                async def check_async(forwarder: ID, msg: Any) -> bool:
+                    if forwarder == self._lh.get_id():
+                        return True
+                    return bool(await validator(forwarder.to_base58(), bytes(msg.data)))
 
-            self._pubsub.set_topic_validator(topic, check, False)
+                self._pubsub.set_topic_validator(topic, check_async, True)
+            else:
+
+                def check(forwarder: ID, msg: Any) -> bool:
+                    if forwarder == self._lh.get_id():
+                        return True
+                    return bool(validator(forwarder.to_base58(), bytes(msg.data)))
+
+                self._pubsub.set_topic_validator(topic, check, False)
         subscription = await self._pubsub.subscribe(topic)
         send, receive = trio.open_memory_channel[GossipMessage](SUBSCRIPTION_QUEUE)
         assert self._nursery is not None

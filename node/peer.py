@@ -3,10 +3,14 @@
 This is the IO shell around `protocol.admission`: bytes arrive (a gossip message through
 the GossipSub topic validator, or a record pulled over `/swarm-rl/<run>/rollout/1`), go in
 as `MessageReceived(sender, kind, data, now)`, and the returned actions are carried out
-here: `Store` -> `node.store.Store` (in a worker thread: every write is an fsync),
-`Forward` -> the validator answers True so GossipSub forwards it, `Deliver` -> the role's
-callbacks, `Reject` -> counters and the ledger, `Disconnect`/`Ban`/`Unban` -> the host
-(bans are persisted and reloaded at start, so they survive a restart).
+here by one pump (`Peer._execute`), in the order admission returned them: `Store` ->
+`node.store.Store` (batched with other peers' items in a worker thread, one fsync per
+batch) and *awaited*, so nothing is forwarded or delivered before it is durable; if the
+write fails, `StoreFailed` goes back to admission and the rest of that list is skipped;
+`Forward` -> the (async) GossipSub validator answers True so GossipSub forwards it,
+`Deliver` -> the role's callbacks, `Reject` -> counters and the ledger,
+`Disconnect`/`Ban`/`Unban` -> the host (bans are persisted and reloaded at start, so they
+survive a restart). Roles report misbehaviour through `Peer.report`.
 
 Flow of a rollout: the producer stores its record (`produce()`, acknowledged once the
 fsync returned), then gossips the signed header on the run's rollouts topic (paced by the
@@ -38,7 +42,7 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,6 +99,7 @@ DELIVERY_CHECK_S = 5.0
 AGENT = "swarm-node/0.1.0"
 BAD_REQUEST_PENALTY = -10.0
 MAX_SERVE_STREAMS_PER_PEER = 4
+STORE_WAIT_S = 4.0  # under py-libp2p's 5 s limit on an async topic validator
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,15 @@ class SeqCounter:
 
 
 @dataclass
+class _Write:
+    """One admitted item on its way to the store; `done` is set with `ok` when written."""
+
+    item: Admitted
+    done: trio.Event = field(default_factory=trio.Event)
+    ok: bool = False
+
+
+@dataclass
 class _Pull:
     rollout_id: bytes
     sources: list[str]
@@ -165,7 +179,7 @@ class Peer:
         self.bootstrap_results: list[tuple[str, bool, str]] = []
         self.started_at = time.time()
         self._callbacks: list[Callable[[Admitted], None]] = []
-        self._admitted_send, self._admitted_recv = trio.open_memory_channel[tuple[Admitted, bool, bool]](ADMITTED_QUEUE)
+        self._admitted_send, self._admitted_recv = trio.open_memory_channel[_Write](ADMITTED_QUEUE)
         self._pull_send, self._pull_recv = trio.open_memory_channel[_Pull](PULL_QUEUE)
         self._ledger_send, self._ledger_recv = trio.open_memory_channel[tuple[Reject, float]](ADMITTED_QUEUE)
         self._nursery: trio.Nursery | None = None
@@ -236,7 +250,7 @@ class Peer:
     async def publish_delegation(self, validator: bytes, granted: bool) -> bytes:
         """Grant (or revoke) `validator` the right to judge; only a trainer key's counts."""
         data = self.seal(Delegation(validator=validator, granted=granted))
-        self._admit(self.host.peer_id, Kind.DELEGATION, data)  # applies to us as well
+        await self._admit(self.host.peer_id, Kind.DELEGATION, data)  # applies to us as well
         await self.outbox.put(self.topics["delegations"], data)
         return content_id(data)
     def set_policy_version(self, version: int) -> None:
@@ -293,55 +307,79 @@ class Peer:
 
     # -- admission glue -------------------------------------------------------------------
 
-    def _validator(self, kind: Kind) -> Callable[[str, bytes], bool]:
-        def check(sender: str, data: bytes) -> bool:
-            return self._admit(sender, kind, data)
+    def _validator(self, kind: Kind) -> Callable[[str, bytes], Awaitable[bool]]:
+        async def check(sender: str, data: bytes) -> bool:
+            return await self._admit(sender, kind, data)
 
         return check
 
-    def _admit(self, sender: str, kind: Kind, data: bytes) -> bool:
-        return self._admit_actions(sender, kind, data)[0]
+    async def _admit(self, sender: str, kind: Kind, data: bytes) -> bool:
+        return (await self._admit_actions(sender, kind, data))[0]
 
-    def _admit_actions(self, sender: str, kind: Kind, data: bytes) -> tuple[bool, list]:  # type: ignore[type-arg]
+    async def _admit_actions(self, sender: str, kind: Kind, data: bytes) -> tuple[bool, list]:  # type: ignore[type-arg]
         now = time.time()
         self.counters[f"in_{kind}"] += 1
         actions = self.admission.handle(MessageReceived(sender, kind, data, now))
-        return self._apply(actions), actions
+        return await self._execute(actions), actions
 
-    def _apply(self, actions: list) -> bool:  # type: ignore[type-arg]
-        """Carry out admission's actions; True when the message was admitted."""
+    async def _execute(self, actions: list) -> bool:  # type: ignore[type-arg]
+        """The one pump: carry out admission's actions in order; True when admitted.
+
+        A `Store` is awaited (bounded by `STORE_WAIT_S`) before the next action runs, so a
+        message is forwarded and delivered only once it is durable; a failed store goes
+        back to admission (`StoreFailed`) and the rest of the list is skipped.
+        """
         admitted = False
-        store_item: Admitted | None = None
-        deliver = False
+        for action in actions:
+            if isinstance(action, adm.Store):
+                if not await self._store(action.item):
+                    self.admission.handle(StoreFailed(action.item, time.time()))
+                    return False
+            elif isinstance(action, Forward):
+                admitted = True
+            elif isinstance(action, Deliver):
+                admitted = True
+                self._deliver(action.item)
+            else:
+                self._apply((action,))
+        return admitted
+
+    def _apply(self, actions: Iterable[adm.Action]) -> None:
+        """Carry out control actions (rejects, disconnects, bans); these never store."""
         for action in actions:
             if isinstance(action, Reject):
                 self.rejects[str(action.reason)] += 1
                 if action.penalty < 0:
                     with contextlib.suppress(trio.WouldBlock):
                         self._ledger_send.send_nowait((action, time.time()))
-            elif isinstance(action, Forward):
-                admitted = True
-            elif isinstance(action, Deliver):
-                admitted = True
-                deliver = True
-                store_item = store_item or action.item
             elif isinstance(action, Disconnect):
                 self._spawn(self.host.disconnect, action.peer, f"admission: {action.reason}")
             elif isinstance(action, Ban):
                 self._spawn(self._ban, action)
             elif isinstance(action, Unban):
                 self.host.unban(str(action.peer))
-            elif isinstance(action, adm.Store):
-                store_item = action.item
-        if store_item is not None:
-            has_store = any(isinstance(a, adm.Store) for a in actions)
-            try:
-                self._admitted_send.send_nowait((store_item, has_store, deliver))
-            except trio.WouldBlock:
-                self.admission.handle(StoreFailed(store_item, time.time()))
-                self.counters["overloaded_drops"] += 1
-                return False
-        return admitted
+            else:
+                raise AssertionError(f"{type(action).__name__} needs the pump (_execute)")
+
+    async def _store(self, item: Admitted) -> bool:
+        """Hand `item` to the batched writer and wait until it is written (or not)."""
+        w = _Write(item)
+        try:
+            self._admitted_send.send_nowait(w)
+        except trio.WouldBlock:
+            self.counters["overloaded_drops"] += 1
+            return False
+        with trio.move_on_after(STORE_WAIT_S):
+            await w.done.wait()
+        if not w.ok:
+            self.counters["store_failed"] += 1
+        return w.ok
+
+    def _deliver(self, item: Admitted) -> None:
+        if item.kind is Kind.ROLLOUT_HEADER and self.cfg.pull_bodies:
+            self._want(item.content_id, [_b58(item.signer), str(item.sender)])
+        for callback in list(self._callbacks):
+            callback(item)
 
     def _spawn(self, fn: Callable, *args: object) -> None:  # type: ignore[type-arg]
         if self._nursery is None or self.host._closing:
@@ -357,7 +395,8 @@ class Peer:
     # -- loops ----------------------------------------------------------------------------
 
     async def _process_loop(self) -> None:
-        """Store admitted items (batched, off the loop), then deliver and schedule pulls."""
+        """The batched writer: store admitted items (one transaction, off the loop), then
+        wake each item's pump (`_store`)."""
         own = self.identity.peer_id
         while True:
             batch = [await self._admitted_recv.receive()]
@@ -367,38 +406,29 @@ class Peer:
                 except trio.WouldBlock:
                     break
 
-            def write(items: list[tuple[Admitted, bool, bool]] = batch) -> list[bool]:
+            def write(items: list[_Write] = batch) -> list[bool]:
                 """One transaction (one fsync) for the batch; item by item if it fails."""
-                to_store = [item for item, store, _ in items if store]
                 try:
-                    if to_store:
-                        self.store.put_admitted_many(to_store, own_peer=own)
+                    self.store.put_admitted_many([w.item for w in items], own_peer=own)
                     return [True] * len(items)
                 except (StoreError, ValueError) as exc:
                     log.warning("batch store failed (%s); storing one by one", exc)
                 ok = []
-                for item, store, _ in items:
+                for w in items:
                     try:
-                        if store:
-                            self.store.put_admitted(item, own_peer=own)
+                        self.store.put_admitted(w.item, own_peer=own)
                         ok.append(True)
                     except (StoreError, ValueError) as exc:
-                        log.warning("store failed for %s: %s", item.kind, exc)
+                        log.warning("store failed for %s: %s", w.item.kind, exc)
                         ok.append(False)
                 return ok
 
             results = await trio.to_thread.run_sync(write)
-            for (item, _, deliver), ok in zip(batch, results, strict=True):
-                if not ok:
-                    self.admission.handle(StoreFailed(item, time.time()))
-                    self.counters["store_failed"] += 1
-                    continue
-                self.counters[f"stored_{item.kind}"] += 1
-                if item.kind is Kind.ROLLOUT_HEADER and self.cfg.pull_bodies:
-                    self._want(item.content_id, [_b58(item.signer), str(item.sender)])
-                if deliver:
-                    for callback in list(self._callbacks):
-                        callback(item)
+            for w, ok in zip(batch, results, strict=True):
+                if ok:
+                    self.counters[f"stored_{w.item.kind}"] += 1
+                w.ok = ok
+                w.done.set()
 
     def _want(self, rollout_id: bytes, sources: list[str]) -> None:
         """Queue a body pull (once per id while it is queued or running)."""
@@ -448,34 +478,37 @@ class Peer:
             log.info("pull from %s failed: %s", source[:12], exc)
             self.counters["pull_errors"] += 1
             records = [None] * len(pulls)
-        for p, rec in zip(pulls, records, strict=True):
-            if rec is not None and _record_id(rec) != p.rollout_id:
-                # Not what we asked for (a re-signed copy, another rollout): the source pays.
-                self.counters["pull_wrong_record"] += 1
-                self.report(source, BAD_REQUEST_PENALTY, "served another rollout than asked")
-                rec = None
-            if rec is not None:
-                self.counters["pulled"] += 1
-                admitted, actions = self._admit_actions(source, Kind.ROLLOUT_RECORD, rec)
-                if admitted or any(
-                    isinstance(a, Reject) and a.reason == "duplicate" for a in actions
-                ):
-                    self._pulling.discard(p.rollout_id)
-                    continue
-                # A bad body from this source (it paid for it in score): try another one.
-            p.attempts += 1
-            if p.attempts >= PULL_ATTEMPTS:
-                self.counters["pull_gave_up"] += 1  # the header stays: retried at restart
+        async with trio.open_nursery() as nursery:  # stores of one batch share fsyncs
+            for p, rec in zip(pulls, records, strict=True):
+                nursery.start_soon(self._take_pulled, source, p, rec)
+
+    async def _take_pulled(self, source: str, p: _Pull, rec: bytes | None) -> None:
+        """Admit one pulled record (or note the miss) and schedule a retry if needed."""
+        if rec is not None and _record_id(rec) != p.rollout_id:
+            # Not what we asked for (a re-signed copy, another rollout): the source pays.
+            self.counters["pull_wrong_record"] += 1
+            self.report(source, BAD_REQUEST_PENALTY, "served another rollout than asked")
+            rec = None
+        if rec is not None:
+            self.counters["pulled"] += 1
+            admitted, actions = await self._admit_actions(source, Kind.ROLLOUT_RECORD, rec)
+            if admitted or any(isinstance(a, Reject) and a.reason == "duplicate" for a in actions):
                 self._pulling.discard(p.rollout_id)
-                continue
-            # Rotate sources and retry later (the forwarder may not have the body yet);
-            # after the announcers, any connected peer may hold it (relays, trainers).
-            p.sources = p.sources[1:] + p.sources[:1]
-            if p.attempts == 2:
-                others = [x for x in self.host.connected_peers() if x not in p.sources]
-                random.shuffle(others)
-                p.sources += others[:3]
-            self._spawn(self._retry_pull, p)
+                return
+            # A bad body from this source (it paid for it in score): try another one.
+        p.attempts += 1
+        if p.attempts >= PULL_ATTEMPTS:
+            self.counters["pull_gave_up"] += 1  # the header stays: retried at restart
+            self._pulling.discard(p.rollout_id)
+            return
+        # Rotate sources and retry later (the forwarder may not have the body yet);
+        # after the announcers, any connected peer may hold it (relays, trainers).
+        p.sources = p.sources[1:] + p.sources[:1]
+        if p.attempts == 2:
+            others = [x for x in self.host.connected_peers() if x not in p.sources]
+            random.shuffle(others)
+            p.sources += others[:3]
+        self._spawn(self._retry_pull, p)
 
     async def _retry_pull(self, p: _Pull) -> None:
         await trio.sleep(min(8.0, PULL_RETRY_S * 2 ** (p.attempts - 1)))
