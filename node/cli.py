@@ -216,6 +216,27 @@ def audit(
 
 
 @cli.command()
+@click.argument("files", nargs=-1, type=click.Path(path_type=Path))
+@click.option(
+    "--run", "run", required=True, type=click.Path(path_type=Path), help="Run manifest TOML."
+)
+@click.option("--model", help="Model directory or builtin:tiny (default: the manifest's model).")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    help="Versions (v<N>/) and checkpoint (ckpt/) go here (default ./train-out).",
+)
+@click.option("--data-dir", help="Where the built-in policy is cached.")
+@click.option("--threads", default=1, show_default=True, type=int, help="Torch CPU threads.")
+@_one_line_errors
+def train(files: tuple[Path, ...], **kwargs: Any) -> None:
+    """Train on rollout record files offline with the run's loss and loop (debugging, tests)."""
+    from node.commands import train as cmd
+
+    cmd.main(files=list(files), **kwargs)
+
+
+@cli.command()
 @click.option(
     "--data-dir",
     type=click.Path(path_type=Path),

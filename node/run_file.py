@@ -23,6 +23,17 @@ top_k = 0                   # 0 = off
 chunk = 32
 topk = 128
 
+[rl]                        # the trainer's loss and loop (trainer/loss.py has the math)
+advantage = "mean"          # "mean": r - mean(r); "std": (r - mean) / (std + eps)
+aggregation = "token"       # "token" mean over the batch, or "sequence" mean of means
+clip_low = 0.2              # PPO clip band [1 - clip_low, 1 + clip_high]
+clip_high = 0.28
+is_bound = 2.0              # truncated importance weight min(pi_old / pi_sampler, C); 0 = off
+kl_coef = 0.0               # weight of the KL to the starting policy; 0 = none
+lr = 0.0003                 # AdamW learning rate
+groups_per_step = 16        # groups of group_size rollouts per optimiser step
+publish_every = 64          # verified groups trained on per published version
+
 [[datasets]]
 name = "basic_arithmetic"
 weight = 1
@@ -63,8 +74,19 @@ FIELDS: dict[str, tuple[str, str, Any]] = {
     "top_k": ("sampling", "top_k", 0),
     "proof_chunk": ("proofs", "chunk", 32),
     "proof_topk": ("proofs", "topk", 128),
+    "rl_advantage": ("rl", "advantage", "mean"),
+    "rl_aggregation": ("rl", "aggregation", "token"),
+    "rl_clip_low": ("rl", "clip_low", 0.2),
+    "rl_clip_high": ("rl", "clip_high", 0.28),
+    "rl_is_bound": ("rl", "is_bound", 2.0),
+    "rl_kl_coef": ("rl", "kl_coef", 0.0),
+    "rl_lr": ("rl", "lr", 3e-4),
+    "rl_groups_per_step": ("rl", "groups_per_step", 16),
+    "rl_publish_every": ("rl", "publish_every", 64),
 }
-SECTIONS = {"run", "sampling", "proofs", "datasets"}
+FLOAT_FIELDS = {"temperature", "top_p", "rl_clip_low", "rl_clip_high", "rl_is_bound"}
+FLOAT_FIELDS |= {"rl_kl_coef", "rl_lr"}
+SECTIONS = {"run", "sampling", "proofs", "rl", "datasets"}
 
 
 def _key_of(field: str) -> str:
@@ -81,7 +103,7 @@ def manifest_from_table(table: dict[str, Any], source: str = "run manifest") -> 
             raise CommandError(
                 f"{source}: unknown section [{section}]; allowed: {', '.join(sorted(SECTIONS))}"
             )
-    for section in ("run", "sampling", "proofs"):
+    for section in ("run", "sampling", "proofs", "rl"):
         if not isinstance(table.get(section, {}), dict):
             raise CommandError(f"{source}: '{section}' must be a table [{section}]")
         known = {key for s, key, _ in FIELDS.values() if s == section}
@@ -95,7 +117,7 @@ def manifest_from_table(table: dict[str, Any], source: str = "run manifest") -> 
         value = table.get(section, {}).get(key, default)
         if value is REQUIRED:
             raise CommandError(f"{source}: missing required key {section}.{key}")
-        if field in ("temperature", "top_p") and type(value) is int:
+        if field in FLOAT_FIELDS and type(value) is int:
             value = float(value)
         kwargs[field] = value
     try:
@@ -173,6 +195,17 @@ def manifest_to_toml(m: RunManifest) -> str:
         "[proofs]",
         f"chunk = {m.proof_chunk}",
         f"topk = {m.proof_topk}",
+        "",
+        "[rl]",
+        f'advantage = "{m.rl_advantage}"',
+        f'aggregation = "{m.rl_aggregation}"',
+        f"clip_low = {m.rl_clip_low!r}",
+        f"clip_high = {m.rl_clip_high!r}",
+        f"is_bound = {m.rl_is_bound!r}",
+        f"kl_coef = {m.rl_kl_coef!r}",
+        f"lr = {m.rl_lr!r}",
+        f"groups_per_step = {m.rl_groups_per_step}",
+        f"publish_every = {m.rl_publish_every}",
     ]
     for d in m.datasets:
         lines += ["", "[[datasets]]", f'name = "{d.name}"', f"weight = {d.weight}"]

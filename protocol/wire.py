@@ -80,6 +80,16 @@ class RunManifest(WireObject):
     # Trust (who may judge, how many must agree; see protocol.authority, protocol.verified).
     validator_keys: tuple[bytes, ...] = spec(ListOf(PeerId(), 64), default=())
     verdict_quorum: int = spec(Int(1, 64), default=1)
+    # RL settings (trainer.loss, trainer.train_loop), TOML section [rl]; kept together.
+    rl_advantage: str = spec(Str(8, choices=("mean", "std")), default="mean")
+    rl_aggregation: str = spec(Str(8, choices=("token", "sequence")), default="token")
+    rl_clip_low: float = spec(Float(0.0, 0.99), default=0.2)
+    rl_clip_high: float = spec(Float(0.0, 10.0), default=0.28)
+    rl_is_bound: float = spec(Float(0.0, 1000.0), default=2.0)  # 0 = no importance correction
+    rl_kl_coef: float = spec(Float(0.0, 100.0), default=0.0)
+    rl_lr: float = spec(Float(1e-9, 1.0), default=3e-4)
+    rl_groups_per_step: int = spec(Int(1, 4096), default=16)
+    rl_publish_every: int = spec(Int(1, 1_000_000), default=64)  # verified groups per version
 
 
 @wire("rollout_header", schema=1, max_bytes=2 * KiB)

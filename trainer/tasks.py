@@ -102,6 +102,11 @@ PRESETS: dict[str, TaskSource] = {
             (("min_terms", 2), ("max_terms", 2), ("min_digits", 1), ("max_digits", 1)),
         ),
         TaskSource(
+            "tiny-chain-sum-4",
+            "chain_sum",
+            (("min_terms", 4), ("max_terms", 4), ("min_digits", 1), ("max_digits", 1)),
+        ),
+        TaskSource(
             "tiny-products",
             "products",
             (("min_terms", 2), ("max_terms", 2), ("min_digits", 1), ("max_digits", 1)),

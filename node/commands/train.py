@@ -1,0 +1,90 @@
+"""`swarm-node train --run RUN.toml ROLLOUTS... [--out DIR]`: the trainer's loop, offline.
+
+Reads rollout record files in order, opens each record (signature, body digest), re-scores
+it from its task (`trainer.samples.Rescorer`), queues it (`trainer.train_loop.Trainer`,
+staleness bound from the manifest) and steps whenever `groups_per_step` groups are ready.
+Each version the run's cadence produces is written as an ordinary model directory
+`OUT/v<N>/`; the checkpoint (`OUT/ckpt/`) makes a second invocation continue at the last
+version rather than reuse a number. Prints one JSON summary line (admitted, refused by
+reason, steps, versions, throughput).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from node.errors import CommandError
+
+
+def main(
+    *,
+    run: Path,
+    files: list[Path],
+    model: str | None = None,
+    out: Path | None = None,
+    data_dir: str | None = None,
+    threads: int = 1,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    from node.commands.rollouts import resolve_model
+    from node.run_file import load_run_manifest
+    from protocol.errors import RemoteProtocolError
+    from protocol.rollout import open_record, read_records
+    from trainer.engine_hf import torch_threads
+    from trainer.model_dir import ModelDirError, load_model_dir, save_model_dir
+    from trainer.samples import Refused, Rescorer
+    from trainer.train_loop import Trainer
+
+    if not files:
+        raise CommandError("train: give at least one rollout record file", exit_code=2)
+    manifest = load_run_manifest(run)
+    path = resolve_model(model, manifest.model, data_dir)
+    try:
+        net, tokenizer = load_model_dir(path)
+    except ModelDirError as exc:
+        raise CommandError(str(exc)) from None
+    out = out or Path("train-out")
+
+    def publish(version: int, m: Any) -> None:
+        save_model_dir(m, tokenizer, out / f"v{version}")
+
+    trainer = Trainer.from_manifest(
+        net, tokenizer, manifest, ckpt_dir=out / "ckpt", publish=publish
+    )
+    rescorer = Rescorer(manifest, tokenizer)
+    admitted = 0
+    with torch_threads(threads):
+        for f in files:
+            try:
+                with open(f, "rb") as fh:
+                    for data in read_records(fh):
+                        try:
+                            sample = rescorer.sample(open_record(data))
+                        except RemoteProtocolError:
+                            trainer.refused["unreadable"] += 1
+                            continue
+                        except Refused as exc:
+                            trainer.refused[exc.reason] += 1
+                            continue
+                        if trainer.add(sample) is None:
+                            admitted += 1
+                        stats = trainer.step()
+                        if stats is not None and not quiet:
+                            print(
+                                f"train: step {trainer.steps} version {trainer.version} "
+                                f"reward {stats['reward_mean']:.3f} loss {stats.get('loss', 0):.4f}",
+                                file=sys.stderr,
+                            )
+            except OSError as exc:
+                raise CommandError(f"{f}: cannot read ({exc.strerror})", exit_code=2) from None
+            except RemoteProtocolError as exc:
+                raise CommandError(
+                    f"{f}: not a rollout record stream ({exc})", exit_code=2
+                ) from None
+    summary = {"admitted": admitted, **trainer.status(), "out": str(out)}
+    summary["versions_published"] = trainer.published
+    print(json.dumps(summary))
+    return summary

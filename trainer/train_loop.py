@@ -1,0 +1,281 @@
+"""The training loop: groups of re-scored rollouts in, AdamW steps, policy versions out.
+
+Plain on purpose (nanoGPT-style). One `Trainer` holds the model, its AdamW state, the
+current policy version and the groups waiting to be trained on:
+
+1. `add(sample)`: a re-scored `trainer.samples.Sample` joins its GRPO group (same
+   producer, version and group index). Refused, with a reason, when it is stale: made with
+   version v while the trainer is at t and t − v > S (the run's `max_staleness`), or from a
+   version the trainer has not reached. Groups go stale while they wait too; `step` drops
+   those (counted under `refused["stale"]`).
+2. `step()`: once `groups_per_step` complete groups are ready, their advantages are computed
+   (`trainer.loss.group_advantages`; flat groups dropped and counted), log-probs of the
+   completions under the current policy come from one forward pass, and `policy_loss` with
+   the sampler's recorded log-probs as π_s gives one AdamW step (gradient norm clipped to
+   1). One step per batch, so π_old is the current policy detached (ρ = 1 at the step).
+3. Every `publish_every` consumed groups the version goes up by one: the checkpoint
+   (weights, optimiser state, version) is written first, atomically, then `publish(v, model)`
+   is called. A restarted trainer (`Trainer(..., ckpt_dir=...)`) resumes at the version of its
+   last checkpoint, so it never hands out a version number twice for different weights.
+
+`train_on(groups)` is step 2 for a caller that picks its own groups (SAPO-style local
+training: I own + J foreign groups per round, no staleness rule, no publishing).
+Model work here is synchronous; callers on a trio loop run it in a thread.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.loss import LossSettings, group_advantages, policy_loss
+from trainer.samples import Sample
+
+CKPT_FILE = "trainer_state.pt"
+GRAD_CLIP = 1.0
+WEIGHT_DECAY = 0.0
+BETAS = (0.9, 0.99)
+
+Publish = Callable[[int, Any], None]
+
+
+def completion_logprobs(
+    model: Any, samples: Sequence[Sample], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs (B, T), mask (B, T)) of each sample's completion tokens under `model`,
+    from one right-padded forward pass at each sample's sampling temperature."""
+    seqs = [list(s.prompt_ids) + list(s.completion_ids) for s in samples]
+    width = max(len(s) for s in seqs)
+    t_max = max(len(s.completion_ids) for s in samples)
+    b = len(samples)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        attn[i, : len(s)] = 1
+    logits = model(input_ids=ids, attention_mask=attn).logits.float()  # (B, L, V)
+    rows = torch.zeros((b, t_max), dtype=torch.long)
+    targets = torch.zeros((b, t_max), dtype=torch.long)
+    mask = torch.zeros((b, t_max))
+    temps = torch.ones((b, 1, 1))
+    for i, s in enumerate(samples):
+        n_p, n_c = len(s.prompt_ids), len(s.completion_ids)
+        rows[i, :n_c] = torch.arange(n_p - 1, n_p - 1 + n_c)
+        targets[i, :n_c] = torch.tensor(s.completion_ids)
+        mask[i, :n_c] = 1.0
+        temps[i] = s.temperature if s.temperature > 0 else 1.0
+    picked = torch.gather(logits, 1, rows[:, :, None].expand(-1, -1, logits.shape[-1]))  # (B, T, V)
+    logp = torch.log_softmax(picked / temps, dim=-1)
+    return torch.gather(logp, 2, targets[:, :, None]).squeeze(-1), mask  # (B, T)
+
+
+class Trainer:
+    """Model + AdamW + version + waiting groups (module docstring)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        group_size: int,
+        max_staleness: int | None,
+        loss: LossSettings,
+        lr: float,
+        groups_per_step: int,
+        publish_every: int,
+        version: int = 0,
+        ckpt_dir: str | os.PathLike[str] | None = None,
+        publish: Publish | None = None,
+    ) -> None:
+        self.model = model
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.group_size = group_size
+        self.max_staleness = max_staleness
+        self.loss = loss
+        self.groups_per_step = groups_per_step
+        self.publish_every = publish_every
+        self.publish = publish
+        self.version = version
+        self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
+        self.opt = torch.optim.AdamW(
+            model.parameters(), lr=lr, weight_decay=WEIGHT_DECAY, betas=BETAS
+        )
+        self.pending: dict[tuple[bytes, int, int], list[Sample]] = {}
+        self.ready: list[list[Sample]] = []
+        self.refused: Counter[str] = Counter()
+        self.steps = 0
+        self.groups_trained = 0
+        self.groups_flat = 0
+        self.groups_since_publish = 0
+        self.tokens_trained = 0
+        self.train_seconds = 0.0
+        self.published: list[int] = []
+        self.last_stats: dict[str, float] = {}
+        self.resumed = self._resume()
+
+    @classmethod
+    def from_manifest(cls, model: Any, tokenizer: Any, manifest: Any, **kwargs: Any) -> Trainer:
+        kwargs.setdefault("max_staleness", manifest.max_staleness)
+        return cls(
+            model,
+            tokenizer,
+            group_size=manifest.group_size,
+            loss=LossSettings.from_manifest(manifest),
+            lr=manifest.rl_lr,
+            groups_per_step=manifest.rl_groups_per_step,
+            publish_every=manifest.rl_publish_every,
+            **kwargs,
+        )
+
+    # -------------------------------------------------------------------- admission
+    def add(self, sample: Sample) -> str | None:
+        """Queue a sample; returns the refusal reason (also counted) or None."""
+        reason = self._stale(sample.version)
+        if reason is not None:
+            self.refused[reason.split(":")[0]] += 1
+            return reason
+        group = self.pending.setdefault(sample.group, [])
+        if any(s.rollout_id == sample.rollout_id and s.rollout_id for s in group):
+            self.refused["duplicate"] += 1
+            return "duplicate: this rollout is already queued"
+        group.append(sample)
+        if len(group) >= self.group_size:
+            self.ready.append(self.pending.pop(sample.group))
+        return None
+
+    def _stale(self, v: int) -> str | None:
+        if self.max_staleness is None:
+            return None
+        if v > self.version:
+            return f"future-version: made with version {v}, trainer is at {self.version}"
+        if self.version - v > self.max_staleness:
+            return (
+                f"stale: made with version {v}, trainer is at {self.version}, "
+                f"bound S={self.max_staleness}"
+            )
+        return None
+
+    # ------------------------------------------------------------------------- steps
+    def step(self) -> dict[str, float] | None:
+        """One optimiser step when enough fresh groups are ready, else None."""
+        fresh = []
+        for g in self.ready:
+            if self._stale(g[0].version) is None:
+                fresh.append(g)
+            else:
+                self.refused["stale"] += len(g)
+        self.ready = fresh
+        for key in [k for k, g in self.pending.items() if self._stale(g[0].version) is not None]:
+            self.refused["stale"] += len(self.pending.pop(key))
+        if len(self.ready) < self.groups_per_step:
+            return None
+        batch, self.ready = self.ready[: self.groups_per_step], self.ready[self.groups_per_step :]
+        stats = self.train_on(batch)
+        self.groups_since_publish += len(batch)
+        if self.groups_since_publish >= self.publish_every:
+            self.groups_since_publish = 0
+            self._next_version()
+        return stats
+
+    def train_on(self, groups: Sequence[Sequence[Sample]]) -> dict[str, float]:
+        """Advantages, one forward/backward pass and one AdamW step over these groups."""
+        t0 = time.perf_counter()
+        samples: list[Sample] = []
+        advs: list[float] = []
+        for g in groups:
+            a = group_advantages([s.reward for s in g], self.loss.advantage, self.loss.eps)
+            if a is None:
+                self.groups_flat += 1
+                continue
+            samples += list(g)
+            advs += a
+        stats: dict[str, float] = {"groups": float(len(groups)), "samples": float(len(samples))}
+        stats["reward_mean"] = sum(s.reward for g in groups for s in g) / max(
+            1, sum(len(g) for g in groups)
+        )
+        if samples:
+            self.model.train()
+            logp, mask = completion_logprobs(self.model, samples, self.pad_id)
+            t = logp.shape[1]
+            sampler = torch.zeros_like(logp)
+            for i, s in enumerate(samples):
+                sampler[i, : len(s.sampler_logprobs)] = torch.tensor(s.sampler_logprobs[:t])
+            loss, loss_stats = policy_loss(
+                logp, logp.detach(), sampler, torch.tensor(advs), mask, self.loss
+            )
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
+            self.opt.step()
+            self.model.eval()
+            self.steps += 1
+            self.tokens_trained += int(mask.sum())
+            stats.update(loss_stats, loss=float(loss.detach()), grad_norm=float(grad_norm))
+        self.groups_trained += len(groups)
+        self.train_seconds += time.perf_counter() - t0
+        self.last_stats = stats
+        return stats
+
+    # ----------------------------------------------------------- versions, checkpoints
+    def _next_version(self) -> None:
+        self.version += 1
+        self.save_checkpoint()  # first: a crash after this never reuses the number
+        if self.publish is not None:
+            self.publish(self.version, self.model)
+        self.published.append(self.version)
+
+    def save_checkpoint(self) -> None:
+        if self.ckpt_dir is None:
+            return
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "version": self.version,
+            "steps": self.steps,
+            "groups_trained": self.groups_trained,
+        }
+        tmp = self.ckpt_dir / f".{CKPT_FILE}.tmp-{os.getpid()}"
+        torch.save(state, tmp)
+        os.replace(tmp, self.ckpt_dir / CKPT_FILE)
+
+    def _resume(self) -> bool:
+        path = self.ckpt_dir / CKPT_FILE if self.ckpt_dir is not None else None
+        if path is None or not path.is_file():
+            return False
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        self.steps = int(state["steps"])
+        self.groups_trained = int(state["groups_trained"])
+        return True
+
+    def status(self) -> dict[str, Any]:
+        """Throughput and memory figures for `status` and the benchmark."""
+        return {
+            "policy_version": self.version,
+            "train_steps": self.steps,
+            "groups_trained": self.groups_trained,
+            "groups_flat_dropped": self.groups_flat,
+            "groups_waiting": len(self.ready),
+            "refused": dict(self.refused),
+            "train_tokens_per_s": round(self.tokens_trained / self.train_seconds, 1)
+            if self.train_seconds > 0
+            else 0.0,
+            "trainer_rss_mb": rss_mb(),
+            "last": {k: round(v, 5) for k, v in self.last_stats.items()},
+        }
+
+
+def rss_mb() -> float:
+    """This process's peak resident set size in MiB (Linux reports KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
