@@ -92,3 +92,21 @@ def test_init_model_caches_and_rollouts_use_it(tmp_path, monkeypatch, short_reci
     with open(out, "rb") as f:
         assert len([open_record(r) for r in read_records(f)]) == 4
     capsys.readouterr()
+
+
+def test_worked_solutions_show_steps_and_score_full_marks(tok):
+    from trainer.tasks import TaskSet
+
+    tasks = TaskSet(7)
+    lengths = []
+    for name, _w in tp.TASK_MIX:
+        for i in range(60):
+            t = tasks.task(name, i)
+            text = tp.worked_solution(t)
+            assert tasks.score(t, text).reward == 1.0
+            assert "\n<answer>" in text  # working first, then the answer
+            lengths.append(len(tok.encode(text, add_special_tokens=False)) + 1)  # + EOS
+    t = tasks.task("tiny-chain-sum-4", 0)
+    lines = tp.worked_solution(t).splitlines()
+    assert len(lines) == 4 and lines[1].split(" = ")[0].split()[0] == lines[0].split(" = ")[1]
+    assert sum(lengths) / len(lengths) >= 24
