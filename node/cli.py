@@ -197,10 +197,19 @@ def sim() -> None:
     help="Run manifest: re-derive tasks and re-score rewards.",
 )
 @click.option("--data-dir", help="Data directory holding the built-in policy (init-model's).")
+@click.option(
+    "--precision",
+    help="Without a manifest: the workers' compute precision, fp32 (default) or bf16.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per rollout.")
 @_one_line_errors
 def audit(
-    files: tuple[Path, ...], model: str, manifest: Path | None, data_dir: str | None, as_json: bool
+    files: tuple[Path, ...],
+    model: str,
+    manifest: Path | None,
+    data_dir: str | None,
+    precision: str | None,
+    as_json: bool,
 ) -> None:
     """Audit rollout records: proofs, sampling replay, log-probs, termination, reward.
 
@@ -210,7 +219,12 @@ def audit(
 
     sys.exit(
         cmd.main(
-            files=list(files), model=model, as_json=as_json, manifest=manifest, data_dir=data_dir
+            files=list(files),
+            model=model,
+            as_json=as_json,
+            manifest=manifest,
+            data_dir=data_dir,
+            precision=precision,
         )
     )
 

@@ -34,6 +34,9 @@ lr = 0.0003                 # AdamW learning rate
 groups_per_step = 16        # groups of group_size rollouts per optimiser step
 publish_every = 64          # verified groups trained on per published version
 
+[verification]
+precision = "fp32"          # the workers' compute precision: fp32 or bf16; audits judge at it only
+
 [[datasets]]
 name = "basic_arithmetic"
 weight = 1
@@ -83,10 +86,11 @@ FIELDS: dict[str, tuple[str, str, Any]] = {
     "rl_lr": ("rl", "lr", 3e-4),
     "rl_groups_per_step": ("rl", "groups_per_step", 16),
     "rl_publish_every": ("rl", "publish_every", 64),
+    "worker_precision": ("verification", "precision", "fp32"),
 }
 FLOAT_FIELDS = {"temperature", "top_p", "rl_clip_low", "rl_clip_high", "rl_is_bound"}
 FLOAT_FIELDS |= {"rl_kl_coef", "rl_lr"}
-SECTIONS = {"run", "sampling", "proofs", "rl", "datasets"}
+SECTIONS = {"run", "sampling", "proofs", "rl", "verification", "datasets"}
 
 
 def _key_of(field: str) -> str:
@@ -103,7 +107,7 @@ def manifest_from_table(table: dict[str, Any], source: str = "run manifest") -> 
             raise CommandError(
                 f"{source}: unknown section [{section}]; allowed: {', '.join(sorted(SECTIONS))}"
             )
-    for section in ("run", "sampling", "proofs", "rl"):
+    for section in ("run", "sampling", "proofs", "rl", "verification"):
         if not isinstance(table.get(section, {}), dict):
             raise CommandError(f"{source}: '{section}' must be a table [{section}]")
         known = {key for s, key, _ in FIELDS.values() if s == section}
@@ -206,6 +210,9 @@ def manifest_to_toml(m: RunManifest) -> str:
         f"lr = {m.rl_lr!r}",
         f"groups_per_step = {m.rl_groups_per_step}",
         f"publish_every = {m.rl_publish_every}",
+        "",
+        "[verification]",
+        f'precision = "{m.worker_precision}"',
     ]
     for d in m.datasets:
         lines += ["", "[[datasets]]", f'name = "{d.name}"', f"weight = {d.weight}"]

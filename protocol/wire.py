@@ -44,6 +44,8 @@ MAX_PROOF_BYTES = 2 + 2 * 1024
 MAX_SHARD_BYTES = 64 * MiB
 DIGEST = Bytes(32, sizes=(32,))
 OPTIONAL_DIGEST = Bytes(32, sizes=(0, 32))
+# Compute precisions a run may fix for its workers (see verify.auditor: one regime each)
+WORKER_PRECISIONS = ("fp32", "bf16")
 NAME_CHARS = string.ascii_lowercase + string.digits + "-_."
 RUN_ID = Str(64, min_len=1, charset=NAME_CHARS)
 ROLES = ("inference", "trainer", "validator", "relay")
@@ -90,6 +92,8 @@ class RunManifest(WireObject):
     rl_lr: float = spec(Float(1e-9, 1.0), default=3e-4)
     rl_groups_per_step: int = spec(Int(1, 4096), default=16)
     rl_publish_every: int = spec(Int(1, 1_000_000), default=64)  # verified groups per version
+    # -- verification (issue 11): the workers' compute precision; audits judge at it only
+    worker_precision: str = spec(Str(8, choices=WORKER_PRECISIONS), default="fp32")
 
 
 @wire("rollout_header", schema=1, max_bytes=2 * KiB)

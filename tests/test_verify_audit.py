@@ -263,33 +263,6 @@ def test_cli_usage_and_io_errors_exit_2(env, case):
     assert exc.value.exit_code == 2 and "\n" not in str(exc.value)
 
 
-def test_bf16_worker_passes_only_through_the_second_precision(env):
-    from node.commands.rollouts import generate_records
-    from trainer.engine_hf import HFEngine
-
-    bf = HFEngine(env["model"].to(torch.bfloat16), env["tok"], max_batch=4)
-    try:
-        out = env["root"] / "bf16.msgpack"
-        generate_records(
-            engine=bf, manifest=env["manifest"], identity=env["identity"], n=4, out=out,
-            build_proofs=toploc.build_proofs_bytes_many, say=lambda _m: None,
-        )
-    finally:
-        env["model"].to(torch.float32)
-    with open(out, "rb") as f:
-        opened = [open_record(r) for r in read_records(f)]
-    results = _audit(env, opened)
-    assert all(r.passed for r in results), [r.detail for r in results]
-    assert {r.metrics["audit_precision_bits"] for r in results} <= {16.0, 32.0}
-    strict_only = dataclasses.replace(env["settings"], second_precision=False)
-    fp32_only = audit_records(opened, env["model"], judge=env["judge"], settings=strict_only)
-    bits = [r.metrics["audit_precision_bits"] for r in results]
-    # every rollout the fp32 pass alone rejects was accepted at bf16
-    for r, b in zip(fp32_only, bits, strict=True):
-        assert r.passed or b == 16.0
-    assert not all(r.passed for r in fp32_only)  # bf16 rounding is visible to the fp32 pass
-
-
 def test_shared_prompt_prefill_matches_the_plain_one(env):
     from verify.auditor import prefill_shared
 
@@ -330,9 +303,10 @@ def _bf16_copy(model):
 def test_verdicts_do_not_depend_on_the_batch(env, bf16_records):
     """Audit N records together and each alone: same verdicts and reasons. Tight bf16
     limits put some honest bf16 records near a limit, where batch rounding decides."""
+    # (the bf16 floors are tighter than this random micro model's bf16 noise, so some fail)
     from verify.thresholds import BF16_FLOOR
 
-    settings = dataclasses.replace(env["settings"], bf16_thresholds=BF16_FLOOR)
+    settings = dataclasses.replace(env["settings"], precision="bf16", bf16_thresholds=BF16_FLOOR)
     together = audit_records(bf16_records, env["model"], judge=env["judge"], settings=settings)
     alone = [audit_records([ro], env["model"], judge=env["judge"], settings=settings)[0] for ro in bf16_records]
     assert [(r.passed, r.reason) for r in together] == [(r.passed, r.reason) for r in alone]

@@ -16,11 +16,11 @@ Order of an audit (the first failure is the verdict's reason; all failures are l
    Row `n_prompt - 1 + i` is the hidden state that chose completion token i.
 3. Model checks: proof statistics (TOPLOC's, a far point counted as a mismatch, see
    `checks.FAR_MANT_ERR`) and signs, sampling replay, log-probs, drift.
-4. A rollout failing a model check is prefilled once more at the other precision (bf16 for
-   an fp32 model, and back): honest workers may compute in either, and the tight limits
-   hold for a worker checked at its own precision. It passes if every model check passes
-   there; the metric `audit_precision_bits` says which precision judged it, and a rollout
-   failing both is reported with the retry's reason (the regime that decided).
+4. One precision: the run fixes the workers' compute precision (`AuditSettings.precision`,
+   the manifest's `verification.precision`) and the prefill runs at it (a converted copy
+   of the model when the caller's differs), judged by that regime's limits only. There is
+   no second pass at another precision: it would give a record that fails its own regime
+   a second, looser budget. The metric `audit_precision_bits` says which precision judged.
 5. Batch invariance: a rollout whose batched result is not clear of every limit (`CLEAR`)
    is decided by a prefill of its own, so its verdict and reason do not depend on which
    other rollouts shared its batch.
@@ -63,12 +63,12 @@ class TaskJudgement:
 class AuditSettings:
     chunk: int = toploc.CHUNK
     topk: int = toploc.TOPK
-    thresholds: Thresholds = STRICT  # for an fp32 prefill (and the reward tolerance)
-    bf16_thresholds: Thresholds = THRESHOLDS  # for a bf16 prefill
+    precision: str = "fp32"  # the workers' compute precision (the run's); the only regime judged
+    thresholds: Thresholds = STRICT  # the fp32 regime's limits (and the reward tolerance)
+    bf16_thresholds: Thresholds = THRESHOLDS  # the bf16 regime's limits
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     max_record_tokens: int = DEFAULT_MAX_RECORD_TOKENS
     padding_side: str = "right"  # "left" uses explicit position ids (same result, up to noise)
-    second_precision: bool = True  # re-check failing model checks at the other precision
     share_prompts: bool = True  # one prefill per distinct prompt (GRPO groups share one)
     expected_settings: Any = None  # a RunManifest (or same attributes): checked when given
 
@@ -389,18 +389,8 @@ def _clear(results: list[checks.CheckResult], settings: AuditSettings) -> bool:
 def _decide(
     model: Any, bodies: Sequence[Any], todo: Sequence[int], settings: AuditSettings
 ) -> dict[int, list[checks.CheckResult]]:
-    """The model checks of `todo`, with the second-precision retry; a rollout failing both
-    precisions keeps the retry's results (the last regime judged it)."""
-    late = _model_checks(model, bodies, todo, settings)
-    if settings.second_precision and late:
-        # A rollout whose model checks fail at the verifier's precision gets one more
-        # prefill at the other allowed precision (fp32 <-> bf16): an honest worker may
-        # compute in either, and each is checked against its own kind of rounding noise.
-        retry = [i for i in todo if not all(r.passed for r in late[i])]
-        if retry:
-            again = _model_checks(_other_precision(model), bodies, retry, settings)
-            late.update(again)
-    return late
+    """The model checks of `todo` at the run's precision, with that regime's limits."""
+    return _model_checks(at_precision(model, settings.precision), bodies, todo, settings)
 
 
 def _model_checks(
@@ -442,21 +432,26 @@ def _model_checks(
     return late
 
 
-_OTHER_PRECISION: dict[int, tuple[Any, Any]] = {}
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_CONVERTED: dict[int, tuple[Any, str, Any]] = {}
 
 
-def _other_precision(model: Any) -> Any:
-    """A bf16 copy of an fp32 model (or an fp32 copy of a bf16 one), cached per model."""
+def at_precision(model: Any, precision: str) -> Any:
+    """`model` itself when its weights are in `precision`'s dtype, else a converted copy
+    (cached: one copy at most, for the last model asked)."""
+    dtype = PRECISION_DTYPES.get(precision)
+    if dtype is None:
+        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISION_DTYPES)}")
+    if next(model.parameters()).dtype == dtype:
+        return model
     import copy
 
-    hit = _OTHER_PRECISION.get(id(model))
-    if hit is not None and hit[0] is model:
-        return hit[1]
-    dtype = next(model.parameters()).dtype
-    target = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
-    other = copy.deepcopy(model).to(target).eval()
-    _OTHER_PRECISION.clear()  # keep one copy at most
-    _OTHER_PRECISION[id(model)] = (model, other)
+    hit = _CONVERTED.get(id(model))
+    if hit is not None and hit[0] is model and hit[1] == precision:
+        return hit[2]
+    other = copy.deepcopy(model).to(dtype).eval()
+    _CONVERTED.clear()
+    _CONVERTED[id(model)] = (model, precision, other)
     return other
 
 

@@ -137,7 +137,7 @@ batch 1; 1 thread; eager attention; left-padded prefill):
 Honest noise, bf16 worker:
   built-in, bf16 verifier: 0 in all 200 of the bench's set; 0.10 max in an earlier
     200-rollout set (other prompts); vs an fp32 verifier: proof_mant_mean_all [0.71,
-    0.97], logprob_err_mean up to 0.019 (hence the second, bf16 pass).
+    0.97], logprob_err_mean up to 0.019 (hence a bf16 run is audited at bf16).
   hidden 192, bf16 verifier: proof_mant_mean_all [0.23, 0.82] with rare outliers to
     1.11 as TOPLOC averages it, [0.21, 0.39] with far points counted as mismatches
     (below); logprob_err_mean [0.0010, 0.0014]; vs fp32: [0.46, 0.99], [0.0013, 0.0019].

@@ -24,7 +24,7 @@ thread each, best of 3 interleaved rounds, and also as CPU seconds (`*_cpu`): th
 is shared, and busy-waiting thread pools make multi-threaded wall times meaningless there.
 Generation time is the engine's `generate` (plus proof building where said); audit time
 is the whole audit of the opened records (cheap checks, task re-derivation and re-scoring,
-batched prefill, proof, replay and log-prob checks, second-precision re-checks).
+batched prefill, proof, replay and log-prob checks, re-checks alone of rollouts near a limit).
 
 Options: `--hidden H` (random-init model), `--n N` (rollouts per case), `--only a,b`
 (cases by name), `--no-calibrate` (the shipped default thresholds).
@@ -51,7 +51,7 @@ from typing import Any
 
 HONEST = {
     "kv_cache_vs_prefill": "baseline worker (fp32, KV-cache decode, batch 64) vs the verifier's prefill",
-    "fp32_vs_bf16": "worker computes in bf16",
+    "fp32_vs_bf16": "worker computes in bf16, in a run whose manifest says bf16 (audited at bf16)",
     "batch_size": "worker generates one rollout at a time",
     "padding_side": "verifier prefill left-padded with position ids (worker left-pads, verifier right-pads by default)",
     "threads": "worker runs with 1 thread",
@@ -71,6 +71,7 @@ ATTACKS = {
     "proof_copied": "proofs of another rollout",
     "zero_proofs": "all-zero proofs (TOPLOC's silent failure)",
     "stale_version": "generated with the weights one training step older than claimed",
+    "precision_lie": "worker computes in bf16 in a run whose manifest says fp32",
 }
 METRICS = (
     "proof_exp_mismatch_frac_all",
@@ -421,9 +422,9 @@ def _raw_metrics(model: Any, opened: list[Any], settings: Any) -> list[dict[str,
         sampling_margin=inf, sampling_near_ties_max=10**9, logprob_err_max=inf,
         logprob_err_mean=inf, drift=inf,
     )
-    st = replace(settings, thresholds=loose, bf16_thresholds=loose, second_precision=False)
+    st = replace(settings, thresholds=loose, bf16_thresholds=loose)
     bodies = [ro.body for ro in opened]
-    late = auditor._model_checks(model, bodies, list(range(len(bodies))), st)
+    late = auditor._decide(model, bodies, list(range(len(bodies))), st)
     rows = []
     for i in range(len(bodies)):
         row: dict[str, float] = {}
@@ -436,15 +437,14 @@ def _raw_metrics(model: Any, opened: list[Any], settings: Any) -> list[dict[str,
 def _calibrate(ctx: Ctx, engine: Any) -> Any:
     """Thresholds from honest workers at each precision, judged at that precision, on
     rollouts (counters from 10^7) that the benchmark cases never see."""
-    from verify import auditor
     from verify.thresholds import BF16_FLOOR, STRICT, calibrate
 
     cal = replace(ctx, n=max(8, ctx.n))
     fp32 = _open(_make_records(cal, engine, counter0=10**7).records)
     bf = _bf16(ctx.model)
     bf16 = _open(_make_records(cal, _engine(bf, ctx.tokenizer, max_batch=64), counter0=2 * 10**7).records)
-    rows32 = _raw_metrics(ctx.model, fp32, ctx.audit_settings)
-    rows16 = _raw_metrics(auditor._other_precision(ctx.model), bf16, ctx.audit_settings)
+    rows32 = _raw_metrics(ctx.model, fp32, replace(ctx.audit_settings, precision="fp32"))
+    rows16 = _raw_metrics(ctx.model, bf16, replace(ctx.audit_settings, precision="bf16"))
     return replace(
         ctx.audit_settings,
         thresholds=calibrate(rows32, STRICT, factor=FP32_FACTOR),
@@ -583,7 +583,10 @@ def run(quick: bool, args: list[str]) -> dict:
         honest_case("kv_cache_vs_prefill", base_res)
     if want("fp32_vs_bf16"):
         m = _bf16(ctx.model)
-        honest_case("fp32_vs_bf16", _audit(ctx, _open(_make_records(ctx, _engine(m, tok, max_batch=64)).records))[0])
+        bf16_opened = _open(_make_records(ctx, _engine(m, tok, max_batch=64)).records)
+        honest_case("fp32_vs_bf16", _audit(ctx, bf16_opened, settings=replace(ctx.audit_settings, precision="bf16"))[0])
+        if want("precision_lie"):  # the same records claimed in an fp32 run
+            attack_case("precision_lie", _audit(ctx, bf16_opened)[0])
     if want("batch_size"):
         honest_case("batch_size", _audit(ctx, _open(_make_records(ctx, _engine(ctx.model, tok, max_batch=1)).records))[0])
     if want("padding_side"):

@@ -1,11 +1,12 @@
-"""`swarm-node audit FILE... [--model DIR] [--run RUN.toml] [--data-dir D] [--json]`.
+"""`swarm-node audit FILE... [--model DIR] [--run RUN.toml | --precision P] [--data-dir D] [--json]`.
 
 Reads rollout record files (msgpack streams, `protocol.rollout.read_records`), opens each
 record (signature, body digest), audits them all against the model with one batched
 prefill (`verify.audit_records`) and prints one line per rollout, or one JSON object per
 line with `--json`. With a run manifest the task is re-derived and the reward re-scored
 (`make_judge`), and the sampling and proof settings are the run's; without one those
-checks are skipped (said once on stderr).
+checks are skipped (said once on stderr). The run states the workers' compute precision
+and the audit judges at it only; without a manifest `--precision` says it (default fp32).
 
 Exit status: 0 when every rollout passed, 1 when any failed, 2 on usage and IO errors
 (missing or unreadable file, an unusable model directory or manifest). A record that
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import CommandError
+from protocol.wire import WORKER_PRECISIONS as PRECISIONS
 
 
 def make_judge(manifest: Any, tokenizer: Any) -> Callable[[Any], Any]:
@@ -63,6 +65,16 @@ def make_judge(manifest: Any, tokenizer: Any) -> Callable[[Any], Any]:
         return TaskJudgement(None, reward)
 
     return judge
+
+
+def settings_for_run(run: Any) -> Any:
+    """The audit settings a run manifest fixes: proof shape, sampling settings, the
+    workers' compute precision (the only regime judged)."""
+    from verify.auditor import AuditSettings
+
+    return AuditSettings(
+        chunk=run.proof_chunk, topk=run.proof_topk, expected_settings=run, precision=run.worker_precision
+    )
 
 
 def _load_records(files: Sequence[Path]) -> list[tuple[str, int, bytes | None, str, str]]:
@@ -104,6 +116,7 @@ def main(
     manifest: str | Path | None = None,
     out: Any = None,
     data_dir: str | None = None,
+    precision: str | None = None,
 ) -> int:
     """Run the audit; returns the exit status (0 all passed, 1 any failed). Usage and IO
     problems raise `CommandError` (exit status 2)."""
@@ -112,6 +125,11 @@ def main(
     from verify.auditor import AuditSettings, audit_records
 
     out = out or sys.stdout
+    if precision is not None and manifest is not None:
+        raise CommandError("--precision is for audits without --run: the run manifest states it")
+    precision = precision or "fp32"
+    if precision not in PRECISIONS:
+        raise CommandError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if not files:
         raise CommandError("audit needs at least one record file")
     records = _load_records([Path(f) for f in files])
@@ -121,10 +139,10 @@ def main(
 
         run = load_run_manifest(Path(manifest))
     lm, tokenizer = _load_model(model, data_dir)
-    settings = AuditSettings()
+    settings = AuditSettings(precision=precision)
     judge = None
     if run is not None:
-        settings = AuditSettings(chunk=run.proof_chunk, topk=run.proof_topk, expected_settings=run)
+        settings = settings_for_run(run)
         judge = make_judge(run, tokenizer)
     else:
         print("swarm-node audit: no --run: task, reward and run settings not checked", file=sys.stderr)

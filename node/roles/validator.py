@@ -37,18 +37,16 @@ def selected(identity: Identity, run_id: str, rollout_id: bytes, fraction: float
 
 def load(ctx: RoleContext, manifest: Any) -> tuple[Any, Any, Any, Any]:
     """Model, judge, audit settings and EOS ids (blocking: call in a thread)."""
-    from node.commands.audit import make_judge
+    from node.commands.audit import make_judge, settings_for_run
     from node.commands.rollouts import resolve_model
     from trainer.engine_hf import torch_threads
     from trainer.model_dir import load_model_dir
-    from verify.auditor import AuditSettings, eos_token_ids
+    from verify.auditor import eos_token_ids
 
     path = resolve_model(ctx.model, manifest.model, ctx.models_dir)
     with torch_threads(ctx.threads):
         model, tokenizer = load_model_dir(path)
-    settings = AuditSettings(
-        chunk=manifest.proof_chunk, topk=manifest.proof_topk, expected_settings=manifest
-    )
+    settings = settings_for_run(manifest)
     return model, make_judge(manifest, tokenizer), settings, eos_token_ids(model)
 
 
