@@ -62,6 +62,7 @@ from protocol.admission import (
     AdmissionConfig,
     Admitted,
     Ban,
+    BodyMissing,
     Deliver,
     Disconnect,
     Forward,
@@ -99,6 +100,7 @@ DELIVERY_CHECK_S = 5.0
 AGENT = "swarm-node/0.1.0"
 BAD_REQUEST_PENALTY = -10.0
 MAX_SERVE_STREAMS_PER_PEER = 4
+BODYLESS_TTL_S = 3600.0  # a header whose body never came is forgotten after this
 STORE_WAIT_S = 4.0  # under py-libp2p's 5 s limit on an async topic validator
 
 
@@ -151,6 +153,7 @@ class _Pull:
     rollout_id: bytes
     sources: list[str]
     attempts: int = 0
+    origin: tuple[bytes, str] | None = None  # (signer, sender) of the header, to blame
 
 
 class Peer:
@@ -377,7 +380,8 @@ class Peer:
 
     def _deliver(self, item: Admitted) -> None:
         if item.kind is Kind.ROLLOUT_HEADER and self.cfg.pull_bodies:
-            self._want(item.content_id, [_b58(item.signer), str(item.sender)])
+            self._want(item.content_id, [_b58(item.signer), str(item.sender)],
+                       origin=(item.signer, str(item.sender)))
         for callback in list(self._callbacks):
             callback(item)
 
@@ -430,13 +434,15 @@ class Peer:
                 w.ok = ok
                 w.done.set()
 
-    def _want(self, rollout_id: bytes, sources: list[str]) -> None:
+    def _want(
+        self, rollout_id: bytes, sources: list[str], origin: tuple[bytes, str] | None = None
+    ) -> None:
         """Queue a body pull (once per id while it is queued or running)."""
         if rollout_id in self._pulling:
             return
         sources = [s for s in dict.fromkeys(sources) if s and s != self.host.peer_id]
         try:
-            self._pull_send.send_nowait(_Pull(rollout_id, sources))
+            self._pull_send.send_nowait(_Pull(rollout_id, sources, origin=origin))
             self._pulling.add(rollout_id)
         except trio.WouldBlock:
             self.counters["pull_queue_full"] += 1  # catch-up offers it again later
@@ -498,8 +504,13 @@ class Peer:
             # A bad body from this source (it paid for it in score): try another one.
         p.attempts += 1
         if p.attempts >= PULL_ATTEMPTS:
-            self.counters["pull_gave_up"] += 1  # the header stays: retried at restart
+            # The header stays (retried at restart) until it expires (`BODYLESS_TTL_S`);
+            # a header nobody serves costs its signer and sender (a flood of them, more).
+            self.counters["pull_gave_up"] += 1
             self._pulling.discard(p.rollout_id)
+            if p.origin is not None:
+                signer, sender = p.origin
+                self._apply(self.admission.handle(BodyMissing(p.rollout_id, signer, sender, time.time())))
             return
         # Rotate sources and retry later (the forwarder may not have the body yet);
         # after the announcers, any connected peer may hold it (relays, trainers).
@@ -645,6 +656,8 @@ class Peer:
                 snapshot = self.admission.scores.snapshot(now)
                 with contextlib.suppress(StoreError):
                     await trio.to_thread.run_sync(self.store.save_peers, snapshot)
+                    n = await trio.to_thread.run_sync(self.store.expire_bodyless, now - BODYLESS_TTL_S)
+                    self.counters["bodyless_expired"] += n
 
     async def _ledger_loop(self) -> None:
         while True:

@@ -559,6 +559,17 @@ class Store:
             ).fetchall()
         return [_rollout(r) for r in rows]
 
+    def expire_bodyless(self, before: float) -> int:
+        """Forget headers received before `before` whose body never arrived (nobody
+        served it: they hold no work and must not fill the store); returns how many."""
+        _check_time(before, "before")
+        with self._write() as c:
+            return c.execute(
+                "DELETE FROM rollouts WHERE body IS NULL AND source_peer IS NOT NULL "
+                "AND received_at < ?",
+                (float(before),),
+            ).rowcount
+
     def mark_delivered(self, ids: Iterable[bytes], peer: PeerId, at: float) -> int:
         """Record that `peer` (a trainer) holds these rollouts of ours; returns how many
         were not known as delivered before."""

@@ -139,6 +139,7 @@ __all__ = [
     "AdmissionConfig",
     "Admitted",
     "Ban",
+    "BodyMissing",
     "DedupCache",
     "Deliver",
     "Disconnect",
@@ -218,6 +219,8 @@ class Reason(enum.StrEnum):
     MISBEHAVED = "misbehaved"
     DOUBLE_WORK = "double_work"
     FLOODING = "flooding"
+    NEW_IDENTITIES = "new_identities"
+    BODY_MISSING = "body_missing"
 
 
 # Default score change per reason (<= 0). MALFORMED, BAD_SIGNATURE and BODY_MISMATCH use
@@ -241,6 +244,8 @@ PENALTIES: Mapping[Reason, float] = {
     Reason.MISBEHAVED: -20.0,
     Reason.DOUBLE_WORK: -20.0,  # two signed rollouts for one unit of work: the signer's fault
     Reason.FLOODING: -1.0,  # past its allowance of blameless refusals (copies, replays)
+    Reason.NEW_IDENTITIES: 0.0,  # too many unknown signers at once: ignore (waste allowance)
+    Reason.BODY_MISSING: -1.0,  # the signer of a header whose body nobody could serve
 }
 assert set(PENALTIES) == set(Reason)
 
@@ -317,6 +322,11 @@ class AdmissionConfig:
     waste_rate: float = 2.0  # blameless refusals (copies, stale replays) a sender gets free
     waste_burst: float = 50.0
     work_entries: int = 262_144  # units of work remembered (producer, counter, version)
+    new_signer_rate: float = 0.5  # unknown signers one sender may introduce per second
+    new_signer_burst: float = 16.0
+    new_signer_rate_all: float = 2.0  # ... and all senders together
+    new_signer_burst_all: float = 64.0
+    body_missing_sender: float = -0.5  # forwarded a header whose body nobody served
     penalties: Mapping[Reason, float] = field(default_factory=lambda: dict(PENALTIES))
 
     def __post_init__(self) -> None:
@@ -327,6 +337,10 @@ class AdmissionConfig:
             "signer_burst",
             "waste_rate",
             "waste_burst",
+            "new_signer_rate",
+            "new_signer_burst",
+            "new_signer_rate_all",
+            "new_signer_burst_all",
             "dedup_ttl_s",
             "max_skew_s",
         ):
@@ -569,7 +583,26 @@ class Known:
     now: float
 
 
-Event = MessageReceived | VersionChanged | Tick | PeerConnected | Misbehaved | StoreFailed | Known
+@dataclass(frozen=True, slots=True)
+class BodyMissing:
+    """The node gave up pulling the body of an admitted header (no source served it)."""
+
+    rollout_id: bytes
+    signer: bytes
+    sender: PeerId
+    now: float
+
+
+Event = (
+    MessageReceived
+    | VersionChanged
+    | Tick
+    | PeerConnected
+    | Misbehaved
+    | StoreFailed
+    | Known
+    | BodyMissing
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -826,6 +859,13 @@ class Admission:
         self._waste = RateLimiter(cfg.waste_rate, cfg.waste_burst, cfg.max_rate_keys)
         self._dedup = DedupCache(cfg.dedup_entries, cfg.dedup_ttl_s)
         self.authority = Authority(run.validator_keys, run.trainer_keys)
+        self._new_signers = RateLimiter(
+            cfg.new_signer_rate, cfg.new_signer_burst, cfg.max_rate_keys
+        )
+        self._new_signers_all = TokenBucket(
+            cfg.new_signer_rate_all, cfg.new_signer_burst_all, cfg.new_signer_burst_all, -math.inf
+        )
+        self._known_signers: OrderedDict[bytes, None] = OrderedDict()
         self.work = WorkIndex(cfg.work_entries)
         self._replay = ReplayGuard(
             run.run_id,
@@ -854,6 +894,7 @@ class Admission:
             Misbehaved: self._on_misbehaved,
             StoreFailed: self._on_store_failed,
             Known: self._on_known,
+            BodyMissing: self._on_body_missing,
         }
 
     # -- entry point ---------------------------------------------------------------
@@ -900,6 +941,22 @@ class Admission:
             self._retry.popitem(last=False)
         return []
 
+    def _on_body_missing(self, ev: BodyMissing) -> list[Action]:
+        """Nobody served the body of an admitted header: its signer signed a promise it
+        did not keep, and its sender passed it on (both pay a little; honest peers that
+        crashed lose far less than a flood of body-less headers costs)."""
+        actions = self._apply_score(
+            _as_peer_form(ev.sender, ev.signer),
+            self.config.penalties[Reason.BODY_MISSING],
+            Reason.BODY_MISSING,
+            ev.now,
+        )
+        if not _same_peer(ev.sender, ev.signer):
+            actions += self._apply_score(
+                ev.sender, self.config.body_missing_sender, Reason.BODY_MISSING, ev.now
+            )
+        return actions
+
     def _on_known(self, ev: Known) -> list[Action]:
         kind = Kind(ev.kind)
         for cid in ev.ids:
@@ -939,6 +996,10 @@ class Admission:
             self._weights_version = max(self._weights_version, op.obj.version)
         if rule.work:
             self.work.add(op.envelope.signer, _work_key(op), op.content_id)
+        self._known_signers[op.envelope.signer] = None
+        self._known_signers.move_to_end(op.envelope.signer)
+        if len(self._known_signers) > self.config.max_signers:
+            self._known_signers.popitem(last=False)
         if rule.delegation:
             env = op.envelope
             self.authority.apply(
@@ -1031,9 +1092,15 @@ class Admission:
 
     def _stage_quota(self, m: _Msg) -> None:
         """What one signer may publish, counted only for fresh, unique messages: copies
-        and replays sent by a third party never reach this stage, so never cost it."""
+        and replays sent by a third party never reach this stage, so never cost it.
+        Fresh identities earn their place slowly: each sender may introduce only a few
+        signers we have never admitted before (and all senders together a few more)."""
         assert m.opened is not None
         signer = m.opened.envelope.signer
+        if signer not in self._known_signers and not (
+            self._new_signers.allow(m.peer, m.now) and self._new_signers_all.take(m.now)
+        ):
+            raise _Refused(Stage.QUOTA, Reason.NEW_IDENTITIES, "too many new signers at once")
         if not self._signer_rate.allow(signer, m.now):
             # The signer published too much; its relays are not to blame.
             pen = None if _same_peer(m.peer, signer) else 0.0

@@ -65,3 +65,28 @@ async def test_roles_report_through_a_public_method(tmp_path: Path) -> None:
             peer.report(cheat.peer_id, -20.0, "failed audit: test")
         await trio.sleep(0.1)
         assert peer.host.is_banned(cheat.peer_id_b58)
+
+
+def test_bodyless_headers_expire_from_the_store(tmp_path: Path) -> None:
+    """Finding 6: rows of headers whose body never came stayed in the store for ever."""
+    import time as _time
+
+    from node.store import RolloutRow, Store
+    from protocol.rollout import open_record
+
+    manifest = net_manifest("expire")
+    producer = Identity.generate()
+    with Store.open(tmp_path / "s") as store:
+        rids = []
+        for i in range(3):
+            rec = synthetic_record(producer, manifest, i)
+            op = open_record(rec)
+            r = decode(RolloutRecord, rec)
+            body = r.body if i == 0 else None
+            store.put_rollout(RolloutRow(op.rollout_id, manifest.run_id, producer.peer_id, 0,
+                                         r.header, body, 1000.0 + i, "12D3KooWsender"))
+            rids.append(op.rollout_id)
+        assert store.expire_bodyless(1001.5) == 1  # only the old one without a body
+        assert store.has_rollout(rids[0]) and not store.has_rollout(rids[1])
+        assert store.has_rollout(rids[2])
+        assert store.expire_bodyless(_time.time()) == 1

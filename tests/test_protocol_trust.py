@@ -475,3 +475,34 @@ def test_trainer_refuses_a_producer_that_withholds_counters():
             went_bad.append(bad)
     assert went_bad == [ALICE.peer_id]
     assert c.summarize(10, 2)["producers_refused"] == 1
+
+
+# -- 6. headers without bodies, fresh identities -------------------------------------------
+
+
+def test_a_flood_of_fresh_identities_from_one_sender_is_refused_and_costs_it():
+    a = machine()
+    results = []
+    for i in range(500):
+        fresh = Identity.from_private_bytes(i.to_bytes(2, "big") * 16)
+        h = header(rollout(fresh, seq=1, seed=i, at=T0 + i * 0.01))
+        results.append(a.handle(msg("flooder", Kind.ROLLOUT_HEADER, h, T0 + i * 0.01)))
+    admitted = sum(isinstance(r[-1], Deliver) for r in results)
+    assert admitted <= 20, admitted
+    assert a.scores.score("flooder", T0 + 5) < 0
+    # A known producer relayed by the same kind of peer is unaffected.
+    ok = a.handle(
+        msg(RELAY, Kind.ROLLOUT_HEADER, header(rollout(ALICE, seq=7, seed=10_000)), T0 + 5)
+    )
+    assert isinstance(ok[-1], Deliver)
+
+
+def test_a_header_whose_body_never_comes_costs_its_sender_and_signer():
+    a = machine()
+    h = header(rollout(BOB, seq=1))
+    acts = a.handle(msg("relay2", Kind.ROLLOUT_HEADER, h))
+    assert isinstance(acts[-1], Deliver)
+    before = a.scores.score("relay2", T0)
+    a.handle(adm.BodyMissing(content_id(h), BOB.peer_id, "relay2", T0 + 60))
+    assert a.scores.score("relay2", T0 + 60) < before
+    assert a.scores.score(BOB.peer_id_b58, T0 + 60) < 0  # in the senders' id form
