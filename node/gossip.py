@@ -60,9 +60,9 @@ class OutboxStats:
 class Outbox:
     """A paced, bounded publisher for one host (see the module docstring).
 
-    Resource handling: `run()` is a long-running task; cancel its scope to stop it. Items
-    still queued then are reported by `pending()` (the store already holds them; gossip is
-    best effort on top of the durable store). Error handling: a `HostClosed` ends `run()`;
+    Resource handling: `run()` is a long-running task; cancel its scope to stop it. At
+    shutdown `drain()` publishes what is still queued (bounded by the caller); anything
+    left after that is reported by `pending()` (the store already holds it). Error handling: a `HostClosed` ends `run()`;
     a `MessageTooLarge` is a bug of ours and propagates.
     """
 
@@ -84,6 +84,24 @@ class Outbox:
 
     def pending(self) -> int:
         return self._receive.statistics().current_buffer_used
+
+    async def drain(self) -> int:
+        """Publish everything still queued, paced at `rate_per_s`, whether or not `run()`
+        still runs; returns how many this call sent. The caller bounds the wait (shutdown:
+        `PeerConfig.drain_timeout_s`); a `HostClosed` ends it early."""
+        sent = 0
+        while True:
+            try:
+                topic, data = self._receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return sent
+            try:
+                await self._host.publish(topic, data)
+            except HostClosed:
+                return sent
+            self.stats.published += 1
+            sent += 1
+            await trio.sleep(1.0 / self.rate_per_s)
 
     async def run(self) -> None:
         tokens = float(self.burst)

@@ -121,6 +121,7 @@ class PeerConfig:
     host: HostSettings = field(default_factory=HostSettings)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     weights: WeightSettings = field(default_factory=WeightSettings)
+    drain_timeout_s: float = 15.0  # at stop: publish queued headers/verdicts for this long at most
 
 
 class SeqCounter:
@@ -180,6 +181,7 @@ class Peer:
         self.counters: Counter[str] = Counter()
         self.rejects: Counter[str] = Counter()
         self.bootstrap_results: list[tuple[str, bool, str]] = []
+        self.drained = 0  # queued messages published while stopping
         self.started_at = time.time()
         self._callbacks: list[Callable[[Admitted], None]] = []
         self._admitted_send, self._admitted_recv = trio.open_memory_channel[_Write](ADMITTED_QUEUE)
@@ -731,6 +733,9 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
                 try:
                     yield peer
                 finally:
+                    # Stopping loses no queued work: publish what the outbox holds, bounded.
+                    with trio.CancelScope(shield=True), trio.move_on_after(cfg.drain_timeout_s):
+                        peer.drained = await peer.outbox.drain()
                     with trio.CancelScope(shield=True), trio.move_on_after(5):
                         snapshot = admission.scores.snapshot(time.time())
                         with contextlib.suppress(StoreError):

@@ -230,5 +230,8 @@ async def _run(
         raise CommandError(str(exc)) from None
     except OSError as exc:
         raise CommandError(f"cannot listen on {', '.join(listen)}: {exc.strerror or exc}") from None
-    with contextlib.suppress(Exception):
+    left = peer.outbox.pending()
+    with contextlib.suppress(Exception):  # stdout may be gone (a closed pipe)
+        _say(f"swarm-node: published {peer.drained} queued messages while stopping"
+             + (f" ({left} left unpublished: drain timed out)" if left else ""))
         _say(f"swarm-node: stopped cleanly ({data_dir})")
