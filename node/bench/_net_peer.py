@@ -5,7 +5,10 @@ For integration tests and `bench gossip`; the records come from `node.bench._rec
 `{"peer_id", "addrs", "bootstrap": [[addr, ok, error], ...]}`. Commands on stdin, one JSON
 object per line, each answered by one JSON line:
 
-- `{"cmd": "produce", "n": N, "rate": R}`  start producing N records at R/s (background)
+- `{"cmd": "produce", "n": N, "rate": R}`  start producing N records at R/s (background;
+                       counters resume after what the store says was produced)
+- `{"cmd": "stop"}`    stop producing (keep serving)
+- `{"cmd": "delivery"}` this peer's own rollouts: produced / delivered / pending / too stale
 - `{"cmd": "stats"}`   peer stats, stored rollout / body counts, delivery latencies
 - `{"cmd": "ids"}`     hex ids of stored rollouts that have a body
 - `{"cmd": "evil"}`    publish malformed and oversized messages on the rollouts topic and
@@ -34,13 +37,15 @@ from protocol.identity import Identity
 
 
 async def main(args: argparse.Namespace) -> None:
-    identity = Identity.from_private_bytes(bytes.fromhex(args.key)) if args.key else Identity.generate()
+    identity = (
+        Identity.from_private_bytes(bytes.fromhex(args.key)) if args.key else Identity.generate()
+    )
     manifest = net_manifest(args.run)
     cfg = PeerConfig(
         manifest=manifest,
         identity=identity,
         data_dir=Path(args.data_dir),
-        roles=("inference",),
+        roles=(args.role,),
         listen=(args.listen,),
         bootstrap=tuple(args.bootstrap),
         pull_bodies=not args.no_pull,
@@ -60,8 +65,13 @@ async def main(args: argparse.Namespace) -> None:
     with trio.move_on_after(args.max_life):
         async with open_peer(cfg) as peer:
             peer.on_deliver(on_deliver)
-            _say({"peer_id": peer.host.peer_id, "addrs": peer.host.listen_addrs(),
-                  "bootstrap": peer.bootstrap_results})
+            _say(
+                {
+                    "peer_id": peer.host.peer_id,
+                    "addrs": peer.host.listen_addrs(),
+                    "bootstrap": peer.bootstrap_results,
+                }
+            )
 
             pool = None
             if args.proof_pool:
@@ -69,13 +79,25 @@ async def main(args: argparse.Namespace) -> None:
 
                 pool = [tuple(x) for x in msgpack.unpackb(Path(args.proof_pool).read_bytes())]
 
+            stopping = trio.Event()
+
             async def produce(n: int, rate: float, size: int) -> None:
                 rng = random.Random(os.getpid())
                 start = time.monotonic()
-                base = peer.counters["produced"]
+                status = await trio.to_thread.run_sync(peer.store.produced_status)
+                base = status["produced"]  # dense counters, never reused across restarts
                 for i in range(n):
-                    record = synthetic_record(identity, manifest, base + i, n_completion=size,
-                                              proof_pool=pool, rng=rng, seq=peer.seq.next())
+                    if stopping.is_set():
+                        return
+                    record = synthetic_record(
+                        identity,
+                        manifest,
+                        base + i,
+                        n_completion=size,
+                        proof_pool=pool,
+                        rng=rng,
+                        seq=peer.seq.next(),
+                    )
                     await peer.produce(record)
                     await trio.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
 
@@ -86,7 +108,9 @@ async def main(args: argparse.Namespace) -> None:
                     await peer.host.publish(topic, b"\xc1garbage" + i.to_bytes(2, "big"))
                     sent += 1
                 try:
-                    await peer.host.publish(topic, b"\x00" * (peer.host.settings.max_gossip_bytes + 1))
+                    await peer.host.publish(
+                        topic, b"\x00" * (peer.host.settings.max_gossip_bytes + 1)
+                    )
                 except MessageTooLarge:
                     pass
                 # A header-sized message that is far over admission's header limit.
@@ -108,13 +132,26 @@ async def main(args: argparse.Namespace) -> None:
                 async for cmd in _lines(stdin):
                     kind = cmd.get("cmd")
                     if kind == "produce":
-                        nursery.start_soon(produce, cmd["n"], cmd.get("rate", 2.0), cmd.get("size", 1024))
+                        nursery.start_soon(
+                            produce, cmd["n"], cmd.get("rate", 2.0), cmd.get("size", 1024)
+                        )
                         _say({"ok": True})
                     elif kind == "stats":
                         stored = await trio.to_thread.run_sync(peer.store.count_rollouts)
-                        _say({**peer.stats(), "stored": stored,
-                              "header_latency_ms": header_lat, "body_latency_ms": body_lat,
-                              "connected": peer.host.connected_peers()})
+                        _say(
+                            {
+                                **peer.stats(),
+                                "stored": stored,
+                                "header_latency_ms": header_lat,
+                                "body_latency_ms": body_lat,
+                                "connected": peer.host.connected_peers(),
+                            }
+                        )
+                    elif kind == "stop":
+                        stopping.set()
+                        _say({"ok": True})
+                    elif kind == "delivery":
+                        _say(await trio.to_thread.run_sync(peer.store.delivery_status))
                     elif kind == "ids":
                         rows = await trio.to_thread.run_sync(
                             lambda: peer.store.rollouts(with_body=True, limit=1_000_000)
@@ -136,6 +173,7 @@ def cli() -> None:
     parser.add_argument("--bootstrap", nargs="*", default=[])
     parser.add_argument("--key", default="")
     parser.add_argument("--no-pull", action="store_true")
+    parser.add_argument("--role", default="inference", help="the role announced in hello")
     parser.add_argument("--publish-rate", type=float, default=8.0)
     parser.add_argument("--dead-after", type=float, default=4.0)
     parser.add_argument("--max-life", type=float, default=300.0)

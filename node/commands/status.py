@@ -1,7 +1,8 @@
 """`swarm-node status`: what a node's data directory says about it.
 
 Reads the node's SQLite store (safe while the node runs: WAL readers do not block the
-writer) and prints the stored rollouts, this peer's own work as validators judged it, what
+writer) and prints the stored rollouts, this peer's own work as trainers received it (delivered,
+pending, too stale) and as validators judged it, what
 it accepted and rejected from others and why, and the peers it has banned.
 """
 
@@ -39,6 +40,7 @@ def collect(data_dir: Path, now: float | None = None) -> dict[str, Any]:
             "schema_version": store.schema_version(),
             "rollouts_stored": store.count_rollouts(),
             "own_rollouts": store.produced_status("rollout"),
+            "delivery": store.delivery_status(),
             "inbound": inbound,
             "peers_scored": len(peers),
             "banned": [
@@ -100,6 +102,11 @@ def main(data_dir: Path | None, as_json: bool) -> None:
         click.echo(f"live            {summary}")
     click.echo(f"store           {status['store']} (schema v{status['schema_version']})")
     click.echo(f"rollouts stored {status['rollouts_stored']}")
+    d = status["delivery"]
+    click.echo(
+        f"delivery        {d['produced']} produced, {d['delivered']} delivered,"
+        f" {d['pending']} pending, {d['too_stale']} too stale"
+    )
     click.echo(
         f"own rollouts    {own['produced']} produced, {own['accepted']} accepted,"
         f" {own['rejected']} rejected, {own['pending']} pending"
