@@ -708,9 +708,8 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
             scores=PeerScores(records=records),
         )
         async with open_host(cfg.identity.private_bytes(), list(cfg.listen), cfg.host) as host:
-            peer = Peer(cfg, host, store, admission)
-            await _restore(peer, now)
             peer = Peer(cfg, host, store, admission, weights_store)
+            await _restore(peer, now)
             for rec in await trio.to_thread.run_sync(store.active_bans, now):
                 await host.ban(str(rec.peer), max(1.0, rec.banned_until - now), "ban kept from before restart")
             async with trio.open_nursery() as nursery:

@@ -90,7 +90,7 @@ async def test_a_pull_owed_at_a_crash_is_pulled_after_restart(tmp_path: Path) ->
             tmp_path, "t", manifest, roles=("trainer",), bootstrap=(w.host.listen_addrs()[0],)
         )
         async with open_peer(cfg) as t:
-            assert t.counters["pulls_restored"] == 1
+            assert t.counters["pulls_restored"] == 1, dict(t.counters)
             await _until("the owed body", lambda: rid in _bodies(t.store))
 
 
