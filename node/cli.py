@@ -54,10 +54,6 @@ def _first_command_error(group: BaseExceptionGroup) -> CommandError | None:
     return None
 
 
-def _not_built(name: str, issue: str) -> None:
-    raise CommandError(f"'{name}' is not built yet ({issue})", exit_code=2)
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="swarm-node")
 def cli() -> None:
@@ -178,10 +174,19 @@ def devnet(no_live: bool, **kwargs: Any) -> None:
 
 
 @cli.command()
+@click.argument("scenario")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Output directory.")
+@click.option(
+    "--seed", default=0, show_default=True, type=int, help="Seed (same seed, same results)."
+)
+@click.option("--quiet", is_flag=True, help="No progress output.")
 @_one_line_errors
-def sim() -> None:
-    """Simulate thousands of virtual peers with churn, latency and attackers."""
-    _not_built("sim", "the simulator issue")
+def sim(scenario: str, out: Path, seed: int, quiet: bool) -> None:
+    """Simulate a swarm: SCENARIO is a built-in (gossip-1k, churn, byzantine, broadcast, run)
+    or a TOML file; writes results.json, plots and report.md into --out."""
+    from node.commands import sim as cmd
+
+    cmd.main(scenario, out, seed, quiet)
 
 
 @cli.command()

@@ -243,7 +243,9 @@ def test_cli_runs_without_a_home_cache(tmp_path):
     assert result.returncode == 0
 
 
-def test_unbuilt_command_says_so_and_exits_2():
-    result = cli("sim")
+def test_sim_with_an_unknown_scenario_is_one_line_and_exits_2(tmp_path):
+    result = cli("sim", "no-such-scenario", "--out", str(tmp_path / "out"))
     assert result.returncode == 2
-    assert "not built yet" in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "no scenario 'no-such-scenario'" in result.stderr
+    assert not (tmp_path / "out").exists()

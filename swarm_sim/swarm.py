@@ -1,0 +1,581 @@
+"""The simulated swarm: virtual peers running the real admission rules over the models.
+
+What lives here: `Workload` (who publishes what, how often, who pulls bodies, the run's
+staleness bound and version cadence) and `Swarm`, which wires the event loop, the
+network, GossipSub routers, churn and adversaries around one `protocol.admission.Admission`
+per peer (with its `protocol.peer_score.PeerScores`). Rules come from `protocol/`; this
+module only turns their actions into scheduled sends:
+
+    MessageReceived -> Reject      count it; a penalty marks the router for a score check
+                    -> Forward     send to mesh peers except the sender and the signer
+                    -> Deliver     record latency vs lower bound; queue a body pull
+                    -> Disconnect  close the connection, drop from the mesh
+                    -> Ban         count it (the ban itself lives in PeerScores)
+
+Header gossip + body pull, as the real node does: headers travel through the mesh;
+peers with a puller role (validators, the trainer) pull the body from the peer that
+forwarded the header, then the signer, rotating on a timeout (`pull_timeout_s`, at most
+`pull_tries` sources). Version cadence (`version_interval_s` > 0): the trainer (peer 0)
+announces version v+1 by gossip (`Kind.WEIGHT_ANNOUNCE`, trainer key in the run rules);
+a worker adopts it after fetching `checkpoint_bytes` at its downlink speed (the shard
+swarm itself is `swarm_sim.broadcast`), and tags later rollouts with it; the trainer's
+admission refuses rollouts older than S (`Reason.STALE`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.admission import (
+    Admission,
+    AdmissionConfig,
+    Ban,
+    Deliver,
+    Disconnect,
+    Forward,
+    Kind,
+    MessageReceived,
+    PeerConnected,
+    Reject,
+    RunRules,
+    Tick,
+    VersionChanged,
+)
+from swarm_sim.adversary import AdversaryConfig, Behaviour
+from swarm_sim.churn import ChurnConfig
+from swarm_sim.core import EventLoop, derive_rng
+from swarm_sim.gossipsub import GossipConfig, Router
+from swarm_sim.messages import MessageBook, SimMessage, peer_ids
+from swarm_sim.metrics import Metrics
+from swarm_sim.network import NetConfig, Network
+
+__all__ = ["Swarm", "Workload"]
+
+HONEST = Behaviour.HONEST
+SEEN, ADMITTED = 2, 1  # SimMessage.got[peer]: 0 never seen, 2 seen (refused), 1 admitted
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    peers: int = 100
+    duration_s: float = 300.0
+    publish_interval_s: float = 60.0  # each worker publishes one rollout per interval
+    publishers: float = 1.0  # share of peers that publish
+    header_bytes: int = 600
+    body_bytes: int = 20_000
+    pullers: float = 0.02  # share of peers that pull every body (validators); min 1
+    lifetime_s: float = 30.0  # a message's delivery is judged at t0 + lifetime
+    connect_to: int = 12  # connections a peer opens when it joins
+    pull_timeout_s: float = 5.0
+    pull_tries: int = 3
+    max_staleness: int = 2
+    version_interval_s: float = 0.0  # 0: no new versions
+    checkpoint_bytes: int = 30_000_000  # what a worker fetches to adopt a version
+    tick_s: float = 30.0  # admission Tick per peer (lifts bans)
+    sample_s: float = 10.0  # how often time series are sampled
+    admission: AdmissionConfig = AdmissionConfig(
+        dedup_entries=4096,
+        dedup_ttl_s=300.0,
+        replay_window=64,
+        max_signers=1024,
+        max_rate_keys=1024,
+    )
+
+    def __post_init__(self) -> None:
+        if self.peers < 2 or self.duration_s <= 0 or self.publish_interval_s <= 0:
+            raise ValueError("a workload needs >= 2 peers, a duration and a publish interval")
+        if not (0 <= self.publishers <= 1 and 0 <= self.pullers <= 1):
+            raise ValueError("publishers and pullers are shares in [0, 1]")
+        if self.lifetime_s <= 0 or self.connect_to < 1 or self.pull_tries < 1:
+            raise ValueError("lifetime_s > 0, connect_to >= 1, pull_tries >= 1")
+
+
+class Swarm:
+    """Every virtual peer, the models between them, and what they measured."""
+
+    def __init__(
+        self,
+        wl: Workload,
+        net: NetConfig | None = None,
+        gossip: GossipConfig | None = None,
+        churn: ChurnConfig | None = None,
+        adversary: AdversaryConfig | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.wl, self.seed = wl, seed
+        self.gcfg = gossip or GossipConfig()
+        self.churn = churn or ChurnConfig()
+        self.adv = adversary or AdversaryConfig()
+        n = self.n = wl.peers
+        self.loop = EventLoop()
+        self.rng = derive_rng(seed, "swarm")
+        self._churn_rng = derive_rng(seed, "churn")
+        self._adv_rng = derive_rng(seed, "adversary")
+        self.net = Network(self.loop, net or NetConfig(), n, derive_rng(seed, "network"))
+        self.ids = peer_ids(n, seed)
+        self.index = {pid: i for i, pid in enumerate(self.ids)}
+        self.book = MessageBook("sim-run", self.ids)
+        self.run_rules = RunRules("sim-run", wl.max_staleness, frozenset({self.ids[0]}))
+        rules = self.book.rules()
+        self.adm = [Admission(self.run_rules, wl.admission, rules=rules) for _ in range(n)]
+        self.routers = [Router(self.gcfg.history_gossip) for _ in range(n)]
+        self.behaviour = self.adv.assign(n, self._adv_rng, exclude={0})
+        order = list(range(1, n))
+        self.rng.shuffle(order)
+        n_pull = max(1, round(wl.pullers * n))
+        self.puller = bytearray(n)
+        self.puller[0] = 1  # the trainer pulls every body
+        for p in order[: n_pull - 1]:
+            self.puller[p] = 1
+        self.publisher = bytearray(n)
+        for p in range(1, n):
+            self.publisher[p] = 1 if self.rng.random() < wl.publishers else 0
+        self.seq = [0] * n
+        self.version = [0] * n  # each peer's adopted policy version
+        self.session_start = [0.0] * n
+        self.online_list: list[int] = []  # online peers, for sampling (order deterministic)
+        self._online_pos: dict[int, int] = {}
+        self.bodies: dict[int, set[int]] = {}  # message id -> peers holding the body
+        self.pulling: dict[tuple[int, int], list[int]] = {}  # (peer, mid) -> sources left
+        self._pull_src: dict[tuple[int, int], int] = {}  # (peer, mid) -> source asked now
+        self.recent: list[SimMessage] = []  # published, not yet closed
+        self.old: list[SimMessage] = []  # closed (for replayers), bounded
+        self.m = Metrics()
+        self._trainer_version = 0
+        self.announce_times: dict[int, float] = {}
+
+    # -- helpers --------------------------------------------------------------------
+
+    def _score(self, me: int):
+        """`me`'s score of a peer; 0.0 for peers it never penalised (see Router.suspect)."""
+        scores, ids, now = self.adm[me].scores, self.ids, self.loop.now
+        suspect = self.routers[me].suspect
+        return lambda p: scores.score(ids[p], now) if p in suspect else 0.0
+
+    def _set_online(self, p: int, up: bool) -> None:
+        self.net.set_online(p, up)
+        if up:
+            self._online_pos[p] = len(self.online_list)
+            self.online_list.append(p)
+        else:
+            i = self._online_pos.pop(p)
+            last = self.online_list.pop()
+            if last != p:
+                self.online_list[i] = last
+                self._online_pos[last] = i
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bring every peer online at t=0 (in index order) and schedule the workload."""
+        wl, loop, rng = self.wl, self.loop, self.rng
+        for p in range(self.n):
+            self._join(p)
+        loop.at(self.gcfg.heartbeat_s, self._heartbeat)
+        loop.at(wl.tick_s, self._tick)
+        loop.at(0.0, self._sample)
+        for p in range(1, self.n):
+            if self.publisher[p] and self.behaviour[p] in (HONEST, Behaviour.WITHHOLD):
+                loop.at(rng.uniform(1.0, wl.publish_interval_s), self._publish_loop, p)
+            elif self.behaviour[p] != HONEST:
+                loop.at(self.adv.start_s + rng.random(), self._misbehave, p)
+        if wl.version_interval_s > 0:
+            loop.at(wl.version_interval_s, self._new_version)
+
+    def _join(self, p: int) -> None:
+        now = self.loop.now
+        self._set_online(p, True)
+        self.session_start[p] = now
+        self.routers[p].reset()
+        self.m.joins += 1
+        others = [q for q in self.online_list if q != p]
+        want = min(self.wl.connect_to, len(others))
+        for q in self.rng.sample(others, want) if others else ():
+            self._connect(p, q)
+        if self.churn.enabled:
+            self.loop.after(self.churn.session_s(self._churn_rng), self._leave, p)
+        if self.wl.version_interval_s > 0 and p != 0:
+            # Catch-up stand-in (until protocol/ has the catch-up rules): a joining peer
+            # learns the newest version its new neighbours hold and fetches it.
+            best = max((self.version[q] for q in self.net.conns[p]), default=0)
+            if best > self.version[p]:
+                self.loop.after(self.wl.checkpoint_bytes / self.net.down[p], self._adopt, p, best)
+
+    def _connect(self, a: int, b: int) -> None:
+        if self.adm[a].handle(PeerConnected(self.ids[b], self.loop.now)):
+            return  # a has b banned
+        if self.adm[b].handle(PeerConnected(self.ids[a], self.loop.now)):
+            return
+        if self.net.connect(a, b):
+            self.routers[a].dirty = self.routers[b].dirty = True
+
+    def _leave(self, p: int) -> None:
+        if not self.net.online[p]:
+            return
+        self.m.leaves += 1
+        crashed = self.churn.crashes(self._churn_rng)
+        self._set_online(p, False)
+        neighbours = sorted(self.net.conns[p])
+        if crashed:
+            self.loop.after(self.churn.dead_after_s, self._noticed, p, neighbours)
+        else:
+            self._noticed(p, neighbours)
+        self.loop.after(self.churn.offline_s(self._churn_rng), self._join, p)
+
+    def _noticed(self, p: int, neighbours: list[int]) -> None:
+        for q in neighbours:
+            if q in self.net.conns[p] and not (self.net.online[p] and self.net.online[q]):
+                self._drop_link(p, q)
+
+    def _drop_link(self, a: int, b: int) -> None:
+        self.net.disconnect(a, b)
+        for x, y in ((a, b), (b, a)):
+            r = self.routers[x]
+            if y in r.mesh:
+                r.mesh.discard(y)
+                r.dirty = True
+
+    # -- publishing -----------------------------------------------------------------
+
+    def _next_seq(self, p: int) -> int:
+        self.seq[p] += 1
+        return self.seq[p]
+
+    def _publish_loop(self, p: int) -> None:
+        self.loop.after(self.wl.publish_interval_s, self._publish_loop, p)
+        if self.net.online[p]:
+            self.publish(p)
+
+    def publish(self, p: int, *, valid: bool = True, content: bytes | None = None) -> SimMessage:
+        """`p` signs a new rollout header and sends it to its mesh."""
+        wl, now = self.wl, self.loop.now
+        msg = self.book.make(
+            Kind.ROLLOUT_HEADER,
+            p,
+            self._next_seq(p),
+            now,
+            wl.header_bytes,
+            self.version[p],
+            body_size=wl.body_bytes,
+            valid=valid,
+            n_peers=self.n,
+            content=content,
+        )
+        self.m.messages += 1
+        msg.got[p] = ADMITTED
+        self.bodies[msg.mid] = {p}
+        self.routers[p].mcache[-1].append(msg)
+        self.recent.append(msg)
+        self.loop.after(wl.lifetime_s, self._close, msg)
+        for q in sorted(self.routers[p].mesh):
+            self._send_msg(p, q, msg)
+        return msg
+
+    def _send_msg(self, a: int, b: int, msg: SimMessage, kind: str = "header") -> None:
+        self.net.send(a, b, msg.size, kind, self._receive, (b, a, msg), self._seen, eta=msg.eta)
+
+    def _seen(self, b: int, a: int, msg: SimMessage) -> bool:
+        got = msg.got
+        if got is not None and got[b]:
+            self.m.duplicates += 1
+            return True
+        return False
+
+    def _close(self, msg: SimMessage) -> None:
+        """Judge delivery among peers online for the message's whole lifetime."""
+        msg.closed = True
+        got, start, online, o = msg.got, self.session_start, self.net.online, msg.origin
+        if msg.valid and online[o] and start[o] <= msg.t0 and self.behaviour[o] == HONEST:
+            eligible = delivered = 0
+            for q in self.online_list:
+                if q != o and start[q] <= msg.t0 and self.behaviour[q] == HONEST:
+                    eligible += 1
+                    delivered += got[q] == ADMITTED
+            self.m.close(msg.t0, eligible, delivered)
+        msg.got = msg.eta = None
+        self.bodies.pop(msg.mid, None)
+        self.old.append(msg)
+        if len(self.old) > 1024:
+            del self.old[:512]
+
+    # -- receiving ------------------------------------------------------------------
+
+    def _receive(self, b: int, a: int, msg: SimMessage) -> None:
+        if msg.got is not None and msg.got[b]:
+            self.m.duplicates += 1  # a copy that overtook this one while it waited for CPU
+            return
+        if not self.net.online[b]:
+            self.m.delivered_offline += 1
+            return
+        now = self.loop.now
+        if msg.got is not None:
+            msg.got[b] = SEEN  # the router's seen-cache: marked before validation
+        actions = self.adm[b].handle(MessageReceived(self.ids[a], msg.kind, msg.token, now))
+        for act in actions:
+            t = type(act)
+            if t is Forward:
+                mesh = self.routers[b].mesh
+                for q in sorted(mesh):
+                    if q != a and q != msg.origin:
+                        self._send_msg(b, q, msg)
+            elif t is Deliver:
+                self._delivered(b, a, msg, now)
+            elif t is Reject:
+                self._rejected(b, a, act)
+            elif t is Disconnect:
+                self._drop_link(b, a)
+            elif t is Ban:
+                self.m.bans += 1
+
+    def _delivered(self, b: int, a: int, msg: SimMessage, now: float) -> None:
+        if msg.got is None:
+            return  # admitted after its lifetime (a replay): not a delivery we measure
+        msg.got[b] = ADMITTED
+        self.routers[b].mcache[-1].append(msg)
+        if msg.kind == Kind.WEIGHT_ANNOUNCE:
+            self._announced(b, msg)
+            return
+        self.m.delivered(now - msg.t0, self.net.min_delay(msg.origin, b, msg.size))
+        if self.puller[b] and b != msg.origin:
+            sources = [a] + ([msg.origin] if msg.origin != a else [])
+            self.pulling[(b, msg.mid)] = sources
+            self._pull(b, msg)
+
+    def _rejected(self, b: int, a: int, act: Reject) -> None:
+        self.m.rejects[str(act.reason)] += 1
+        if act.penalty < 0:
+            self.routers[b].dirty = True
+            self.routers[b].suspect.add(a)
+            if self.behaviour[a] == HONEST and self.behaviour[b] == HONEST:
+                self.m.honest_penalized += 1
+                self.m.honest_penalized_reasons[str(act.reason)] += 1
+
+    # -- body pull ------------------------------------------------------------------
+
+    def _pull(self, b: int, msg: SimMessage) -> None:
+        sources = self.pulling.get((b, msg.mid))
+        if not sources or not self.net.online[b]:
+            self.pulling.pop((b, msg.mid), None)
+            self._pull_src.pop((b, msg.mid), None)
+            self.m.pulls_failed += 1
+            return
+        src = sources.pop(0)
+        self._pull_src[(b, msg.mid)] = src
+        self.net.send(
+            b, src, 100, "pull_request", self._serve, (src, b, msg), need_conn=False, control=True
+        )
+        self.loop.after(self.wl.pull_timeout_s, self._pull_timeout, b, msg, src)
+
+    def _serve(self, src: int, b: int, msg: SimMessage) -> None:
+        if self.behaviour[src] == Behaviour.WITHHOLD:
+            return  # says nothing: the client's timeout rotates
+        holders = self.bodies.get(msg.mid)
+        if holders is None or src not in holders:
+            # An empty frame: "no body for that id" (node.rollout_exchange); rotate now.
+            self.net.send(
+                src,
+                b,
+                8,
+                "pull_empty",
+                self._no_body,
+                (b, src, msg),
+                need_conn=False,
+                control=True,
+            )
+            return
+        size = msg.size + msg.body_size
+        self.net.send(src, b, size, "body", self._got_body, (b, src, msg), need_conn=False)
+
+    def _got_body(self, b: int, src: int, msg: SimMessage) -> None:
+        if self.pulling.pop((b, msg.mid), None) is None:
+            return  # already done (or given up)
+        self._pull_src.pop((b, msg.mid), None)
+        now = self.loop.now
+        acts = self.adm[b].handle(
+            MessageReceived(self.ids[src], Kind.ROLLOUT_RECORD, msg.token, now)
+        )
+        for act in acts:
+            if type(act) is Reject:
+                self._rejected(b, src, act)
+            elif type(act) is Deliver:
+                self.m.pulls_ok += 1
+                self.m.body_latency_ms.append((now - msg.t0) * 1000.0)
+                size = msg.size + msg.body_size
+                self.m.body_bound_ms.append(self.net.min_delay(msg.origin, b, size) * 1000.0)
+                holders = self.bodies.get(msg.mid)
+                if holders is not None:
+                    holders.add(b)
+                if b == 0:
+                    self.m.used_at_trainer += 1
+        if b == 0 and any(type(x) is Reject and x.reason == "stale" for x in acts):
+            self.m.stale_at_trainer += 1
+
+    def _no_body(self, b: int, src: int, msg: SimMessage) -> None:
+        if (b, msg.mid) in self.pulling and self._pull_src.get((b, msg.mid)) == src:
+            self.m.pull_retries += 1
+            self._pull(b, msg)
+
+    def _pull_timeout(self, b: int, msg: SimMessage, src: int) -> None:
+        if (b, msg.mid) in self.pulling and self._pull_src.get((b, msg.mid)) == src:
+            self.m.pull_retries += 1
+            self._pull(b, msg)
+
+    # -- heartbeat, ticks, samples ---------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        cfg, now, net = self.gcfg, self.loop.now, self.net
+        self.loop.at(now + cfg.heartbeat_s, self._heartbeat)
+        for p in list(self.online_list):
+            r = self.routers[p]
+            if not r.needs_heartbeat(cfg):
+                continue
+            conns = net.conns[p]
+            score = self._score(p)
+            graft, prune = r.maintain(conns, score, cfg, self.rng, now)
+            for q in graft:
+                self.m.grafts += 1
+                if p in self.routers[q].suspect and self.adm[q].scores.score(self.ids[p], now) < 0:
+                    r.mesh.discard(q)  # q refuses the graft of a peer it scores negative
+                else:
+                    self.routers[q].mesh.add(p)
+                    self.routers[q].dirty = True
+            for q in prune:
+                self.m.prunes += 1
+                self.routers[q].mesh.discard(p)
+                self.routers[q].dirty = True
+            targets = r.gossip_targets(conns, score, cfg, self.rng)
+            if targets:
+                ids = [m for w in r.mcache for m in w if not m.closed]
+                if ids:
+                    size = cfg.control_bytes + cfg.id_bytes * len(ids)
+                    for q in targets:
+                        self.m.ihave += 1
+                        net.send(p, q, size, "ihave", self._on_ihave, (q, p, ids), control=True)
+            r.shift()
+
+    def _on_ihave(self, b: int, a: int, msgs: list[SimMessage]) -> None:
+        want = [m for m in msgs if m.got is not None and not m.got[b]]
+        if want:
+            size = self.gcfg.control_bytes + self.gcfg.id_bytes * len(want)
+            self.net.send(b, a, size, "iwant", self._on_iwant, (a, b, want), control=True)
+
+    def _on_iwant(self, a: int, b: int, msgs: list[SimMessage]) -> None:
+        for m in msgs:
+            if m.got is not None and m.got[a] == ADMITTED:
+                self.m.iwant_served += 1
+                self._send_msg(a, b, m, "iwant_reply")
+
+    def _tick(self) -> None:
+        now = self.loop.now
+        self.loop.at(now + self.wl.tick_s, self._tick)
+        for p in self.online_list:
+            if self.adm[p].handle(Tick(now)):
+                self.routers[p].dirty = True
+        self.recent = [m for m in self.recent if not m.closed]
+
+    def _sample(self) -> None:
+        now = self.loop.now
+        self.loop.at(now + self.wl.sample_s, self._sample)
+        if any(self.behaviour):
+            slots = sum(
+                1
+                for p in self.online_list
+                if self.behaviour[p] == HONEST
+                for q in self.routers[p].mesh
+                if self.behaviour[q] != HONEST
+            )
+            self.m.adversary_mesh.append((round(now, 3), slots))
+        if self.wl.version_interval_s > 0:
+            vs = sorted(
+                self.version[p] for p in self.online_list if p != 0 and self.behaviour[p] == HONEST
+            )
+            if vs:  # (t, lowest, the 1st percentile, highest) version among workers
+                self.m.version_spread.append((round(now, 3), vs[0], vs[len(vs) // 100], vs[-1]))
+
+    # -- versions -------------------------------------------------------------------
+
+    def _new_version(self) -> None:
+        self.loop.after(self.wl.version_interval_s, self._new_version)
+        now = self.loop.now
+        self._trainer_version += 1
+        v = self._trainer_version
+        self.version[0] = v
+        self.adm[0].handle(VersionChanged(v, now))
+        msg = self.book.make(
+            Kind.WEIGHT_ANNOUNCE, 0, self._next_seq(0), now, 1200, v, n_peers=self.n
+        )
+        msg.got[0] = ADMITTED
+        self.announce_times[v] = now
+        self.loop.after(self.wl.lifetime_s * 4, self._close_version, msg, v)
+        for q in sorted(self.routers[0].mesh):
+            self._send_msg(0, q, msg, "announce")
+
+    def _announced(self, b: int, msg: SimMessage) -> None:
+        fetch = self.wl.checkpoint_bytes / self.net.down[b]
+        self.loop.after(fetch, self._adopt, b, msg.version)
+
+    def _adopt(self, b: int, v: int) -> None:
+        if self.net.online[b] and v > self.version[b]:
+            self.version[b] = v
+            self.adm[b].handle(VersionChanged(v, self.loop.now))
+
+    def _close_version(self, msg: SimMessage, v: int) -> None:
+        msg.got = msg.eta = None
+        msg.closed = True
+
+    # -- adversaries ----------------------------------------------------------------
+
+    def _misbehave(self, p: int) -> None:
+        beh, adv, rng = self.behaviour[p], self.adv, self._adv_rng
+        rate = {
+            Behaviour.SPAM: adv.spam_rate,
+            Behaviour.INVALID: adv.invalid_rate,
+            Behaviour.DUPLICATE: adv.duplicate_rate,
+            Behaviour.REPLAY: adv.replay_rate,
+        }[Behaviour(beh)]
+        self.loop.after(rng.expovariate(rate), self._misbehave, p)
+        if not self.net.online[p]:
+            return
+        targets = sorted(self.net.conns[p])
+        if beh == Behaviour.SPAM or beh == Behaviour.INVALID:
+            msg = self.publish(p, valid=beh == Behaviour.SPAM)
+            for q in targets:
+                if q not in self.routers[p].mesh:
+                    self._send_msg(p, q, msg, "spam")
+        elif beh == Behaviour.DUPLICATE:
+            self.publish(p, content=b"duplicate-work-" + self.ids[p])
+        elif beh == Behaviour.REPLAY and self.old and targets:
+            old = self.old[rng.randrange(len(self.old))]
+            self._send_msg(p, targets[rng.randrange(len(targets))], old, "replay")
+
+    # -- running --------------------------------------------------------------------
+
+    def run(self, progress=None) -> dict:
+        """Start, run to the workload's end, and return the summary figures."""
+        self.start()
+        self.loop.run(self.wl.duration_s, progress)
+        return self.summary()
+
+    def summary(self) -> dict:
+        c = self.net.c
+        self.m.duplicates_suppressed = c.copies_suppressed
+        out = self.m.summary()
+        out.update(
+            {
+                "peers": self.n,
+                "virtual_s": self.wl.duration_s,
+                "events": self.loop.events,
+                "bytes_sent": c.bytes_sent,
+                "bytes_received": c.bytes_received,
+                "bytes_dropped": c.bytes_dropped,
+                "bytes_in_flight": c.in_flight_bytes,
+                "bytes_by_kind": dict(sorted(c.by_kind.items())),
+                "lost": c.lost,
+                "dropped_offline": c.dropped_offline,
+                "refused_connections": c.refused_connections,
+                "adversaries": sum(1 for b in self.behaviour if b),
+                "stale_at_trainer": self.m.stale_at_trainer,
+                "used_at_trainer": self.m.used_at_trainer,
+            }
+        )
+        return out
