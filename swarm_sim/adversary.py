@@ -8,7 +8,7 @@ run only the real rules (`protocol.admission`, `protocol.peer_score`).
     SPAM       publishes its own validly signed headers at `spam_rate` per second to every
                connected peer (admission's signer rate limit penalises it, as signer)
     INVALID    sends forged headers (bad signature) at `invalid_rate` to every peer
-    DUPLICATE  republishes its earlier work under fresh envelopes (same content id)
+    DUPLICATE  republishes one unit of work (same body digest) under fresh headers
     REPLAY     re-sends other peers' old messages to its neighbours, as a relay
     WITHHOLD   announces and forwards headers but never serves a body pull
 

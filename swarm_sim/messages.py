@@ -52,10 +52,13 @@ class SimMessage:
 
 
 @dataclass(frozen=True, slots=True)
-class _Versioned:
-    """The decoded object admission reads of a stand-in (weights: `.version`)."""
+class _StandIn:
+    """What admission reads of a decoded stand-in: a rollout's unit of work (`counter`,
+    `body_digest`), a weight announcement's `version`."""
 
     version: int
+    counter: int
+    body_digest: bytes
 
 
 class MessageBook:
@@ -83,10 +86,12 @@ class MessageBook:
         body_size: int = 0,
         valid: bool = True,
         n_peers: int = 0,
-        content: bytes | None = None,
+        body_digest: bytes | None = None,
+        counter: int | None = None,
     ) -> SimMessage:
-        """A new message signed by `origin` at `now` (`content` fixes its content id, so a
-        duplicate of earlier work can be made)."""
+        """A new message signed by `origin` at `now`. `body_digest` (default: the content
+        id) and `counter` (default: the sequence number) name its unit of work, so a
+        duplicate of earlier work can be made."""
         mid = self.next_mid
         self.next_mid += 1
         token = mid.to_bytes(8, "big")
@@ -100,9 +105,11 @@ class MessageBook:
             payload=token,
             signature=bytes(64),
         )
-        cid = content if content is not None else hashlib.sha256(token).digest()
+        cid = hashlib.sha256(token).digest()
         if valid:
-            self._opened[token] = Opened(env, _Versioned(version), cid, header=token)
+            digest = cid if body_digest is None else body_digest
+            obj = _StandIn(version, seq if counter is None else counter, digest)
+            self._opened[token] = Opened(env, obj, cid, header=token)
         else:
             self._forged.add(token)
         return SimMessage(

@@ -24,6 +24,7 @@ admission refuses rollouts older than S (`Reason.STALE`).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from protocol.admission import (
@@ -246,7 +247,9 @@ class Swarm:
         if self.net.online[p]:
             self.publish(p)
 
-    def publish(self, p: int, *, valid: bool = True, content: bytes | None = None) -> SimMessage:
+    def publish(
+        self, p: int, *, valid: bool = True, body_digest: bytes | None = None
+    ) -> SimMessage:
         """`p` signs a new rollout header and sends it to its mesh."""
         wl, now = self.wl, self.loop.now
         msg = self.book.make(
@@ -259,7 +262,7 @@ class Swarm:
             body_size=wl.body_bytes,
             valid=valid,
             n_peers=self.n,
-            content=content,
+            body_digest=body_digest,
         )
         self.m.messages += 1
         msg.got[p] = ADMITTED
@@ -543,7 +546,7 @@ class Swarm:
                 if q not in self.routers[p].mesh:
                     self._send_msg(p, q, msg, "spam")
         elif beh == Behaviour.DUPLICATE:
-            self.publish(p, content=b"duplicate-work-" + self.ids[p])
+            self.publish(p, body_digest=hashlib.sha256(b"same-work" + self.ids[p]).digest())
         elif beh == Behaviour.REPLAY and self.old and targets:
             old = self.old[rng.randrange(len(self.old))]
             self._send_msg(p, targets[rng.randrange(len(targets))], old, "replay")

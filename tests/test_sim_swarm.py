@@ -155,3 +155,14 @@ def test_broadcast_finishes_no_faster_than_its_bound():
     assert r["unfinished"] == 0
     assert r["completion_max_s"] >= r["lower_bound_s"] > 0
     assert r["star_s"] > r["lower_bound_s"]
+
+
+def test_duplicated_work_costs_its_signer_and_no_honest_peer():
+    sw = Swarm(SMALL, adversary=AdversaryConfig(fractions={"duplicate": 0.07}), seed=6)
+    dups = {p for p in range(sw.n) if sw.behaviour[p] == Behaviour.DUPLICATE}
+    sw.run()
+    assert sw.m.rejects["double_work"] > 0
+    assert sw.m.honest_penalized == 0
+    for p in range(sw.n):
+        if p not in dups:
+            assert not (sw.routers[p].mesh & dups)
