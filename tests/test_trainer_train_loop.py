@@ -206,3 +206,24 @@ def test_offline_train_command(tok, tmp_path, monkeypatch):
     # resumed at version 1: the version-0 rollouts are within S = 2, training continues
     assert again["versions_published"] == [2] and again["policy_version"] == 2
     json.dumps(again)
+
+
+def test_in_process_groups_carry_sampler_logprobs_and_scores(tok):
+    from trainer.engine import SamplingSettings
+    from trainer.engine_hf import HFEngine
+    from trainer.groups import generate_groups, paired_ci95
+
+    model = _model(tok)
+    tasks = TaskSet(4)
+    groups = generate_groups(
+        HFEngine(model, tok, max_batch=8), tok, tasks, [("tiny-products", 0), ("tiny-products", 1)],
+        group_size=3, settings=SamplingSettings(max_new_tokens=6), seed=1,
+    )  # fmt: skip
+    assert [len(g) for g in groups] == [3, 3]
+    s = groups[0][0]
+    assert len(s.sampler_logprobs) == len(s.completion_ids) and s.reward in (0.0, 1.0)
+    lp, mask = completion_logprobs(model, [s], tok.pad_token_id)
+    n = int(mask.sum())
+    assert torch.allclose(lp[0, :n], torch.tensor(s.sampler_logprobs), atol=1e-4)
+    lo, hi = paired_ci95([False] * 50 + [True] * 50, [True] * 100)
+    assert 0.35 < lo < 0.5 < hi < 0.65

@@ -1,29 +1,44 @@
-"""The trainer role (until the training issue lands): collect verified rollouts, report.
+"""The trainer role: train on verified rollouts and publish policy versions.
 
-It pulls every body (they land in the store), follows validators' verdicts, and reports
-what it would train on at the current policy version. Which rollouts count is the run's
-rule, not this module's: `protocol.verified.judge` (only verdicts of keys that may judge,
-never the producer's own, naming the right producer, with the manifest's quorum) and
-`protocol.accounting.WorkLedger` (dense counters: a producer that withholds counters past
-its allowance is refused and scored down, and withheld work counts as reward 0).
-It never publishes weights, so the run stays at a fixed policy version.
-Memory is bounded: it remembers at most `MAX_TRACKED` rollouts (oldest forgotten first).
+Which rollouts count is the run's rule, not this module's: `protocol.verified.judge` (only
+verdicts of keys that may judge, never the producer's own, naming the right producer, with
+the manifest's quorum) and `protocol.accounting.WorkLedger` (dense counters: a producer
+that withholds counters past its allowance is refused and scored down, and withheld work
+counts as reward 0). A verified rollout is then re-scored from its task
+(`trainer.samples.Rescorer`: a claimed reward that differs is never trained on), queued in
+`trainer.train_loop.Trainer` (staleness bound S from the manifest) and trained on in
+groups; every `rl.publish_every` groups the trainer checkpoints and publishes the next
+version through `peer.weights.publish` (the broadcast path). On restart it resumes from
+its checkpoint (`<data dir>/trainer/`) at the version it last published; a version number
+is never handed out twice (the checkpoint is written before the publish, and the weights
+store numbers versions `newest + 1`).
+
+Resource handling: model work (re-scoring, forward/backward, AdamW) runs in a worker
+thread, one batch at a time, so the event loop keeps its deadlines. Rollouts waiting for a
+verdict are bounded (`MAX_WAITING`, oldest dropped) and so are tracked rollouts.
+Error handling: a rollout that cannot be re-scored is counted under its refusal reason and
+dropped; a failed publish is logged in `status` and retried at the next cadence point.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from typing import Any
 
 import trio
 
 from node.roles import RoleContext
+from node.weights_store import WeightsError
 from protocol.accounting import WorkLedger
 from protocol.admission import Admitted, Kind
 from protocol.authority import Authority
 from protocol.verified import Status, VerifiedRule, Vote, judge
 
 PULLS_BODIES = True
+NEEDS_MODEL = True
+MAX_WAITING = 8192  # opened rollouts waiting for verdicts
+STEP_POLL_S = 1.0
 MAX_TRACKED = 100_000
 MAX_VOTES = 16  # votes remembered per rollout
 REPORT_EVERY_S = 2.0
@@ -109,28 +124,112 @@ class Collector:
         }
 
 
+def _load(ctx: RoleContext, manifest: Any) -> tuple[Any, Any, bytes]:
+    """Model, tokenizer and the canonical bytes of the starting weights (blocking)."""
+    from node.commands.rollouts import check_datasets, resolve_model
+    from trainer.checkpoint import from_state_dict
+    from trainer.model_dir import load_model_dir
+
+    check_datasets(manifest, "run manifest")
+    model, tokenizer = load_model_dir(resolve_model(ctx.model, manifest.model, ctx.models_dir))
+    return model, tokenizer, from_state_dict(model.state_dict())
+
+
+def _train(trainer: Any, rescorer: Any, ready: list[Any], threads: int | None) -> int:
+    """Re-score and queue `ready`, then step until a version is due or groups run out.
+    Returns the number of steps taken (runs in a worker thread)."""
+    from trainer.engine_hf import torch_threads
+    from trainer.samples import Refused
+
+    for ro in ready:
+        try:
+            trainer.add(rescorer.sample(ro))
+        except Refused as exc:
+            trainer.refused[exc.reason] += 1
+    steps = 0
+    version = trainer.version
+    with torch_threads(threads):
+        while trainer.version == version and trainer.step() is not None:
+            steps += 1
+    return steps
+
+
+def _pick(
+    collector: Collector, waiting: OrderedDict[bytes, Any], version: int, s: int
+) -> list[Any]:
+    """Take the verified rollouts out of `waiting`; drop rejected and stale ones."""
+    ready = []
+    for rid in list(waiting):
+        t = collector.tracks.get(rid)
+        if t is None or version - waiting[rid].envelope.policy_version > s:
+            del waiting[rid]
+            continue
+        st = collector.status(t)
+        if st is Status.VERIFIED and collector.ledger.allowed(t.producer):
+            ready.append(waiting.pop(rid))
+        elif st is Status.REJECTED or not collector.ledger.allowed(t.producer):
+            del waiting[rid]
+    return ready
+
+
 async def run(peer: Any, ctx: RoleContext) -> None:
-    collector = Collector(
-        peer.admission.authority, VerifiedRule(quorum=peer.manifest.verdict_quorum)
-    )
+    from trainer.samples import Rescorer
+    from trainer.train_loop import Trainer
+
+    manifest = peer.manifest
+    collector = Collector(peer.admission.authority, VerifiedRule(quorum=manifest.verdict_quorum))
+    waiting: OrderedDict[bytes, Any] = OrderedDict()
 
     def on_deliver(item: Admitted) -> None:
         bad = collector.on_deliver(item)
         if bad is not None:
             peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters")
+        if item.kind is Kind.ROLLOUT_RECORD:
+            waiting[item.content_id] = item.obj
+            if len(waiting) > MAX_WAITING:
+                waiting.popitem(last=False)
 
     peer.on_deliver(on_deliver)
-    ctx.say("trainer: collecting verified rollouts (training not built yet: fixed policy version)")
+    model, tokenizer, base = await trio.to_thread.run_sync(_load, ctx, manifest)
+    if peer.weights is not None:
+        await peer.weights.adopt_base(base)
+    trainer = await trio.to_thread.run_sync(
+        lambda: Trainer.from_manifest(model, tokenizer, manifest, ckpt_dir=ctx.data_dir / "trainer")
+    )
+    rescorer = Rescorer(manifest, tokenizer)
+    published = peer.weights.newest() or 0 if peer.weights is not None else trainer.version
+    trainer.version = max(trainer.version, published)
+    ctx.say(
+        f"trainer: {'resumed' if trainer.resumed else 'starting'} at version {trainer.version}; "
+        f"training on verified rollouts, a version every {manifest.rl_publish_every} groups"
+    )
+    publish_error = None
     last_print = trio.current_time()
     while True:
-        await trio.sleep(REPORT_EVERY_S)
-        summary = collector.summarize(peer.policy_version, peer.manifest.max_staleness)
-        ctx.status.update(summary)
+        ready = _pick(collector, waiting, trainer.version, manifest.max_staleness)
+        steps = await trio.to_thread.run_sync(_train, trainer, rescorer, ready, ctx.threads)
+        if peer.weights is not None and trainer.version > published:
+            try:
+                state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                published = await peer.weights.publish(state)
+                publish_error = None
+                if published != trainer.version:  # the store numbered it: follow the store
+                    trainer.version = published
+                    await trio.to_thread.run_sync(trainer.save_checkpoint)
+                ctx.say(f"trainer: published version {published} after {trainer.steps} steps")
+            except WeightsError as exc:  # a failed publish must not stop training: retried
+                publish_error = f"{type(exc).__name__}: {exc}"
+        summary = collector.summarize(trainer.version, manifest.max_staleness)
+        ctx.status.update(summary, **trainer.status(), published=published, waiting=len(waiting))
+        ctx.status["publish_error"] = publish_error
+        ctx.status["updated_at"] = time.time()
         if trio.current_time() - last_print >= PRINT_EVERY_S:
             last_print = trio.current_time()
+            last = trainer.last_stats
             ctx.say(
-                f"trainer: would train on {summary['usable_at_version']} verified rollouts "
-                f"({summary['task_groups']} tasks, reward mean {summary['usable_reward_mean']}) "
-                f"at version {peer.policy_version}; {summary['bodies']} received, "
-                f"{summary['rejected']} rejected by validators, {summary['unverified']} not audited"
+                f"trainer: version {trainer.version}, {trainer.steps} steps, "
+                f"{summary['verified']} verified, reward mean {last.get('reward_mean', 0):.3f}, "
+                f"{trainer.status()['train_tokens_per_s']} tokens/s, refused {dict(trainer.refused)}"
             )
+        if steps == 0:
+            await trio.sleep(STEP_POLL_S)

@@ -1,0 +1,290 @@
+"""`swarm-node bench learn`: does training make the built-in policy better, and what helps.
+
+- `sapo`: P peers (8; `--quick` 4), each training its own copy locally for R rounds on
+  I own + J foreign groups per round (I + J = 8 groups of G = 4: the same number of
+  training samples in every configuration), I/J in 8/0, 6/2, 4/4, 2/6 (`--quick`: 8/0,
+  4/4), over seeds (3; `--quick` 1). Identical peers on one task mix gain nothing from
+  sharing (DESIGN.md §3), so the peers differ: half draw their own tasks from
+  `tiny-chain-sum-4` only, half from `tiny-products` only; what one half practises the
+  other lacks. Foreign groups are other peers' own groups of the same round (what gossip
+  would bring), picked at random, with importance weights against their sampler
+  log-probs (truncated at C = 2). Reward counted: each round every peer also answers a
+  probe of the full mix (`PROBE` tasks, one sample each, never trained on);
+  `cumulative_reward` is the sum of a peer's probe rewards over the rounds, mean and sd
+  over peers x seeds; `ratio_vs_isolated` is a configuration's mean over 8/0's. 4/4 runs
+  once more with C = 0 (no importance correction, SAPO's code): `ratio_vs_isolated_no_is`.
+- `async`: one trainer, K steps of 8 groups x 4, rollouts sampled by the policy S
+  versions behind, S in {0, 2, 8}. For S > 0 the next batch is generated in a second
+  thread while the trainer steps (what asynchrony buys on two cores). `final_solve_rate`
+  on N held-out tasks (512; `--quick` 64) and `wall_s` per S.
+- `devnet` (full run only; `--quick` reports null): held-out solve rate of the built-in
+  policy and of the devnet trainer's last checkpoint after a default `swarm-node devnet`,
+  on the same 512 held-out tasks: `solve_rate_before`, `solve_rate_after`, and a paired
+  95% interval of the difference (`ci95_low`, `ci95_high`).
+- `train_tokens_per_s`, `trainer_rss_mb`: the S = 0 trainer's completion tokens trained
+  per second of training time, and this process's peak RSS.
+Extra arguments: `--data-dir DIR`, `--rounds R`, `--steps K`, `--no-devnet`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+GROUP = 4
+GROUPS_PER_ROUND = 8
+PROBE = 16
+LR = 1e-3  # local rounds are few: a higher rate than the run default, clipped grads
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(quick: bool, args: list[str]) -> dict[str, Any]:
+    from node.errors import CommandError
+
+    ap = argparse.ArgumentParser(prog="swarm-node bench learn", add_help=False)
+    ap.add_argument("--data-dir")
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--no-devnet", action="store_true")
+    try:
+        opts = ap.parse_args(args)
+    except SystemExit:
+        raise CommandError(
+            f"bench learn: bad arguments {args}; allowed: --data-dir, --rounds, --steps, --no-devnet"
+        ) from None
+    import torch
+
+    from trainer import tiny_policy
+    from trainer.engine_hf import torch_threads
+    from trainer.model_dir import load_model_dir
+
+    torch.set_num_threads(1)
+    path, _report, _built = tiny_policy.ensure_policy(opts.data_dir, progress=_say)
+    base, tok = load_model_dir(path)
+    t0 = time.perf_counter()
+    with torch_threads(1):
+        sapo = _sapo(base, tok, quick, opts.rounds)
+        asy, trainer_status = _async(base, tok, quick, opts.steps)
+    devnet = None if quick or opts.no_devnet else _devnet(base, tok)
+    return {
+        "quick": quick,
+        "sapo": sapo,
+        "async": asy,
+        "devnet": devnet,
+        "train_tokens_per_s": trainer_status["train_tokens_per_s"],
+        "trainer_rss_mb": trainer_status["trainer_rss_mb"],
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def _trainer(model: Any, tok: Any, *, is_bound: float = 2.0, lr: float = LR) -> Any:
+    from trainer.loss import LossSettings
+    from trainer.train_loop import Trainer
+
+    return Trainer(
+        model, tok, group_size=GROUP, max_staleness=None, loss=LossSettings(is_bound=is_bound),
+        lr=lr, groups_per_step=GROUPS_PER_ROUND, publish_every=10**9,
+    )  # fmt: skip
+
+
+def _settings() -> Any:
+    from trainer.engine import SamplingSettings
+    from trainer.tiny_policy import DEFAULT_MAX_NEW_TOKENS
+
+    return SamplingSettings(temperature=1.0, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
+
+
+# ------------------------------------------------------------------------------- sapo
+def _sapo(base: Any, tok: Any, quick: bool, rounds: int | None) -> dict[str, Any]:
+    configs = [(8, 0), (4, 4)] if quick else [(8, 0), (6, 2), (4, 4), (2, 6)]
+    peers = 4 if quick else 8
+    seeds = [0] if quick else [0, 1, 2]
+    rounds = rounds or (2 if quick else 30)
+    out: dict[str, Any] = {"peers": peers, "rounds": rounds, "seeds": len(seeds)}
+    runs = [(i, j, 2.0) for i, j in configs] + [(4, 4, 0.0)]
+    totals: dict[tuple[int, int, float], list[float]] = {}
+    for i, j, c in runs:
+        vals: list[float] = []
+        for seed in seeds:
+            t = time.perf_counter()
+            vals += _sapo_run(base, tok, peers, rounds, i, j, c, seed)
+            _say(
+                f"sapo {i}/{j} C={c} seed {seed}: {statistics.mean(vals):.2f} ({time.perf_counter() - t:.0f}s)"
+            )
+        totals[(i, j, c)] = vals
+    isolated = statistics.mean(totals[(8, 0, 2.0)])
+    for i, j in configs:
+        v = totals[(i, j, 2.0)]
+        out[f"{i}/{j}"] = {
+            "cumulative_reward_mean": round(statistics.mean(v), 3),
+            "cumulative_reward_sd": round(statistics.stdev(v), 3) if len(v) > 1 else 0.0,
+            "ratio_vs_isolated": round(statistics.mean(v) / isolated, 3) if isolated else None,
+        }
+    no_is = statistics.mean(totals[(4, 4, 0.0)])
+    out["4/4"]["ratio_vs_isolated_no_is"] = round(no_is / isolated, 3) if isolated else None
+    out["4/4"]["cumulative_reward_mean_no_is"] = round(no_is, 3)
+    return out
+
+
+def _sapo_run(
+    base: Any,
+    tok: Any,
+    n_peers: int,
+    rounds: int,
+    own: int,
+    foreign: int,
+    is_bound: float,
+    seed: int,
+) -> list[float]:
+    """Per peer: the sum of its probe rewards over the rounds."""
+    from trainer.engine_hf import HFEngine
+    from trainer.groups import generate_groups
+    from trainer.tasks import TaskSet
+    from trainer.tiny_policy import TASK_MIX
+
+    names = [n for n, _ in TASK_MIX]
+    rng = random.Random(seed)
+    models = [copy.deepcopy(base) for _ in range(n_peers)]
+    trainers = [_trainer(m, tok, is_bound=is_bound) for m in models]
+    engines = [HFEngine(m, tok, max_batch=64) for m in models]
+    tasks = TaskSet(1000 + seed)
+    probe_tasks = TaskSet(2000 + seed)
+    settings = _settings()
+    cumulative = [0.0] * n_peers
+    for r in range(rounds):
+        made = []
+        for p in range(n_peers):
+            name = names[p % len(names)]  # the peer's specialty
+            items = [(name, (r * n_peers + p) * 64 + k) for k in range(own)]
+            made.append(
+                generate_groups(engines[p], tok, tasks, items, group_size=GROUP, settings=settings,
+                                seed=seed * 7919 + r * 131 + p, producer=b"p%d" % p)
+            )  # fmt: skip
+            probe = [(names[k % len(names)], r * PROBE + k) for k in range(PROBE)]
+            probed = generate_groups(engines[p], tok, probe_tasks, probe, group_size=1,
+                                     settings=settings, seed=seed * 31 + r)  # fmt: skip
+            cumulative[p] += sum(g[0].reward for g in probed) / PROBE
+        for p in range(n_peers):
+            pool = [g for q in range(n_peers) if q != p for g in made[q]]
+            taken = rng.sample(pool, min(foreign, len(pool)))
+            trainers[p].train_on(made[p][:own] + taken)
+    return cumulative
+
+
+# ------------------------------------------------------------------------------ async
+def _async(base: Any, tok: Any, quick: bool, steps: int | None) -> tuple[dict[str, Any], dict]:
+    from trainer.engine_hf import HFEngine
+    from trainer.groups import heldout_items, heldout_solved
+    from trainer.tiny_policy import DEFAULT_MAX_NEW_TOKENS, TASK_MIX
+
+    steps = steps or (3 if quick else 60)
+    n_eval = 64 if quick else 512
+    items = heldout_items([n for n, w in TASK_MIX for _ in range(w)], n_eval)
+    out: dict[str, Any] = {"steps": steps, "heldout_tasks": n_eval}
+    status0: dict[str, Any] = {}
+    for s in (0, 2, 8):
+        model = copy.deepcopy(base)
+        trainer = _trainer(model, tok, lr=3e-4)
+        t = time.perf_counter()
+        _async_run(model, tok, trainer, steps, s)
+        wall = time.perf_counter() - t
+        solved = heldout_solved(
+            HFEngine(model, tok, max_batch=128), tok, items, DEFAULT_MAX_NEW_TOKENS
+        )
+        out[f"S={s}"] = {
+            "final_solve_rate": round(sum(solved) / len(solved), 4),
+            "wall_s": round(wall, 1),
+        }
+        _say(f"async S={s}: {out[f'S={s}']}")
+        if s == 0:
+            status0 = trainer.status()
+    return out, status0
+
+
+def _async_run(model: Any, tok: Any, trainer: Any, steps: int, lag: int) -> None:
+    """K steps; batch k is sampled by the weights of step max(0, k - lag). With lag > 0
+    the next batch is generated in a thread while this one trains."""
+    from trainer.engine_hf import HFEngine, torch_threads
+    from trainer.groups import generate_groups
+    from trainer.tasks import TaskSet
+    from trainer.tiny_policy import TASK_MIX
+
+    names = [n for n, w in TASK_MIX for _ in range(w)]
+    tasks = TaskSet(3000)
+    settings = _settings()
+    history = [copy.deepcopy(model.state_dict())]  # weights after each step
+    sampler = copy.deepcopy(model)
+    engine = HFEngine(sampler, tok, max_batch=64)
+
+    def make(k: int) -> list[Any]:
+        sampler.load_state_dict(history[max(0, k - lag)] if lag else model.state_dict())
+        items = [(names[(k * 8 + g) % len(names)], k * 8 + g) for g in range(GROUPS_PER_ROUND)]
+        with torch_threads(1):
+            return generate_groups(engine, tok, tasks, items, group_size=GROUP, settings=settings,
+                                   seed=k, version=max(0, k - lag))  # fmt: skip
+
+    box: dict[int, Any] = {}
+    nxt = make(0)
+    for k in range(steps):
+        batch = nxt
+        worker = None
+        if lag and k + 1 < steps:
+            worker = threading.Thread(target=lambda k=k: box.__setitem__(k + 1, make(k + 1)))
+            worker.start()
+        trainer.train_on(batch)
+        history.append(copy.deepcopy(model.state_dict()))
+        if len(history) > lag + 2:
+            history[-(lag + 3)] = None  # keep only what a lagging sampler can still ask for
+        if k + 1 < steps:
+            if worker is not None:
+                worker.join()
+                nxt = box.pop(k + 1)
+            else:
+                nxt = make(k + 1)
+
+
+# ----------------------------------------------------------------------------- devnet
+def _devnet(base: Any, tok: Any) -> dict[str, Any]:
+    import torch
+
+    from node.commands import devnet
+    from trainer.engine_hf import HFEngine
+    from trainer.groups import heldout_items, heldout_solved, paired_ci95
+    from trainer.tiny_policy import DEFAULT_MAX_NEW_TOKENS, TASK_MIX
+    from trainer.train_loop import CKPT_FILE
+
+    items = heldout_items([n for n, w in TASK_MIX for _ in range(w)], 512)
+    before = heldout_solved(HFEngine(base, tok, max_batch=128), tok, items, DEFAULT_MAX_NEW_TOKENS)
+    with tempfile.TemporaryDirectory() as d:
+        report = devnet.main(out=Path(d) / "report", live=False)
+        ckpts = list(Path(d).rglob(CKPT_FILE))
+        after_model = copy.deepcopy(base)
+        version = 0
+        if ckpts:
+            state = torch.load(ckpts[0], map_location="cpu", weights_only=True)
+            after_model.load_state_dict(state["model"])
+            version = int(state["version"])
+    after = heldout_solved(
+        HFEngine(after_model, tok, max_batch=128), tok, items, DEFAULT_MAX_NEW_TOKENS
+    )
+    lo, hi = paired_ci95(before, after)
+    return {
+        "solve_rate_before": round(sum(before) / len(before), 4),
+        "solve_rate_after": round(sum(after) / len(after), 4),
+        "ci95_low": round(lo, 4),
+        "ci95_high": round(hi, 4),
+        "heldout_tasks": len(items),
+        "trainer_version": version,
+        "duration_s": report.get("duration_s"),
+    }
