@@ -47,6 +47,11 @@ item has a test in `tests/test_node_host.py` that fails if the default comes bac
 15. A listen address that cannot be bound (port in use, address not on this machine)
     is logged and skipped: the host runs unreachable -> `open_host()` checks that every
     requested address got a listener and raises `ListenFailed` naming it and why.
+17. Liveness used a private `/swarm-rl/ping/1`, so a standard peer (js-libp2p, Go) that
+    answers only `/ipfs/ping/1.0.0` was dropped after `peer_dead_after_s` -> the
+    heartbeat is the standard ping (32 random bytes echoed); identify said
+    `py-libp2p/<version>` -> it says `swarm-node/<version>` (`AGENT`); GossipSub offered
+    only `/meshsub/1.0.0` -> it offers 1.2, 1.1 and 1.0, the newest both sides speak wins.
 16. Listen sockets get SO_REUSEPORT (for hole punching), so two nodes on the same port
     both "listen" and the kernel splits connections between them -> the library's
     socket-flag helper is replaced by one that sets SO_REUSEADDR only.
@@ -72,6 +77,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import libp2p.identity.identify.identify as _libp2p_identify
 import libp2p.pubsub.pubsub as _libp2p_pubsub
 import libp2p.transport.tcp.tcp as _libp2p_tcp
 import multiaddr
@@ -106,7 +112,25 @@ MAX_GOSSIP_BYTES = 1_000_000
 MAX_FRAME_BYTES = 5 * 1024 * 1024
 # The subscription queue we install in place of the library's 32.
 SUBSCRIPTION_QUEUE = 4096
-PING_PROTOCOL = TProtocol("/swarm-rl/ping/1")
+PING_PROTOCOL = TProtocol("/ipfs/ping/1.0.0")  # workaround 17: the standard ping
+PING_BYTES = 32
+GOSSIPSUB_PROTOCOLS = [  # workaround 17: newest first
+    TProtocol("/meshsub/1.2.0"),
+    TProtocol("/meshsub/1.1.0"),
+    GOSSIPSUB_PROTOCOL_ID,
+]
+
+
+def _agent() -> str:
+    try:
+        from importlib.metadata import version
+
+        return f"swarm-node/{version('swarm-node')}"
+    except Exception:  # not installed (a source checkout): the pyproject version
+        return "swarm-node/0.1.0"
+
+
+AGENT = _agent()
 _FRAME_HEADER = struct.Struct(">I")
 
 
@@ -243,6 +267,14 @@ class FramedStream:
             raise FrameTooLarge(self.peer, f"announced a {size} byte frame (cap {cap})")
         return await self._read_exactly(size)
 
+    async def write_raw(self, data: bytes) -> None:
+        """Write bytes as they are (for protocols that are not framed, e.g. ping)."""
+        await self._io(self._stream.write(data), "write")
+
+    async def read_exactly(self, n: int) -> bytes:
+        """Read exactly `n` unframed bytes."""
+        return await self._read_exactly(n)
+
     async def _read_exactly(self, n: int) -> bytes:
         while len(self._buffer) < n:
             chunk = await self._io(self._stream.read(max(n - len(self._buffer), 65536)), "read")
@@ -339,6 +371,8 @@ def _apply_library_patches() -> None:
     _libp2p_pubsub.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_QUEUE
     # Workaround 16: looked up at call time by the TCP listener and the hole-punch dialer.
     _libp2p_tcp._set_reuse_flags = _reuse_addr_only
+    # Workaround 17: identify reads this module constant when it answers.
+    _libp2p_identify.AGENT_VERSION = AGENT
 
 
 def _tcp_target(addr: multiaddr.Multiaddr) -> tuple[str, int] | None:
@@ -449,7 +483,7 @@ class SwarmHost:
             ),
         )
         self._gossipsub = GossipSub(
-            protocols=[GOSSIPSUB_PROTOCOL_ID],
+            protocols=list(GOSSIPSUB_PROTOCOLS),  # workaround 17
             degree=settings.gossip_degree,
             degree_low=settings.gossip_degree_low,
             degree_high=settings.gossip_degree_high,
@@ -624,13 +658,15 @@ class SwarmHost:
     # -- application heartbeat (workaround 10) -------------------------------------------
 
     async def _handle_ping(self, stream: Any) -> None:
+        """The standard ping's answer: echo each 32 bytes (under deadlines, unlike the
+        library's own handler, which this replaces)."""
         framed = FramedStream(stream, stream.muxed_conn.peer_id.to_base58(), self.settings)
         deadline = self.settings.peer_dead_after_s * 3
         try:
             while True:
                 with trio.fail_after(deadline):
-                    nonce = await framed.receive(64)
-                await framed.send(nonce)
+                    nonce = await framed.read_exactly(PING_BYTES)
+                await framed.write_raw(nonce)
         except (HostError, trio.TooSlowError):
             pass
         finally:
@@ -655,10 +691,10 @@ class SwarmHost:
                         if framed is None:
                             raw = await self._lh.new_stream(ID.from_base58(peer), [PING_PROTOCOL])
                             framed = FramedStream(raw, peer, s)
-                        nonce = secrets.token_bytes(8)
+                        nonce = secrets.token_bytes(PING_BYTES)
                         sent = time.monotonic()
-                        await framed.send(nonce)
-                        echo = await framed.receive(64)
+                        await framed.write_raw(nonce)
+                        echo = await framed.read_exactly(PING_BYTES)
                         if echo == nonce:
                             state.last_pong = time.monotonic()
                             state.rtt_s = state.last_pong - sent

@@ -51,7 +51,7 @@ import trio
 from node import rollout_exchange, shard_exchange, sync_exchange
 from node.discovery import Discovery
 from node.gossip import TOPIC_KINDS, Outbox, topic_name
-from node.host import HostSettings, PeerError, PeerEvent, SwarmHost, open_host
+from node.host import AGENT, HostSettings, PeerError, PeerEvent, SwarmHost, open_host
 from node.store import RolloutRow, Store, StoreError, VerdictRow
 from node.weights_store import WeightsStore
 from node.weights_sync import WeightSettings, WeightSync
@@ -97,7 +97,6 @@ PULL_QUEUE = 8192
 SCORE_SAVE_INTERVAL_S = 15.0  # rewards; a penalty is saved at once (with its ledger line)
 CATCH_UP_TICK_S = 1.0
 DELIVERY_CHECK_S = 5.0
-AGENT = "swarm-node/0.1.0"
 BAD_REQUEST_PENALTY = -10.0
 MAX_SERVE_STREAMS_PER_PEER = 4
 BODYLESS_TTL_S = 3600.0  # a header whose body never came is forgotten after this
