@@ -5,20 +5,21 @@ What lives here: `BroadcastConfig` and `simulate_broadcast`, which moves `size_b
 (`swarm_sim.network`: FIFO uplink and downlink queues, latency), and compares the slowest
 peer's completion with the bounds of `swarm_sim.bounds`.
 
-The schedule: each peer keeps `downloads` shard requests open and each holder serves at
-most `uploads` at once; a peer asks for the rarest shard it lacks that a holder with a
-free upload slot has, from the one (origin included) with the earliest expected finish
-(its uplink queue plus shard / uplink) among `candidates` sampled at random; a peer that
-finds none waits for the next completed transfer. Until the broadcast issue lands its pure shard
-scheduler in `protocol/`, this is the simulator's own stand-in for that rule; once it
-does, this module drives that one instead.
+The schedule is the real node's: every receiver runs `protocol.shard_schedule.
+ShardScheduler` (rarest first, best measured source, endgame, stall deadlines), fed with
+the have-maps of its neighbours (a random graph of `neighbours` links per peer; the origin
+is the neighbour of `origin_fanout` peers). A peer that completes a shard announces its
+have-map to its neighbours at once (announcements are not queued on the network); a
+request travels as a control frame, the shard on the server's FIFO uplink. A cancelled
+copy still arrives (the bytes were sent) and is ignored.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+from protocol.shard_schedule import ShardScheduler
 from swarm_sim.bounds import broadcast_bounds
 from swarm_sim.core import EventLoop, derive_rng
 from swarm_sim.metrics import percentile
@@ -33,81 +34,101 @@ class BroadcastConfig:
     size_bytes: int = 1_000_000_000
     shard_bytes: int = 64_000_000
     origin_up_mbps: float = 1000.0
-    downloads: int = 2  # open shard requests per peer
-    uploads: int = 2  # shards a peer serves at once
-    candidates: int = 64  # holders compared per request
+    neighbours: int = 8  # have-map links each peer opens
+    origin_fanout: int = 16  # peers that have the origin as a neighbour
+    tick_s: float = 5.0  # scheduler ticks (stall deadlines)
     max_s: float = 86_400.0
 
     def __post_init__(self) -> None:
         if self.peers < 1 or self.size_bytes <= 0 or self.shard_bytes <= 0:
             raise ValueError("a broadcast needs peers, a size and a shard size")
-        if self.origin_up_mbps <= 0 or min(self.downloads, self.uploads, self.candidates) < 1:
-            raise ValueError("origin_up_mbps > 0, downloads >= 1, candidates >= 1")
+        if self.origin_up_mbps <= 0 or min(self.neighbours, self.origin_fanout) < 1:
+            raise ValueError("origin_up_mbps > 0, neighbours >= 1, origin_fanout >= 1")
+
+
+MANIFEST = b"\x01" * 32
 
 
 def simulate_broadcast(cfg: BroadcastConfig, net_cfg: NetConfig, seed: int = 0) -> dict:
     """Run one broadcast; returns figures (seconds) and the completion times."""
     loop = EventLoop()
     n = cfg.peers + 1
-    net = Network(
-        loop, replace(net_cfg, max_conns=max(net_cfg.max_conns, n)), n, derive_rng(seed, "network")
-    )
+    net = Network(loop, net_cfg, n, derive_rng(seed, "network"))
     net.up[0] = cfg.origin_up_mbps * 125_000
     rng = derive_rng(seed, "broadcast")
     shards = math.ceil(cfg.size_bytes / cfg.shard_bytes)
     sizes = [min(cfg.shard_bytes, cfg.size_bytes - i * cfg.shard_bytes) for i in range(shards)]
-    have = [set() for _ in range(n)]
-    have[0] = set(range(shards))
-    holders = [[0] for _ in range(shards)]
-    pending = [set() for _ in range(n)]
-    done_at = [0.0] * n
     for p in range(n):
         net.set_online(p, True)
+    links: list[set[int]] = [set() for _ in range(n)]
+    for p in range(1, n):
+        for q in rng.sample(range(1, n), min(cfg.neighbours, n - 1)):
+            if q != p:
+                links[p].add(q)
+                links[q].add(p)
+    for p in rng.sample(range(1, n), min(cfg.origin_fanout, n - 1)):
+        links[p].add(0)
+        links[0].add(p)
+    have: list[set[int]] = [set() for _ in range(n)]
+    have[0] = set(range(shards))
+    sched = [ShardScheduler(salt=p.to_bytes(4, "big")) for p in range(n)]
+    done_at = [0.0] * n
+    wasted = [0]
 
-    uploads = [0] * n
-    waiting: list[int] = []  # peers that found no holder with a free upload slot
+    def pump(p: int) -> None:
+        for req in sched[p].next_requests(loop.now):
+            src = int(req.peer)
+            net.send(
+                p,
+                src,
+                100,
+                "shard_request",
+                serve,
+                (src, p, req.index),
+                need_conn=False,
+                control=True,
+            )
 
-    def expected_finish(src: int, dst: int, size: int) -> float:
-        return max(loop.now, net.up_free[src]) + size / min(net.up[src], net.down[dst])
+    def serve(src: int, p: int, idx: int) -> None:
+        if idx not in have[src]:
+            sched[p].on_missing(str(src), MANIFEST, idx, loop.now)
+            pump(p)
+            return
+        net.send(src, p, sizes[idx], "shard", arrived, (p, idx, src), need_conn=False)
 
-    def request(p: int) -> bool:
-        lacking = [s for s in range(shards) if s not in have[p] and s not in pending[p]]
-        lacking.sort(key=lambda s: (len(holders[s]), s))  # rarest first
-        for s in lacking:
-            hs = [q for q in holders[s] if uploads[q] < cfg.uploads]
-            if not hs:
-                continue
-            cands = hs if len(hs) <= cfg.candidates else rng.sample(hs, cfg.candidates)
-            src = min(cands, key=lambda q: (expected_finish(q, p, sizes[s]), q))
-            pending[p].add(s)
-            uploads[src] += 1
-            net.send(src, p, sizes[s], "shard", arrived, (p, s, src), need_conn=False)
-            return True
-        return False
-
-    def arrived(p: int, s: int, src: int) -> None:
-        uploads[src] -= 1
-        pending[p].discard(s)
-        have[p].add(s)
-        holders[s].append(p)
+    def arrived(p: int, idx: int, src: int) -> None:
+        if idx in have[p]:
+            wasted[0] += sizes[idx]  # a cancelled endgame copy
+            return
+        sched[p].on_done(str(src), MANIFEST, idx, loop.now)
+        have[p].add(idx)
         if len(have[p]) == shards:
             done_at[p] = loop.now
-        elif not request(p):
-            waiting.append(p)
-        retry = waiting[:]
-        waiting.clear()
-        for q in retry:
-            if len(pending[q]) < cfg.downloads and len(have[q]) + len(pending[q]) < shards:
-                if not request(q):
-                    waiting.append(q)
+        frozen = frozenset(have[p])
+        for q in sorted(links[p]):
+            if q != 0 and len(have[q]) < shards:
+                sched[q].on_have(str(p), MANIFEST, frozen, loop.now)
+                pump(q)
+        pump(p)
 
-    order = list(range(1, n))
-    rng.shuffle(order)
-    for p in order:
-        for _ in range(cfg.downloads):
-            if not request(p):
-                waiting.append(p)
-                break
+    def tick() -> None:
+        busy = False
+        for p in range(1, n):
+            if len(have[p]) < shards:
+                busy = True
+                sched[p].tick(loop.now)
+                pump(p)
+        if busy:
+            loop.after(cfg.tick_s, tick)
+
+    everything = frozenset(range(shards))
+    for p in range(1, n):
+        sched[p].want(MANIFEST, sizes)
+        if 0 in links[p]:
+            sched[p].on_have("0", MANIFEST, everything, 0.0)
+    for p in range(1, n):
+        pump(p)
+    loop.after(cfg.tick_s, tick)
     loop.run(cfg.max_s)
     unfinished = sum(1 for p in range(1, n) if len(have[p]) < shards)
     times = [done_at[p] for p in range(1, n) if len(have[p]) == shards]
@@ -130,5 +151,6 @@ def simulate_broadcast(cfg: BroadcastConfig, net_cfg: NetConfig, seed: int = 0) 
         "tree_s": round(bounds["tree_s"], 3),
         "events": loop.events,
         "bytes_sent": net.c.bytes_sent,
+        "bytes_wasted": wasted[0],
         "completion_times_s": [round(t, 3) for t in sorted(times)],
     }

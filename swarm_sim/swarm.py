@@ -61,7 +61,7 @@ class Workload:
     peers: int = 100
     duration_s: float = 300.0
     publish_interval_s: float = 60.0  # each worker publishes one rollout per interval
-    publishers: float = 1.0  # share of peers that publish
+    publishers: float = 1.0  # share of peers (besides the trainer, peer 0) that publish
     header_bytes: int = 600
     body_bytes: int = 20_000
     pullers: float = 0.02  # share of peers that pull every body (validators); min 1
@@ -129,8 +129,9 @@ class Swarm:
         for p in order[: n_pull - 1]:
             self.puller[p] = 1
         self.publisher = bytearray(n)
-        for p in range(1, n):
-            self.publisher[p] = 1 if self.rng.random() < wl.publishers else 0
+        self.rng.shuffle(order)
+        for p in order[: round(wl.publishers * (n - 1))]:
+            self.publisher[p] = 1
         self.seq = [0] * n
         self.version = [0] * n  # each peer's adopted policy version
         self.session_start = [0.0] * n
@@ -453,8 +454,27 @@ class Swarm:
                     size = cfg.control_bytes + cfg.id_bytes * len(ids)
                     for q in targets:
                         self.m.ihave += 1
-                        net.send(p, q, size, "ihave", self._on_ihave, (q, p, ids), control=True)
+                        net.send(
+                            p,
+                            q,
+                            size,
+                            "ihave",
+                            self._on_ihave,
+                            (q, p, ids),
+                            self._ihave_idle,
+                            control=True,
+                        )
             r.shift()
+
+    @staticmethod
+    def _ihave_idle(b: int, a: int, msgs: list[SimMessage]) -> bool:
+        """An IHAVE whose ids `b` has all seen: its handler would do nothing (seen marks
+        only grow), so the network counts its bytes without an event."""
+        for m in msgs:
+            got = m.got
+            if got is not None and not got[b]:
+                return False
+        return True
 
     def _on_ihave(self, b: int, a: int, msgs: list[SimMessage]) -> None:
         want = [m for m in msgs if m.got is not None and not m.got[b]]

@@ -53,3 +53,35 @@ def test_sim_bad_scenario_file_is_one_line(tmp_path):
     result = sim(str(scn), "--out", str(tmp_path / "o"))
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "bad.toml" in result.stderr
+
+
+DEFAULT_KEYS = {
+    "peers",
+    "virtual_s",
+    "wall_s",
+    "events",
+    "events_per_s",
+    "delivery_ratio",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "lower_bound_ratio_p50",
+    "lower_bound_ratio_p99",
+    "duplicates_per_delivery",
+}
+BROADCAST_KEYS = {"completion_max_s", "lower_bound_s", "lower_bound_ratio", "star_s", "tree_s"}
+
+
+def test_bench_sim_prints_the_issues_keys(monkeypatch):
+    from node.bench import sim as bench
+    from swarm_sim.swarm import Workload
+
+    monkeypatch.setattr(bench, "QUICK_WORKLOAD", Workload(peers=20, duration_s=30))
+    monkeypatch.setattr(bench, "QUICK_SCALE", Workload(peers=30, duration_s=20))
+    out = bench.run(quick=True, args=[])
+    assert DEFAULT_KEYS | BROADCAST_KEYS <= set(out)
+    assert out["completion_max_s"] >= out["lower_bound_s"] > 0
+    assert out["events"] > 0 and out["peers"] == 20
+    only = bench.run(quick=True, args=["broadcast"])
+    assert BROADCAST_KEYS <= set(only) and not DEFAULT_KEYS & set(only)
+    big = bench.run(quick=True, args=["--scale"])
+    assert {"wall_s", "peak_rss_mb"} <= set(big) and big["peak_rss_mb"] > 0
