@@ -206,6 +206,14 @@ def sim(scenario: str, out: Path, seed: int, quiet: bool) -> None:
     "--precision",
     help="Without a manifest: the workers' compute precision, fp32 (default) or bf16.",
 )
+@click.option(
+    "--model-version", default=0, show_default=True, type=int, help="The version --model holds."
+)
+@click.option(
+    "--versions",
+    type=click.Path(path_type=Path),
+    help="Directory of model directories named by policy version (DIR/3).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per rollout.")
 @_one_line_errors
 def audit(
@@ -214,6 +222,8 @@ def audit(
     manifest: Path | None,
     data_dir: str | None,
     precision: str | None,
+    model_version: int,
+    versions: Path | None,
     as_json: bool,
 ) -> None:
     """Audit rollout records: proofs, sampling replay, log-probs, termination, reward.
@@ -230,6 +240,8 @@ def audit(
             manifest=manifest,
             data_dir=data_dir,
             precision=precision,
+            model_version=model_version,
+            versions=versions,
         )
     )
 
@@ -268,6 +280,22 @@ def status(data_dir: Path | None, as_json: bool) -> None:
     from node.commands import status as cmd
 
     cmd.main(data_dir=data_dir, as_json=as_json)
+
+
+@cli.command()
+@click.option("--model", required=True, help="Model directory (or builtin:tiny).")
+@click.option("--n", default=32, show_default=True, help="Honest rollouts per variation.")
+@click.option("--precisions", default="fp32,bf16", show_default=True, help="Regimes to calibrate.")
+@click.option("--data-dir", help="Data directory holding the built-in policy (init-model's).")
+@_one_line_errors
+def calibrate(model: str, n: int, precisions: str, data_dir: str | None) -> None:
+    """Measure honest variation and write the audit limits next to the model.
+
+    Prints the calibration file's digest, to pin as [verification] calibration_digest.
+    """
+    from node.commands import calibrate as cmd
+
+    cmd.main(model=model, n=n, precisions=precisions, data_dir=data_dir)
 
 
 @cli.command(name="init-model")

@@ -36,6 +36,7 @@ publish_every = 64          # verified groups trained on per published version
 
 [verification]
 precision = "fp32"          # the workers' compute precision: fp32 or bf16; audits judge at it only
+calibration_digest = ""     # optional: 64 hex chars, the content id of the model's calibration.json
 
 [[datasets]]
 name = "basic_arithmetic"
@@ -87,6 +88,7 @@ FIELDS: dict[str, tuple[str, str, Any]] = {
     "rl_groups_per_step": ("rl", "groups_per_step", 16),
     "rl_publish_every": ("rl", "publish_every", 64),
     "worker_precision": ("verification", "precision", "fp32"),
+    "calibration_digest": ("verification", "calibration_digest", ""),
 }
 FLOAT_FIELDS = {"temperature", "top_p", "rl_clip_low", "rl_clip_high", "rl_is_bound"}
 FLOAT_FIELDS |= {"rl_kl_coef", "rl_lr"}
@@ -128,6 +130,10 @@ def manifest_from_table(table: dict[str, Any], source: str = "run manifest") -> 
         kwargs["model_digest"] = bytes.fromhex(kwargs["model_digest"])
     except (TypeError, ValueError):
         raise CommandError(f"{source}: run.model_digest: expected 64 hex characters") from None
+    try:
+        kwargs["calibration_digest"] = bytes.fromhex(kwargs["calibration_digest"])
+    except (TypeError, ValueError):
+        raise CommandError(f"{source}: verification.calibration_digest: expected 64 hex characters") from None
     for name in ("trainer_keys", "validator_keys"):
         kwargs[name] = _peer_ids(kwargs[name], f"{source}: run.{name}")
     datasets = table.get("datasets")
@@ -213,6 +219,7 @@ def manifest_to_toml(m: RunManifest) -> str:
         "",
         "[verification]",
         f'precision = "{m.worker_precision}"',
+        f'calibration_digest = "{m.calibration_digest.hex()}"',
     ]
     for d in m.datasets:
         lines += ["", "[[datasets]]", f'name = "{d.name}"', f"weight = {d.weight}"]

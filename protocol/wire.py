@@ -94,6 +94,8 @@ class RunManifest(WireObject):
     rl_publish_every: int = spec(Int(1, 1_000_000), default=64)  # verified groups per version
     # -- verification (issue 11): the workers' compute precision; audits judge at it only
     worker_precision: str = spec(Str(8, choices=WORKER_PRECISIONS), default="fp32")
+    # content id of the model's calibration file (verify.calibration); b"" = not pinned
+    calibration_digest: bytes = spec(OPTIONAL_DIGEST, default=b"")
 
 
 @wire("rollout_header", schema=1, max_bytes=2 * KiB)

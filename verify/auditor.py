@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -511,3 +511,57 @@ def audit(
 ) -> Verdict:
     """Audit one opened rollout record; returns the signed-ready `Verdict`."""
     return audit_many([rollout], model, judge=judge, eos_ids=eos_ids, settings=settings)[0]
+
+
+_NO_LIMITS = Thresholds(
+    proof_exp_mismatch_frac=1e300, proof_mant_mean=1e300, proof_mant_median=1e300,
+    proof_exp_mismatch_frac_all=1e300, proof_mant_mean_all=1e300, proof_sign_mismatches=10**9,
+    sampling_margin=1e300, sampling_near_ties_max=10**9, logprob_err_max=1e300,
+    logprob_err_mean=1e300, drift=1e300,
+)
+
+
+def raw_metrics(model: Any, bodies: Sequence[Any], settings: AuditSettings = AuditSettings()) -> list[dict[str, float]]:
+    """The model checks' metrics of each body at `settings.precision`, with no limits
+    applied: what calibration measures (`swarm-node calibrate`, the bench)."""
+    st = replace(settings, thresholds=_NO_LIMITS, bf16_thresholds=_NO_LIMITS)
+    late = _decide(model, bodies, list(range(len(bodies))), st)
+    rows = []
+    for i in range(len(bodies)):
+        row: dict[str, float] = {}
+        for r in late[i]:
+            row.update(r.metrics)
+        rows.append(row)
+    return rows
+
+
+def audit_versions(
+    rollouts: Sequence[Any],
+    model_for: Callable[[int], Any | None],
+    *,
+    judge: Callable[[Any], TaskJudgement] | None = None,
+    eos_ids: Collection[int] | None = None,
+    settings: AuditSettings = AuditSettings(),
+) -> list[AuditResult]:
+    """`audit_records` against the weights of the policy version each record claims:
+    `model_for(version)` returns that version's model, or None when the auditor does not
+    hold it; such a record fails `unknown-version` (no prefill), never passes. Records are
+    audited per version (one batched prefill each), so a verdict never depends on which
+    versions share a call."""
+    out: list[AuditResult | None] = [None] * len(rollouts)
+    by_version: dict[int, list[int]] = {}
+    for i, ro in enumerate(rollouts):
+        by_version.setdefault(int(ro.envelope.policy_version), []).append(i)
+    for version, idx in sorted(by_version.items()):
+        model = model_for(version)
+        if model is None:
+            for i in idx:
+                out[i] = AuditResult(
+                    False, "unknown-version", f"policy version {version} is not held by this auditor",
+                    ("unknown-version",), {"policy_version": float(version)},
+                )
+            continue
+        results = audit_records([rollouts[i] for i in idx], model, judge=judge, eos_ids=eos_ids, settings=settings)
+        for i, r in zip(idx, results, strict=True):
+            out[i] = r
+    return [r for r in out if r is not None]

@@ -11,6 +11,7 @@ same on every peer: lowercase, digits, `-`) and the measurements behind it. Reas
 | reason              | check                                                            |
 |---------------------|------------------------------------------------------------------|
 | `malformed`         | token, log-prob or settings shape inconsistent                   |
+| `unknown-version`   | the claimed policy version's weights are not held by the auditor  |
 | `too-large`         | more tokens than the audit's per-record limit (`verify.auditor`)  |
 | `proof-missing`     | no proofs, or not one per chunk of `chunk` completion tokens     |
 | `proof-malformed`   | a proof that cannot be parsed (length, modulus, coefficients)    |

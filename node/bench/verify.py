@@ -14,10 +14,11 @@ hidden size H with the built-in tokenizer), N signed rollout records per case:
   variation (see ATTACKS / HONEST below for what each does).
 - `calibration`: per case, the distribution of each audit metric (honest: p50 and max;
   attacks: min and p50), the data behind `verify.thresholds`.
-- `thresholds`: the limits used. Unless `--no-calibrate`, they are calibrated first on a
-  separate set of honest fp32 and bf16 rollouts (other counters, so other tasks):
-  2 x the largest honest value of each metric (drift: 1.5 x, see
-  `verify.thresholds.METRIC_FACTORS`), above `verify.thresholds` floors.
+- `thresholds`: the limits used: the model's shipped calibration file (`calibration.json`
+  next to the built-in policy, written by `init-model` / `swarm-node calibrate`, the file
+  the audit command and validators use), its digest as `calibration_digest`. With
+  `--hidden` (a random model, no directory) the calibrate command's procedure measures it
+  here. `--no-calibrate`: the shipped defaults of `verify.thresholds`.
 
 Timing (`proof_build_overhead_pct`, `verify_speedup`) runs generation and audit with one
 thread each, best of 3 interleaved rounds, and also as CPU seconds (`*_cpu`): the machine
@@ -130,7 +131,7 @@ def _canonical_bf16(model: Any) -> Any:
     return model
 
 
-def _setup(hidden: int | None, n: int, quick: bool) -> Ctx:
+def _setup(hidden: int | None, n: int, quick: bool) -> tuple[Ctx, Any]:
     from node.commands.audit import make_judge
     from node.run_file import manifest_from_table
     from protocol.content_id import content_id
@@ -160,7 +161,7 @@ def _setup(hidden: int | None, n: int, quick: bool) -> Ctx:
         _say(f"random-init Qwen2, hidden {hidden}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params")
     model = _canonical_bf16(model.eval())
     identity = Identity.from_private_bytes(content_id(b"bench-verify-identity"))
-    return Ctx(
+    ctx = Ctx(
         model=model,
         tokenizer=tok,
         manifest=manifest,
@@ -173,6 +174,7 @@ def _setup(hidden: int | None, n: int, quick: bool) -> Ctx:
         n=n,
         quick=quick,
     )
+    return ctx, (path if hidden is None else None)
 
 
 # ------------------------------------------------------------------ records
@@ -411,45 +413,25 @@ def _changed_fraction(a: Any, b: Any) -> float:
 
 # ------------------------------------------------------------------ calibration
 
-def _raw_metrics(model: Any, opened: list[Any], settings: Any) -> list[dict[str, float]]:
-    from verify import auditor
-    from verify.thresholds import Thresholds
+def _calibrate(ctx: Ctx, model_dir: Any) -> tuple[Any, str]:
+    """The audit limits from the model's calibration file (`swarm-node calibrate`; measured
+    and cached now if the model has none yet). A random-init model (`--hidden`) has no
+    directory: the same procedure measures it (`node.commands.calibrate.measure`), in the
+    open and reported, on tasks the benchmark cases never see."""
+    from node.commands.calibrate import measure
+    from node.commands.init_model import _ensure_calibration
+    from verify.calibration import FILE_NAME, apply, decode_calibration, encode_calibration
 
-    inf = 1e300
-    loose = Thresholds(
-        proof_exp_mismatch_frac=inf, proof_mant_mean=inf, proof_mant_median=inf,
-        proof_exp_mismatch_frac_all=inf, proof_mant_mean_all=inf, proof_sign_mismatches=10**9,
-        sampling_margin=inf, sampling_near_ties_max=10**9, logprob_err_max=inf,
-        logprob_err_mean=inf, drift=inf,
-    )
-    st = replace(settings, thresholds=loose, bf16_thresholds=loose)
-    bodies = [ro.body for ro in opened]
-    late = auditor._decide(model, bodies, list(range(len(bodies))), st)
-    rows = []
-    for i in range(len(bodies)):
-        row: dict[str, float] = {}
-        for r in late[i]:
-            row.update(r.metrics)
-        rows.append(row)
-    return rows
-
-
-def _calibrate(ctx: Ctx, engine: Any) -> Any:
-    """Thresholds from honest workers at each precision, judged at that precision, on
-    rollouts (counters from 10^7) that the benchmark cases never see."""
-    from verify.thresholds import BF16_FLOOR, STRICT, calibrate
-
-    cal = replace(ctx, n=max(8, ctx.n))
-    fp32 = _open(_make_records(cal, engine, counter0=10**7).records)
-    bf = _bf16(ctx.model)
-    bf16 = _open(_make_records(cal, _engine(bf, ctx.tokenizer, max_batch=64), counter0=2 * 10**7).records)
-    rows32 = _raw_metrics(ctx.model, fp32, replace(ctx.audit_settings, precision="fp32"))
-    rows16 = _raw_metrics(ctx.model, bf16, replace(ctx.audit_settings, precision="bf16"))
-    return replace(
-        ctx.audit_settings,
-        thresholds=calibrate(rows32, STRICT, factor=FP32_FACTOR),
-        bf16_thresholds=calibrate(rows16, BF16_FLOOR, factor=BF16_FACTOR),
-    )
+    if model_dir is not None:
+        _ensure_calibration(model_dir, force=False, say=_say)
+        data = (model_dir / FILE_NAME).read_bytes()
+    else:
+        regimes, measured = measure(ctx.model, ctx.tokenizer, ctx.manifest, n=max(8, ctx.n // 4), say=_say)
+        data = encode_calibration(regimes, measured, model="bench random-init")
+    cal = decode_calibration(data)
+    st = apply(replace(ctx.audit_settings, precision="bf16"), cal)
+    st = apply(replace(st, precision="fp32"), cal)
+    return st, cal.digest.hex()
 
 
 # ------------------------------------------------------------------ stats
@@ -506,7 +488,7 @@ def run(quick: bool, args: list[str]) -> dict:
     ns = _parse(args, quick)
     only = set(ns.only.split(",")) if ns.only else None
     t_start = time.perf_counter()
-    ctx = _setup(ns.hidden, ns.n, quick)
+    ctx, model_dir = _setup(ns.hidden, ns.n, quick)
     tok = ctx.tokenizer
 
     def want(name: str) -> bool:
@@ -552,9 +534,10 @@ def run(quick: bool, args: list[str]) -> dict:
 
     # ---- calibration on a separate set of honest rollouts (other counters)
     thresholds_report: dict[str, Any] = {"calibrated": not ns.no_calibrate}
+    calibration_digest = None
     if not ns.no_calibrate:
-        ctx.audit_settings = _calibrate(ctx, base_engine)
-        _say("thresholds calibrated on honest fp32 and bf16 workers")
+        ctx.audit_settings, calibration_digest = _calibrate(ctx, model_dir)
+        _say(f"thresholds from calibration {calibration_digest[:16]}")
         base_res, _ = _audit(ctx, base_opened)
     for name, th in (("fp32", ctx.audit_settings.thresholds), ("bf16", ctx.audit_settings.bf16_thresholds)):
         thresholds_report[name] = {k: round(v, 6) for k, v in asdict(th).items()}
@@ -702,6 +685,7 @@ def run(quick: bool, args: list[str]) -> dict:
         "cherry_pick_identical_to_honest": cherry_identical,
         "proof_copied_no_distinct_donor": copied_skipped,
         "thresholds": thresholds_report,
+        "calibration_digest": calibration_digest,
         "attacks": attacks,
         "honest": honest,
         "timing_threads": 1,

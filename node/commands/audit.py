@@ -7,6 +7,13 @@ line with `--json`. With a run manifest the task is re-derived and the reward re
 (`make_judge`), and the sampling and proof settings are the run's; without one those
 checks are skipped (said once on stderr). The run states the workers' compute precision
 and the audit judges at it only; without a manifest `--precision` says it (default fp32).
+The limits are the model's calibration file (`DIR/calibration.json`, `swarm-node
+calibrate`), the very file whose digest the run pins when it pins one; without a file and
+without a pin, the shipped defaults of `verify.thresholds` (said on stderr).
+Versions: each record is audited against the weights of the policy version it claims.
+`--model` holds version `--model-version` (default 0); `--versions DIR` adds one model
+directory per version (`DIR/<version>`). A claimed version not held fails
+`unknown-version`, never a pass.
 
 Exit status: 0 when every rollout passed, 1 when any failed, 2 on usage and IO errors
 (missing or unreadable file, an unusable model directory or manifest). A record that
@@ -98,15 +105,43 @@ def _load_records(files: Sequence[Path]) -> list[tuple[str, int, bytes | None, s
     return out
 
 
-def _load_model(model_dir: str, data_dir: str | None) -> tuple[Any, Any]:
+def _load_model(model_dir: str, data_dir: str | None) -> tuple[Any, Any, Path]:
     from node.paths import resolve_model
     from trainer.model_dir import ModelDirError, load_model_dir
 
     path = resolve_model(model_dir, model_dir, data_dir)
     try:
-        return load_model_dir(path)
+        return (*load_model_dir(path), Path(path))
     except ModelDirError as exc:
         raise CommandError(str(exc)) from None
+
+
+def _version_models(lm: Any, model_version: int, versions: str | Path | None) -> Callable[[int], Any]:
+    """`model_for(version)`: `--model` holds `model_version`; `--versions DIR` holds one model
+    directory per version, named by its number (`DIR/3`), loaded when a record claims it.
+    Any other version is not held (the record fails `unknown-version`)."""
+    from trainer.model_dir import ModelDirError, load_model_dir
+
+    if not 0 <= model_version < 2**32:
+        raise CommandError(f"--model-version must be in [0, 2^32), got {model_version}")
+    root = Path(versions) if versions is not None else None
+    if root is not None and not root.is_dir():
+        raise CommandError(f"--versions {root}: not a directory")
+    cache: dict[int, Any] = {model_version: lm}
+
+    def model_for(version: int) -> Any:
+        if version in cache:
+            return cache[version]
+        path = root / str(version) if root is not None else None
+        if path is None or not path.is_dir():
+            return None
+        try:
+            cache[version] = load_model_dir(path)[0]
+        except ModelDirError as exc:
+            raise CommandError(str(exc)) from None
+        return cache[version]
+
+    return model_for
 
 
 def main(
@@ -117,12 +152,15 @@ def main(
     out: Any = None,
     data_dir: str | None = None,
     precision: str | None = None,
+    model_version: int = 0,
+    versions: str | Path | None = None,
 ) -> int:
     """Run the audit; returns the exit status (0 all passed, 1 any failed). Usage and IO
     problems raise `CommandError` (exit status 2)."""
+    from node.commands.calibrate import load_for
     from protocol.errors import RemoteProtocolError
     from protocol.rollout import open_record
-    from verify.auditor import AuditSettings, audit_records
+    from verify.auditor import AuditSettings, audit_versions
 
     out = out or sys.stdout
     if precision is not None and manifest is not None:
@@ -138,7 +176,7 @@ def main(
         from node.run_file import load_run_manifest
 
         run = load_run_manifest(Path(manifest))
-    lm, tokenizer = _load_model(model, data_dir)
+    lm, tokenizer, model_path = _load_model(model, data_dir)
     settings = AuditSettings(precision=precision)
     judge = None
     if run is not None:
@@ -146,6 +184,8 @@ def main(
         judge = make_judge(run, tokenizer)
     else:
         print("swarm-node audit: no --run: task, reward and run settings not checked", file=sys.stderr)
+    settings, note = load_for(model_path, settings, run)
+    print(f"swarm-node audit: {settings.precision} workers; {note}", file=sys.stderr)
 
     opened: list[tuple[int, Any]] = []
     lines: list[dict[str, Any] | None] = [None] * len(records)
@@ -159,7 +199,8 @@ def main(
         except RemoteProtocolError as exc:
             lines[k] = {"file": name, "index": i, "rollout_id": None, "passed": False,
                         "reason": "bad-record", "detail": str(exc) or type(exc).__name__}
-    results = audit_records([ro for _, ro in opened], lm, judge=judge, settings=settings)
+    model_for = _version_models(lm, model_version, versions)
+    results = audit_versions([ro for _, ro in opened], model_for, judge=judge, settings=settings)
     for (k, ro), res in zip(opened, results, strict=True):
         name, i = records[k][:2]
         lines[k] = {

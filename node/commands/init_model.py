@@ -1,7 +1,9 @@
 """`swarm-node init-model`: build and warm-start the built-in tiny policy (cached).
 
-Writes an ordinary Hugging Face model directory under `<data dir>/models/` and a run
-manifest for it (`<data dir>/tiny-run.toml`) ready for `swarm-node rollouts --run`.
+Writes an ordinary Hugging Face model directory under `<data dir>/models/`, its audit
+calibration (`calibration.json` next to the weights, `swarm-node calibrate`; measured once)
+and a run manifest for it (`<data dir>/tiny-run.toml`, pinning the calibration's digest)
+ready for `swarm-node rollouts --run`.
 A second call finds the cache and returns at once (`--force` rebuilds).
 Progress goes to stderr; the result is returned and printed as one JSON line on stdout.
 """
@@ -17,6 +19,23 @@ from node.errors import CommandError
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def _ensure_calibration(model_dir: Any, *, force: bool, say: Any) -> str:
+    """The model's calibration file (`swarm-node calibrate`), measured once and cached with
+    the model; returns its digest (hex). One process measures at a time."""
+    import fcntl
+
+    from node.commands.calibrate import calibrate_dir
+    from verify.calibration import FILE_NAME, calibration_digest
+
+    path = model_dir / FILE_NAME
+    with open(model_dir.parent / f".{model_dir.name}.calibration.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if force or not path.is_file():
+            say("calibrating the audit limits (honest variation, fp32 and bf16 workers)")
+            calibrate_dir(model_dir, say=say)
+        return calibration_digest(path.read_bytes()).hex()
 
 
 def main(
@@ -46,9 +65,12 @@ def main(
         raise CommandError(
             f"cannot write to data directory {root}: {exc.strerror or exc}"
         ) from None
+    digest = _ensure_calibration(path, force=built or force, say=say)
     run_path = root / "tiny-run.toml"
     if not run_path.exists() or force:
-        manifest = manifest_from_table(tiny_policy.run_manifest_table(), source="built-in manifest")
+        table = tiny_policy.run_manifest_table()
+        table.setdefault("verification", {})["calibration_digest"] = digest
+        manifest = manifest_from_table(table, source="built-in manifest")
         run_path.write_text(manifest_to_toml(manifest))
     else:
         load_run_manifest(run_path)  # an edited manifest must still be valid
@@ -60,6 +82,7 @@ def main(
     )
     result = {
         "model_dir": str(path),
+        "calibration_digest": digest,
         "run_manifest": str(run_path),
         "built": built,
         "warm_start_solve_rate": report["solve_rate"],

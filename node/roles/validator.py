@@ -38,6 +38,7 @@ def selected(identity: Identity, run_id: str, rollout_id: bytes, fraction: float
 def load(ctx: RoleContext, manifest: Any) -> tuple[Any, Any, Any, Any]:
     """Model, judge, audit settings and EOS ids (blocking: call in a thread)."""
     from node.commands.audit import make_judge, settings_for_run
+    from node.commands.calibrate import load_for
     from node.commands.rollouts import resolve_model
     from trainer.engine_hf import torch_threads
     from trainer.model_dir import load_model_dir
@@ -46,8 +47,48 @@ def load(ctx: RoleContext, manifest: Any) -> tuple[Any, Any, Any, Any]:
     path = resolve_model(ctx.model, manifest.model, ctx.models_dir)
     with torch_threads(ctx.threads):
         model, tokenizer = load_model_dir(path)
-    settings = settings_for_run(manifest)
+    settings, note = load_for(path, settings_for_run(manifest), manifest)
+    ctx.say(f"validator: {manifest.worker_precision} workers; {note}")
     return model, make_judge(manifest, tokenizer), settings, eos_token_ids(model)
+
+
+class HeldVersions:
+    """The policy versions this validator can judge: version 0 (the model directory) and
+    versions the node's weight store installed (`peer.weights`, the broadcast), loaded on
+    first use into a copy of the base model; at most `KEEP` besides version 0."""
+
+    KEEP = 2
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+        self.models: dict[int, Any] = {0: base}
+        self.failed: set[int] = set()
+
+    def get(self, version: int) -> Any | None:
+        return self.models.get(version)
+
+    async def fetch(self, peer: Any, version: int) -> None:
+        weights = getattr(peer, "weights", None)
+        if version in self.models or version in self.failed or weights is None:
+            return
+        if version not in weights.installed():
+            return
+        try:
+            state = await weights.load_state_dict(version)
+            model = await trio.to_thread.run_sync(self._load, state)
+        except (OSError, KeyError, RuntimeError, ValueError):
+            self.failed.add(version)  # not loadable here: such records stay unjudged
+            return
+        for old in sorted(v for v in self.models if v != 0)[: max(0, len(self.models) - self.KEEP)]:
+            del self.models[old]
+        self.models[version] = model
+
+    def _load(self, state: dict[str, Any]) -> Any:
+        import copy
+
+        model = copy.deepcopy(self.base)
+        model.load_state_dict(state, strict=True)
+        return model.eval()
 
 
 async def run(peer: Any, ctx: RoleContext) -> None:
@@ -75,10 +116,22 @@ async def run(peer: Any, ctx: RoleContext) -> None:
     peer.on_deliver(on_deliver)
     ctx.say(f"validator: model loaded; auditing {ctx.audit_fraction:.0%} of rollouts")
 
-    def audit(batch: list[Any]) -> list[Any]:
+    held = HeldVersions(model)
+
+    def audit_held(batch: list[Any]) -> list[tuple[Any, Any]]:
+        """(item, verdict) per item, each version's records against that version's model."""
+        by_version: dict[int, list[Any]] = {}
+        for item in batch:
+            by_version.setdefault(item[0].envelope.policy_version, []).append(item)
+        out = []
         with torch_threads(ctx.threads):
-            rollouts = [ro for ro, _ in batch]
-            return audit_many(rollouts, model, judge=judge, eos_ids=eos_ids, settings=settings)
+            for version, items in sorted(by_version.items()):
+                rollouts = [ro for ro, _ in items]
+                verdicts = audit_many(
+                    rollouts, held.get(version), judge=judge, eos_ids=eos_ids, settings=settings
+                )
+                out += list(zip(items, verdicts, strict=True))
+        return out
 
     while True:
         batch = [await receive.receive()]
@@ -87,8 +140,19 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                 batch.append(receive.receive_nowait())
             except trio.WouldBlock:
                 break
+        # Version-aware: each record is judged with the weights of the version it claims.
+        # A version this validator does not hold is not judged at all (no verdict, no
+        # penalty: our lack must not cost the producer); `unknown_version` counts them.
+        for version in {ro.envelope.policy_version for ro, _ in batch}:
+            await held.fetch(peer, version)
+        known = [item for item in batch if held.get(item[0].envelope.policy_version) is not None]
+        counts["unknown_version"] = counts.get("unknown_version", 0) + len(batch) - len(known)
+        if not known:
+            continue
         started = time.monotonic()
-        verdicts = await trio.to_thread.run_sync(audit, batch)
+        judged = await trio.to_thread.run_sync(audit_held, known)
+        batch = [item for item, _ in judged]
+        verdicts = [v for _, v in judged]
         authorized = peer.admission.authority.may_judge(peer.identity.peer_id)
         if not authorized and not counts["unauthorized"]:
             ctx.say("validator: this key is not in the run's validator_keys and holds no "

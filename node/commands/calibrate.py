@@ -1,0 +1,178 @@
+"""`swarm-node calibrate --model DIR [--n N] [--precisions fp32,bf16]`: measure honest
+variation and write the audit limits next to the model (`DIR/calibration.json`).
+
+For each compute precision a run may fix, honest workers generate N rollouts under each
+variation an honest network has (KV-cache decode at batch 64, one rollout at a time, one
+thread, eager attention; the verifier's prefill right- and left-padded), the audit's
+metrics are measured at that precision with no limits (`verify.auditor.raw_metrics`), and
+`verify.thresholds.calibrate` sets each limit at 2 x the largest honest value (drift
+1.5 x, see METRIC_FACTORS) above the regime's floors. The file (`verify.calibration`) is
+written atomically; its content id is printed and belongs in the run manifest
+(`[verification] calibration_digest`), which makes every validator use exactly this file.
+
+Recalibrating for another hardware pair (GPU workers, CPU validators): the limits describe
+the rounding differences between where rollouts are generated and where they are audited.
+Today both sides of the measurement run on this machine: run `calibrate` on the
+validators' hardware, and for GPU workers measure the workers' side there too (generate
+the honest sets with the workers' engine, e.g. vLLM, and feed their bodies to `measure`'s
+`raw_metrics` step), then pin the new digest in the run manifest; validators refuse a file
+whose digest is not the pinned one.
+
+`init-model` calibrates the built-in policy once (the file is cached with the model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from node.errors import CommandError
+
+DEFAULT_N = 32
+COUNTER0 = 10**7  # calibration tasks: counters no run of the built-in manifest reaches early
+VARIATIONS = ("kv_cache_batch64", "batch_1", "threads_1", "eager_attention", "left_padded_prefill")
+
+
+def _say(msg: str) -> None:
+    print(f"calibrate: {msg}", file=sys.stderr, flush=True)
+
+
+def _bodies(model: Any, tok: Any, manifest: Any, n: int, counter0: int, **engine_kw: Any) -> list[Any]:
+    """n honest rollout bodies (assigned tasks, seeded sampling, proofs) from `model`."""
+    from protocol.content_id import content_id
+    from trainer.engine import SamplingSettings, rollout_body
+    from trainer.engine_hf import HFEngine
+    from trainer.tasks import TaskSet, assign_task
+    from verify.toploc import build_proofs_bytes_many
+
+    producer = content_id(b"calibration-producer")[:32]
+    engine = HFEngine(model, tok, **engine_kw)
+    settings = SamplingSettings.from_manifest(manifest)
+    tasks = TaskSet(manifest.seed)
+    assigns = [assign_task(manifest, producer, 0, c) for c in range(counter0, counter0 + n)]
+    prompts = [tok.encode(tasks.task_for(a).prompt, add_special_tokens=False) for a in assigns]
+    gens = engine.generate(prompts, settings, [a.task_seed for a in assigns], capture_hidden=True)
+    proofs = build_proofs_bytes_many([g.hidden for g in gens], manifest.proof_chunk, manifest.proof_topk)
+    return [rollout_body(p, g, settings, a.task_seed, pl) for p, g, a, pl in zip(prompts, gens, assigns, proofs, strict=True)]
+
+
+def measure(
+    model: Any,
+    tok: Any,
+    manifest: Any,
+    *,
+    n: int = DEFAULT_N,
+    precisions: Sequence[str] = ("fp32", "bf16"),
+    say: Callable[[str], None] = _say,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(limits per precision, measurements per precision) from honest rollouts."""
+    import copy
+    from dataclasses import replace
+
+    from verify.auditor import AuditSettings, at_precision, raw_metrics
+    from verify.thresholds import BF16_FLOOR, STRICT, calibrate
+
+    base = AuditSettings(chunk=manifest.proof_chunk, topk=manifest.proof_topk)
+    regimes: dict[str, Any] = {}
+    measured: dict[str, Any] = {}
+    for k, precision in enumerate(precisions):
+        worker = at_precision(model, precision)
+        eager = copy.deepcopy(worker)
+        eager.set_attn_implementation("eager")
+        st = replace(base, precision=precision)
+        c0 = COUNTER0 * (k + 1)
+        kv = _bodies(worker, tok, manifest, n, c0, max_batch=64)
+        sets = {
+            "kv_cache_batch64": (kv, st),
+            "batch_1": (_bodies(worker, tok, manifest, n, c0 + n, max_batch=1), st),
+            "threads_1": (_bodies(worker, tok, manifest, n, c0 + 2 * n, max_batch=64, threads=1), st),
+            "eager_attention": (_bodies(eager, tok, manifest, n, c0 + 3 * n, max_batch=64), st),
+            "left_padded_prefill": (kv, replace(st, padding_side="left")),
+        }
+        rows: list[dict[str, float]] = []
+        for name, (bodies, settings) in sets.items():
+            rows += raw_metrics(model, bodies, settings)
+            say(f"{precision}: {name}: {len(bodies)} rollouts measured")
+        floor = STRICT if precision == "fp32" else BF16_FLOOR
+        regimes[precision] = calibrate(rows, floor)
+        keys = sorted({m for r in rows for m in r})
+        measured[precision] = {
+            "rollouts": len(rows),
+            "variations": list(sets),
+            "max": {m: round(max(r.get(m, 0.0) for r in rows), 6) for m in keys},
+        }
+    return regimes, measured
+
+
+def write(model_dir: Path, data: bytes) -> Path:
+    """Write the file atomically next to the model."""
+    from verify.calibration import FILE_NAME
+
+    path = model_dir / FILE_NAME
+    tmp = model_dir / f".{FILE_NAME}.tmp-{os.getpid()}"
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return path
+
+
+def calibrate_dir(
+    model_dir: Path, *, n: int = DEFAULT_N, precisions: Sequence[str] = ("fp32", "bf16"),
+    say: Callable[[str], None] = _say,
+) -> dict[str, Any]:
+    """Measure and write `model_dir/calibration.json`; returns the summary printed."""
+    from node.run_file import manifest_from_table
+    from trainer.model_dir import ModelDirError, load_model_dir
+    from trainer.tiny_policy import run_manifest_table
+    from verify.calibration import calibration_digest, encode_calibration
+
+    try:
+        model, tok = load_model_dir(model_dir)
+    except ModelDirError as exc:
+        raise CommandError(str(exc)) from None
+    manifest = manifest_from_table(run_manifest_table("calibration", seed=11), "calibration")
+    regimes, measured = measure(model, tok, manifest, n=n, precisions=precisions, say=say)
+    data = encode_calibration(regimes, measured, model=str(model_dir.name))
+    path = write(model_dir, data)
+    return {"calibration": str(path), "calibration_digest": calibration_digest(data).hex(),
+            "rollouts_per_variation": n, "precisions": list(precisions)}
+
+
+def load_for(model_dir: str | Path | None, settings: Any, manifest: Any = None) -> tuple[Any, str]:
+    """`settings` with the limits of `model_dir/calibration.json` for their precision, and a
+    note for the user. A manifest that pins a digest needs that very file; without a pin
+    and without a file the shipped defaults apply (the note says so)."""
+    from verify.calibration import FILE_NAME, CalibrationError, apply, decode_calibration
+
+    pin = getattr(manifest, "calibration_digest", b"") if manifest is not None else b""
+    path = Path(model_dir) / FILE_NAME if model_dir is not None else None
+    if path is None or not path.is_file():
+        if pin:
+            raise CommandError(
+                f"the run pins calibration {pin.hex()[:16]}... but {path or 'the model'} has no {FILE_NAME}: "
+                "run `swarm-node calibrate --model DIR`"
+            )
+        return settings, f"no {FILE_NAME} next to the model: shipped default limits (run `swarm-node calibrate`)"
+    try:
+        cal = decode_calibration(path.read_bytes(), pin)
+        return apply(settings, cal), f"calibration {cal.digest.hex()[:16]} ({path})"
+    except (OSError, CalibrationError) as exc:
+        raise CommandError(f"{path}: {exc}") from None
+
+
+def main(*, model: str, n: int = DEFAULT_N, precisions: str = "fp32,bf16", data_dir: str | None = None) -> dict[str, Any]:
+    from protocol.wire import WORKER_PRECISIONS
+
+    wanted = tuple(p.strip() for p in precisions.split(",") if p.strip())
+    if not wanted or set(wanted) - set(WORKER_PRECISIONS):
+        raise CommandError(f"--precisions: a comma-separated subset of {', '.join(WORKER_PRECISIONS)}")
+    if not 4 <= n <= 4096:
+        raise CommandError(f"--n must be in [4, 4096], got {n}")
+    from node.paths import resolve_model
+
+    result = calibrate_dir(resolve_model(model, model, data_dir), n=n, precisions=wanted)
+    print(json.dumps(result), flush=True)
+    return result

@@ -1,0 +1,55 @@
+"""Version-aware audits: a record is judged against the weights of the policy version it
+claims; a version the auditor does not hold is `unknown-version`, never a pass."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+
+import pytest
+
+from node.commands import audit as audit_cmd
+from node.commands.rollouts import generate_records
+from tests.test_verify_audit import env  # noqa: F401  (the module's fixture)
+from trainer.engine_hf import HFEngine
+from verify import toploc
+
+pytestmark = pytest.mark.slow  # builds a tokenizer and a model, generates rollouts
+
+
+def _claiming(env, version, name):  # noqa: F811
+    """Records made with the version-0 model, claiming `version`."""
+    out = env["root"] / name
+    generate_records(
+        engine=HFEngine(env["model"], env["tok"], max_batch=4), manifest=env["manifest"],
+        identity=env["identity"], n=2, out=out, policy_version=version,
+        build_proofs=toploc.build_proofs_bytes_many, say=lambda _m: None,
+    )
+    return out
+
+
+def _audit(env, files, **kw):  # noqa: F811
+    out = io.StringIO()
+    code = audit_cmd.main(files, str(env["model_dir"]), as_json=True, manifest=env["run"], out=out, **kw)
+    return code, [json.loads(x) for x in out.getvalue().splitlines()]
+
+
+@pytest.mark.parametrize("version", [2, 2**32 - 1])
+def test_a_version_not_held_is_unknown_never_a_pass(env, version):  # noqa: F811
+    code, lines = _audit(env, [_claiming(env, version, f"v{version}.msgpack")])
+    assert code == 1 and [x["reason"] for x in lines] == ["unknown-version"] * 2
+
+
+def test_versions_directory_supplies_the_claimed_weights(env, tmp_path):  # noqa: F811
+    shutil.copytree(env["model_dir"], tmp_path / "versions" / "2")
+    ok = env["root"] / "v0-ok.msgpack"
+    ok.write_bytes(b"")
+    with open(ok, "wb") as f:
+        from protocol.rollout import write_records
+
+        write_records(f, env["records"][:1])
+    files = [_claiming(env, 2, "v2-held.msgpack"), _claiming(env, 3, "v3-missing.msgpack"), ok]
+    code, lines = _audit(env, files, versions=tmp_path / "versions")
+    assert [x["reason"] for x in lines] == ["ok", "ok", "unknown-version", "unknown-version", "ok"]
+    assert code == 1
