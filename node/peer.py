@@ -99,6 +99,7 @@ CATCH_UP_TICK_S = 1.0
 DELIVERY_CHECK_S = 5.0
 BAD_REQUEST_PENALTY = -10.0
 MAX_SERVE_STREAMS_PER_PEER = 4
+PRODUCER_LACKS_BODY_PENALTY = -2.0
 BODYLESS_TTL_S = 3600.0  # a header whose body never came is forgotten after this
 STORE_WAIT_S = 4.0  # under py-libp2p's 5 s limit on an async topic validator
 
@@ -477,20 +478,27 @@ class Peer:
 
     async def _pull_from(self, source: str, pulls: list[_Pull]) -> None:
         records: list[bytes | None]
+        answered = False
         try:
             if not source:
                 raise PeerError("-", "no source")
             records = await rollout_exchange.pull(self.host, source, self.run_id, [p.rollout_id for p in pulls])
+            answered = True
         except PeerError as exc:
             log.info("pull from %s failed: %s", source[:12], exc)
             self.counters["pull_errors"] += 1
             records = [None] * len(pulls)
         async with trio.open_nursery() as nursery:  # stores of one batch share fsyncs
             for p, rec in zip(pulls, records, strict=True):
-                nursery.start_soon(self._take_pulled, source, p, rec)
+                nursery.start_soon(self._take_pulled, source, p, rec, answered)
 
-    async def _take_pulled(self, source: str, p: _Pull, rec: bytes | None) -> None:
+    async def _take_pulled(self, source: str, p: _Pull, rec: bytes | None, answered: bool = False) -> None:
         """Admit one pulled record (or note the miss) and schedule a retry if needed."""
+        if rec is None and answered and p.origin is not None and source == _b58(p.origin[0]):
+            # The producer itself says it lacks a body it announced: producers store a
+            # record before they gossip its header, so an honest one always has it.
+            self.counters["producer_lacks_body"] += 1
+            self.report(source, PRODUCER_LACKS_BODY_PENALTY, "announced a body it does not serve")
         if rec is not None and _record_id(rec) != p.rollout_id:
             # Not what we asked for (a re-signed copy, another rollout): the source pays.
             self.counters["pull_wrong_record"] += 1

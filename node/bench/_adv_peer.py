@@ -1,0 +1,248 @@
+"""One peer process of `bench adversary`: trainer, validator, honest worker or attacker.
+
+The full peer (`node.peer.open_peer`: py-libp2p, admission, SQLite) with synthetic signed
+records instead of model output. What stands in for the model (said plainly, because the
+benchmark measures the network's rules, not the audit): a record's true reward is
+`true_reward(body)` (1.0 for about 23% of bodies, by their digest, else 0.0); honest
+workers claim it, and the validator's "audit" re-scores it and fails any record whose
+claim differs. Sampling, verdicts, authority, accounting and every admission rule are the
+real ones (`protocol.*`, `node.roles.trainer.Collector`).
+
+Start-up prints `{"peer_id", "addrs"}`; then one JSON command per stdin line, one JSON
+answer per line:
+    {"cmd": "produce", "rate": R}      worker: honest records at R/s until "stop"
+    {"cmd": "stop"}
+    {"cmd": "report", "ids": [...]}    trainer/validator: what it counted, scores of `ids`
+    {"cmd": "attack", "name": N, "seconds": S, "target": ADDR, "honest": [...], "validator": ID}
+                                        attacker: run attack N with a fresh identity
+    {"cmd": "quit"}
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node.bench._gossip_peer import _lines, _say
+from node.bench._records import net_manifest, synthetic_record
+from node.host import HostSettings
+from node.peer import PeerConfig, open_peer
+from node.roles.trainer import Collector
+from protocol.accounting import WorkLedger
+from protocol.admission import Admitted, Kind
+from protocol.audit_sample import sample_ticket, sampled
+from protocol.codec import decode, encode
+from protocol.content_id import content_id
+from protocol.identity import Identity, peer_id_from_b58, peer_id_to_b58
+from protocol.rollout import make_record, open_record
+from protocol.verified import Status, VerifiedRule
+from protocol.wire import RolloutBody, RolloutRecord, Verdict
+
+VERSION = 5  # everyone runs at this policy version (S = 2: version 2 and below is stale)
+AUDIT_FRACTION = 0.5
+
+
+def true_reward(body: RolloutBody) -> float:
+    """The stand-in for re-scoring a task: fixed by the body, ~23% solved."""
+    return 1.0 if content_id(encode(body))[0] < 59 else 0.0
+
+
+def manifest(run: str, validator: str) -> Any:
+    return dataclasses.replace(
+        net_manifest(run), validator_keys=(peer_id_from_b58(validator),) if validator else ()
+    )
+
+
+def honest_record(ident: Identity, m: Any, counter: int, seq: int, *, lie: bool = False,
+                  version: int = VERSION, run_id: str | None = None, rng: random.Random) -> bytes:
+    """A synthetic record claiming its true reward (or lying: claiming 1.0 when unsolved)."""
+    base = synthetic_record(ident, m, counter, n_prompt=16, n_completion=64, seq=seq, rng=rng)
+    rec = decode(RolloutRecord, base)
+    body = decode(RolloutBody, rec.body)
+    reward = true_reward(body)
+    if lie:
+        reward = 1.0
+    return make_record(
+        ident, body, dataset=m.datasets[0].name, task_index=counter, counter=counter,
+        task_seed=body.sampling_seed, reward=reward, run_id=run_id or m.run_id,
+        policy_version=version, seq=seq, timestamp_ms=int(time.time() * 1000),
+    )
+
+
+class _Counting:
+    """The trainer's view: the real Collector plus when each rollout was made."""
+
+    def __init__(self, peer: Any) -> None:
+        self.peer = peer
+        self.collector = Collector(peer.admission.authority, VerifiedRule(quorum=1), WorkLedger())
+        self.made: dict[bytes, tuple[str, float, int, bytes]] = {}  # rid -> producer, t, counter, digest
+        self.admitted_by_signer: Counter[str] = Counter()
+
+    def on_deliver(self, item: Admitted) -> None:
+        self.admitted_by_signer[peer_id_to_b58(item.envelope.signer)] += 1
+        bad = self.collector.on_deliver(item)
+        if bad is not None:
+            self.peer.report(bad, -20.0, "withheld assignment counters")
+        if item.kind in (Kind.ROLLOUT_HEADER, Kind.ROLLOUT_RECORD):
+            h = item.obj.header if item.kind is Kind.ROLLOUT_RECORD else item.obj
+            self.made[item.content_id] = (
+                peer_id_to_b58(item.envelope.signer), item.envelope.timestamp_ms / 1000.0,
+                h.counter, h.body_digest,
+            )
+
+    def report(self, ids: list[str]) -> dict[str, Any]:
+        now = time.time()
+        verified: dict[str, list[tuple[str, float]]] = {}
+        headers: dict[str, list[float]] = {}
+        units: Counter[tuple[str, int]] = Counter()
+        bodies: Counter[bytes] = Counter()
+        usable: Counter[str] = Counter()
+        for rid, (producer, t, counter, digest) in self.made.items():
+            headers.setdefault(producer, []).append(t)
+            track = self.collector.tracks.get(rid)
+            if track is not None and track.body and self.collector.status(track) is Status.VERIFIED:
+                verified.setdefault(producer, []).append((rid.hex(), t))
+                units[(producer, counter)] += 1
+                bodies[digest] += 1
+                if self.collector.ledger.allowed(track.producer):
+                    usable[producer] += 1
+        scores = self.peer.admission.scores
+        reward = {p: self.collector.ledger.counted_reward(peer_id_from_b58(p)) for p in ids}
+        return {
+            "verified": verified, "headers": headers, "usable": dict(usable),
+            "double_counted": sum(n - 1 for n in units.values()) + sum(n - 1 for n in bodies.values()),
+            "admitted_by_signer": {p: self.admitted_by_signer[p] for p in ids},
+            "scores": {p: scores.score(p, now) for p in ids},
+            "banned": {p: scores.is_banned(p, now) for p in ids},
+            "counted_reward": reward,
+            "rss_mb": _rss_mb(),
+        }
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+sampled_at: list[tuple[str, float, str]] = []  # validator: (rollout id, made at, producer)
+
+
+async def _audit_loop(peer: Any, receive: Any) -> None:
+    async for ro, ticket in receive:
+        passed = ro.header.reward == true_reward(ro.body)
+        v = Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer, passed=passed,
+                    reason="ok" if passed else "reward_mismatch",
+                    reward_rescored=true_reward(ro.body), metrics=(), sample_ticket=ticket)
+        await peer.publish_verdict(v)
+        if not passed:
+            peer.report(ro.envelope.signer, -20.0, "failed audit: reward_mismatch")
+
+
+async def main(args: argparse.Namespace) -> None:
+    ident = Identity.from_private_bytes(bytes.fromhex(args.key)) if args.key else Identity.generate()
+    m = manifest(args.run, args.validator)
+    cfg = PeerConfig(
+        manifest=m, identity=ident, data_dir=Path(args.data_dir), roles=(args.role,),
+        bootstrap=tuple(args.bootstrap), pull_bodies=args.role in ("trainer", "validator"),
+        policy_version=VERSION, host=HostSettings(peer_dead_after_s=6.0),
+    )
+    with trio.move_on_after(args.max_life):
+        async with open_peer(cfg) as peer, trio.open_nursery() as nursery:
+            counting = _Counting(peer) if args.role == "trainer" else None
+            if counting is not None:
+                peer.on_deliver(counting.on_deliver)
+            if args.role == "validator":
+                send, receive = trio.open_memory_channel[Any](4096)
+                peer.on_deliver(lambda item: _validate_sync(peer, send, item))
+                nursery.start_soon(_audit_loop, peer, receive)
+            _say({"peer_id": peer.host.peer_id, "addrs": peer.host.listen_addrs()})
+            stopping = trio.Event()
+            stdin = trio.lowlevel.FdStream(os.dup(0))
+            async for cmd in _lines(stdin):
+                kind = cmd.get("cmd")
+                if kind == "produce":
+                    stopping = trio.Event()
+                    nursery.start_soon(_produce, peer, m, cmd.get("rate", 4.0), stopping)
+                    _say({"ok": True})
+                elif kind == "stop":
+                    stopping.set()
+                    _say({"ok": True})
+                elif kind == "report":
+                    ids = cmd.get("ids", [])
+                    if counting is not None:
+                        _say(counting.report(ids))
+                    else:
+                        now = time.time()
+                        sc = peer.admission.scores
+                        _say({"banned": {p: sc.is_banned(p, now) for p in ids}, "rss_mb": _rss_mb(),
+                              "scores": {p: sc.score(p, now) for p in ids}, "sampled": sampled_at})
+                elif kind == "attack":
+                    from node.bench._attacks import attack
+
+                    _say(await attack(cmd, m, Path(args.data_dir)))
+                elif kind == "quit":
+                    break
+            nursery.cancel_scope.cancel()
+    _say({"closed": True})
+
+
+def _validate_sync(peer: Any, send: Any, item: Admitted) -> None:
+    if item.kind is not Kind.ROLLOUT_RECORD:
+        return
+    ticket = sample_ticket(peer.identity, peer.run_id, item.content_id)
+    if sampled(ticket, AUDIT_FRACTION):
+        ro = item.obj
+        sampled_at.append((ro.rollout_id.hex(), ro.envelope.timestamp_ms / 1000.0,
+                           peer_id_to_b58(ro.envelope.signer)))
+        try:
+            send.send_nowait((item.obj, ticket))
+        except trio.WouldBlock:
+            pass
+
+
+async def _produce(peer: Any, m: Any, rate: float, stopping: trio.Event) -> None:
+    rng = random.Random(os.getpid())
+    status = await trio.to_thread.run_sync(peer.store.produced_status)
+    counter = status["produced"]
+    start = time.monotonic()
+    i = 0
+    while not stopping.is_set():
+        rec = honest_record(peer.identity, m, counter, peer.seq.next(), rng=rng)
+        open_record(rec)
+        await peer.produce(rec)
+        counter += 1
+        i += 1
+        await trio.sleep(max(0.0, start + i / rate - time.monotonic()))
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--run", default="adversary")
+    parser.add_argument("--role", default="inference")
+    parser.add_argument("--key", default="")
+    parser.add_argument("--validator", default="", help="the run's validator key (base58)")
+    parser.add_argument("--bootstrap", nargs="*", default=[])
+    parser.add_argument("--max-life", type=float, default=900.0)
+    args = parser.parse_args()
+    sys.setrecursionlimit(10_000)
+    trio.run(main, args)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,257 @@
+"""The attacks of `bench adversary`, each run by a fresh attacker identity and peer.
+
+`attack(cmd, manifest, data_dir)` opens a new peer (new key, new store) connected to the
+target, performs attack `cmd["name"]` for about `cmd["seconds"]`, and answers
+`{"sent", "attacker", "signers", "measure"}`: how many attack messages went out, the
+attacker's peer id, the identities that signed them, and how the driver decides whether
+each had an effect at the trainer ("admitted": admitted at all; "verified": counted as
+verified work; "usable": verified and not refused by the work ledger; "double": the same
+unit of work counted twice). Every loop is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node.bench._adv_peer import VERSION, honest_record
+from node.host import HostSettings, MessageTooLarge, PeerError
+from node.peer import PeerConfig, open_peer
+from node.store import RolloutRow
+from protocol.admission import Admitted, Kind
+from protocol.codec import decode, encode
+from protocol.content_id import content_id
+from protocol.envelope import seal
+from protocol.identity import Identity, peer_id_from_b58
+from protocol.rollout import make_record, open_record
+from protocol.wire import Envelope, RolloutRecord, Verdict
+
+MAX_MESSAGES = 2000
+
+
+async def attack(cmd: dict[str, Any], manifest: Any, data_dir: Path) -> dict[str, Any]:
+    name, seconds = cmd["name"], float(cmd.get("seconds", 5.0))
+    ident = Identity.generate()
+    cfg = PeerConfig(
+        manifest=manifest, identity=ident, data_dir=data_dir / f"attack-{name}-{os.getpid()}",
+        roles=("inference",), bootstrap=(cmd["target"],), pull_bodies=False,
+        policy_version=VERSION, host=HostSettings(peer_dead_after_s=6.0),
+    )
+    seen: list[Admitted] = []
+    out: dict[str, Any] = {"sent": 0, "signers": [ident.peer_id_b58], "measure": "admitted"}
+    with trio.move_on_after(seconds + 30):
+        async with open_peer(cfg) as peer:
+            peer.on_deliver(lambda item: seen.append(item) if len(seen) < 4096 else None)
+            out["attacker"] = peer.host.peer_id
+            await peer.host.wait_for_topic_peers(peer.topics["rollouts"], 1, 5)
+            await trio.sleep(1.0)  # one GossipSub heartbeat: join the mesh
+            ctx = _Ctx(peer, manifest, ident, seconds, seen, cmd)
+            await ATTACKS[name](ctx, out)
+            await trio.sleep(1.0)  # let the last messages leave
+    return out
+
+
+@dataclasses.dataclass
+class _Ctx:
+    peer: Any
+    manifest: Any
+    ident: Identity
+    seconds: float
+    seen: list[Admitted]
+    cmd: dict[str, Any]
+    rng: random.Random = dataclasses.field(default_factory=lambda: random.Random(os.getpid()))
+    counter: int = 0
+
+    def record(self, **kw: Any) -> bytes:
+        self.counter += 1
+        ident = kw.pop("ident", self.ident)
+        return honest_record(ident, self.manifest, self.counter, self.peer.seq.next(), rng=self.rng, **kw)
+
+    async def publish(self, topic: str, data: bytes, out: dict[str, Any]) -> None:
+        try:
+            await self.peer.host.publish(self.peer.topics[topic], data)
+        except (MessageTooLarge, PeerError):
+            pass
+        out["sent"] += 1
+
+    async def store_and_publish(self, record: bytes, out: dict[str, Any]) -> bytes:
+        """Store our record (so we serve its body) and gossip its header at once."""
+        op = open_record(record)
+        rec = decode(RolloutRecord, record)
+        row = RolloutRow(op.rollout_id, op.envelope.run_id, op.envelope.signer,
+                         op.envelope.policy_version, rec.header, rec.body, time.time())
+        await trio.to_thread.run_sync(self.peer.store.put_produced, row)
+        await self.publish("rollouts", rec.header, out)
+        return op.rollout_id
+
+
+def _header(record: bytes) -> bytes:
+    return decode(RolloutRecord, record).header
+
+
+async def _forged_signature(c: _Ctx, out: dict[str, Any]) -> None:
+    for _ in range(20):
+        env = decode(Envelope, _header(c.record()))
+        bad = dataclasses.replace(env, signature=bytes([env.signature[0] ^ 1]) + env.signature[1:])
+        await c.publish("rollouts", encode(bad), out)
+
+
+async def _other_run(c: _Ctx, out: dict[str, Any]) -> None:
+    for _ in range(20):
+        await c.publish("rollouts", _header(c.record(run_id="some-other-run")), out)
+
+
+async def _future_version(c: _Ctx, out: dict[str, Any]) -> None:
+    for _ in range(20):
+        await c.publish("rollouts", _header(c.record(version=VERSION + 10)), out)
+
+
+async def _stale(c: _Ctx, out: dict[str, Any]) -> None:
+    for _ in range(20):
+        await c.publish("rollouts", _header(c.record(version=1)), out)
+
+
+async def _oversized(c: _Ctx, out: dict[str, Any]) -> None:
+    for _ in range(5):
+        await c.publish("rollouts", b"\x92" + os.urandom(200_000), out)
+
+
+async def _malformed(c: _Ctx, out: dict[str, Any]) -> None:
+    for i in range(300):
+        await c.publish("rollouts", b"\xc1garbage" + i.to_bytes(2, "big"), out)
+
+
+async def _rate_flood(c: _Ctx, out: dict[str, Any]) -> None:
+    out["measure"] = "verified"
+    deadline = time.monotonic() + c.seconds
+    while time.monotonic() < deadline and out["sent"] < MAX_MESSAGES // 2:
+        await c.store_and_publish(c.record(lie=True), out)
+
+
+async def _replayed_header(c: _Ctx, out: dict[str, Any]) -> None:
+    out["measure"] = "double"
+    out["signers"] = []
+    deadline = time.monotonic() + c.seconds
+    while time.monotonic() < deadline and out["sent"] < MAX_MESSAGES:
+        fresh = [i.header for i in c.seen[-8:] if i.kind is Kind.ROLLOUT_HEADER and i.header]
+        if not fresh:
+            await trio.sleep(0.1)
+            continue
+        for h in fresh[-2:]:
+            await c.publish("rollouts", h, out)
+        await trio.sleep(0.05)  # ~40 copies a second
+
+
+async def _resigned_copy(c: _Ctx, out: dict[str, Any]) -> None:
+    out["measure"] = "double"
+    originals = [c.record() for _ in range(10)]
+    for rec in originals:
+        await c.store_and_publish(rec, out)
+    out["sent"] = 0
+    await trio.sleep(1.0)
+    for rec in originals:
+        op = open_record(rec)
+        c.counter += 1
+        copy = make_record(
+            c.ident, op.body, dataset=op.header.dataset, task_index=c.counter, counter=c.counter,
+            task_seed=op.header.task_seed, reward=op.header.reward, run_id=c.manifest.run_id,
+            policy_version=VERSION, seq=c.peer.seq.next(), timestamp_ms=int(time.time() * 1000),
+        )
+        await c.store_and_publish(copy, out)
+
+
+async def _counter_shopping(c: _Ctx, out: dict[str, Any]) -> None:
+    out["measure"] = "usable"
+    for _ in range(min(400, int(c.seconds * 40))):
+        rec = c.record()
+        if open_record(rec).header.reward == 1.0:  # publish only what it solved
+            await c.store_and_publish(rec, out)
+
+
+async def _lying_rollouts(c: _Ctx, out: dict[str, Any], n: int) -> list[bytes]:
+    return [await c.store_and_publish(c.record(lie=True), out) for _ in range(n)]
+
+
+async def _self_vouching(c: _Ctx, out: dict[str, Any]) -> None:
+    out["measure"] = "verified"
+    rids = await _lying_rollouts(c, out, 10)
+    for rid in rids:
+        v = Verdict(rollout_id=rid, producer=c.ident.peer_id, passed=True, reason="ok",
+                    reward_rescored=1.0, metrics=())
+        await c.publish("verdicts", c.peer.seal(v), out)
+
+
+async def _sybil_fails(c: _Ctx, out: dict[str, Any]) -> None:
+    sybils = [Identity.generate() for _ in range(5)]
+    out["signers"] = [s.peer_id_b58 for s in sybils]
+    deadline = time.monotonic() + c.seconds
+    done: set[bytes] = set()
+    while time.monotonic() < deadline and out["sent"] < MAX_MESSAGES:
+        targets = [i for i in c.seen if i.kind is Kind.ROLLOUT_HEADER and i.content_id not in done]
+        if not targets:
+            await trio.sleep(0.1)
+            continue
+        for item in targets[:10]:
+            done.add(item.content_id)
+            for s in sybils:
+                v = Verdict(rollout_id=item.content_id, producer=item.envelope.signer, passed=False,
+                            reason="bad_proof", reward_rescored=0.0, metrics=())
+                data = seal(s, v, run_id=c.manifest.run_id, policy_version=VERSION,
+                            seq=time.time_ns(), timestamp_ms=int(time.time() * 1000))
+                await c.publish("verdicts", data, out)
+
+
+def _publicly_sampled(validator: bytes, rid: bytes, fraction: float) -> bool:
+    """The old, public sampling rule a producer could compute: H(validator || rollout id)."""
+    return int.from_bytes(content_id(validator + rid)[:8], "big") < fraction * 2.0**64
+
+
+async def _audit_dodging(c: _Ctx, out: dict[str, Any]) -> None:
+    out["measure"] = "verified"
+    validator = peer_id_from_b58(c.cmd["validator"])
+    for _ in range(10):
+        for _try in range(64):  # re-sign until the public rule says "not audited"
+            rec = c.record(lie=True)
+            if not _publicly_sampled(validator, content_id(_header(rec)), 0.5):
+                break
+        await c.store_and_publish(rec, out)
+
+
+async def _header_without_body(c: _Ctx, out: dict[str, Any]) -> None:
+    out["measure"] = "verified"
+    for _ in range(30):
+        await c.publish("rollouts", _header(c.record()), out)  # the body is never stored
+
+
+async def _fresh_identity_flood(c: _Ctx, out: dict[str, Any]) -> None:
+    out["measure"] = "verified"
+    fresh = [Identity.generate() for _ in range(300)]
+    out["signers"] = [f.peer_id_b58 for f in fresh]
+    for f in fresh:
+        await c.publish("rollouts", _header(c.record(ident=f)), out)
+
+
+ATTACKS = {
+    "forged_signature": _forged_signature,
+    "other_run": _other_run,
+    "future_version": _future_version,
+    "stale_beyond_s": _stale,
+    "oversized": _oversized,
+    "malformed_flood": _malformed,
+    "message_rate_flood": _rate_flood,
+    "replayed_header": _replayed_header,
+    "resigned_copy": _resigned_copy,
+    "counter_shopping": _counter_shopping,
+    "self_vouching_verdict": _self_vouching,
+    "sybil_fail_verdicts": _sybil_fails,
+    "sampled_audit_dodging": _audit_dodging,
+    "header_without_body": _header_without_body,
+    "fresh_identity_flood": _fresh_identity_flood,
+}
+

@@ -1,0 +1,173 @@
+"""`swarm-node bench adversary`: the network's rules against attackers (issue 10).
+
+Real processes on loopback (`node.bench._adv_peer`: the full peer, py-libp2p, SQLite): one
+trainer, one validator (the run manifest's only validator key), two honest workers
+producing signed synthetic records, and one attacker process that runs each attack from
+`node.bench._attacks` with a fresh identity and peer, one after the other, while the
+honest workers keep producing. The records are synthetic (not model output) and the
+validator's audit re-scores a stand-in reward fixed by each body (`true_reward`): this
+measures the trust rules (admission, authority, sampling, accounting, scoring), not the
+model audit, which `bench verify` measures.
+
+Per attack (`attacks[name]`):
+    rejected_fraction      share of the attack's messages that had no effect at the trainer:
+                           refused by admission, or admitted but never counted (not
+                           verified work, a vote that counts for nothing, no unit of work
+                           counted twice); `measure` says which effect was looked for
+    attacker_penalized     an honest peer (trainer, validator, worker) scored the attacking
+                           peer below zero or banned it
+    honest_banned          an honest peer banned a worker, the validator or the trainer
+    honest_throughput_ratio  honest rollouts verified at the trainer per rollout the
+                           validator sampled, made during the attack, divided by the same
+                           during a window of the same run without an attacker
+plus `shopping_reward_gain` (the reward the trainer's work ledger credits the counter
+shopper per produced counter, withheld ones counting 0 and a refused producer 0, divided by
+the honest workers' mean) and `rss_mb_max` (peak RSS of any process).
+
+`--quick`: 2.5 s per attack window (about a minute here). Full: 10 s windows.
+Options after the name: `--window S`, `--rate R` (honest records per second per worker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node.bench._attacks import ATTACKS
+from node.bench._gossip_peer import PeerProcess
+from protocol.identity import Identity
+
+MODULE = "node.bench._adv_peer"
+
+
+def _say(msg: str) -> None:
+    print(f"bench adversary: {msg}", file=sys.stderr, flush=True)
+
+
+def _in(window: tuple[float, float], t: float) -> bool:
+    return window[0] <= t < window[1]
+
+
+def _throughput(window: tuple[float, float], verified: set[str], sampled: list[list[Any]],
+                honest: set[str]) -> float | None:
+    picked = [rid for rid, t, producer in sampled if producer in honest and _in(window, t)]
+    if not picked:
+        return None
+    return sum(rid in verified for rid in picked) / len(picked)
+
+
+async def _run(window_s: float, rate: float, settle_s: float) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="bench-adversary-"))
+    keys = {name: Identity.generate() for name in ("trainer", "validator", "w1", "w2")}
+    validator = keys["validator"].peer_id_b58
+    procs: dict[str, PeerProcess] = {}
+
+    async def spawn(name: str, role: str, boot: list[str]) -> PeerProcess:
+        key = ["--key", keys[name].private_bytes().hex()] if name in keys else []
+        return await PeerProcess.start(
+            "--data-dir", str(root / name), "--role", role, "--validator", validator,
+            *key, *(["--bootstrap", *boot] if boot else []),
+            module=MODULE, timeout=90.0, stderr_path=str(root / f"{name}.log"),
+        )
+
+    try:
+        procs["trainer"] = await spawn("trainer", "trainer", [])
+        boot = [procs["trainer"].addrs[0]]
+        async with trio.open_nursery() as n:
+            for name, role in (("validator", "validator"), ("w1", "inference"),
+                               ("w2", "inference"), ("attacker", "relay")):
+                async def one(name: str = name, role: str = role) -> None:
+                    procs[name] = await spawn(name, role, boot if name != "attacker" else [])
+                n.start_soon(one)
+        _say(f"5 processes up in {root}")
+        await trio.sleep(3.0)  # meshes form
+        for w in ("w1", "w2"):
+            await procs[w].ask({"cmd": "produce", "rate": rate})
+        await trio.sleep(2.0)
+        t0 = time.time()
+        await trio.sleep(window_s)
+        baseline = (t0, time.time())
+        runs: dict[str, dict[str, Any]] = {}
+        for name in ATTACKS:
+            start = time.time()
+            answer = await procs["attacker"].ask(
+                {"cmd": "attack", "name": name, "seconds": window_s, "target": boot[0],
+                 "validator": validator}, timeout=window_s + 90,
+            )
+            runs[name] = {**answer, "window": (start, time.time())}
+            _say(f"{name}: sent {answer.get('sent')}")
+        for w in ("w1", "w2"):
+            await procs[w].ask({"cmd": "stop"})
+        await trio.sleep(settle_s)  # the last verdicts reach the trainer
+        honest = {k.peer_id_b58 for k in keys.values()}
+        ids = sorted(honest | {p for r in runs.values() for p in [r.get("attacker", ""), *r["signers"]] if p})
+        t_rep = await procs["trainer"].ask({"cmd": "report", "ids": ids}, timeout=60)
+        v_rep = await procs["validator"].ask({"cmd": "report", "ids": ids}, timeout=60)
+        others = [await procs[w].ask({"cmd": "report", "ids": ids}, timeout=60)
+                  for w in ("w1", "w2", "attacker")]
+        rss = [t_rep["rss_mb"], v_rep["rss_mb"], *(o["rss_mb"] for o in others)]
+        views = [t_rep, v_rep, *others[:2]]  # the honest peers' views of everyone
+    finally:
+        with trio.move_on_after(30) as cleanup:
+            cleanup.shield = True
+            for p in procs.values():
+                await p.stop()
+    return _figures(runs, t_rep, v_rep, views, keys, baseline, max(rss))
+
+
+def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict[str, Any],
+             views: list[dict[str, Any]], keys: dict[str, Identity], baseline: tuple[float, float],
+             rss: float) -> dict[str, Any]:
+    workers = {keys["w1"].peer_id_b58, keys["w2"].peer_id_b58}
+    honest_all = {k.peer_id_b58 for k in keys.values()}
+    verified = {rid for p in workers for rid, _t in t_rep["verified"].get(p, [])}
+    base = _throughput(baseline, verified, v_rep["sampled"], workers) or 1.0
+    attacks: dict[str, Any] = {}
+    for name, r in runs.items():
+        signers = [s for s in r["signers"] if s]
+        measure, sent = r["measure"], max(1, int(r["sent"]))
+        if measure == "admitted":
+            effect = sum(t_rep["admitted_by_signer"].get(s, 0) for s in signers)
+        elif measure == "verified":
+            effect = sum(len(t_rep["verified"].get(s, [])) for s in signers)
+        elif measure == "usable":
+            effect = sum(t_rep["usable"].get(s, 0) for s in signers)
+        else:  # "double": a unit of work counted twice anywhere
+            effect = t_rep["double_counted"]
+        attacker = r.get("attacker", "")
+        banned = any(v["banned"].get(h) for v in views for h in honest_all)
+        penalized = any(v["scores"].get(attacker, 0.0) < 0 or v["banned"].get(attacker) for v in views)
+        ratio = _throughput(r["window"], verified, v_rep["sampled"], workers)
+        attacks[name] = {
+            "rejected_fraction": round(max(0.0, 1.0 - min(effect, sent) / sent), 4),
+            "attacker_penalized": bool(penalized),
+            "honest_banned": bool(banned),
+            "honest_throughput_ratio": round(ratio / base, 3) if ratio is not None else None,
+            "sent": int(r["sent"]),
+            "measure": measure,
+        }
+    shopper = runs.get("counter_shopping", {}).get("attacker", "")
+    rewards = [t_rep["counted_reward"].get(w) for w in workers]
+    honest_reward = statistics.mean(x for x in rewards if x is not None) if any(
+        x is not None for x in rewards) else None
+    shop = t_rep["counted_reward"].get(shopper)
+    gain = None
+    if honest_reward:
+        gain = round((shop or 0.0) / honest_reward, 3)
+    return {"attacks": attacks, "shopping_reward_gain": gain, "rss_mb_max": round(rss, 1)}
+
+
+def run(quick: bool, args: list[str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="swarm-node bench adversary")
+    parser.add_argument("--window", type=float, default=2.5 if quick else 10.0)
+    parser.add_argument("--rate", type=float, default=2.0)
+    parser.add_argument("--settle", type=float, default=12.0 if quick else 20.0)
+    opts = parser.parse_args(args)
+    return trio.run(_run, opts.window, opts.rate, opts.settle)
