@@ -12,6 +12,11 @@ under the host's deadline):
                        `RolloutRecord` bytes (header envelope + body), or an empty frame
                        when the server has no body for that id
 
+Bounds on the server (a 1 KB request must not pull 32 x 4 MiB, nor one byte every few
+seconds hold a stream open for ever): at most `MAX_RESPONSE_BYTES` of records per request
+and `MAX_STREAM_BYTES` per stream (past them the server answers empty frames: the client
+asks again later or elsewhere), and each stream lives at most `STREAM_DEADLINE_S`.
+
 The client does not trust the server: each frame goes through `protocol.admission` as a
 `Kind.ROLLOUT_RECORD` (signature, body digest, run, staleness...), and a bad one costs the
 server score like any other message. A request frame over `MAX_REQUEST_BYTES`, or one
@@ -23,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 import msgpack
+import trio
 
 from node.host import FramedStream, PeerError, SwarmHost
 from protocol.wire import RolloutRecord
@@ -32,6 +38,9 @@ MAX_REQUESTS_PER_STREAM = 64
 ID_SIZE = 32
 MAX_REQUEST_BYTES = 8 + MAX_IDS_PER_REQUEST * (ID_SIZE + 2)
 MAX_RECORD_BYTES = RolloutRecord.MAX_BYTES
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+MAX_STREAM_BYTES = 64 * 1024 * 1024
+STREAM_DEADLINE_S = 60.0
 
 
 class BadRequest(PeerError):
@@ -81,16 +90,27 @@ async def serve(stream: FramedStream, lookup: Lookup) -> int:
     the first bad request (`BadRequest` propagates to the host's handler, which logs it).
     """
     sent = 0
-    for _ in range(MAX_REQUESTS_PER_STREAM):
-        try:
-            frame = await stream.receive(MAX_REQUEST_BYTES)
-        except PeerError:
-            return sent  # client went away (or stalled): nothing more to do
-        ids = decode_request(stream.peer, frame)
-        records = await lookup(ids)
-        for record in records:
-            await stream.send(record or b"")
-            sent += record is not None
+    stream_bytes = 0
+    with trio.move_on_after(STREAM_DEADLINE_S):
+        for _ in range(MAX_REQUESTS_PER_STREAM):
+            try:
+                frame = await stream.receive(MAX_REQUEST_BYTES)
+            except PeerError:
+                return sent  # client went away (or stalled): nothing more to do
+            ids = decode_request(stream.peer, frame)
+            records = await lookup(ids)
+            request_bytes = 0
+            for record in records:
+                if record is not None and (
+                    request_bytes + len(record) > MAX_RESPONSE_BYTES
+                    or stream_bytes + len(record) > MAX_STREAM_BYTES
+                ):
+                    record = None  # over budget: the client may ask again later
+                await stream.send(record or b"")
+                if record is not None:
+                    sent += 1
+                    request_bytes += len(record)
+                    stream_bytes += len(record)
     return sent
 
 

@@ -90,3 +90,34 @@ def test_bodyless_headers_expire_from_the_store(tmp_path: Path) -> None:
         assert store.has_rollout(rids[0]) and not store.has_rollout(rids[1])
         assert store.has_rollout(rids[2])
         assert store.expire_bodyless(_time.time()) == 1
+
+
+async def test_a_small_request_cannot_pull_more_than_the_byte_budget(tmp_path: Path) -> None:
+    """Finding 9: a 1 KB request could pull 32 x 4 MiB; now at most MAX_RESPONSE_BYTES."""
+    from node import rollout_exchange as rx
+
+    class FakeStream:
+        peer = "client"
+
+        def __init__(self, requests: list[bytes]) -> None:
+            self.requests, self.sent = requests, []
+
+        async def receive(self, _cap: int) -> bytes:
+            if not self.requests:
+                from node.host import PeerUnreachable
+
+                raise PeerUnreachable(self.peer, "closed")
+            return self.requests.pop(0)
+
+        async def send(self, data: bytes) -> None:
+            self.sent.append(data)
+
+    big = b"x" * (3 * 1024 * 1024)
+
+    async def lookup(ids: list[bytes]) -> list[bytes | None]:
+        return [big for _ in ids]
+
+    s = FakeStream([rx.encode_request([bytes([i]) * 32 for i in range(32)])])
+    n = await rx.serve(s, lookup)  # type: ignore[arg-type]
+    assert len(s.sent) == 32 and n == rx.MAX_RESPONSE_BYTES // len(big)
+    assert sum(len(x) for x in s.sent) <= rx.MAX_RESPONSE_BYTES
