@@ -20,6 +20,9 @@ arrival, sender gone): `bytes_sent == bytes_received + bytes_dropped` once no me
 in flight (`in_flight_bytes`). A peer that is offline receives nothing; a message is
 dropped if the receiver went offline or the connection closed while it travelled.
 
+With `shared_cpus = k` every peer's handlers share k cores (peers run as processes on one
+machine, as `bench gossip`'s do): `done` then waits for the earliest free core.
+
 Connections are undirected and limited to `max_conns` per peer; `connect` refuses past it.
 """
 
@@ -73,6 +76,7 @@ class NetConfig:
     max_conns: int = 64
     cpu_per_msg_s: float = 0.0002  # admission of one message (decode, verify, checks)
     cpu_per_byte_s: float = 0.0
+    shared_cpus: int = 0  # 0: every peer has its own CPU; k: all peers share k cores
 
     def __post_init__(self) -> None:
         n = len(self.regions)
@@ -90,6 +94,8 @@ class NetConfig:
             raise ValueError("loss must be in [0, 1) and jitter >= 0")
         if self.max_conns < 1 or self.cpu_per_msg_s < 0 or self.cpu_per_byte_s < 0:
             raise ValueError("max_conns >= 1 and CPU costs >= 0")
+        if self.shared_cpus < 0:
+            raise ValueError("shared_cpus >= 0")
 
 
 def _log_uniform(rng: random.Random, lo: float, hi: float) -> float:
@@ -132,6 +138,7 @@ class Network:
         self.received = array("q", bytes(8 * n))
         self.c = Counters()
         self._loss, self._jitter, self._base = cfg.loss, cfg.jitter, self.base
+        self._pool = [0.0] * cfg.shared_cpus
 
     # -- membership and connections ---------------------------------------------
 
@@ -278,11 +285,16 @@ class Network:
             else:
                 self.loop.at(done, self._handle, b, epoch, handler, args)
             return
-        cpu = self.cpu_free[b]
-        if cpu < done:
-            cpu = done
-        cpu += self.cpu_s(nbytes)
-        self.cpu_free[b] = cpu
+        if self._pool:  # peers on one machine: the earliest free of its cores
+            core = min(range(len(self._pool)), key=self._pool.__getitem__)
+            cpu = max(self._pool[core], done) + self.cpu_s(nbytes)
+            self._pool[core] = cpu
+        else:
+            cpu = self.cpu_free[b]
+            if cpu < done:
+                cpu = done
+            cpu += self.cpu_s(nbytes)
+            self.cpu_free[b] = cpu
         self.loop.at(cpu, self._handle, b, epoch, handler, args)
 
     def _handle(self, b: int, epoch: int, handler: Callable[..., Any], args: tuple) -> None:

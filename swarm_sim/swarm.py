@@ -244,6 +244,8 @@ class Swarm:
         return self.seq[p]
 
     def _publish_loop(self, p: int) -> None:
+        if self.loop.now >= self.wl.duration_s:
+            return  # publishing is over; the run drains
         self.loop.after(self.wl.publish_interval_s, self._publish_loop, p)
         if self.net.online[p]:
             self.publish(p)
@@ -518,6 +520,8 @@ class Swarm:
     # -- versions -------------------------------------------------------------------
 
     def _new_version(self) -> None:
+        if self.loop.now >= self.wl.duration_s:
+            return
         self.loop.after(self.wl.version_interval_s, self._new_version)
         now = self.loop.now
         self._trainer_version += 1
@@ -549,6 +553,8 @@ class Swarm:
     # -- adversaries ----------------------------------------------------------------
 
     def _misbehave(self, p: int) -> None:
+        if self.loop.now >= self.wl.duration_s:
+            return
         beh, adv, rng = self.behaviour[p], self.adv, self._adv_rng
         rate = {
             Behaviour.SPAM: adv.spam_rate,
@@ -574,9 +580,10 @@ class Swarm:
     # -- running --------------------------------------------------------------------
 
     def run(self, progress=None) -> dict:
-        """Start, run to the workload's end, and return the summary figures."""
+        """Start, publish for `duration_s`, drain for `lifetime_s` (so every message
+        published is judged), and return the summary figures."""
         self.start()
-        self.loop.run(self.wl.duration_s, progress)
+        self.loop.run(self.wl.duration_s + self.wl.lifetime_s, progress)
         return self.summary()
 
     def summary(self) -> dict:

@@ -85,3 +85,32 @@ def test_bench_sim_prints_the_issues_keys(monkeypatch):
     assert BROADCAST_KEYS <= set(only) and not DEFAULT_KEYS & set(only)
     big = bench.run(quick=True, args=["--scale"])
     assert {"wall_s", "peak_rss_mb"} <= set(big) and big["peak_rss_mb"] > 0
+
+
+def test_bench_sim_fidelity_reads_the_real_benchs_json(tmp_path):
+    import json
+
+    from node.bench import sim as bench
+
+    real = {
+        "delivery_ratio": 1.0,
+        "latency_p50_ms": 50.0,
+        "latency_p99_ms": 400.0,
+        "params": {
+            "peers": 8,
+            "producers": 4,
+            "rate_per_producer_per_s": 2.0,
+            "duration_s": 10,
+            "record_bytes": 20500,
+            "header_bytes": 700,
+            "loopback_rtt_ms_median": 0.3,
+            "cpus": 2,
+        },
+    }
+    path = tmp_path / "gossip.json"
+    path.write_text("progress line\n" + json.dumps(real) + "\n")
+    out = bench.run(quick=True, args=["--fidelity", "--gossip-json", str(path)])
+    assert out["latency_p50_ms"] == 50.0 and out["latency_p99_ms"] == 400.0
+    assert out["sim_latency_p50_ms"] > 0 and out["sim_delivery_ratio"] == 1.0
+    assert out["p50_ratio"] == round(out["sim_latency_p50_ms"] / 50.0, 3)
+    assert out["cpu_per_header_ms"] > 0

@@ -13,8 +13,9 @@ Modes (after `--quick`):
                   is `SCALE_WORKLOAD`'s, see there): wall_s, peak_rss_mb
     --fidelity    the real-peer `bench gossip` setup (read from `--gossip-json FILE`, the
                   JSON line that bench printed; without it bench gossip --quick runs
-                  first), simulated with loopback latency and the per-message CPU cost
-                  measured here on real signed records: sim_latency_p50_ms,
+                  first), simulated with loopback latency, the per-message CPU cost
+                  measured here on real signed records (decode + verify) and the
+                  machine's cores shared by every peer: sim_latency_p50_ms,
                   sim_latency_p99_ms beside latency_p50_ms, latency_p99_ms and the
                   ratios p50_ratio, p99_ratio (sim / real)
 
@@ -177,6 +178,7 @@ def fidelity(quick: bool, seed: int, gossip_json: Path | None) -> dict[str, Any]
         down_mbps=(loopback, loopback),
         cpu_per_msg_s=header_s,
         cpu_per_byte_s=max(0.0, (record_s - header_s) / max(1, body)),
+        shared_cpus=int(p.get("cpus") or 0),
     )
     wl = Workload(
         peers=p["peers"],
