@@ -136,6 +136,10 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
 @click.option("--audit-fraction", type=float, help="Validator: share of rollouts to audit.")
 @click.option("--max-rollouts", type=int, help="Inference: stop producing after this many.")
 @click.option("--duration", type=float, help="Stop by itself after this many seconds.")
+@click.option(
+    "--publish-every", type=float, help="Trainer: publish perturbed weights every S seconds."
+)
+@click.option("--upload-limit", type=float, help="Weight shard upload cap, MiB/s (0: none).")
 @click.option("--threads", default=1, show_default=True, type=int, help="Torch CPU threads.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @_one_line_errors
@@ -165,6 +169,12 @@ def start(**kwargs: Any) -> None:
 @click.option("--audit-fraction", default=0.5, show_default=True, help="Validator audit share.")
 @click.option("--batch-size", default=4, show_default=True, help="Inference batch size.")
 @click.option("--no-live", is_flag=True, help="Plain progress lines instead of a live table.")
+@click.option(
+    "--publish-every",
+    default=0.0,
+    show_default=True,
+    help="Trainer publishes perturbed weights every S seconds (0: never).",
+)
 @_one_line_errors
 def devnet(no_live: bool, **kwargs: Any) -> None:
     """Run a local swarm of real processes on loopback with the built-in tiny policy."""

@@ -65,7 +65,7 @@ from protocol.envelope import seal
 from protocol.shard_schedule import Cancel, DropPeer, Request, ScheduleConfig, ShardScheduler
 from protocol.weights_plan import Offer, plan
 from protocol.wire import WeightManifest
-from trainer.checkpoint import CheckpointError, canonicalize, from_state_dict, to_state_dict
+from trainer.checkpoint import CheckpointError, canonicalize, from_state_dict, parse, to_state_dict
 from trainer.export import DEFAULT_SHARD_BYTES, ExportError, export_version, is_snapshot
 
 log = logging.getLogger("swarm.weights")
@@ -196,12 +196,14 @@ class WeightSync:
         """Sign, install and announce `weights` as the next version; see the docstring."""
         if self.peer.identity.peer_id not in self.peer.manifest.trainer_keys:
             raise WeightsError("this node's key is not one of the run manifest's trainer_keys")
-        data = await trio.to_thread.run_sync(_canonical, weights)
         newest = self.newest()
         version = 0 if newest is None else max(newest, self.target) + 1
         parent = None
+        names: set[str] = set()
         if newest is not None:
             parent = (newest, await trio.to_thread.run_sync(self.store.read_version, newest))
+            names = {t.name for t in parse(parent[1]).tensors}
+        data = await trio.to_thread.run_sync(_canonical, weights, names)
         try:
             exported = await trio.to_thread.run_sync(
                 lambda: export_version(
@@ -513,12 +515,12 @@ class WeightSync:
             self._notify()
 
 
-def _canonical(weights: bytes | Mapping[str, Any] | str | os.PathLike[str]) -> bytes:
+def _canonical(weights: bytes | Mapping[str, Any] | str | os.PathLike[str], names: set[str]) -> bytes:
     try:
         if isinstance(weights, bytes | bytearray):
             return canonicalize(bytes(weights))
         if isinstance(weights, str | os.PathLike):
             return canonicalize(Path(weights).read_bytes())
-        return from_state_dict(weights)
+        return from_state_dict(weights, prefer=names)
     except (CheckpointError, OSError) as exc:
         raise WeightsError(f"cannot publish: {exc}") from None

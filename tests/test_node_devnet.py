@@ -36,7 +36,7 @@ def test_devnet_runs_workers_validator_trainer_and_writes_a_report(small_run: Pa
     out = tmp_path / "report"
     report = devnet.main(
         inference=2, validators=1, duration=40, out=out, run=small_run,
-        audit_fraction=1.0, batch_size=2, live=False,
+        audit_fraction=1.0, batch_size=2, live=False, publish_every=8.0,
     )
     on_disk = json.loads((out / "report.json").read_text())
     assert on_disk["totals"] == report["totals"]
@@ -47,6 +47,12 @@ def test_devnet_runs_workers_validator_trainer_and_writes_a_report(small_run: Pa
     assert report["delivery_to_trainer"] >= 0.95, report["totals"]
     assert totals["audited"] > 0, report
     assert totals["audits_failed"] == 0, report  # honest workers pass their audits
+    # The trainer published versions; the first reached every worker, and rollouts made
+    # with a published version passed audits run with that version's weights.
+    first = report["versions"][0]
+    assert first["version"] == 1 and first["workers_reached"] == 2, report["versions"]
+    val = next(n for n in report["nodes"] if n["role"] == "validator")["status"]["role_status"]
+    assert sum(n for k, n in val.items() if k.startswith("audited_v") and k != "audited_v0") > 0, val
     roles = sorted(n["role"] for n in report["nodes"])
     assert roles == ["inference", "inference", "trainer", "validator"]
     assert all(n["exit_code"] == 0 for n in report["nodes"]), [(n["name"], n["exit_code"]) for n in report["nodes"]]

@@ -277,3 +277,13 @@ def test_unreachable_and_backward_patches():
     assert plan(5, [1], _offers({}, {3: 10})) is None
     bad = [Offer(b"x" * 32, 5, "delta", 7, 1)]
     assert plan(5, [7], bad) is None
+
+
+def test_tied_weights_written_once_under_the_preferred_name():
+    torch = pytest.importorskip("torch")
+    w = torch.randn(4, 3)
+    sd = {"model.embed_tokens.weight": w, "lm_head.weight": w, "b": torch.ones(2)}
+    names = [t.name for t in parse(from_state_dict(sd)).tensors]
+    assert names == ["b", "lm_head.weight"]
+    kept = parse(from_state_dict(sd, prefer={"model.embed_tokens.weight"})).tensors
+    assert sorted(t.name for t in kept) == ["b", "model.embed_tokens.weight"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,14 +167,26 @@ _TORCH_DTYPES = {
 }  # fmt: skip
 
 
-def from_state_dict(state: Mapping[str, Any]) -> bytes:
-    """Canonical bytes of a torch state dict (tensors copied to the CPU, contiguous)."""
+def from_state_dict(state: Mapping[str, Any], prefer: Collection[str] = ()) -> bytes:
+    """Canonical bytes of a torch state dict (tensors copied to the CPU, contiguous).
+
+    Tied weights (two names over one storage, e.g. embeddings and LM head) are written
+    once, under a name in `prefer` if one is (pass the previous version's names so the
+    layout stays the same), else the one that sorts first; loading restores the tie
+    (`node.roles.policy_versions.load_weights`)."""
     import torch
 
     out: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
-    for name, t in state.items():
+    seen: set[tuple[int, tuple[int, ...], tuple[int, ...], str]] = set()
+    preferred = set(prefer)
+    for name, t in sorted(state.items(), key=lambda kv: (kv[0] not in preferred, kv[0])):
         if not isinstance(t, torch.Tensor):
             raise CheckpointError(f"state dict entry {name!r} is not a tensor")
+        if t.numel():  # tied weights (one storage under two names) are written once
+            alias = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.dtype))
+            if alias in seen:
+                continue
+            seen.add(alias)
         dtype = _TORCH_DTYPES.get(str(t.dtype).removeprefix("torch."))
         if dtype is None:
             raise CheckpointError(f"tensor {name!r}: unsupported dtype {t.dtype}")

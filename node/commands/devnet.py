@@ -261,6 +261,35 @@ def _plots(out: Path, series: list[dict[str, Any]], nodes: list[NodeProc]) -> li
     return written
 
 
+def version_spread(nodes: list[NodeProc]) -> list[dict[str, Any]]:
+    """Per published version: when the trainer published it, and how long until each
+    inference worker first generated with it or a newer one (its hot swap; a worker may
+    skip a version it received together with the next); `spread_s` is the time to the last
+    worker, None while some worker never got there."""
+    trainer = next((n for n in nodes if n.role == "trainer"), None)
+    if trainer is None:
+        return []
+    published = (trainer.status.get("weights") or {}).get("published_at") or {}
+    workers = [n for n in nodes if n.role == "inference"]
+    out = []
+    for v, t in sorted(published.items(), key=lambda kv: int(kv[0])):
+        reached = {}
+        for n in workers:
+            swaps = (n.status.get("role_status") or {}).get("swaps") or {}
+            times = [s for sv, s in swaps.items() if int(sv) >= int(v)]  # v or a newer one
+            if times:
+                reached[n.name] = round(min(times) - t, 2)
+        out.append({
+            "version": int(v),
+            "published_at": t,
+            "workers_reached": len(reached),
+            "workers": len(workers),
+            "per_worker_s": reached,
+            "spread_s": max(reached.values()) if len(reached) == len(workers) and reached else None,
+        })
+    return out
+
+
 def main(
     *,
     inference: int = 3,
@@ -273,6 +302,7 @@ def main(
     audit_fraction: float = 0.5,
     batch_size: int = 4,
     live: bool = True,
+    publish_every: float = 0.0,
 ) -> dict[str, Any]:
     """Run the devnet; returns (and writes) the report dict."""
     from rich.console import Console
@@ -304,6 +334,12 @@ def main(
         run_text = manifest_to_toml(manifest)
     elif run is None:
         run_text = manifest_to_toml(manifest)
+    if publish_every > 0:
+        # The trainer publishes versions: its key must be one of the run's trainer keys.
+        tkey = _node_key(root, "trainer").peer_id
+        if tkey not in manifest.trainer_keys:
+            manifest = dataclasses.replace(manifest, trainer_keys=(*manifest.trainer_keys, tkey))
+            run_text = manifest_to_toml(manifest)
     run_path = root / "run.toml"
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -322,7 +358,8 @@ def main(
     drained_s = 0.0
     started = time.monotonic()
     try:
-        boot = _spawn("trainer", "trainer", root, run_path, common)
+        pub = ["--publish-every", str(publish_every)] if publish_every > 0 else []
+        boot = _spawn("trainer", "trainer", root, run_path, [*common, *pub])
         nodes.append(boot)
         _wait_banner(boot, START_TIMEOUT_S)
         extra = [*common, "--bootstrap", f"{boot.addr}"]
@@ -386,6 +423,7 @@ def main(
             for n in nodes
         ],
         "series": series,
+        "versions": version_spread(nodes),
     }
     report["plots"] = _plots(root, series, nodes)
     (root / "report.json").write_text(json.dumps(report, indent=2))
@@ -394,6 +432,11 @@ def main(
         f"{totals['audits_passed']} audits passed / {totals['audits_failed']} failed; report in {root}"
     )
     bad = [n.name for n in nodes if n.exit_code not in (0, None)]
+    for v in report["versions"]:
+        console.print(
+            f"devnet: version {v['version']}: {v['workers_reached']}/{v['workers']} workers "
+            f"generating with it, spread {v['spread_s']} s"
+        )
     if bad:
         console.print(f"devnet: nodes that did not stop cleanly: {', '.join(bad)} (see their logs)")
     return report

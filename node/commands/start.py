@@ -81,6 +81,35 @@ def write_status(data_dir: Path, status: dict[str, Any]) -> None:
     os.replace(tmp, data_dir / STATUS_FILE)
 
 
+def _base_weights(model_dir: Path, manifest: Any) -> bytes:
+    """The model directory's weights as a canonical checkpoint (policy version 0), checked
+    against the run manifest's `model_digest` when it names one."""
+    from protocol.content_id import content_id
+    from trainer.checkpoint import CheckpointError, from_model_dir
+
+    try:
+        data = from_model_dir(model_dir)
+    except (CheckpointError, OSError) as exc:
+        raise CommandError(f"--model: {exc}") from None
+    digest = content_id(data)
+    if manifest.model_digest and digest != manifest.model_digest:
+        raise CommandError(
+            f"--model: the weights in {model_dir} have digest {digest.hex()}, the run manifest's "
+            f"model_digest is {manifest.model_digest.hex()}: not the run's model"
+        )
+    return data
+
+
+def _weight_settings(cfg: Any) -> Any:
+    from node.weights_sync import WeightSettings
+
+    return WeightSettings(
+        upload_limit_mib_s=cfg["network.upload_limit_mib_s"],
+        max_version_bytes=int(cfg["weights.max_version_mib"] * 2**20),
+        shard_bytes=int(cfg["weights.shard_mib"] * 2**20),
+    )
+
+
 def main(
     *,
     role: str | None = None,
@@ -97,6 +126,8 @@ def main(
     duration: float | None = None,
     threads: int | None = 1,
     log_level: str | None = None,
+    publish_every: float | None = None,
+    upload_limit: float | None = None,
 ) -> None:
     """Run a node until SIGINT/SIGTERM or `duration` seconds; see the module docstring.
     Flags override the config file; paths resolve as `node.paths` says."""
@@ -120,6 +151,8 @@ def main(
             "node.log_level": log_level,
             "inference.batch_size": batch_size,
             "validator.audit_fraction": audit_fraction,
+            "trainer.publish_every_s": publish_every,
+            "network.upload_limit_mib_s": upload_limit,
         },
     )
     role = cfg["node.role"]
@@ -151,19 +184,21 @@ def main(
         audit_fraction=cfg["validator.audit_fraction"], max_rollouts=max_rollouts,
         data_dir=ddir, say=lambda m: _say(f"  {m}"),
     )
-    check_local(role, ctx, manifest)  # model and datasets: before touching the network
+    model_dir = check_local(role, ctx, manifest)  # model and datasets: before the network
+    base = _base_weights(model_dir, manifest) if model_dir is not None else None
+    ctx.publish_every_s = cfg["trainer.publish_every_s"]
     lock = _lock(ddir)
     try:
         import trio
 
-        trio.run(_run, role, manifest, identity, ddir, listen_addrs, boot, ctx, cfg, duration)
+        trio.run(_run, role, manifest, identity, ddir, listen_addrs, boot, ctx, cfg, duration, base)
     finally:
         lock.close()
 
 
 async def _run(
     role: str, manifest: Any, identity: Any, data_dir: Path, listen: list[str], boot: list[str],
-    ctx: Any, cfg: Any, duration: float | None,
+    ctx: Any, cfg: Any, duration: float | None, base: bytes | None = None,
 ) -> None:
     import trio
 
@@ -183,10 +218,12 @@ async def _run(
         manifest=manifest, identity=identity, data_dir=data_dir, roles=(role,),
         listen=tuple(listen), bootstrap=tuple(boot), pull_bodies=module.PULLS_BODIES,
         publish_rate_per_s=cfg["network.publish_rate_per_s"], max_peers=cfg["network.max_peers"],
-        host=settings,
+        host=settings, weights=_weight_settings(cfg),
     )
     try:
         async with open_peer(pcfg) as peer:
+            if base is not None and peer.weights is not None:
+                await peer.weights.adopt_base(base)  # version 0: the model directory
             _say(f"swarm-node: peer {peer.host.peer_id}")
             _say(f"  role {role}, run {manifest.run_id!r} at policy version {peer.policy_version}, data {data_dir}")
             for a in peer.host.listen_addrs():

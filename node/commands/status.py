@@ -3,7 +3,9 @@
 Reads the node's SQLite store (safe while the node runs: WAL readers do not block the
 writer) and prints the stored rollouts, this peer's own work as trainers received it (delivered,
 pending, too stale) and as validators judged it, what
-it accepted and rejected from others and why, and the peers it has banned.
+it accepted and rejected from others and why, and the peers it has banned; and the
+installed policy versions (`<data dir>/weights/`) with any weight download in progress
+(from the running node's status file).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def collect(data_dir: Path, now: float | None = None) -> dict[str, Any]:
         live = _read_live(data_dir)
         return {
             "live": live,
+            "weights": _weights(data_dir, live),
             "store": str(path),
             "schema_version": store.schema_version(),
             "rollouts_stored": store.count_rollouts(),
@@ -52,6 +55,27 @@ def collect(data_dir: Path, now: float | None = None) -> dict[str, Any]:
                 for r in bans
             ],
         }
+
+
+def _weights(data_dir: Path, live: dict[str, Any] | None) -> dict[str, Any]:
+    """Installed versions from the weights store; the download from the live status."""
+    from node.weights_store import WeightsError, WeightsStore
+
+    out: dict[str, Any] = {"installed": {}, "download": None, "error": None}
+    if (data_dir / "weights" / "weights.sqlite3").is_file():
+        try:
+            store = WeightsStore.open(data_dir)
+            try:
+                out["installed"] = {str(v): d.hex() for v, d in sorted(store.installed().items())}
+            finally:
+                store.close()
+        except WeightsError as exc:
+            out["error"] = str(exc)
+    w = (live or {}).get("weights") or {}
+    out["download"] = w.get("download")
+    out["target"] = w.get("target")
+    out["error"] = out["error"] or w.get("error")
+    return out
 
 
 def _read_live(data_dir: Path) -> dict[str, Any] | None:
@@ -114,6 +138,17 @@ def main(data_dir: Path | None, as_json: bool) -> None:
     for outcome, reasons in sorted(status["inbound"].items()):
         detail = ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items(), key=lambda x: -x[1]))
         click.echo(f"inbound {outcome:<8}{sum(reasons.values())} ({detail})")
+    w = status["weights"]
+    versions = ", ".join(f"{v} ({d[:12]})" for v, d in w["installed"].items()) or "none"
+    click.echo(f"policy versions {versions}")
+    d = w.get("download")
+    if d:
+        click.echo(
+            f"downloading     version {w.get('target')}: {d['bytes_done'] / 2**20:.1f} of "
+            f"{d['bytes_total'] / 2**20:.1f} MiB, {d['rate_mib_s']} MiB/s, ETA {d['eta_s']} s"
+        )
+    if w.get("error"):
+        click.echo(f"weights error   {w['error']}")
     click.echo(f"peers scored    {status['peers_scored']}, banned now {len(status['banned'])}")
     for ban in status["banned"]:
         click.echo(

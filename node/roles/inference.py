@@ -53,7 +53,10 @@ async def run(peer: Any, ctx: RoleContext) -> None:
     from protocol.rollout import read_records
 
     manifest = peer.manifest
+    from node.roles.policy_versions import HotSwap
+
     engine = await trio.to_thread.run_sync(load, ctx, manifest)
+    swap = HotSwap(peer, engine.model, version=0)  # the model directory is version 0
     build = _proof_builder()
     status = await trio.to_thread.run_sync(peer.store.produced_status)
     counter = status["produced"]
@@ -71,12 +74,14 @@ async def run(peer: Any, ctx: RoleContext) -> None:
             ctx.status["paused"] = True
             break
         await _wait_for_peers(peer, ctx, produced)
+        version = await swap.before_batch(lambda m: ctx.say(f"inference: {m}"))
+        ctx.status.update(policy_version=version, swaps={str(v): t for v, t in swap.swaps.items()})
         n = ctx.batch_size if ctx.max_rollouts is None else min(ctx.batch_size, ctx.max_rollouts - produced)
         out = tmp / f"batch-{counter}.msgpack"
         summary = await trio.to_thread.run_sync(
             functools.partial(
                 generate_records, engine=engine, manifest=manifest, identity=peer.identity, n=n,
-                out=out, policy_version=peer.policy_version, start_counter=counter,
+                out=out, policy_version=version, start_counter=counter,
                 batch_size=n, build_proofs=build, say=lambda _m: None,
             )
         )

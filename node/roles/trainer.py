@@ -11,7 +11,9 @@ groups; every `rl.publish_every` groups the trainer checkpoints and publishes th
 version through `peer.weights.publish` (the broadcast path). On restart it resumes from
 its checkpoint (`<data dir>/trainer/`) at the version it last published; a version number
 is never handed out twice (the checkpoint is written before the publish, and the weights
-store numbers versions `newest + 1`).
+store numbers versions `newest + 1`). With `--publish-every S` it trains nothing and
+publishes perturbed weights every S seconds instead (`node.roles.publisher`: a drill of the
+broadcast path).
 
 Resource handling: model work (re-scoring, forward/backward, AdamW) runs in a worker
 thread, one batch at a time, so the event loop keeps its deadlines. Rollouts waiting for a
@@ -190,6 +192,11 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                 waiting.popitem(last=False)
 
     peer.on_deliver(on_deliver)
+    if ctx.publish_every_s > 0:  # a broadcast drill: perturbed versions on a clock, no training
+        from node.roles.publisher import publish_loop
+
+        await publish_loop(peer, ctx)
+        return
     model, tokenizer, base = await trio.to_thread.run_sync(_load, ctx, manifest)
     if peer.weights is not None:
         await peer.weights.adopt_base(base)

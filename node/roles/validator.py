@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from node.errors import CommandError
 from node.roles import RoleContext
 from protocol.admission import Admitted, Kind
 from protocol.audit_sample import sample_ticket, sampled
@@ -52,6 +53,9 @@ def load(ctx: RoleContext, manifest: Any) -> tuple[Any, Any, Any, Any]:
     return model, make_judge(manifest, tokenizer), settings, eos_token_ids(model)
 
 
+FETCH_WAIT_S = 30.0
+
+
 class HeldVersions:
     """The policy versions this validator can judge: version 0 (the model directory) and
     versions the node's weight store installed (`peer.weights`, the broadcast), loaded on
@@ -71,12 +75,15 @@ class HeldVersions:
         weights = getattr(peer, "weights", None)
         if version in self.models or version in self.failed or weights is None:
             return
+        if version not in weights.installed() and version <= weights.target:
+            with trio.move_on_after(FETCH_WAIT_S):  # announced, downloading: worth a wait
+                await weights.wait_installed(version)
         if version not in weights.installed():
             return
         try:
             state = await weights.load_state_dict(version)
             model = await trio.to_thread.run_sync(self._load, state)
-        except (OSError, KeyError, RuntimeError, ValueError):
+        except (OSError, KeyError, RuntimeError, ValueError, CommandError):
             self.failed.add(version)  # not loadable here: such records stay unjudged
             return
         for old in sorted(v for v in self.models if v != 0)[: max(0, len(self.models) - self.KEEP)]:
@@ -86,8 +93,10 @@ class HeldVersions:
     def _load(self, state: dict[str, Any]) -> Any:
         import copy
 
+        from node.roles.policy_versions import load_weights
+
         model = copy.deepcopy(self.base)
-        model.load_state_dict(state, strict=True)
+        load_weights(model, state)  # strict, except tied tensors a checkpoint holds once
         return model.eval()
 
 
@@ -131,6 +140,7 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                     rollouts, held.get(version), judge=judge, eos_ids=eos_ids, settings=settings
                 )
                 out += list(zip(items, verdicts, strict=True))
+                counts[f"audited_v{version}"] = counts.get(f"audited_v{version}", 0) + len(items)
         return out
 
     while True:

@@ -1,0 +1,122 @@
+"""A role's loaded policy at the right version: hot swap (inference), per-version models
+(validators).
+
+Inference (`HotSwap`): between two batches the worker swaps its model's weights to the
+newest installed version (`peer.weights`), without restarting. It never generates for a
+version beyond the staleness bound: when the newest *announced* version t is more than
+S = `max_staleness` ahead of what it holds, it waits for the download (saying so, with
+rate and ETA) before the next batch. The version a batch was generated with is what its
+rollouts carry.
+
+Validators (`VersionedModels`): a rollout is audited with the version it claims, so a
+validator keeps one model per recent version (the last S + 1, as the store does), built
+from the base model and the installed checkpoint of that version.
+
+Loading: `load_weights(model, state)` copies a checkpoint's tensors into a loaded model
+(dtype converted by torch); it refuses a checkpoint with unknown tensors or missing ones
+other than tied duplicates, so a wrong checkpoint never silently half-loads.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import trio
+
+from node.errors import CommandError
+
+WAIT_SLICE_S = 30.0
+
+
+def load_weights(model: Any, state: dict[str, Any]) -> None:
+    """Copy `state` into `model` in place (blocking: call in a thread)."""
+    import torch
+
+    own = model.state_dict()
+    unknown = sorted(set(state) - set(own))
+    if unknown:
+        raise CommandError(f"checkpoint holds tensors the model lacks: {unknown[:3]}")
+    missing = set(own) - set(state)
+    tied = {n for n in missing if _tied(model, n, state)}
+    if missing - tied:
+        raise CommandError(f"checkpoint lacks tensors of the model: {sorted(missing - tied)[:3]}")
+    with torch.no_grad():
+        model.load_state_dict(state, strict=False)
+
+
+def _tied(model: Any, name: str, state: dict[str, Any]) -> bool:
+    """Whether parameter `name` shares storage with one the checkpoint provides."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    p = params.get(name)
+    if p is None:
+        return False
+    return any(q is p or q.data_ptr() == p.data_ptr() for n, q in params.items() if n in state)
+
+
+class HotSwap:
+    """The inference worker's model and the version it holds."""
+
+    def __init__(self, peer: Any, model: Any, version: int = 0) -> None:
+        self.peer = peer
+        self.model = model
+        self.version = version
+        self.swaps: dict[int, float] = {}
+
+    async def before_batch(self, say: Any) -> int:
+        """Swap to the newest installed version; wait while beyond the staleness bound.
+        Returns the version the next batch must be generated with."""
+        weights = self.peer.weights
+        if weights is None:
+            return self.version
+        s = self.peer.manifest.max_staleness
+        while weights.target - max(self.version, weights.newest() or 0) > s:
+            need = weights.target - s
+            with trio.move_on_after(WAIT_SLICE_S):
+                await weights.wait_installed(need, say=say)
+        newest = weights.newest()
+        if newest is not None and newest > self.version:
+            state = await weights.load_state_dict(newest)
+            await trio.to_thread.run_sync(load_weights, self.model, state)
+            say(f"policy version {self.version} -> {newest} (hot swap)")
+            self.version = newest
+            self.swaps[newest] = time.time()
+        return self.version
+
+
+class VersionedModels:
+    """One model per recent policy version, for audits of rollouts of that version."""
+
+    def __init__(self, peer: Any, base_model: Any, base_version: int = 0) -> None:
+        self.peer = peer
+        self._models: dict[int, Any] = {base_version: base_model}
+        self._base = base_model
+
+    async def get(self, version: int, wait_s: float = 30.0) -> Any | None:
+        """The model of `version`, loading it if installed (waiting up to `wait_s` for an
+        announced one); None if it cannot be had (too old, or never installed)."""
+        if version in self._models:
+            return self._models[version]
+        weights = self.peer.weights
+        if weights is None:
+            return None
+        if version not in weights.installed() and version <= weights.target:
+            with trio.move_on_after(wait_s):
+                await weights.wait_installed(version)
+        if version not in weights.installed():
+            return None
+        state = await weights.load_state_dict(version)
+
+        def build() -> Any:
+            m = copy.deepcopy(self._base)
+            load_weights(m, state)
+            return m.eval()
+
+        model = await trio.to_thread.run_sync(build)
+        self._models[version] = model
+        keep = self.peer.manifest.max_staleness + 1
+        for v in sorted(self._models)[:-keep]:
+            if self._models[v] is not self._base:
+                del self._models[v]
+        return model
