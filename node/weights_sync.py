@@ -504,7 +504,7 @@ class WeightSync:
                         continue
                     if env is None or content_id(env) != mid:
                         continue
-                    self.peer._admit(peer, Kind.WEIGHT_MANIFEST, env)
+                    await self.peer._admit(peer, Kind.WEIGHT_MANIFEST, env)
                     continue  # admitted manifests arrive through `on_admitted`
                 self.sched.on_have(
                     peer,
