@@ -284,6 +284,18 @@ def test_tied_weights_written_once_under_the_preferred_name():
     w = torch.randn(4, 3)
     sd = {"model.embed_tokens.weight": w, "lm_head.weight": w, "b": torch.ones(2)}
     names = [t.name for t in parse(from_state_dict(sd)).tensors]
-    assert names == ["b", "lm_head.weight"]
-    kept = parse(from_state_dict(sd, prefer={"model.embed_tokens.weight"})).tensors
-    assert sorted(t.name for t in kept) == ["b", "model.embed_tokens.weight"]
+    assert names == ["b", "model.embed_tokens.weight"]  # as save_pretrained keeps it
+    kept = parse(from_state_dict(sd, prefer={"lm_head.weight"})).tensors
+    assert sorted(t.name for t in kept) == ["b", "lm_head.weight"]
+
+
+def test_tiny_policy_state_dict_matches_its_model_directory():
+    from trainer.checkpoint import from_model_dir
+    from trainer.model_dir import load_model_dir
+    from trainer.tiny_policy import is_built, policy_dir
+
+    path = policy_dir()
+    if not is_built(path):
+        pytest.skip("built-in policy not built")
+    model, _ = load_model_dir(path)
+    assert from_state_dict(model.state_dict()) == from_model_dir(path)

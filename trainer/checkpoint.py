@@ -172,14 +172,17 @@ def from_state_dict(state: Mapping[str, Any], prefer: Collection[str] = ()) -> b
 
     Tied weights (two names over one storage, e.g. embeddings and LM head) are written
     once, under a name in `prefer` if one is (pass the previous version's names so the
-    layout stays the same), else the one that sorts first; loading restores the tie
+    layout stays the same), else the one that sorts last (`model.embed_tokens.weight` over
+    `lm_head.weight`, as `save_pretrained` writes them); loading restores the tie
     (`node.roles.policy_versions.load_weights`)."""
     import torch
 
     out: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
     seen: set[tuple[int, tuple[int, ...], tuple[int, ...], str]] = set()
     preferred = set(prefer)
-    for name, t in sorted(state.items(), key=lambda kv: (kv[0] not in preferred, kv[0])):
+    items = sorted(state.items(), reverse=True)  # last name first: embed_tokens over lm_head
+    items.sort(key=lambda kv: kv[0] not in preferred)
+    for name, t in items:
         if not isinstance(t, torch.Tensor):
             raise CheckpointError(f"state dict entry {name!r} is not a tensor")
         if t.numel():  # tied weights (one storage under two names) are written once
