@@ -35,7 +35,7 @@ def _cfg(tmp: Path, name: str, manifest, identity=None, **kw) -> PeerConfig:  # 
                       roles=("inference",), weights=WeightSettings(have_poll_s=0.2), **kw)
 
 
-async def _until(what: str, check, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+async def _until(what: str, check, timeout: float = 90.0) -> None:  # type: ignore[no-untyped-def]
     with trio.move_on_after(timeout):
         while not check():
             await trio.sleep(0.05)

@@ -56,7 +56,7 @@ def cfg(tmp: Path, name: str, manifest, identity=None, **kw) -> PeerConfig:  # t
     )
 
 
-async def until(what: str, check, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+async def until(what: str, check, timeout: float = 90.0) -> None:  # type: ignore[no-untyped-def]
     with trio.move_on_after(timeout):
         while not check():
             await trio.sleep(0.05)
