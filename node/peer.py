@@ -469,12 +469,13 @@ class Peer:
             by_source: dict[str, list[_Pull]] = {}
             live = set(self.host.connected_peers())
             for p in batch:
-                source = next((s for s in p.sources if s in live), None)
-                if source is None:
-                    source = p.sources[0] if p.sources else ""
+                # Only connected sources: dialing ids nobody can reach (a flood of headers
+                # signed by fresh keys) would hold the pull workers for a dial timeout each.
+                source = next((s for s in p.sources if s in live), "")
                 by_source.setdefault(source, []).append(p)
-            for source, pulls in by_source.items():
-                await self._pull_from(source, pulls)
+            async with trio.open_nursery() as nursery:  # a slow source delays only its own
+                for source, pulls in by_source.items():
+                    nursery.start_soon(self._pull_from, source, pulls)
 
     async def _pull_from(self, source: str, pulls: list[_Pull]) -> None:
         records: list[bytes | None]

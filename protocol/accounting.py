@@ -4,8 +4,9 @@ Tasks are assigned from (run seed, producer, policy version, counter), so the co
 what keeps a worker from choosing its tasks: a worker that generates counters 0..511 and
 publishes only the ones it solved ("counter shopping") would look like a perfect solver.
 The rule here: a producer's counters are dense. Every counter between the lowest and the
-highest one we have seen from a producer is *produced*; one we never saw is
-*withheld*. Withheld work counts as produced with reward 0, and past a small allowance
+highest one we have seen from a producer is *produced*; one we never saw, once it is more
+than `GapRule.lag` counters below the highest (messages still in flight, reordered or
+being caught up are not counted yet), is *withheld*. Withheld work counts as produced with reward 0, and past a small allowance
 (in-flight rollouts, a lost message) the producer's rollouts are refused and it is scored
 down. A shopper that stays within the allowance gains at most the allowance's share.
 
@@ -15,7 +16,7 @@ producer past that is refused: nobody honest leaves that many holes).
 
 Public API
 ----------
-`GapRule(allowance=16, allowance_fraction=0.02)`
+`GapRule(allowance=16, allowance_fraction=0.02, lag=64)`
 `WorkLedger(rule=GapRule(), max_producers=100_000, max_pending=65_536)`
     `.add(producer, counter, reward) -> None`    a published rollout (each counter once)
     `.standing(producer) -> Standing`            produced, published, withheld, rewards
@@ -41,10 +42,11 @@ class GapRule:
 
     allowance: int = 16
     allowance_fraction: float = 0.02
+    lag: int = 64  # the newest counters are not judged yet (still in flight)
 
     def __post_init__(self) -> None:
-        if self.allowance < 0 or not 0.0 <= self.allowance_fraction < 1.0:
-            raise ValueError("GapRule: allowance >= 0, 0 <= allowance_fraction < 1")
+        if self.allowance < 0 or not 0.0 <= self.allowance_fraction < 1.0 or self.lag < 0:
+            raise ValueError("GapRule: allowance >= 0, 0 <= allowance_fraction < 1, lag >= 0")
 
     def limit(self, produced: int) -> float:
         return self.allowance + self.allowance_fraction * produced
@@ -127,7 +129,15 @@ class WorkLedger:
             return None
         produced = p.last - p.first + 1
         withheld = produced - p.published
-        allowed = not p.overflow and withheld <= self.rule.limit(produced)
+        # Judged only below `last - lag`: missing counters there (the pending set holds
+        # what was seen above the dense floor).
+        horizon = p.last - self.rule.lag
+        judged_missing = 0
+        if horizon > p.floor:
+            seen_below = sum(1 for c in p.pending if c < horizon)
+            judged_missing = (horizon - p.floor) - seen_below
+        judged = max(0, horizon - p.first)
+        allowed = not p.overflow and judged_missing <= self.rule.limit(judged)
         return Standing(p.first, p.last, p.published, withheld, p.reward_sum, allowed)
 
     def allowed(self, producer: bytes) -> bool:

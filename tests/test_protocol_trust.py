@@ -418,7 +418,7 @@ def test_counter_shopping_gains_nothing():
 
 
 def test_counters_arriving_out_of_order_and_twice():
-    from protocol.accounting import WorkLedger
+    from protocol.accounting import GapRule, WorkLedger
 
     ledger = WorkLedger()
     for c in (5, 3, 4, 7, 6, 3):
@@ -427,7 +427,14 @@ def test_counters_arriving_out_of_order_and_twice():
     assert (s.first, s.last, s.published, s.withheld) == (3, 7, 5, 0)
     ledger.add(b"p", 40, 0.0)
     s = ledger.standing(b"p")
-    assert s.withheld == 32 and not s.allowed and s.weight < 0.2
+    assert s.withheld == 32 and s.allowed  # the newest counters may still be in flight
+    ledger.add(b"p", 200, 0.0)
+    s = ledger.standing(b"p")
+    assert not s.allowed and s.weight < 0.05  # far below the newest: withheld
+    strict = WorkLedger(GapRule(lag=0))
+    for c in (3, 4, 5, 6, 7, 40):
+        strict.add(b"p", c, 0.0)
+    assert not strict.allowed(b"p")
 
 
 # -- the trainer's wiring of the rules -----------------------------------------------------

@@ -31,6 +31,7 @@ Options after the name: `--window S`, `--rate R` (honest records per second per 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -114,6 +115,8 @@ async def _run(window_s: float, rate: float, settle_s: float) -> dict[str, Any]:
                   for w in ("w1", "w2", "attacker")]
         rss = [t_rep["rss_mb"], v_rep["rss_mb"], *(o["rss_mb"] for o in others)]
         views = [t_rep, v_rep, *others[:2]]  # the honest peers' views of everyone
+        (root / "reports.json").write_text(json.dumps({"runs": runs, "views": views}))
+        _say(f"raw reports in {root / 'reports.json'}")
     finally:
         with trio.move_on_after(30) as cleanup:
             cleanup.shield = True
