@@ -112,6 +112,8 @@ NODE_KEYS: tuple[Key, ...] = (
         "an integer in [1024, 1000000]",
     ),
     Key("network.publish_rate_per_s", 8.0, number(0, 10, lo_open=True), "a number in (0, 10]"),
+    Key("network.header_batch", 32, integer(1, 64), "an integer in [1, 64]",
+        "signed rollout headers per gossip message at most (1: no batching)"),
     Key("network.max_peers", 64, integer(1, 10_000), "an integer in [1, 10000]"),
     Key(
         "network.upload_limit_mib_s",

@@ -7,10 +7,12 @@ Topics (one run never sees another's traffic):
     swarm-rl/<run>/weights/1    signed weight announcements (`Kind.WEIGHT_ANNOUNCE`)
     swarm-rl/<run>/fraud/1      fraud evidence (`Kind.FRAUD_EVIDENCE`)
     swarm-rl/<run>/delegations/1  trainer-signed grants of the right to judge (`Kind.DELEGATION`)
+    swarm-rl/<run>/header-batches/1  `HeaderBatch`: several signed rollout headers
 
-Every message on a topic is exactly one signed envelope of that topic's kind; the
-receiving side runs it through `protocol.admission` as a GossipSub topic validator, so a
-message that fails is neither delivered nor forwarded.
+Every message on a topic is exactly one signed envelope of that topic's kind (a batch:
+several, each admitted on its own); the receiving side runs it through
+`protocol.admission` as a GossipSub topic validator, so a message that fails is neither
+delivered nor forwarded (a batch is forwarded only when every header in it was admitted).
 
 Pacing: receivers rate-limit each signer (`AdmissionConfig.signer_rate`, 20/s) and each
 sender; a busy worker must stay below that or its own messages get refused. The
@@ -22,12 +24,15 @@ or announced late.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import trio
 
 from node.host import HostClosed, SwarmHost
 from protocol.admission import Kind
+from protocol.codec import encode
+from protocol.wire import MAX_HEADER_BATCH, HeaderBatch
 
 TOPIC_KINDS: dict[str, Kind] = {
     "rollouts": Kind.ROLLOUT_HEADER,
@@ -38,9 +43,13 @@ TOPIC_KINDS: dict[str, Kind] = {
 }
 
 
+# Topics whose messages may also travel batched: topic -> the topic of its `HeaderBatch`es.
+BATCH_TOPICS: dict[str, str] = {"rollouts": "header-batches"}
+
+
 def topic_name(run_id: str, name: str) -> str:
-    """The GossipSub topic of `name` (a key of `TOPIC_KINDS`) in run `run_id`."""
-    if name not in TOPIC_KINDS:
+    """The GossipSub topic of `name` (a key of `TOPIC_KINDS`, or a batch topic) in a run."""
+    if name not in TOPIC_KINDS and name not in BATCH_TOPICS.values():
         raise ValueError(f"unknown topic {name!r}; known: {sorted(TOPIC_KINDS)}")
     return f"swarm-rl/{run_id}/{name}/1"
 
@@ -53,26 +62,43 @@ def run_topics(run_id: str) -> dict[str, Kind]:
 @dataclass
 class OutboxStats:
     queued: int = 0
-    published: int = 0
+    published: int = 0  # items (a batch of n headers counts n)
     failed: int = 0
+    batches: int = 0  # header batches published
+    batched: int = 0  # headers published inside them
 
 
 class Outbox:
     """A paced, bounded publisher for one host (see the module docstring).
 
+    Header batching: with `batch_topics` = {topic: batch topic} and `max_batch` > 1, the
+    items queued for `topic` at the moment one is sent go out together (up to `max_batch`)
+    as one `HeaderBatch` on the batch topic; a busy producer is then limited by its compute,
+    not by the message pacing, while a quiet one still sends each header at once.
+
     Resource handling: `run()` is a long-running task; cancel its scope to stop it. At
     shutdown `drain()` publishes what is still queued (bounded by the caller); anything
-    left after that is reported by `pending()` (the store already holds it). Error handling: a `HostClosed` ends `run()`;
-    a `MessageTooLarge` is a bug of ours and propagates.
+    left after that is reported by `pending()` (the store already holds it). Error
+    handling: a `HostClosed` ends `run()`; a `MessageTooLarge` is a bug of ours and
+    propagates.
     """
 
-    def __init__(self, host: SwarmHost, rate_per_s: float, burst: int = 4, capacity: int = 32) -> None:
+    def __init__(
+        self, host: SwarmHost, rate_per_s: float, burst: int = 4, capacity: int = 32,
+        batch_topics: dict[str, str] | None = None, max_batch: int = 1,
+    ) -> None:
         if rate_per_s <= 0:
             raise ValueError("rate_per_s must be positive")
+        if not 1 <= max_batch <= MAX_HEADER_BATCH:
+            raise ValueError(f"max_batch must be in [1, {MAX_HEADER_BATCH}]")
         self._host = host
         self.rate_per_s = rate_per_s
         self.burst = max(1, burst)
+        self.max_batch = max_batch
+        self._batch_topics = dict(batch_topics or {}) if max_batch > 1 else {}
         self._send, self._receive = trio.open_memory_channel[tuple[str, bytes]](capacity)
+        self._held: deque[tuple[str, bytes]] = deque()  # taken while batching, sent next
+        self._busy = False  # run() holds an item it has not published yet
         self.stats = OutboxStats()
 
     async def put(self, topic: str, data: bytes) -> None:
@@ -83,30 +109,62 @@ class Outbox:
         self.stats.queued += 1
 
     def pending(self) -> int:
-        return self._receive.statistics().current_buffer_used
+        return self._receive.statistics().current_buffer_used + len(self._held)
+
+    def _take_nowait(self) -> tuple[str, bytes] | None:
+        if self._held:
+            return self._held.popleft()
+        try:
+            return self._receive.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            return None
+
+    def _message(self, first: tuple[str, bytes]) -> tuple[str, bytes, int]:
+        """(topic, payload, items): `first` alone, or a batch of what is queued for its topic."""
+        topic, data = first
+        batch_topic = self._batch_topics.get(topic)
+        if batch_topic is None:
+            return topic, data, 1
+        items = [data]
+        others: list[tuple[str, bytes]] = []
+        while len(items) < self.max_batch and (nxt := self._take_nowait()) is not None:
+            if nxt[0] == topic:
+                items.append(nxt[1])
+            else:
+                others.append(nxt)
+        self._held.extendleft(reversed(others))
+        return batch_topic, encode(HeaderBatch(headers=tuple(items))), len(items)
+
+    async def _publish(self, first: tuple[str, bytes]) -> int:
+        topic, payload, n = self._message(first)
+        await self._host.publish(topic, payload)
+        self.stats.published += n
+        if topic in self._batch_topics.values():
+            self.stats.batches += 1
+            self.stats.batched += n
+        return n
 
     async def drain(self) -> int:
         """Publish everything still queued, paced at `rate_per_s`, whether or not `run()`
-        still runs; returns how many this call sent. The caller bounds the wait (shutdown:
-        `PeerConfig.drain_timeout_s`); a `HostClosed` ends it early."""
+        still runs; returns how many items this call sent. The caller bounds the wait
+        (shutdown: `PeerConfig.drain_timeout_s`); a `HostClosed` ends it early."""
         sent = 0
-        while True:
+        while (item := self._take_nowait()) is not None:
             try:
-                topic, data = self._receive.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                return sent
-            try:
-                await self._host.publish(topic, data)
+                sent += await self._publish(item)
             except HostClosed:
                 return sent
-            self.stats.published += 1
-            sent += 1
             await trio.sleep(1.0 / self.rate_per_s)
+        while self._busy:  # the item `run()` holds (pacing or publishing) goes out too
+            await trio.sleep(0.02)
+        return sent
 
     async def run(self) -> None:
         tokens = float(self.burst)
         last = trio.current_time()
-        async for topic, data in self._receive:
+        while True:
+            item = self._held.popleft() if self._held else await self._receive.receive()
+            self._busy = True
             now = trio.current_time()
             tokens = min(float(self.burst), tokens + (now - last) * self.rate_per_s)
             last = now
@@ -115,7 +173,8 @@ class Outbox:
                 tokens, last = 1.0, trio.current_time()
             tokens -= 1.0
             try:
-                await self._host.publish(topic, data)
-                self.stats.published += 1
+                await self._publish(item)
             except HostClosed:
                 return
+            finally:
+                self._busy = False

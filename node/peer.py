@@ -50,7 +50,7 @@ import trio
 
 from node import rollout_exchange, shard_exchange, sync_exchange
 from node.discovery import Discovery
-from node.gossip import TOPIC_KINDS, Outbox, topic_name
+from node.gossip import BATCH_TOPICS, TOPIC_KINDS, Outbox, topic_name
 from node.host import AGENT, HostSettings, PeerError, PeerEvent, SwarmHost, open_host
 from node.store import RolloutRow, Store, StoreError, VerdictRow
 from node.weights_store import WeightsStore
@@ -85,7 +85,16 @@ from protocol.errors import RemoteProtocolError
 from protocol.identity import Identity
 from protocol.peer_score import PeerScores
 from protocol.rollout import open_record
-from protocol.wire import Delegation, PeerHello, RolloutRecord, RunManifest, Verdict, WireObject
+from protocol.wire import (
+    MAX_HEADER_BATCH,
+    Delegation,
+    HeaderBatch,
+    PeerHello,
+    RolloutRecord,
+    RunManifest,
+    Verdict,
+    WireObject,
+)
 
 log = logging.getLogger("swarm.peer")
 
@@ -121,6 +130,7 @@ class PeerConfig:
     host: HostSettings = field(default_factory=HostSettings)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     weights: WeightSettings = field(default_factory=WeightSettings)
+    header_batch: int = MAX_HEADER_BATCH // 2  # headers per gossip message at most (1: no batching)
     drain_timeout_s: float = 15.0  # at stop: publish queued headers/verdicts for this long at most
 
 
@@ -177,7 +187,11 @@ class Peer:
         self.admission = admission
         self.policy_version = cfg.policy_version
         self.seq = SeqCounter()
-        self.outbox = Outbox(host, cfg.publish_rate_per_s)
+        self.outbox = Outbox(
+            host, cfg.publish_rate_per_s, max_batch=cfg.header_batch,
+            batch_topics={topic_name(self.run_id, t): topic_name(self.run_id, b)
+                          for t, b in BATCH_TOPICS.items()},
+        )
         self.counters: Counter[str] = Counter()
         self.rejects: Counter[str] = Counter()
         self.bootstrap_results: list[tuple[str, bool, str]] = []
@@ -275,6 +289,9 @@ class Peer:
             "counters": dict(self.counters),
             "rejected": dict(self.rejects),
             "outbox_pending": self.outbox.pending(),
+            "header_batches": self.outbox.stats.batches,
+            "header_batch_mean": (round(self.outbox.stats.batched / self.outbox.stats.batches, 2)
+                                  if self.outbox.stats.batches else None),
             "pull_pending": self._pull_recv.statistics().current_buffer_used,
             "delivery": dict(self.delivery),
             "uptime_s": round(time.time() - self.started_at, 1),
@@ -315,6 +332,23 @@ class Peer:
     def _validator(self, kind: Kind) -> Callable[[str, bytes], Awaitable[bool]]:
         async def check(sender: str, data: bytes) -> bool:
             return await self._admit(sender, kind, data)
+
+        return check
+
+    def _batch_validator(self, kind: Kind) -> Callable[[str, bytes], Awaitable[bool]]:
+        """A `HeaderBatch`: each header admitted on its own, exactly as if it came alone;
+        the batch is forwarded only when every header in it was admitted. Broken framing
+        goes to admission whole (it fails there as a malformed message of `kind`)."""
+
+        async def check(sender: str, data: bytes) -> bool:
+            try:
+                batch = decode(HeaderBatch, data)
+            except RemoteProtocolError:
+                await self._admit(sender, kind, data)
+                return False
+            self.counters["in_header_batch"] += 1
+            admitted = [await self._admit(sender, kind, item) for item in batch.headers]
+            return all(admitted)
 
         return check
 
@@ -724,6 +758,11 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
                 peer._nursery = nursery
                 for name, kind in TOPIC_KINDS.items():
                     channel = await host.subscribe(peer.topics[name], validator=peer._validator(kind))
+                    nursery.start_soon(_discard, channel)  # delivery happens via admission
+                for name, batch in BATCH_TOPICS.items():
+                    channel = await host.subscribe(
+                        topic_name(peer.run_id, batch), validator=peer._batch_validator(TOPIC_KINDS[name])
+                    )
                     nursery.start_soon(_discard, channel)  # delivery happens via admission
                 nursery.start_soon(peer.outbox.run)
                 nursery.start_soon(peer._process_loop)

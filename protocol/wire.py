@@ -143,6 +143,21 @@ class RolloutRecord(WireObject):
     body: bytes = spec(Bytes(4 * MiB, min_len=1))
 
 
+MAX_HEADER_BATCH = 64  # signed headers per gossip message
+
+
+@wire("header_batch", schema=1, max_bytes=MAX_HEADER_BATCH * 4 * KiB + 1 * KiB)
+class HeaderBatch(WireObject):
+    """Several signed rollout header envelopes in one gossip message (unsigned framing).
+
+    Batching only saves per-message cost (GossipSub framing, pacing, validation calls):
+    each header inside is still its producer's signed envelope and is admitted on its
+    own, exactly as if it had arrived alone; the batch itself carries no authority.
+    """
+
+    headers: tuple[bytes, ...] = spec(ListOf(Bytes(4 * KiB, min_len=1), MAX_HEADER_BATCH, min_len=1))
+
+
 @wire("metric", schema=1, max_bytes=256)
 class Metric(WireObject):
     name: str = spec(Str(64, min_len=1))

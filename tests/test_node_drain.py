@@ -24,7 +24,7 @@ async def test_stop_publishes_the_queued_headers(tmp_path: Path) -> None:
     manifest = net_manifest("drain")
     n = 16
     async with open_peer(_cfg(tmp_path, "b", manifest)) as b:
-        a_cfg = _cfg(tmp_path, "a", manifest, publish_rate_per_s=4.0,
+        a_cfg = _cfg(tmp_path, "a", manifest, publish_rate_per_s=4.0, header_batch=1,
                      bootstrap=(b.host.listen_addrs()[0],))
         async with open_peer(a_cfg) as a:
             await a.host.wait_for_topic_peers(a.topics["rollouts"], 1, 10)

@@ -218,6 +218,7 @@ async def _run(
         manifest=manifest, identity=identity, data_dir=data_dir, roles=(role,),
         listen=tuple(listen), bootstrap=tuple(boot), pull_bodies=module.PULLS_BODIES,
         publish_rate_per_s=cfg["network.publish_rate_per_s"], max_peers=cfg["network.max_peers"],
+        header_batch=cfg["network.header_batch"],
         host=settings, weights=_weight_settings(cfg),
     )
     try:
