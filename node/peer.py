@@ -101,11 +101,14 @@ log = logging.getLogger("swarm.peer")
 PULL_WORKERS = 3
 PULL_ATTEMPTS = 8
 PULL_RETRY_S = 1.0
+PARK_S = 1.0  # a pull whose every source is disconnected looks again this often
+MAX_PARKS = 300  # ... for at most this many looks, then it spends attempts as usual
 ADMITTED_QUEUE = 4096
 PULL_QUEUE = 8192
 SCORE_SAVE_INTERVAL_S = 15.0  # rewards; a penalty is saved at once (with its ledger line)
 CATCH_UP_TICK_S = 1.0
-DELIVERY_CHECK_S = 5.0
+DELIVERY_CHECK_S = 5.0  # also: owed pulls (headers without a body) queued again
+OWED_RETRY_BATCH = 256
 BAD_REQUEST_PENALTY = -10.0
 MAX_SERVE_STREAMS_PER_PEER = 4
 PRODUCER_LACKS_BODY_PENALTY = -2.0
@@ -165,6 +168,7 @@ class _Pull:
     sources: list[str]
     attempts: int = 0
     origin: tuple[bytes, str] | None = None  # (signer, sender) of the header, to blame
+    parked: int = 0  # times it waited for a source to (re)connect (not an attempt)
 
 
 class Peer:
@@ -506,6 +510,13 @@ class Peer:
                 # Only connected sources: dialing ids nobody can reach (a flood of headers
                 # signed by fresh keys) would hold the pull workers for a dial timeout each.
                 source = next((s for s in p.sources if s in live), "")
+                if not source and p.sources and p.parked < MAX_PARKS:
+                    # Every source is away (restarting, say): wait for one without
+                    # spending an attempt, so a pull outlives a restart of its source.
+                    p.parked += 1
+                    self.counters["pull_parked"] += 1
+                    self._spawn(self._requeue_pull, p, PARK_S)
+                    continue
                 by_source.setdefault(source, []).append(p)
             async with trio.open_nursery() as nursery:  # a slow source delays only its own
                 for source, pulls in by_source.items():
@@ -566,7 +577,10 @@ class Peer:
         self._spawn(self._retry_pull, p)
 
     async def _retry_pull(self, p: _Pull) -> None:
-        await trio.sleep(min(8.0, PULL_RETRY_S * 2 ** (p.attempts - 1)))
+        await self._requeue_pull(p, min(8.0, PULL_RETRY_S * 2 ** (p.attempts - 1)))
+
+    async def _requeue_pull(self, p: _Pull, delay_s: float) -> None:
+        await trio.sleep(delay_s)
         try:
             self._pull_send.send_nowait(p)
         except (trio.WouldBlock, trio.ClosedResourceError):
@@ -635,7 +649,18 @@ class Peer:
                 last_check = time.monotonic()
                 with contextlib.suppress(StoreError):
                     await trio.to_thread.run_sync(self._account_delivery, now)
+                    if self.cfg.pull_bodies:
+                        await self._retry_owed()
             await trio.sleep(CATCH_UP_TICK_S)
+
+    async def _retry_owed(self) -> None:
+        """Queue again the stored headers whose body pull gave up (a peer may have it now)."""
+        rows = await trio.to_thread.run_sync(self.store.missing_bodies, OWED_RETRY_BATCH)
+        for row in rows:
+            if row.rollout_id not in self._pulling:
+                self.counters["pulls_retried"] += 1
+                sources = [_b58(row.producer)] + ([str(row.source_peer)] if row.source_peer else [])
+                self._want(row.rollout_id, sources)
 
     def _account_delivery(self, now: float) -> None:
         """(In a thread.) Mark our unacknowledged rollouts past the staleness bound."""

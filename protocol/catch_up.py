@@ -24,7 +24,9 @@ Two modes, one machine (`CatchUp`):
 Watermarks: the first question to a peer starts at `since = 0` bounded by the staleness
 window (`min_version = t - S`); after a page, the next `since` is the newest `at` in it;
 when a round ends (`more` false) the next round starts `overlap_s` before that (items
-admitted before a question may be committed after it). Watermarks are per peer, in that
+admitted before a question may be committed after it). Every `full_every_s` a round starts
+at 0 again (bounded by the staleness window): an id whose pull failed after its round is
+offered again then, so a failure is never final. Watermarks are per peer, in that
 peer's clock, kept in memory: after a restart the first round starts at 0 again, still
 bounded by the staleness window.
 
@@ -71,6 +73,7 @@ class CatchUpConfig:
     retry_s: float = 2.0  # after a failed question
     page: int = 1024  # ids per answer
     max_pages_per_round: int = 16
+    full_every_s: float = 60.0  # a round from 0 this often (ids only: cheap)
 
     def __post_init__(self) -> None:
         if not (self.interval_s > 0 and self.overlap_s >= 0 and self.retry_s > 0):
@@ -156,6 +159,7 @@ class _Peer:
     watermark: float = 0.0  # next round starts here (its clock)
     cursor: float = 0.0  # within a round: the next page starts here
     next_round: float = 0.0  # our clock
+    last_full: float = 0.0  # our clock: when a round last started at 0
     asking: bool = False
     pages: int = 0
 
@@ -203,7 +207,8 @@ class CatchUp:
         if p is None:
             p = self._peers[ev.peer] = _Peer(ev.receipts_from)
         p.receipts = p.receipts or ev.receipts_from
-        p.next_round = ev.now  # a (re)joined peer is asked at once
+        p.next_round = ev.now  # a (re)joined peer is asked at once, from 0
+        p.watermark, p.last_full = 0.0, ev.now
         return self._tick(Tick(ev.now, self.min_version, 0))
 
     def _tick(self, ev: Tick) -> list[Action]:
@@ -213,6 +218,8 @@ class CatchUp:
         for peer, p in self._peers.items():
             if p.asking or ev.now < p.next_round or not self._mode_applies(p):
                 continue
+            if ev.now - p.last_full >= self.config.full_every_s:
+                p.watermark, p.last_full = 0.0, ev.now
             p.cursor, p.pages = p.watermark, 0
             out.append(self._ask(peer, p))
         return out

@@ -179,6 +179,12 @@ def cli() -> None:
     parser.add_argument("--max-life", type=float, default=300.0)
     parser.add_argument("--proof-pool", default="", help="msgpack file of real proof lists")
     args = parser.parse_args()
+    if os.environ.get("SWARM_LOG"):  # e.g. SWARM_LOG=INFO: peer events and their reasons
+        import logging
+
+        ours = logging.getLogger("swarm")
+        ours.addHandler(logging.StreamHandler(sys.stderr))
+        ours.setLevel(os.environ["SWARM_LOG"])
     sys.setrecursionlimit(10_000)
     trio.run(main, args)
 
