@@ -103,6 +103,7 @@ PULL_ATTEMPTS = 8
 PULL_RETRY_S = 1.0
 PARK_S = 1.0  # a pull whose every source is disconnected looks again this often
 MAX_PARKS = 300  # ... for at most this many looks, then it spends attempts as usual
+MAX_PARKED = 4096  # pulls waiting at once
 ADMITTED_QUEUE = 4096
 PULL_QUEUE = 8192
 SCORE_SAVE_INTERVAL_S = 15.0  # rewards; a penalty is saved at once (with its ledger line)
@@ -208,6 +209,7 @@ class Peer:
         self._nursery: trio.Nursery | None = None
         self._serving: dict[str, int] = {}  # peer -> open body streams we serve
         self._pulling: set[bytes] = set()  # ids queued or being pulled
+        self._parked = 0  # pulls waiting for a source to (re)connect, or for a retry
         self.catch_up = cu.CatchUp(pulls=cfg.pull_bodies, producer=cfg.identity.peer_id)
         self.delivery: dict[str, int] = {}
         self.discovery = Discovery(
@@ -510,7 +512,7 @@ class Peer:
                 # Only connected sources: dialing ids nobody can reach (a flood of headers
                 # signed by fresh keys) would hold the pull workers for a dial timeout each.
                 source = next((s for s in p.sources if s in live), "")
-                if not source and p.sources and p.parked < MAX_PARKS:
+                if not source and self._may_park(p):
                     # Every source is away (restarting, say): wait for one without
                     # spending an attempt, so a pull outlives a restart of its source.
                     p.parked += 1
@@ -579,8 +581,22 @@ class Peer:
     async def _retry_pull(self, p: _Pull) -> None:
         await self._requeue_pull(p, min(8.0, PULL_RETRY_S * 2 ** (p.attempts - 1)))
 
+    def _may_park(self, p: _Pull) -> bool:
+        """Park only for a source we know how to reach (not a fresh key nobody can dial),
+        a bounded number of times, and a bounded number of pulls at once."""
+        return (
+            bool(p.sources)
+            and p.parked < MAX_PARKS
+            and self._parked < MAX_PARKED
+            and any(self.discovery.book.addrs(s) for s in p.sources)
+        )
+
     async def _requeue_pull(self, p: _Pull, delay_s: float) -> None:
-        await trio.sleep(delay_s)
+        self._parked += 1
+        try:
+            await trio.sleep(delay_s)
+        finally:
+            self._parked -= 1
         try:
             self._pull_send.send_nowait(p)
         except (trio.WouldBlock, trio.ClosedResourceError):
