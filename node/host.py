@@ -52,6 +52,11 @@ item has a test in `tests/test_node_host.py` that fails if the default comes bac
     heartbeat is the standard ping (32 random bytes echoed); identify said
     `py-libp2p/<version>` -> it says `swarm-node/<version>` (`AGENT`); GossipSub offered
     only `/meshsub/1.0.0` -> it offers 1.2, 1.1 and 1.0, the newest both sides speak wins.
+18. Two library tasks crash the whole host on a remote's doing: a GossipSub RPC that is
+    not valid protobuf raises `DecodeError` out of the stream reader, and banning a peer
+    (blacklist teardown) raises `KeyError` when the peer left meanwhile -> both are
+    patched (`_guarded_read`, `_safe_teardown`): the garbage stream is reset, the
+    teardown tolerates a peer already gone.
 16. Listen sockets get SO_REUSEPORT (for hole punching), so two nodes on the same port
     both "listen" and the kernel splits connections between them -> the library's
     socket-flag helper is replaced by one that sets SO_REUSEADDR only.
@@ -82,6 +87,7 @@ import libp2p.pubsub.pubsub as _libp2p_pubsub
 import libp2p.transport.tcp.tcp as _libp2p_tcp
 import multiaddr
 import trio
+from google.protobuf.message import DecodeError as _ProtobufDecodeError
 from libp2p import create_yamux_muxer_option, new_host
 from libp2p.abc import INotifee
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
@@ -373,6 +379,30 @@ def _apply_library_patches() -> None:
     _libp2p_tcp._set_reuse_flags = _reuse_addr_only
     # Workaround 17: identify reads this module constant when it answers.
     _libp2p_identify.AGENT_VERSION = AGENT
+    # Workaround 18: remote garbage and ban races must not crash the host.
+    pubsub_cls = _libp2p_pubsub.Pubsub
+    if not getattr(pubsub_cls, "_swarm_guarded", False):
+        original_read = pubsub_cls.continuously_read_stream
+
+        async def _guarded_read(self: Any, stream: Any) -> None:
+            try:
+                await original_read(self, stream)
+            except _ProtobufDecodeError:
+                log.info("GossipSub RPC that is not protobuf; stream reset")
+                with contextlib.suppress(Exception):
+                    await stream.reset()
+
+        async def _safe_teardown(self: Any, peer_id: Any) -> None:
+            stream = self.peers.get(peer_id)
+            if stream is not None:
+                with contextlib.suppress(Exception):
+                    await stream.reset()
+                self.peers.pop(peer_id, None)
+            self._forget_all_subscriptions(peer_id)
+
+        pubsub_cls.continuously_read_stream = _guarded_read
+        pubsub_cls._teardown_if_connected = _safe_teardown
+        pubsub_cls._swarm_guarded = True
 
 
 def _tcp_target(addr: multiaddr.Multiaddr) -> tuple[str, int] | None:

@@ -61,3 +61,27 @@ async def test_a_standard_libp2p_peer_stays_connected_and_sees_our_agent() -> No
                 stream = await plain.new_stream(info.peer_id, ["/meshsub/1.2.0"])
             await stream.reset()
             await plain.close()
+
+
+async def test_garbage_gossipsub_rpc_does_not_crash_the_host() -> None:
+    """Workaround 18: a GossipSub RPC that is not protobuf used to raise out of the
+    library's reader and take the whole host down."""
+    from libp2p import new_host
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+
+    plain = new_host(key_pair=create_new_key_pair())
+    async with open_host(Identity.generate().private_bytes(), settings=FAST) as ours:
+        topic = "t/garbage"
+        await ours.subscribe(topic)
+        async with plain.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+            info = info_from_p2p_addr(multiaddr.Multiaddr(ours.listen_addrs()[0]))
+            with trio.fail_after(15):
+                await plain.connect(info)
+                stream = await plain.new_stream(info.peer_id, ["/meshsub/1.2.0"])
+                await stream.write(b"\x05\xff\xff\xff\xff\xff")  # varint length, not protobuf
+            await trio.sleep(1.0)
+            await plain.close()
+        # Still alive: another peer can connect and talk.
+        async with open_host(Identity.generate().private_bytes(), settings=FAST) as other:
+            assert (await other.connect(ours.listen_addrs()[0])).ok
