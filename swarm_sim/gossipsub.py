@@ -36,12 +36,15 @@ class GossipConfig:
     heartbeat_s: float = 1.0
     history_gossip: int = 3  # heartbeats of message ids advertised in IHAVE
     prune_backoff_s: float = 60.0
+    seen_ttl_s: float = 120.0  # how long the seen-cache remembers a message id
     control_bytes: int = 64  # one GRAFT, PRUNE, or the frame of an IHAVE / IWANT
     id_bytes: int = 34  # one message id inside IHAVE / IWANT
 
     def __post_init__(self) -> None:
         if not 1 <= self.d_lo <= self.d <= self.d_hi:
             raise ValueError("GossipSub needs 1 <= D_lo <= D <= D_hi")
+        if self.seen_ttl_s <= 0:
+            raise ValueError("seen_ttl_s must be > 0")
         if self.d_lazy < 0 or self.heartbeat_s <= 0 or self.history_gossip < 1:
             raise ValueError("D_lazy >= 0, heartbeat > 0 and history_gossip >= 1")
 

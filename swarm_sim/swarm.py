@@ -31,6 +31,7 @@ from protocol.admission import (
     Admission,
     AdmissionConfig,
     Ban,
+    BodyMissing,
     Deliver,
     Disconnect,
     Forward,
@@ -140,6 +141,7 @@ class Swarm:
         self.bodies: dict[int, set[int]] = {}  # message id -> peers holding the body
         self.pulling: dict[tuple[int, int], list[int]] = {}  # (peer, mid) -> sources left
         self._pull_src: dict[tuple[int, int], int] = {}  # (peer, mid) -> source asked now
+        self._pull_sender: dict[tuple[int, int], int] = {}  # (peer, mid) -> header's sender
         self.recent: list[SimMessage] = []  # published, not yet closed
         self.old: list[SimMessage] = []  # closed (for replayers), bounded
         self.m = Metrics()
@@ -272,7 +274,7 @@ class Swarm:
         self.bodies[msg.mid] = {p}
         self.routers[p].mcache[-1].append(msg)
         self.recent.append(msg)
-        self.loop.after(wl.lifetime_s, self._close, msg)
+        self.loop.after(wl.lifetime_s, self._close, msg)  # then _forget
         for q in sorted(self.routers[p].mesh):
             self._send_msg(p, q, msg)
         return msg
@@ -298,6 +300,11 @@ class Swarm:
                     eligible += 1
                     delivered += got[q] == ADMITTED
             self.m.close(msg.t0, eligible, delivered)
+        self.loop.at(msg.t0 + self.gcfg.seen_ttl_s, self._forget, msg)
+
+    def _forget(self, msg: SimMessage) -> None:
+        """The seen-caches let the message go (`GossipConfig.seen_ttl_s` after signing):
+        a copy seen later goes to admission again (where replays are caught)."""
         msg.got = msg.eta = None
         self.bodies.pop(msg.mid, None)
         self.old.append(msg)
@@ -335,7 +342,7 @@ class Swarm:
 
     def _delivered(self, b: int, a: int, msg: SimMessage, now: float) -> None:
         if msg.got is None:
-            return  # admitted after its lifetime (a replay): not a delivery we measure
+            return  # admitted after the seen-caches let it go (a replay): not measured
         msg.got[b] = ADMITTED
         self.routers[b].mcache[-1].append(msg)
         if msg.kind == Kind.WEIGHT_ANNOUNCE:
@@ -345,6 +352,7 @@ class Swarm:
         if self.puller[b] and b != msg.origin:
             sources = [a] + ([msg.origin] if msg.origin != a else [])
             self.pulling[(b, msg.mid)] = sources
+            self._pull_sender[(b, msg.mid)] = a
             self._pull(b, msg)
 
     def _rejected(self, b: int, a: int, act: Reject) -> None:
@@ -363,7 +371,10 @@ class Swarm:
         if not sources or not self.net.online[b]:
             self.pulling.pop((b, msg.mid), None)
             self._pull_src.pop((b, msg.mid), None)
+            sender = self._pull_sender.pop((b, msg.mid), None)
             self.m.pulls_failed += 1
+            if self.net.online[b] and sender is not None:
+                self._body_missing(b, sender, msg)
             return
         src = sources.pop(0)
         self._pull_src[(b, msg.mid)] = src
@@ -371,6 +382,28 @@ class Swarm:
             b, src, 100, "pull_request", self._serve, (src, b, msg), need_conn=False, control=True
         )
         self.loop.after(self.wl.pull_timeout_s, self._pull_timeout, b, msg, src)
+
+    def _body_missing(self, b: int, sender: int, msg: SimMessage) -> None:
+        """No source served the body: admission charges the signer and the sender."""
+        ev = BodyMissing(
+            hashlib.sha256(msg.token).digest(),
+            self.ids[msg.origin],
+            self.ids[sender],
+            self.loop.now,
+        )
+        for act in self.adm[b].handle(ev):
+            if type(act) is Disconnect:
+                q = self.index.get(act.peer)
+                if q is not None:
+                    self._drop_link(b, q)
+            elif type(act) is Ban:
+                self.m.bans += 1
+        self.routers[b].dirty = True
+        self.routers[b].suspect.update((sender, msg.origin))
+        for q in (sender, msg.origin):
+            if self.behaviour[q] == HONEST and self.behaviour[b] == HONEST:
+                self.m.honest_penalized += 1
+                self.m.honest_penalized_reasons["body_missing"] += 1
 
     def _serve(self, src: int, b: int, msg: SimMessage) -> None:
         if self.behaviour[src] == Behaviour.WITHHOLD:
@@ -396,6 +429,7 @@ class Swarm:
         if self.pulling.pop((b, msg.mid), None) is None:
             return  # already done (or given up)
         self._pull_src.pop((b, msg.mid), None)
+        self._pull_sender.pop((b, msg.mid), None)
         now = self.loop.now
         acts = self.adm[b].handle(
             MessageReceived(self.ids[src], Kind.ROLLOUT_RECORD, msg.token, now)
