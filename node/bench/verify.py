@@ -12,6 +12,19 @@ hidden size H with the built-in tokenizer), N signed rollout records per case:
   batched prefill plus all checks, task re-derivation and re-scoring included).
 - `attacks`: detected fraction per attack; `honest`: false-positive fraction per honest
   variation (see ATTACKS / HONEST below for what each does).
+- `attacks` is the minimum detection over `attack_seeds` repetitions of the attack matrix
+  (other tasks, sampler, perturbation and initialisation seeds; 3 by default, 1 with
+  `--quick`, `--seeds S`); `attacks_by_seed` lists each.
+- `sensitivity`: per precision (worker and audit both at it), for rank-1 changes of each
+  weight kind (q/k/v/o, gate/up/down in the first, middle and last layer, final norm, LM
+  head) the smallest relative Frobenius change of SENS_SIZES detected in >= 0.99 of 64
+  records (`table`; null: not even at 10 %), and the weakest matrix (`--no-sensitivity`
+  skips it; `--quick`: 4 records, three matrices).
+- `batch_invariance_mismatches`: records whose verdict or reason differs audited alone vs
+  together (the honest fp32 set, and the bf16 set in a bf16 run).
+- `stream_cases_failed_correctly`: of the truncated / trailing-garbage / empty /
+  oversized-record files, how many `swarm-node audit` failed correctly (exit 1, the bad
+  item with its reason, the good records still passing); `stream_cases` by name.
 - `calibration`: per case, the distribution of each audit metric (honest: p50 and max;
   attacks: min and p50), the data behind `verify.thresholds`.
 - `thresholds`: the limits used: the model's shipped calibration file (`calibration.json`
@@ -100,6 +113,10 @@ QUICK_N = 8
 # checkpoint. At 1e-5 about 1-3 % of the bf16 weights change, the rate reported for real
 # RL steps (DESIGN.md, "RL updates are sparse"); the bench reports the measured fraction.
 STALE_LR = 1e-5
+# The attack matrix runs once per seed (task counters SEED_COUNTER_STRIDE apart); each
+# attack reports its minimum detection over the seeds.
+SEEDS = 3
+SEED_COUNTER_STRIDE = 100_000
 
 
 def _say(msg: str) -> None:
@@ -117,6 +134,7 @@ class Ctx:
     audit_settings: Any
     n: int
     quick: bool
+    counter0: int = 0  # first task counter of the records made (one range per seed)
 
 
 # ------------------------------------------------------------------ setup
@@ -200,7 +218,7 @@ def _make_records(
     ctx: Ctx,
     engine: Any,
     *,
-    counter0: int = 0,
+    counter0: int | None = None,
     proofs: bool = True,
     gen_temperature: float | None = None,
     prompt_offset: int | None = None,
@@ -216,6 +234,7 @@ def _make_records(
     from verify.toploc import build_proofs_bytes_many
 
     m = ctx.manifest
+    counter0 = ctx.counter0 if counter0 is None else counter0
     claimed = SamplingSettings.from_manifest(m)
     used = replace(claimed, temperature=gen_temperature) if gen_temperature is not None else claimed
     counters = list(range(counter0, counter0 + ctx.n))
@@ -368,11 +387,11 @@ def _eager(model: Any) -> Any:
     return m
 
 
-def _other_model(ctx: Ctx) -> Any:
+def _other_model(ctx: Ctx, seed: int = 0) -> Any:
     """A freshly initialised model of the same configuration."""
     import torch
 
-    torch.manual_seed(12345)
+    torch.manual_seed(12345 + seed)
     m = type(ctx.model)(copy.deepcopy(ctx.model.config))
     m.generation_config = copy.deepcopy(ctx.model.generation_config)
     return _canonical_bf16(m.eval())
@@ -434,6 +453,140 @@ def _calibrate(ctx: Ctx, model_dir: Any) -> tuple[Any, str]:
     return st, cal.digest.hex()
 
 
+# ------------------------------------------------------------------ sensitivity
+
+SENS_KINDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SENS_SIZES = (0.001, 0.003, 0.01, 0.03, 0.1)  # relative Frobenius change, tried in order
+SENS_FULL_N = 64
+SENS_QUICK_N = 4
+SENS_TARGET = 0.99
+
+
+def _sens_matrices(model: Any, quick: bool) -> dict[str, Any]:
+    """name -> weight parameter: each projection kind in the first, middle and last layer,
+    the final norm and the LM head (quick: first layer's q_proj and down_proj, LM head)."""
+    layers = model.base_model.layers
+    picks = {"first": 0, "middle": len(layers) // 2, "last": len(layers) - 1}
+    out: dict[str, Any] = {}
+    for where, i in picks.items():
+        for kind in SENS_KINDS:
+            if quick and (where != "first" or kind not in ("q_proj", "down_proj")):
+                continue
+            mod = getattr(layers[i].self_attn, kind, None) or getattr(layers[i].mlp, kind)
+            out[f"{where}.{kind}"] = mod.weight
+    if not quick:
+        out["final_norm"] = model.base_model.norm.weight
+    out["lm_head"] = model.get_output_embeddings().weight
+    return out
+
+
+def _rank1_changed(model: Any, name: str, rel: float, seed: int, quick: bool) -> Any:
+    """A copy of `model` with a rank-1 change of relative Frobenius size `rel` to one
+    matrix (a vector for the norm)."""
+    import torch
+
+    m = copy.deepcopy(model)
+    w = _sens_matrices(m, quick)[name]
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        if w.dim() == 1:
+            d = torch.randn(w.shape, generator=g)
+        else:
+            d = torch.randn(w.shape[0], 1, generator=g) @ torch.randn(1, w.shape[1], generator=g)
+        w.add_(d.to(w.dtype) * (rel * w.float().norm() / d.norm()).to(w.dtype))
+    return m
+
+
+def _sensitivity(ctx: Ctx, quick: bool) -> dict[str, Any]:
+    """Per precision: for each matrix the smallest relative change detected in at least
+    SENS_TARGET of the records (None: not even at the largest size), and the weakest."""
+    n = SENS_QUICK_N if quick else SENS_FULL_N
+    sctx = replace(ctx, n=n, counter0=5 * SEED_COUNTER_STRIDE)
+    out: dict[str, Any] = {"records": n, "sizes": list(SENS_SIZES), "target": SENS_TARGET}
+    for precision in ("fp32", "bf16"):
+        settings = replace(ctx.audit_settings, precision=precision)
+        table: dict[str, Any] = {}
+        for name in _sens_matrices(ctx.model, quick):
+            table[name] = None
+            for k, rel in enumerate(SENS_SIZES):
+                worker = _rank1_changed(ctx.model, name, rel, seed=k, quick=quick)
+                if precision == "bf16":
+                    worker = _bf16(worker)
+                made = _make_records(sctx, _engine(worker, ctx.tokenizer, max_batch=64))
+                detected = _frac_failed(_audit(ctx, _open(made.records), settings=settings)[0])
+                if detected >= SENS_TARGET:
+                    table[name] = rel
+                    break
+            _say(f"sensitivity {precision} {name}: smallest detected {table[name]}")
+        weakest = max(table, key=lambda k: float("inf") if table[k] is None else table[k])
+        out[precision] = {
+            "weakest_matrix": weakest,
+            "weakest_rel_change_detected": table[weakest],
+            "table": table,
+        }
+    return out
+
+
+# ------------------------------------------------------------------ invariance, streams
+
+
+def _batch_invariance_mismatches(ctx: Ctx, opened: list[Any], settings: Any) -> int:
+    """How many records get another (verdict, reason) audited alone than in one batch."""
+    together, _ = _audit(ctx, opened, settings=settings)
+    alone = [_audit(ctx, [ro], settings=settings)[0][0] for ro in opened]
+    return sum((a.passed, a.reason) != (b.passed, b.reason) for a, b in zip(together, alone, strict=True))
+
+
+def _stream_cases(ctx: Ctx, model_dir: Any, records: list[bytes]) -> tuple[int, dict[str, bool]]:
+    """Record files that must fail, through `swarm-node audit`: a truncated stream, trailing
+    garbage, an empty file, an oversized record between good ones. Correct: exit 1, the bad
+    item's line has its reason, every good record still passes."""
+    import io
+    import json
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import msgpack
+
+    from node.commands import audit as audit_cmd
+    from protocol.rollout import write_records
+    from protocol.wire import RolloutRecord
+    from trainer.model_dir import save_model_dir
+    from verify.calibration import FILE_NAME
+
+    buf = io.BytesIO()
+    write_records(buf, records[:2])
+    good = buf.getvalue()
+    oversized = msgpack.packb(b"\0" * (RolloutRecord.MAX_BYTES + 1), use_bin_type=True)
+    cases = {  # name: (bytes, reasons expected line by line)
+        "truncated": (good + b"\xc4\x80", ["ok", "ok", "stream-truncated"]),
+        "trailing_garbage": (good + b"\x93\x01\x02", ["ok", "ok", "stream-garbage"]),
+        "empty": (b"", ["stream-empty"]),
+        "oversized": (good + oversized + good, ["ok", "ok", "record-too-large", "ok", "ok"]),
+    }
+    out: dict[str, bool] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        from node.run_file import manifest_to_toml
+
+        run_toml = root / "run.toml"
+        run_toml.write_text(manifest_to_toml(ctx.manifest))
+        # the bench's model (weights rounded to bf16 in memory), with the calibration file
+        saved = save_model_dir(ctx.model, ctx.tokenizer, root / "model")
+        if model_dir is not None and (Path(model_dir) / FILE_NAME).is_file():
+            shutil.copy(Path(model_dir) / FILE_NAME, Path(saved) / FILE_NAME)
+        model_dir = saved
+        for name, (data, want) in cases.items():
+            path = root / f"{name}.msgpack"
+            path.write_bytes(data)
+            text = io.StringIO()
+            code = audit_cmd.main([path], str(model_dir), as_json=True, manifest=run_toml, out=text)
+            got = [json.loads(x)["reason"] for x in text.getvalue().splitlines()]
+            out[name] = code == 1 and got == want
+    return sum(out.values()), out
+
+
 # ------------------------------------------------------------------ stats
 
 
@@ -467,18 +620,26 @@ def _parse(args: list[str], quick: bool) -> argparse.Namespace:
     ap.add_argument("--n", type=int, default=None)
     ap.add_argument("--only", default=None, help="comma-separated case names")
     ap.add_argument("--no-calibrate", action="store_true", help="use the shipped thresholds")
+    ap.add_argument("--no-sensitivity", action="store_true", help="skip the sensitivity block")
+    ap.add_argument("--seeds", type=int, default=None, help="attack-matrix seeds (default 3; quick 1)")
     try:
         ns = ap.parse_args(args)
     except SystemExit:
         from node.errors import CommandError
 
-        raise CommandError(f"bench verify: bad arguments {args} (know --hidden H, --n N, --only a,b, --no-calibrate)") from None
+        raise CommandError(f"bench verify: bad arguments {args} (know --hidden H, --n N, --only a,b, --no-calibrate, --no-sensitivity, --seeds S)") from None
     if ns.hidden is not None and not 16 <= ns.hidden <= 8192:
         from node.errors import CommandError
 
         raise CommandError(f"--hidden must be in [16, 8192], got {ns.hidden}")
     if ns.n is None:
         ns.n = QUICK_N if quick else FULL_N
+    if ns.seeds is None:
+        ns.seeds = 1 if quick else SEEDS
+    if not 1 <= ns.seeds <= 16:
+        from node.errors import CommandError
+
+        raise CommandError(f"--seeds must be in [1, 16], got {ns.seeds}")
     return ns
 
 
@@ -556,14 +717,20 @@ def run(quick: bool, args: list[str]) -> dict:
         bad = [r for r in res if not r.passed]
         _say(f"honest {name}: false positives {honest[name]}" + (f" ({bad[0].reason}: {bad[0].detail})" if bad else ""))
 
+    attacks_by_seed: dict[str, list[float]] = {}
+
     def attack_case(name: str, res: list[Any]) -> None:
-        attacks[name] = _frac_failed(res)
-        calib_attack[name] = _summary(res, attack=True)
-        _say(f"attack {name}: detected {attacks[name]}")
+        frac = _frac_failed(res)
+        attacks_by_seed.setdefault(name, []).append(frac)
+        attacks[name] = min(attacks_by_seed[name])
+        if name not in calib_attack:
+            calib_attack[name] = _summary(res, attack=True)
+        _say(f"attack {name} (seed {len(attacks_by_seed[name]) - 1}): detected {frac}")
 
     # ---- honest variations
     if want("kv_cache_vs_prefill"):
         honest_case("kv_cache_vs_prefill", base_res)
+    bf16_opened = None
     if want("fp32_vs_bf16"):
         m = _bf16(ctx.model)
         bf16_opened = _open(_make_records(ctx, _engine(m, tok, max_batch=64)).records)
@@ -580,90 +747,110 @@ def run(quick: bool, args: list[str]) -> dict:
         m = _eager(ctx.model)
         honest_case("attention_impl", _audit(ctx, _open(_make_records(ctx, _engine(m, tok, max_batch=64)).records))[0])
 
-    # ---- attacks with another model
-    for name, make in (
-        ("other_model", lambda: _other_model(ctx)),
-        ("perturbed_weights_1pct", lambda: _perturbed(ctx.model, 0.01, 3)),
-        ("dropped_layer", lambda: _dropped_layer(ctx.model)),
-        ("int8_quantized", lambda: _int8(ctx.model)),
-    ):
-        if want(name):
-            eng = _engine(make(), tok, max_batch=64)
-            attack_case(name, _audit(ctx, _open(_make_records(ctx, eng).records))[0])
-    if want("stale_version"):
-        newer = _one_training_step(ctx, base_opened)
-        stale_changed = _changed_fraction(ctx.model, newer)
-        _say(f"one training step changed {stale_changed:.2%} of the bf16 weights")
-        attack_case("stale_version", _audit(ctx, base_opened, model=newer)[0])
+    # ---- the attack matrix, repeated over SEEDS (other tasks, sampler seeds, perturbation
+    # and initialisation seeds); `attacks` reports the minimum detection per attack
+    base_by_seed = base_opened
+    for seed in range(ns.seeds):
+        ctx.counter0 = seed * SEED_COUNTER_STRIDE
+        base_opened = base_by_seed if seed == 0 else _open(_make_records(ctx, base_engine).records)
+        # ---- attacks with another model
+        for name, make in (
+            ("other_model", lambda seed=seed: _other_model(ctx, seed)),
+            ("perturbed_weights_1pct", lambda seed=seed: _perturbed(ctx.model, 0.01, 3 + seed)),
+            ("dropped_layer", lambda: _dropped_layer(ctx.model)),
+            ("int8_quantized", lambda: _int8(ctx.model)),
+        ):
+            if want(name):
+                eng = _engine(make(), tok, max_batch=64)
+                attack_case(name, _audit(ctx, _open(_make_records(ctx, eng).records))[0])
+        if want("stale_version"):
+            newer = _one_training_step(ctx, base_opened)
+            stale_changed = _changed_fraction(ctx.model, newer)
+            _say(f"one training step changed {stale_changed:.2%} of the bf16 weights")
+            attack_case("stale_version", _audit(ctx, base_opened, model=newer)[0])
 
-    # ---- attacks on sampling and the task
-    if want("prompt_changed"):
-        attack_case("prompt_changed", _audit(ctx, _open(_make_records(ctx, base_engine, prompt_offset=10**6).records))[0])
-    if want("temperature_lie"):
-        attack_case("temperature_lie", _audit(ctx, _open(_make_records(ctx, base_engine, gen_temperature=0.7).records))[0])
-    if want("cherry_pick"):
-        own = lambda s, k: (s * 6364136223846793005 + 1442695040888963407 * (k + 1)) % 2**64  # noqa: E731
-        made = _make_records(ctx, base_engine, seed_fn=own, pick_of=4)
-        picked = _open(made.records)
-        # a pick equal to the assigned seed's own sample is no cheat (and cannot be seen)
-        altered = [p for p, b in zip(picked, base_opened, strict=True)
-                   if p.body.completion_ids != b.body.completion_ids]
-        cherry_identical = len(picked) - len(altered)
-        attack_case("cherry_pick", _audit(ctx, altered)[0] if altered else [])
+        # ---- attacks on sampling and the task
+        if want("prompt_changed"):
+            attack_case("prompt_changed", _audit(ctx, _open(_make_records(ctx, base_engine, prompt_offset=10**6).records))[0])
+        if want("temperature_lie"):
+            attack_case("temperature_lie", _audit(ctx, _open(_make_records(ctx, base_engine, gen_temperature=0.7).records))[0])
+        if want("cherry_pick"):
+            own = lambda s, k: (s * 6364136223846793005 + 1442695040888963407 * (k + 1)) % 2**64  # noqa: E731
+            made = _make_records(ctx, base_engine, seed_fn=own, pick_of=4)
+            picked = _open(made.records)
+            # a pick equal to the assigned seed's own sample is no cheat (and cannot be seen)
+            altered = [p for p, b in zip(picked, base_opened, strict=True)
+                       if p.body.completion_ids != b.body.completion_ids]
+            cherry_identical = len(picked) - len(altered)
+            attack_case("cherry_pick", _audit(ctx, altered)[0] if altered else [])
 
-    # ---- edited records (careful attacker: re-proved, re-scored, re-signed)
-    gen = torch.Generator().manual_seed(5)
-    eos = set(base_engine.eos_token_ids)
-    vocab = base_engine.vocab_size
-    non_eos = [t for t in range(vocab) if t not in eos]
+        # ---- edited records (careful attacker: re-proved, re-scored, re-signed)
+        gen = torch.Generator().manual_seed(5 + seed)
+        eos = set(base_engine.eos_token_ids)
+        vocab = base_engine.vocab_size
+        non_eos = [t for t in range(vocab) if t not in eos]
 
-    def edited(fn: Any) -> list[Any]:
-        bodies = [fn(ro.body) for ro in base_opened]
-        bodies = _reprove(ctx, bodies)
-        return _open([_resign(ctx, ro, b) for ro, b in zip(base_opened, bodies, strict=True)])
+        def edited(fn: Any, opened: list[Any] = base_opened) -> list[Any]:
+            bodies = [fn(ro.body) for ro in opened]
+            bodies = _reprove(ctx, bodies)
+            return _open([_resign(ctx, ro, b) for ro, b in zip(opened, bodies, strict=True)])
 
-    def edit_token(b: Any) -> Any:
-        ids = list(b.completion_ids)
-        i = len(ids) // 2
-        choice = [t for t in non_eos if t != ids[i]]
-        ids[i] = choice[int(torch.randint(len(choice), (1,), generator=gen))]
-        return replace(b, completion_ids=tuple(ids))
+        def edit_token(b: Any, non_eos: list[int] = non_eos, gen: Any = gen) -> Any:
+            ids = list(b.completion_ids)
+            i = len(ids) // 2
+            choice = [t for t in non_eos if t != ids[i]]
+            ids[i] = choice[int(torch.randint(len(choice), (1,), generator=gen))]
+            return replace(b, completion_ids=tuple(ids))
 
-    def truncate(b: Any) -> Any:
-        k = max(1, len(b.completion_ids) // 2)
-        if k == len(b.completion_ids):  # a one-token completion: drop its last (only) EOS
-            return replace(b, completion_ids=b.completion_ids, finish_reason="length" if b.finish_reason == "eos" else "eos")
-        return replace(b, completion_ids=b.completion_ids[:k], logprobs=b.logprobs[:k])
+        def truncate(b: Any) -> Any:
+            k = max(1, len(b.completion_ids) // 2)
+            if k == len(b.completion_ids):  # a one-token completion: drop its last (only) EOS
+                return replace(b, completion_ids=b.completion_ids, finish_reason="length" if b.finish_reason == "eos" else "eos")
+            return replace(b, completion_ids=b.completion_ids[:k], logprobs=b.logprobs[:k])
 
-    def extend(b: Any) -> Any:
-        extra = tuple(non_eos[int(torch.randint(len(non_eos), (1,), generator=gen))] for _ in range(4))
-        return replace(b, completion_ids=b.completion_ids + extra, logprobs=b.logprobs + (-1.0,) * 4)
+        def extend(b: Any, non_eos: list[int] = non_eos, gen: Any = gen) -> Any:
+            extra = tuple(non_eos[int(torch.randint(len(non_eos), (1,), generator=gen))] for _ in range(4))
+            return replace(b, completion_ids=b.completion_ids + extra, logprobs=b.logprobs + (-1.0,) * 4)
 
-    if want("token_edited"):
-        attack_case("token_edited", _audit(ctx, edited(edit_token))[0])
-    if want("truncated"):
-        attack_case("truncated", _audit(ctx, edited(truncate))[0])
-    if want("extended"):
-        attack_case("extended", _audit(ctx, edited(extend))[0])
-    if want("proof_copied"):
-        bodies = [ro.body for ro in base_opened]
-        copied = []
-        for i, ro in enumerate(base_opened):
-            need = len(ro.body.proofs)
-            # the next rollout whose proofs differ (a group shares prompts, and a
-            # confident policy often its completions, hence its proofs too)
-            for d in range(1, len(bodies)):
-                donor = bodies[(i + d) % len(bodies)]
-                pr = tuple((list(donor.proofs) * need)[:need])
-                if pr != ro.body.proofs:
-                    copied.append(_resign(ctx, ro, replace(ro.body, proofs=pr)))
-                    break
-        copied_skipped = len(base_opened) - len(copied)
-        attack_case("proof_copied", _audit(ctx, _open(copied))[0] if copied else [])
-    if want("zero_proofs"):
-        zeroed = [_resign(ctx, ro, replace(ro.body, proofs=tuple(bytes(len(p)) for p in ro.body.proofs)))
-                  for ro in base_opened]
-        attack_case("zero_proofs", _audit(ctx, _open(zeroed))[0])
+        if want("token_edited"):
+            attack_case("token_edited", _audit(ctx, edited(edit_token))[0])
+        if want("truncated"):
+            attack_case("truncated", _audit(ctx, edited(truncate))[0])
+        if want("extended"):
+            attack_case("extended", _audit(ctx, edited(extend))[0])
+        if want("proof_copied"):
+            bodies = [ro.body for ro in base_opened]
+            copied = []
+            for i, ro in enumerate(base_opened):
+                need = len(ro.body.proofs)
+                # the next rollout whose proofs differ (a group shares prompts, and a
+                # confident policy often its completions, hence its proofs too)
+                for d in range(1, len(bodies)):
+                    donor = bodies[(i + d) % len(bodies)]
+                    pr = tuple((list(donor.proofs) * need)[:need])
+                    if pr != ro.body.proofs:
+                        copied.append(_resign(ctx, ro, replace(ro.body, proofs=pr)))
+                        break
+            copied_skipped = len(base_opened) - len(copied)
+            attack_case("proof_copied", _audit(ctx, _open(copied))[0] if copied else [])
+        if want("zero_proofs"):
+            zeroed = [_resign(ctx, ro, replace(ro.body, proofs=tuple(bytes(len(p)) for p in ro.body.proofs)))
+                      for ro in base_opened]
+            attack_case("zero_proofs", _audit(ctx, _open(zeroed))[0])
+
+    ctx.counter0 = 0
+    base_opened = base_by_seed
+
+    # ---- batch invariance: each record's verdict and reason, audited together vs alone
+    invariance_sets = [(base_opened, ctx.audit_settings)]
+    if bf16_opened is not None:
+        invariance_sets.append((bf16_opened, replace(ctx.audit_settings, precision="bf16")))
+    mismatches = sum(_batch_invariance_mismatches(ctx, o, st) for o, st in invariance_sets)
+    _say(f"batch invariance: {mismatches} verdicts differ between together and alone")
+    streams_ok, stream_cases = _stream_cases(ctx, model_dir, base.records)
+    _say(f"stream cases failed correctly: {streams_ok}/{len(stream_cases)} {stream_cases}")
+
+    sensitivity = _sensitivity(ctx, quick) if not ns.no_sensitivity else None
 
     chunk = ctx.manifest.proof_chunk
     gen_time = min(t_with)
@@ -687,6 +874,12 @@ def run(quick: bool, args: list[str]) -> dict:
         "thresholds": thresholds_report,
         "calibration_digest": calibration_digest,
         "attacks": attacks,
+        "sensitivity": sensitivity,
+        "batch_invariance_mismatches": mismatches,
+        "stream_cases_failed_correctly": streams_ok,
+        "stream_cases": stream_cases,
+        "attack_seeds": ns.seeds,
+        "attacks_by_seed": attacks_by_seed,
         "honest": honest,
         "timing_threads": 1,
         "generation_batch": DEFAULT_BATCH_SIZE,
