@@ -13,7 +13,7 @@ answer per line:
     {"cmd": "produce", "rate": R}      worker: honest records at R/s until "stop"
     {"cmd": "stop"}
     {"cmd": "report", "ids": [...]}    trainer/validator: what it counted, scores of `ids`
-    {"cmd": "attack", "name": N, "seconds": S, "target": ADDR, "honest": [...], "validator": ID}
+    {"cmd": "attack", "name": N, "seconds": S, "targets": [ADDR...], "validator": ID}
                                         attacker: run attack N with a fresh identity
     {"cmd": "quit"}
 """

@@ -1,7 +1,7 @@
 """The attacks of `bench adversary`, each run by a fresh attacker identity and peer.
 
 `attack(cmd, manifest, data_dir)` opens a new peer (new key, new store) connected to the
-target, performs attack `cmd["name"]` for about `cmd["seconds"]`, and answers
+honest peers (`cmd["targets"]`), performs attack `cmd["name"]` for about `cmd["seconds"]`, and answers
 `{"sent", "attacker", "signers", "measure"}`: how many attack messages went out, the
 attacker's peer id, the identities that signed them, and how the driver decides whether
 each had an effect at the trainer ("admitted": admitted at all; "verified": counted as
@@ -40,7 +40,7 @@ async def attack(cmd: dict[str, Any], manifest: Any, data_dir: Path) -> dict[str
     ident = Identity.generate()
     cfg = PeerConfig(
         manifest=manifest, identity=ident, data_dir=data_dir / f"attack-{name}-{os.getpid()}",
-        roles=("inference",), bootstrap=(cmd["target"],), pull_bodies=False,
+        roles=("inference",), bootstrap=tuple(cmd["targets"]), pull_bodies=False,
         policy_version=VERSION, host=HostSettings(peer_dead_after_s=6.0),
     )
     seen: list[Admitted] = []

@@ -96,10 +96,11 @@ async def _run(window_s: float, rate: float, settle_s: float) -> dict[str, Any]:
         await trio.sleep(window_s)
         baseline = (t0, time.time())
         runs: dict[str, dict[str, Any]] = {}
+        targets = [procs[n].addrs[0] for n in ("trainer", "validator", "w1", "w2")]
         for name in ATTACKS:
             start = time.time()
             answer = await procs["attacker"].ask(
-                {"cmd": "attack", "name": name, "seconds": window_s, "target": boot[0],
+                {"cmd": "attack", "name": name, "seconds": window_s, "targets": targets,
                  "validator": validator}, timeout=window_s + 90,
             )
             runs[name] = {**answer, "window": (start, time.time())}
