@@ -63,7 +63,8 @@ class _Entry:
 
 
 class AddressBook:
-    """Known peers and how to reach them; bounded to `max_peers` entries."""
+    """Known peers and how to reach them; bounded to `max_peers` entries (when full, a
+    new entry replaces one that never worked; peers seen to work are never evicted)."""
 
     def __init__(self, own_peer: str, max_peers: int = 1000) -> None:
         self.own_peer = own_peer
@@ -84,7 +85,7 @@ class AddressBook:
             return None
         entry = self._peers.get(peer)
         if entry is None:
-            if len(self._peers) >= self.max_peers:
+            if len(self._peers) >= self.max_peers and not self._evict_one():
                 return None
             entry = self._peers[peer] = _Entry()
         if addr not in entry.addrs:
@@ -99,6 +100,18 @@ class AddressBook:
                 self.add(f"{a}/p2p/{peer}")
         if peer in self._peers:
             self._peers[peer].hello = hello
+
+    def _evict_one(self) -> bool:
+        """Make room: forget the entry that never worked and failed most (the oldest of
+        those first). Peers seen to work are kept, so peer exchange cannot flush them
+        with made-up ids; False when every entry has worked."""
+        never = [(e.failures, i, p) for i, (p, e) in enumerate(self._peers.items())
+                 if e.last_success < 0 and e.hello is None]
+        if not never:
+            return False
+        _, _, victim = max(never, key=lambda t: (t[0], -t[1]))
+        del self._peers[victim]
+        return True
 
     def addrs(self, peer: str) -> list[str]:
         entry = self._peers.get(peer)

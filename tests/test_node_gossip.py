@@ -144,7 +144,9 @@ def test_address_book_backoff_flaps_and_bounds() -> None:
     assert book.add("/ip4/127.0.0.1/tcp/1") is None  # no peer id
     assert book.add("/ip4/127.0.0.1/tcp/1/p2p/notapeer") is None
     book.add(addr[1])
-    assert book.add(addr[2]) is None and len(book) == 2  # bounded
+    book.succeeded(peers[0], 0.0)
+    book.succeeded(peers[1], 0.0)
+    assert book.add(addr[2]) is None and len(book) == 2  # bounded; working peers are kept
     now = 100.0
     assert {p for p, _ in book.due(set(), now)} == set(peers[:2])
     waits = []
@@ -209,3 +211,20 @@ def test_sequence_numbers_are_dense_and_increase_across_restarts() -> None:
     assert first == list(range(first[0], first[0] + 1000))  # dense: reordering stays in window
     b = SeqCounter(start_s=1_001)  # restarted a second later
     assert b.next() > first[-1]
+
+
+def test_address_book_evicts_peers_that_never_worked_first() -> None:
+    """Finding 9: the book stopped at its bound, so peer exchange could fill it with fake
+    ids for good. Now a new entry replaces one that never worked."""
+    me = Identity.generate().peer_id_b58
+    book = AddressBook(me, max_peers=3)
+    good = Identity.generate().peer_id_b58
+    book.add(f"/ip4/127.0.0.1/tcp/4000/p2p/{good}")
+    book.succeeded(good, 0.0)
+    fakes = [Identity.generate().peer_id_b58 for _ in range(50)]
+    for i, f in enumerate(fakes):
+        book.add(f"/ip4/10.0.0.1/tcp/{5000 + i}/p2p/{f}")
+        book.failed(f, "refused", 1.0)
+    fresh = Identity.generate().peer_id_b58
+    assert book.add(f"/ip4/127.0.0.1/tcp/4001/p2p/{fresh}") == fresh
+    assert len(book) == 3 and book.addrs(good) and book.addrs(fresh)
