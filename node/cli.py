@@ -141,6 +141,9 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
 )
 @click.option("--upload-limit", type=float, help="Weight shard upload cap, MiB/s (0: none).")
 @click.option("--threads", default=1, show_default=True, type=int, help="Torch CPU threads.")
+@click.option(
+    "--engine", type=click.Choice(["hf", "vllm"]), help="Inference: generation engine (default hf)."
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @_one_line_errors
 def start(**kwargs: Any) -> None:
@@ -345,6 +348,13 @@ def init_model(
 )
 @click.option("--batch-size", default=16, show_default=True, type=int)
 @click.option("--threads", type=int, help="Torch CPU threads.")
+@click.option(
+    "--engine",
+    default="hf",
+    show_default=True,
+    type=click.Choice(["hf", "vllm"]),
+    help="Generation engine: transformers or vLLM.",
+)
 @click.option("--no-proofs", is_flag=True, help="Leave activation proofs empty.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 @_one_line_errors

