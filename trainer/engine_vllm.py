@@ -23,13 +23,14 @@ Processes: vLLM's engine core runs in a child process and, on the CPU, the model
 worker process of its own (vLLM 0.32 forces its multiprocessing executor there, for OpenMP
 thread binding). They are started with `spawn`, so the program that creates the engine
 must guard its entry point with `if __name__ == "__main__"` (`swarm-node` does). `close()`
-stops them (vLLM gives them 5 s, then kills); `live_children()` lists what is left.
+stops them (vLLM gives them 5 s, then kills them; `close()` waits until they are gone).
 CPU settings: `VLLM_CPU_KVCACHE_SPACE` (GiB of KV cache, default here 1), eager mode (no
 torch.compile warm-up), float32 by default (what the CPU verifier computes in).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Sequence
@@ -43,6 +44,7 @@ from trainer.engine_hf import SMALL_MODEL_PARAMS, torch_threads
 SEED_KEY = "swarm_seed"
 SETTINGS_KEY = "swarm_settings"  # (temperature, top_p, top_k)
 DEFAULT_CPU_KV_CACHE_GIB = 1  # plenty for batch 64 x 256 tokens of a small model
+CLOSE_WAIT_S = 10.0  # after vLLM's own shutdown (5 s grace, then kill): wait, then kill
 
 
 def filter_mask_torch(z: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -269,6 +271,7 @@ class VLLMEngine(Engine):
         self.eos_token_ids = frozenset(int(e) for e in eos_list)
         self.last_timing: dict[str, float] = {}
         self._vllm = vllm
+        before = {p.pid for p in _descendants()}
         self.llm: Any = vllm.LLM(
             model=str(model_dir),
             dtype=dtype,
@@ -278,6 +281,7 @@ class VLLMEngine(Engine):
             generation_config="vllm",  # no sampling defaults from the model directory
             **kwargs,
         )
+        self._procs = [p for p in _descendants() if p.pid not in before]  # vLLM's own
 
     def generate(
         self,
@@ -332,19 +336,27 @@ class VLLMEngine(Engine):
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
         del llm
+        # vLLM's shutdown sends its kills but does not wait for them to land: wait here
+        # (bounded), so that no process of ours outlives close().
+        import psutil
+
+        _, alive = psutil.wait_procs(self._procs, timeout=CLOSE_WAIT_S)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(alive, timeout=CLOSE_WAIT_S)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
 
-def live_children() -> list[int]:
-    """Process ids of this process's live descendants (what `close()` must leave none of)."""
+def _descendants() -> list[Any]:
+    """This process's live descendants (psutil processes), less Python's multiprocessing
+    resource tracker, a standard-library helper that exits with us."""
     import psutil
 
     out = []
     for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                out.append(child.pid)
-        except psutil.NoSuchProcess:
-            continue
+        with contextlib.suppress(psutil.Error):
+            if "multiprocessing.resource_tracker" not in " ".join(child.cmdline()):
+                out.append(child)
     return out

@@ -53,9 +53,12 @@ async def run(peer: Any, ctx: RoleContext) -> None:
     """Load the engine, produce until cancelled or bounded, and always close the engine
     (vLLM's engine runs in child processes that must not outlive the node)."""
     loaded: list[Any] = []  # filled by the thread even if we are cancelled while it loads
+    engine_pids: set[int] = set()  # the engine's own processes (vLLM: engine core, worker)
 
     def load_it() -> None:
+        before = set(child_pids())
         loaded.append(load(ctx, peer.manifest))
+        engine_pids.update(set(child_pids()) - before)
 
     try:
         await trio.to_thread.run_sync(load_it)
@@ -65,6 +68,28 @@ async def run(peer: Any, ctx: RoleContext) -> None:
             with trio.move_on_after(CLOSE_TIMEOUT_S) as scope:
                 scope.shield = True
                 await trio.to_thread.run_sync(loaded[0].close)
+            left = sorted(engine_pids & set(child_pids()))
+            ctx.status["engine_processes"] = {"started": len(engine_pids), "left": left}
+            if engine_pids:
+                ctx.say(f"inference: engine closed; {len(left)} of its {len(engine_pids)} processes left")
+
+
+def child_pids() -> list[int]:
+    """Live descendant processes of this one, less Python's multiprocessing resource
+    tracker (a helper of the standard library that exits with us, not an engine process)."""
+    import psutil
+
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if "multiprocessing.resource_tracker" in " ".join(child.cmdline()):
+                continue
+        except psutil.Error:
+            continue
+        out.append(child.pid)
+    return out
 
 
 async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
