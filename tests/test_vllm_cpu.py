@@ -26,7 +26,7 @@ from protocol.rollout import make_record, open_record, read_records
 from trainer.engine import SamplingSettings
 from trainer.model_dir import save_model_dir
 from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
-from verify.auditor import AuditSettings, audit_records
+from verify.auditor import audit_records
 from verify.sampling import sample_token
 from verify.toploc import build_proofs_bytes_many
 
@@ -158,9 +158,7 @@ def audit_env(tok, tmp_path_factory):
         opened=opened,
         summary=summary,
         judge=audit_cmd.make_judge(manifest, tok),
-        settings=AuditSettings(
-            chunk=manifest.proof_chunk, topk=manifest.proof_topk, expected_settings=manifest
-        ),
+        settings=audit_cmd.settings_for_run(manifest),
     )
 
 

@@ -39,12 +39,13 @@ def run_vllm_part(
     say: Any,
 ) -> dict[str, Any]:
     from node.commands import audit as audit_cmd
+    from node.commands.calibrate import load_for
     from node.commands.rollouts import generate_records
     from protocol.identity import Identity
     from protocol.rollout import open_record, read_records
     from trainer.engine_hf import HFEngine
     from trainer.engine_vllm import VLLMEngine
-    from verify.auditor import AuditSettings, audit_records
+    from verify.auditor import audit_records
     from verify.toploc import build_proofs_bytes_many
 
     n = len(prompts)
@@ -86,9 +87,8 @@ def run_vllm_part(
         engine.close()
 
     say(f"generate: auditing {len(opened)} vLLM rollouts with transformers")
-    audit_settings = AuditSettings(
-        chunk=manifest.proof_chunk, topk=manifest.proof_topk, expected_settings=manifest
-    )
+    # the limits `swarm-node audit --run` applies: the run's settings, the model's calibration
+    audit_settings, _ = load_for(path, audit_cmd.settings_for_run(manifest), manifest)
     results = audit_records(
         opened, model, judge=audit_cmd.make_judge(manifest, tok), settings=audit_settings
     )
