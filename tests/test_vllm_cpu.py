@@ -269,3 +269,22 @@ def test_node_stops_vllm_processes_on_sigterm(fixed_model, tmp_path):
         for c in children:
             if c.is_running():
                 c.kill()
+
+
+def test_hot_swap_reaches_vllm_weights(fixed_engine, tok):
+    """After `load_weights` vLLM generates with the new policy: its tokens are the
+    transformers engine's on that policy (runs last: it changes the fixed engine)."""
+    from trainer.engine_hf import HFEngine
+
+    new = build_model(tok, seed=21, **SMALL)
+    settings = SamplingSettings(temperature=1.0, top_p=0.95, top_k=0, max_new_tokens=16)
+    prompts = [tok.encode(f"{a} * {a % 7} =", add_special_tokens=False) for a in range(16)]
+    seeds = list(range(500, 516))
+    before = fixed_engine.generate(prompts, settings, seeds)
+    fixed_engine.model.load_state_dict(new.state_dict())  # the node's load_weights does this
+    fixed_engine.load_weights(new.state_dict())
+    after = fixed_engine.generate(prompts, settings, seeds)
+    want = HFEngine(new, tok).generate(prompts, settings, seeds)
+    same = sum(a.completion_ids == w.completion_ids for a, w in zip(after, want, strict=True))
+    assert same >= 15  # float noise may flip a rare near-tie
+    assert [g.completion_ids for g in before] != [g.completion_ids for g in after]

@@ -34,6 +34,7 @@ import contextlib
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -270,6 +271,7 @@ class VLLMEngine(Engine):
         eos_list = eos if isinstance(eos, list | tuple) else ([] if eos is None else [eos])
         self.eos_token_ids = frozenset(int(e) for e in eos_list)
         self.last_timing: dict[str, float] = {}
+        self._weights_dir: Any = None  # the directory of the last swapped-in weights
         self._vllm = vllm
         before = {p.pid for p in _descendants()}
         self.llm: Any = vllm.LLM(
@@ -327,6 +329,25 @@ class VLLMEngine(Engine):
         self.last_timing = {"decode_s": t1 - t0, "prefill_s": time.perf_counter() - t1}
         return results
 
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Swap vLLM's copy of the weights to `state` (a checkpoint's tensors, names as
+        in the model directory), in place, through vLLM's `reload_weights` worker call.
+        The transformers copy (`self.model`) is the caller's to load (the node checks the
+        checkpoint against it first)."""
+        import tempfile
+
+        from safetensors.torch import save_file
+
+        if self.llm is None:
+            raise RuntimeError("the vLLM engine is closed")
+        new_dir = tempfile.TemporaryDirectory(prefix="swarm-node-vllm-weights-")
+        tensors = {k: v.detach().to("cpu").clone() for k, v in state.items()}  # unshare tied
+        save_file(tensors, str(Path(new_dir.name) / "model.safetensors"))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": new_dir.name})
+        old, self._weights_dir = self._weights_dir, new_dir  # vLLM now points at new_dir
+        if old is not None:
+            old.cleanup()
+
     def close(self) -> None:
         """Stop vLLM's engine-core process (idempotent)."""
         llm, self.llm = self.llm, None
@@ -336,6 +357,8 @@ class VLLMEngine(Engine):
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
         del llm
+        if self._weights_dir is not None:
+            self._weights_dir.cleanup()
         # vLLM's shutdown sends its kills but does not wait for them to land: wait here
         # (bounded), so that no process of ours outlives close().
         import psutil

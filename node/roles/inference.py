@@ -99,7 +99,8 @@ async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
     manifest = peer.manifest
     from node.roles.policy_versions import HotSwap
 
-    swap = HotSwap(peer, engine.model, version=0)  # the model directory is version 0
+    # the model directory is version 0; the vLLM engine's own copy of the weights swaps too
+    swap = HotSwap(peer, engine.model, version=0, also_load=getattr(engine, "load_weights", None))
     build = _proof_builder()
     status = await trio.to_thread.run_sync(peer.store.produced_status)
     counter = status["produced"]

@@ -58,9 +58,14 @@ def _tied(model: Any, name: str, state: dict[str, Any]) -> bool:
 class HotSwap:
     """The inference worker's model and the version it holds."""
 
-    def __init__(self, peer: Any, model: Any, version: int = 0) -> None:
+    def __init__(
+        self, peer: Any, model: Any, version: int = 0, also_load: Any = None
+    ) -> None:
+        """`also_load(state)`, when given, runs after `model` took the new weights (an
+        engine holding a second copy of them, e.g. vLLM's, loads it there)."""
         self.peer = peer
         self.model = model
+        self.also_load = also_load
         self.version = version
         self.swaps: dict[int, float] = {}
 
@@ -79,6 +84,8 @@ class HotSwap:
         if newest is not None and newest > self.version:
             state = await weights.load_state_dict(newest)
             await trio.to_thread.run_sync(load_weights, self.model, state)
+            if self.also_load is not None:
+                await trio.to_thread.run_sync(self.also_load, state)
             say(f"policy version {self.version} -> {newest} (hot swap)")
             self.version = newest
             self.swaps[newest] = time.time()
