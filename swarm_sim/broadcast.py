@@ -10,13 +10,15 @@ ShardScheduler` (rarest first, best measured source, endgame, stall deadlines), 
 the have-maps of its neighbours (a random graph of `neighbours` links per peer; the origin
 is the neighbour of `origin_fanout` peers). A peer that completes a shard announces its
 have-map to its neighbours at once (announcements are not queued on the network); a
-request travels as a control frame, the shard on the server's FIFO uplink. A cancelled
-copy still arrives (the bytes were sent) and is ignored.
+request travels as a control frame; a server sends one shard at a time from its queue of
+requests, skipping those whose client got the shard meanwhile (cancelled), and a copy
+already on the wire arrives and is ignored (`bytes_wasted`).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from protocol.shard_schedule import ShardScheduler
@@ -74,6 +76,8 @@ def simulate_broadcast(cfg: BroadcastConfig, net_cfg: NetConfig, seed: int = 0) 
     sched = [ShardScheduler(salt=p.to_bytes(4, "big")) for p in range(n)]
     done_at = [0.0] * n
     wasted = [0]
+    queue: list[deque[tuple[int, int]]] = [deque() for _ in range(n)]
+    busy = bytearray(n)
 
     def pump(p: int) -> None:
         for req in sched[p].next_requests(loop.now):
@@ -94,7 +98,22 @@ def simulate_broadcast(cfg: BroadcastConfig, net_cfg: NetConfig, seed: int = 0) 
             sched[p].on_missing(str(src), MANIFEST, idx, loop.now)
             pump(p)
             return
-        net.send(src, p, sizes[idx], "shard", arrived, (p, idx, src), need_conn=False)
+        queue[src].append((p, idx))
+        if not busy[src]:
+            upload_next(src)
+
+    def upload_next(src: int) -> None:
+        """The server sends its queued requests one at a time; a request whose client
+        meanwhile got the shard elsewhere is skipped (the client cancelled it)."""
+        busy[src] = False
+        while queue[src]:
+            p, idx = queue[src].popleft()
+            if idx in have[p]:
+                continue
+            busy[src] = True
+            net.send(src, p, sizes[idx], "shard", arrived, (p, idx, src), need_conn=False)
+            loop.at(net.up_free[src], upload_next, src)
+            return
 
     def arrived(p: int, idx: int, src: int) -> None:
         if idx in have[p]:
