@@ -50,7 +50,9 @@ def test_calibrate_writes_the_limits_next_to_the_model(env, calibrated):  # noqa
 
 def _audit(env, files, manifest=None, model_dir=None):  # noqa: F811
     out = io.StringIO()
-    code = audit_cmd.main(files, str(model_dir or env["model_dir"]), as_json=True, manifest=manifest, out=out)
+    code = audit_cmd.main(
+        files, str(model_dir or env["model_dir"]), as_json=True, manifest=manifest, out=out
+    )
     return code, [json.loads(x) for x in out.getvalue().splitlines()]
 
 
@@ -64,10 +66,25 @@ def test_the_audit_uses_the_models_calibration_file(env, calibrated, tmp_path): 
     # the same records against a copy of the model whose file allows anything
     loose_dir = tmp_path / "loose-model"
     shutil.copytree(env["model_dir"], loose_dir)
-    huge = replace(STRICT, **{k: 1e9 for k in ("proof_exp_mismatch_frac", "proof_mant_mean", "proof_mant_median",
-                                                 "proof_exp_mismatch_frac_all", "proof_mant_mean_all",
-                                                 "sampling_margin", "logprob_err_max", "logprob_err_mean", "drift")},
-                   proof_sign_mismatches=10**6, sampling_near_ties_max=10**6)
+    huge = replace(
+        STRICT,
+        **{
+            k: 1e9
+            for k in (
+                "proof_exp_mismatch_frac",
+                "proof_mant_mean",
+                "proof_mant_median",
+                "proof_exp_mismatch_frac_all",
+                "proof_mant_mean_all",
+                "sampling_margin",
+                "logprob_err_max",
+                "logprob_err_mean",
+                "drift",
+            )
+        },
+        proof_sign_mismatches=10**6,
+        sampling_near_ties_max=10**6,
+    )
     (loose_dir / FILE_NAME).write_bytes(encode_calibration({"fp32": huge}, {}, "loose"))
     code, lines = _audit(env, [path], manifest=env["run"], model_dir=loose_dir)
     assert code == 0, [x["reason"] for x in lines]
@@ -79,7 +96,11 @@ def test_a_pinned_digest_refuses_another_file(env, calibrated, tmp_path):  # noq
         write_records(f, env["records"][:1])
     run = load_run_manifest(env["run"])
     pinned = tmp_path / "pinned.toml"
-    pinned.write_text(manifest_to_toml(replace(run, calibration_digest=bytes.fromhex(calibrated["calibration_digest"]))))
+    pinned.write_text(
+        manifest_to_toml(
+            replace(run, calibration_digest=bytes.fromhex(calibrated["calibration_digest"]))
+        )
+    )
     assert _audit(env, [path], manifest=pinned)[0] == 0
     wrong = tmp_path / "wrong.toml"
     wrong.write_text(manifest_to_toml(replace(run, calibration_digest=bytes(32))))
@@ -93,7 +114,9 @@ def test_a_pinned_digest_refuses_another_file(env, calibrated, tmp_path):  # noq
         _audit(env, [path], manifest=pinned, model_dir=bare)
 
 
-@pytest.mark.parametrize("data", [b"", b"{", b'{"format": 2}', b'{"format": 1, "regimes": {"fp32": {"drift": -1}}}'])
+@pytest.mark.parametrize(
+    "data", [b"", b"{", b'{"format": 2}', b'{"format": 1, "regimes": {"fp32": {"drift": -1}}}']
+)
 def test_unusable_files_are_refused(data):
     with pytest.raises(CalibrationError):
         decode_calibration(data)

@@ -26,9 +26,14 @@ pytestmark = pytest.mark.slow  # builds a tokenizer and a model, generates rollo
 def _records(env, model, name, n=8):  # noqa: F811
     out = env["root"] / name
     generate_records(
-        engine=HFEngine(model, env["tok"], max_batch=n), manifest=env["manifest"],
-        identity=env["identity"], n=n, out=out, start_counter=100,
-        build_proofs=toploc.build_proofs_bytes_many, say=lambda _m: None,
+        engine=HFEngine(model, env["tok"], max_batch=n),
+        manifest=env["manifest"],
+        identity=env["identity"],
+        n=n,
+        out=out,
+        start_counter=100,
+        build_proofs=toploc.build_proofs_bytes_many,
+        say=lambda _m: None,
     )
     with open(out, "rb") as f:
         return [open_record(r) for r in read_records(f)]
@@ -50,21 +55,29 @@ def _settings(env, precision):  # noqa: F811
 
 
 def test_bf16_worker_fails_an_fp32_run(env):  # noqa: F811
-    opened = _records(env, copy.deepcopy(env["model"]).to(torch.bfloat16), "bf16-in-fp32-run.msgpack")
-    results = audit_records(opened, env["model"], judge=env["judge"], settings=_settings(env, "fp32"))
+    opened = _records(
+        env, copy.deepcopy(env["model"]).to(torch.bfloat16), "bf16-in-fp32-run.msgpack"
+    )
+    results = audit_records(
+        opened, env["model"], judge=env["judge"], settings=_settings(env, "fp32")
+    )
     assert not any(r.passed for r in results), [r.reason for r in results]
 
 
 def test_perturbed_fp32_worker_gets_no_looser_second_pass(env):  # noqa: F811
     opened = _records(env, _rank1(env["model"], 0.10), "rank1.msgpack")
-    results = audit_records(opened, env["model"], judge=env["judge"], settings=_settings(env, "fp32"))
+    results = audit_records(
+        opened, env["model"], judge=env["judge"], settings=_settings(env, "fp32")
+    )
     assert not any(r.passed for r in results), [r.reason for r in results]
     assert {r.metrics["audit_precision_bits"] for r in results} == {32.0}
 
 
 def test_bf16_run_judges_bf16_workers_at_bf16(env):  # noqa: F811
     opened = _records(env, copy.deepcopy(env["model"]).to(torch.bfloat16), "bf16-run.msgpack")
-    results = audit_records(opened, env["model"], judge=env["judge"], settings=_settings(env, "bf16"))
+    results = audit_records(
+        opened, env["model"], judge=env["judge"], settings=_settings(env, "bf16")
+    )
     assert all(r.passed for r in results), [r.detail for r in results]
     assert {r.metrics["audit_precision_bits"] for r in results} == {16.0}
 

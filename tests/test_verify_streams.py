@@ -63,7 +63,10 @@ def test_oversized_record_fails_alone_and_the_rest_is_audited(env):  # noqa: F81
     code, lines = _run(env, _file(env, "oversized.msgpack", data))
     assert code == 1
     assert [(x["passed"], x["reason"]) for x in lines] == [
-        (True, "ok"), (False, "record-too-large"), (True, "ok"), (True, "ok")
+        (True, "ok"),
+        (False, "record-too-large"),
+        (True, "ok"),
+        (True, "ok"),
     ]
 
 

@@ -22,16 +22,23 @@ def _claiming(env, version, name):  # noqa: F811
     """Records made with the version-0 model, claiming `version`."""
     out = env["root"] / name
     generate_records(
-        engine=HFEngine(env["model"], env["tok"], max_batch=4), manifest=env["manifest"],
-        identity=env["identity"], n=2, out=out, policy_version=version,
-        build_proofs=toploc.build_proofs_bytes_many, say=lambda _m: None,
+        engine=HFEngine(env["model"], env["tok"], max_batch=4),
+        manifest=env["manifest"],
+        identity=env["identity"],
+        n=2,
+        out=out,
+        policy_version=version,
+        build_proofs=toploc.build_proofs_bytes_many,
+        say=lambda _m: None,
     )
     return out
 
 
 def _audit(env, files, **kw):  # noqa: F811
     out = io.StringIO()
-    code = audit_cmd.main(files, str(env["model_dir"]), as_json=True, manifest=env["run"], out=out, **kw)
+    code = audit_cmd.main(
+        files, str(env["model_dir"]), as_json=True, manifest=env["run"], out=out, **kw
+    )
     return code, [json.loads(x) for x in out.getvalue().splitlines()]
 
 

@@ -44,7 +44,9 @@ class Calibration:
     digest: bytes
 
 
-def encode_calibration(regimes: dict[str, Thresholds], measured: dict[str, Any], model: str) -> bytes:
+def encode_calibration(
+    regimes: dict[str, Thresholds], measured: dict[str, Any], model: str
+) -> bytes:
     """The canonical bytes of a calibration file (sorted keys, no spaces, newline)."""
     doc = {
         "format": FORMAT,
@@ -84,7 +86,9 @@ def decode_calibration(data: bytes, expect_digest: bytes = b"") -> Calibration:
             raise CalibrationError(f"calibration file: regimes.{precision}: unknown limits")
         for k, v in limits.items():
             if type(v) not in (int, float) or not v >= 0:
-                raise CalibrationError(f"calibration file: regimes.{precision}.{k}: expected a number >= 0")
+                raise CalibrationError(
+                    f"calibration file: regimes.{precision}.{k}: expected a number >= 0"
+                )
         regimes[str(precision)] = replace(Thresholds(), **limits)
     return Calibration(regimes, doc.get("measured") or {}, str(doc.get("model", "")), digest)
 

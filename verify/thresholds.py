@@ -177,6 +177,9 @@ bf16 prefill, 400 honest and 400 int8 rollouts, /tmp script on the bench's helpe
     error (honest max 0.32, int8 min 0.47: 1.46 x, less than drift's 2.1 x).
 On the trained policy the two are far apart (bf16 <= 0.10, int8 >= 0.58 at the bf16 pass;
 fp32 0 vs int8 >= 0.095).
-Thresholds are per model and per hardware mix: a run should calibrate them (the bench
-shows how) on the GPUs and CPUs its workers and verifiers really use.
+Thresholds are per model and per hardware mix: `swarm-node calibrate --model DIR` measures
+them (`calibrate` below, 2 x the largest honest value over the honest variations, per
+precision) and writes DIR/calibration.json (`verify.calibration`), whose digest the run
+manifest pins; the audit command, the validator role and the bench use that file. The
+values in this module are the floors and the defaults for a model with no file.
 """

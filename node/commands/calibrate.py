@@ -41,7 +41,9 @@ def _say(msg: str) -> None:
     print(f"calibrate: {msg}", file=sys.stderr, flush=True)
 
 
-def _bodies(model: Any, tok: Any, manifest: Any, n: int, counter0: int, **engine_kw: Any) -> list[Any]:
+def _bodies(
+    model: Any, tok: Any, manifest: Any, n: int, counter0: int, **engine_kw: Any
+) -> list[Any]:
     """n honest rollout bodies (assigned tasks, seeded sampling, proofs) from `model`."""
     from protocol.content_id import content_id
     from trainer.engine import SamplingSettings, rollout_body
@@ -56,8 +58,13 @@ def _bodies(model: Any, tok: Any, manifest: Any, n: int, counter0: int, **engine
     assigns = [assign_task(manifest, producer, 0, c) for c in range(counter0, counter0 + n)]
     prompts = [tok.encode(tasks.task_for(a).prompt, add_special_tokens=False) for a in assigns]
     gens = engine.generate(prompts, settings, [a.task_seed for a in assigns], capture_hidden=True)
-    proofs = build_proofs_bytes_many([g.hidden for g in gens], manifest.proof_chunk, manifest.proof_topk)
-    return [rollout_body(p, g, settings, a.task_seed, pl) for p, g, a, pl in zip(prompts, gens, assigns, proofs, strict=True)]
+    proofs = build_proofs_bytes_many(
+        [g.hidden for g in gens], manifest.proof_chunk, manifest.proof_topk
+    )
+    return [
+        rollout_body(p, g, settings, a.task_seed, pl)
+        for p, g, a, pl in zip(prompts, gens, assigns, proofs, strict=True)
+    ]
 
 
 def measure(
@@ -89,7 +96,10 @@ def measure(
         sets = {
             "kv_cache_batch64": (kv, st),
             "batch_1": (_bodies(worker, tok, manifest, n, c0 + n, max_batch=1), st),
-            "threads_1": (_bodies(worker, tok, manifest, n, c0 + 2 * n, max_batch=64, threads=1), st),
+            "threads_1": (
+                _bodies(worker, tok, manifest, n, c0 + 2 * n, max_batch=64, threads=1),
+                st,
+            ),
             "eager_attention": (_bodies(eager, tok, manifest, n, c0 + 3 * n, max_batch=64), st),
             "left_padded_prefill": (kv, replace(st, padding_side="left")),
         }
@@ -120,7 +130,10 @@ def write(model_dir: Path, data: bytes) -> Path:
 
 
 def calibrate_dir(
-    model_dir: Path, *, n: int = DEFAULT_N, precisions: Sequence[str] = ("fp32", "bf16"),
+    model_dir: Path,
+    *,
+    n: int = DEFAULT_N,
+    precisions: Sequence[str] = ("fp32", "bf16"),
     say: Callable[[str], None] = _say,
 ) -> dict[str, Any]:
     """Measure and write `model_dir/calibration.json`; returns the summary printed."""
@@ -137,8 +150,12 @@ def calibrate_dir(
     regimes, measured = measure(model, tok, manifest, n=n, precisions=precisions, say=say)
     data = encode_calibration(regimes, measured, model=str(model_dir.name))
     path = write(model_dir, data)
-    return {"calibration": str(path), "calibration_digest": calibration_digest(data).hex(),
-            "rollouts_per_variation": n, "precisions": list(precisions)}
+    return {
+        "calibration": str(path),
+        "calibration_digest": calibration_digest(data).hex(),
+        "rollouts_per_variation": n,
+        "precisions": list(precisions),
+    }
 
 
 def load_for(model_dir: str | Path | None, settings: Any, manifest: Any = None) -> tuple[Any, str]:
@@ -155,7 +172,10 @@ def load_for(model_dir: str | Path | None, settings: Any, manifest: Any = None) 
                 f"the run pins calibration {pin.hex()[:16]}... but {path or 'the model'} has no {FILE_NAME}: "
                 "run `swarm-node calibrate --model DIR`"
             )
-        return settings, f"no {FILE_NAME} next to the model: shipped default limits (run `swarm-node calibrate`)"
+        return (
+            settings,
+            f"no {FILE_NAME} next to the model: shipped default limits (run `swarm-node calibrate`)",
+        )
     try:
         cal = decode_calibration(path.read_bytes(), pin)
         return apply(settings, cal), f"calibration {cal.digest.hex()[:16]} ({path})"
@@ -163,12 +183,16 @@ def load_for(model_dir: str | Path | None, settings: Any, manifest: Any = None) 
         raise CommandError(f"{path}: {exc}") from None
 
 
-def main(*, model: str, n: int = DEFAULT_N, precisions: str = "fp32,bf16", data_dir: str | None = None) -> dict[str, Any]:
+def main(
+    *, model: str, n: int = DEFAULT_N, precisions: str = "fp32,bf16", data_dir: str | None = None
+) -> dict[str, Any]:
     from protocol.wire import WORKER_PRECISIONS
 
     wanted = tuple(p.strip() for p in precisions.split(",") if p.strip())
     if not wanted or set(wanted) - set(WORKER_PRECISIONS):
-        raise CommandError(f"--precisions: a comma-separated subset of {', '.join(WORKER_PRECISIONS)}")
+        raise CommandError(
+            f"--precisions: a comma-separated subset of {', '.join(WORKER_PRECISIONS)}"
+        )
     if not 4 <= n <= 4096:
         raise CommandError(f"--n must be in [4, 4096], got {n}")
     from node.paths import resolve_model
