@@ -95,7 +95,7 @@ class Outbox:
         self.rate_per_s = rate_per_s
         self.burst = max(1, burst)
         self.max_batch = max_batch
-        self._batch_topics = dict(batch_topics or {}) if max_batch > 1 else {}
+        self._batch_topics = dict(batch_topics or {})
         self._send, self._receive = trio.open_memory_channel[tuple[str, bytes]](capacity)
         self._held: deque[tuple[str, bytes]] = deque()  # taken while batching, sent next
         self._busy = False  # run() holds an item it has not published yet
@@ -107,6 +107,12 @@ class Outbox:
             raise ValueError(f"gossip message of {len(data)} bytes is over the limit")
         await self._send.send((topic, data))
         self.stats.queued += 1
+
+    def set_max_batch(self, n: int) -> None:
+        """Change the batch bound (1: one header per message) while running."""
+        if not 1 <= n <= MAX_HEADER_BATCH:
+            raise ValueError(f"max_batch must be in [1, {MAX_HEADER_BATCH}]")
+        self.max_batch = n
 
     def pending(self) -> int:
         return self._receive.statistics().current_buffer_used + len(self._held)
@@ -123,7 +129,7 @@ class Outbox:
         """(topic, payload, items): `first` alone, or a batch of what is queued for its topic."""
         topic, data = first
         batch_topic = self._batch_topics.get(topic)
-        if batch_topic is None:
+        if batch_topic is None or self.max_batch == 1:
             return topic, data, 1
         items = [data]
         others: list[tuple[str, bytes]] = []

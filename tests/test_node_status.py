@@ -64,3 +64,22 @@ def test_status_without_a_store_is_one_line_exit_2(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "no node store" in result.stderr
+
+
+def test_status_text_spacing_stopped_node_and_zero_penalty_refusals(tmp_path):
+    with Store.open(tmp_path) as store:
+        store.log(LedgerEntry(at=time.time(), direction="in", outcome="accepted",
+                              kind="rollout_header", item_id=b"\x01" * 32, peer=b"\x02" * 38))
+    (tmp_path / "status.json").write_text(json.dumps({
+        "pid": 999_999_999, "time": time.time() - 60, "stopped": True, "peers": 0,
+        "rejected": {"duplicate": 3260, "clock_skew": 500, "malformed": 2},
+    }))
+    result = subprocess.run(
+        [sys.executable, "-m", "node.cli", "status", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "inbound accepted 1" in out, out
+    assert out.startswith("stopped ") and not any(line.startswith("live") for line in out.splitlines()), out
+    assert "duplicate: 3260" in out and "clock_skew: 500" in out, out

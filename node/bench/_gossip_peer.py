@@ -124,6 +124,7 @@ class PeerProcess:
     def __init__(self, proc: trio.Process) -> None:
         self.proc = proc
         self._buf = b""
+        self._owed = 0  # answers to commands sent whose reader was cancelled
         self.peer_id = ""
         self.addrs: list[str] = []
         self.hello: dict = {}  # type: ignore[type-arg]
@@ -161,10 +162,19 @@ class PeerProcess:
         return json.loads(line)
 
     async def ask(self, cmd: dict, timeout: float = 30.0) -> dict:  # type: ignore[type-arg]
+        """Send one command and read its answer. An earlier `ask` cancelled before its
+        answer came (a caller's `move_on_after`) leaves that answer owed: it is read and
+        dropped first, so this call never returns another command's answer."""
         assert self.proc.stdin is not None
+        while self._owed:
+            await self.read(timeout)
+            self._owed -= 1
         with trio.fail_after(timeout):
             await self.proc.stdin.send_all((json.dumps(cmd) + "\n").encode())
-        return await self.read(timeout)
+        self._owed += 1
+        answer = await self.read(timeout)
+        self._owed -= 1
+        return answer
 
     async def stop(self, grace: float = 5.0) -> None:
         if self.proc.poll() is None:

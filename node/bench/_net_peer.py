@@ -11,6 +11,7 @@ object per line, each answered by one JSON line:
 - `{"cmd": "delivery"}` this peer's own rollouts: produced / delivered / pending / too stale
 - `{"cmd": "stats"}`   peer stats, stored rollout / body counts, delivery latencies
 - `{"cmd": "ids"}`     hex ids of stored rollouts that have a body
+- `{"cmd": "batch", "n": N}`  headers per gossip message from now on (1: no batching)
 - `{"cmd": "evil"}`    publish malformed and oversized messages on the rollouts topic and
                        send a garbage body request to every peer (misbehaviour for tests)
 - `{"cmd": "quit"}`
@@ -50,6 +51,7 @@ async def main(args: argparse.Namespace) -> None:
         bootstrap=tuple(args.bootstrap),
         pull_bodies=not args.no_pull,
         publish_rate_per_s=args.publish_rate,
+        header_batch=args.header_batch,
         host=HostSettings(peer_dead_after_s=args.dead_after),
     )
     header_lat: list[float] = []
@@ -159,6 +161,9 @@ async def main(args: argparse.Namespace) -> None:
                         _say({"ids": [r.rollout_id.hex() for r in rows]})
                     elif kind == "evil":
                         _say(await evil())
+                    elif kind == "batch":
+                        peer.outbox.set_max_batch(int(cmd["n"]))
+                        _say({"ok": True})
                     elif kind == "quit":
                         break
                 nursery.cancel_scope.cancel()
@@ -175,6 +180,7 @@ def cli() -> None:
     parser.add_argument("--no-pull", action="store_true")
     parser.add_argument("--role", default="inference", help="the role announced in hello")
     parser.add_argument("--publish-rate", type=float, default=8.0)
+    parser.add_argument("--header-batch", type=int, default=PeerConfig.header_batch)
     parser.add_argument("--dead-after", type=float, default=4.0)
     parser.add_argument("--max-life", type=float, default=300.0)
     parser.add_argument("--proof-pool", default="", help="msgpack file of real proof lists")

@@ -10,17 +10,27 @@ peer has dropped each. Figures:
     delivery_ratio        bodies stored at live receivers / (records x live receivers)
     latency_p50_ms/p99    record signed -> body admitted and stored, at receivers
     header_latency_p50_ms record signed -> header admitted
-    records_per_s         records delivered to every live receiver, per second of run
+    records_per_s         records delivered per second, measured at the receivers (bodies
+                          stored per receiver, from the first publish until delivery ended)
+    offered_records_per_s what the producers were asked to publish per second
+    header_batch_mean     signed headers per gossip message the producers sent
+    cpu_s_per_record      all processes' CPU seconds / records delivered to all receivers
+    *_unbatched           the same load again with batching off (one header per message)
+    max_full_delivery_records_per_s[_unbatched]
+                          saturation: the offered rate is raised step by step until some
+                          receiver misses records by the step's deadline; the highest rate
+                          delivered in full, with batching on (and off)
     rss_mb_max            largest resident set of any peer process
     frozen_peer_detect_s  SIGSTOP -> dropped by every live peer
     killed_peer_detect_s  SIGKILL -> dropped by every live peer
 
 The run's parameters (peers, producers, rate, sizes, duration, loopback RTT) are in the
-result too, so the simulator can be asked to predict these figures. `--quick`: 15 s of
-publishing, under a minute in all.
+result too, so the simulator can be asked to predict these figures. `--quick`: 10 s of
+publishing, then short unbatched and saturation phases.
 
 Options (after `--quick`): `--peers N` (8), `--producers N` (4), `--rate R` per producer
-per second (2), `--duration S` (45; quick 15), `--size TOKENS` completion tokens (1024).
+per second (2), `--duration S` (45; quick 10), `--size TOKENS` completion tokens (1024).
+`--quick` also runs the unbatched phase and saturation with shorter windows.
 """
 
 from __future__ import annotations
@@ -38,6 +48,10 @@ from typing import Any
 import trio
 
 from node.bench._gossip_peer import PeerProcess
+from node.peer import PeerConfig
+
+DEAD_AFTER_S = 4.0  # the peers' heartbeat timeout (passed to each as --dead-after)
+SATURATION_RATES = (4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)  # per producer per second
 
 
 def _say(msg: str) -> None:
@@ -71,8 +85,8 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 pass
 
     async def spawn(i: int, boot: str | None) -> PeerProcess:
-        args = ["--data-dir", str(tmp / f"p{i}"), "--proof-pool", str(pool_path), "--dead-after", "4",
-                "--max-life", str(opts.duration + 180)]
+        args = ["--data-dir", str(tmp / f"p{i}"), "--proof-pool", str(pool_path), "--dead-after", str(DEAD_AFTER_S),
+                "--max-life", str(opts.duration + 900)]
         if boot:
             args += ["--bootstrap", boot]
         return await PeerProcess.start(*args, module="node.bench._net_peer",
@@ -108,6 +122,7 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         frozen = procs[-1] if opts.peers - opts.producers >= 3 else None
         killed = procs[-2] if frozen is not None else None
         n_each = int(opts.rate * opts.duration)
+        cpu0 = _cpu_s(procs)
         start = time.monotonic()
         for p in producers:
             await p.ask({"cmd": "produce", "n": n_each, "rate": opts.rate, "size": opts.size})
@@ -142,7 +157,7 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         live = [p for p in procs if p.peer_id not in excluded]
         produced_ids: set[str] = set()
         for p in producers:
-            produced_ids |= set((await p.ask({"cmd": "ids"}, timeout=60))["ids"])
+            produced_ids |= await _ids(p)
         _say(f"publishing done: {len(produced_ids)} records; waiting for delivery")
         receivers = live  # producers also receive each other's records
         settle_until = time.monotonic() + 30
@@ -150,11 +165,20 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         while time.monotonic() < settle_until:
             sample_rss()
             for p in receivers:
-                have[p.peer_id] = set((await p.ask({"cmd": "ids"}, timeout=60))["ids"]) & produced_ids
+                have[p.peer_id] = await _ids(p) & produced_ids
             if all(len(v) == len(produced_ids) for v in have.values()):
                 break
             await trio.sleep(1.0)
+        delivered_at = time.monotonic()
         delivered = sum(len(v) for v in have.values())
+        cpu_main = _cpu_s(procs) - cpu0
+        batch_means = [m for p in producers if (m := (await stats(p)).get("header_batch_mean"))]
+        unbatched = await _phase(producers, receivers, opts.rate, opts.window, opts.size, batch=1)
+        _say(f"unbatched: {unbatched}")
+        saturation = {}
+        for batch in (PeerConfig.header_batch, 1):
+            saturation[batch] = await _saturate(producers, receivers, opts, batch)
+            _say(f"saturation with header batch {batch}: {saturation[batch]}")
         body_lat: list[float] = []
         header_lat: list[float] = []
         rtts: list[float] = []
@@ -176,7 +200,16 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "latency_p50_ms": _pct(body_lat, 0.50),
             "latency_p99_ms": _pct(body_lat, 0.99),
             "header_latency_p50_ms": _pct(header_lat, 0.50),
-            "records_per_s": round(len(produced_ids) / run_s, 2),
+            "records_per_s": round(delivered / len(receivers) / (delivered_at - start), 2),
+            "offered_records_per_s": round(opts.rate * len(producers), 2),
+            "header_batch_mean": round(statistics.mean(batch_means), 2) if batch_means else None,
+            "cpu_s_per_record": round(cpu_main / delivered, 5) if delivered else None,
+            "records_per_s_unbatched": unbatched["records_per_s"],
+            "cpu_s_per_record_unbatched": unbatched["cpu_s_per_record"],
+            "max_full_delivery_records_per_s": saturation[PeerConfig.header_batch]["max_full"],
+            "max_full_delivery_records_per_s_unbatched": saturation[1]["max_full"],
+            "saturation": {"batched": saturation[PeerConfig.header_batch]["steps"],
+                           "unbatched": saturation[1]["steps"]},
             "rss_mb_max": round(rss_max, 1),
             "frozen_peer_detect_s": frozen_s,
             "killed_peer_detect_s": killed_s,
@@ -191,7 +224,7 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "header_bytes": record_bytes[1],
                 "records": len(produced_ids),
                 "live_receivers": len(receivers),
-                "heartbeat_dead_after_s": 4.0,
+                "heartbeat_dead_after_s": DEAD_AFTER_S,
                 "loopback_rtt_ms_median": round(statistics.median(rtts), 3) if rtts else None,
                 "transport": "tcp+noise+yamux, gossipsub headers, stream body pull",
                 "cpus": os.cpu_count(),
@@ -207,6 +240,88 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         async with trio.open_nursery() as nursery:
             for p in procs:
                 nursery.start_soon(p.stop, 5.0)
+
+
+def _cpu_s(procs: list[PeerProcess]) -> float:
+    """User + system CPU seconds of every peer process so far (gone ones count 0)."""
+    import psutil
+
+    total = 0.0
+    for p in procs:
+        try:
+            t = psutil.Process(p.proc.pid).cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+async def _ids(p: PeerProcess) -> set[str]:
+    answer = await p.ask({"cmd": "ids"}, timeout=60)
+    if "ids" not in answer:
+        raise RuntimeError(f"peer {p.peer_id[-6:]} answered {answer!r} to 'ids'")
+    return set(answer["ids"])
+
+
+async def _phase(
+    producers: list[PeerProcess], receivers: list[PeerProcess], rate: float, window: float,
+    size: int, batch: int, deadline_s: float | None = None,
+) -> dict[str, Any]:
+    """Every producer publishes `rate * window` new records at `rate`/s with header batch
+    `batch`; wait until every receiver holds them all, or `deadline_s` after the start
+    (default: window + 30 s). Returns delivery ratio, records/s at the receivers, CPU s per
+    delivered record."""
+    before = {p.peer_id: await _ids(p) for p in receivers}
+    mine = {p.peer_id: await _ids(p) for p in producers}
+    for p in producers:
+        await p.ask({"cmd": "batch", "n": batch})
+    n_each = max(1, int(rate * window))
+    procs = list({p.peer_id: p for p in producers + receivers}.values())
+    cpu0 = _cpu_s(procs)
+    start = time.monotonic()
+    for p in producers:
+        await p.ask({"cmd": "produce", "n": n_each, "rate": rate, "size": size})
+    deadline = start + (window + 30.0 if deadline_s is None else deadline_s)
+    want = n_each * len(producers)
+    got: dict[str, int] = {}
+    new_ids: set[str] = set()
+    while True:
+        for p in producers:
+            new_ids |= await _ids(p) - mine[p.peer_id]
+        for p in receivers:
+            got[p.peer_id] = len((await _ids(p) - before[p.peer_id]) & new_ids)
+        done = len(new_ids) >= want and all(v >= want for v in got.values())
+        if done or time.monotonic() >= deadline:
+            break
+        await trio.sleep(0.5)
+    elapsed = time.monotonic() - start
+    delivered = sum(got.values())
+    cpu = _cpu_s(procs) - cpu0
+    return {
+        "offered_records_per_s": rate * len(producers),
+        "delivery_ratio": round(delivered / (want * len(receivers)), 4),
+        "records_per_s": round(delivered / len(receivers) / elapsed, 2),
+        "cpu_s_per_record": round(cpu / delivered, 5) if delivered else None,
+        "seconds": round(elapsed, 1),
+    }
+
+
+async def _saturate(
+    producers: list[PeerProcess], receivers: list[PeerProcess], opts: argparse.Namespace, batch: int
+) -> dict[str, Any]:
+    """Raise the offered rate until some receiver misses records by the step's deadline
+    (window + 3 s); the highest offered rate delivered in full."""
+    steps = []
+    best = None
+    for rate in SATURATION_RATES[1::2] if opts.quick else SATURATION_RATES:
+        step = await _phase(producers, receivers, rate, opts.window, opts.size, batch,
+                            deadline_s=opts.window + 3.0)
+        steps.append(step)
+        if step["delivery_ratio"] < 1.0:
+            break
+        best = step["offered_records_per_s"]
+        await trio.sleep(1.0)  # let queues empty before the next step
+    return {"max_full": best, "steps": steps}
 
 
 def _record_size(n_completion: int) -> tuple[int, int]:
@@ -226,9 +341,13 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     parser.add_argument("--rate", type=float, default=2.0)
     parser.add_argument("--duration", type=float, default=None)
     parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--window", type=float, default=None, help="seconds per later phase step")
     opts = parser.parse_args(args)
+    opts.quick = quick
     if opts.duration is None:
-        opts.duration = 15.0 if quick else 45.0
+        opts.duration = 10.0 if quick else 45.0
+    if opts.window is None:
+        opts.window = 3.0 if quick else 8.0
     if not 2 <= opts.peers <= 32 or not 1 <= opts.producers <= opts.peers:
         from node.errors import CommandError
 

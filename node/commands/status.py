@@ -78,6 +78,24 @@ def _weights(data_dir: Path, live: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+def _state(live: dict[str, Any]) -> str:
+    """'live' only for a running node: not marked stopped, its pid alive, written lately."""
+    import os
+
+    pid = live.get("pid")
+    alive = False
+    if isinstance(pid, int) and pid > 0:
+        try:
+            os.kill(pid, 0)
+            alive = True
+        except (OSError, OverflowError):
+            alive = False
+    fresh = time.time() - float(live.get("time", 0) or 0) < 10.0
+    if live.get("stopped") or not alive or not fresh:
+        return "stopped"
+    return "live"
+
+
 def _read_live(data_dir: Path) -> dict[str, Any] | None:
     """The running node's own `status.json` (written each second by `swarm-node start`)."""
     try:
@@ -123,7 +141,7 @@ def main(data_dir: Path | None, as_json: bool) -> None:
     live = status["live"]
     if live:
         summary = ", ".join(f"{k}={v}" for k, v in live.items() if isinstance(v, int | float | str))
-        click.echo(f"live            {summary}")
+        click.echo(f"{_state(live):<16}{summary}")
     click.echo(f"store           {status['store']} (schema v{status['schema_version']})")
     click.echo(f"rollouts stored {status['rollouts_stored']}")
     d = status["delivery"]
@@ -136,8 +154,16 @@ def main(data_dir: Path | None, as_json: bool) -> None:
         f" {own['rejected']} rejected, {own['pending']} pending"
     )
     for outcome, reasons in sorted(status["inbound"].items()):
-        detail = ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items(), key=lambda x: -x[1]))
-        click.echo(f"inbound {outcome:<8}{sum(reasons.values())} ({detail})")
+        line = f"inbound {outcome} {sum(reasons.values())}"
+        if set(reasons) != {"-"}:
+            line += " (" + ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items(), key=lambda x: -x[1])) + ")"
+        click.echo(line)
+    refused = (live or {}).get("rejected") or {}
+    if refused:
+        # Every refusal of the node's last run, with or without a penalty (the ledger keeps
+        # only those that cost the sender something).
+        detail = ", ".join(f"{r}: {n}" for r, n in sorted(refused.items(), key=lambda x: -x[1]))
+        click.echo(f"refused (run)   {sum(refused.values())} ({detail})")
     w = status["weights"]
     versions = ", ".join(f"{v} ({d[:12]})" for v, d in w["installed"].items()) or "none"
     click.echo(f"policy versions {versions}")
