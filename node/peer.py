@@ -170,6 +170,7 @@ class _Pull:
     attempts: int = 0
     origin: tuple[bytes, str] | None = None  # (signer, sender) of the header, to blame
     parked: int = 0  # times it waited for a source to (re)connect (not an attempt)
+    widened: bool = False  # other connected peers were added as sources
 
 
 class Peer:
@@ -512,6 +513,14 @@ class Peer:
                 # Only connected sources: dialing ids nobody can reach (a flood of headers
                 # signed by fresh keys) would hold the pull workers for a dial timeout each.
                 source = next((s for s in p.sources if s in live), "")
+                if not source and not p.widened:
+                    # The announcers are away: any connected peer may hold the body
+                    # (validators, trainers, relays pull every body).
+                    p.widened = True
+                    others = [x for x in live if x not in p.sources]
+                    random.shuffle(others)
+                    p.sources += others[:3]
+                    source = next((s for s in p.sources if s in live), "")
                 if not source and self._may_park(p):
                     # Every source is away (restarting, say): wait for one without
                     # spending an attempt, so a pull outlives a restart of its source.
