@@ -326,7 +326,7 @@ class AdmissionConfig:
     new_signer_burst: float = 16.0
     new_signer_rate_all: float = 2.0  # ... and all senders together
     new_signer_burst_all: float = 64.0
-    body_missing_sender: float = -0.5  # forwarded a header whose body nobody served
+    body_missing_sender: float = -0.1  # forwarded a header whose body nobody served
     penalties: Mapping[Reason, float] = field(default_factory=lambda: dict(PENALTIES))
 
     def __post_init__(self) -> None:
@@ -1159,9 +1159,11 @@ class Admission:
                 Reject(peer, reason, penalty, r.stage, r.detail, kind),
                 Disconnect(peer, reason),
             ]
-        if penalty == 0 and not self._waste.allow(peer, now):
-            # Blameless refusals (copies, replays, stale or skewed messages someone else
-            # signed) are free only up to an allowance: past it the sender pays for them.
+        if penalty == 0 and reason is Reason.DUPLICATE and not self._waste.allow(peer, now):
+            # Copies are free only up to an allowance: past it the sender pays for them.
+            # (Only copies: an honest relay forwards the same message once, GossipSub
+            # keeps its id, but it may well forward what our view refuses - stale, new
+            # signers, a replay - so those stay free; the sender rate limit bounds them.)
             reason, penalty = Reason.FLOODING, self.config.penalties[Reason.FLOODING]
         actions: list[Action] = [Reject(peer, reason, penalty, r.stage, r.detail, kind)]
         actions.extend(self._apply_score(peer, penalty, reason, now))

@@ -513,3 +513,14 @@ def test_a_header_whose_body_never_comes_costs_its_sender_and_signer():
     a.handle(adm.BodyMissing(content_id(h), BOB.peer_id, "relay2", T0 + 60))
     assert a.scores.score("relay2", T0 + 60) < before
     assert a.scores.score(BOB.peer_id_b58, T0 + 60) < 0  # in the senders' id form
+
+
+def test_an_honest_relay_forwarding_what_our_view_refuses_is_not_scored_down():
+    """Found by bench adversary: relays that forwarded a fresh-identity flood (refused here
+    as too many new signers) ran out of their allowance and were charged as flooders."""
+    a = machine()
+    for i in range(300):
+        fresh = Identity.from_private_bytes((i + 1000).to_bytes(2, "big") * 16)
+        h = header(rollout(fresh, seq=1, seed=20_000 + i, at=T0 + i * 0.1))
+        a.handle(msg("honest-relay", Kind.ROLLOUT_HEADER, h, T0 + i * 0.1))
+    assert a.scores.score("honest-relay", T0 + 30) >= 0
