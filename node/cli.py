@@ -157,7 +157,7 @@ def start(**kwargs: Any) -> None:
 @click.option("--inference", default=3, show_default=True, help="Inference workers.")
 @click.option("--validators", default=1, show_default=True, help="Validators.")
 @click.option("--relays", default=0, show_default=True, help="Relays.")
-@click.option("--duration", default=120.0, show_default=True, help="Seconds to run, then stop.")
+@click.option("--duration", default=300.0, show_default=True, help="Seconds to run, then stop.")
 @click.option(
     "--out",
     type=click.Path(path_type=Path),

@@ -227,3 +227,15 @@ def test_in_process_groups_carry_sampler_logprobs_and_scores(tok):
     assert torch.allclose(lp[0, :n], torch.tensor(s.sampler_logprobs), atol=1e-4)
     lo, hi = paired_ci95([False] * 50 + [True] * 50, [True] * 100)
     assert 0.35 < lo < 0.5 < hi < 0.65
+
+
+def test_partial_groups_train_after_waiting(tok):
+    trainer = _trainer(tok, _model(tok), group_size=4)
+    trainer.add(_sample(tok, "<answer>3</answer>", 1.0, rid=b"a"), now=10.0)
+    trainer.add(_sample(tok, "<answer>4</answer>", 0.0, rid=b"b"), now=11.0)
+    trainer.add(_sample(tok, "<answer>5</answer>", 0.0, group=1, rid=b"c"), now=10.0)
+    assert trainer.flush_partial(now=20.0, wait_s=15.0) == 0 and trainer.step() is None
+    assert trainer.flush_partial(now=25.0, wait_s=15.0) == 1  # the lone member stays
+    assert list(trainer.pending) == [(b"p", 0, 1)]
+    stats = trainer.step()
+    assert stats is not None and stats["samples"] == 2

@@ -4,7 +4,8 @@ Plain on purpose (nanoGPT-style). One `Trainer` holds the model, its AdamW state
 current policy version and the groups waiting to be trained on:
 
 1. `add(sample)`: a re-scored `trainer.samples.Sample` joins its GRPO group (same
-   producer, version and group index). Refused, with a reason, when it is stale: made with
+   producer, version and group index); a group is ready when complete, or via
+   `flush_partial` when it has waited long enough with at least two members. Refused, with a reason, when it is stale: made with
    version v while the trainer is at t and t − v > S (the run's `max_staleness`), or from a
    version the trainer has not reached. Groups go stale while they wait too; `step` drops
    those (counted under `refused["stale"]`).
@@ -108,6 +109,7 @@ class Trainer:
         )
         self.pending: dict[tuple[bytes, int, int], list[Sample]] = {}
         self.ready: list[list[Sample]] = []
+        self.first_seen: dict[tuple[bytes, int, int], float] = {}
         self.refused: Counter[str] = Counter()
         self.steps = 0
         self.groups_trained = 0
@@ -134,12 +136,15 @@ class Trainer:
         )
 
     # -------------------------------------------------------------------- admission
-    def add(self, sample: Sample) -> str | None:
-        """Queue a sample; returns the refusal reason (also counted) or None."""
+    def add(self, sample: Sample, now: float = 0.0) -> str | None:
+        """Queue a sample (`now`: arrival time, for `flush_partial`); returns the refusal
+        reason (also counted) or None."""
         reason = self._stale(sample.version)
         if reason is not None:
             self.refused[reason.split(":")[0]] += 1
             return reason
+        if sample.group not in self.pending:
+            self.first_seen[sample.group] = now
         group = self.pending.setdefault(sample.group, [])
         if any(s.rollout_id == sample.rollout_id and s.rollout_id for s in group):
             self.refused["duplicate"] += 1
@@ -147,7 +152,21 @@ class Trainer:
         group.append(sample)
         if len(group) >= self.group_size:
             self.ready.append(self.pending.pop(sample.group))
+            self.first_seen.pop(sample.group, None)
         return None
+
+    def flush_partial(self, now: float, wait_s: float, min_size: int = 2) -> int:
+        """Move groups that have waited `wait_s` with at least `min_size` members to the
+        ready list (validators audit a share of rollouts, so some members of a group may
+        never be verified; advantages are then taken over the verified members)."""
+        moved = 0
+        for key in [k for k, t in self.first_seen.items() if now - t >= wait_s]:
+            group = self.pending.get(key)
+            if group is not None and len(group) >= min_size:
+                self.ready.append(self.pending.pop(key))
+                self.first_seen.pop(key)
+                moved += 1
+        return moved
 
     def _stale(self, v: int) -> str | None:
         if self.max_staleness is None:
@@ -173,6 +192,7 @@ class Trainer:
         self.ready = fresh
         for key in [k for k, g in self.pending.items() if self._stale(g[0].version) is not None]:
             self.refused["stale"] += len(self.pending.pop(key))
+            self.first_seen.pop(key, None)
         if len(self.ready) < self.groups_per_step:
             return None
         batch, self.ready = self.ready[: self.groups_per_step], self.ready[self.groups_per_step :]

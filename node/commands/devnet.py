@@ -11,6 +11,8 @@ directory receives:
     report.json      parameters, per-node final status, totals, time series
     progress.png     rollouts produced / received by the trainer / verified over time
     workers.png      per-worker rollouts and validator verdicts
+    learning.png     the trainer's held-out solve rate and mean reward against policy
+                     version and time, the warm-start level marked (`learning` in report.json)
     nodes/<name>/    each node's key, data directory (SQLite store) and log
     run.toml         the run manifest every node joined
 """
@@ -32,7 +34,7 @@ from typing import Any
 from node.errors import CommandError
 from protocol.identity import Identity
 
-DEFAULT_DURATION_S = 120.0
+DEFAULT_DURATION_S = 300.0
 START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 15.0
 INFERENCE_NICE = 5
@@ -290,6 +292,51 @@ def version_spread(nodes: list[NodeProc]) -> list[dict[str, Any]]:
     return out
 
 
+def _learning(out: Path, nodes: list[NodeProc]) -> dict[str, Any]:
+    """The trainer's held-out evaluations (one at the start, one per published version),
+    summarised, and `learning.png`."""
+    trainer = next((n for n in nodes if n.role == "trainer"), None)
+    series = (trainer.status.get("role_status", {}).get("learning") or []) if trainer else []
+    summary: dict[str, Any] = {"series": series}
+    if series:
+        summary.update(
+            warm_start_solve_rate=series[0]["solve_rate"], final_solve_rate=series[-1]["solve_rate"],
+            final_version=series[-1]["version"], heldout_tasks=trainer_eval_tasks(),
+        )  # fmt: skip
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return summary
+    if not series:
+        return summary
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    versions = [p["version"] for p in series]
+    ts = [p["t"] for p in series]
+    rewards = [p["reward_mean"] if p["reward_mean"] is not None else float("nan") for p in series]
+    for ax, x, label in ((a1, versions, "policy version"), (a2, ts, "seconds since the trainer started")):
+        ax.plot(x, [p["solve_rate"] for p in series], "o-", label="held-out solve rate")
+        ax.plot(x, rewards, "s--", label="mean reward (last training batch)")
+        ax.axhline(series[0]["solve_rate"], color="grey", linestyle=":", label="warm start")
+        ax.set_xlabel(label)
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=8)
+    a1.set_title("devnet learning")
+    fig.tight_layout()
+    fig.savefig(out / "learning.png", dpi=100)
+    plt.close(fig)
+    summary["plot"] = "learning.png"
+    return summary
+
+
+def trainer_eval_tasks() -> int:
+    from node.roles.trainer import LEARN_EVAL_TASKS
+
+    return LEARN_EVAL_TASKS
+
+
 def main(
     *,
     inference: int = 3,
@@ -426,6 +473,9 @@ def main(
         "versions": version_spread(nodes),
     }
     report["plots"] = _plots(root, series, nodes)
+    report["learning"] = _learning(root, nodes)
+    if "plot" in report["learning"]:
+        report["plots"].append(report["learning"]["plot"])
     (root / "report.json").write_text(json.dumps(report, indent=2))
     console.print(
         f"devnet: {totals['produced']} rollouts produced, {totals['trainer_bodies']} at the trainer, "

@@ -41,6 +41,8 @@ PULLS_BODIES = True
 NEEDS_MODEL = True
 MAX_WAITING = 8192  # opened rollouts waiting for verdicts
 STEP_POLL_S = 1.0
+PARTIAL_WAIT_S = 15.0  # a group with >= 2 verified members trains after waiting this long
+LEARN_EVAL_TASKS = 128  # held-out tasks scored at the start and after each published version
 MAX_TRACKED = 100_000
 MAX_VOTES = 16  # votes remembered per rollout
 REPORT_EVERY_S = 2.0
@@ -137,7 +139,7 @@ def _load(ctx: RoleContext, manifest: Any) -> tuple[Any, Any, bytes]:
     return model, tokenizer, from_state_dict(model.state_dict())
 
 
-def _train(trainer: Any, rescorer: Any, ready: list[Any], threads: int | None) -> int:
+def _train(trainer: Any, rescorer: Any, ready: list[Any], threads: int | None, now: float) -> int:
     """Re-score and queue `ready`, then step until a version is due or groups run out.
     Returns the number of steps taken (runs in a worker thread)."""
     from trainer.engine_hf import torch_threads
@@ -145,15 +147,29 @@ def _train(trainer: Any, rescorer: Any, ready: list[Any], threads: int | None) -
 
     for ro in ready:
         try:
-            trainer.add(rescorer.sample(ro))
+            trainer.add(rescorer.sample(ro), now)
         except Refused as exc:
             trainer.refused[exc.reason] += 1
+    trainer.flush_partial(now, PARTIAL_WAIT_S)
     steps = 0
     version = trainer.version
     with torch_threads(threads):
         while trainer.version == version and trainer.step() is not None:
             steps += 1
     return steps
+
+
+def _heldout(model: Any, tokenizer: Any, manifest: Any, threads: int | None) -> float:
+    """Solve rate on `LEARN_EVAL_TASKS` held-out tasks of the run's mix (worker thread)."""
+    from trainer.engine_hf import HFEngine, torch_threads
+    from trainer.groups import heldout_items, heldout_solved
+
+    names = [d.name for d in manifest.datasets for _ in range(d.weight)]
+    items = heldout_items(names, LEARN_EVAL_TASKS)
+    with torch_threads(threads):
+        engine = HFEngine(model, tokenizer, max_batch=LEARN_EVAL_TASKS)
+        solved = heldout_solved(engine, tokenizer, items, manifest.max_new_tokens)
+    return round(sum(solved) / len(solved), 4)
 
 
 def _pick(
@@ -212,9 +228,25 @@ async def run(peer: Any, ctx: RoleContext) -> None:
     )
     publish_error = None
     last_print = trio.current_time()
+    started = time.time()
+    learning: list[dict[str, Any]] = []
+
+    async def evaluate() -> None:
+        rate = await trio.to_thread.run_sync(_heldout, model, tokenizer, manifest, ctx.threads)
+        reward = trainer.last_stats.get("reward_mean")
+        learning.append(
+            {"t": round(time.time() - started, 1), "version": trainer.version, "solve_rate": rate,
+             "reward_mean": None if reward is None else round(reward, 4), "steps": trainer.steps}
+        )  # fmt: skip
+        ctx.status["learning"] = learning
+        ctx.say(f"trainer: held-out solve rate {rate:.3f} at version {trainer.version}")
+
+    await evaluate()  # the starting (warm-start) level
     while True:
         ready = _pick(collector, waiting, trainer.version, manifest.max_staleness)
-        steps = await trio.to_thread.run_sync(_train, trainer, rescorer, ready, ctx.threads)
+        steps = await trio.to_thread.run_sync(
+            _train, trainer, rescorer, ready, ctx.threads, time.monotonic()
+        )
         if peer.weights is not None and trainer.version > published:
             try:
                 state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -224,6 +256,7 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                     trainer.version = published
                     await trio.to_thread.run_sync(trainer.save_checkpoint)
                 ctx.say(f"trainer: published version {published} after {trainer.steps} steps")
+                await evaluate()
             except WeightsError as exc:  # a failed publish must not stop training: retried
                 publish_error = f"{type(exc).__name__}: {exc}"
         summary = collector.summarize(trainer.version, manifest.max_staleness)
