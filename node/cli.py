@@ -135,6 +135,11 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
 @click.option("--batch-size", type=int, help="Inference batch size.")
 @click.option("--audit-fraction", type=float, help="Validator: share of rollouts to audit.")
 @click.option("--max-rollouts", type=int, help="Inference: stop producing after this many.")
+@click.option(
+    "--local-train",
+    metavar="I:J",
+    help="Inference: train an own copy on I own + J swarm groups a round (never published).",
+)
 @click.option("--duration", type=float, help="Stop by itself after this many seconds.")
 @click.option(
     "--publish-every", type=float, help="Trainer: publish perturbed weights every S seconds."

@@ -386,7 +386,7 @@ def run_manifest_table(run_id: str = "tiny-local", seed: int = 1) -> dict[str, A
         },
         "proofs": {"chunk": 32, "topk": 128},
         # Few rollouts reach a devnet's trainer (a few per second): small steps, frequent
-        # versions, a higher rate than a large run would use.
-        "rl": {"lr": 1e-3, "groups_per_step": 4, "publish_every": 8},
+        # versions.
+        "rl": {"lr": 3e-4, "groups_per_step": 4, "publish_every": 8},
         "datasets": [{"name": n, "weight": w} for n, w in TASK_MIX],
     }

@@ -110,7 +110,7 @@ def _sapo(base: Any, tok: Any, quick: bool, rounds: int | None) -> dict[str, Any
     configs = [(8, 0), (4, 4)] if quick else [(8, 0), (6, 2), (4, 4), (2, 6)]
     peers = 4 if quick else 8
     seeds = [0] if quick else [0, 1, 2]
-    rounds = rounds or (2 if quick else 30)
+    rounds = rounds or (2 if quick else 12)
     out: dict[str, Any] = {"peers": peers, "rounds": rounds, "seeds": len(seeds)}
     runs = [(i, j, 2.0) for i, j in configs] + [(4, 4, 0.0)]
     totals: dict[tuple[int, int, float], list[float]] = {}
@@ -188,7 +188,7 @@ def _async(base: Any, tok: Any, quick: bool, steps: int | None) -> tuple[dict[st
     from trainer.groups import heldout_items, heldout_solved
     from trainer.tiny_policy import DEFAULT_MAX_NEW_TOKENS, TASK_MIX
 
-    steps = steps or (3 if quick else 60)
+    steps = steps or (3 if quick else 40)
     n_eval = 64 if quick else 512
     items = heldout_items([n for n, w in TASK_MIX for _ in range(w)], n_eval)
     out: dict[str, Any] = {"steps": steps, "heldout_tasks": n_eval}

@@ -381,12 +381,12 @@ def main(
         run_text = manifest_to_toml(manifest)
     elif run is None:
         run_text = manifest_to_toml(manifest)
-    if publish_every > 0:
-        # The trainer publishes versions: its key must be one of the run's trainer keys.
-        tkey = _node_key(root, "trainer").peer_id
-        if tkey not in manifest.trainer_keys:
-            manifest = dataclasses.replace(manifest, trainer_keys=(*manifest.trainer_keys, tkey))
-            run_text = manifest_to_toml(manifest)
+    # The trainer publishes versions (trained, or perturbed in the --publish-every drill):
+    # its key must be one of the run's trainer keys.
+    tkey = _node_key(root, "trainer").peer_id
+    if tkey not in manifest.trainer_keys:
+        manifest = dataclasses.replace(manifest, trainer_keys=(*manifest.trainer_keys, tkey))
+        run_text = manifest_to_toml(manifest)
     run_path = root / "run.toml"
     try:
         root.mkdir(parents=True, exist_ok=True)

@@ -110,6 +110,21 @@ def _weight_settings(cfg: Any) -> Any:
     )
 
 
+def _local_train(value: str | None, role: str | None) -> tuple[int, int] | None:
+    """`--local-train I:J` as (I, J); only an inference peer trains locally."""
+    if value is None:
+        return None
+    try:
+        own, foreign = (int(x) for x in value.split(":"))
+    except ValueError:
+        raise CommandError(f"--local-train: expected I:J (e.g. 4:4), got {value!r}") from None
+    if own < 0 or foreign < 0 or own + foreign < 1 or own + foreign > 256:
+        raise CommandError(f"--local-train: need I, J >= 0 and 1 <= I + J <= 256, got {value!r}")
+    if role != "inference":
+        raise CommandError("--local-train is for --role inference (a trainer publishes; it does not train locally)")
+    return own, foreign
+
+
 def main(
     *,
     role: str | None = None,
@@ -123,6 +138,7 @@ def main(
     batch_size: int | None = None,
     audit_fraction: float | None = None,
     max_rollouts: int | None = None,
+    local_train: str | None = None,
     duration: float | None = None,
     threads: int | None = 1,
     log_level: str | None = None,
@@ -162,6 +178,7 @@ def main(
         raise CommandError(f"--duration must be positive, got {duration}")
     if max_rollouts is not None and max_rollouts < 1:
         raise CommandError(f"--max-rollouts must be >= 1, got {max_rollouts}")
+    split = _local_train(local_train, role)
     logging.basicConfig(
         level=getattr(logging, cfg["node.log_level"].upper()),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -185,7 +202,7 @@ def main(
         model=cfg["node.model"] or None, models_dir=str(ddir), batch_size=cfg["inference.batch_size"],
         engine=cfg["inference.engine"], threads=threads,
         audit_fraction=cfg["validator.audit_fraction"], max_rollouts=max_rollouts,
-        data_dir=ddir, say=lambda m: _say(f"  {m}"),
+        local_train=split, data_dir=ddir, say=lambda m: _say(f"  {m}"),
     )
     model_dir = check_local(role, ctx, manifest)  # model and datasets: before the network
     base = _base_weights(model_dir, manifest) if model_dir is not None else None
@@ -219,7 +236,7 @@ async def _run(
     )
     pcfg = PeerConfig(
         manifest=manifest, identity=identity, data_dir=data_dir, roles=(role,),
-        listen=tuple(listen), bootstrap=tuple(boot), pull_bodies=module.PULLS_BODIES,
+        listen=tuple(listen), bootstrap=tuple(boot), pull_bodies=module.PULLS_BODIES or ctx.local_train is not None,
         publish_rate_per_s=cfg["network.publish_rate_per_s"], max_peers=cfg["network.max_peers"],
         header_batch=cfg["network.header_batch"],
         host=settings, weights=_weight_settings(cfg),

@@ -32,6 +32,7 @@ class RoleContext:
     threads: int | None = 1
     audit_fraction: float = 0.25
     max_rollouts: int | None = None  # inference: stop producing after this many (None: forever)
+    local_train: tuple[int, int] | None = None  # inference: SAPO-style I own + J swarm groups
     data_dir: Path = Path(".")
     status: dict[str, Any] = field(default_factory=dict)  # live figures the role reports
     say: Callable[[str], None] = print

@@ -49,6 +49,71 @@ async def _wait_for_peers(peer: Any, ctx: RoleContext, produced: int) -> None:
         ctx.say(f"inference: {len(peer.host.topic_peers(topic))} peer(s) here; producing")
 
 
+class _Local:
+    """`--local-train I:J` (SAPO style): own records and pulled swarm records feed a
+    `trainer.local_train.LocalTrainer` (a separate copy; never published). Model work runs
+    in a worker thread after each batch; the held-out solve rate of the copy is scored every
+    `LOCAL_EVAL_EVERY` rounds and shown in `status` under `local_train`."""
+
+    def __init__(self, peer: Any, ctx: RoleContext, engine: Any) -> None:
+        from trainer.local_train import LocalTrainer
+        from trainer.samples import Rescorer
+
+        own, foreign = ctx.local_train or (0, 0)
+        self.peer, self.ctx, self.engine = peer, ctx, engine
+        self.local = LocalTrainer(engine.model, engine.tokenizer, peer.manifest, own, foreign)
+        self.rescorer = Rescorer(peer.manifest, engine.tokenizer)
+        self.inbox: list[tuple[Any, bool]] = []
+        self.refused = 0
+        self.evals: list[dict[str, Any]] = []
+        peer.on_deliver(self._on_deliver)
+
+    def _on_deliver(self, item: Any) -> None:
+        from protocol.admission import Kind
+
+        if item.kind is Kind.ROLLOUT_RECORD and item.envelope.signer != self.peer.identity.peer_id:
+            if len(self.inbox) < LOCAL_INBOX:
+                self.inbox.append((item.obj, False))
+
+    def own(self, records: list[bytes]) -> None:
+        from protocol.rollout import open_record
+
+        self.inbox.extend((open_record(r), True) for r in records)
+
+    def work(self) -> None:
+        """Re-score what came in, train the rounds that are ready (worker thread)."""
+        from trainer.engine_hf import HFEngine, torch_threads
+        from trainer.groups import heldout_items, heldout_solved
+        from trainer.samples import Refused
+
+        batch, self.inbox = self.inbox, []
+        for ro, own in batch:
+            try:
+                self.local.offer(self.rescorer.sample(ro), own)
+            except Refused:
+                self.refused += 1
+        with torch_threads(self.ctx.threads):
+            while self.local.round() is not None:
+                if self.local.rounds % LOCAL_EVAL_EVERY == 1:
+                    m = self.peer.manifest
+                    names = [d.name for d in m.datasets for _ in range(d.weight)]
+                    engine = HFEngine(self.local.model, self.engine.tokenizer, max_batch=64)
+                    solved = heldout_solved(engine, self.engine.tokenizer, heldout_items(names, 64), m.max_new_tokens)
+                    self.evals.append({"round": self.local.rounds, "solve_rate": round(sum(solved) / len(solved), 4)})
+        st = self.local.trainer.status()
+        self.ctx.status["local_train"] = {
+            "own": self.local.own, "foreign": self.local.foreign, "rounds": self.local.rounds,
+            "published": [],  # local training never publishes
+            "heldout_solve_rate": self.evals[-1]["solve_rate"] if self.evals else None,
+            "evals": self.evals[-20:], "refused": self.refused,
+            "train_tokens_per_s": st["train_tokens_per_s"],
+        }
+
+
+LOCAL_INBOX = 4096
+LOCAL_EVAL_EVERY = 10
+
+
 async def run(peer: Any, ctx: RoleContext) -> None:
     """Load the engine, produce until cancelled or bounded, and always close the engine
     (vLLM's engine runs in child processes that must not outlive the node)."""
@@ -101,6 +166,7 @@ async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
 
     # the model directory is version 0; the vLLM engine's own copy of the weights swaps too
     swap = HotSwap(peer, engine.model, version=0, also_load=getattr(engine, "load_weights", None))
+    local = _Local(peer, ctx, engine) if ctx.local_train else None
     build = _proof_builder()
     status = await trio.to_thread.run_sync(peer.store.produced_status)
     counter = status["produced"]
@@ -134,6 +200,9 @@ async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
         out.unlink(missing_ok=True)
         for record in records:
             await peer.produce(record)
+        if local is not None:
+            local.own(records)
+            await trio.to_thread.run_sync(local.work)
         counter += len(records)
         produced += len(records)
         rewards.append(float(summary["reward_mean"]) * len(records))

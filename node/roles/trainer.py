@@ -243,10 +243,12 @@ async def run(peer: Any, ctx: RoleContext) -> None:
 
     await evaluate()  # the starting (warm-start) level
     while True:
-        ready = _pick(collector, waiting, trainer.version, manifest.max_staleness)
-        steps = await trio.to_thread.run_sync(
-            _train, trainer, rescorer, ready, ctx.threads, time.monotonic()
-        )
+        steps = 0
+        if publish_error is None:  # never train past a version the swarm has not got
+            ready = _pick(collector, waiting, trainer.version, manifest.max_staleness)
+            steps = await trio.to_thread.run_sync(
+                _train, trainer, rescorer, ready, ctx.threads, time.monotonic()
+            )
         if peer.weights is not None and trainer.version > published:
             try:
                 state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -257,7 +259,9 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                     await trio.to_thread.run_sync(trainer.save_checkpoint)
                 ctx.say(f"trainer: published version {published} after {trainer.steps} steps")
                 await evaluate()
-            except WeightsError as exc:  # a failed publish must not stop training: retried
+            except WeightsError as exc:  # retried at the next turn; training waits
+                if publish_error is None:
+                    ctx.say(f"trainer: cannot publish version {trainer.version}: {exc}")
                 publish_error = f"{type(exc).__name__}: {exc}"
         summary = collector.summarize(trainer.version, manifest.max_staleness)
         ctx.status.update(summary, **trainer.status(), published=published, waiting=len(waiting))
