@@ -57,9 +57,7 @@ def test_devnet_runs_workers_validator_trainer_and_writes_a_report(small_run: Pa
     assert roles == ["inference", "inference", "trainer", "validator"]
     assert all(n["exit_code"] == 0 for n in report["nodes"]), [(n["name"], n["exit_code"]) for n in report["nodes"]]
     assert report["series"] and report["series"][-1]["produced"] <= totals["produced"]
-    learning = report["learning"]  # the trainer scored held-out tasks at its start
-    assert learning["series"] and learning["series"][0]["version"] == 0, learning
-    assert "learning.png" in report["plots"]
+    assert report["learning"] == {"series": []}  # the publishing drill does not train
     for plot in report["plots"]:
         assert (out / plot).stat().st_size > 1000
     for n in report["nodes"]:
