@@ -30,7 +30,7 @@ from node.host import FramedStream, PeerError, SwarmHost
 from node.upload_limit import UploadLimiter
 from protocol.wire import MAX_SHARD_BYTES, WeightManifest
 
-CHUNK = 256 * 1024
+CHUNK = 1024 * 1024
 MAX_REQUEST_BYTES = 128
 MAX_HAVE_ENTRIES = 256
 MAX_HAVE_BYTES = MAX_HAVE_ENTRIES * (40 + 65_536 // 8)

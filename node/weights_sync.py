@@ -153,7 +153,7 @@ class WeightSync:
         """Wait until `version` (or newer) is installed, calling `say(line)` with the
         download's progress (rate, ETA) every `every_s`. The caller puts a deadline on it."""
         last = -math.inf
-        while (self.newest() or -1) < version:
+        while (-1 if self.newest() is None else self.newest()) < version:
             if say is not None and time.monotonic() - last >= every_s:
                 last = time.monotonic()
                 st = self.status()

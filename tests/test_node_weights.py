@@ -263,3 +263,11 @@ def test_store_refuses_a_patch_on_the_wrong_base_and_a_foreign_shard(tmp_path: P
         store.install_bytes(1, a, weights_digest(b))
     assert sorted(store.installed()) == [0]
     store.close()
+
+
+async def test_wait_installed_returns_for_version_zero(tmp_path: Path) -> None:
+    trainer = Identity.generate()
+    async with open_peer(cfg(tmp_path, "t", run_manifest("w0", trainer), trainer)) as t:
+        await t.weights.publish(ckpt(0))
+        with trio.fail_after(5):
+            await t.weights.wait_installed(0)

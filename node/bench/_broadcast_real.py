@@ -1,0 +1,190 @@
+"""`bench broadcast` real part: 1 origin + N receivers as processes on loopback.
+
+Every peer's uploads are capped by the node's own limiter (`network.upload_limit_mib_s`,
+10 MiB/s here), so the figures measure the schedule, not 2 shared cores. The origin holds a
+trainer key and publishes a random (incompressible) checkpoint, 256 MiB (64 MiB with
+`--quick`), in shards of 4 MiB (2 MiB quick). Phases, one run:
+
+1. uncapped: origin + 1 receiver; after the receiver installs the version it fetches
+   every shard again straight from the origin, one after the other: `stream_mib_per_s`.
+2. capped, 4 receivers: `lower_bound_ratio_4`.
+3. capped, 8 receivers and one liar (it holds the checkpoint and serves every shard with
+   one byte flipped): `completion_max_s`, `completion_p50_s` (from the publish to each
+   receiver's install), `lower_bound_s` (size / cap), `lower_bound_ratio`,
+   `origin_upload_ratio` (shard bytes the origin uploaded / size), `bad_shards_injected`
+   (bad shards the liar served), `bad_shards_installed` (receivers whose installed bytes do
+   not hash to the signed digest: verify-before-store makes this 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from protocol.identity import Identity
+from trainer.checkpoint import canonical_bytes
+
+CAP_MIB_S = 10.0
+MiB = 2**20
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def make_checkpoint(total: int, seed: int = 0) -> bytes:
+    """Random float32 tensors of 8 MiB each (rows of 4 KiB), `total` bytes of data."""
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    left, i = total, 0
+    while left > 0:
+        n = min(8 * MiB, left)
+        rows = max(1, n // 4096)
+        data = rng.integers(0, 2**32, size=rows * 1024, dtype=np.uint32).tobytes()
+        tensors[f"layer{i:03d}.weight"] = ("F32", (rows, 1024), data)
+        left -= len(data)
+        i += 1
+    return canonical_bytes(tensors)
+
+
+class Proc:
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "node.bench._weights_peer", *args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+        self.info: dict[str, Any] = {}
+
+    def started(self) -> Proc:
+        self.info = self.read(180)  # its banner: peer id and address
+        return self
+
+    def read(self, timeout: float) -> dict[str, Any]:
+        import select
+
+        assert self.p.stdout is not None
+        r, _, _ = select.select([self.p.stdout], [], [], timeout)
+        if not r:
+            raise RuntimeError("bench peer did not answer in time")
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"bench peer exited ({self.p.poll()})")
+        return json.loads(line)
+
+    def send(self, cmd: dict[str, Any]) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write((json.dumps(cmd) + "\n").encode())
+        self.p.stdin.flush()
+
+    def ask(self, cmd: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
+        self.send(cmd)
+        return self.read(timeout)
+
+    def stop(self) -> None:
+        try:
+            self.send({"cmd": "quit"})
+            self.p.wait(timeout=15)
+        except (OSError, subprocess.TimeoutExpired, RuntimeError):
+            self.p.kill()
+            self.p.wait()
+
+
+def _phase(
+    root: Path, name: str, ckpt_path: Path, size: int, receivers: int, cap: float,
+    shard: int, liar: bool, stream: bool,
+) -> dict[str, Any]:  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", os.getcwd())}
+    trainer = Identity.generate()
+    run_id = f"bench-{name}"
+    common = ["--run-id", run_id, "--trainer-key", trainer.peer_id_b58, "--shard-bytes", str(shard),
+              "--upload-limit", str(cap)]  # fmt: skip
+    procs: list[Proc] = []
+    try:
+        origin = Proc([*common, "--key", trainer.private_bytes().hex(), "--data-dir",
+                       str(root / name / "origin"), "--checkpoint", str(ckpt_path)], env).started()  # fmt: skip
+        procs.append(origin)
+        boot = ["--bootstrap", origin.info["addr"]]
+        recv = []
+        for i in range(receivers):  # start them together, then wait for each banner
+            recv.append(Proc([*common, *boot, "--data-dir", str(root / name / f"r{i}")], env))
+        procs += recv
+        bad = None
+        if liar:
+            bad = Proc([*common, *boot, "--data-dir", str(root / name / "liar"), "--liar",
+                        "--checkpoint", str(ckpt_path)], env)  # fmt: skip
+            procs.append(bad)
+        for p in procs[1:]:
+            p.started()
+        time.sleep(2.0)  # let the mesh form (a publish reaches peers already in the mesh)
+        pub = origin.ask({"cmd": "publish"})
+        for r in recv:
+            r.send({"cmd": "wait", "version": pub["version"], "timeout": 300})
+        done = [r.read(330) for r in recv]
+        times = [d["done_at"] - pub["published_at"] for d in done if d["done_at"]]
+        out: dict[str, Any] = {
+            "receivers": receivers,
+            "completed": len(times),
+            "completion_max_s": round(max(times), 2) if len(times) == receivers else None,
+            "completion_p50_s": round(statistics.median(times), 2) if times else None,
+            "installed_bad": sum(1 for d in done if d["done_at"] and not d["ok"]),
+        }
+        stats = origin.ask({"cmd": "stats"})
+        out["origin_upload_ratio"] = round(stats["uploaded"] / size, 3)
+        if bad is not None:
+            out["bad_shards_injected"] = bad.ask({"cmd": "stats"})["served_bad"]
+        if stream:
+            out["stream"] = recv[0].ask({"cmd": "stream", "peer": origin.info["peer_id"],
+                                         "version": pub["version"]})  # fmt: skip
+        return out
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def real_part(quick: bool) -> dict[str, Any]:
+    size = (64 if quick else 256) * MiB
+    shard = (2 if quick else 4) * MiB
+    lower = size / (CAP_MIB_S * MiB)
+    with tempfile.TemporaryDirectory(prefix="bench-broadcast-") as tmp:
+        root = Path(tmp)
+        ckpt = make_checkpoint(size)
+        path = root / "ckpt.safetensors"
+        path.write_bytes(ckpt)
+        size = len(ckpt)
+        lower = size / (CAP_MIB_S * MiB)
+        _say(f"real: checkpoint {size / MiB:.0f} MiB, shards {shard / MiB:.0f} MiB, "
+             f"cap {CAP_MIB_S} MiB/s, lower bound {lower:.1f} s")  # fmt: skip
+        t0 = time.perf_counter()
+        s = _phase(root, "stream", path, size, 1, 0.0, shard, liar=False, stream=True)
+        _say(f"real: uncapped stream {s['stream']} ({time.perf_counter() - t0:.0f} s)")
+        four = _phase(root, "four", path, size, 4, CAP_MIB_S, shard, liar=False, stream=False)
+        _say(f"real: 4 receivers {four}")
+        eight = _phase(root, "eight", path, size, 8, CAP_MIB_S, shard, liar=True, stream=False)
+        _say(f"real: 8 receivers + liar {eight}")
+
+    def ratio(x: float | None) -> float | None:
+        return None if x is None else round(x / lower, 3)
+
+    return {
+        "checkpoint_bytes": size,
+        "upload_cap_mib_s": CAP_MIB_S,
+        "completion_max_s": eight["completion_max_s"],
+        "completion_p50_s": eight["completion_p50_s"],
+        "lower_bound_s": round(lower, 2),
+        "lower_bound_ratio": ratio(eight["completion_max_s"]),
+        "origin_upload_ratio": eight["origin_upload_ratio"],
+        "lower_bound_ratio_4": ratio(four["completion_max_s"]),
+        "bad_shards_injected": eight.get("bad_shards_injected", 0),
+        "bad_shards_installed": eight["installed_bad"] + four["installed_bad"],
+        "stream_mib_per_s": s["stream"].get("mib_per_s"),
+        "receivers_completed": eight["completed"],
+    }

@@ -1,0 +1,151 @@
+"""One peer of `bench broadcast`'s real part: an origin (trainer key), a receiver, or a liar.
+
+    python -m node.bench._weights_peer --run-id R --trainer-key HEX --data-dir D
+        [--key HEX] [--bootstrap ADDR] [--upload-limit MIB_S] [--shard-bytes N]
+        [--checkpoint PATH] [--liar]
+
+Prints one JSON line at start (`peer_id`, `addr`), then reads commands (one JSON object a
+line on stdin) and answers each with one JSON line on stdout:
+
+- `{"cmd": "publish"}` (origin): publish `--checkpoint` as the next version ->
+  `{"published_at", "version", "digest"}`
+- `{"cmd": "wait", "version": V, "timeout": T}` (receiver): until V is installed ->
+  `{"done_at", "ok"}` (ok: the installed bytes hash to the signed digest)
+- `{"cmd": "stats"}` -> uploaded bytes, counters
+- `{"cmd": "stream", "peer": P, "version": V}`: fetch every shard of V's full manifest from
+  P one after the other (uncapped at P) -> `{"mib_per_s"}`
+- `{"cmd": "quit"}`
+
+A liar (`--liar`) installs `--checkpoint` itself once it sees the manifest (so it holds
+every shard) and serves each shard with one byte flipped: injected bad shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+from node import shard_exchange
+from node.bench._records import net_manifest
+from node.host import HostSettings
+from node.peer import PeerConfig, open_peer
+from node.weights_sync import WeightSettings
+from protocol.admission import Admitted, Kind
+from protocol.identity import Identity, peer_id_from_b58
+from trainer.checkpoint import weights_digest
+
+
+def _out(obj: dict) -> None:  # type: ignore[type-arg]
+    print(json.dumps(obj), flush=True)
+
+
+async def _lines() -> object:
+    stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
+    buf = b""
+    while True:
+        chunk = await stdin.receive_some(65536)
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line.strip():
+                yield json.loads(line)
+
+
+async def main(a: argparse.Namespace) -> None:
+    identity = Identity.from_private_bytes(bytes.fromhex(a.key)) if a.key else Identity.generate()
+    import dataclasses
+
+    manifest = dataclasses.replace(
+        net_manifest(a.run_id), trainer_keys=(peer_id_from_b58(a.trainer_key),)
+    )
+    settings = WeightSettings(
+        upload_limit_mib_s=a.upload_limit, shard_bytes=a.shard_bytes, have_poll_s=0.25,
+        idle_poll_s=1.0,
+    )  # fmt: skip
+    cfg = PeerConfig(
+        manifest=manifest, identity=identity, data_dir=Path(a.data_dir), roles=("relay",),
+        listen=("/ip4/127.0.0.1/tcp/0",), bootstrap=tuple(a.bootstrap), weights=settings,
+        host=HostSettings(io_timeout_s=20.0), max_peers=32,
+    )  # fmt: skip
+    checkpoint = Path(a.checkpoint).read_bytes() if a.checkpoint else b""
+    served_bad = {"n": 0}
+    async with open_peer(cfg) as peer:
+        w = peer.weights
+        assert w is not None
+        if a.liar:
+            real = w.store.read_shard
+
+            def corrupt(mid: bytes, index: int) -> bytes | None:
+                data = real(mid, index)
+                if data is None:
+                    return None
+                served_bad["n"] += 1
+                return bytes([data[0] ^ 0xFF]) + data[1:]
+
+            w.store.read_shard = corrupt  # type: ignore[method-assign]
+
+            def on_deliver(item: Admitted) -> None:
+                if item.kind in (Kind.WEIGHT_ANNOUNCE, Kind.WEIGHT_MANIFEST) and item.obj.kind == "full":
+                    if item.obj.file_digest == weights_digest(checkpoint):
+                        w.store.install_bytes(item.obj.version, checkpoint, item.obj.file_digest)
+                        w._installed[item.obj.version] = item.obj.file_digest
+
+            peer.on_deliver(on_deliver)
+        _out({"peer_id": peer.host.peer_id, "addr": peer.host.listen_addrs()[0]})
+        async for cmd in _lines():
+            c = cmd["cmd"]
+            if c == "quit":
+                break
+            if c == "publish":
+                version = await w.publish(checkpoint)
+                _out({"published_at": w.published_at[version], "version": version,
+                      "digest": weights_digest(checkpoint).hex()})
+            elif c == "wait":
+                with trio.move_on_after(cmd.get("timeout", 120)):
+                    await w.wait_installed(cmd["version"])
+                v = cmd["version"]
+                ok = v in w.installed() and weights_digest(w.store.read_version(v)) == w.installed()[v]
+                _out({"done_at": w.installed_at.get(v), "ok": ok})
+            elif c == "stats":
+                _out({"uploaded": w.limiter.sent, "counters": w.counters, "served_bad": served_bad["n"], "rejects": dict(peer.rejects), "target": w.target, "error": w.error,
+                      "installed": sorted(w.installed())})
+            elif c == "stream":
+                _out(await _stream(peer, cmd["peer"], cmd["version"]))
+            else:
+                _out({"error": f"unknown command {c!r}"})
+
+
+async def _stream(peer: object, source: str, version: int) -> dict:  # type: ignore[type-arg]
+    w = peer.weights  # type: ignore[attr-defined]
+    full = [(mid, m) for mid, m in w._manifests.items() if m.version == version and m.kind == "full"]
+    if not full:
+        return {"error": "no full manifest"}
+    mid, m = full[0]
+    t0 = time.perf_counter()
+    total = 0
+    for s in m.shards:
+        data = await shard_exchange.fetch_shard(peer.host, source, peer.run_id, mid, s.index, s.size)  # type: ignore[attr-defined]
+        total += len(data or b"")
+    dt = time.perf_counter() - t0
+    return {"mib_per_s": round(total / dt / 2**20, 1), "bytes": total, "seconds": round(dt, 3)}
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--trainer-key", required=True)
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--key", default="")
+    p.add_argument("--bootstrap", action="append", default=[])
+    p.add_argument("--upload-limit", type=float, default=0.0)
+    p.add_argument("--shard-bytes", type=int, default=4 * 2**20)
+    p.add_argument("--checkpoint", default="")
+    p.add_argument("--liar", action="store_true")
+    trio.run(main, p.parse_args())
