@@ -83,18 +83,23 @@ async def main(args: argparse.Namespace) -> None:
 
             stopping = trio.Event()
 
+            next_counter: list[int | None] = [None]
+
             async def produce(n: int, rate: float, size: int) -> None:
                 rng = random.Random(os.getpid())
                 start = time.monotonic()
-                status = await trio.to_thread.run_sync(peer.store.produced_status)
-                base = status["produced"]  # dense counters, never reused across restarts
+                if next_counter[0] is None:
+                    status = await trio.to_thread.run_sync(peer.store.produced_status)
+                    next_counter[0] = status["produced"]  # dense, never reused across restarts
                 for i in range(n):
                     if stopping.is_set():
                         return
+                    counter = next_counter[0]  # one per record even when produce calls overlap
+                    next_counter[0] = counter + 1
                     record = synthetic_record(
                         identity,
                         manifest,
-                        base + i,
+                        counter,
                         n_completion=size,
                         proof_pool=pool,
                         rng=rng,
