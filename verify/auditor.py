@@ -21,9 +21,10 @@ Order of an audit (the first failure is the verdict's reason; all failures are l
    of the model when the caller's differs), judged by that regime's limits only. There is
    no second pass at another precision: it would give a record that fails its own regime
    a second, looser budget. The metric `audit_precision_bits` says which precision judged.
-5. Batch invariance: a rollout whose batched result is not clear of every limit (`CLEAR`)
-   is decided by a prefill of its own, so its verdict and reason do not depend on which
-   other rollouts shared its batch.
+5. Batch invariance: a rollout with a metric near its limit in the batched result (within
+   a factor 2, `CLEAR`) is decided by a prefill of its own, so its verdict and reason do
+   not depend on which other rollouts shared its batch; results clearly on one side of
+   every limit stand as batched (so clear cheats cost no extra prefill).
 
 Cost: one forward pass over prompt + completion, against the generation's one forward
 pass per generated token; the bench measures the ratio (`verify_speedup`).
@@ -366,24 +367,31 @@ def audit_bodies(
     return out
 
 
-# A rollout is clear of the limits when every limited metric is at most this fraction of
-# its limit. Batch rounding moved honest bf16 metrics by up to ~45 % of their value on the
-# test model (tests/test_verify_audit.py, 32 records, together vs alone); a metric at half
-# its limit in a batch cannot cross the limit alone unless batching more than doubles it.
+# A rollout's batched result is final when no limited metric lies near its limit: each is
+# at most CLEAR x its limit (clearly passing) or at least limit / CLEAR (clearly failing).
+# Batch rounding moved honest bf16 metrics by up to ~45 % of their value on the test model
+# (tests/test_verify_audit.py, 32 records, together vs alone); a metric cannot cross from
+# one side of the band to the other alone unless batching changes it by a factor of 2, so
+# every check, hence the verdict and its reason, comes out as it would alone. A zero limit
+# (integer counts: signs, medians) has the band (0, 1).
 CLEAR = 0.5
 
 
 def _clear(results: list[checks.CheckResult], settings: AuditSettings) -> bool:
-    """Passed, and every limited metric at most CLEAR x its limit."""
-    if not all(r.passed for r in results):
-        return False
+    """No limited metric in the band around its limit (see CLEAR)."""
     metrics: dict[str, float] = {}
     for r in results:
         metrics.update(r.metrics)
     th = settings.bf16_thresholds if metrics.get("audit_precision_bits") == 16.0 else settings.thresholds
-    limits = [(m, getattr(th, f)) for m, f in CALIBRATED.items()]
+    limits = [(m, float(getattr(th, f))) for m, f in CALIBRATED.items()]
     limits.append(("sampling_mismatches", float(th.sampling_near_ties_max)))
-    return all(metrics.get(m, 0.0) <= CLEAR * limit for m, limit in limits)
+    limits.append(("proof_sign_mismatches", float(th.proof_sign_mismatches)))
+    for m, limit in limits:
+        v = metrics.get(m, 0.0)
+        near = (0.0 < v < 1.0) if limit == 0.0 else (CLEAR * limit < v < limit / CLEAR)
+        if near:
+            return False
+    return True
 
 
 def _decide(
