@@ -86,11 +86,13 @@ async def main(args: argparse.Namespace) -> None:
             next_counter: list[int | None] = [None]
 
             async def produce(n: int, rate: float, size: int) -> None:
-                rng = random.Random(os.getpid())
                 start = time.monotonic()
                 if next_counter[0] is None:
                     status = await trio.to_thread.run_sync(peer.store.produced_status)
                     next_counter[0] = status["produced"]  # dense, never reused across restarts
+                # Seeded by the first counter too: a second produce call must not repeat the
+                # first one's bodies (the same body twice is double work, and gets us banned).
+                rng = random.Random(os.getpid() * 1_000_003 + next_counter[0])
                 for i in range(n):
                     if stopping.is_set():
                         return
