@@ -147,8 +147,14 @@ def _totals(nodes: list[NodeProc]) -> dict[str, Any]:
         for n in nodes if n.role == "inference"
     ]
     weighted = [(r * k, k) for r, k in inference_rewards if r is not None and k]
+    # Rollouts the trainer refused as beyond the staleness bound, as the workers' receipts
+    # account them: they were delivered too late to use, not lost.
+    too_stale = sum(
+        n.status.get("delivery", {}).get("too_stale", 0) for n in nodes if n.role == "inference"
+    )
     return {
         "produced": produced,
+        "too_stale": too_stale,
         "trainer_bodies": (trainer.status.get("counters", {}).get("stored_rollout_record", 0)
                            if trainer else 0),
         "trainer_verified": tstat.get("verified", 0),
@@ -463,7 +469,11 @@ def main(
         "elapsed_s": round(time.monotonic() - started, 1),
         "drain_s": drained_s,
         "totals": totals,
-        "delivery_to_trainer": round(totals["trainer_bodies"] / totals["produced"], 4) if totals["produced"] else None,
+        # delivered / (produced - too stale): the definition of `bench churn`
+        "delivery_to_trainer": (
+            round(totals["trainer_bodies"] / (totals["produced"] - totals["too_stale"]), 4)
+            if totals["produced"] > totals["too_stale"] else None
+        ),
         "nodes": [
             {"name": n.name, "role": n.role, "peer_id": n.peer_id, "exit_code": n.exit_code,
              "log": str(n.log.relative_to(root)), "status": n.status}
