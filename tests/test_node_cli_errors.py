@@ -53,7 +53,8 @@ def _start(s: dict[str, Path], *extra: str) -> subprocess.CompletedProcess:
     return cli(
         "start", "--run", str(s["run"]), "--key", str(s["key"]), "--data-dir", str(s["tmp"] / "d"),
         "--duration", "30", *extra,
-        env={"SWARM_NODE_DATA": str(s["empty"])},
+        # an empty matplotlib cache, as on a fresh machine (its first import logs a line)
+        env={"SWARM_NODE_DATA": str(s["empty"]), "MPLCONFIGDIR": str(s["tmp"] / "mpl")},
     )
 
 

@@ -191,6 +191,8 @@ def main(
     quiet = logging.DEBUG if cfg["node.log_level"] == "debug" else logging.CRITICAL
     for noisy in ("libp2p", "multiaddr", "async_service"):
         logging.getLogger(noisy).setLevel(quiet)
+    # matplotlib (imported for plots) logs building its font cache at INFO on a fresh machine
+    logging.getLogger("matplotlib").setLevel(max(logging.WARNING, logging.getLogger().level))
     listen_addrs = _check_addrs(cfg["node.listen"], "--listen", need_peer=False)
     boot = _check_addrs(cfg["node.bootstrap"], "--bootstrap", need_peer=True)
     manifest = load_run_manifest(required_path(None, cfg["node.run"], "--run", "node.run"))
