@@ -22,7 +22,8 @@ The pipeline (legal steps as data: `PIPELINE`, and per kind `KIND_RULES`)
                weights not signed by a trainer key, or old    -> UNAUTHORIZED / OUTDATED
                (OUTDATED only for gossiped announcements: a pulled manifest of an older
                version is what a joiner or a lagging peer asks for)
-    RATE       token bucket per sender, and per signer         -> RATE_LIMITED
+    RATE       token bucket per sender (dropped free; the sender  -> RATE_LIMITED
+               pays only past `sender_overrun_rate` more), and per signer (QUOTA)
     DEDUP      content id admitted before (bounded LRU + TTL) -> DUPLICATE
     REPLAY     (signer, seq) used before (`ReplayGuard`)       -> REPLAY
     STORE      -> Store(item)       (kinds with `store`)
@@ -33,7 +34,8 @@ The pipeline (legal steps as data: `PIPELINE`, and per kind `KIND_RULES`)
 in order through a stage -> method table; the first refusal wins. DECODE and SIGNATURE are
 one call to the kind's opener (the protocol functions decode and verify together); the
 error's class says which of the two failed. ROLLOUT_RECORD (pulled on request, possibly old)
-skips the skew, signer-rate and REPLAY rules and is not forwarded. The replay guard
+skips the sender-rate, skew, signer-rate and REPLAY rules (we asked for it) and is not
+forwarded. The replay guard
 remembers a (signer, seq) as soon as it passes, so each identity must use one sequence
 counter for all kinds and never reuse numbers across restarts (`node.store.Store.reserve`).
 
@@ -309,6 +311,9 @@ class AdmissionConfig:
 
     sender_rate: float = 50.0  # everything one connection sends us (relays carry many signers)
     sender_burst: float = 200.0
+    # Over its rate a sender's messages are dropped unopened and free (a busy honest relay
+    # carries many producers); only past this many more per second does it pay.
+    sender_overrun_rate: float = 100.0
     signer_rate: float = 20.0  # what one producer may publish, whoever relays it
     signer_burst: float = 100.0
     max_rate_keys: int = 100_000  # buckets kept; an evicted one restarts full
@@ -333,6 +338,7 @@ class AdmissionConfig:
         for name in (
             "sender_rate",
             "sender_burst",
+            "sender_overrun_rate",
             "signer_rate",
             "signer_burst",
             "waste_rate",
@@ -440,7 +446,9 @@ class KindRule:
         """The stages this kind goes through, in pipeline order."""
         skip = set()
         if not self.gossip:
-            skip |= {Stage.REPLAY, Stage.FORWARD, Stage.QUOTA}
+            # Pulled on our own request: bounded by what we asked for, never rate-limited
+            # against the peer that answered.
+            skip |= {Stage.RATE, Stage.REPLAY, Stage.FORWARD, Stage.QUOTA}
         if not self.work:
             skip.add(Stage.UNIQUE)
         if not self.store:
@@ -855,6 +863,10 @@ class Admission:
         self.rules = rules
         self._stages = {k: r.stages() for k, r in rules.items()}
         self._sender_rate = RateLimiter(cfg.sender_rate, cfg.sender_burst, cfg.max_rate_keys)
+        self._overrun = RateLimiter(cfg.sender_overrun_rate, cfg.sender_burst, cfg.max_rate_keys)
+        # (sender, id or body digest) of what each sender handed us: an honest relay hands
+        # over each message (and each body) once, so only a repeat draws on its allowance.
+        self._handed = DedupCache(2 * cfg.dedup_entries, cfg.dedup_ttl_s)
         self._signer_rate = RateLimiter(cfg.signer_rate, cfg.signer_burst, cfg.max_rate_keys)
         self._waste = RateLimiter(cfg.waste_rate, cfg.waste_burst, cfg.max_rate_keys)
         self._dedup = DedupCache(cfg.dedup_entries, cfg.dedup_ttl_s)
@@ -968,6 +980,7 @@ class Admission:
         if not isinstance(ev.data, bytes | bytearray | memoryview):
             raise LocalProtocolError("MessageReceived.data must be bytes")
         kind_name = str(ev.kind)
+        m: _Msg | None = None
         try:
             # GATE comes before the kind's own stages are known.
             if self.scores.is_banned(peer, now):
@@ -986,12 +999,17 @@ class Admission:
                 if check is not None:
                     check(m)
         except _Refused as r:
-            return self._reject(peer, r, kind_name, now)
+            repeat = False
+            if r.reason is Reason.DUPLICATE and m is not None and m.rule.gossip:
+                repeat = self._handed_before(peer, m, now)
+            return self._reject(peer, r, kind_name, now, repeat)
 
         # Every check passed: remember it, then the output stages in table order.
         op = m.opened
         assert op is not None
         self._dedup.add((kind, op.content_id), now)
+        if rule.gossip:
+            self._handed_before(peer, m, now)
         if rule.weights and rule.gossip:
             self._weights_version = max(self._weights_version, op.obj.version)
         if rule.work:
@@ -1011,6 +1029,17 @@ class Admission:
             kind, op.content_id, peer, op.envelope, op.obj, bytes(m.data), now, op.header, op.body
         )
         return [make(item) for s in stages if (make := _OUTPUTS.get(s)) is not None]
+
+    def _handed_before(self, peer: PeerId, m: _Msg, now: float) -> bool:
+        """Whether `peer` handed us this message (or its body) before; remembers it."""
+        assert m.opened is not None
+        keys = [(peer, m.opened.content_id)]
+        if m.rule.work:
+            keys.append((peer, _work_key(m.opened)[2]))
+        before = any(self._handed.seen(k, now) for k in keys)
+        for k in keys:
+            self._handed.add(k, now)
+        return before
 
     # -- check stages (each raises _Refused or returns) ----------------------------
 
@@ -1086,9 +1115,12 @@ class Admission:
             )
 
     def _stage_rate(self, m: _Msg) -> None:
-        """The cheap per-sender limit, before any decoding or signature check."""
+        """The cheap per-sender limit, before any decoding or signature check. Over it
+        the message is dropped unopened; the sender pays only past a second allowance
+        (`sender_overrun_rate` more per second): honest relays may be busy."""
         if not self._sender_rate.allow(m.peer, m.now):
-            raise _Refused(Stage.RATE, Reason.RATE_LIMITED, "sender over its rate")
+            pen = 0.0 if self._overrun.allow(m.peer, m.now) else None
+            raise _Refused(Stage.RATE, Reason.RATE_LIMITED, "sender over its rate", pen)
 
     def _stage_quota(self, m: _Msg) -> None:
         """What one signer may publish, counted only for fresh, unique messages: copies
@@ -1145,7 +1177,9 @@ class Admission:
 
     # -- scoring -------------------------------------------------------------------
 
-    def _reject(self, peer: PeerId, r: _Refused, kind: str, now: float) -> list[Action]:
+    def _reject(
+        self, peer: PeerId, r: _Refused, kind: str, now: float, repeat: bool = False
+    ) -> list[Action]:
         relayed = r.signer is not None and not _same_peer(peer, r.signer)
         if r.reason not in RELAY_BLAMED and relayed:
             penalty = 0.0  # a view-dependent fault of the signer, not of this relay
@@ -1159,11 +1193,17 @@ class Admission:
                 Reject(peer, reason, penalty, r.stage, r.detail, kind),
                 Disconnect(peer, reason),
             ]
-        if penalty == 0 and reason is Reason.DUPLICATE and not self._waste.allow(peer, now):
-            # Copies are free only up to an allowance: past it the sender pays for them.
-            # (Only copies: an honest relay forwards the same message once, GossipSub
-            # keeps its id, but it may well forward what our view refuses - stale, new
-            # signers, a replay - so those stay free; the sender rate limit bounds them.)
+        if (
+            penalty == 0
+            and reason is Reason.DUPLICATE
+            and repeat
+            and not self._waste.allow(peer, now)
+        ):
+            # A copy is free the first time a sender hands it over (we may simply have
+            # heard it elsewhere first, or held it before a restart). An honest relay
+            # hands over each message and each body once, so repeats are free only up to
+            # an allowance; past it the sender pays. What our view refuses (stale, new
+            # signers, a replay) stays free; the sender rate limit bounds it.
             reason, penalty = Reason.FLOODING, self.config.penalties[Reason.FLOODING]
         actions: list[Action] = [Reject(peer, reason, penalty, r.stage, r.detail, kind)]
         actions.extend(self._apply_score(peer, penalty, reason, now))

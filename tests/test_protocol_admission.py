@@ -283,12 +283,15 @@ def test_pulled_records_may_be_old():
 
 
 def test_sender_rate_limit_refills_with_time():
-    a = machine(sender_rate=1.0, sender_burst=3.0)
+    a = machine(sender_rate=1.0, sender_burst=3.0, sender_overrun_rate=1.0)
     hs = [header(record(BOB if i % 2 else ALICE, seq=i)) for i in range(1, 6)]
     results = [a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, h, T0)) for h in hs[:4]]
     assert [type(r[-1]) for r in results[:3]] == [Deliver] * 3
+    # Over the rate: dropped unopened, free (a busy relay), until the overrun runs out too.
     r = only_reject(results[3])
-    assert (r.reason, r.stage, r.penalty) == (Reason.RATE_LIMITED, Stage.RATE, -0.5)
+    assert (r.reason, r.stage, r.penalty) == (Reason.RATE_LIMITED, Stage.RATE, 0.0)
+    over = [only_reject(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, hs[4], T0))) for _ in range(3)]
+    assert [x.penalty for x in over] == [0.0, 0.0, -0.5]
     # One second later one token is back.
     assert isinstance(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, hs[4], T0 + 1.0))[-1], Deliver)
 

@@ -490,10 +490,10 @@ def test_trainer_refuses_a_producer_that_withholds_counters():
 def test_a_flood_of_fresh_identities_from_one_sender_is_refused_and_costs_it():
     a = machine()
     results = []
-    for i in range(500):
+    for i in range(500):  # 1,000 a second: far past what a busy honest relay sends
         fresh = Identity.from_private_bytes(i.to_bytes(2, "big") * 16)
-        h = header(rollout(fresh, seq=1, seed=i, at=T0 + i * 0.01))
-        results.append(a.handle(msg("flooder", Kind.ROLLOUT_HEADER, h, T0 + i * 0.01)))
+        h = header(rollout(fresh, seq=1, seed=i, at=T0 + i * 0.001))
+        results.append(a.handle(msg("flooder", Kind.ROLLOUT_HEADER, h, T0 + i * 0.001)))
     admitted = sum(isinstance(r[-1], Deliver) for r in results)
     assert admitted <= 20, admitted
     assert a.scores.score("flooder", T0 + 5) < 0
@@ -524,3 +524,62 @@ def test_an_honest_relay_forwarding_what_our_view_refuses_is_not_scored_down():
         h = header(rollout(fresh, seq=1, seed=20_000 + i, at=T0 + i * 0.1))
         a.handle(msg("honest-relay", Kind.ROLLOUT_HEADER, h, T0 + i * 0.1))
     assert a.scores.score("honest-relay", T0 + 30) >= 0
+
+
+# -- honest peers never pay for what others send -----------------------------------------
+
+
+def _workers(n: int) -> list[Identity]:
+    return [Identity.from_private_bytes((7000 + i).to_bytes(2, "big") * 16) for i in range(n)]
+
+
+def test_a_relay_forwarding_each_message_once_never_pays_for_copies():
+    """Found by review: every copy counted against the sender's allowance, so an honest
+    relay that forwards (once each) headers we already hold - we heard them from the
+    signers first, or held them before a restart - was charged FLOODING."""
+    a = machine()
+    t = T0
+    for i, w in enumerate(_workers(10) * 30):  # 300 headers, 10 known workers
+        t += 0.1
+        h = header(rollout(w, seq=i + 1, seed=30_000 + i, at=t))
+        assert isinstance(a.handle(msg(w.peer_id, Kind.ROLLOUT_HEADER, h, t))[-1], Deliver)
+        acts = a.handle(msg("honest-relay", Kind.ROLLOUT_HEADER, h, t + 0.05))
+        assert reject(acts).reason is Reason.DUPLICATE and reject(acts).penalty == 0, acts
+    assert a.scores.score("honest-relay", t) >= 0
+
+
+def test_a_sender_repeating_the_same_message_pays_past_its_allowance():
+    a = machine()
+    h = header(rollout(seq=1))
+    a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, h))
+    reasons = [reject(a.handle(msg("echo", Kind.ROLLOUT_HEADER, h, T0 + i * 0.1))).reason
+               for i in range(100)]
+    assert reasons[0] is Reason.DUPLICATE and Reason.FLOODING in reasons
+    assert a.scores.score("echo", T0 + 10) < 0
+
+
+def test_pulled_records_are_never_rate_limited_against_the_peer_we_asked():
+    """Found by review: a catch-up burst (records we asked for) drew on the source's
+    gossip rate bucket; past 200 records the source paid -0.5 for each."""
+    a = machine()
+    workers = _workers(5)
+    outcomes = []
+    for i in range(400):
+        rec = rollout(workers[i % 5], seq=i + 1, seed=40_000 + i, at=T0 - 30)
+        outcomes.append(a.handle(msg("source", Kind.ROLLOUT_RECORD, rec, T0 + i * 0.001)))
+    assert all(isinstance(o[-1], Deliver) for o in outcomes)
+    assert a.scores.score("source", T0 + 1) >= 0
+
+
+def test_an_honest_relay_busier_than_the_sender_rate_is_not_scored_down():
+    """Found by review: a relay carrying many producers at 80 messages/s (each producer
+    well within its own rate) was charged -0.5 per message over 50/s until banned."""
+    a = machine()
+    workers = _workers(10)
+    t = T0
+    for i in range(1600):  # 80/s for 20 s, 8/s per producer
+        t += 1 / 80
+        h = header(rollout(workers[i % 10], seq=i + 1, seed=50_000 + i, at=t))
+        a.handle(msg("busy-relay", Kind.ROLLOUT_HEADER, h, t))
+    assert a.scores.score("busy-relay", t) >= 0
+    assert not a.scores.is_banned("busy-relay", t)
