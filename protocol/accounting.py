@@ -6,9 +6,16 @@ publishes only the ones it solved ("counter shopping") would look like a perfect
 The rule here: a producer's counters are dense. Every counter between the lowest and the
 highest one we have seen from a producer is *produced*; one we never saw, once it is more
 than `GapRule.lag` counters below the highest (messages still in flight, reordered or
-being caught up are not counted yet), is *withheld*. Withheld work counts as produced with reward 0, and past a small allowance
-(in-flight rollouts, a lost message) the producer's rollouts are refused and it is scored
-down. A shopper that stays within the allowance gains at most the allowance's share.
+being caught up are not counted yet), is *withheld*. Withheld work counts as produced
+with reward 0, and past a small allowance (in-flight rollouts, a lost message) the
+producer's rollouts are refused and it is scored down. A shopper that stays within the allowance gains at most the allowance's share.
+
+Judged late, not early: a gap is judged only once the range it lies in has been known for
+`GapRule.grace_s` (time passed in). A peer that (re)joins hears a worker's live counters
+first and the older ones from catch-up seconds later; judging the gap in between at once
+charged honest workers. Per producer a few snapshots of (time, first, last) remember what
+the range was `grace_s` ago (at most one per `grace_s / 16`); only that range is judged.
+`now=math.inf` (the default of the queries) judges everything heard: the final account.
 
 Pure and bounded: no IO, no clocks; at most `max_producers` producers (least recently
 heard forgotten first) and at most `max_pending` out-of-order counters per producer (a
@@ -16,12 +23,12 @@ producer past that is refused: nobody honest leaves that many holes).
 
 Public API
 ----------
-`GapRule(allowance=16, allowance_fraction=0.02, lag=64)`
+`GapRule(allowance=16, allowance_fraction=0.02, lag=64, grace_s=30.0)`
 `WorkLedger(rule=GapRule(), max_producers=100_000, max_pending=65_536)`
-    `.add(producer, counter, reward) -> None`    a published rollout (each counter once)
-    `.standing(producer) -> Standing`            produced, published, withheld, rewards
-    `.allowed(producer) -> bool`                 withheld within the allowance
-    `.counted_reward(producer) -> float | None`  mean reward over *produced* work
+    `.add(producer, counter, reward, now=0.0) -> bool`  a published rollout (each counter once)
+    `.standing(producer, now=inf) -> Standing`      produced, published, withheld, rewards
+    `.allowed(producer, now=inf) -> bool`           withheld within the allowance
+    `.counted_reward(producer, now=inf) -> float | None`  mean reward over *produced* work
                                                  (withheld counts 0); None if unknown
 `Standing(first, last, published, withheld, reward_sum, allowed)`; `.produced`, `.weight`
 (the share of produced work the producer showed).
@@ -29,7 +36,8 @@ Public API
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import math
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 __all__ = ["GapRule", "Standing", "WorkLedger"]
@@ -43,10 +51,13 @@ class GapRule:
     allowance: int = 16
     allowance_fraction: float = 0.02
     lag: int = 64  # the newest counters are not judged yet (still in flight)
+    grace_s: float = 30.0  # a range is judged once known this long (catch-up fills it first)
 
     def __post_init__(self) -> None:
         if self.allowance < 0 or not 0.0 <= self.allowance_fraction < 1.0 or self.lag < 0:
             raise ValueError("GapRule: allowance >= 0, 0 <= allowance_fraction < 1, lag >= 0")
+        if not (math.isfinite(self.grace_s) and self.grace_s >= 0):
+            raise ValueError("GapRule: grace_s must be a finite number >= 0")
 
     def limit(self, produced: int) -> float:
         return self.allowance + self.allowance_fraction * produced
@@ -71,7 +82,9 @@ class Standing:
 
 
 class _Producer:
-    __slots__ = ("first", "floor", "last", "pending", "published", "reward_sum", "overflow")
+    __slots__ = (
+        "first", "floor", "last", "pending", "published", "reward_sum", "overflow", "snaps"
+    )  # fmt: skip
 
     def __init__(self, counter: int) -> None:
         self.first = self.floor = self.last = counter
@@ -79,6 +92,29 @@ class _Producer:
         self.published = 0
         self.reward_sum = 0.0
         self.overflow = False
+        self.snaps: deque[tuple[float, int, int]] = deque()  # (time, first, last), oldest first
+
+    def snapshot(self, now: float, grace_s: float) -> None:
+        """Remember the range at `now`: one snapshot per `grace_s / 16` (the newest of
+        a slot wins; its time is when it held), none older than needed."""
+        slot = grace_s / 16
+        if self.snaps and slot > 0 and now // slot == self.snaps[-1][0] // slot:
+            self.snaps[-1] = (now, self.first, self.last)
+        else:
+            self.snaps.append((now, self.first, self.last))
+        while len(self.snaps) >= 2 and self.snaps[1][0] <= now - grace_s:
+            self.snaps.popleft()
+
+    def judged_range(self, now: float, grace_s: float) -> tuple[int, int] | None:
+        """(first, last) as it was `grace_s` before `now`; None if not known that long."""
+        if now == math.inf:
+            return self.first, self.last
+        held = None
+        for t, first, last in self.snaps:
+            if t > now - grace_s:
+                break
+            held = (first, last)
+        return held
 
 
 class WorkLedger:
@@ -95,8 +131,8 @@ class WorkLedger:
     def __len__(self) -> int:
         return len(self._producers)
 
-    def add(self, producer: bytes, counter: int, reward: float) -> bool:
-        """Count one published rollout; False when this counter was counted before."""
+    def add(self, producer: bytes, counter: int, reward: float, now: float = 0.0) -> bool:
+        """Count one published rollout heard at `now`; False when counted before."""
         p = self._producers.get(producer)
         if p is None:
             p = self._producers[producer] = _Producer(counter)
@@ -121,33 +157,38 @@ class WorkLedger:
         if len(p.pending) > self.max_pending:
             p.overflow = True
             p.pending.clear()
+        p.snapshot(now, self.rule.grace_s)
         return True
 
-    def standing(self, producer: bytes) -> Standing | None:
+    def standing(self, producer: bytes, now: float = math.inf) -> Standing | None:
         p = self._producers.get(producer)
         if p is None:
             return None
         produced = p.last - p.first + 1
         withheld = produced - p.published
-        # Judged only below `last - lag`: missing counters there (the pending set holds
-        # what was seen above the dense floor).
-        horizon = p.last - self.rule.lag
-        judged_missing = 0
-        if horizon > p.floor:
-            seen_below = sum(1 for c in p.pending if c < horizon)
-            judged_missing = (horizon - p.floor) - seen_below
-        judged = max(0, horizon - p.first)
-        allowed = not p.overflow and judged_missing <= self.rule.limit(judged)
+        allowed = not p.overflow
+        judged_range = p.judged_range(now, self.rule.grace_s)
+        if allowed and judged_range is not None:
+            # Judged: the range known `grace_s` ago, below its `last - lag`; missing
+            # counters there (below the dense floor all were seen; the pending set holds
+            # what was seen above it).
+            first, last = judged_range
+            horizon, start = last - self.rule.lag, max(first, p.floor)
+            judged_missing = 0
+            if horizon > start:
+                seen = sum(1 for c in p.pending if start <= c < horizon)
+                judged_missing = (horizon - start) - seen
+            allowed = judged_missing <= self.rule.limit(max(0, horizon - first))
         return Standing(p.first, p.last, p.published, withheld, p.reward_sum, allowed)
 
-    def allowed(self, producer: bytes) -> bool:
-        s = self.standing(producer)
+    def allowed(self, producer: bytes, now: float = math.inf) -> bool:
+        s = self.standing(producer, now)
         return s is None or s.allowed
 
-    def counted_reward(self, producer: bytes) -> float | None:
+    def counted_reward(self, producer: bytes, now: float = math.inf) -> float | None:
         """Mean reward over the producer's produced work, withheld counters scoring 0;
         0.0 for a producer past its allowance (its rollouts are refused)."""
-        s = self.standing(producer)
+        s = self.standing(producer, now)
         if s is None:
             return None
         if not s.allowed:

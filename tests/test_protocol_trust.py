@@ -473,15 +473,15 @@ def test_trainer_refuses_a_producer_that_withholds_counters():
     a = machine(signer_burst=1000.0, sender_burst=1000.0)
     c = Collector(a.authority, VerifiedRule(quorum=1))
     went_bad = []
-    for counter in range(0, 200, 5):  # publishes one counter in five
-        acts = a.handle(
-            msg(RELAY, Kind.ROLLOUT_HEADER, header(rollout(seq=counter + 1, counter=counter)))
-        )
-        bad = c.on_deliver(acts[-1].item)
+    t = T0
+    for counter in range(0, 200, 5):  # publishes one counter in five, one every 2 s
+        t += 2.0
+        h = header(rollout(seq=counter + 1, counter=counter, at=t))
+        bad = c.on_deliver(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, h, t))[-1].item)
         if bad is not None:
             went_bad.append(bad)
-    assert went_bad == [ALICE.peer_id]
-    assert c.summarize(10, 2)["producers_refused"] == 1
+    assert went_bad == [ALICE.peer_id]  # once its gaps are older than the grace
+    assert c.summarize(10, 2, t)["producers_refused"] == 1
 
 
 # -- 6. headers without bodies, fresh identities -------------------------------------------
@@ -583,3 +583,26 @@ def test_an_honest_relay_busier_than_the_sender_rate_is_not_scored_down():
         a.handle(msg("busy-relay", Kind.ROLLOUT_HEADER, h, t))
     assert a.scores.score("busy-relay", t) >= 0
     assert not a.scores.is_banned("busy-relay", t)
+
+
+def test_catch_up_after_live_gossip_does_not_charge_an_honest_worker():
+    """Found by review: a trainer that (re)joins hears a worker's live counters first and
+    its older ones from catch-up seconds later. The gap in between was judged at once:
+    the honest worker was charged as a shopper and its rollouts refused."""
+    from node.roles.trainer import Collector
+
+    a = machine(signer_burst=10_000.0, sender_burst=10_000.0)
+    c = Collector(a.authority, VerifiedRule(quorum=1))
+    went_bad = []
+    t = T0
+    for counter in range(900, 980):  # live gossip, 10 a second
+        t += 0.1
+        h = header(rollout(seq=counter + 1, counter=counter, at=t))
+        went_bad.append(c.on_deliver(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, h, t))[-1].item))
+    for counter in range(700, 900):  # catch-up pulls the older ones, oldest first
+        t += 0.02
+        rec = rollout(seq=counter + 1, counter=counter, at=T0 - 60)
+        went_bad.append(c.on_deliver(a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec, t))[-1].item))
+    assert [b for b in went_bad if b is not None] == []
+    assert c.ledger.allowed(ALICE.peer_id, t)
+    assert c.summarize(10, 2, t)["producers_refused"] == 0

@@ -24,6 +24,7 @@ dropped; a failed publish is logged in `status` and retried at the next cadence 
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from typing import Any
@@ -69,6 +70,7 @@ class Collector:
         self.authority, self.rule = authority, rule
         self.ledger = ledger if ledger is not None else WorkLedger()
         self.tracks: OrderedDict[bytes, _Track] = OrderedDict()
+        self.charged: set[bytes] = set()  # producers charged for their current gaps
 
     def track(self, rid: bytes) -> _Track:
         t = self.tracks.get(rid)
@@ -88,9 +90,14 @@ class Collector:
             t.version = item.envelope.policy_version
             t.task = (header.dataset, header.task_index)
             t.body = t.body or item.kind is Kind.ROLLOUT_RECORD
-            was = self.ledger.allowed(t.producer)
-            self.ledger.add(t.producer, header.counter, header.reward)
-            if was and not self.ledger.allowed(t.producer):
+            now = item.received_at
+            self.ledger.add(t.producer, header.counter, header.reward, now)
+            # Charged once each time it goes past its allowance (gaps are judged a grace
+            # after they open, so that can happen between two of its rollouts).
+            if self.ledger.allowed(t.producer, now):
+                self.charged.discard(t.producer)
+            elif t.producer not in self.charged and len(self.charged) < MAX_TRACKED:
+                self.charged.add(t.producer)
                 return t.producer
         elif item.kind is Kind.VERDICT:
             t = self.track(item.obj.rollout_id)
@@ -103,16 +110,18 @@ class Collector:
             return Status.PENDING
         return judge(t.producer, t.votes, self.authority, self.rule)
 
-    def summarize(self, version: int, max_staleness: int) -> dict[str, Any]:
+    def summarize(
+        self, version: int, max_staleness: int, now: float = math.inf
+    ) -> dict[str, Any]:
         statuses = [(t, self.status(t)) for t in self.tracks.values() if t.body]
         verified = [t for t, s in statuses if s is Status.VERIFIED]
         usable = [
             t
             for t in verified
-            if version - t.version <= max_staleness and self.ledger.allowed(t.producer)
+            if version - t.version <= max_staleness and self.ledger.allowed(t.producer, now)
         ]
         producers = {t.producer for t in self.tracks.values() if t.producer}
-        refused = sorted(p for p in producers if not self.ledger.allowed(p))
+        refused = sorted(p for p in producers if not self.ledger.allowed(p, now))
         return {
             "bodies": len(statuses),
             "verified": len(verified),
@@ -173,7 +182,7 @@ def _heldout(model: Any, tokenizer: Any, manifest: Any, threads: int | None) -> 
 
 
 def _pick(
-    collector: Collector, waiting: OrderedDict[bytes, Any], version: int, s: int
+    collector: Collector, waiting: OrderedDict[bytes, Any], version: int, s: int, now: float
 ) -> list[Any]:
     """Take the verified rollouts out of `waiting`; drop rejected and stale ones."""
     ready = []
@@ -183,9 +192,10 @@ def _pick(
             del waiting[rid]
             continue
         st = collector.status(t)
-        if st is Status.VERIFIED and collector.ledger.allowed(t.producer):
+        allowed = collector.ledger.allowed(t.producer, now)
+        if st is Status.VERIFIED and allowed:
             ready.append(waiting.pop(rid))
-        elif st is Status.REJECTED or not collector.ledger.allowed(t.producer):
+        elif st is Status.REJECTED or not allowed:
             del waiting[rid]
     return ready
 
@@ -245,7 +255,9 @@ async def run(peer: Any, ctx: RoleContext) -> None:
     while True:
         steps = 0
         if publish_error is None:  # never train past a version the swarm has not got
-            ready = _pick(collector, waiting, trainer.version, manifest.max_staleness)
+            ready = _pick(
+                collector, waiting, trainer.version, manifest.max_staleness, time.time()
+            )
             steps = await trio.to_thread.run_sync(
                 _train, trainer, rescorer, ready, ctx.threads, time.monotonic()
             )
@@ -263,7 +275,7 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                 if publish_error is None:
                     ctx.say(f"trainer: cannot publish version {trainer.version}: {exc}")
                 publish_error = f"{type(exc).__name__}: {exc}"
-        summary = collector.summarize(trainer.version, manifest.max_staleness)
+        summary = collector.summarize(trainer.version, manifest.max_staleness, time.time())
         ctx.status.update(summary, **trainer.status(), published=published, waiting=len(waiting))
         ctx.status["publish_error"] = publish_error
         ctx.status["updated_at"] = time.time()
