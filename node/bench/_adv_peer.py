@@ -64,13 +64,13 @@ def manifest(run: str, validator: str) -> Any:
 
 def honest_record(ident: Identity, m: Any, counter: int, seq: int, *, lie: bool = False,
                   version: int = VERSION, run_id: str | None = None, rng: random.Random) -> bytes:
-    """A synthetic record claiming its true reward (or lying: claiming 1.0 when unsolved)."""
+    """A synthetic record claiming its true reward (or lying: claiming the opposite)."""
     base = synthetic_record(ident, m, counter, n_prompt=16, n_completion=64, seq=seq, rng=rng)
     rec = decode(RolloutRecord, base)
     body = decode(RolloutBody, rec.body)
     reward = true_reward(body)
     if lie:
-        reward = 1.0
+        reward = 1.0 - reward
     return make_record(
         ident, body, dataset=m.datasets[0].name, task_index=counter, counter=counter,
         task_seed=body.sampling_seed, reward=reward, run_id=run_id or m.run_id,
@@ -113,10 +113,11 @@ class _Counting:
                 verified.setdefault(producer, []).append((rid.hex(), t))
                 units[(producer, counter)] += 1
                 bodies[digest] += 1
-                if self.collector.ledger.allowed(track.producer):
+                if self.collector.ledger.allowed(track.producer, now):
                     usable[producer] += 1
         scores = self.peer.admission.scores
-        reward = {p: self.collector.ledger.counted_reward(peer_id_from_b58(p)) for p in ids}
+        ledger = self.collector.ledger
+        reward = {p: ledger.counted_reward(peer_id_from_b58(p), now) for p in ids}
         return {
             "verified": verified, "headers": headers, "usable": dict(usable),
             "double_counted": sum(n - 1 for n in units.values()) + sum(n - 1 for n in bodies.values()),

@@ -65,7 +65,9 @@ class _Ctx:
     seconds: float
     seen: list[Admitted]
     cmd: dict[str, Any]
-    rng: random.Random = dataclasses.field(default_factory=lambda: random.Random(os.getpid()))
+    # Fresh bodies per attack: one attacker process runs every attack, and bodies repeated
+    # from an earlier attack are refused as copies before the rule under test is reached.
+    rng: random.Random = dataclasses.field(default_factory=lambda: random.Random(os.urandom(16)))
     counter: int = 0
 
     def record(self, **kw: Any) -> bytes:
