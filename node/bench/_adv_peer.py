@@ -116,8 +116,8 @@ class _Counting:
                 if self.collector.ledger.allowed(track.producer, now):
                     usable[producer] += 1
         scores = self.peer.admission.scores
-        ledger = self.collector.ledger
-        reward = {p: ledger.counted_reward(peer_id_from_b58(p), now) for p in ids}
+        # The ledger's final account (every gap judged, as it is once the grace has passed).
+        reward = {p: self.collector.ledger.counted_reward(peer_id_from_b58(p)) for p in ids}
         return {
             "verified": verified, "headers": headers, "usable": dict(usable),
             "double_counted": sum(n - 1 for n in units.values()) + sum(n - 1 for n in bodies.values()),
