@@ -171,6 +171,7 @@ class _Pull:
     origin: tuple[bytes, str] | None = None  # (signer, sender) of the header, to blame
     parked: int = 0  # times it waited for a source to (re)connect (not an attempt)
     widened: bool = False  # other connected peers were added as sources
+    answered: int = 0  # times a source answered without the body (or with a bad one)
 
 
 class Peer:
@@ -556,6 +557,8 @@ class Peer:
             # record before they gossip its header, so an honest one always has it.
             self.counters["producer_lacks_body"] += 1
             self.report(source, PRODUCER_LACKS_BODY_PENALTY, "announced a body it does not serve")
+        if rec is None and answered:
+            p.answered += 1
         if rec is not None and _record_id(rec) != p.rollout_id:
             # Not what we asked for (a re-signed copy, another rollout): the source pays.
             self.counters["pull_wrong_record"] += 1
@@ -568,15 +571,19 @@ class Peer:
                 self._pulling.discard(p.rollout_id)
                 return
             # A bad body from this source (it paid for it in score): try another one.
+            p.answered += 1
         p.attempts += 1
         if p.attempts >= PULL_ATTEMPTS:
             # The header stays (retried at restart) until it expires (`BODYLESS_TTL_S`);
-            # a header nobody serves costs its signer and sender (a flood of them, more).
+            # a header nobody serves costs its signer and sender (a flood of them, more),
+            # but only if some source answered: failed connections are no evidence.
             self.counters["pull_gave_up"] += 1
             self._pulling.discard(p.rollout_id)
             if p.origin is not None:
                 signer, sender = p.origin
-                self._apply(self.admission.handle(BodyMissing(p.rollout_id, signer, sender, time.time())))
+                self._apply(self.admission.handle(
+                    BodyMissing(p.rollout_id, signer, sender, time.time(), p.answered)
+                ))
             return
         # Rotate sources and retry later (the forwarder may not have the body yet);
         # after the announcers, any connected peer may hold it (relays, trainers).

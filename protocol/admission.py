@@ -593,12 +593,17 @@ class Known:
 
 @dataclass(frozen=True, slots=True)
 class BodyMissing:
-    """The node gave up pulling the body of an admitted header (no source served it)."""
+    """The node gave up pulling the body of an admitted header (no source served it).
+
+    `answered`: how many times a source answered without the body (or with a bad one).
+    0 means every attempt failed to connect (a source restarting, say): no evidence
+    against anyone, nobody pays (the header stays owed and expires if it never comes)."""
 
     rollout_id: bytes
     signer: bytes
     sender: PeerId
     now: float
+    answered: int = 1
 
 
 Event = (
@@ -956,7 +961,10 @@ class Admission:
     def _on_body_missing(self, ev: BodyMissing) -> list[Action]:
         """Nobody served the body of an admitted header: its signer signed a promise it
         did not keep, and its sender passed it on (both pay a little; honest peers that
-        crashed lose far less than a flood of body-less headers costs)."""
+        crashed lose far less than a flood of body-less headers costs). Pulls that only
+        failed to connect are no evidence: nobody pays."""
+        if ev.answered <= 0:
+            return []
         actions = self._apply_score(
             _as_peer_form(ev.sender, ev.signer),
             self.config.penalties[Reason.BODY_MISSING],

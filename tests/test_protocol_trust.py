@@ -606,3 +606,19 @@ def test_catch_up_after_live_gossip_does_not_charge_an_honest_worker():
     assert [b for b in went_bad if b is not None] == []
     assert c.ledger.allowed(ALICE.peer_id, t)
     assert c.summarize(10, 2, t)["producers_refused"] == 0
+
+
+def test_a_body_pull_that_only_failed_to_connect_costs_nobody():
+    """Found by review: while a producer restarted, pulls of its newest bodies failed to
+    connect until they gave up, and the honest producer and its relay were charged
+    BodyMissing. Only a source that answered without the body is evidence."""
+    a = machine()
+    h = header(rollout(BOB, seq=1))
+    a.handle(msg("relay2", Kind.ROLLOUT_HEADER, h))
+    before = a.scores.score("relay2", T0 + 60)
+    acts = a.handle(adm.BodyMissing(content_id(h), BOB.peer_id, "relay2", T0 + 60, answered=0))
+    assert acts == []
+    assert a.scores.score("relay2", T0 + 60) == pytest.approx(before)
+    assert a.scores.score(BOB.peer_id_b58, T0 + 60) == 0
+    a.handle(adm.BodyMissing(content_id(h), BOB.peer_id, "relay2", T0 + 60, answered=2))
+    assert a.scores.score(BOB.peer_id_b58, T0 + 60) < 0
