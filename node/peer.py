@@ -851,13 +851,19 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
 
 
 async def _restore(peer: Peer, now: float) -> None:
-    """Rebuild what lived only in memory before a restart: dedup memory and owed pulls."""
+    """Rebuild what lived only in memory before a restart: dedup memory, known signers
+    and owed pulls."""
     ttl = peer.admission.config.dedup_ttl_s
     limit = peer.admission.config.dedup_entries
     headers, records, verdicts = await trio.to_thread.run_sync(peer.store.known_since, now - ttl, limit)
     for kind, ids in ((Kind.ROLLOUT_HEADER, headers + records), (Kind.ROLLOUT_RECORD, records),
                       (Kind.VERDICT, verdicts)):
         peer.admission.handle(Known(kind, tuple(ids), now))
+    # Producers and validators we stored are not new identities after a restart.
+    signers = await trio.to_thread.run_sync(
+        peer.store.known_signers, now - ttl, peer.admission.config.max_signers
+    )
+    peer.admission.handle(Known(Kind.ROLLOUT_HEADER, (), now, signers=tuple(signers)))
     if peer.cfg.pull_bodies:
         for row in await trio.to_thread.run_sync(peer.store.missing_bodies, PULL_QUEUE // 2):
             sources = [_b58(row.producer)] + ([str(row.source_peer)] if row.source_peer else [])

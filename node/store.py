@@ -641,6 +641,18 @@ class Store:
             ).fetchall()
         return [r[0] for r in rows if not r[1]], [r[0] for r in rows if r[1]], [v[0] for v in verdicts]
 
+    def known_signers(self, since: float, limit: int = 65_536) -> list[bytes]:
+        """Producers and validators of what was stored since `since` (most recent first):
+        after a restart they are not new identities to admission."""
+        with self._read() as c:
+            rows = c.execute(
+                "SELECT who FROM (SELECT producer AS who, received_at AS at FROM rollouts "
+                "WHERE received_at>=? UNION ALL SELECT validator, received_at FROM verdicts "
+                "WHERE received_at>=?) GROUP BY who ORDER BY max(at) DESC LIMIT ?",
+                (float(since), float(since), int(limit)),
+            ).fetchall()
+        return [bytes(r[0]) for r in rows]
+
     def count_rollouts(self, run_id: str | None = None) -> int:
         with self._read() as c:
             if run_id is None:

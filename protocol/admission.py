@@ -71,9 +71,9 @@ timestamps and ban ends mean the same across peers and restarts):
                                                 audit); penalty <= 0 is the score change
     `StoreFailed(item, now)`                    the node could not store an admitted item:
                                                 forget it so a copy can be admitted later
-    `Known(kind, ids, now)`                     items already stored (the node loads them at
+    `Known(kind, ids, now, signers=())`         items already stored (the node loads them at
                                                 start): copies are duplicates, as before a
-                                                restart
+                                                restart, and their signers are not new
 Actions (execute in the order returned; if a Store raises, skip the rest of that list
 and send `StoreFailed`):
     `Reject(peer, reason, penalty, stage, detail, kind)`  penalty is the score change (<= 0)
@@ -589,6 +589,7 @@ class Known:
     kind: Kind
     ids: tuple[bytes, ...]
     now: float
+    signers: tuple[bytes, ...] = ()  # signers of stored items: not new identities
 
 
 @dataclass(frozen=True, slots=True)
@@ -981,6 +982,8 @@ class Admission:
         kind = Kind(ev.kind)
         for cid in ev.ids:
             self._dedup.add((kind, bytes(cid)), ev.now)
+        for signer in ev.signers:
+            self._know_signer(bytes(signer))
         return []
 
     def _on_message(self, ev: MessageReceived) -> list[Action]:
@@ -1022,10 +1025,7 @@ class Admission:
             self._weights_version = max(self._weights_version, op.obj.version)
         if rule.work:
             self.work.add(op.envelope.signer, _work_key(op), op.content_id)
-        self._known_signers[op.envelope.signer] = None
-        self._known_signers.move_to_end(op.envelope.signer)
-        if len(self._known_signers) > self.config.max_signers:
-            self._known_signers.popitem(last=False)
+        self._know_signer(op.envelope.signer)
         if rule.delegation:
             env = op.envelope
             self.authority.apply(
@@ -1037,6 +1037,12 @@ class Admission:
             kind, op.content_id, peer, op.envelope, op.obj, bytes(m.data), now, op.header, op.body
         )
         return [make(item) for s in stages if (make := _OUTPUTS.get(s)) is not None]
+
+    def _know_signer(self, signer: bytes) -> None:
+        self._known_signers[signer] = None
+        self._known_signers.move_to_end(signer)
+        if len(self._known_signers) > self.config.max_signers:
+            self._known_signers.popitem(last=False)
 
     def _handed_before(self, peer: PeerId, m: _Msg, now: float) -> bool:
         """Whether `peer` handed us this message (or its body) before; remembers it."""

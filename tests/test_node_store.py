@@ -158,6 +158,13 @@ def test_rollouts_round_trip_and_queries(store):
     assert store.count_rollouts() == 3
 
 
+def test_known_signers_are_the_producers_stored_since(store):
+    store.put_rollouts([row(i) for i in range(1, 7)])  # producers 0, 1, 2 (i % 3)
+    assert set(store.known_signers(since=T0)) == {b"producer-0", b"producer-1", b"producer-2"}
+    assert store.known_signers(since=T0 + 5.5) == [b"producer-0"]  # only row 6 is that new
+    assert len(store.known_signers(since=T0, limit=2)) == 2
+
+
 def test_header_first_body_later(store):
     rid = (9).to_bytes(32, "big")
     assert store.put_rollout(row(9, body=None))

@@ -622,3 +622,19 @@ def test_a_body_pull_that_only_failed_to_connect_costs_nobody():
     assert a.scores.score(BOB.peer_id_b58, T0 + 60) == 0
     a.handle(adm.BodyMissing(content_id(h), BOB.peer_id, "relay2", T0 + 60, answered=2))
     assert a.scores.score(BOB.peer_id_b58, T0 + 60) < 0
+
+
+def test_producers_known_before_a_restart_are_not_new_identities_after_it():
+    """Found by review: after a restart every producer counted as a new identity, so a
+    relay carrying 100 known producers got all but the first few dozen refused. The node
+    now restores the signers it stored (`Known(..., signers=...)`)."""
+    workers = _workers(100)
+    a = machine()
+    a.handle(adm.Known(Kind.ROLLOUT_HEADER, (), T0, signers=tuple(w.peer_id for w in workers)))
+    t = T0
+    outcomes = []
+    for i, w in enumerate(workers):
+        t += 0.02
+        h = header(rollout(w, seq=i + 1, seed=60_000 + i, at=t))
+        outcomes.append(a.handle(msg("relay", Kind.ROLLOUT_HEADER, h, t)))
+    assert all(isinstance(o[-1], Deliver) for o in outcomes)
