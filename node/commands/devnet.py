@@ -202,11 +202,17 @@ def _table(nodes: list[NodeProc], elapsed: float, duration: float) -> Any:
 
 
 def _drain(nodes: list[NodeProc], console: Any) -> float:
-    """Tell the workers to stop producing (SIGUSR1: they keep serving bodies), give the
-    trainer up to DRAIN_S to fetch what was announced (until its body count stops growing
-    for 5 s), then return the seconds spent; everyone is stopped afterwards."""
-    for n in nodes:
-        if n.role == "inference" and n.proc.poll() is None:
+    """Tell the workers to stop producing (SIGUSR1: they keep serving bodies and syncing
+    weights), then give the swarm up to DRAIN_S to account every rollout: the trainer
+    fetches what was announced, and a worker that catches up with the trainer's newest
+    version learns which of its rollouts the trainer refused as too stale. Stops early
+    when every worker has nothing pending, or when nothing moves for 5 s; returns the
+    seconds spent (everyone is stopped afterwards)."""
+    from node.peer import DELIVERY_CHECK_S
+
+    workers = [n for n in nodes if n.role == "inference"]
+    for n in workers:
+        if n.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 n.proc.send_signal(signal.SIGUSR1)
     trainer = next((n for n in nodes if n.role == "trainer"), None)
@@ -214,12 +220,23 @@ def _drain(nodes: list[NodeProc], console: Any) -> float:
     if trainer is None:
         return 0.0
     console.print(f"devnet: workers paused; letting the trainer catch up (up to {DRAIN_S:g} s) ...")
-    last, still = -1, time.monotonic()
+    last: tuple[Any, ...] = ()
+    still = time.monotonic()
     while time.monotonic() - started < DRAIN_S and trainer.proc.poll() is None:
-        trainer.read_status()
-        now = trainer.status.get("counters", {}).get("stored_rollout_record", 0)
-        if now != last:
-            last, still = now, time.monotonic()
+        for n in (trainer, *workers):
+            n.read_status()
+        pending = [n.status.get("delivery", {}).get("pending") for n in workers if n.proc.poll() is None]
+        # (a worker accounts its delivery every DELIVERY_CHECK_S: wait for one after the pause)
+        settled = time.monotonic() - started > DELIVERY_CHECK_S + 1.0
+        if settled and pending and all(p == 0 for p in pending):
+            break
+        progress = (
+            trainer.status.get("counters", {}).get("stored_rollout_record", 0),
+            *(n.status.get("policy_version") for n in workers),
+            *pending,
+        )
+        if progress != last:
+            last, still = progress, time.monotonic()
         elif time.monotonic() - still > 5.0:
             break
         time.sleep(0.5)
