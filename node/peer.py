@@ -334,6 +334,8 @@ class Peer:
             self._catch_up(self.catch_up.handle(cu.PeerJoined(event.peer, time.time())))
         else:
             self.catch_up.handle(cu.PeerLeft(event.peer, time.time()))
+            if self.weights is not None:
+                self.weights.on_peer_gone(event.peer)
 
     # -- admission glue -------------------------------------------------------------------
 

@@ -26,7 +26,9 @@ older manifests that way); only a trainer key's manifest is ever admitted, and o
 *target*; `protocol.weights_plan.plan` picks the fewest bytes to reach it (patches from
 what is installed, or a full version, or a snapshot plus patches). The shards of the
 plan's manifests go into `protocol.shard_schedule.ShardScheduler`; have-maps are polled
-from peers over `/swarm-rl/<run>/shard/1` (every `have_poll_s` while behind); each
+from peers over `/swarm-rl/<run>/shard/1` (every `have_poll_s` while behind, at once when an
+announcement puts us behind; the trainer that signed a fresh announcement is known to hold
+all of it, so it is asked without waiting for a poll); each
 `Request` the scheduler returns runs as one task (`node.shard_exchange.fetch_shard`, a
 deadline on every read), a `Cancel` cancels it. A shard is checked against its signed
 digest before it is stored (`node.weights_store`) and so before it is served; a bad one
@@ -62,6 +64,7 @@ from node.weights_store import WeightsError, WeightsStore
 from protocol.admission import Admitted, Kind
 from protocol.content_id import content_id
 from protocol.envelope import seal
+from protocol.identity import peer_id_to_b58
 from protocol.shard_schedule import Cancel, DropPeer, Request, ScheduleConfig, ShardScheduler
 from protocol.weights_plan import Offer, plan
 from protocol.wire import WeightManifest
@@ -261,6 +264,11 @@ class WeightSync:
         if item.content_id in self._manifests:
             return
         self._manifests[item.content_id] = m
+        signer = peer_id_to_b58(item.envelope.signer)
+        if item.kind is Kind.WEIGHT_ANNOUNCE and signer in self.peer.host.connected_peers():
+            # The trainer installs a version before it announces it: it holds every shard,
+            # so we need not wait for a have-map poll to ask it.
+            self.sched.on_have(signer, item.content_id, range(len(m.shards)), trio.current_time())
         if self._nursery is not None:
             self._nursery.start_soon(self._keep_manifest, item.content_id, m, item.data)
         if m.version > self.target:
@@ -276,6 +284,12 @@ class WeightSync:
 
     def on_hello(self, peer: str, version: int) -> None:
         self._peer_versions[peer] = version
+
+    def on_peer_gone(self, peer: str) -> None:
+        """`peer` disconnected: its requests are cancelled and asked elsewhere, no blame."""
+        self._peer_versions.pop(peer, None)
+        self._dispatch(self.sched.on_peer_gone(peer, trio.current_time()))
+        self._notify()
 
     # -- serving ---------------------------------------------------------------------------
 
@@ -474,8 +488,12 @@ class WeightSync:
 
     async def _poll_loop(self) -> None:
         while True:
-            behind = self._behind()
-            await trio.sleep(self.settings.have_poll_s if behind else self.settings.idle_poll_s)
+            if self._behind():
+                await trio.sleep(self.settings.have_poll_s)
+            else:  # up to date: poll rarely, but at once when an announcement puts us behind
+                with trio.move_on_after(self.settings.idle_poll_s):
+                    while not self._behind():
+                        await self._changed.wait()
             peers = self.peer.host.connected_peers()
             random.shuffle(peers)
             async with trio.open_nursery() as nursery:

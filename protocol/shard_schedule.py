@@ -23,9 +23,13 @@ What it owns
 - Stalls: a request not done by its deadline (`stall_s` plus the time its size needs at
   `min_rate_bytes_s`) is cancelled, its peer dropped for `drop_s` (`DropPeer`) and the
   shard becomes requestable elsewhere. The node also puts a deadline on every read and
-  write; a transfer error it sees comes in as `on_failed` with the same effect.
+  write; a transfer error it sees comes in as `on_failed`: the peer is not asked for
+  `fail_backoff_s` (a reset is no evidence of bad faith: a busy honest peer, a lost
+  connection), and an error of a request no longer in flight (cancelled by us) costs
+  nothing. A peer that leaves (`on_peer_gone`) gets its requests cancelled.
 - Bad data: a shard whose digest did not match (`on_bad`) is re-requested from another
-  peer; the sender is dropped (the node scores it down through admission's `Misbehaved`).
+  peer; the sender is dropped for `bad_drop_s` (the node also scores it down through
+  admission's `Misbehaved`).
 
 Who is blamed: only the peer that sent the bytes or failed the request; a shard that is
 merely rare costs nobody anything.
@@ -35,7 +39,7 @@ Public API
 `ScheduleConfig(...)`; `ShardScheduler(config, salt=b"")`
     `.want(manifest_id, sizes, have=())`  add a manifest's shards (`have`: already verified)
     `.forget(manifest_id)`                 stop wanting it (cancels its requests)
-    `.on_have(peer, manifest_id, indices, now)`, `.on_peer_gone(peer, now)`
+    `.on_have(peer, manifest_id, indices, now)`, `.on_peer_gone(peer, now) -> list[Cancel]`
     `.next_requests(now) -> list[Request]` what to request now (marks them in flight)
     `.on_done(peer, manifest_id, index, now) -> list[Cancel]`  verified and stored
     `.on_bad(peer, manifest_id, index, now) -> list[Action]`   failed its digest
@@ -74,14 +78,19 @@ class ScheduleConfig:
     endgame_copies: int = 2  # copies of one shard in flight during the endgame
     stall_s: float = 10.0  # base deadline of a request
     min_rate_bytes_s: float = 256 * 1024.0  # slowest acceptable transfer rate
-    drop_s: float = 30.0  # a stalled or lying peer is not asked again for this long
+    drop_s: float = 30.0  # a stalled peer is not asked again for this long
+    fail_backoff_s: float = 2.0  # ... a peer whose transfer broke off
+    bad_drop_s: float = 600.0  # ... a peer that sent a shard failing its digest
     ewma: float = 0.4  # weight of the newest throughput sample
     optimistic_bytes_s: float = 64 * 1024 * 1024.0  # assumed rate of an unmeasured peer
 
     def __post_init__(self) -> None:
         if self.per_peer < 1 or self.total < 1 or self.endgame_copies < 1:
             raise LocalProtocolError("ScheduleConfig: per_peer, total, endgame_copies must be >= 1")
-        for name in ("stall_s", "min_rate_bytes_s", "drop_s", "optimistic_bytes_s"):
+        for name in (
+            "stall_s", "min_rate_bytes_s", "drop_s", "fail_backoff_s", "bad_drop_s",
+            "optimistic_bytes_s",
+        ):  # fmt: skip
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise LocalProtocolError(f"ScheduleConfig.{name} must be a positive number")
@@ -193,12 +202,14 @@ class ShardScheduler:
     def on_have(self, peer: str, manifest_id: bytes, indices: Iterable[int], now: float) -> None:
         self._peer(peer).have[manifest_id] = frozenset(indices)
 
-    def on_peer_gone(self, peer: str, now: float) -> None:
-        p = self._peers.pop(peer, None)
-        if p is None:
-            return
+    def on_peer_gone(self, peer: str, now: float) -> list[Cancel]:
+        """`peer` disconnected: forget its have-maps, cancel its requests (no blame)."""
+        out = []
         for key in list(self._flights):
-            self._drop_flight(key, peer)
+            if self._drop_flight(key, peer) is not None:
+                out.append(Cancel(peer, key[0], key[1], "peer gone"))
+        self._peers.pop(peer, None)
+        return out
 
     def _live(self, peer: str, p: _Peer, now: float) -> bool:
         return p.dropped_until <= now
@@ -316,9 +327,9 @@ class ShardScheduler:
             self._done_bytes += self._sizes[manifest_id][index]
         return out
 
-    def _drop_peer(self, peer: str, now: float, reason: str) -> list[Action]:
+    def _drop_peer(self, peer: str, now: float, reason: str, for_s: float) -> list[Action]:
         p = self._peer(peer)
-        p.dropped_until = now + self.config.drop_s
+        p.dropped_until = max(p.dropped_until, now + for_s)
         out: list[Action] = [DropPeer(peer, p.dropped_until, reason)]
         for key in list(self._flights):
             if self._drop_flight(key, peer) is not None:
@@ -328,7 +339,7 @@ class ShardScheduler:
     def on_bad(self, peer: str, manifest_id: bytes, index: int, now: float) -> list[Action]:
         """The shard from `peer` failed its digest (or was truncated): drop the peer."""
         self._drop_flight((manifest_id, index), peer)
-        return self._drop_peer(peer, now, "bad shard")
+        return self._drop_peer(peer, now, "bad shard", self.config.bad_drop_s)
 
     def on_missing(self, peer: str, manifest_id: bytes, index: int, now: float) -> None:
         """`peer` answered that it does not hold the shard (its have-map was stale)."""
@@ -338,9 +349,11 @@ class ShardScheduler:
             p.have[manifest_id] = p.have[manifest_id] - {index}
 
     def on_failed(self, peer: str, manifest_id: bytes, index: int, now: float) -> list[Action]:
-        """The transfer failed (timeout, reset, peer lacks it): try elsewhere."""
-        self._drop_flight((manifest_id, index), peer)
-        return self._drop_peer(peer, now, "transfer failed")
+        """The transfer failed (timeout, reset): try elsewhere, and this peer again after
+        `fail_backoff_s`. A request we no longer had in flight (cancelled) blames nobody."""
+        if self._drop_flight((manifest_id, index), peer) is None:
+            return []
+        return self._drop_peer(peer, now, "transfer failed", self.config.fail_backoff_s)
 
     def tick(self, now: float) -> list[Action]:
         out: list[Action] = []
@@ -348,5 +361,5 @@ class ShardScheduler:
             f.peer for flights in self._flights.values() for f in flights if f.deadline <= now
         }
         for peer in sorted(stalled):
-            out.extend(self._drop_peer(peer, now, "stalled"))
+            out.extend(self._drop_peer(peer, now, "stalled", self.config.drop_s))
         return out

@@ -192,3 +192,42 @@ def test_pulled_manifest_of_an_older_version_is_admitted():
     # gossip of an old version is still OUTDATED
     out = a.handle(MessageReceived("relay", Kind.WEIGHT_ANNOUNCE, sealed(TRAINER, 4, 2), 0.0))
     assert [x.reason for x in out if isinstance(x, Reject)] == [Reason.OUTDATED]
+
+
+def test_broken_transfer_backs_off_briefly_a_liar_for_long():
+    # A reset or a timeout is no evidence of lying (a busy honest peer, a lost
+    # connection): the peer is asked again after `fail_backoff_s`, not `drop_s`.
+    s = sched(per_peer=1, total=1, fail_backoff_s=2.0, drop_s=30.0, bad_drop_s=600.0)
+    s.want(M, [MiB] * 2)
+    s.on_have("a", M, {0, 1}, 0.0)
+    ((_, i),) = requests(s.next_requests(0.0))
+    (drop, *_) = s.on_failed("a", M, i, 1.0)
+    assert isinstance(drop, DropPeer) and drop.until == 3.0
+    assert s.next_requests(2.9) == []
+    ((_, j),) = requests(s.next_requests(3.0))
+    (bad, *_) = s.on_bad("a", M, j, 4.0)
+    assert bad.until == 604.0
+    assert s.next_requests(100.0) == []
+
+
+def test_failure_of_a_request_no_longer_in_flight_blames_nobody():
+    # The scheduler cancelled it (endgame, forget, peer gone): the task that ran it
+    # reports an error when it is torn down; that is not the peer's fault.
+    s = sched(per_peer=1, total=1)
+    s.want(M, [MiB])
+    s.on_have("a", M, {0}, 0.0)
+    ((_, i),) = requests(s.next_requests(0.0))
+    s.on_peer_gone("a", 1.0)
+    assert s.on_failed("a", M, i, 1.1) == []
+    s.on_have("a", M, {0}, 2.0)
+    assert requests(s.next_requests(2.0)) == [("a", 0)]
+
+
+def test_peer_gone_cancels_its_requests():
+    s = sched(per_peer=2, total=2)
+    s.want(M, [MiB] * 2)
+    s.on_have("a", M, {0, 1}, 0.0)
+    got = requests(s.next_requests(0.0))
+    out = s.on_peer_gone("a", 1.0)
+    assert sorted((c.peer, c.index) for c in out if isinstance(c, Cancel)) == sorted(got)
+    assert s.progress()["in_flight"] == 0
