@@ -38,6 +38,7 @@ MAX_ADDRS_FRAME = MAX_SHARED_ADDRS * 300 + 16
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 FLAP_WINDOW_S = 30.0
+EXCHANGE_MAX_S = 60.0
 
 
 def hello_protocol(run_id: str) -> str:
@@ -297,20 +298,30 @@ class Discovery:
     async def redial_loop(
         self, interval_s: float = 1.0, max_parallel: int = 8, exchange_every_s: float = 5.0
     ) -> None:
-        """Forever: greet new inbound peers, re-exchange peer lists every `exchange_every_s`
-        while below `max_peers`, and dial due known peers (at most `max_parallel` a round)."""
+        """Forever: greet new inbound peers, re-exchange peer lists while below `max_peers`
+        (every `exchange_every_s`; the gap doubles up to EXCHANGE_MAX_S while rounds teach
+        us no new peer, and is reset when one does or a new peer connects: each round is a
+        stream and a signed hello per connected peer), and dial due known peers (at most
+        `max_parallel` a round)."""
         last_exchange = time.monotonic()
+        gap = exchange_every_s
         while True:
             connected = set(self.host.connected_peers())
             greet = connected - self._greeted
-            if len(connected) < self.max_peers and time.monotonic() - last_exchange > exchange_every_s:
+            exchange = len(connected) < self.max_peers and time.monotonic() - last_exchange > gap
+            if greet and not exchange:
+                gap = exchange_every_s  # a newcomer may know peers we do not
+            if exchange:
                 last_exchange = time.monotonic()
                 greet = connected  # ask everyone again: they may know peers we do not
+            known = len(self.book)
             if greet:
                 async with trio.open_nursery() as nursery:
                     for peer in list(greet)[:max_parallel * 4]:
                         self._greeted.add(peer)
                         nursery.start_soon(self.greet, peer)
+            if exchange:
+                gap = exchange_every_s if len(self.book) > known else min(2 * gap, EXCHANGE_MAX_S)
             self._greeted &= connected  # a peer that left is greeted again when it returns
             if len(connected) < self.max_peers:
                 due = [

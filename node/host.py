@@ -147,7 +147,7 @@ class HostSettings:
     dial_timeout_s: float = 5.0  # one connect(): TCP + Noise + Yamux + multiselect
     io_timeout_s: float = 10.0  # one framed read or write on a stream
     close_timeout_s: float = 2.0  # closing a stream or a connection
-    heartbeat_interval_s: float = 0.5  # application ping period per peer
+    heartbeat_interval_s: float = 1.0  # application ping period per peer (as network.heartbeat_interval_s)
     peer_dead_after_s: float = 4.0  # no pong for this long: disconnect the peer
     gossip_degree: int = 6  # GossipSub D, D_low, D_high
     gossip_degree_low: int = 4

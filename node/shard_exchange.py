@@ -1,17 +1,26 @@
 """The weight shard stream protocol `/swarm-rl/<run>/shard/1`: have-maps, manifests, shards.
 
-One request per stream (opening a Yamux stream is cheap), every frame length-prefixed by
-`node.host.FramedStream`, every read and write under the host's I/O deadline:
+One request per stream, every frame length-prefixed by `node.host.FramedStream`, every
+read and write under the host's I/O deadline:
 
     client -> server   request frame, msgpack array:
-                         ["have"]                     which manifests and shards do you hold
+                         ["watch"]                    tell me what you hold, and each change
                          ["manifest", id]             the signed manifest envelope `id`
                          ["shard", id, index]         the bytes of one shard
-    server -> client   "have":     msgpack array of [manifest id (32 bytes), bitfield]
-                                   (bit i, LSB-first per byte, set = shard i held, verified)
+    server -> client   "watch":    have-map frames, each a msgpack array of
+                                   [manifest id (32 bytes), bitfield] (bit i, LSB-first per
+                                   byte, set = shard i held, verified): one at once, then one
+                                   whenever it changes (at most every WATCH_DEBOUNCE_S) and
+                                   the same one again after WATCH_KEEPALIVE_S without a
+                                   change; the server ends the stream after WATCH_MAX_S
                        "manifest": the envelope bytes, or an empty frame
                        "shard":    a header frame msgpack [size] (size -1: not held), then
                                    the bytes in frames of at most CHUNK bytes
+
+Have-maps are pushed, BitTorrent's HAVE messages in spirit: one long-lived stream per
+pair of peers costs nothing while nothing changes, where polling cost two stream setups
+(multistream negotiation, Noise, Yamux window updates) per peer pair and poll period,
+which kept 2 shared cores busy with 9 idle peers.
 
 The server only sends what it verified (the store holds nothing else) and paces every
 chunk through the node's `UploadLimiter`. The client trusts nothing: manifests go through
@@ -25,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 
 import msgpack
+import trio
 
 from node.host import FramedStream, PeerError, SwarmHost
 from node.upload_limit import UploadLimiter
@@ -35,6 +45,9 @@ MAX_REQUEST_BYTES = 128
 MAX_HAVE_ENTRIES = 256
 MAX_HAVE_BYTES = MAX_HAVE_ENTRIES * (40 + 65_536 // 8)
 MAX_ENVELOPE_BYTES = WeightManifest.MAX_BYTES + 1024
+WATCH_DEBOUNCE_S = 0.1  # at most this often a have-map per watcher
+WATCH_KEEPALIVE_S = 3.0  # an unchanged have-map is sent again (under the client's read deadline)
+WATCH_MAX_S = 300.0  # the server ends a watch after this long; the client opens a new one
 
 
 class BadRequest(PeerError):
@@ -67,7 +80,7 @@ def decode_request(peer: str, data: bytes) -> list:  # type: ignore[type-arg]
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise BadRequest(peer, f"shard request is not msgpack: {exc}") from None
     ok = isinstance(req, list) and req and (
-        req == ["have"]
+        req == ["watch"]
         or (len(req) == 2 and req[0] == "manifest" and isinstance(req[1], bytes) and len(req[1]) == 32)
         or (
             len(req) == 3 and req[0] == "shard" and isinstance(req[1], bytes) and len(req[1]) == 32
@@ -82,22 +95,23 @@ def decode_request(peer: str, data: bytes) -> list:  # type: ignore[type-arg]
 # -- server ---------------------------------------------------------------------------------
 
 HaveFn = Callable[[], Awaitable[list[tuple[bytes, bytes]]]]
+ChangedFn = Callable[[float], Awaitable[None]]  # returns at a change, or after the timeout
 ManifestFn = Callable[[bytes], Awaitable[bytes | None]]
 ShardFn = Callable[[bytes, int], Awaitable[bytes | None]]
 
 
 async def serve(
-    stream: FramedStream, limiter: UploadLimiter, have: HaveFn, manifest: ManifestFn, shard: ShardFn
-) -> int:
+    stream: FramedStream, limiter: UploadLimiter, have: HaveFn, changed: ChangedFn,
+    manifest: ManifestFn, shard: ShardFn,
+) -> int:  # fmt: skip
     """Answer one request; returns the shard bytes uploaded (0 for other requests)."""
     try:
         frame = await stream.receive(MAX_REQUEST_BYTES)
     except PeerError:
         return 0
     req = decode_request(stream.peer, frame)
-    if req[0] == "have":
-        entries = (await have())[:MAX_HAVE_ENTRIES]
-        await stream.send(msgpack.packb([[m, b] for m, b in entries], use_bin_type=True))
+    if req[0] == "watch":
+        await _serve_watch(stream, have, changed)
         return 0
     if req[0] == "manifest":
         await stream.send(await manifest(req[1]) or b"")
@@ -115,6 +129,21 @@ async def serve(
     return len(data)
 
 
+async def _serve_watch(stream: FramedStream, have: HaveFn, changed: ChangedFn) -> None:
+    """Push have-maps until WATCH_MAX_S has passed (or the stream breaks: `PeerError`)."""
+    end = trio.current_time() + WATCH_MAX_S
+    last: list[tuple[bytes, bytes]] | None = None
+    sent_at = -WATCH_KEEPALIVE_S
+    while trio.current_time() < end:
+        entries = (await have())[:MAX_HAVE_ENTRIES]
+        now = trio.current_time()
+        if entries != last or now - sent_at >= WATCH_KEEPALIVE_S:
+            await stream.send(msgpack.packb([[m, b] for m, b in entries], use_bin_type=True))
+            last, sent_at = entries, now
+        await changed(max(0.0, sent_at + WATCH_KEEPALIVE_S - trio.current_time()))
+        await trio.sleep(WATCH_DEBOUNCE_S)
+
+
 # -- client ---------------------------------------------------------------------------------
 
 
@@ -128,13 +157,34 @@ async def _request(host: SwarmHost, peer: str, run_id: str, req: list) -> Framed
     return stream
 
 
-async def fetch_have(host: SwarmHost, peer: str, run_id: str) -> dict[bytes, bytes]:
-    """{manifest id: bitfield} announced by `peer` (unchecked beyond shape)."""
-    stream = await _request(host, peer, run_id, ["have"])
+async def watch_have(
+    host: SwarmHost, peer: str, run_id: str,
+    on_have: Callable[[dict[bytes, bytes]], Awaitable[None]],
+) -> None:  # fmt: skip
+    """Call `on_have({manifest id: bitfield})` (unchecked beyond shape) with each have-map
+    `peer` pushes, until it ends the watch (after WATCH_MAX_S: returns; we also stop
+    listening a little later whatever it does) or the stream breaks, stays silent past the
+    read deadline or pushes faster than WATCH_DEBOUNCE_S allows (`PeerError`)."""
+    opened = trio.current_time()
+    stream = await _request(host, peer, run_id, ["watch"])
+    frames = 0
     try:
-        raw = await stream.receive(MAX_HAVE_BYTES)
+        while (now := trio.current_time()) < opened + WATCH_MAX_S + 2 * WATCH_KEEPALIVE_S:
+            if frames > 10 + (now - opened) / WATCH_DEBOUNCE_S:
+                raise ShardFailed(peer, "have-maps pushed faster than the protocol allows")
+            try:
+                raw = await stream.receive(MAX_HAVE_BYTES)
+            except PeerError:
+                if trio.current_time() >= opened + WATCH_MAX_S:
+                    return  # the server ended it, as it should
+                raise
+            frames += 1
+            await on_have(_parse_have(peer, raw))
     finally:
         await stream.close()
+
+
+def _parse_have(peer: str, raw: bytes) -> dict[bytes, bytes]:
     try:
         entries = msgpack.unpackb(raw, raw=False, max_array_len=MAX_HAVE_ENTRIES, max_str_len=0)
     except Exception as exc:  # msgpack raises several unrelated types on garbage

@@ -26,9 +26,9 @@ older manifests that way); only a trainer key's manifest is ever admitted, and o
 *target*; `protocol.weights_plan.plan` picks the fewest bytes to reach it (patches from
 what is installed, or a full version, or a snapshot plus patches). The shards of the
 plan's manifests go into `protocol.shard_schedule.ShardScheduler`; have-maps are polled
-from peers over `/swarm-rl/<run>/shard/1` (every `have_poll_s` while behind, at once when an
-announcement puts us behind; the trainer that signed a fresh announcement is known to hold
-all of it, so it is asked without waiting for a poll); each
+pushed by peers over `/swarm-rl/<run>/shard/1` (one long-lived watch per connected peer:
+a have-map at once and at every change; the trainer that signed a fresh announcement is
+known to hold all of it, so it is asked without waiting for its have-map); each
 `Request` the scheduler returns runs as one task (`node.shard_exchange.fetch_shard`, a
 deadline on every read), a `Cancel` cancels it. A shard is checked against its signed
 digest before it is stored (`node.weights_store`) and so before it is served; a bad one
@@ -48,7 +48,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -82,9 +81,8 @@ class WeightSettings:
     upload_limit_mib_s: float = 0.0  # 0: no cap
     max_version_bytes: int = 16 * 1024**3  # refuse larger manifests before any download
     shard_bytes: int = DEFAULT_SHARD_BYTES  # what this node cuts when it publishes
-    have_poll_s: float = 0.5  # while behind
-    idle_poll_s: float = 5.0  # while up to date
-    poll_peers: int = 16  # peers asked per poll
+    watch_peers: int = 32  # peers whose have-maps we watch at once
+    watch_retry_s: float = 2.0  # a failed watch is opened again after this (doubling, to 60 s)
     tick_s: float = 0.1
     schedule: ScheduleConfig = ScheduleConfig()
 
@@ -107,6 +105,11 @@ class WeightSync:
         self._manifests: dict[bytes, WeightManifest] = {}
         self._installed: dict[int, bytes] = {}
         self._peer_versions: dict[str, int] = {}
+        self._peer_have: dict[str, dict[bytes, bytes]] = {}  # the last have-map each pushed
+        self._watching: set[str] = set()
+        self._watch_fails: dict[str, tuple[int, float]] = {}  # peer -> (failures, retry at)
+        self._have_gen = 0  # bumped at every change of what we hold
+        self._have_cache: tuple[int, list[tuple[bytes, bytes]]] = (-1, [])
         self._tried: set[bytes] = set()
         self._flights: dict[tuple[str, bytes, int], trio.CancelScope] = {}
         self._changed = trio.Event()
@@ -172,7 +175,11 @@ class WeightSync:
     def _bump(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
 
-    def _notify(self) -> None:
+    def _notify(self, held_changed: bool = True) -> None:
+        """Wake whoever waits on a change; `held_changed`: what we hold may have changed
+        (watchers of our have-map recompute it)."""
+        if held_changed:
+            self._have_gen += 1
         self._changed.set()
         self._changed = trio.Event()
 
@@ -267,8 +274,11 @@ class WeightSync:
         signer = peer_id_to_b58(item.envelope.signer)
         if item.kind is Kind.WEIGHT_ANNOUNCE and signer in self.peer.host.connected_peers():
             # The trainer installs a version before it announces it: it holds every shard,
-            # so we need not wait for a have-map poll to ask it.
+            # so we need not wait for its have-map to ask it.
             self.sched.on_have(signer, item.content_id, range(len(m.shards)), trio.current_time())
+        for peer, have in self._peer_have.items():  # pushed before we knew the manifest
+            if item.content_id in have:
+                self._apply_have(peer, item.content_id, have[item.content_id])
         if self._nursery is not None:
             self._nursery.start_soon(self._keep_manifest, item.content_id, m, item.data)
         if m.version > self.target:
@@ -281,6 +291,8 @@ class WeightSync:
             await trio.to_thread.run_sync(self.store.put_manifest, mid, m, env)
         except WeightsError as exc:
             self.error = str(exc)
+            return
+        self._notify()  # our have-map lists it now if we hold any of its shards
 
     def on_hello(self, peer: str, version: int) -> None:
         self._peer_versions[peer] = version
@@ -288,23 +300,39 @@ class WeightSync:
     def on_peer_gone(self, peer: str) -> None:
         """`peer` disconnected: its requests are cancelled and asked elsewhere, no blame."""
         self._peer_versions.pop(peer, None)
+        self._peer_have.pop(peer, None)
+        self._watch_fails.pop(peer, None)
         self._dispatch(self.sched.on_peer_gone(peer, trio.current_time()))
-        self._notify()
+        self._notify(held_changed=False)
 
     # -- serving ---------------------------------------------------------------------------
 
+    async def _have_map(self) -> list[tuple[bytes, bytes]]:
+        """What we hold, as (manifest id, bitfield); read from the store once per change
+        for all watchers."""
+        gen = self._have_gen
+        if self._have_cache[0] == gen:
+            return self._have_cache[1]
+
+        def read() -> list[tuple[bytes, bytes]]:
+            out = []
+            for mid, m in list(self._manifests.items()):
+                held = self.store.have(mid)
+                if held:
+                    out.append((mid, shard_exchange.bitfield(held, len(m.shards))))
+            return out
+
+        entries = await trio.to_thread.run_sync(read)
+        self._have_cache = (gen, entries)
+        return entries
+
+    async def _wait_changed(self, timeout_s: float) -> None:
+        with trio.move_on_after(timeout_s):
+            gen = self._have_gen
+            while self._have_gen == gen:
+                await self._changed.wait()
+
     async def serve(self, stream: Any) -> None:
-        async def have() -> list[tuple[bytes, bytes]]:
-            def read() -> list[tuple[bytes, bytes]]:
-                out = []
-                for mid, m in list(self._manifests.items()):
-                    held = self.store.have(mid)
-                    if held:
-                        out.append((mid, shard_exchange.bitfield(held, len(m.shards))))
-                return out
-
-            return await trio.to_thread.run_sync(read)
-
         async def manifest(mid: bytes) -> bytes | None:
             return await trio.to_thread.run_sync(self.store.envelope, mid)
 
@@ -312,7 +340,9 @@ class WeightSync:
             return await trio.to_thread.run_sync(self.store.read_shard, mid, index)
 
         try:
-            n = await shard_exchange.serve(stream, self.limiter, have, manifest, shard)
+            n = await shard_exchange.serve(
+                stream, self.limiter, self._have_map, self._wait_changed, manifest, shard
+            )
         except shard_exchange.BadRequest:
             self._misbehaved(stream.peer, -10.0, "bad shard request")
             raise
@@ -336,7 +366,7 @@ class WeightSync:
             self._set_version(max(self._installed))
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self._poll_loop)
+            nursery.start_soon(self._watch_loop)
             while True:
                 await self._step(nursery)
                 with trio.move_on_after(self.settings.tick_s):
@@ -432,10 +462,11 @@ class WeightSync:
                     self._retry_at = time.monotonic() + 5.0
                     return
                 self._bump("shards_verified")
+                self._have_gen += 1
                 self._dispatch(self.sched.on_done(req.peer, req.manifest_id, req.index, now()))
         finally:
             self._flights.pop(key, None)
-            self._notify()
+            self._notify(held_changed=False)
 
     def _dispatch(self, actions: list[Any]) -> None:
         if self._nursery is not None:
@@ -486,51 +517,58 @@ class WeightSync:
 
     # -- have-maps ---------------------------------------------------------------------------
 
-    async def _poll_loop(self) -> None:
+    async def _watch_loop(self) -> None:
+        """Keep one have-map watch open to each connected peer (up to `watch_peers`)."""
+        assert self._nursery is not None
         while True:
-            if self._behind():
-                await trio.sleep(self.settings.have_poll_s)
-            else:  # up to date: poll rarely, but at once when an announcement puts us behind
-                with trio.move_on_after(self.settings.idle_poll_s):
-                    while not self._behind():
-                        await self._changed.wait()
-            peers = self.peer.host.connected_peers()
-            random.shuffle(peers)
-            async with trio.open_nursery() as nursery:
-                for p in peers[: self.settings.poll_peers]:
-                    nursery.start_soon(self._poll_one, p)
+            now = trio.current_time()
+            for peer in self.peer.host.connected_peers():
+                if len(self._watching) >= self.settings.watch_peers:
+                    break
+                if peer not in self._watching and self._watch_fails.get(peer, (0, 0.0))[1] <= now:
+                    self._watching.add(peer)
+                    self._nursery.start_soon(self._watch_one, peer)
+            await trio.sleep(0.5)
 
-    async def _poll_one(self, peer: str) -> None:
-        with trio.move_on_after(max(2.0, self.settings.have_poll_s * 4)):
+    async def _watch_one(self, peer: str) -> None:
+        async def on_have(have: dict[bytes, bytes]) -> None:
+            await self._on_have_map(peer, have)
+
+        self._bump("watches_opened")
+        try:
+            await shard_exchange.watch_have(self.peer.host, peer, self.run_id, on_have)
+            self._watch_fails.pop(peer, None)
+        except PeerError as exc:
+            fails = self._watch_fails.get(peer, (0, 0.0))[0] + 1
+            delay = min(60.0, self.settings.watch_retry_s * 2 ** (fails - 1))
+            self._watch_fails[peer] = (fails, trio.current_time() + delay)
+            log.debug("weights: have-map watch of %s ended: %s", peer[:12], exc)
+        finally:
+            self._watching.discard(peer)
+
+    async def _on_have_map(self, peer: str, have: dict[bytes, bytes]) -> None:
+        self._peer_have[peer] = have
+        fetched = 0
+        for mid, bits in have.items():
+            if mid in self._manifests:
+                self._apply_have(peer, mid, bits)
+                continue
+            if mid in self._tried or fetched >= MAX_MANIFEST_FETCHES or not self._behind():
+                continue
+            self._tried.add(mid)
+            fetched += 1
             try:
-                have = await shard_exchange.fetch_have(self.peer.host, peer, self.run_id)
+                env = await shard_exchange.fetch_manifest(self.peer.host, peer, self.run_id, mid)
             except PeerError:
-                return
-            fetched = 0
-            for mid, bits in have.items():
-                m = self._manifests.get(mid)
-                if m is None:
-                    if mid in self._tried or fetched >= MAX_MANIFEST_FETCHES or not self._behind():
-                        continue
-                    self._tried.add(mid)
-                    fetched += 1
-                    try:
-                        env = await shard_exchange.fetch_manifest(
-                            self.peer.host, peer, self.run_id, mid
-                        )
-                    except PeerError:
-                        continue
-                    if env is None or content_id(env) != mid:
-                        continue
-                    await self.peer._admit(peer, Kind.WEIGHT_MANIFEST, env)
-                    continue  # admitted manifests arrive through `on_admitted`
-                self.sched.on_have(
-                    peer,
-                    mid,
-                    shard_exchange.from_bitfield(bits, len(m.shards)),
-                    trio.current_time(),
-                )
-            self._notify()
+                continue
+            if env is not None and content_id(env) == mid:
+                # admitted manifests arrive through `on_admitted`, which applies `have`
+                await self.peer._admit(peer, Kind.WEIGHT_MANIFEST, env)
+        self._notify(held_changed=False)
+
+    def _apply_have(self, peer: str, mid: bytes, bits: bytes) -> None:
+        n = len(self._manifests[mid].shards)
+        self.sched.on_have(peer, mid, shard_exchange.from_bitfield(bits, n), trio.current_time())
 
 
 def _canonical(weights: bytes | Mapping[str, Any] | str | os.PathLike[str], names: set[str]) -> bytes:

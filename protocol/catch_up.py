@@ -11,7 +11,8 @@ hold with a body, received at or after `since` (your clock), made at policy vers
 Two modes, one machine (`CatchUp`):
 
 - PULL (validators, trainers, relays: peers that pull bodies). Every connected peer is
-  asked, at once when it (re)joins and then every `interval_s`. The offered ids this
+  asked, at once when it (re)joins (a hello from a peer already joined changes nothing)
+  and then every `interval_s`. The offered ids this
   peer does not hold go out as `Pull(peer, ids)`; the node fetches them over the body
   stream and feeds them to admission as `Kind.ROLLOUT_RECORD`, exactly like a body pulled
   after a header: nothing bypasses the checks.
@@ -204,9 +205,14 @@ class CatchUp:
 
     def _joined(self, ev: PeerJoined) -> list[Action]:
         p = self._peers.get(ev.peer)
-        if p is None:
+        if p is not None:
+            # Already joined (a hello on a live connection): its rounds go on as they
+            # were, unless it just turned out to be a trainer a worker asks for receipts.
+            if p.receipts or not ev.receipts_from:
+                return []
+            p.receipts = True
+        else:
             p = self._peers[ev.peer] = _Peer(ev.receipts_from)
-        p.receipts = p.receipts or ev.receipts_from
         p.next_round = ev.now  # a (re)joined peer is asked at once, from 0
         p.watermark, p.last_full = 0.0, ev.now
         return self._tick(Tick(ev.now, self.min_version, 0))

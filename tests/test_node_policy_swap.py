@@ -32,7 +32,7 @@ def model():  # type: ignore[no-untyped-def]
 
 def _cfg(tmp: Path, name: str, manifest, identity=None, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
     return PeerConfig(manifest=manifest, identity=identity or Identity.generate(), data_dir=tmp / name,
-                      roles=("inference",), weights=WeightSettings(have_poll_s=0.2), **kw)
+                      roles=("inference",), weights=WeightSettings(), **kw)
 
 
 async def _until(what: str, check, timeout: float = 90.0) -> None:  # type: ignore[no-untyped-def]

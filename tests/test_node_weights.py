@@ -39,7 +39,7 @@ def ckpt(seed: int, n: int = 256 * 1024, change: float = 0.0, base_seed: int = 0
 
 
 def settings(**kw) -> WeightSettings:  # type: ignore[no-untyped-def]
-    base = dict(shard_bytes=SHARD, have_poll_s=0.2, idle_poll_s=1.0)
+    base = dict(shard_bytes=SHARD)
     base.update(kw)
     return WeightSettings(**base)
 
@@ -271,3 +271,58 @@ async def test_wait_installed_returns_for_version_zero(tmp_path: Path) -> None:
         await t.weights.publish(ckpt(0))
         with trio.fail_after(5):
             await t.weights.wait_installed(0)
+
+
+async def test_have_maps_are_pushed_and_an_idle_swarm_opens_no_streams(tmp_path: Path) -> None:
+    # Polling have-maps cost two stream setups per peer pair and period: 9 idle peers kept
+    # 2 cores busy. A watch is one long-lived stream per pair; nothing is opened while idle.
+    trainer = Identity.generate()
+    manifest = run_manifest("push", trainer)
+    async with open_peer(cfg(tmp_path, "t", manifest, trainer)) as t:
+        boot = (t.host.listen_addrs()[0],)
+        async with (
+            open_peer(cfg(tmp_path, "a", manifest, bootstrap=boot)) as a,
+            open_peer(cfg(tmp_path, "b", manifest, bootstrap=boot)) as b,
+        ):
+            await t.weights.publish(ckpt(0))
+            await until("v0 everywhere", lambda: a.weights.newest() == 0 == b.weights.newest())
+            await trio.sleep(1.5)
+            opened = {p.identity.peer_id: p.weights.counters.get("watches_opened", 0) for p in (t, a, b)}
+            served = t.weights.counters.get("shards_served", 0)
+            await trio.sleep(4.0)  # past the keepalive: watches stay open, nothing is polled
+            for p in (t, a, b):
+                assert p.weights.counters.get("watches_opened", 0) == opened[p.identity.peer_id]
+                assert p.weights._peer_have  # the keepalives kept coming
+            assert t.weights.counters.get("shards_served", 0) == served
+            # a change is pushed: a joiner learns of v0 from a's have-map, no poll period
+            t0 = trio.current_time()
+            async with open_peer(cfg(tmp_path, "c", manifest, bootstrap=(a.host.listen_addrs()[0],))) as c:
+                await until("c has v0", lambda: c.weights.newest() == 0, timeout=30)
+                assert trio.current_time() - t0 < 15
+
+
+async def test_a_peer_pushing_have_maps_too_fast_is_cut_off(tmp_path: Path) -> None:
+    import msgpack
+
+    from node import shard_exchange
+    from node.host import PeerError
+
+    trainer = Identity.generate()
+    manifest = run_manifest("flood", trainer)
+    async with open_peer(cfg(tmp_path, "t", manifest, trainer)) as t:
+
+        async def flood(stream) -> None:  # type: ignore[no-untyped-def]
+            await stream.receive(128)
+            for _ in range(10_000):
+                await stream.send(msgpack.packb([]))
+
+        t.host.set_stream_handler(shard_exchange.protocol_id(manifest.run_id), flood)
+        async with open_peer(cfg(tmp_path, "a", manifest, bootstrap=(t.host.listen_addrs()[0],))) as a:
+            got: list[dict[bytes, bytes]] = []
+
+            async def on_have(have: dict[bytes, bytes]) -> None:
+                got.append(have)
+
+            with trio.fail_after(20), pytest.raises(PeerError, match="faster"):
+                await shard_exchange.watch_have(a.host, t.identity.peer_id_b58, manifest.run_id, on_have)
+            assert 5 <= len(got) < 100

@@ -68,3 +68,24 @@ def test_classify_delivered_pending_and_too_stale() -> None:
     d = cu.classify(own, [_id(1)], version=5, max_staleness=2)
     assert d.delivered == {_id(1)} and d.pending == {_id(2)} and d.too_stale == {_id(3)}
     assert d.counts() == {"produced": 3, "delivered": 1, "pending": 1, "too_stale": 1}
+
+
+def test_a_hello_from_a_peer_already_joined_does_not_restart_its_round_from_zero() -> None:
+    # Discovery re-greets connected peers every few seconds; each hello re-read the
+    # peer's whole store from time 0 (every id it holds, page after page).
+    m = cu.CatchUp(pulls=True)
+    m.handle(cu.PeerJoined(A, 100.0))
+    m.handle(cu.Answered(A, (_id(1),), (90.0,), False, (True,), 100.5))
+    assert m.handle(cu.PeerJoined(A, 101.0)) == []
+    [nxt] = m.handle(cu.Tick(100.5 + m.config.interval_s))
+    assert nxt.since > 0.0
+    # a worker learns from the hello that a connected peer is a trainer: asked at once
+    me = b"\x01" * 34
+    w = cu.CatchUp(pulls=False, producer=me)
+    assert w.handle(cu.PeerJoined(B, 0.0)) == []
+    [ask] = w.handle(cu.PeerJoined(B, 0.5, receipts_from=True))
+    assert ask == cu.Ask(B, 0.0, 0, me)
+    # after it leaves, a return is a rejoin: from zero again
+    m.handle(cu.PeerLeft(A, 200.0))
+    [back] = m.handle(cu.PeerJoined(A, 201.0))
+    assert back.since == 0.0

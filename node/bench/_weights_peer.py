@@ -66,8 +66,7 @@ async def main(a: argparse.Namespace) -> None:
         net_manifest(a.run_id), trainer_keys=(peer_id_from_b58(a.trainer_key),)
     )
     settings = WeightSettings(
-        upload_limit_mib_s=a.upload_limit, shard_bytes=a.shard_bytes, have_poll_s=0.25,
-        idle_poll_s=1.0,
+        upload_limit_mib_s=a.upload_limit, shard_bytes=a.shard_bytes,
     )  # fmt: skip
     cfg = PeerConfig(
         manifest=manifest, identity=identity, data_dir=Path(a.data_dir), roles=("relay",),
