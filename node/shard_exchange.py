@@ -226,13 +226,14 @@ async def fetch_shard(
             raise ShardFailed(peer, "bad shard header")
         if head[0] != size or size > MAX_SHARD_BYTES:
             raise ShardFailed(peer, f"shard of {head[0]} bytes announced, the manifest says {size}")
-        buf = bytearray()
-        while len(buf) < size:
-            piece = await stream.receive(min(CHUNK, size - len(buf)))
+        pieces, got = [], 0
+        while got < size:
+            piece = await stream.receive(min(CHUNK, size - got))
             if not piece:
                 raise ShardFailed(peer, "empty chunk in a shard transfer")
-            buf += piece
-        return bytes(buf)
+            pieces.append(piece)
+            got += len(piece)
+        return b"".join(pieces)
     except (ValueError, msgpack.UnpackException) as exc:
         raise ShardFailed(peer, f"bad shard header: {exc}") from None
     finally:
