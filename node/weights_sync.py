@@ -64,7 +64,14 @@ from protocol.admission import Admitted, Kind
 from protocol.content_id import content_id
 from protocol.envelope import seal
 from protocol.identity import peer_id_to_b58
-from protocol.shard_schedule import Cancel, DropPeer, Request, ScheduleConfig, ShardScheduler
+from protocol.shard_schedule import (
+    Cancel,
+    DropPeer,
+    Request,
+    ScheduleConfig,
+    ShardScheduler,
+    first_copies_first,
+)
 from protocol.weights_plan import Offer, plan
 from protocol.wire import WeightManifest
 from trainer.checkpoint import CheckpointError, canonicalize, from_state_dict, parse, to_state_dict
@@ -110,6 +117,7 @@ class WeightSync:
         self._watch_fails: dict[str, tuple[int, float]] = {}  # peer -> (failures, retry at)
         self._have_gen = 0  # bumped at every change of what we hold
         self._have_cache: tuple[int, list[tuple[bytes, bytes]]] = (-1, [])
+        self._served: dict[bytes, dict[int, int]] = {}  # manifest -> shard -> times sent
         self._tried: set[bytes] = set()
         self._flights: dict[tuple[str, bytes, int], trio.CancelScope] = {}
         self._changed = trio.Event()
@@ -326,6 +334,10 @@ class WeightSync:
         self._have_cache = (gen, entries)
         return entries
 
+    async def _hold_all(self, mid: bytes, shards: int) -> bool:
+        bits = dict(await self._have_map()).get(mid)
+        return bits is not None and len(shard_exchange.from_bitfield(bits, shards)) == shards
+
     async def _wait_changed(self, timeout_s: float) -> None:
         with trio.move_on_after(timeout_s):
             gen = self._have_gen
@@ -337,6 +349,13 @@ class WeightSync:
             return await trio.to_thread.run_sync(self.store.envelope, mid)
 
         async def shard(mid: bytes, index: int) -> bytes | None:
+            m = self._manifests.get(mid)
+            if m is not None and await self._hold_all(mid, len(m.shards)):
+                served = self._served.setdefault(mid, {})
+                if not first_copies_first(served, len(m.shards), index):
+                    self._bump("shards_declined_for_first_copies")
+                    return None
+                served[index] = served.get(index, 0) + 1
             return await trio.to_thread.run_sync(self.store.read_shard, mid, index)
 
         try:
@@ -514,6 +533,7 @@ class WeightSync:
         floor = min(keep)
         for mid in [k for k, m in self._manifests.items() if m.version < floor]:
             self._manifests.pop(mid, None)
+            self._served.pop(mid, None)
 
     # -- have-maps ---------------------------------------------------------------------------
 

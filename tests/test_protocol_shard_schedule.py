@@ -231,3 +231,15 @@ def test_peer_gone_cancels_its_requests():
     out = s.on_peer_gone("a", 1.0)
     assert sorted((c.peer, c.index) for c in out if isinstance(c, Cancel)) == sorted(got)
     assert s.progress()["in_flight"] == 0
+
+
+def test_a_seeder_sends_every_shard_once_before_any_twice():
+    from protocol.shard_schedule import first_copies_first
+
+    served: dict[int, int] = {}
+    assert first_copies_first(served, 3, 0)
+    served[0] = 1
+    assert not first_copies_first(served, 3, 0)  # 1 and 2 have not gone out yet
+    assert first_copies_first(served, 3, 1)
+    served[1] = served[2] = 1
+    assert first_copies_first(served, 3, 0)  # every shard went out once: copies again
