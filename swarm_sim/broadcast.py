@@ -12,7 +12,9 @@ is the neighbour of `origin_fanout` peers). A peer that completes a shard announ
 have-map to its neighbours at once (announcements are not queued on the network); a
 request travels as a control frame; a server sends one shard at a time from its queue of
 requests, skipping those whose client got the shard meanwhile (cancelled), and a copy
-already on the wire arrives and is ignored (`bytes_wasted`).
+already on the wire arrives and is ignored (`bytes_wasted`). A peer holding every shard
+sends each once before any twice (`first_copies_first`, as the real node); a client it
+declined hears its have-map again after the real node's keepalive.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from protocol.shard_schedule import ShardScheduler
+from protocol.shard_schedule import ShardScheduler, first_copies_first
 from swarm_sim.bounds import broadcast_bounds
 from swarm_sim.core import EventLoop, derive_rng
 from swarm_sim.metrics import percentile
@@ -49,6 +51,7 @@ class BroadcastConfig:
 
 
 MANIFEST = b"\x01" * 32
+KEEPALIVE_S = 3.0  # node.shard_exchange.WATCH_KEEPALIVE_S
 
 
 def simulate_broadcast(cfg: BroadcastConfig, net_cfg: NetConfig, seed: int = 0) -> dict:
@@ -78,6 +81,7 @@ def simulate_broadcast(cfg: BroadcastConfig, net_cfg: NetConfig, seed: int = 0) 
     wasted = [0]
     queue: list[deque[tuple[int, int]]] = [deque() for _ in range(n)]
     busy = bytearray(n)
+    served: list[dict[int, int]] = [{} for _ in range(n)]
 
     def pump(p: int) -> None:
         for req in sched[p].next_requests(loop.now):
@@ -94,13 +98,23 @@ def simulate_broadcast(cfg: BroadcastConfig, net_cfg: NetConfig, seed: int = 0) 
             )
 
     def serve(src: int, p: int, idx: int) -> None:
-        if idx not in have[src]:
+        whole = len(have[src]) == shards
+        if idx not in have[src] or (whole and not first_copies_first(served[src], shards, idx)):
             sched[p].on_missing(str(src), MANIFEST, idx, loop.now)
+            if whole:  # the real node's have-map keepalive tells p again
+                loop.after(KEEPALIVE_S, reannounce, src, p)
             pump(p)
             return
+        if whole:
+            served[src][idx] = served[src].get(idx, 0) + 1
         queue[src].append((p, idx))
         if not busy[src]:
             upload_next(src)
+
+    def reannounce(src: int, p: int) -> None:
+        if len(have[p]) < shards:
+            sched[p].on_have(str(src), MANIFEST, frozenset(have[src]), loop.now)
+            pump(p)
 
     def upload_next(src: int) -> None:
         """The server sends its queued requests one at a time; a request whose client
