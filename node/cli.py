@@ -301,6 +301,30 @@ def status(data_dir: Path | None, as_json: bool) -> None:
 
 
 @cli.command()
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    help="The node's directory (default: the one node under <data root>/nodes/).",
+)
+@click.option("--out", "direction", flag_value="out", help="Only this node's own work.")
+@click.option("--in", "direction", flag_value="in", help="Only what others sent us.")
+@click.option("--rejected", is_flag=True, help="Only rejections.")
+@click.option("--kind", help="Only this kind (rollout, verdict, rollout_header, ...).")
+@click.option("--last", default=100, show_default=True, help="The newest N lines.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+@_one_line_errors
+def ledger(
+    data_dir: Path | None, direction: str | None, rejected: bool, kind: str | None,
+    last: int, as_json: bool,
+) -> None:  # fmt: skip
+    """List the node's ledger: its own work (produced, accepted or rejected by validators,
+    with reasons) and what others sent it (accepted, or rejected and why)."""
+    from node.commands import ledger as cmd
+
+    cmd.main(data_dir, direction, rejected, kind, last, as_json)
+
+
+@cli.command()
 @click.option("--model", required=True, help="Model directory (or builtin:tiny).")
 @click.option("--n", default=32, show_default=True, help="Honest rollouts per variation.")
 @click.option("--precisions", default="fp32,bf16", show_default=True, help="Regimes to calibrate.")

@@ -48,7 +48,8 @@ Peers (bans survive a restart):
     `forget_peer(peer)`
 Ledger (what this peer produced, and what was accepted or rejected, with reasons):
     `log(LedgerEntry)` / `log_many(entries)`
-    `ledger(direction=None, outcome=None, kind=None, since=None, item_id=None, limit=1000)`
+    `ledger(direction=None, outcome=None, kind=None, since=None, item_id=None, limit=1000,
+        newest=False)`
     `ledger_summary(direction=None) -> dict[(direction, outcome, reason), count]`
     `produced_status(kind="rollout") -> dict` produced / accepted / rejected / pending counts
     of this peer's own work, judged by the verdicts logged against it
@@ -795,8 +796,10 @@ class Store:
         since: float | None = None,
         item_id: bytes | None = None,
         limit: int = 1000,
+        newest: bool = False,
     ) -> list[LedgerEntry]:
-        """Ledger lines matching every given filter, oldest first."""
+        """Ledger lines matching every given filter, oldest first (`newest`: the newest
+        `limit` of them, still oldest first)."""
         where, args = [], []
         for col, val in (
             ("direction", direction),
@@ -813,10 +816,11 @@ class Store:
         sql = f"SELECT {_LEDGER_COLS} FROM ledger"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY seq LIMIT ?"
+        sql += f" ORDER BY seq {'DESC' if newest else ''} LIMIT ?"
         args.append(int(limit))
         with self._read() as c:
-            return [LedgerEntry(*r) for r in c.execute(sql, args).fetchall()]
+            rows = c.execute(sql, args).fetchall()
+        return [LedgerEntry(*r) for r in (reversed(rows) if newest else rows)]
 
     def ledger_summary(
         self, direction: str | None = None

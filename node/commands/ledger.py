@@ -1,0 +1,73 @@
+"""`swarm-node ledger`: the node's ledger, line by line.
+
+What this peer produced and how others judged it (direction "out": produced, then accepted
+or rejected by a validator, with its reason), and what others sent us and what admission
+made of it (direction "in": accepted, or rejected with the reason and the sender). Read
+from the node's SQLite store (safe while the node runs). Filters: `--out` / `--in`,
+`--rejected`, `--kind`, `--last N` (newest N lines); `--json` prints one JSON object a
+line, for pipes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from node.commands.status import _find, _peer_text
+from node.errors import CommandError
+from node.store import DB_FILENAME, LedgerEntry, Store
+
+
+def entries(
+    data_dir: Path, direction: str | None = None, rejected: bool = False,
+    kind: str | None = None, last: int = 100,
+) -> list[LedgerEntry]:  # fmt: skip
+    """The newest `last` ledger lines under `data_dir` matching the filters, oldest first."""
+    path = data_dir / DB_FILENAME
+    if not path.is_file():
+        raise CommandError(f"no node store at {path} (has a node run with --data-dir {data_dir}?)")
+    if last < 1:
+        raise CommandError(f"--last: expected a positive number of lines, got {last}")
+    with Store(path) as store:
+        return store.ledger(
+            direction, "rejected" if rejected else None, kind, limit=last, newest=True
+        )
+
+
+def as_dict(e: LedgerEntry) -> dict[str, Any]:
+    return {
+        "seq": e.seq,
+        "at": e.at,
+        "direction": e.direction,
+        "outcome": e.outcome,
+        "kind": e.kind,
+        "item": e.item_id.hex() if e.item_id else None,
+        "peer": _peer_text(e.peer) if e.peer is not None else None,
+        "reason": e.reason,
+        "detail": e.detail,
+    }
+
+
+def _line(e: LedgerEntry) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
+    item = e.item_id.hex()[:12] if e.item_id else "-"
+    peer = _peer_text(e.peer)[-8:] if e.peer is not None else "-"
+    why = f" {e.reason}" if e.reason else ""
+    detail = f" ({e.detail})" if e.detail else ""
+    return f"{when} {e.direction:<3} {e.outcome:<8} {e.kind:<10} {item} peer {peer}{why}{detail}"
+
+
+def main(
+    data_dir: Path | None, direction: str | None, rejected: bool, kind: str | None,
+    last: int, as_json: bool,
+) -> None:  # fmt: skip
+    data_dir = _find(data_dir)
+    lines = entries(data_dir, direction, rejected, kind, last)
+    for e in lines:
+        click.echo(json.dumps(as_dict(e)) if as_json else _line(e))
+    if not as_json and not lines:
+        click.echo(f"ledger of {data_dir}: no lines match")
