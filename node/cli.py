@@ -150,6 +150,11 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
     "--engine", type=click.Choice(["hf", "vllm"]), help="Inference: generation engine (default hf)."
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="Log lines on stderr: text, or one JSON object a line (or node.log_format).",
+)
 @_one_line_errors
 def start(**kwargs: Any) -> None:
     """Join a training run as one role (inference, trainer, validator, relay)."""

@@ -94,3 +94,22 @@ def test_start_refuses_bad_arguments_with_one_line(tmp_path: Path) -> None:
     p = _start(tmp_path, "d", "--listen", "not-an-addr")
     out, _ = p.communicate(timeout=60)
     assert p.returncode == 2 and "multiaddr" in out and out.count("\n") == 1
+
+
+def test_log_format_json_writes_one_object_a_line(tmp_path: Path) -> None:
+    (tmp_path / "run.toml").write_text(manifest_to_toml(net_manifest("log-json")))
+    dead = f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{Identity.generate().peer_id_b58}"
+    key = tmp_path / "j.key"
+    write_key(key, Identity.generate())
+    r = subprocess.run(
+        [sys.executable, "-m", "node.cli", "start", "--role", "relay", "--run", str(tmp_path / "run.toml"),
+         "--key", str(key), "--data-dir", str(tmp_path / "j"), "--bootstrap", dead,
+         "--duration", "3", "--log-level", "debug", "--log-format", "json"],
+        capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [json.loads(x) for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) > 5
+    assert all({"ts", "level", "logger", "msg"} <= set(x) for x in lines)
+    assert {x["level"] for x in lines} >= {"debug"}
+    assert "stopped cleanly" in r.stdout  # what the node says to people stays on stdout

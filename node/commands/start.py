@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -142,6 +141,7 @@ def main(
     duration: float | None = None,
     threads: int | None = 1,
     log_level: str | None = None,
+    log_format: str | None = None,
     publish_every: float | None = None,
     upload_limit: float | None = None,
     engine: str | None = None,
@@ -150,6 +150,7 @@ def main(
     Flags override the config file; paths resolve as `node.paths` says."""
     from node.config import ROLES, load_config
     from node.keyfile import read_key
+    from node.log_format import configure as configure_logging
     from node.paths import node_dir, required_path
     from node.run_file import load_run_manifest
 
@@ -166,6 +167,7 @@ def main(
             "node.listen": list(listen) or None,
             "node.bootstrap": list(bootstrap) or None,
             "node.log_level": log_level,
+            "node.log_format": log_format,
             "inference.batch_size": batch_size,
             "inference.engine": engine,
             "validator.audit_fraction": audit_fraction,
@@ -179,11 +181,7 @@ def main(
     if max_rollouts is not None and max_rollouts < 1:
         raise CommandError(f"--max-rollouts must be >= 1, got {max_rollouts}")
     split = _local_train(local_train, role)
-    logging.basicConfig(
-        level=getattr(logging, cfg["node.log_level"].upper()),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(cfg["node.log_level"], cfg["node.log_format"])
     # py-libp2p logs every failed dial at ERROR; our own lines already say what failed.
     # (Import it first: importing libp2p resets its loggers' levels.)
     import node.host  # noqa: F401
@@ -191,6 +189,9 @@ def main(
     quiet = logging.DEBUG if cfg["node.log_level"] == "debug" else logging.CRITICAL
     for noisy in ("libp2p", "multiaddr", "async_service"):
         logging.getLogger(noisy).setLevel(quiet)
+        # py-libp2p detaches its logger (no handler, no propagation): at debug its lines
+        # went out bare through logging's last resort; ours carry them in our format
+        logging.getLogger(noisy).propagate = quiet == logging.DEBUG
     # matplotlib (imported for plots) logs building its font cache at INFO on a fresh machine
     logging.getLogger("matplotlib").setLevel(max(logging.WARNING, logging.getLogger().level))
     listen_addrs = _check_addrs(cfg["node.listen"], "--listen", need_peer=False)
