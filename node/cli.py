@@ -151,6 +151,10 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option(
+    "--metrics", metavar="HOST:PORT",
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (or node.metrics).",
+)  # fmt: skip
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     help="Log lines on stderr: text, or one JSON object a line (or node.log_format).",

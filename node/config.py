@@ -102,6 +102,7 @@ NODE_KEYS: tuple[Key, ...] = (
     Key("node.bootstrap", (), multiaddr_list, "multiaddrs ending in /p2p/<peer id>"),
     Key("node.log_level", "info", choice(*LOG_LEVELS), " | ".join(LOG_LEVELS)),
     Key("node.log_format", "text", choice("text", "json"), "text | json"),
+    Key("node.metrics", "", text, "HOST:PORT or empty", "Prometheus endpoint (empty: none)"),
     Key("network.dial_timeout_s", 10.0, number(0, 600, lo_open=True), "a number in (0, 600]"),
     Key("network.io_timeout_s", 10.0, number(0, 600, lo_open=True), "a number in (0, 600]"),
     Key("network.heartbeat_interval_s", 1.0, number(0, 60, lo_open=True), "a number in (0, 60]"),

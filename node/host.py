@@ -621,6 +621,11 @@ class SwarmHost:
         for callback in list(self._listeners):
             callback(event)
 
+    def banned_count(self) -> int:
+        """Peers banned now."""
+        now = time.time()
+        return sum(1 for until in self._banned.values() if until > now)
+
     def is_banned(self, peer: str) -> bool:
         until = self._banned.get(peer)
         if until is None:

@@ -294,6 +294,7 @@ class Peer:
             "policy_version": self.policy_version,
             "peers": len(self.host.connected_peers()),
             "known_peers": len(self.discovery.book),
+            "banned": self.host.banned_count(),
             "counters": dict(self.counters),
             "rejected": dict(self.rejects),
             "outbox_pending": self.outbox.pending(),

@@ -113,3 +113,37 @@ def test_log_format_json_writes_one_object_a_line(tmp_path: Path) -> None:
     assert all({"ts", "level", "logger", "msg"} <= set(x) for x in lines)
     assert {x["level"] for x in lines} >= {"debug"}
     assert "stopped cleanly" in r.stdout  # what the node says to people stays on stdout
+
+
+def test_metrics_endpoint_answers_with_the_named_series(tmp_path: Path) -> None:
+    import urllib.error
+    import urllib.request
+
+    (tmp_path / "run.toml").write_text(manifest_to_toml(net_manifest("metrics")))
+    port = _free_port()
+    a = _start(tmp_path, "m", "--metrics", f"127.0.0.1:{port}", "--duration", "60")
+    try:
+        _wait_for(tmp_path / "m" / "status.json", 60)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        for name in ("swarm_peers ", "swarm_policy_version ", "swarm_outbox_pending ",
+                     "swarm_uptime_seconds ", "swarm_peers_banned ", "# TYPE swarm_events_total counter"):  # fmt: skip
+            assert name in text, text
+        values = [ln.rsplit(" ", 1) for ln in text.splitlines() if ln and not ln.startswith("#")]
+        assert values and all(float(v) == float(v) for _, v in values)  # every sample a number
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/nope", timeout=10)
+        assert e.value.code == 404
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:  # garbage: no crash
+            s.sendall(b"\x00" * 5000)
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).status == 200
+        # a second node asked to serve on the same port fails with one line, before joining
+        b = _start(tmp_path, "m2", "--metrics", f"127.0.0.1:{port}", "--duration", "5")
+        out_b, _ = b.communicate(timeout=60)
+        assert b.returncode == 2 and f"cannot serve metrics on 127.0.0.1:{port}" in out_b, out_b
+        bad = _start(tmp_path, "m3", "--metrics", "nonsense", "--duration", "5")
+        out_bad, _ = bad.communicate(timeout=60)
+        assert bad.returncode == 2 and "--metrics: expected HOST:PORT" in out_bad
+    finally:
+        a.send_signal(signal.SIGTERM)
+        out_a, _ = a.communicate(timeout=30)
+    assert a.returncode == 0, out_a

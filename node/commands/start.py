@@ -37,6 +37,16 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
+def _metrics_addr(text: str) -> tuple[str, int] | None:
+    """`--metrics HOST:PORT` as (host, port); empty: no endpoint."""
+    if not text:
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise CommandError(f"--metrics: expected HOST:PORT (e.g. 127.0.0.1:9464), got {text!r}")
+    return host.strip("[]"), int(port)
+
+
 def _check_addrs(addrs: Sequence[str], what: str, need_peer: bool) -> list[str]:
     import multiaddr
 
@@ -142,6 +152,7 @@ def main(
     threads: int | None = 1,
     log_level: str | None = None,
     log_format: str | None = None,
+    metrics: str | None = None,
     publish_every: float | None = None,
     upload_limit: float | None = None,
     engine: str | None = None,
@@ -168,6 +179,7 @@ def main(
             "node.bootstrap": list(bootstrap) or None,
             "node.log_level": log_level,
             "node.log_format": log_format,
+            "node.metrics": metrics,
             "inference.batch_size": batch_size,
             "inference.engine": engine,
             "validator.audit_fraction": audit_fraction,
@@ -194,6 +206,7 @@ def main(
         logging.getLogger(noisy).propagate = quiet == logging.DEBUG
     # matplotlib (imported for plots) logs building its font cache at INFO on a fresh machine
     logging.getLogger("matplotlib").setLevel(max(logging.WARNING, logging.getLogger().level))
+    metrics_at = _metrics_addr(cfg["node.metrics"])
     listen_addrs = _check_addrs(cfg["node.listen"], "--listen", need_peer=False)
     boot = _check_addrs(cfg["node.bootstrap"], "--bootstrap", need_peer=True)
     manifest = load_run_manifest(required_path(None, cfg["node.run"], "--run", "node.run"))
@@ -214,7 +227,8 @@ def main(
     try:
         import trio
 
-        trio.run(_run, role, manifest, identity, ddir, listen_addrs, boot, ctx, cfg, duration, base)
+        trio.run(_run, role, manifest, identity, ddir, listen_addrs, boot, ctx, cfg, duration, base,
+                 metrics_at)
     finally:
         lock.close()
 
@@ -222,9 +236,11 @@ def main(
 async def _run(
     role: str, manifest: Any, identity: Any, data_dir: Path, listen: list[str], boot: list[str],
     ctx: Any, cfg: Any, duration: float | None, base: bytes | None = None,
+    metrics_at: tuple[str, int] | None = None,
 ) -> None:
     import trio
 
+    from node import metrics
     from node.host import HostSettings, ListenFailed
     from node.peer import PeerConfig, open_peer
     from node.roles import role_module
@@ -244,6 +260,14 @@ async def _run(
         header_batch=cfg["network.header_batch"],
         host=settings, weights=_weight_settings(cfg),
     )
+    scrape = None
+    if metrics_at is not None:  # bound before joining: a busy port fails before any network IO
+        try:
+            [scrape] = (await trio.open_tcp_listeners(metrics_at[1], host=metrics_at[0]))[:1]
+        except OSError as exc:
+            raise CommandError(
+                f"cannot serve metrics on {metrics_at[0]}:{metrics_at[1]}: {exc.strerror or exc}"
+            ) from None
     try:
         async with open_peer(pcfg) as peer:
             if base is not None and peer.weights is not None:
@@ -259,6 +283,8 @@ async def _run(
                     if not good:
                         _say(f"  bootstrap FAILED {addr}: {err} (retrying with backoff)")
             _say(f"  peers reached: {len(peer.host.connected_peers())}")
+            if scrape is not None:
+                _say(f"  metrics at http://{metrics_at[0]}:{metrics_at[1]}/metrics")
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
                 async with trio.open_nursery() as nursery:
 
@@ -272,14 +298,19 @@ async def _run(
                             nursery.cancel_scope.cancel()
                             return
 
+                    def now_status() -> dict[str, Any]:
+                        return {**peer.stats(), "role_status": ctx.status, "pid": os.getpid(),
+                                "time": time.time()}
+
                     async def status_loop() -> None:
                         while True:
-                            write_status(data_dir, {**peer.stats(), "role_status": ctx.status,
-                                                    "pid": os.getpid(), "time": time.time()})
+                            write_status(data_dir, now_status())
                             await trio.sleep(1.0)
 
                     nursery.start_soon(stop_on_signal)
                     nursery.start_soon(status_loop)
+                    if scrape is not None:
+                        nursery.start_soon(metrics.serve, scrape, now_status)
                     nursery.start_soon(module.run, peer, ctx)
                     if duration is not None:
                         await trio.sleep(duration)
@@ -291,6 +322,9 @@ async def _run(
         raise CommandError(str(exc)) from None
     except OSError as exc:
         raise CommandError(f"cannot listen on {', '.join(listen)}: {exc.strerror or exc}") from None
+    finally:
+        if scrape is not None:
+            await trio.aclose_forcefully(scrape)
     left = peer.outbox.pending()
     with contextlib.suppress(Exception):  # stdout may be gone (a closed pipe)
         _say(f"swarm-node: published {peer.drained} queued messages while stopping"

@@ -1,0 +1,117 @@
+"""`--metrics HOST:PORT`: the running node's figures as a Prometheus text endpoint.
+
+`render(status)` turns the node's status (what `swarm-node start` writes to status.json
+each second: `Peer.stats()` plus the role's status) into the Prometheus text format,
+version 0.0.4; `serve(listener, status)` answers `GET /metrics` (anything else: 404) on
+an already bound trio listener, one short HTTP/1.0 exchange per connection under a
+deadline, so a scraper that stalls or sends garbage costs one connection, nothing more.
+
+Series (all prefixed `swarm_`): `peers`, `known_peers`, `policy_version`,
+`uptime_seconds`, `outbox_pending`, `pull_pending` (queue depths), `rtt_ms_median`,
+`events_total{event}` (every node counter: rollouts and verdicts stored, pulls, hellos,
+peer events...), `rejected_total{reason}`, `delivery{state}` (own rollouts produced,
+delivered, pending, too stale), `role{field}` (the role's numbers: rollouts produced,
+audits passed and failed, verified...), `weights_installed_versions`,
+`weights_uploaded_bytes_total`, `weights_events_total{event}` (bytes downloaded, shards
+served and verified...), `peers_banned`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+MAX_REQUEST_BYTES = 4096
+IO_DEADLINE_S = 5.0
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, int | float) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def _label(v: str) -> str:
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render(status: dict[str, Any]) -> str:
+    """The Prometheus text exposition of a node status dict."""
+    out: list[str] = []
+
+    def series(name: str, kind: str, help_: str, values: list[tuple[dict[str, str], Any]]) -> None:
+        rows = [(labels, n) for labels, v in values if (n := _num(v)) is not None]
+        if not rows:
+            return
+        out.append(f"# HELP swarm_{name} {help_}")
+        out.append(f"# TYPE swarm_{name} {kind}")
+        for labels, n in rows:
+            lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+            out.append(f"swarm_{name}{{{lab}}} {n:g}" if lab else f"swarm_{name} {n:g}")
+
+    for key, help_ in (
+        ("peers", "connected peers"),
+        ("known_peers", "peers in the address book"),
+        ("policy_version", "policy version in use"),
+        ("outbox_pending", "messages queued to publish"),
+        ("pull_pending", "bodies waiting to be pulled"),
+        ("rtt_ms_median", "median heartbeat round trip to peers, ms"),
+    ):
+        series(key, "gauge", help_, [({}, status.get(key))])
+    series("uptime_seconds", "gauge", "seconds since the node started", [({}, status.get("uptime_s"))])
+    counters = status.get("counters") or {}
+    series("events_total", "counter", "node events by kind",
+           [({"event": k}, v) for k, v in sorted(counters.items())])  # fmt: skip
+    rejected = status.get("rejected") or {}
+    series("rejected_total", "counter", "messages refused by admission, by reason",
+           [({"reason": k}, v) for k, v in sorted(rejected.items())])  # fmt: skip
+    delivery = status.get("delivery") or {}
+    series("delivery", "gauge", "own rollouts by delivery state",
+           [({"state": k}, v) for k, v in sorted(delivery.items())])  # fmt: skip
+    role = status.get("role_status") or {}
+    series("role", "gauge", "the role's figures (rollouts produced, audits passed/failed, ...)",
+           [({"field": k}, v) for k, v in sorted(role.items())])  # fmt: skip
+    weights = status.get("weights") or {}
+    series("weights_installed_versions", "gauge", "policy versions installed",
+           [({}, len(weights.get("installed") or []))] if weights else [])  # fmt: skip
+    series("weights_uploaded_bytes_total", "counter", "weight shard bytes uploaded",
+           [({}, weights.get("uploaded_bytes"))])  # fmt: skip
+    series("weights_events_total", "counter", "weight exchange events by kind",
+           [({"event": k}, v) for k, v in sorted((weights.get("counters") or {}).items())])  # fmt: skip
+    series("peers_banned", "gauge", "peers banned now", [({}, status.get("banned"))])
+    return "\n".join(out) + "\n"
+
+
+async def serve(listener: trio.SocketListener, status: Callable[[], dict[str, Any]]) -> None:
+    """Answer scrapes on `listener` until cancelled."""
+
+    async def one(stream: trio.SocketStream) -> None:
+        with trio.move_on_after(IO_DEADLINE_S):
+            try:
+                request = b""
+                while b"\r\n\r\n" not in request and b"\n\n" not in request:
+                    chunk = await stream.receive_some(MAX_REQUEST_BYTES)
+                    if not chunk:
+                        break
+                    request += chunk
+                    if len(request) > MAX_REQUEST_BYTES:
+                        break
+                line = request.split(b"\n", 1)[0].split()
+                if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] == b"/metrics":
+                    body = render(status()).encode()
+                    head = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                else:
+                    body = b"not found: try /metrics\n"
+                    head = b"HTTP/1.0 404 Not Found\r\nContent-Type: text/plain\r\n"
+                head += b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+                await stream.send_all(head + body)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+        await trio.aclose_forcefully(stream)
+
+    await trio.serve_listeners(one, [listener])
