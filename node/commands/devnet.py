@@ -386,6 +386,7 @@ def main(
     from trainer import tiny_policy
 
     console = Console(stderr=True)
+    live = live and console.is_terminal  # a pipe or a file gets plain progress lines
     # Everything local first: the run file, then the report directory.
     if run is not None:
         manifest = load_run_manifest(Path(run))
@@ -507,6 +508,15 @@ def main(
     console.print(
         f"devnet: {totals['produced']} rollouts produced, {totals['trainer_bodies']} at the trainer, "
         f"{totals['audits_passed']} audits passed / {totals['audits_failed']} failed; report in {root}"
+    )
+    sampled = sum(n.status.get("role_status", {}).get("sampled", 0) for n in nodes if n.role == "validator")
+    audited = totals["audits_passed"] + totals["audits_failed"]
+    console.print(
+        f"devnet: audits: {sampled} rollouts sampled, {audited} audited, "
+        f"{max(0, sampled - audited)} still queued when the swarm stopped; the trainer counted "
+        f"{totals['trainer_verified']} verified ({max(0, totals['audits_passed'] - totals['trainer_verified'])}"
+        f" passing verdicts it had not counted when it stopped: in flight, or about rollouts "
+        f"it did not hold); {totals['too_stale']} rollouts reached it too stale to use"
     )
     bad = [n.name for n in nodes if n.exit_code not in (0, None)]
     for v in report["versions"]:
