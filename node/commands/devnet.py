@@ -258,27 +258,49 @@ def _plots(out: Path, series: list[dict[str, Any]], nodes: list[NodeProc]) -> li
         for key, label in (("produced", "produced (workers)"), ("trainer_bodies", "received by trainer"),
                            ("audited", "audited (validators)"), ("trainer_verified", "verified at trainer")):
             ax.plot(ts, [p[key] for p in series], label=label)
+        drain = next((p["t"] for p in series if p.get("phase") == "drain"), None)
+        if drain is not None:
+            ax.axvline(drain, color="grey", linestyle=":", label="workers paused (drain)")
         ax.set_xlabel("seconds")
         ax.set_ylabel("rollouts")
         ax.set_title("devnet progress")
-        ax.legend()
+        ax.legend(loc="upper left", fontsize="small")
         fig.tight_layout()
         fig.savefig(out / "progress.png", dpi=100)
         plt.close(fig)
         written.append("progress.png")
-    workers = [n for n in nodes if n.role in ("inference", "validator")]
-    if workers:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        names = [n.name for n in workers]
-        made = [n.status.get("role_status", {}).get("produced", 0) for n in workers]
-        passed = [n.status.get("role_status", {}).get("passed", 0) for n in workers]
-        failed = [n.status.get("role_status", {}).get("failed", 0) for n in workers]
-        ax.bar(names, made, label="rollouts produced")
-        ax.bar(names, passed, label="audits passed")
-        ax.bar(names, failed, bottom=passed, label="audits failed")
-        ax.set_ylabel("count")
-        ax.set_title("per node")
-        ax.legend()
+    panels = []  # (title, x labels, x title, [(label, values, bottom)], y label)
+
+    def figures(role: str, *keys: str) -> tuple[list[str], list[list[int]]]:
+        these = [n for n in nodes if n.role == role]
+        return [n.name for n in these], [
+            [n.status.get("role_status", {}).get(k, 0) or 0 for n in these] for k in keys
+        ]
+
+    names, (made,) = figures("inference", "produced")
+    if names:
+        panels.append(("workers", names, "node", [("produced", made, None)], "rollouts"))
+    names, (passed, failed) = figures("validator", "passed", "failed")
+    if names:
+        panels.append(("validators", names, "node",
+                       [("passed", passed, None), ("failed", failed, passed)], "audits"))
+    trainer = [n for n in nodes if n.role == "trainer"]
+    if trainer:
+        t = trainer[0]
+        got = t.status.get("counters", {}).get("stored_rollout_record", 0)
+        verified = t.status.get("role_status", {}).get("verified", 0) or 0
+        panels.append(("trainer", ["received", "verified"], t.name,
+                       [("rollouts", [got, verified], None)], "rollouts"))
+    if panels:
+        fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 1, 4), squeeze=False)
+        for ax, (title, names, xlabel, bars, ylabel) in zip(axes[0], panels, strict=True):
+            for label, values, bottom in bars:
+                ax.bar(names, values, bottom=bottom, label=label)
+            ax.set_title(title)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.tick_params(axis="x", labelrotation=30)
+            ax.legend(loc="lower right", fontsize="small")
         fig.tight_layout()
         fig.savefig(out / "workers.png", dpi=100)
         plt.close(fig)
@@ -468,7 +490,13 @@ def main(
                 if all(n.proc.poll() is not None for n in nodes):
                     break
                 time.sleep(0.5)
+        drain_at = round(time.monotonic() - started, 1)
         drained_s = _drain(nodes, console)
+        for n in nodes:
+            n.read_status()
+        # the plot shows the drain and ends on the final totals
+        series.append({"t": drain_at, **_totals(nodes), "phase": "drain"})
+        series.append({"t": round(time.monotonic() - started, 1), **_totals(nodes), "phase": "drain"})
     except KeyboardInterrupt:
         interrupted = True
         console.print("devnet: Ctrl-C: stopping every node ...")
