@@ -300,17 +300,16 @@ class Discovery:
     ) -> None:
         """Forever: greet new inbound peers, re-exchange peer lists while below `max_peers`
         (every `exchange_every_s`; the gap doubles up to EXCHANGE_MAX_S while rounds teach
-        us no new peer, and is reset when one does or a new peer connects: each round is a
-        stream and a signed hello per connected peer), and dial due known peers (at most
-        `max_parallel` a round)."""
+        us no new peer, and is reset when one does: each round is a stream and a signed
+        hello per connected peer; a newcomer is greeted at once anyway, which exchanges
+        lists with it, so a peer that keeps reconnecting does not reset the gap), and dial
+        due known peers (at most `max_parallel` a round)."""
         last_exchange = time.monotonic()
         gap = exchange_every_s
         while True:
             connected = set(self.host.connected_peers())
             greet = connected - self._greeted
             exchange = len(connected) < self.max_peers and time.monotonic() - last_exchange > gap
-            if greet and not exchange:
-                gap = exchange_every_s  # a newcomer may know peers we do not
             if exchange:
                 last_exchange = time.monotonic()
                 greet = connected  # ask everyone again: they may know peers we do not

@@ -4,7 +4,8 @@
 each second: `Peer.stats()` plus the role's status) into the Prometheus text format,
 version 0.0.4; `serve(listener, status)` answers `GET /metrics` (anything else: 404) on
 an already bound trio listener, one short HTTP/1.0 exchange per connection under a
-deadline, so a scraper that stalls or sends garbage costs one connection, nothing more.
+deadline, at most MAX_SCRAPES at once (more are closed unanswered), so a scraper that
+stalls, floods or sends garbage costs a few connections, nothing more.
 
 Series (all prefixed `swarm_`): `peers`, `known_peers`, `policy_version`,
 `uptime_seconds`, `outbox_pending`, `pull_pending` (queue depths), `rtt_ms_median`,
@@ -26,6 +27,7 @@ import trio
 
 MAX_REQUEST_BYTES = 4096
 IO_DEADLINE_S = 5.0
+MAX_SCRAPES = 8  # answered at once; more connections are closed unanswered
 
 
 def _num(v: Any) -> float | None:
@@ -64,25 +66,22 @@ def render(status: dict[str, Any]) -> str:
     ):
         series(key, "gauge", help_, [({}, status.get(key))])
     series("uptime_seconds", "gauge", "seconds since the node started", [({}, status.get("uptime_s"))])
-    counters = status.get("counters") or {}
-    series("events_total", "counter", "node events by kind",
-           [({"event": k}, v) for k, v in sorted(counters.items())])  # fmt: skip
-    rejected = status.get("rejected") or {}
-    series("rejected_total", "counter", "messages refused by admission, by reason",
-           [({"reason": k}, v) for k, v in sorted(rejected.items())])  # fmt: skip
-    delivery = status.get("delivery") or {}
-    series("delivery", "gauge", "own rollouts by delivery state",
-           [({"state": k}, v) for k, v in sorted(delivery.items())])  # fmt: skip
-    role = status.get("role_status") or {}
-    series("role", "gauge", "the role's figures (rollouts produced, audits passed/failed, ...)",
-           [({"field": k}, v) for k, v in sorted(role.items())])  # fmt: skip
+    for name, kind, help_, section, label in (
+        ("events_total", "counter", "node events by kind", "counters", "event"),
+        ("rejected_total", "counter", "messages refused by admission, by reason", "rejected", "reason"),
+        ("delivery", "gauge", "own rollouts by delivery state", "delivery", "state"),
+        ("role", "gauge", "the role's figures (rollouts produced, audits passed/failed, ...)",
+         "role_status", "field"),
+    ):  # fmt: skip
+        values = status.get(section) or {}
+        series(name, kind, help_, [({label: k}, v) for k, v in sorted(values.items())])
     weights = status.get("weights") or {}
     series("weights_installed_versions", "gauge", "policy versions installed",
            [({}, len(weights.get("installed") or []))] if weights else [])  # fmt: skip
     series("weights_uploaded_bytes_total", "counter", "weight shard bytes uploaded",
            [({}, weights.get("uploaded_bytes"))])  # fmt: skip
     series("weights_events_total", "counter", "weight exchange events by kind",
-           [({"event": k}, v) for k, v in sorted((weights.get("counters") or {}).items())])  # fmt: skip
+           [({"event": k}, v) for k, v in sorted((weights.get("counters") or {}).items())])
     series("peers_banned", "gauge", "peers banned now", [({}, status.get("banned"))])
     return "\n".join(out) + "\n"
 
@@ -90,7 +89,16 @@ def render(status: dict[str, Any]) -> str:
 async def serve(listener: trio.SocketListener, status: Callable[[], dict[str, Any]]) -> None:
     """Answer scrapes on `listener` until cancelled."""
 
+    slots = trio.Semaphore(MAX_SCRAPES)
+
     async def one(stream: trio.SocketStream) -> None:
+        if slots.value == 0:  # a flood of connections: refused, not queued
+            await trio.aclose_forcefully(stream)
+            return
+        async with slots:
+            await answer(stream)
+
+    async def answer(stream: trio.SocketStream) -> None:
         with trio.move_on_after(IO_DEADLINE_S):
             try:
                 request = b""

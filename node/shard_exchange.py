@@ -10,9 +10,12 @@ read and write under the host's I/O deadline:
     server -> client   "watch":    have-map frames, each a msgpack array of
                                    [manifest id (32 bytes), bitfield] (bit i, LSB-first per
                                    byte, set = shard i held, verified): one at once, then one
-                                   whenever it changes (at most every WATCH_DEBOUNCE_S) and
-                                   the same one again after WATCH_KEEPALIVE_S without a
-                                   change; the server ends the stream after WATCH_MAX_S
+                                   whenever it changes (at most every HAVE_DEBOUNCE_S) and
+                                   the same one again after HAVE_KEEPALIVE_S without a
+                                   change; the server ends the stream after WATCH_MAX_S,
+                                   and serves one peer at most MAX_WATCHES_PER_PEER at
+                                   once (the constants and the rule a client applies,
+                                   `pushes_too_fast`, are `protocol.shard_schedule`'s)
                        "manifest": the envelope bytes, or an empty frame
                        "shard":    a header frame msgpack [size] (size -1: not held), then
                                    the bytes in frames of at most CHUNK bytes
@@ -38,6 +41,13 @@ import trio
 
 from node.host import FramedStream, PeerError, SwarmHost
 from node.upload_limit import UploadLimiter
+from protocol.shard_schedule import (
+    HAVE_DEBOUNCE_S,
+    HAVE_KEEPALIVE_S,
+    MAX_WATCHES_PER_PEER,
+    WATCH_MAX_S,
+    pushes_too_fast,
+)
 from protocol.wire import MAX_SHARD_BYTES, WeightManifest
 
 CHUNK = 1024 * 1024
@@ -45,9 +55,6 @@ MAX_REQUEST_BYTES = 128
 MAX_HAVE_ENTRIES = 256
 MAX_HAVE_BYTES = MAX_HAVE_ENTRIES * (40 + 65_536 // 8)
 MAX_ENVELOPE_BYTES = WeightManifest.MAX_BYTES + 1024
-WATCH_DEBOUNCE_S = 0.1  # at most this often a have-map per watcher
-WATCH_KEEPALIVE_S = 3.0  # an unchanged have-map is sent again (under the client's read deadline)
-WATCH_MAX_S = 300.0  # the server ends a watch after this long; the client opens a new one
 
 
 class BadRequest(PeerError):
@@ -102,16 +109,25 @@ ShardFn = Callable[[bytes, int], Awaitable[bytes | None]]
 
 async def serve(
     stream: FramedStream, limiter: UploadLimiter, have: HaveFn, changed: ChangedFn,
-    manifest: ManifestFn, shard: ShardFn,
+    manifest: ManifestFn, shard: ShardFn, watching: dict[str, int],
 ) -> int:  # fmt: skip
-    """Answer one request; returns the shard bytes uploaded (0 for other requests)."""
+    """Answer one request; returns the shard bytes uploaded (0 for other requests).
+    `watching`: the node's count of watches served per peer (this call keeps it)."""
     try:
         frame = await stream.receive(MAX_REQUEST_BYTES)
     except PeerError:
         return 0
     req = decode_request(stream.peer, frame)
     if req[0] == "watch":
-        await _serve_watch(stream, have, changed)
+        if watching.get(stream.peer, 0) >= MAX_WATCHES_PER_PEER:
+            return 0  # closed at once: the asker already has its watch
+        watching[stream.peer] = watching.get(stream.peer, 0) + 1
+        try:
+            await _serve_watch(stream, have, changed)
+        finally:
+            watching[stream.peer] -= 1
+            if not watching[stream.peer]:
+                del watching[stream.peer]
         return 0
     if req[0] == "manifest":
         await stream.send(await manifest(req[1]) or b"")
@@ -133,15 +149,15 @@ async def _serve_watch(stream: FramedStream, have: HaveFn, changed: ChangedFn) -
     """Push have-maps until WATCH_MAX_S has passed (or the stream breaks: `PeerError`)."""
     end = trio.current_time() + WATCH_MAX_S
     last: list[tuple[bytes, bytes]] | None = None
-    sent_at = -WATCH_KEEPALIVE_S
+    sent_at = -HAVE_KEEPALIVE_S
     while trio.current_time() < end:
         entries = (await have())[:MAX_HAVE_ENTRIES]
         now = trio.current_time()
-        if entries != last or now - sent_at >= WATCH_KEEPALIVE_S:
+        if entries != last or now - sent_at >= HAVE_KEEPALIVE_S:
             await stream.send(msgpack.packb([[m, b] for m, b in entries], use_bin_type=True))
             last, sent_at = entries, now
-        await changed(max(0.0, sent_at + WATCH_KEEPALIVE_S - trio.current_time()))
-        await trio.sleep(WATCH_DEBOUNCE_S)
+        await changed(max(0.0, sent_at + HAVE_KEEPALIVE_S - trio.current_time()))
+        await trio.sleep(HAVE_DEBOUNCE_S)
 
 
 # -- client ---------------------------------------------------------------------------------
@@ -164,13 +180,13 @@ async def watch_have(
     """Call `on_have({manifest id: bitfield})` (unchecked beyond shape) with each have-map
     `peer` pushes, until it ends the watch (after WATCH_MAX_S: returns; we also stop
     listening a little later whatever it does) or the stream breaks, stays silent past the
-    read deadline or pushes faster than WATCH_DEBOUNCE_S allows (`PeerError`)."""
+    read deadline or pushes faster than `pushes_too_fast` allows (`PeerError`)."""
     opened = trio.current_time()
     stream = await _request(host, peer, run_id, ["watch"])
     frames = 0
     try:
-        while (now := trio.current_time()) < opened + WATCH_MAX_S + 2 * WATCH_KEEPALIVE_S:
-            if frames > 10 + (now - opened) / WATCH_DEBOUNCE_S:
+        while (now := trio.current_time()) < opened + WATCH_MAX_S + 2 * HAVE_KEEPALIVE_S:
+            if pushes_too_fast(frames, now - opened):
                 raise ShardFailed(peer, "have-maps pushed faster than the protocol allows")
             try:
                 raw = await stream.receive(MAX_HAVE_BYTES)

@@ -25,7 +25,7 @@ older manifests that way); only a trainer key's manifest is ever admitted, and o
 `max_version_bytes` is refused before any download. The newest admitted version is the
 *target*; `protocol.weights_plan.plan` picks the fewest bytes to reach it (patches from
 what is installed, or a full version, or a snapshot plus patches). The shards of the
-plan's manifests go into `protocol.shard_schedule.ShardScheduler`; have-maps are polled
+plan's manifests go into `protocol.shard_schedule.ShardScheduler`; have-maps are
 pushed by peers over `/swarm-rl/<run>/shard/1` (one long-lived watch per connected peer:
 a have-map at once and at every change; the trainer that signed a fresh announcement is
 known to hold all of it, so it is asked without waiting for its have-map); each
@@ -118,6 +118,7 @@ class WeightSync:
         self._have_gen = 0  # bumped at every change of what we hold
         self._have_cache: tuple[int, list[tuple[bytes, bytes]]] = (-1, [])
         self._served: dict[bytes, dict[int, int]] = {}  # manifest -> shard -> times sent
+        self._watchers: dict[str, int] = {}  # peer -> watches of our have-map we serve
         self._tried: set[bytes] = set()
         self._flights: dict[tuple[str, bytes, int], trio.CancelScope] = {}
         self._changed = trio.Event()
@@ -336,7 +337,7 @@ class WeightSync:
 
     async def _hold_all(self, mid: bytes, shards: int) -> bool:
         bits = dict(await self._have_map()).get(mid)
-        return bits is not None and len(shard_exchange.from_bitfield(bits, shards)) == shards
+        return bits is not None and int.from_bytes(bits, "little").bit_count() == shards
 
     async def _wait_changed(self, timeout_s: float) -> None:
         with trio.move_on_after(timeout_s):
@@ -360,7 +361,8 @@ class WeightSync:
 
         try:
             n = await shard_exchange.serve(
-                stream, self.limiter, self._have_map, self._wait_changed, manifest, shard
+                stream, self.limiter, self._have_map, self._wait_changed, manifest, shard,
+                self._watchers,
             )
         except shard_exchange.BadRequest:
             self._misbehaved(stream.peer, -10.0, "bad shard request")

@@ -57,6 +57,12 @@ then it answers "not held" (no blame: the asker takes it from whoever got the fi
 or asks for another shard). Without it the origin's uplink carried the same rare shards to
 several receivers at once (3.6 checkpoints out of the origin for 8 receivers), BitTorrent's
 reason for super-seeding.
+
+Have-maps are pushed over one watch per pair of peers (the node's `shard_exchange`): at
+most every `HAVE_DEBOUNCE_S`, again after `HAVE_KEEPALIVE_S` without a change, for at most
+`WATCH_MAX_S` per watch and `MAX_WATCHES_PER_PEER` watches served to one peer at once;
+`pushes_too_fast(frames, elapsed_s)` tells a client when a server pushes faster than that
+(it is cut off). The simulator uses the same keepalive.
 """
 
 from __future__ import annotations
@@ -75,7 +81,13 @@ __all__ = [
     "ScheduleConfig",
     "ShardScheduler",
     "first_copies_first",
+    "pushes_too_fast",
 ]
+
+HAVE_DEBOUNCE_S = 0.1  # at most this often a have-map per watcher
+HAVE_KEEPALIVE_S = 3.0  # an unchanged have-map is pushed again after this
+WATCH_MAX_S = 300.0  # a server ends a watch after this long; the client opens a new one
+MAX_WATCHES_PER_PEER = 2  # watches served to one peer at once (one, and one reconnecting)
 
 Key = tuple[bytes, int]
 
@@ -380,3 +392,9 @@ def first_copies_first(served: Mapping[int, int], shards: int, index: int) -> bo
     if served.get(index, 0) == 0:
         return True
     return all(served.get(i, 0) > 0 for i in range(shards))
+
+
+def pushes_too_fast(frames: int, elapsed_s: float) -> bool:
+    """Whether `frames` have-maps in `elapsed_s` is more than a server may push (with a
+    little slack for a burst)."""
+    return frames > 10 + elapsed_s / HAVE_DEBOUNCE_S

@@ -23,7 +23,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from protocol.shard_schedule import ShardScheduler, first_copies_first
+from protocol.shard_schedule import HAVE_KEEPALIVE_S, ShardScheduler, first_copies_first
 from swarm_sim.bounds import broadcast_bounds
 from swarm_sim.core import EventLoop, derive_rng
 from swarm_sim.metrics import percentile
@@ -51,7 +51,6 @@ class BroadcastConfig:
 
 
 MANIFEST = b"\x01" * 32
-KEEPALIVE_S = 3.0  # node.shard_exchange.WATCH_KEEPALIVE_S
 
 
 def simulate_broadcast(cfg: BroadcastConfig, net_cfg: NetConfig, seed: int = 0) -> dict:
@@ -102,7 +101,7 @@ def simulate_broadcast(cfg: BroadcastConfig, net_cfg: NetConfig, seed: int = 0) 
         if idx not in have[src] or (whole and not first_copies_first(served[src], shards, idx)):
             sched[p].on_missing(str(src), MANIFEST, idx, loop.now)
             if whole:  # the real node's have-map keepalive tells p again
-                loop.after(KEEPALIVE_S, reannounce, src, p)
+                loop.after(HAVE_KEEPALIVE_S, reannounce, src, p)
             pump(p)
             return
         if whole:

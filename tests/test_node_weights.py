@@ -326,3 +326,30 @@ async def test_a_peer_pushing_have_maps_too_fast_is_cut_off(tmp_path: Path) -> N
             with trio.fail_after(20), pytest.raises(PeerError, match="faster"):
                 await shard_exchange.watch_have(a.host, t.identity.peer_id_b58, manifest.run_id, on_have)
             assert 5 <= len(got) < 100
+
+
+async def test_a_peer_gets_at_most_two_watches_served_at_once(tmp_path: Path) -> None:
+    # Each served watch is a task for up to WATCH_MAX_S: a peer opening watches in a loop
+    # must not pile them up on us.
+    from node import shard_exchange
+    from node.host import PeerError
+    from protocol.shard_schedule import MAX_WATCHES_PER_PEER
+
+    trainer = Identity.generate()
+    manifest = run_manifest("watchcap", trainer)
+    async with open_peer(cfg(tmp_path, "t", manifest, trainer)) as t:
+        await t.weights.publish(ckpt(0))
+        async with open_peer(cfg(tmp_path, "a", manifest, bootstrap=(t.host.listen_addrs()[0],))) as a:
+            tid = t.identity.peer_id_b58
+            await until("a watches t", lambda: t.weights._watchers.get(a.identity.peer_id_b58) == 1)
+
+            async def on_have(have: dict[bytes, bytes]) -> None:
+                pass
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(shard_exchange.watch_have, a.host, tid, manifest.run_id, on_have)
+                await until("a second watch", lambda: t.weights._watchers.get(a.identity.peer_id_b58) == 2)
+                with trio.fail_after(10), pytest.raises(PeerError):  # the third is closed at once
+                    await shard_exchange.watch_have(a.host, tid, manifest.run_id, on_have)
+                assert t.weights._watchers[a.identity.peer_id_b58] == MAX_WATCHES_PER_PEER
+                nursery.cancel_scope.cancel()
