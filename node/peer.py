@@ -439,9 +439,11 @@ class Peer:
 
     async def _ban(self, action: Ban) -> None:
         self.counters["bans"] += 1
-        await self.host.ban(str(action.peer), max(1.0, action.until - time.time()), "score below threshold")
+        # Stored before it takes effect: the host's ban awaits a disconnect, and a stop
+        # arriving there would otherwise leave a ban in force that a restart forgets.
         with contextlib.suppress(StoreError):
             await trio.to_thread.run_sync(self.store.save_peer, action.record)
+        await self.host.ban(str(action.peer), max(1.0, action.until - time.time()), "score below threshold")
 
     # -- loops ----------------------------------------------------------------------------
 

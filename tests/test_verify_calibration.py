@@ -44,7 +44,8 @@ def test_calibrate_writes_the_limits_next_to_the_model(env, calibrated):  # noqa
     assert cal.measured["bf16"]["rollouts"] == 4 * len(calibrate_cmd.VARIATIONS)
     # limits are 2x the largest honest value (drift 1.5x), above the floors
     bf = cal.regimes["bf16"]
-    assert bf.drift >= 1.5 * cal.measured["bf16"]["max"]["drift"] - 1e-9
+    # (the file's measured max is rounded to 6 decimals; the limit came from the exact one)
+    assert bf.drift >= 1.5 * (cal.measured["bf16"]["max"]["drift"] - 5e-7)
     assert cal.regimes["fp32"].drift >= STRICT.drift
 
 

@@ -127,3 +127,68 @@ def run_vllm_part(
             (r.metrics.get("sampling_margin_max", 0.0) for r in results), default=0.0
         ),
     }
+
+
+# Randomly initialised Qwen2 models of the built-in policy's family, growing: where does
+# vLLM's batching overtake transformers on this CPU? (hidden, layers); heads of 64 dims.
+CROSSOVER_SIZES = ((128, 4), (512, 8), (1024, 8))
+CROSSOVER_SIZES_QUICK = ((128, 4),)
+
+
+def run_crossover(
+    *, tok: Any, sizes: tuple[tuple[int, int], ...], prompts: list[list[int]], settings: Any,
+    seeds: list[int], say: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """Both engines on the same prompts, seeds and batch for each model size, one timed
+    call each after a warm-up; hidden-state capture on for both (what a worker runs).
+    Random weights rarely choose EOS, so nearly every prompt runs to `max_new_tokens`:
+    the same work for both engines. `vllm_decode_tokens_per_s` leaves out the transformers
+    prefill the vLLM engine adds for hidden states and log-probs. `crossover_params` is the smallest size at which vLLM
+    made at least as many tokens per second as transformers (null if none did);
+    `crossover_params_decode` the same for vLLM's decode alone."""
+    from trainer.engine_hf import HFEngine
+    from trainer.engine_vllm import VLLMEngine
+    from trainer.model_dir import save_model_dir
+    from trainer.tiny_policy import build_model
+
+    rows = []
+    for hidden, layers in sizes:
+        heads = max(2, hidden // 64)
+        model = build_model(
+            tok, seed=5, hidden_size=hidden, intermediate_size=4 * hidden,
+            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+        )  # fmt: skip
+        params = sum(p.numel() for p in model.parameters())
+        say(f"generate: crossover, random Qwen2 hidden {hidden} x {layers} layers ({params / 1e6:.1f}M)")
+        with tempfile.TemporaryDirectory(prefix="swarm-node-bench-cross-") as tmp:
+            path = save_model_dir(model, tok, Path(tmp) / "model")
+            hf = HFEngine(model, tok, max_batch=len(prompts))
+            hf.generate(prompts[:4], settings, seeds[:4])  # warm-up
+            t0 = time.perf_counter()
+            h_tokens = _tokens(hf.generate(prompts, settings, seeds))
+            h_dt = time.perf_counter() - t0
+            engine = VLLMEngine(path)
+            try:
+                engine.generate(prompts[:4], settings, seeds[:4])  # warm-up
+                t0 = time.perf_counter()
+                v_tokens = _tokens(engine.generate(prompts, settings, seeds))
+                v_dt = time.perf_counter() - t0
+                decode_s = engine.last_timing["decode_s"]
+            finally:
+                engine.close()
+        row = {
+            "hidden": hidden, "layers": layers, "params": params,
+            "hf_tokens_per_s": round(h_tokens / h_dt, 1),
+            "vllm_tokens_per_s": round(v_tokens / v_dt, 1),
+            "vllm_decode_tokens_per_s": round(v_tokens / decode_s, 1),
+        }  # fmt: skip
+        row["vllm_over_hf"] = round(row["vllm_tokens_per_s"] / row["hf_tokens_per_s"], 3)
+        say(f"generate: crossover {row}")
+        rows.append(row)
+    wins = [r["params"] for r in rows if r["vllm_over_hf"] >= 1.0]
+    decode_wins = [r["params"] for r in rows if r["vllm_decode_tokens_per_s"] >= r["hf_tokens_per_s"]]
+    return {
+        "crossover": rows,
+        "crossover_params": min(wins) if wins else None,
+        "crossover_params_decode": min(decode_wins) if decode_wins else None,
+    }

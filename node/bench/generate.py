@@ -16,6 +16,9 @@
   `sampling_tie_disagreements` and more (`node.bench._generate_vllm` says what each is), at
   batch 64 with 512 audited vLLM rollouts. `--quick` skips it (vLLM's start-up alone takes
   15-60 s here) unless `--vllm` is given (then 64 audited rollouts); `--audits N` sets it.
+  The same part adds `crossover`: both engines, side by side, on randomly initialised
+  Qwen2 models of growing size (vLLM loses on the 0.8M-parameter policy, where per-step
+  overhead dominates), and `crossover_params`, the smallest size where vLLM wins.
   The keys are null, with `vllm_skipped` saying why, when the part does not run.
 Extra arguments: `--data-dir DIR`, `--threads N`, `--prompts N`, `--vllm`, `--audits N`.
 """
@@ -144,6 +147,8 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
 
 
 VLLM_KEYS = (
+    "crossover",
+    "crossover_params",
     "vllm_tokens_per_s",
     "hf_tokens_per_s",
     "vllm_decode_tokens_per_s",
@@ -175,10 +180,15 @@ def _vllm_part(
         skipped = "--quick (pass --vllm to include it)"
     if skipped is not None:
         return {**{k: None for k in VLLM_KEYS}, "vllm_skipped": skipped}
-    from node.bench._generate_vllm import run_vllm_part
+    from node.bench._generate_vllm import (
+        CROSSOVER_SIZES,
+        CROSSOVER_SIZES_QUICK,
+        run_crossover,
+        run_vllm_part,
+    )
 
     audits = opts.audits or (64 if quick else 512)
-    return run_vllm_part(
+    out = run_vllm_part(
         path=path,
         model=model,
         tok=tok,
@@ -189,3 +199,6 @@ def _vllm_part(
         audits=audits,
         say=_say,
     )
+    sizes = CROSSOVER_SIZES_QUICK if quick else CROSSOVER_SIZES
+    return {**out, **run_crossover(tok=tok, sizes=sizes, prompts=prompts, settings=settings,
+                                   seeds=seeds, say=_say)}  # fmt: skip
