@@ -9,6 +9,11 @@ batched prefill per batch with `verify.auditor.audit_many` (proof statistics, sa
 replay, log-probs, task and reward re-derived by `node.commands.audit.make_judge`), in a
 worker thread. A failed audit also costs the producer score (`Peer.report`), which bans
 a peer that keeps cheating.
+
+Fraud evidence (`protocol.fraud`): another validator's failed verdict opens a case; we
+take the record (the store, or the body pull that every header starts) and audit it
+ourselves, unsampled, with the same machinery. Reproduced, the producer is banned; not
+reproduced, the accusing validator pays. Such re-checks publish no verdict.
 """
 
 from __future__ import annotations
@@ -23,7 +28,11 @@ from node.errors import CommandError
 from node.roles import RoleContext
 from protocol.admission import Admitted, Kind
 from protocol.audit_sample import sample_ticket, sampled
+from protocol.codec import encode
+from protocol.fraud import Audit, FraudCases, NeedRecord, Punish
 from protocol.identity import Identity
+from protocol.rollout import open_record
+from protocol.wire import RolloutRecord
 
 PULLS_BODIES = True
 NEEDS_MODEL = True
@@ -106,12 +115,52 @@ async def run(peer: Any, ctx: RoleContext) -> None:
 
     model, judge, settings, eos_ids = await trio.to_thread.run_sync(load, ctx, peer.manifest)
     send, receive = trio.open_memory_channel[Any](QUEUE)
-    counts = {"seen": 0, "sampled": 0, "passed": 0, "failed": 0, "queue_full": 0, "unauthorized": 0}
+    counts = {"seen": 0, "sampled": 0, "passed": 0, "failed": 0, "queue_full": 0, "unauthorized": 0,
+              "rechecks": 0}  # fmt: skip
     reasons: dict[str, int] = {}
+    fraud = FraudCases()
+
+    def carry_out(actions: list[Any], record: Any = None) -> None:
+        for action in actions:
+            if isinstance(action, Punish):
+                peer.report(action.peer, action.penalty, action.reason)
+            elif isinstance(action, NeedRecord):
+                nursery.start_soon(from_store, action.rollout_id)
+            elif isinstance(action, Audit) and record is not None:
+                try:
+                    send.send_nowait((record, None))  # no ticket: a re-check, not our sample
+                    counts["rechecks"] += 1
+                except trio.WouldBlock:
+                    counts["queue_full"] += 1
+                    fraud.cannot_judge(action.rollout_id)
+
+    async def from_store(rid: bytes) -> None:
+        row = await trio.to_thread.run_sync(peer.store.get_rollout, rid)
+        if row is None or row.body is None or not fraud.is_open(rid):
+            return  # the body pull brings it to on_deliver, or the case expires
+        try:
+            ro = open_record(encode(RolloutRecord(header=row.header, body=row.body)))
+        except Exception:  # stored records were checked on the way in; be safe anyway
+            fraud.cannot_judge(rid)
+            return
+        carry_out(fraud.record_held(rid, time.time()), ro)
+
+    def on_verdict(item: Admitted) -> None:
+        v = item.obj
+        if v.passed or item.envelope.signer == peer.identity.peer_id:
+            return
+        now = time.time()
+        fraud.tick(now)
+        carry_out(fraud.accused(v.rollout_id, v.producer, item.envelope.signer, v.reason, now))
 
     def on_deliver(item: Admitted) -> None:
+        if item.kind is Kind.VERDICT:
+            on_verdict(item)
+            return
         if item.kind is not Kind.ROLLOUT_RECORD:
             return
+        if fraud.is_open(item.content_id):
+            carry_out(fraud.record_held(item.content_id, time.time()), item.obj)
         counts["seen"] += 1
         ticket = sample_ticket(peer.identity, peer.run_id, item.content_id)
         if not sampled(ticket, ctx.audit_fraction):
@@ -121,9 +170,6 @@ async def run(peer: Any, ctx: RoleContext) -> None:
             counts["sampled"] += 1
         except trio.WouldBlock:
             counts["queue_full"] += 1
-
-    peer.on_deliver(on_deliver)
-    ctx.say(f"validator: model loaded; auditing {ctx.audit_fraction:.0%} of rollouts")
 
     held = HeldVersions(model)
 
@@ -143,45 +189,62 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                 counts[f"audited_v{version}"] = counts.get(f"audited_v{version}", 0) + len(items)
         return out
 
-    while True:
-        batch = [await receive.receive()]
-        while len(batch) < ctx.batch_size:
-            try:
-                batch.append(receive.receive_nowait())
-            except trio.WouldBlock:
-                break
-        # Version-aware: each record is judged with the weights of the version it claims.
-        # A version this validator does not hold is not judged at all (no verdict, no
-        # penalty: our lack must not cost the producer); `unknown_version` counts them.
-        for version in {ro.envelope.policy_version for ro, _ in batch}:
-            await held.fetch(peer, version)
-        known = [item for item in batch if held.get(item[0].envelope.policy_version) is not None]
-        counts["unknown_version"] = counts.get("unknown_version", 0) + len(batch) - len(known)
-        if not known:
-            continue
-        started = time.monotonic()
-        judged = await trio.to_thread.run_sync(audit_held, known)
-        batch = [item for item, _ in judged]
-        verdicts = [v for _, v in judged]
-        authorized = peer.admission.authority.may_judge(peer.identity.peer_id)
-        if not authorized and not counts["unauthorized"]:
-            ctx.say("validator: this key is not in the run's validator_keys and holds no "
-                    "delegation: auditing, but not publishing verdicts nobody would count")
-        for (ro, ticket), verdict in zip(batch, verdicts, strict=True):
-            if authorized:
-                await peer.publish_verdict(dataclasses.replace(verdict, sample_ticket=ticket))
-            else:
-                counts["unauthorized"] += 1
-            if verdict.passed:
-                counts["passed"] += 1
-            else:
-                counts["failed"] += 1
-                reasons[verdict.reason] = reasons.get(verdict.reason, 0) + 1
-                peer.report(
-                    ro.envelope.signer, FAILED_AUDIT_PENALTY, f"failed audit: {verdict.reason}"
+    async def audit_forever() -> None:
+        while True:
+            batch = [await receive.receive()]
+            while len(batch) < ctx.batch_size:
+                try:
+                    batch.append(receive.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            # Version-aware: each record is judged with the weights of the version it claims.
+            # A version this validator does not hold is not judged at all (no verdict, no
+            # penalty: our lack must not cost the producer); `unknown_version` counts them.
+            for version in {ro.envelope.policy_version for ro, _ in batch}:
+                await held.fetch(peer, version)
+            known = [
+                item for item in batch if held.get(item[0].envelope.policy_version) is not None
+            ]
+            for ro, ticket in batch:
+                if ticket is None and held.get(ro.envelope.policy_version) is None:
+                    fraud.cannot_judge(ro.rollout_id)
+            counts["unknown_version"] = counts.get("unknown_version", 0) + len(batch) - len(known)
+            if not known:
+                continue
+            started = time.monotonic()
+            judged = await trio.to_thread.run_sync(audit_held, known)
+            batch = [item for item, _ in judged]
+            verdicts = [v for _, v in judged]
+            authorized = peer.admission.authority.may_judge(peer.identity.peer_id)
+            if not authorized and not counts["unauthorized"]:
+                ctx.say(
+                    "validator: this key is not in the run's validator_keys and holds no "
+                    "delegation: auditing, but not publishing verdicts nobody would count"
                 )
-        ctx.status.update(
-            **counts,
-            fail_reasons=dict(reasons),
-            audit_s_per_rollout=round((time.monotonic() - started) / len(batch), 3),
-        )
+            for (ro, ticket), verdict in zip(batch, verdicts, strict=True):
+                carry_out(fraud.audited(ro.rollout_id, verdict.passed, verdict.reason, time.time()))
+                if ticket is None:
+                    continue  # a fraud re-check: the case's outcome is all it decides
+                if authorized:
+                    await peer.publish_verdict(dataclasses.replace(verdict, sample_ticket=ticket))
+                else:
+                    counts["unauthorized"] += 1
+                if verdict.passed:
+                    counts["passed"] += 1
+                else:
+                    counts["failed"] += 1
+                    reasons[verdict.reason] = reasons.get(verdict.reason, 0) + 1
+                    peer.report(
+                        ro.envelope.signer, FAILED_AUDIT_PENALTY, f"failed audit: {verdict.reason}"
+                    )
+            ctx.status.update(
+                **counts,
+                fail_reasons=dict(reasons),
+                fraud=dict(fraud.counts),
+                audit_s_per_rollout=round((time.monotonic() - started) / len(batch), 3),
+            )
+
+    async with trio.open_nursery() as nursery:
+        peer.on_deliver(on_deliver)
+        ctx.say(f"validator: model loaded; auditing {ctx.audit_fraction:.0%} of rollouts")
+        await audit_forever()

@@ -1,0 +1,119 @@
+"""Fraud evidence in the validator role (issue 10, item 8): a real peer (py-libp2p host,
+admission, SQLite store) running `node.roles.validator.run`. Another validator's failed
+verdict is re-checked by our own audit before anyone pays: reproduced, the producer is
+banned; not reproduced, the accuser pays and the producer does not.
+
+The audit itself is replaced by a stand-in (a record "cheats" when its claimed reward is
+at least 0.5): `verify.auditor.audit_many` has tests of its own; this measures the wiring."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from node.bench._records import synthetic_record
+from node.peer import PeerConfig, open_peer
+from node.roles import RoleContext
+from node.roles import validator as validator_role
+from node.run_file import manifest_from_table
+from protocol.admission import Kind
+from protocol.codec import decode
+from protocol.content_id import content_id
+from protocol.envelope import seal
+from protocol.identity import Identity
+from protocol.rollout import open_header
+from protocol.wire import RolloutRecord, Verdict
+
+pytestmark = pytest.mark.network
+
+
+def _stand_in_audit(rollouts, model, **_kw):  # type: ignore[no-untyped-def]
+    return [
+        Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer,
+                passed=ro.header.reward < 0.5, reason="ok" if ro.header.reward < 0.5 else
+                "reward-mismatch", reward_rescored=0.0, metrics=())
+        for ro in rollouts
+    ]  # fmt: skip
+
+
+def _record(producer: Identity, manifest, counter: int, cheat: bool) -> bytes:  # type: ignore[no-untyped-def]
+    """A record whose claimed reward is on the wanted side (bodies differ by counter)."""
+    for seed in range(counter * 1000, counter * 1000 + 100):
+        data = synthetic_record(producer, manifest, counter, n_prompt=8, n_completion=32,
+                                seq=counter + 1, rng=random.Random(seed))  # fmt: skip
+        _env, header, _rid = open_header(decode(RolloutRecord, data).header)
+        if (header.reward >= 0.5) == cheat:
+            return data
+    raise AssertionError("no record found")
+
+
+async def _until(what: str, cond, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    with trio.move_on_after(timeout):
+        while not cond():
+            await trio.sleep(0.05)
+        return
+    raise AssertionError(f"timed out waiting until {what}")
+
+
+async def test_failed_verdicts_are_rechecked_before_anyone_pays(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    me, accuser = Identity.generate(), Identity.generate()
+    honest, cheat = Identity.generate(), Identity.generate()
+    manifest = manifest_from_table({
+        "run": {"id": "fraud", "seed": 7, "max_staleness": 2,
+                "validator_keys": [me.peer_id_b58, accuser.peer_id_b58]},
+        "datasets": [{"name": "basic_arithmetic", "weight": 1}],
+    })  # fmt: skip
+    monkeypatch.setattr(validator_role, "load", lambda ctx, m: (object(), None, None, frozenset()))
+    monkeypatch.setattr("verify.auditor.audit_many", _stand_in_audit)
+    cfg = PeerConfig(manifest=manifest, identity=me, data_dir=tmp_path / "v",
+                     roles=("validator",), pull_bodies=False)  # fmt: skip
+    ctx = RoleContext(audit_fraction=0.0, data_dir=tmp_path, say=lambda _m: None)
+    async with open_peer(cfg) as peer, trio.open_nursery() as nursery:
+        nursery.start_soon(validator_role.run, peer, ctx)
+        await trio.sleep(0.2)
+        sender = Identity.generate().peer_id_b58  # a relay: it never pays for either
+        honest_rec = _record(honest, manifest, 0, cheat=False)
+        cheat_rec = _record(cheat, manifest, 0, cheat=True)
+        late_rec = _record(honest, manifest, 1, cheat=False)
+        for data in (honest_rec, cheat_rec):
+            assert await peer._admit(sender, Kind.ROLLOUT_RECORD, data)
+
+        seqs = iter(range(1, 100))
+
+        def accuse(data: bytes, producer: Identity) -> bytes:
+            rid = content_id(decode(RolloutRecord, data).header)
+            verdict = Verdict(rollout_id=rid, producer=producer.peer_id, passed=False,
+                              reason="proof-mismatch", reward_rescored=0.0, metrics=())  # fmt: skip
+            return seal(accuser, verdict, run_id=manifest.run_id, policy_version=0,
+                        seq=next(seqs), timestamp_ms=int(time.time() * 1000))  # fmt: skip
+
+        assert await peer._admit(sender, Kind.VERDICT, accuse(honest_rec, honest))
+        assert await peer._admit(sender, Kind.VERDICT, accuse(cheat_rec, cheat))
+        scores = peer.admission.scores
+        await _until("the cheat is banned", lambda: peer.host.is_banned(cheat.peer_id_b58))
+        await _until(
+            "the false accuser pays", lambda: scores.score(accuser.peer_id_b58, time.time()) < 0
+        )
+        assert scores.score(honest.peer_id_b58, time.time()) >= 0
+        assert not peer.host.is_banned(honest.peer_id_b58)
+        assert scores.score(sender, time.time()) >= 0  # the relay of both
+        # evidence arriving before its record: the body, once it comes, is re-checked
+        before = scores.score(accuser.peer_id_b58, time.time())
+        assert await peer._admit(sender, Kind.VERDICT, accuse(late_rec, honest))
+        await trio.sleep(0.3)
+        assert scores.score(accuser.peer_id_b58, time.time()) == pytest.approx(before, abs=0.5)
+        ok, acts = await peer._admit_actions(sender, Kind.ROLLOUT_RECORD, late_rec)
+        assert ok, acts
+        await _until(
+            "the second false accusation costs",
+            lambda: scores.score(accuser.peer_id_b58, time.time()) < before - 10,
+        )
+        assert ctx.status["fraud"]["convicted"] == 1
+        assert ctx.status["fraud"]["acquitted"] == 2
+        nursery.cancel_scope.cancel()
