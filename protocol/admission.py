@@ -765,10 +765,13 @@ class _Refused(Exception):
         penalty: float | None = None,
         signer: bytes | None = None,
         blame_signer: bool = False,
+        wasteful: bool = False,
     ) -> None:
         super().__init__(detail)
         self.stage, self.reason, self.detail = stage, reason, detail
         self.penalty, self.signer, self.blame_signer = penalty, signer, blame_signer
+        # Free for a relay only within its allowance of blameless refusals (like repeats).
+        self.wasteful = wasteful
 
 
 def _same_peer(sender: PeerId, signer: bytes) -> bool:
@@ -1118,7 +1121,8 @@ class Admission:
         # of a revocation yet is not to blame.
         pen = None if _same_peer(sender, who) else 0.0
         if not self.authority.may_judge(who):
-            raise _Refused(Stage.CONTEXT, Reason.UNAUTHORIZED, "signer may not judge", pen)
+            raise _Refused(Stage.CONTEXT, Reason.UNAUTHORIZED, "signer may not judge", pen,
+                           wasteful=not self.authority.ever_named(who))  # fmt: skip
         if v.producer == who:
             raise _Refused(Stage.CONTEXT, Reason.UNAUTHORIZED, "a verdict on its own work", pen)
         if v.sample_ticket and not check_ticket(
@@ -1209,15 +1213,16 @@ class Admission:
             ]
         if (
             penalty == 0
-            and reason is Reason.DUPLICATE
-            and repeat
+            and ((reason is Reason.DUPLICATE and repeat) or r.wasteful)
             and not self._waste.allow(peer, now)
         ):
             # A copy is free the first time a sender hands it over (we may simply have
             # heard it elsewhere first, or held it before a restart). An honest relay
             # hands over each message and each body once, so repeats are free only up to
-            # an allowance; past it the sender pays. What our view refuses (stale, new
-            # signers, a replay) stays free; the sender rate limit bounds it.
+            # an allowance; past it the sender pays. So does a verdict of a key nobody
+            # ever named (no honest relay's admission passed it, unless a delegation is
+            # still on its way to us: a few). What our view refuses (stale, new signers,
+            # a replay, a revoked judge) stays free; the sender rate limit bounds it.
             reason, penalty = Reason.FLOODING, self.config.penalties[Reason.FLOODING]
         actions: list[Action] = [Reject(peer, reason, penalty, r.stage, r.detail, kind)]
         actions.extend(self._apply_score(peer, penalty, reason, now))

@@ -49,6 +49,12 @@ class Authority:
             return d[1]
         return key in self.validator_keys
 
+    def ever_named(self, key: bytes) -> bool:
+        """Whether the manifest or any delegation we hold names `key` (granted or not): a
+        key never named could not have been authorized in any honest relay's view either,
+        except by a delegation that has not reached us yet."""
+        return key in self.validator_keys or key in self._delegations
+
     def apply(self, signer: bytes, validator: bytes, granted: bool, order: tuple[int, int]) -> bool:
         if not self.may_delegate(signer):
             raise PermissionError("delegation not signed by a trainer key")

@@ -128,6 +128,36 @@ def test_self_vouching_verdict_is_unauthorized_even_relayed():
     assert r.reason is Reason.UNAUTHORIZED
 
 
+def test_a_relay_of_many_verdicts_from_keys_nobody_authorized_pays_past_an_allowance():
+    """Found by bench adversary: sybil keys' fail-verdicts relayed by one peer cost the
+    sybils (unknown keys, free to make) and never the peer that sent them. An honest relay
+    forwards only verdicts its own admission passed, so a signer that was never
+    authorized (not in the manifest, no delegation ever heard) draws on the relay's
+    allowance of blameless refusals; a few, e.g. before a delegation reaches us, are free."""
+    a = machine(waste_burst=20.0, waste_rate=0.001)
+    rid = content_id(header(rollout()))
+    sybils = [Identity.from_private_bytes(bytes([40 + i]) * 32) for i in range(5)]
+    refused = [
+        reject(a.handle(msg("flooder", Kind.VERDICT,
+                            verdict(sybils[i % 5], rid, ALICE.peer_id, False, seq=i // 5 + 1),
+                            T0 + i * 0.01)))
+        for i in range(60)
+    ]  # fmt: skip
+    assert all(r.reason in (Reason.UNAUTHORIZED, Reason.FLOODING) for r in refused)
+    assert refused[0].penalty == 0 and a.scores.score("flooder", T0 + 1) < 0
+    # A relay that forwards a handful of a newly delegated validator's verdicts before we
+    # heard the delegation pays nothing.
+    for seq in range(1, 6):
+        a.handle(msg("relay2", Kind.VERDICT, verdict(DELEGATE, rid, ALICE.peer_id, seq=seq)))
+    assert a.scores.score("relay2", T0 + 1) == 0
+    # A revoked key was authorized once: a relay that has not heard the revocation is
+    # never charged for it, past the allowance or not.
+    a.handle(msg(RELAY, Kind.DELEGATION, delegation(VALIDATOR, False, 1)))
+    for seq in range(1, 40):
+        a.handle(msg("relay3", Kind.VERDICT, verdict(VALIDATOR, rid, ALICE.peer_id, seq=seq)))
+    assert a.scores.score("relay3", T0 + 1) == 0
+
+
 def test_trainer_signed_delegation_grants_and_revokes_the_right_to_judge():
     a = machine()
     rid = content_id(header(rollout()))
@@ -477,11 +507,32 @@ def test_trainer_refuses_a_producer_that_withholds_counters():
     for counter in range(0, 200, 5):  # publishes one counter in five, one every 2 s
         t += 2.0
         h = header(rollout(seq=counter + 1, counter=counter, at=t))
-        bad = c.on_deliver(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, h, t))[-1].item)
-        if bad is not None:
-            went_bad.append(bad)
+        went_bad += c.on_deliver(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, h, t))[-1].item)
     assert went_bad == [ALICE.peer_id]  # once its gaps are older than the grace
     assert c.summarize(10, 2, t)["producers_refused"] == 1
+
+
+def test_a_shopper_that_falls_silent_is_still_charged_once_the_grace_has_passed():
+    """Found by bench adversary: the charge was judged only when the shopper's own next
+    rollout arrived, so a shopper that published its solved counters and stopped (or
+    left under a fresh key) was never charged. Any later delivery now re-judges it."""
+    from node.roles.trainer import Collector
+
+    a = machine(signer_burst=1000.0, sender_burst=1000.0)
+    c = Collector(a.authority, VerifiedRule(quorum=1))
+    went_bad = []
+    t = T0
+    for counter in range(0, 400, 4):  # one counter in four, for 10 s, then silence
+        t += 0.1
+        h = header(rollout(seq=counter // 4 + 1, counter=counter, at=t))
+        went_bad += c.on_deliver(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, h, t))[-1].item)
+    assert went_bad == []  # within the grace: the gaps may still be filled
+    for i in range(60):  # an honest worker goes on publishing, every counter
+        t += 1.0
+        h = header(rollout(BOB, seq=i + 1, counter=i, seed=70_000 + i, at=t))
+        went_bad += c.on_deliver(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, h, t))[-1].item)
+    assert went_bad == [ALICE.peer_id]
+    assert c.ledger.allowed(BOB.peer_id, t)
 
 
 # -- 6. headers without bodies, fresh identities -------------------------------------------
@@ -598,12 +649,12 @@ def test_catch_up_after_live_gossip_does_not_charge_an_honest_worker():
     for counter in range(900, 980):  # live gossip, 10 a second
         t += 0.1
         h = header(rollout(seq=counter + 1, counter=counter, at=t))
-        went_bad.append(c.on_deliver(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, h, t))[-1].item))
+        went_bad += c.on_deliver(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, h, t))[-1].item)
     for counter in range(700, 900):  # catch-up pulls the older ones, oldest first
         t += 0.02
         rec = rollout(seq=counter + 1, counter=counter, at=T0 - 60)
-        went_bad.append(c.on_deliver(a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec, t))[-1].item))
-    assert [b for b in went_bad if b is not None] == []
+        went_bad += c.on_deliver(a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec, t))[-1].item)
+    assert went_bad == []
     assert c.ledger.allowed(ALICE.peer_id, t)
     assert c.summarize(10, 2, t)["producers_refused"] == 0
 

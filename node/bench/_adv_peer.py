@@ -89,8 +89,7 @@ class _Counting:
 
     def on_deliver(self, item: Admitted) -> None:
         self.admitted_by_signer[peer_id_to_b58(item.envelope.signer)] += 1
-        bad = self.collector.on_deliver(item)
-        if bad is not None:
+        for bad in self.collector.on_deliver(item):
             self.peer.report(bad, -20.0, "withheld assignment counters")
         if item.kind in (Kind.ROLLOUT_HEADER, Kind.ROLLOUT_RECORD):
             h = item.obj.header if item.kind is Kind.ROLLOUT_RECORD else item.obj
