@@ -27,6 +27,7 @@ from protocol.envelope import seal
 from protocol.identity import Identity
 from protocol.rollout import open_header
 from protocol.wire import RolloutRecord, Verdict
+from tests.test_node_integration_peer import _until
 
 pytestmark = pytest.mark.network
 
@@ -49,14 +50,6 @@ def _record(producer: Identity, manifest, counter: int, cheat: bool) -> bytes:  
         if (header.reward >= 0.5) == cheat:
             return data
     raise AssertionError("no record found")
-
-
-async def _until(what: str, cond, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    with trio.move_on_after(timeout):
-        while not cond():
-            await trio.sleep(0.05)
-        return
-    raise AssertionError(f"timed out waiting until {what}")
 
 
 async def test_failed_verdicts_are_rechecked_before_anyone_pays(
