@@ -291,5 +291,5 @@ def _devnet(base: Any, tok: Any) -> dict[str, Any]:
         "ci95_high": round(hi, 4),
         "heldout_tasks": len(items),
         "trainer_version": version,
-        "duration_s": report.get("duration_s"),
+        "duration_s": report.get("elapsed_s"),
     }
