@@ -62,6 +62,11 @@ class WeightsError(CommandError):
     """A weights store failure (disk, database, a bad install); one line."""
 
 
+class ManifestGone(WeightsError):
+    """A shard for a manifest the store does not hold (never stored, or pruned meanwhile
+    because newer versions arrived)."""
+
+
 def _fsync_write(path: Path, data: bytes) -> None:
     """Write `data` to `path` atomically: temp file, fsync, rename, fsync the directory."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -157,8 +162,10 @@ class WeightsStore:
     def put_shard(self, manifest_id: bytes, index: int, data: bytes) -> None:
         """Store a shard that matches its signed digest (`ValueError` if it does not)."""
         m = self.manifest(manifest_id)
-        if m is None or not 0 <= index < len(m.shards):
-            raise ValueError("shard of an unknown manifest")
+        if m is None:
+            raise ManifestGone("shard of a manifest not held (pruned meanwhile?)")
+        if not 0 <= index < len(m.shards):
+            raise ValueError("shard index outside its manifest")
         info = m.shards[index]
         if len(data) != info.size or content_id(data) != info.digest:
             raise ValueError("shard does not match its digest")

@@ -59,7 +59,7 @@ import trio
 from node import shard_exchange
 from node.host import PeerError
 from node.upload_limit import UploadLimiter
-from node.weights_store import WeightsError, WeightsStore
+from node.weights_store import ManifestGone, WeightsError, WeightsStore
 from protocol.admission import Admitted, Kind
 from protocol.content_id import content_id
 from protocol.envelope import seal
@@ -476,6 +476,11 @@ class WeightSync:
                     await trio.to_thread.run_sync(
                         self.store.put_shard, req.manifest_id, req.index, data
                     )
+                except ManifestGone:
+                    # newer versions pruned it while this shard was on its way: unwanted now
+                    self._bump("shards_of_pruned_manifests")
+                    self._dispatch(self.sched.forget(req.manifest_id))
+                    return
                 except WeightsError as exc:
                     self.error = str(exc)
                     log.warning("weights: %s", exc)

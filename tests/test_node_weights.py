@@ -265,6 +265,23 @@ def test_store_refuses_a_patch_on_the_wrong_base_and_a_foreign_shard(tmp_path: P
     store.close()
 
 
+def test_a_shard_of_a_pruned_manifest_is_refused_with_its_own_error(tmp_path: Path) -> None:
+    """Found by the devnet test: a validator crashed (exit 1) when a shard arrived after
+    newer versions had pruned its manifest (`ValueError` out of the fetch task). The store
+    now says so with `ManifestGone`, which the fetcher takes as "no longer wanted"."""
+    from node.weights_store import ManifestGone
+    from protocol.content_id import content_id
+    from trainer.export import export_version
+
+    store = WeightsStore.open(tmp_path)
+    full = export_version(1, ckpt(1), parent=None, max_shard_bytes=SHARD)[0]
+    mid = content_id(b"full-1")
+    with pytest.raises(ManifestGone):
+        store.put_shard(mid, 0, full.payload[: full.manifest.shards[0].size])
+    assert issubclass(ManifestGone, WeightsError)
+    store.close()
+
+
 async def test_wait_installed_returns_for_version_zero(tmp_path: Path) -> None:
     trainer = Identity.generate()
     async with open_peer(cfg(tmp_path, "t", run_manifest("w0", trainer), trainer)) as t:
