@@ -70,6 +70,7 @@ from protocol.admission import (
     Known,
     MessageReceived,
     Misbehaved,
+    NewestShown,
     PeerConnected,
     Reject,
     RunRules,
@@ -85,6 +86,7 @@ from protocol.errors import RemoteProtocolError
 from protocol.identity import Identity
 from protocol.peer_score import PeerScores
 from protocol.rollout import open_record
+from protocol.version_claims import AskNewest
 from protocol.wire import (
     MAX_HEADER_BATCH,
     Delegation,
@@ -114,6 +116,7 @@ BAD_REQUEST_PENALTY = -10.0
 MAX_SERVE_STREAMS_PER_PEER = 4
 PRODUCER_LACKS_BODY_PENALTY = -2.0
 BODYLESS_TTL_S = 3600.0  # a header whose body never came is forgotten after this
+ASK_NEWEST_S = 10.0  # a sender backs a future version it handed us within this
 STORE_WAIT_S = 4.0  # under py-libp2p's 5 s limit on an async topic validator
 
 
@@ -408,8 +411,25 @@ class Peer:
                 self._spawn(self._ban, action)
             elif isinstance(action, Unban):
                 self.host.unban(str(action.peer))
+            elif isinstance(action, AskNewest):
+                self._spawn(self._ask_newest, action)
             else:
                 raise AssertionError(f"{type(action).__name__} needs the pump (_execute)")
+
+    async def _ask_newest(self, ask: AskNewest) -> None:
+        """Ask a peer that handed us a version we have not heard of to back it with the
+        newest manifest it holds (`protocol.version_claims`); a backed one tells us we are
+        behind, so the weights follow it."""
+        peer, env, answered = str(ask.peer), None, False
+        with trio.move_on_after(ASK_NEWEST_S):
+            try:
+                env = await shard_exchange.fetch_newest(self.host, peer, self.run_id)
+                answered = True
+            except PeerError as exc:
+                log.debug("peer: %s did not back its version claim: %s", peer[:12], exc)
+        self._apply(self.admission.handle(NewestShown(ask.peer, env, time.time(), answered)))
+        if env is not None and self.weights is not None:
+            await self._admit(peer, Kind.WEIGHT_MANIFEST, env)
 
     async def _store(self, item: Admitted) -> bool:
         """Hand `item` to the batched writer and wait until it is written (or not)."""

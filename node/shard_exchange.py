@@ -6,6 +6,8 @@ read and write under the host's I/O deadline:
     client -> server   request frame, msgpack array:
                          ["watch"]                    tell me what you hold, and each change
                          ["manifest", id]             the signed manifest envelope `id`
+                         ["newest"]                   the signed manifest envelope of the
+                                                      newest version installed
                          ["shard", id, index]         the bytes of one shard
     server -> client   "watch":    have-map frames, each a msgpack array of
                                    [manifest id (32 bytes), bitfield] (bit i, LSB-first per
@@ -16,7 +18,7 @@ read and write under the host's I/O deadline:
                                    and serves one peer at most MAX_WATCHES_PER_PEER at
                                    once (the constants and the rule a client applies,
                                    `pushes_too_fast`, are `protocol.shard_schedule`'s)
-                       "manifest": the envelope bytes, or an empty frame
+                       "manifest", "newest": the envelope bytes, or an empty frame
                        "shard":    a header frame msgpack [size] (size -1: not held), then
                                    the bytes in frames of at most CHUNK bytes
 
@@ -29,7 +31,9 @@ The server only sends what it verified (the store holds nothing else) and paces 
 chunk through the node's `UploadLimiter`. The client trusts nothing: manifests go through
 admission, a shard's size and digest are checked by the caller against the signed
 manifest (`ShardFailed` here means a broken transfer: truncated, oversized, too slow).
-A request that is not one of the three forms costs the sender (`BadRequest`).
+"newest" backs a claim: a peer that handed us a message of a version we have not heard of
+is asked for it (`protocol.version_claims`); its answer goes through admission.
+A request that is not one of these forms costs the sender (`BadRequest`).
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ def decode_request(peer: str, data: bytes) -> list:  # type: ignore[type-arg]
         raise BadRequest(peer, f"shard request is not msgpack: {exc}") from None
     ok = isinstance(req, list) and req and (
         req == ["watch"]
+        or req == ["newest"]
         or (len(req) == 2 and req[0] == "manifest" and isinstance(req[1], bytes) and len(req[1]) == 32)
         or (
             len(req) == 3 and req[0] == "shard" and isinstance(req[1], bytes) and len(req[1]) == 32
@@ -104,12 +109,13 @@ def decode_request(peer: str, data: bytes) -> list:  # type: ignore[type-arg]
 HaveFn = Callable[[], Awaitable[list[tuple[bytes, bytes]]]]
 ChangedFn = Callable[[float], Awaitable[None]]  # returns at a change, or after the timeout
 ManifestFn = Callable[[bytes], Awaitable[bytes | None]]
+NewestFn = Callable[[], Awaitable[bytes | None]]
 ShardFn = Callable[[bytes, int], Awaitable[bytes | None]]
 
 
 async def serve(
     stream: FramedStream, limiter: UploadLimiter, have: HaveFn, changed: ChangedFn,
-    manifest: ManifestFn, shard: ShardFn, watching: dict[str, int],
+    manifest: ManifestFn, shard: ShardFn, watching: dict[str, int], newest: NewestFn,
 ) -> int:  # fmt: skip
     """Answer one request; returns the shard bytes uploaded (0 for other requests).
     `watching`: the node's count of watches served per peer (this call keeps it)."""
@@ -131,6 +137,9 @@ async def serve(
         return 0
     if req[0] == "manifest":
         await stream.send(await manifest(req[1]) or b"")
+        return 0
+    if req[0] == "newest":
+        await stream.send(await newest() or b"")
         return 0
     data = await shard(req[1], req[2])
     if data is None:
@@ -222,6 +231,15 @@ async def fetch_manifest(
     host: SwarmHost, peer: str, run_id: str, manifest_id: bytes
 ) -> bytes | None:
     stream = await _request(host, peer, run_id, ["manifest", manifest_id])
+    try:
+        return await stream.receive(MAX_ENVELOPE_BYTES) or None
+    finally:
+        await stream.close()
+
+
+async def fetch_newest(host: SwarmHost, peer: str, run_id: str) -> bytes | None:
+    """The envelope of the newest manifest `peer` says it installed (unchecked), or None."""
+    stream = await _request(host, peer, run_id, ["newest"])
     try:
         return await stream.receive(MAX_ENVELOPE_BYTES) or None
     finally:

@@ -345,6 +345,19 @@ class WeightSync:
             while self._have_gen == gen:
                 await self._changed.wait()
 
+    async def newest_envelope(self) -> bytes | None:
+        """The signed manifest envelope of the newest version installed (None for none
+        above version 0, which needs no manifest)."""
+        newest = self.newest()
+        if not newest:
+            return None
+        for mid, m in list(self._manifests.items()):
+            if m.version == newest:
+                env = await trio.to_thread.run_sync(self.store.envelope, mid)
+                if env is not None:
+                    return env
+        return None
+
     async def serve(self, stream: Any) -> None:
         async def manifest(mid: bytes) -> bytes | None:
             return await trio.to_thread.run_sync(self.store.envelope, mid)
@@ -362,7 +375,7 @@ class WeightSync:
         try:
             n = await shard_exchange.serve(
                 stream, self.limiter, self._have_map, self._wait_changed, manifest, shard,
-                self._watchers,
+                self._watchers, self.newest_envelope,
             )
         except shard_exchange.BadRequest:
             self._misbehaved(stream.peer, -10.0, "bad shard request")

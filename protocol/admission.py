@@ -18,6 +18,9 @@ The pipeline (legal steps as data: `PIPELINE`, and per kind `KIND_RULES`)
     SIGNATURE  signature does not verify; body != digest      -> BAD_SIGNATURE / BODY_MISMATCH
     CONTEXT    other run; version older than t - S            -> WRONG_RUN / STALE
                version newer than t + max_future_versions     -> FUTURE_VERSION
+               (free, but a gossiped one comes with AskNewest: the sender must back
+               it with a trainer-signed manifest, or pays UNBACKED_VERSION;
+               `protocol.version_claims`)
                timestamp further than max_skew from now       -> CLOCK_SKEW
                weights not signed by a trainer key, or old    -> UNAUTHORIZED / OUTDATED
                (OUTDATED only for gossiped announcements: a pulled manifest of an older
@@ -71,6 +74,7 @@ timestamps and ban ends mean the same across peers and restarts):
                                                 audit); penalty <= 0 is the score change
     `StoreFailed(item, now)`                    the node could not store an admitted item:
                                                 forget it so a copy can be admitted later
+    `NewestShown(peer, envelope, now, answered=True)`  the answer to an `AskNewest`
     `Known(kind, ids, now, signers=())`         items already stored (the node loads them at
                                                 start): copies are duplicates, as before a
                                                 restart, and their signers are not new
@@ -79,6 +83,7 @@ and send `StoreFailed`):
     `Reject(peer, reason, penalty, stage, detail, kind)`  penalty is the score change (<= 0)
     `Store(item)`, `Forward(item)`, `Deliver(item)`       item is an `Admitted`
     `Disconnect(peer, reason)`, `Ban(peer, until, record)` (persist `record`), `Unban(peer)`
+    `AskNewest(peer, at_least)`  ask the peer for the newest signed manifest it holds
 `Admitted`: kind, content_id (the rollout id for rollouts), sender, envelope, obj (decoded
 object: RolloutHeader, OpenedRollout, Verdict, WeightManifest, FraudEvidence), data (bytes as
 received), header / body (rollout header envelope bytes and body bytes, when present),
@@ -120,6 +125,7 @@ from protocol.errors import RemoteProtocolError as _RemoteError
 from protocol.identity import peer_id_to_b58
 from protocol.peer_score import PeerId, PeerRecord, PeerScores
 from protocol.rollout import OpenedRollout, check_body, open_header
+from protocol.version_claims import AskNewest, VersionClaims
 from protocol.wire import (
     Delegation,
     Envelope,
@@ -223,6 +229,7 @@ class Reason(enum.StrEnum):
     FLOODING = "flooding"
     NEW_IDENTITIES = "new_identities"
     BODY_MISSING = "body_missing"
+    UNBACKED_VERSION = "unbacked_version"
 
 
 # Default score change per reason (<= 0). MALFORMED, BAD_SIGNATURE and BODY_MISMATCH use
@@ -248,6 +255,7 @@ PENALTIES: Mapping[Reason, float] = {
     Reason.FLOODING: -1.0,  # past its allowance of blameless refusals (copies, replays)
     Reason.NEW_IDENTITIES: 0.0,  # too many unknown signers at once: ignore (waste allowance)
     Reason.BODY_MISSING: -1.0,  # the signer of a header whose body nobody could serve
+    Reason.UNBACKED_VERSION: -5.0,  # claimed a version it holds no signed manifest for
 }
 assert set(PENALTIES) == set(Reason)
 
@@ -607,6 +615,18 @@ class BodyMissing:
     answered: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class NewestShown:
+    """The answer to an `AskNewest`: the signed manifest envelope `peer` sent as the newest
+    it holds (None: it said it holds none). `answered=False`: no answer came (could not
+    connect, timed out): no evidence, nobody pays."""
+
+    peer: PeerId
+    envelope: bytes | None
+    now: float
+    answered: bool = True
+
+
 Event = (
     MessageReceived
     | VersionChanged
@@ -616,6 +636,7 @@ Event = (
     | StoreFailed
     | Known
     | BodyMissing
+    | NewestShown
 )
 
 
@@ -669,7 +690,7 @@ class Unban:
     peer: PeerId
 
 
-Action = Reject | Store | Forward | Deliver | Disconnect | Ban | Unban
+Action = Reject | Store | Forward | Deliver | Disconnect | Ban | Unban | AskNewest
 
 
 # --------------------------------------------------------------------------------------
@@ -766,12 +787,14 @@ class _Refused(Exception):
         signer: bytes | None = None,
         blame_signer: bool = False,
         wasteful: bool = False,
+        ask: AskNewest | None = None,
     ) -> None:
         super().__init__(detail)
         self.stage, self.reason, self.detail = stage, reason, detail
         self.penalty, self.signer, self.blame_signer = penalty, signer, blame_signer
         # Free for a relay only within its allowance of blameless refusals (like repeats).
         self.wasteful = wasteful
+        self.ask = ask  # a question the sender can answer to back its claim
 
 
 def _same_peer(sender: PeerId, signer: bytes) -> bool:
@@ -895,6 +918,7 @@ class Admission:
             max_signers=cfg.max_signers,
         )
         self._weights_version = -1  # highest weight announcement admitted
+        self.claims = VersionClaims()  # future versions we asked the sender to back
         self._retry: OrderedDict[tuple[bytes, int], bytes] = OrderedDict()  # see StoreFailed
         # Legal steps as data: which method carries out each check stage.
         self._checks: dict[Stage, Callable[[_Msg], None]] = {
@@ -916,6 +940,7 @@ class Admission:
             StoreFailed: self._on_store_failed,
             Known: self._on_known,
             BodyMissing: self._on_body_missing,
+            NewestShown: self._on_newest_shown,
         }
 
     # -- entry point ---------------------------------------------------------------
@@ -980,6 +1005,33 @@ class Admission:
                 ev.sender, self.config.body_missing_sender, Reason.BODY_MISSING, ev.now
             )
         return actions
+
+    def _on_newest_shown(self, ev: NewestShown) -> list[Action]:
+        """A sender backs the future version it handed us with a trainer-signed manifest,
+        or pays (`protocol.version_claims`)."""
+        if not ev.answered:
+            self.claims.unanswered(ev.peer)
+            return []
+        shown = None
+        if ev.envelope is not None and len(ev.envelope) <= self.rules[Kind.WEIGHT_MANIFEST].max_bytes:
+            try:
+                op = self.rules[Kind.WEIGHT_MANIFEST].opener(ev.envelope)
+            except _RemoteError:
+                op = None
+            if (
+                op is not None
+                and op.envelope.run_id == self.run.run_id
+                and op.envelope.signer in self.run.trainer_keys
+            ):
+                shown = int(op.obj.version)
+        if not self.claims.answered(ev.peer, shown):
+            return []
+        penalty = self.config.penalties[Reason.UNBACKED_VERSION]
+        detail = f"newest manifest shown: {shown}"
+        return [
+            Reject(ev.peer, Reason.UNBACKED_VERSION, penalty, Stage.CONTEXT, detail),
+            *self._apply_score(ev.peer, penalty, Reason.UNBACKED_VERSION, ev.now),
+        ]
 
     def _on_known(self, ev: Known) -> list[Action]:
         kind = Kind(ev.kind)
@@ -1097,8 +1149,13 @@ class Admission:
             v, t, s = env.policy_version, self.version, self.run.max_staleness
             if t - v > s:
                 raise refuse(Reason.STALE, f"version {v} at {t}: {t - v} > S={s}")
-            if v - t > self.config.max_future_versions:
-                raise refuse(Reason.FUTURE_VERSION, f"version {v}, ours is {t}")
+            if v - t > (margin := self.config.max_future_versions):
+                # The signer holds v's manifest; a relay one of v - margin or newer.
+                at_least = v if _same_peer(m.peer, who) else v - margin
+                ask = self.claims.claimed(m.peer, at_least, now) if rule.gossip else None
+                r = refuse(Reason.FUTURE_VERSION, f"version {v}, ours is {t}")
+                r.ask = ask
+                raise r
         if rule.weights:
             if who not in self.run.trainer_keys:
                 raise refuse(Reason.UNAUTHORIZED, "weights not signed by a trainer key")
@@ -1232,6 +1289,8 @@ class Admission:
             actions.extend(
                 self._apply_score(signer, self.config.penalties[r.reason], r.reason, now)
             )
+        if r.ask is not None:
+            actions.append(r.ask)
         return actions
 
     def _apply_score(self, peer: PeerId, delta: float, reason: Reason, now: float) -> list[Action]:

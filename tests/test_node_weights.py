@@ -4,18 +4,22 @@ publish, swarm fetch, delta install, bad input of each kind named in issue 8."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import trio
 
-from node.bench._records import net_manifest
+from node import shard_exchange
+from node.bench._records import net_manifest, synthetic_record
 from node.peer import PeerConfig, open_peer
 from node.weights_store import WeightsError, WeightsStore
 from node.weights_sync import WeightSettings
-from protocol.envelope import seal
+from protocol.codec import decode
+from protocol.envelope import open_envelope, seal
 from protocol.identity import Identity
+from protocol.wire import RolloutRecord, WeightManifest
 from trainer.checkpoint import canonical_bytes, weights_digest
 from trainer.export import full_manifest
 
@@ -370,3 +374,35 @@ async def test_a_peer_gets_at_most_two_watches_served_at_once(tmp_path: Path) ->
                     await shard_exchange.watch_have(a.host, tid, manifest.run_id, on_have)
                 assert t.weights._watchers[a.identity.peer_id_b58] == MAX_WATCHES_PER_PEER
                 nursery.cancel_scope.cancel()
+
+
+async def test_a_future_version_must_be_backed_by_its_sender(tmp_path: Path) -> None:
+    """Issue 10, future_version: a peer that gossips rollouts of a version nobody published
+    is asked for the newest manifest it holds and, holding none, pays; asked the same, the
+    trainer shows the manifest it signed."""
+    trainer = Identity.generate()
+    manifest = run_manifest("fv", trainer)
+    async with open_peer(cfg(tmp_path, "t", manifest, trainer)) as t:
+        for i in range(4):
+            await t.weights.publish(ckpt(i, change=0.01 * (i > 0)))
+        liar_id = Identity.generate()
+        boot = (t.host.listen_addrs()[0],)
+        async with open_peer(cfg(tmp_path, "liar", manifest, liar_id, bootstrap=boot)) as liar:
+            env = await shard_exchange.fetch_newest(liar.host, t.host.peer_id, manifest.run_id)
+            assert env is not None
+            e, m = open_envelope(env, WeightManifest)
+            assert m.version == 3 and e.signer == trainer.peer_id
+            assert await shard_exchange.fetch_newest(t.host, liar.host.peer_id, manifest.run_id) is None
+
+            await liar.host.wait_for_topic_peers(liar.topics["rollouts"], 1, 10)
+            await trio.sleep(1.0)  # a GossipSub heartbeat: join the mesh
+            for i in range(3):  # version 9: 6 ahead of the trainer's newest
+                rec = synthetic_record(liar_id, manifest, i, policy_version=9, n_completion=32)
+                await liar.host.publish(liar.topics["rollouts"], decode(RolloutRecord, rec).header)
+            await until(
+                "the liar to pay for its claim",
+                lambda: t.admission.scores.score(liar_id.peer_id_b58, time.time()) < 0,
+                timeout=30,
+            )
+            assert t.rejects["unbacked_version"] == 1  # one question for the three claims
+            assert t.rejects["future_version"] == 3
