@@ -32,6 +32,13 @@ Public API
                                                  (withheld counts 0); None if unknown
 `Standing(first, last, published, withheld, reward_sum, allowed)`; `.produced`, `.weight`
 (the share of produced work the producer showed).
+`GapCharges(ledger=None, sweep_every_s=1.0, max_suspects=4096, max_charged=100_000)`
+    when to charge a producer for its gaps: `.on_rollout(producer, counter, reward, now)`
+    and `.on_time(now)` return the producers that just went past their allowance (charge
+    each once per offence). Gaps are judged a grace after they open, so that can happen
+    between two of a producer's rollouts or after its last: producers with open gaps
+    ("suspects") are judged again at most every `sweep_every_s`, on any event, so one
+    that publishes its solved counters and falls silent is charged all the same.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-__all__ = ["GapRule", "Standing", "WorkLedger"]
+__all__ = ["GapCharges", "GapRule", "Standing", "WorkLedger"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,3 +201,50 @@ class WorkLedger:
         if not s.allowed:
             return 0.0
         return s.reward_sum / s.produced
+
+
+class GapCharges:
+    """Who to charge for withheld counters, and when (see the module docstring)."""
+
+    def __init__(
+        self, ledger: WorkLedger | None = None, *, sweep_every_s: float = 1.0,
+        max_suspects: int = 4096, max_charged: int = 100_000,
+    ) -> None:  # fmt: skip
+        self.ledger = ledger if ledger is not None else WorkLedger()
+        self.sweep_every_s, self.max_suspects, self.max_charged = (
+            sweep_every_s, max_suspects, max_charged,
+        )  # fmt: skip
+        self.charged: set[bytes] = set()  # producers charged for their current gaps
+        self.suspects: OrderedDict[bytes, None] = OrderedDict()  # gaps at their last rollout
+        self.swept_at = -math.inf
+
+    def on_rollout(self, producer: bytes, counter: int, reward: float, now: float) -> list[bytes]:
+        """A published rollout heard at `now`; the producers to charge now."""
+        self.ledger.add(producer, counter, reward, now)
+        return self._judge(producer, now) + self.on_time(now)
+
+    def on_time(self, now: float) -> list[bytes]:
+        """Time passed (any event will do): suspects judged again, at most every
+        `sweep_every_s`; the producers to charge now."""
+        if now - self.swept_at < self.sweep_every_s:
+            return []
+        self.swept_at = now
+        out: list[bytes] = []
+        for producer in list(self.suspects):
+            out += self._judge(producer, now)
+        return out
+
+    def _judge(self, producer: bytes, now: float) -> list[bytes]:
+        standing = self.ledger.standing(producer, now)
+        if standing is None or standing.allowed:
+            self.charged.discard(producer)
+            if standing is None or not standing.withheld:
+                self.suspects.pop(producer, None)
+            elif len(self.suspects) < self.max_suspects:
+                self.suspects[producer] = None
+            return []
+        self.suspects.pop(producer, None)  # charged now; a new rollout brings it back
+        if producer not in self.charged and len(self.charged) < self.max_charged:
+            self.charged.add(producer)
+            return [producer]
+        return []

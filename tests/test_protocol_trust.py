@@ -535,6 +535,24 @@ def test_a_shopper_that_falls_silent_is_still_charged_once_the_grace_has_passed(
     assert c.ledger.allowed(BOB.peer_id, t)
 
 
+def test_gap_charges_is_the_rule_the_trainer_and_the_simulator_share():
+    """The charge rule itself (`protocol.accounting.GapCharges`), time passed in: a
+    producer that shows one counter in four and stops is charged once, by the clock alone,
+    a grace after its gaps opened; an honest one never."""
+    from protocol.accounting import GapCharges
+
+    g = GapCharges()
+    out = []
+    for i, counter in enumerate(range(0, 400, 4)):
+        out += g.on_rollout(b"shopper", counter, 1.0, T0 + 0.1 * i)
+        out += g.on_rollout(b"honest", i, 0.5, T0 + 0.1 * i)
+    assert out == []
+    late = [p for s in range(1, 60) for p in g.on_time(T0 + 10 + s)]
+    assert late == [b"shopper"]
+    assert g.on_time(T0 + 200) == []  # charged once for the same gaps
+    assert g.ledger.allowed(b"honest", T0 + 200)
+
+
 # -- 6. headers without bodies, fresh identities -------------------------------------------
 
 

@@ -33,7 +33,7 @@ import trio
 
 from node.roles import RoleContext
 from node.weights_store import WeightsError
-from protocol.accounting import WorkLedger
+from protocol.accounting import GapCharges, WorkLedger
 from protocol.admission import Admitted, Kind
 from protocol.authority import Authority
 from protocol.verified import Status, VerifiedRule, Vote, judge
@@ -45,8 +45,6 @@ STEP_POLL_S = 1.0
 PARTIAL_WAIT_S = 15.0  # a group with >= 2 verified members trains after waiting this long
 LEARN_EVAL_TASKS = 128  # held-out tasks scored at the start and after each published version
 MAX_TRACKED = 100_000
-MAX_SUSPECTS = 4096  # producers with open gaps re-judged by the sweep
-SWEEP_EVERY_S = 1.0
 MAX_VOTES = 16  # votes remembered per rollout
 REPORT_EVERY_S = 2.0
 PRINT_EVERY_S = 30.0
@@ -70,13 +68,9 @@ class Collector:
 
     def __init__(self, authority: Authority, rule: VerifiedRule, ledger: WorkLedger | None = None):
         self.authority, self.rule = authority, rule
-        self.ledger = ledger if ledger is not None else WorkLedger()
+        self.gaps = GapCharges(ledger, max_charged=MAX_TRACKED)
+        self.ledger = self.gaps.ledger
         self.tracks: OrderedDict[bytes, _Track] = OrderedDict()
-        self.charged: set[bytes] = set()  # producers charged for their current gaps
-        # Producers with gaps at their last rollout: re-judged at most every SWEEP_EVERY_S
-        # on any delivery, so one that falls silent (or left) is charged all the same.
-        self.suspects: OrderedDict[bytes, None] = OrderedDict()
-        self.swept_at = -math.inf
 
     def track(self, rid: bytes) -> _Track:
         t = self.tracks.get(rid)
@@ -89,7 +83,6 @@ class Collector:
     def on_deliver(self, item: Admitted) -> list[bytes]:
         """Take one admitted item; returns the producers that just went past their
         allowance (charge each once)."""
-        charged: list[bytes] = []
         now = item.received_at
         if item.kind in (Kind.ROLLOUT_RECORD, Kind.ROLLOUT_HEADER):
             header = item.obj.header if item.kind is Kind.ROLLOUT_RECORD else item.obj
@@ -99,34 +92,12 @@ class Collector:
             t.version = item.envelope.policy_version
             t.task = (header.dataset, header.task_index)
             t.body = t.body or item.kind is Kind.ROLLOUT_RECORD
-            self.ledger.add(t.producer, header.counter, header.reward, now)
-            charged += self._judge(t.producer, now)
-        elif item.kind is Kind.VERDICT:
+            return self.gaps.on_rollout(t.producer, header.counter, header.reward, now)
+        if item.kind is Kind.VERDICT:
             t = self.track(item.obj.rollout_id)
             if len(t.votes) < MAX_VOTES:
                 t.votes.append(Vote(item.envelope.signer, item.obj.producer, item.obj.passed))
-        if now - self.swept_at >= SWEEP_EVERY_S:
-            self.swept_at = now
-            for producer in list(self.suspects):
-                charged += self._judge(producer, now)
-        return charged
-
-    def _judge(self, producer: bytes, now: float) -> list[bytes]:
-        # Charged once each time it goes past its allowance (gaps are judged a grace
-        # after they open, so that can happen between two of its rollouts, or after its last).
-        standing = self.ledger.standing(producer, now)
-        if standing is None or standing.allowed:
-            self.charged.discard(producer)
-            if standing is None or not standing.withheld:
-                self.suspects.pop(producer, None)
-            elif len(self.suspects) < MAX_SUSPECTS:
-                self.suspects[producer] = None
-            return []
-        self.suspects.pop(producer, None)  # charged now; a new rollout brings it back
-        if producer not in self.charged and len(self.charged) < MAX_TRACKED:
-            self.charged.add(producer)
-            return [producer]
-        return []
+        return self.gaps.on_time(now)
 
     def status(self, t: _Track) -> Status:
         if not t.producer:
