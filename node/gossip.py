@@ -25,6 +25,7 @@ or announced late.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import trio
@@ -107,6 +108,19 @@ class Outbox:
             raise ValueError(f"gossip message of {len(data)} bytes is over the limit")
         await self._send.send((topic, data))
         self.stats.queued += 1
+
+    async def put_many(self, topic: str, items: Sequence[bytes]) -> None:
+        """Queue several messages at once (a worker's generation batch): they reach the
+        queue together, so that they can leave in one batch; waits only when it is full."""
+        for data in items:
+            if len(data) > self._host.settings.max_gossip_bytes:
+                raise ValueError(f"gossip message of {len(data)} bytes is over the limit")
+        for data in items:
+            try:
+                self._send.send_nowait((topic, data))
+            except trio.WouldBlock:
+                await self._send.send((topic, data))
+            self.stats.queued += 1
 
     def set_max_batch(self, n: int) -> None:
         """Change the batch bound (1: one header per message) while running."""

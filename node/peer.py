@@ -42,7 +42,7 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -239,21 +239,28 @@ class Peer:
 
     async def produce(self, record: bytes) -> bytes:
         """Store our own rollout record durably, then gossip its header; returns its id."""
-        opened = open_record(record)  # our own bytes: a failure here is our bug
-        rec = decode(RolloutRecord, record)
-        row = RolloutRow(
-            rollout_id=opened.rollout_id,
-            run_id=opened.envelope.run_id,
-            producer=opened.envelope.signer,
-            policy_version=opened.envelope.policy_version,
-            header=rec.header,
-            body=rec.body,
-            received_at=time.time(),
-        )
-        await trio.to_thread.run_sync(self.store.put_produced, row)
-        self.counters["produced"] += 1
-        await self.outbox.put(self.topics["rollouts"], rec.header)
-        return opened.rollout_id
+        return (await self.produce_many([record]))[0]
+
+    async def produce_many(self, records: Sequence[bytes]) -> list[bytes]:
+        """`produce` for a generation batch: stored in one transaction, then the headers
+        queued together (so they can leave in one gossip batch); returns their ids."""
+        rows = []
+        for record in records:
+            opened = open_record(record)  # our own bytes: a failure here is our bug
+            rec = decode(RolloutRecord, record)
+            rows.append(RolloutRow(
+                rollout_id=opened.rollout_id,
+                run_id=opened.envelope.run_id,
+                producer=opened.envelope.signer,
+                policy_version=opened.envelope.policy_version,
+                header=rec.header,
+                body=rec.body,
+                received_at=time.time(),
+            ))  # fmt: skip
+        await trio.to_thread.run_sync(self.store.put_produced_many, rows)
+        self.counters["produced"] += len(rows)
+        await self.outbox.put_many(self.topics["rollouts"], [r.header for r in rows])
+        return [r.rollout_id for r in rows]
 
     def seal(self, obj: WireObject) -> bytes:
         return seal(

@@ -79,7 +79,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -499,6 +499,19 @@ class Store:
         args.append(int(limit))
         with self._read() as c:
             return [_rollout(r) for r in c.execute(sql, args).fetchall()]
+
+    def rollout_ids_with_body(
+        self, producer: PeerId | None = None, limit: int = 1_000_000
+    ) -> list[bytes]:
+        """Ids of the stored rollouts that have a body, of one producer or all (ids only:
+        no row is loaded)."""
+        sql, args = "SELECT rollout_id FROM rollouts WHERE body IS NOT NULL", []
+        if producer is not None:
+            sql += " AND producer=?"
+            args.append(producer)
+        with self._read() as c:
+            rows = c.execute(sql + " LIMIT ?", (*args, int(limit))).fetchall()
+        return [r[0] for r in rows]
 
     def recent_rollout_ids(self, since: float, limit: int = 100_000) -> list[bytes]:
         with self._read() as c:
@@ -938,14 +951,19 @@ class Store:
 
     def put_produced(self, row: RolloutRow) -> bool:
         """Store this peer's own rollout and log it as produced, in one transaction."""
-        params = self._rollout_params(row)
-        entry = LedgerEntry(row.received_at, "out", "produced", "rollout", row.rollout_id)
-        ledger = [self._ledger_params(entry)]
+        return self.put_produced_many([row])[0]
+
+    def put_produced_many(self, rows: Sequence[RolloutRow]) -> list[bool]:
+        """`put_produced` for a generation batch, in one transaction (one fsync)."""
+        out = []
         with self._write() as c:
-            new = self._insert_rollout(c, params)
-            if new:
-                self._insert_ledger(c, ledger)
-            return new
+            for row in rows:
+                entry = LedgerEntry(row.received_at, "out", "produced", "rollout", row.rollout_id)
+                new = self._insert_rollout(c, self._rollout_params(row))
+                if new:
+                    self._insert_ledger(c, [self._ledger_params(entry)])
+                out.append(new)
+        return out
 
     def log_reject(self, reject: Reject, now: float, item_id: bytes | None = None) -> None:
         """Log a rejection by admission: "in/rejected" with its reason, stage and detail."""

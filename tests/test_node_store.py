@@ -178,6 +178,17 @@ def test_header_first_body_later(store):
     assert store.get_rollout((10).to_bytes(32, "big")).body == b"full"
 
 
+def test_produced_batches_and_ids_with_bodies(store):
+    assert store.put_produced_many([row(1), row(2), row(3, body=None)]) == [True, True, True]
+    assert store.put_produced_many([row(2), row(4)]) == [False, True]
+    assert sorted(store.rollout_ids_with_body()) == [i.to_bytes(32, "big") for i in (1, 2, 4)]
+    assert sorted(store.rollout_ids_with_body(producer=b"producer-1")) == [
+        i.to_bytes(32, "big") for i in (1, 4)
+    ]
+    produced = store.ledger(direction="out", outcome="produced")
+    assert sorted(e.item_id for e in produced) == [i.to_bytes(32, "big") for i in (1, 2, 3, 4)]
+
+
 def test_peer_ids_keep_their_type(store):
     store.put_rollout(row(1))  # producer bytes, source_peer str
     r = store.get_rollout((1).to_bytes(32, "big"))

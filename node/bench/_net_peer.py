@@ -5,12 +5,15 @@ For integration tests and `bench gossip`; the records come from `node.bench._rec
 `{"peer_id", "addrs", "bootstrap": [[addr, ok, error], ...]}`. Commands on stdin, one JSON
 object per line, each answered by one JSON line:
 
-- `{"cmd": "produce", "n": N, "rate": R}`  start producing N records at R/s (background;
-                       counters resume after what the store says was produced)
-- `{"cmd": "stop"}`    stop producing (keep serving)
+- `{"cmd": "produce", "n": N, "rate": R, "burst": B}`  start producing N records at R/s
+                       (background), B at a time as a worker publishes a generation
+                       batch (default 1); counters resume after what the store says was
+                       produced
+- `{"cmd": "stop"}`    stop producing (keep serving); a later "produce" starts again
 - `{"cmd": "delivery"}` this peer's own rollouts: produced / delivered / pending / too stale
 - `{"cmd": "stats"}`   peer stats, stored rollout / body counts, delivery latencies
-- `{"cmd": "ids"}`     hex ids of stored rollouts that have a body
+- `{"cmd": "ids"}`     hex ids of stored rollouts that have a body (`"own": true`: only
+                       the ones this peer produced)
 - `{"cmd": "batch", "n": N}`  headers per gossip message from now on (1: no batching)
 - `{"cmd": "evil"}`    publish malformed and oversized messages on the rollouts topic and
                        send a garbage body request to every peer (misbehaviour for tests)
@@ -81,20 +84,21 @@ async def main(args: argparse.Namespace) -> None:
 
                 pool = [tuple(x) for x in msgpack.unpackb(Path(args.proof_pool).read_bytes())]
 
-            stopping = trio.Event()
+            production = [0]  # "stop" ends the production running now; a later one may start
 
             next_counter: list[int | None] = [None]
 
-            async def produce(n: int, rate: float, size: int) -> None:
-                start = time.monotonic()
+            async def produce(n: int, rate: float, size: int, burst: int = 1) -> None:
+                start, mine = time.monotonic(), production[0]
                 if next_counter[0] is None:
                     status = await trio.to_thread.run_sync(peer.store.produced_status)
                     next_counter[0] = status["produced"]  # dense, never reused across restarts
                 # Seeded by the first counter too: a second produce call must not repeat the
                 # first one's bodies (the same body twice is double work, and gets us banned).
                 rng = random.Random(os.getpid() * 1_000_003 + next_counter[0])
+                batch: list[bytes] = []
                 for i in range(n):
-                    if stopping.is_set():
+                    if production[0] != mine:
                         return
                     counter = next_counter[0]  # one per record even when produce calls overlap
                     next_counter[0] = counter + 1
@@ -107,8 +111,11 @@ async def main(args: argparse.Namespace) -> None:
                         rng=rng,
                         seq=peer.seq.next(),
                     )
-                    await peer.produce(record)
-                    await trio.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
+                    batch.append(record)
+                    if len(batch) == burst or i == n - 1:  # a generation batch, published at once
+                        await peer.produce_many(batch)
+                        batch = []
+                        await trio.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
 
             async def evil() -> dict[str, object]:
                 topic = peer.topics["rollouts"]
@@ -142,7 +149,8 @@ async def main(args: argparse.Namespace) -> None:
                     kind = cmd.get("cmd")
                     if kind == "produce":
                         nursery.start_soon(
-                            produce, cmd["n"], cmd.get("rate", 2.0), cmd.get("size", 1024)
+                            produce, cmd["n"], cmd.get("rate", 2.0), cmd.get("size", 1024),
+                            max(1, int(cmd.get("burst", 1))),
                         )
                         _say({"ok": True})
                     elif kind == "stats":
@@ -157,15 +165,14 @@ async def main(args: argparse.Namespace) -> None:
                             }
                         )
                     elif kind == "stop":
-                        stopping.set()
+                        production[0] += 1
                         _say({"ok": True})
                     elif kind == "delivery":
                         _say(await trio.to_thread.run_sync(peer.store.delivery_status))
                     elif kind == "ids":
-                        rows = await trio.to_thread.run_sync(
-                            lambda: peer.store.rollouts(with_body=True, limit=1_000_000)
-                        )
-                        _say({"ids": [r.rollout_id.hex() for r in rows]})
+                        own = identity.peer_id if cmd.get("own") else None
+                        ids = await trio.to_thread.run_sync(peer.store.rollout_ids_with_body, own)
+                        _say({"ids": [i.hex() for i in ids]})
                     elif kind == "evil":
                         _say(await evil())
                     elif kind == "batch":

@@ -14,8 +14,13 @@ peer has dropped each. Figures:
                           stored per receiver, from the first publish until delivery ended)
     offered_records_per_s what the producers were asked to publish per second
     header_batch_mean     signed headers per gossip message the producers sent
-    cpu_s_per_record      all processes' CPU seconds / records delivered to all receivers
-    *_unbatched           the same load again with batching off (one header per message)
+    cpu_s_per_record      all processes' CPU seconds / records delivered to all receivers,
+                          over short phases of the same load run side by side with the
+                          unbatched ones (batched, unbatched, in turn; 3 pairs, quick 1):
+                          `cpu_phases`, their ratio `cpu_batched_over_unbatched`; the main
+                          phase's own figure (it also pays for the frozen and killed peers)
+                          is `cpu_s_per_record_main`
+    *_unbatched           the same load with batching off (one header per message)
     max_full_delivery_records_per_s[_unbatched]
                           saturation: the offered rate is raised step by step until some
                           receiver misses records by the step's deadline; the highest rate
@@ -28,8 +33,12 @@ The run's parameters (peers, producers, rate, sizes, duration, loopback RTT) are
 result too, so the simulator can be asked to predict these figures. `--quick`: 10 s of
 publishing, then short unbatched and saturation phases.
 
+Producers publish like inference workers: a generation batch of `--burst` records
+(`inference.batch_size`, 8) at once, at the offered mean rate.
+
 Options (after `--quick`): `--peers N` (8), `--producers N` (4), `--rate R` per producer
-per second (2), `--duration S` (45; quick 10), `--size TOKENS` completion tokens (1024).
+per second (2), `--duration S` (45; quick 10), `--size TOKENS` completion tokens (1024),
+`--burst B` records per generation batch (8).
 `--quick` also runs the unbatched phase and saturation with shorter windows.
 """
 
@@ -48,9 +57,14 @@ from typing import Any
 import trio
 
 from node.bench._gossip_peer import PeerProcess
+from node.config import NODE_KEYS
 from node.peer import PeerConfig
 
 DEAD_AFTER_S = 4.0  # the peers' heartbeat timeout (passed to each as --dead-after)
+# A worker publishes each generation batch at once (`inference.batch_size`), not one
+# record at a time: producers here do the same, at the same mean rate.
+WORKER_BATCH = next(k.default for k in NODE_KEYS if k.name == "inference.batch_size")
+CPU_PAIRS, CPU_PAIRS_QUICK = 3, 1  # batched/unbatched phase pairs for the CPU figures
 SATURATION_RATES = (4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)  # per producer per second
 
 
@@ -125,7 +139,8 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         cpu0 = _cpu_s(procs)
         start = time.monotonic()
         for p in producers:
-            await p.ask({"cmd": "produce", "n": n_each, "rate": opts.rate, "size": opts.size})
+            await p.ask({"cmd": "produce", "n": n_each, "rate": opts.rate, "size": opts.size,
+                         "burst": opts.burst})
         _say(f"{len(producers)} producers x {n_each} records at {opts.rate}/s")
 
         excluded: set[str] = set()
@@ -173,8 +188,16 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         delivered = sum(len(v) for v in have.values())
         cpu_main = _cpu_s(procs) - cpu0
         batch_means = [m for p in producers if (m := (await stats(p)).get("header_batch_mean"))]
-        unbatched = await _phase(producers, receivers, opts.rate, opts.window, opts.size, batch=1)
-        _say(f"unbatched: {unbatched}")
+        # CPU per record side by side: the same load in short phases, batching on and off
+        # in turn (the main phase also pays for the frozen and killed peers).
+        pairs: dict[int, list[dict[str, Any]]] = {PeerConfig.header_batch: [], 1: []}
+        for _ in range(CPU_PAIRS_QUICK if opts.quick else CPU_PAIRS):
+            for batch in pairs:
+                step = await _phase(producers, receivers, opts.rate, opts.window, opts.size,
+                                    batch=batch, burst=opts.burst)  # fmt: skip
+                pairs[batch].append(step)
+                _say(f"header batch {batch}: {step}")
+        batched, unbatched = (_mean_phase(pairs[b]) for b in pairs)
         saturation = {}
         for batch in (PeerConfig.header_batch, 1):
             saturation[batch] = await _saturate(producers, receivers, opts, batch)
@@ -203,9 +226,15 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "records_per_s": round(delivered / len(receivers) / (delivered_at - start), 2),
             "offered_records_per_s": round(opts.rate * len(producers), 2),
             "header_batch_mean": round(statistics.mean(batch_means), 2) if batch_means else None,
-            "cpu_s_per_record": round(cpu_main / delivered, 5) if delivered else None,
+            "cpu_s_per_record": batched["cpu_s_per_record"],
             "records_per_s_unbatched": unbatched["records_per_s"],
             "cpu_s_per_record_unbatched": unbatched["cpu_s_per_record"],
+            "cpu_batched_over_unbatched": (
+                round(batched["cpu_s_per_record"] / unbatched["cpu_s_per_record"], 3)
+                if batched["cpu_s_per_record"] and unbatched["cpu_s_per_record"] else None
+            ),
+            "cpu_s_per_record_main": round(cpu_main / delivered, 5) if delivered else None,
+            "cpu_phases": {"batched": pairs[PeerConfig.header_batch], "unbatched": pairs[1]},
             "max_full_delivery_records_per_s": saturation[PeerConfig.header_batch]["max_full"],
             "max_full_delivery_records_per_s_unbatched": saturation[1]["max_full"],
             "saturation": {"batched": saturation[PeerConfig.header_batch]["steps"],
@@ -218,6 +247,7 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "peers": opts.peers,
                 "producers": opts.producers,
                 "rate_per_producer_per_s": opts.rate,
+                "records_per_generation_batch": opts.burst,
                 "duration_s": run_s,
                 "completion_tokens": opts.size,
                 "record_bytes": record_bytes[0],
@@ -256,8 +286,8 @@ def _cpu_s(procs: list[PeerProcess]) -> float:
     return total
 
 
-async def _ids(p: PeerProcess) -> set[str]:
-    answer = await p.ask({"cmd": "ids"}, timeout=60)
+async def _ids(p: PeerProcess, own: bool = False) -> set[str]:
+    answer = await p.ask({"cmd": "ids", "own": own}, timeout=60)
     if "ids" not in answer:
         raise RuntimeError(f"peer {p.peer_id[-6:]} answered {answer!r} to 'ids'")
     return set(answer["ids"])
@@ -265,14 +295,15 @@ async def _ids(p: PeerProcess) -> set[str]:
 
 async def _phase(
     producers: list[PeerProcess], receivers: list[PeerProcess], rate: float, window: float,
-    size: int, batch: int, deadline_s: float | None = None,
+    size: int, batch: int, deadline_s: float | None = None, burst: int = 1,
 ) -> dict[str, Any]:
     """Every producer publishes `rate * window` new records at `rate`/s with header batch
     `batch`; wait until every receiver holds them all, or `deadline_s` after the start
     (default: window + 30 s). Returns delivery ratio, records/s at the receivers, CPU s per
     delivered record."""
+    await _settle(list({p.peer_id: p for p in producers + receivers}.values()))
     before = {p.peer_id: await _ids(p) for p in receivers}
-    mine = {p.peer_id: await _ids(p) for p in producers}
+    mine = {p.peer_id: await _ids(p, own=True) for p in producers}
     for p in producers:
         await p.ask({"cmd": "batch", "n": batch})
     n_each = max(1, int(rate * window))
@@ -280,23 +311,28 @@ async def _phase(
     cpu0 = _cpu_s(procs)
     start = time.monotonic()
     for p in producers:
-        await p.ask({"cmd": "produce", "n": n_each, "rate": rate, "size": size})
+        await p.ask({"cmd": "produce", "n": n_each, "rate": rate, "size": size, "burst": burst})
     deadline = start + (window + 30.0 if deadline_s is None else deadline_s)
     want = n_each * len(producers)
     got: dict[str, int] = {}
     new_ids: set[str] = set()
     while True:
         for p in producers:
-            new_ids |= await _ids(p) - mine[p.peer_id]
+            new_ids |= await _ids(p, own=True) - mine[p.peer_id]
         for p in receivers:
             got[p.peer_id] = len((await _ids(p) - before[p.peer_id]) & new_ids)
-        done = len(new_ids) >= want and all(v >= want for v in got.values())
+        # Done once everything arrived and the offered schedule is over: both modes then
+        # pay the same seconds of idle cost (heartbeats) on the same records.
+        done = (len(new_ids) >= want and all(v >= want for v in got.values())
+                and time.monotonic() >= start + n_each / rate)  # fmt: skip
         if done or time.monotonic() >= deadline:
             break
         await trio.sleep(0.5)
     elapsed = time.monotonic() - start
     delivered = sum(got.values())
     cpu = _cpu_s(procs) - cpu0
+    for p in producers:  # a step past its deadline must not spill into the next one
+        await p.ask({"cmd": "stop"})
     return {
         "offered_records_per_s": rate * len(producers),
         "delivery_ratio": round(delivered / (want * len(receivers)), 4),
@@ -304,6 +340,30 @@ async def _phase(
         "cpu_s_per_record": round(cpu / delivered, 5) if delivered else None,
         "seconds": round(elapsed, 1),
     }
+
+
+async def _settle(procs: list[PeerProcess], limit_s: float = 30.0) -> None:
+    """Wait (at most `limit_s`) until no peer has headers queued or bodies to pull: the
+    backlog of a step past its deadline must not run into the next step's figures."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        busy = 0
+        for p in procs:
+            s = await p.ask({"cmd": "stats"})
+            busy += int(s.get("outbox_pending", 0)) + int(s.get("pull_pending", 0))
+        if not busy:
+            return
+        await trio.sleep(0.5)
+    _say(f"still busy after {limit_s:.0f} s; measuring anyway")
+
+
+def _mean_phase(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Records/s and CPU s per record over several phases of one load (None-safe)."""
+    out: dict[str, Any] = {}
+    for key in ("records_per_s", "cpu_s_per_record", "delivery_ratio"):
+        vals = [s[key] for s in steps if s.get(key) is not None]
+        out[key] = round(statistics.mean(vals), 5) if vals else None
+    return out
 
 
 async def _saturate(
@@ -315,7 +375,7 @@ async def _saturate(
     best = None
     for rate in SATURATION_RATES[1::2] if opts.quick else SATURATION_RATES:
         step = await _phase(producers, receivers, rate, opts.window, opts.size, batch,
-                            deadline_s=opts.window + 3.0)
+                            deadline_s=opts.window + 3.0, burst=opts.burst)
         steps.append(step)
         if step["delivery_ratio"] < 1.0:
             break
@@ -341,6 +401,8 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     parser.add_argument("--rate", type=float, default=2.0)
     parser.add_argument("--duration", type=float, default=None)
     parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--burst", type=int, default=WORKER_BATCH,
+                        help="records a producer publishes at once (a worker's generation batch)")
     parser.add_argument("--window", type=float, default=None, help="seconds per later phase step")
     opts = parser.parse_args(args)
     opts.quick = quick
@@ -348,9 +410,9 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
         opts.duration = 10.0 if quick else 45.0
     if opts.window is None:
         opts.window = 3.0 if quick else 8.0
-    if not 2 <= opts.peers <= 32 or not 1 <= opts.producers <= opts.peers:
+    if not 2 <= opts.peers <= 32 or not 1 <= opts.producers <= opts.peers or opts.burst < 1:
         from node.errors import CommandError
 
-        raise CommandError("--peers must be 2..32 and --producers 1..peers")
+        raise CommandError("--peers must be 2..32, --producers 1..peers, --burst >= 1")
     with tempfile.TemporaryDirectory(prefix="bench-gossip-") as tmp:
         return trio.run(_bench, opts, Path(tmp))

@@ -198,8 +198,7 @@ async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
         with open(out, "rb") as fh:
             records = list(read_records(fh))
         out.unlink(missing_ok=True)
-        for record in records:
-            await peer.produce(record)
+        await peer.produce_many(records)
         if local is not None:
             local.own(records)
             await trio.to_thread.run_sync(local.work)
