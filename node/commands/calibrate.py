@@ -81,7 +81,7 @@ def measure(
     from dataclasses import replace
 
     from verify.auditor import AuditSettings, at_precision, raw_metrics
-    from verify.thresholds import BF16_FLOOR, STRICT, calibrate
+    from verify.thresholds import BF16_FLOOR, STRICT_FLOOR, calibrate
 
     base = AuditSettings(chunk=manifest.proof_chunk, topk=manifest.proof_topk)
     regimes: dict[str, Any] = {}
@@ -107,7 +107,7 @@ def measure(
         for name, (bodies, settings) in sets.items():
             rows += raw_metrics(model, bodies, settings)
             say(f"{precision}: {name}: {len(bodies)} rollouts measured")
-        floor = STRICT if precision == "fp32" else BF16_FLOOR
+        floor = STRICT_FLOOR if precision == "fp32" else BF16_FLOOR
         regimes[precision] = calibrate(rows, floor)
         keys = sorted({m for r in rows for m in r})
         measured[precision] = {
