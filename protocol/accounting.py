@@ -35,7 +35,7 @@ Public API
 `GapCharges(ledger=None, sweep_every_s=1.0, max_suspects=4096, max_charged=100_000)`
     when to charge a producer for its gaps: `.on_rollout(producer, counter, reward, now)`
     and `.on_time(now)` return the producers that just went past their allowance (charge
-    each once per offence). Gaps are judged a grace after they open, so that can happen
+    each once per offence, `WITHHELD_PENALTY`). Gaps are judged a grace after they open, so that can happen
     between two of a producer's rollouts or after its last: producers with open gaps
     ("suspects") are judged again at most every `sweep_every_s`, on any event, so one
     that publishes its solved counters and falls silent is charged all the same.
@@ -47,7 +47,9 @@ import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-__all__ = ["GapCharges", "GapRule", "Standing", "WorkLedger"]
+__all__ = ["WITHHELD_PENALTY", "GapCharges", "GapRule", "Standing", "WorkLedger"]
+
+WITHHELD_PENALTY = -20.0  # score change each time a producer's withheld counters pass its allowance
 
 
 @dataclass(frozen=True, slots=True)

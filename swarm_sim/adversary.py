@@ -11,9 +11,12 @@ run only the real rules (`protocol.admission`, `protocol.peer_score`).
     DUPLICATE  republishes one unit of work (same body digest) under fresh headers
     REPLAY     re-sends other peers' old messages to its neighbours, as a relay
     WITHHOLD   announces and forwards headers but never serves a body pull
+    SHOP       publishes like a worker but only one assignment counter in 1/`shop_keep`
+               (the solved ones, say); the trainer's `protocol.accounting.GapCharges`
+               charges it once its gaps pass the allowance
 
-Not modelled yet (the rules they attack are not in `protocol/` yet): task shopping
-(dense counters) and false vouching (verdict authority).
+Not modelled yet (the rule it attacks is not in `protocol/` yet): false vouching (verdict
+authority).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class Behaviour(enum.IntEnum):
     DUPLICATE = 3
     REPLAY = 4
     WITHHOLD = 5
+    SHOP = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,7 @@ class AdversaryConfig:
     invalid_rate: float = 5.0
     duplicate_rate: float = 2.0
     replay_rate: float = 5.0
+    shop_keep: float = 0.25  # share of its counters a shopper publishes
     start_s: float = 10.0  # when they start misbehaving
 
     def __post_init__(self) -> None:
@@ -49,6 +54,8 @@ class AdversaryConfig:
                 raise ValueError(f"unknown adversary behaviour {name!r}")
             if not 0 <= share <= 1:
                 raise ValueError(f"adversary share of {name} must be in [0, 1]")
+        if not 0 < self.shop_keep <= 1:
+            raise ValueError("adversary shop_keep must be in (0, 1]")
         if sum(self.fractions.values()) > 1:
             raise ValueError("adversary shares add up to more than 1")
 

@@ -49,6 +49,7 @@ class SimMessage:
     got: bytearray | None = None  # receivers that admitted it (index -> 1)
     eta: dict[int, float] | None = None  # receiver -> arrival of its earliest copy
     closed: bool = False
+    counter: int = -1  # rollouts: the assignment counter (the unit of work)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +125,7 @@ class MessageBook:
             valid,
             bytearray(n_peers),
             {},
+            counter=seq if counter is None else counter,
         )
 
     def open(self, data: bytes) -> Opened:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from protocol.accounting import WITHHELD_PENALTY, GapCharges
 from protocol.admission import (
     Admission,
     AdmissionConfig,
@@ -37,6 +38,7 @@ from protocol.admission import (
     Forward,
     Kind,
     MessageReceived,
+    Misbehaved,
     PeerConnected,
     Reject,
     RunRules,
@@ -147,6 +149,9 @@ class Swarm:
         self.m = Metrics()
         self._trainer_version = 0
         self.announce_times: dict[int, float] = {}
+        self.gaps = GapCharges()  # the trainer's dense-counter accounting (protocol.accounting)
+        self.counter = [0] * n  # each producer's next assignment counter
+        self.gap_charged: set[int] = set()  # producers the trainer charged for withheld work
 
     # -- helpers --------------------------------------------------------------------
 
@@ -179,7 +184,7 @@ class Swarm:
         loop.at(wl.tick_s, self._tick)
         loop.at(0.0, self._sample)
         for p in range(1, self.n):
-            if self.publisher[p] and self.behaviour[p] in (HONEST, Behaviour.WITHHOLD):
+            if self.publisher[p] and self.behaviour[p] in (HONEST, Behaviour.WITHHOLD, Behaviour.SHOP):
                 loop.at(rng.uniform(1.0, wl.publish_interval_s), self._publish_loop, p)
             elif self.behaviour[p] != HONEST:
                 loop.at(self.adv.start_s + rng.random(), self._misbehave, p)
@@ -250,10 +255,15 @@ class Swarm:
             return  # publishing is over; the run drains
         self.loop.after(self.wl.publish_interval_s, self._publish_loop, p)
         if self.net.online[p]:
-            self.publish(p)
+            counter = self.counter[p]
+            # A shopper makes 1/shop_keep rollouts per interval and publishes one of them.
+            keep = self.adv.shop_keep if self.behaviour[p] == Behaviour.SHOP else 1.0
+            self.counter[p] += max(1, round(1 / keep))
+            self.publish(p, counter=counter)
 
     def publish(
-        self, p: int, *, valid: bool = True, body_digest: bytes | None = None
+        self, p: int, *, valid: bool = True, body_digest: bytes | None = None,
+        counter: int | None = None,
     ) -> SimMessage:
         """`p` signs a new rollout header and sends it to its mesh."""
         wl, now = self.wl, self.loop.now
@@ -268,6 +278,7 @@ class Swarm:
             valid=valid,
             n_peers=self.n,
             body_digest=body_digest,
+            counter=counter,
         )
         self.m.messages += 1
         msg.got[p] = ADMITTED
@@ -349,11 +360,25 @@ class Swarm:
             self._announced(b, msg)
             return
         self.m.delivered(now - msg.t0, self.net.min_delay(msg.origin, b, msg.size))
+        if b == 0 and msg.kind == Kind.ROLLOUT_HEADER:
+            self._charge(self.gaps.on_rollout(self.ids[msg.origin], msg.counter, 0.0, now))
         if self.puller[b] and b != msg.origin:
             sources = [a] + ([msg.origin] if msg.origin != a else [])
             self.pulling[(b, msg.mid)] = sources
             self._pull_sender[(b, msg.mid)] = a
             self._pull(b, msg)
+
+    def _charge(self, producers: list[bytes]) -> None:
+        """The trainer charges producers whose withheld counters passed the allowance."""
+        now = self.loop.now
+        for pid in producers:
+            q = self.index[pid]
+            self.gap_charged.add(q)
+            for act in self.adm[0].handle(Misbehaved(pid, WITHHELD_PENALTY, "withheld", now)):
+                if type(act) is Disconnect and q in self.net.conns[0]:
+                    self._drop_link(0, q)
+                elif type(act) is Ban:
+                    self.m.bans += 1
 
     def _rejected(self, b: int, a: int, act: Reject) -> None:
         self.m.rejects[str(act.reason)] += 1
@@ -530,6 +555,7 @@ class Swarm:
         for p in self.online_list:
             if self.adm[p].handle(Tick(now)):
                 self.routers[p].dirty = True
+        self._charge(self.gaps.on_time(now))
         self.recent = [m for m in self.recent if not m.closed]
 
     def _sample(self) -> None:
@@ -640,6 +666,21 @@ class Swarm:
                 "adversaries": sum(1 for b in self.behaviour if b),
                 "stale_at_trainer": self.m.stale_at_trainer,
                 "used_at_trainer": self.m.used_at_trainer,
+                "gap_charges": self._gap_summary(),
             }
         )
         return out
+
+    def _gap_summary(self) -> dict:
+        """Who the trainer charged for withheld counters: every shopper should be, no
+        honest producer (churn and lost messages must not look like shopping)."""
+        shop = Behaviour.SHOP
+        shoppers = [p for p in range(1, self.n) if self.publisher[p] and self.behaviour[p] == shop]
+        return {
+            "shoppers": len(shoppers),
+            "shoppers_charged": sum(1 for p in shoppers if p in self.gap_charged),
+            "honest_charged": sum(1 for p in self.gap_charged if self.behaviour[p] == HONEST),
+            "others_charged": sum(
+                1 for p in self.gap_charged if self.behaviour[p] not in (HONEST, shop)
+            ),
+        }

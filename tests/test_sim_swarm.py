@@ -166,3 +166,21 @@ def test_duplicated_work_costs_its_signer_and_no_honest_peer():
     for p in range(sw.n):
         if p not in dups:
             assert not (sw.routers[p].mesh & dups)
+
+
+def test_counter_shoppers_are_charged_by_the_trainers_rule_and_honest_workers_are_not():
+    """The trainer's dense-counter rule (`protocol.accounting.GapCharges`, the one the real
+    trainer runs) in the simulator: shoppers publishing one counter in four are charged;
+    honest producers are not, with churn and lost messages."""
+    wl = Workload(peers=30, duration_s=240, publish_interval_s=5)
+    sw = Swarm(
+        wl,
+        net=NetConfig(loss=0.01),
+        churn=ChurnConfig(churn_per_hour=20.0, offline_mean_s=20.0),
+        adversary=AdversaryConfig(fractions={"shop": 0.1}, shop_keep=0.25),
+        seed=7,
+    )
+    out = sw.run()["gap_charges"]
+    assert out["shoppers"] >= 2
+    assert out["shoppers_charged"] == out["shoppers"]
+    assert out["honest_charged"] == 0 and out["others_charged"] == 0

@@ -33,7 +33,7 @@ import trio
 
 from node.roles import RoleContext
 from node.weights_store import WeightsError
-from protocol.accounting import GapCharges, WorkLedger
+from protocol.accounting import WITHHELD_PENALTY, GapCharges, WorkLedger
 from protocol.admission import Admitted, Kind
 from protocol.authority import Authority
 from protocol.verified import Status, VerifiedRule, Vote, judge
@@ -48,7 +48,6 @@ MAX_TRACKED = 100_000
 MAX_VOTES = 16  # votes remembered per rollout
 REPORT_EVERY_S = 2.0
 PRINT_EVERY_S = 30.0
-WITHHELD_PENALTY = -20.0  # each time a producer's withheld counters pass its allowance
 
 
 class _Track:
