@@ -85,7 +85,7 @@ from protocol.envelope import seal
 from protocol.errors import RemoteProtocolError
 from protocol.identity import Identity
 from protocol.peer_score import PeerScores
-from protocol.rollout import open_record
+from protocol.rollout import check_body, open_header
 from protocol.version_claims import AskNewest
 from protocol.wire import (
     MAX_HEADER_BATCH,
@@ -246,13 +246,16 @@ class Peer:
         queued together (so they can leave in one gossip batch); returns their ids."""
         rows = []
         for record in records:
-            opened = open_record(record)  # our own bytes: a failure here is our bug
+            # Our own bytes, checked as anyone will check them (a failure is our bug); the
+            # record is decoded once (`open_record` would decode it a second time here).
             rec = decode(RolloutRecord, record)
+            env, header, rollout_id = open_header(rec.header)
+            check_body(header, rec.body)
             rows.append(RolloutRow(
-                rollout_id=opened.rollout_id,
-                run_id=opened.envelope.run_id,
-                producer=opened.envelope.signer,
-                policy_version=opened.envelope.policy_version,
+                rollout_id=rollout_id,
+                run_id=env.run_id,
+                producer=env.signer,
+                policy_version=env.policy_version,
                 header=rec.header,
                 body=rec.body,
                 received_at=time.time(),
@@ -434,8 +437,11 @@ class Peer:
                 answered = True
             except PeerError as exc:
                 log.debug("peer: %s did not back its version claim: %s", peer[:12], exc)
-        self._apply(self.admission.handle(NewestShown(ask.peer, env, time.time(), answered)))
-        if env is not None and self.weights is not None:
+        actions = self.admission.handle(NewestShown(ask.peer, env, time.time(), answered))
+        self._apply(actions)
+        # Only a backing manifest goes on to the weights (an unbacked answer was charged
+        # once already, and is not opened a second time).
+        if env is not None and self.weights is not None and not actions:
             await self._admit(peer, Kind.WEIGHT_MANIFEST, env)
 
     async def _store(self, item: Admitted) -> bool:

@@ -67,7 +67,7 @@ class Collector:
 
     def __init__(self, authority: Authority, rule: VerifiedRule, ledger: WorkLedger | None = None):
         self.authority, self.rule = authority, rule
-        self.gaps = GapCharges(ledger, max_charged=MAX_TRACKED)
+        self.gaps = GapCharges(ledger)
         self.ledger = self.gaps.ledger
         self.tracks: OrderedDict[bytes, _Track] = OrderedDict()
 
