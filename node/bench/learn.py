@@ -7,12 +7,27 @@
   sharing (DESIGN.md §3), so the peers differ: half draw their own tasks from
   `tiny-chain-sum-4` only, half from `tiny-products` only; what one half practises the
   other lacks. Foreign groups are other peers' own groups of the same round (what gossip
-  would bring), picked at random, with importance weights against their sampler
-  log-probs (truncated at C = 2). Reward counted: each round every peer also answers a
-  probe of the full mix (`PROBE` tasks, one sample each, never trained on);
-  `cumulative_reward` is the sum of a peer's probe rewards over the rounds, mean and sd
-  over peers x seeds; `ratio_vs_isolated` is a configuration's mean over 8/0's. 4/4 runs
-  once more with C = 0 (no importance correction, SAPO's code): `ratio_vs_isolated_no_is`.
+  would bring), picked at random (not filtered for signal), with importance weights
+  against their sampler log-probs (truncated at C = 2). Reward counted: each round every
+  peer also answers a probe of the full mix (`PROBE` tasks, one sample each, never trained
+  on); `cumulative_reward` is the sum of a peer's probe rewards over the rounds, mean and
+  sd over peers x seeds; `ratio_vs_isolated` is a configuration's mean over 8/0's. 4/4
+  runs once more with C = 0 (no importance correction, SAPO's code):
+  `ratio_vs_isolated_no_is`.
+  Why this is fair: every configuration starts from the same weights, sees the same task
+  stream for its own groups, trains on the same number of groups with the same loss,
+  rate and seeds, and is probed on the same tasks with the same sampler seeds (the probe
+  pairs the configurations, so their difference is not sampling noise of the probe).
+  Foreign groups cost the receiver nothing to make, as in a swarm; the isolated peer
+  instead spends its whole budget on its own speciality.
+  What the ratio can show at this scale: a cumulative reward over R rounds is R times
+  the starting level plus what training added, and at the run's rate (5e-5; 3e-4 and
+  1e-3 make the policy worse in every configuration) R = 12 steps add a few percent. So
+  the bench also probes the untrained policy on the same probes
+  (`untrained_cumulative_reward`, what a peer earns by not training) and reports per
+  configuration `gain_vs_untrained` (cumulative minus that) and `gain_ratio_vs_isolated`
+  (gains compared; None when training alone gained nothing), plus `is_weight_mean` (mean
+  truncated importance weight of the tokens trained on).
 - `async`: one trainer, K steps of 8 groups x 4, rollouts sampled by the policy S
   versions behind, S in {0, 2, 8}. For S > 0 the next batch is generated in a second
   thread while the trainer steps (what asynchrony buys on two cores). `final_solve_rate`
@@ -116,30 +131,94 @@ def _sapo(base: Any, tok: Any, quick: bool, rounds: int | None) -> dict[str, Any
     peers = 4 if quick else 8
     seeds = [0] if quick else [0, 1, 2]
     rounds = rounds or (2 if quick else 12)
-    out: dict[str, Any] = {"peers": peers, "rounds": rounds, "seeds": len(seeds)}
     runs = [(i, j, 2.0) for i, j in configs] + [(4, 4, 0.0)]
     totals: dict[tuple[int, int, float], list[float]] = {}
+    is_weights: dict[tuple[int, int, float], list[float]] = {}
+    untrained: list[float] = []
+    for seed in seeds:
+        untrained.append(_untrained(base, tok, rounds, seed))
     for i, j, c in runs:
         vals: list[float] = []
         for seed in seeds:
             t = time.perf_counter()
-            vals += _sapo_run(base, tok, peers, rounds, i, j, c, seed)
+            got, w = _sapo_run(base, tok, peers, rounds, i, j, c, seed)
+            vals += got
+            is_weights.setdefault((i, j, c), []).append(w)
             _say(
                 f"sapo {i}/{j} C={c} seed {seed}: {statistics.mean(vals):.2f} ({time.perf_counter() - t:.0f}s)"
             )
         totals[(i, j, c)] = vals
+    out: dict[str, Any] = {"peers": peers, "rounds": rounds, "seeds": len(seeds)}
+    out.update(sapo_summary(totals, statistics.mean(untrained), configs))
+    for key, ws in is_weights.items():
+        if key[2] > 0:
+            out[f"{key[0]}/{key[1]}"]["is_weight_mean"] = round(statistics.mean(ws), 3)
+    return out
+
+
+def sapo_summary(
+    totals: dict[tuple[int, int, float], list[float]],
+    untrained: float,
+    configs: list[tuple[int, int]],
+) -> dict[str, Any]:
+    """The `sapo` figures from per-peer cumulative rewards, keyed (I, J, C); C = 0 is the
+    run without importance correction (4/4 only). `untrained` is the cumulative probe
+    reward of the untrained policy on the same probes: what a peer earns by not training.
+    `gain_vs_untrained` is what training added to it; `gain_ratio_vs_isolated` compares
+    those gains (None when training alone gained nothing)."""
+    out: dict[str, Any] = {"untrained_cumulative_reward": round(untrained, 3)}
     isolated = statistics.mean(totals[(8, 0, 2.0)])
+    iso_gain = isolated - untrained
+
+    def ratios(mean: float) -> tuple[float | None, float | None]:
+        r = round(mean / isolated, 3) if isolated else None
+        g = round((mean - untrained) / iso_gain, 3) if iso_gain > 0 else None
+        return r, g
+
     for i, j in configs:
         v = totals[(i, j, 2.0)]
+        mean = statistics.mean(v)
+        ratio, gain_ratio = ratios(mean)
         out[f"{i}/{j}"] = {
-            "cumulative_reward_mean": round(statistics.mean(v), 3),
+            "cumulative_reward_mean": round(mean, 3),
             "cumulative_reward_sd": round(statistics.stdev(v), 3) if len(v) > 1 else 0.0,
-            "ratio_vs_isolated": round(statistics.mean(v) / isolated, 3) if isolated else None,
+            "ratio_vs_isolated": ratio,
+            "gain_vs_untrained": round(mean - untrained, 3),
+            "gain_ratio_vs_isolated": gain_ratio,
         }
     no_is = statistics.mean(totals[(4, 4, 0.0)])
-    out["4/4"]["ratio_vs_isolated_no_is"] = round(no_is / isolated, 3) if isolated else None
+    ratio, gain_ratio = ratios(no_is)
+    out["4/4"]["ratio_vs_isolated_no_is"] = ratio
     out["4/4"]["cumulative_reward_mean_no_is"] = round(no_is, 3)
+    out["4/4"]["gain_ratio_vs_isolated_no_is"] = gain_ratio
     return out
+
+
+def _probe_items(r: int) -> list[tuple[str, int]]:
+    from trainer.tiny_policy import TASK_MIX
+
+    names = [n for n, _ in TASK_MIX]
+    return [(names[k % len(names)], r * PROBE + k) for k in range(PROBE)]
+
+
+def _probe(engine: Any, tok: Any, tasks: Any, r: int, seed: int) -> float:
+    """Mean reward over round r's probe: PROBE tasks of the full mix, one sample each,
+    with the round's sampler seed (the same for every peer and for the untrained policy)."""
+    from trainer.groups import generate_groups
+
+    probed = generate_groups(engine, tok, tasks, _probe_items(r), group_size=1,
+                             settings=_settings(), seed=seed * 31 + r)  # fmt: skip
+    return sum(g[0].reward for g in probed) / PROBE
+
+
+def _untrained(base: Any, tok: Any, rounds: int, seed: int) -> float:
+    """The cumulative probe reward of the policy every peer starts from, never trained."""
+    from trainer.engine_hf import HFEngine
+    from trainer.tasks import TaskSet
+
+    engine = HFEngine(base, tok, max_batch=64)
+    tasks = TaskSet(2000 + seed)
+    return sum(_probe(engine, tok, tasks, r, seed) for r in range(rounds))
 
 
 def _sapo_run(
@@ -151,8 +230,9 @@ def _sapo_run(
     foreign: int,
     is_bound: float,
     seed: int,
-) -> list[float]:
-    """Per peer: the sum of its probe rewards over the rounds."""
+) -> tuple[list[float], float]:
+    """Per peer: the sum of its probe rewards over the rounds; and the mean importance
+    weight of the trained tokens (own and foreign) over all steps."""
     from trainer.engine_hf import HFEngine
     from trainer.groups import generate_groups
     from trainer.tasks import TaskSet
@@ -167,6 +247,7 @@ def _sapo_run(
     probe_tasks = TaskSet(2000 + seed)
     settings = _settings()
     cumulative = [0.0] * n_peers
+    weights: list[float] = []
     for r in range(rounds):
         made = []
         for p in range(n_peers):
@@ -176,15 +257,14 @@ def _sapo_run(
                 generate_groups(engines[p], tok, tasks, items, group_size=GROUP, settings=settings,
                                 seed=seed * 7919 + r * 131 + p, producer=b"p%d" % p)
             )  # fmt: skip
-            probe = [(names[k % len(names)], r * PROBE + k) for k in range(PROBE)]
-            probed = generate_groups(engines[p], tok, probe_tasks, probe, group_size=1,
-                                     settings=settings, seed=seed * 31 + r)  # fmt: skip
-            cumulative[p] += sum(g[0].reward for g in probed) / PROBE
+            cumulative[p] += _probe(engines[p], tok, probe_tasks, r, seed)
         for p in range(n_peers):
             pool = [g for q in range(n_peers) if q != p for g in made[q]]
             taken = rng.sample(pool, min(foreign, len(pool)))
-            trainers[p].train_on(made[p][:own] + taken)
-    return cumulative
+            stats = trainers[p].train_on(made[p][:own] + taken)
+            if "is_weight_mean" in stats:
+                weights.append(stats["is_weight_mean"])
+    return cumulative, (statistics.mean(weights) if weights else 1.0)
 
 
 # ------------------------------------------------------------------------------ async

@@ -1,0 +1,57 @@
+"""bench learn's sapo figures: the summary arithmetic, and the untrained control probes
+exactly what the peers probe."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from node.bench import learn
+from trainer import tiny_policy as tp
+from trainer.tasks import Score, TaskSet
+
+
+def _totals(iso, shared, no_is):
+    return {(8, 0, 2.0): iso, (4, 4, 2.0): shared, (4, 4, 0.0): no_is}
+
+
+def test_summary_ratios_and_gains():
+    out = learn.sapo_summary(_totals([4.0, 4.0], [5.0, 5.0], [4.5, 4.5]), 3.0, [(8, 0), (4, 4)])
+    assert out["untrained_cumulative_reward"] == 3.0
+    assert out["8/0"]["ratio_vs_isolated"] == 1.0
+    assert out["8/0"]["gain_ratio_vs_isolated"] == 1.0
+    four = out["4/4"]
+    assert four["cumulative_reward_mean"] == 5.0
+    assert four["cumulative_reward_sd"] == 0.0
+    assert four["ratio_vs_isolated"] == 1.25
+    assert four["gain_vs_untrained"] == 2.0
+    assert four["gain_ratio_vs_isolated"] == 2.0
+    assert four["ratio_vs_isolated_no_is"] == 1.125
+    assert four["cumulative_reward_mean_no_is"] == 4.5
+    assert four["gain_ratio_vs_isolated_no_is"] == 1.5
+
+
+def test_summary_sd_and_no_gain_alone():
+    out = learn.sapo_summary(_totals([2.0, 4.0], [3.0, 3.0], [3.0, 3.0]), 3.5, [(8, 0), (4, 4)])
+    assert out["8/0"]["cumulative_reward_sd"] == pytest.approx(1.414, abs=1e-3)
+    assert out["8/0"]["gain_vs_untrained"] == -0.5
+    assert out["4/4"]["gain_ratio_vs_isolated"] is None  # training alone gained nothing
+    assert out["4/4"]["ratio_vs_isolated"] == 1.0
+
+
+def test_untrained_control_probes_what_the_peers_probe(monkeypatch):
+    # An untrained tiny model solves nothing, so score by the text itself: a reward that
+    # (solved or not, as the trainer counts it) that differs between completions makes "same cumulative reward" mean "same completions".
+    def by_text(self, task, text, log=None):
+        return Score(reward=float(zlib.crc32(text.encode()) % 2), answer=None, partial=False)
+
+    monkeypatch.setattr(TaskSet, "score", by_text)
+    tok = tp.build_tokenizer(0)
+    model = tp.build_model(tok, seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    model.eval()
+    per_peer, _w = learn._sapo_run(model, tok, 2, 1, 4, 4, 2.0, seed=3)
+    control = learn._untrained(model, tok, 1, seed=3)
+    assert control > 0.0
+    assert per_peer == [control, control]  # round 0 is probed before any training
+    assert learn._untrained(model, tok, 1, seed=4) != control  # the seed picks the probes
