@@ -286,6 +286,60 @@ def test_a_shard_of_a_pruned_manifest_is_refused_with_its_own_error(tmp_path: Pa
     store.close()
 
 
+def test_a_full_version_is_assembled_in_place_and_installed_by_rename(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Shards of a full version go straight into one file at their offsets (served from it
+    while the rest arrives); the install checks that file's digest and renames it (no
+    second copy written). A full disk says so; a shard placed outside the checkpoint and a
+    file that does not hash to the signed digest are refused."""
+    import errno
+    import os
+
+    from protocol.content_id import content_id
+    from trainer.export import export_version
+
+    store = WeightsStore.open(tmp_path)
+    data = ckpt(3)
+    full = export_version(0, data, parent=None, max_shard_bytes=SHARD)[0]
+    m, mid = full.manifest, content_id(b"full-0")
+    store.put_manifest(mid, m, b"env")
+    piece = [full.payload[s.offset : s.offset + s.size] for s in m.shards]
+    for s in reversed(m.shards[1:]):  # out of order, as a swarm delivers them
+        store.put_shard(mid, s.index, piece[s.index])
+    assert store.read_shard(mid, 2) == piece[2] and store.read_shard(mid, 0) is None
+    with pytest.raises(WeightsError, match="1 shards missing"):
+        store.install_full(mid)
+
+    def no_space(*_a, **_k):  # type: ignore[no-untyped-def]
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", no_space)
+    with pytest.raises(WeightsError, match="disk full"):
+        store.put_shard(mid, 0, piece[0])
+    monkeypatch.undo()
+    assert 0 not in store.have(mid)
+    store.put_shard(mid, 0, piece[0])
+    inode = os.stat(tmp_path / "weights" / "parts" / f"{mid.hex()}.full").st_ino
+    assert store.install_full(mid) == 0
+    assert os.stat(store.version_path(0)).st_ino == inode  # renamed, not copied
+    assert store.read_version(0) == data and store.installed() == {0: weights_digest(data)}
+    assert store.read_shard(mid, 0) == piece[0]
+
+    lying = dataclasses.replace(m, version=1, file_digest=content_id(b"other weights"))
+    wide = dataclasses.replace(
+        m, version=2, shards=(dataclasses.replace(m.shards[-1], offset=m.total_bytes),)
+    )
+    for v, bad in ((1, lying), (2, wide)):
+        store.put_manifest(content_id(b"bad-%d" % v), bad, b"env")
+    for s in lying.shards:
+        store.put_shard(content_id(b"bad-1"), s.index, piece[s.index])
+    with pytest.raises(WeightsError, match="signed digest"):
+        store.install_full(content_id(b"bad-1"))
+    with pytest.raises(ValueError, match="outside"):
+        store.put_shard(content_id(b"bad-2"), 0, piece[-1])
+    assert sorted(store.installed()) == [0]
+    store.close()
+
+
 async def test_wait_installed_returns_for_version_zero(tmp_path: Path) -> None:
     trainer = Identity.generate()
     async with open_peer(cfg(tmp_path, "t", run_manifest("w0", trainer), trainer)) as t:

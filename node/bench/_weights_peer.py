@@ -2,7 +2,7 @@
 
     python -m node.bench._weights_peer --run-id R --trainer-key HEX --data-dir D
         [--key HEX] [--bootstrap ADDR] [--upload-limit MIB_S] [--shard-bytes N]
-        [--checkpoint PATH] [--liar]
+        [--checkpoint PATH] [--liar] [--trace FILE]
 
 Prints one JSON line at start (`peer_id`, `addr`), then reads commands (one JSON object a
 line on stdin) and answers each with one JSON line on stdout:
@@ -15,6 +15,9 @@ line on stdin) and answers each with one JSON line on stdout:
 - `{"cmd": "stream", "peer": P, "version": V}`: fetch every shard of V's full manifest from
   P one after the other (uncapped at P) -> `{"mib_per_s"}`
 - `{"cmd": "quit"}`
+
+`--trace FILE`: every 0.5 s one JSON line (time, bytes uploaded, the download's
+progress) for looking at a broadcast's timeline.
 
 A liar (`--liar`) installs `--checkpoint` itself once it sees the manifest (so it holds
 every shard) and serves each shard with one byte flipped: injected bad shards.
@@ -98,27 +101,59 @@ async def main(a: argparse.Namespace) -> None:
 
             peer.on_deliver(on_deliver)
         _out({"peer_id": peer.host.peer_id, "addr": peer.host.listen_addrs()[0]})
-        async for cmd in _lines():
-            c = cmd["cmd"]
-            if c == "quit":
-                break
-            if c == "publish":
-                version = await w.publish(checkpoint)
-                _out({"published_at": w.published_at[version], "version": version,
-                      "digest": weights_digest(checkpoint).hex()})
-            elif c == "wait":
-                with trio.move_on_after(cmd.get("timeout", 120)):
-                    await w.wait_installed(cmd["version"])
-                v = cmd["version"]
-                ok = v in w.installed() and weights_digest(w.store.read_version(v)) == w.installed()[v]
-                _out({"done_at": w.installed_at.get(v), "ok": ok})
-            elif c == "stats":
-                _out({"uploaded": w.limiter.sent, "counters": w.counters, "served_bad": served_bad["n"], "rejects": dict(peer.rejects), "target": w.target, "error": w.error,
-                      "installed": sorted(w.installed())})
-            elif c == "stream":
-                _out(await _stream(peer, cmd["peer"], cmd["version"]))
-            else:
-                _out({"error": f"unknown command {c!r}"})
+        async with trio.open_nursery() as nursery:
+            if a.trace:
+                nursery.start_soon(_trace, w, a.trace)
+            await _commands(peer, w, checkpoint, served_bad)
+            nursery.cancel_scope.cancel()
+
+
+async def _trace(w: object, path: str) -> None:
+    installs: list[list[float]] = []
+    store = w.store  # type: ignore[attr-defined]
+    install_full = store.install_full
+
+    def timed_install(mid: bytes) -> int:
+        t0 = time.time()
+        try:
+            return install_full(mid)
+        finally:
+            installs.append([round(t0, 3), round(time.time() - t0, 3)])
+
+    store.install_full = timed_install
+    with open(path, "w") as f:
+        while True:
+            st = w.status()  # type: ignore[attr-defined]
+            d = st["download"] or {}
+            f.write(json.dumps({"t": time.time(), "up": st["uploaded_bytes"],
+                                "done": d.get("bytes_done"), "flight": d.get("in_flight"),
+                                "installed": st["installed"], "installs": installs}) + "\n")  # fmt: skip
+            f.flush()
+            await trio.sleep(0.5)
+
+
+async def _commands(peer: object, w: object, checkpoint: bytes, served_bad: dict) -> None:  # type: ignore[type-arg]
+    async for cmd in _lines():
+        c = cmd["cmd"]
+        if c == "quit":
+            break
+        if c == "publish":
+            version = await w.publish(checkpoint)
+            _out({"published_at": w.published_at[version], "version": version,
+                  "digest": weights_digest(checkpoint).hex()})
+        elif c == "wait":
+            with trio.move_on_after(cmd.get("timeout", 120)):
+                await w.wait_installed(cmd["version"])
+            v = cmd["version"]
+            ok = v in w.installed() and weights_digest(w.store.read_version(v)) == w.installed()[v]
+            _out({"done_at": w.installed_at.get(v), "ok": ok})
+        elif c == "stats":
+            _out({"uploaded": w.limiter.sent, "counters": w.counters, "served_bad": served_bad["n"], "rejects": dict(peer.rejects), "target": w.target, "error": w.error,
+                  "installed": sorted(w.installed())})
+        elif c == "stream":
+            _out(await _stream(peer, cmd["peer"], cmd["version"]))
+        else:
+            _out({"error": f"unknown command {c!r}"})
 
 
 async def _stream(peer: object, source: str, version: int) -> dict:  # type: ignore[type-arg]
@@ -147,4 +182,5 @@ if __name__ == "__main__":
     p.add_argument("--shard-bytes", type=int, default=4 * 2**20)
     p.add_argument("--checkpoint", default="")
     p.add_argument("--liar", action="store_true")
+    p.add_argument("--trace", default="")
     trio.run(main, p.parse_args())
