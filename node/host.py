@@ -67,6 +67,17 @@ item has a test in `tests/test_node_host.py` that fails if the default comes bac
     or more socket reads (its 2-byte length, then its body) -> the Yamux frame cap is
     Noise's largest plaintext, `release on read` is off, and TCP reads go through a
     read-ahead buffer (`_buffered_tcp_read`, TCP_READ_AHEAD bytes).
+20. A bulk write still paid the whole per-frame path once per 64 KiB frame: the stream's
+    two locks and window check, the connection's write lock and a checkpoint, one Noise
+    message and one socket `send_all` -> `YamuxStream.write` builds as many frames as the
+    send window allows (up to WRITE_BATCH bytes) at once and hands them down as one
+    write; Noise encrypts them as one message each (full frames are exactly one Noise
+    plaintext, workaround 19) and sends them with one socket write. The bytes on the
+    wire are the same frames and messages as before; only the syscalls are fewer. On the
+    receiving side each 64 KiB was copied about ten times on its way up (twice in
+    `read_exactly` even when one read returned it whole, into and out of a `BytesIO`
+    in the secure session) -> `read_exactly` returns a whole first read as it is, and
+    the secure session keeps the rest of a Noise message as bytes and slices it.
 
 Resource handling: everything is owned by the `open_host()` context; on exit the port
 is released and all tasks are gone. Error handling: remote misbehaviour and timeouts
@@ -90,9 +101,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import libp2p.identity.identify.identify as _libp2p_identify
+import libp2p.io.msgio as _libp2p_msgio
 import libp2p.io.trio as _libp2p_io_trio
 import libp2p.pubsub.pubsub as _libp2p_pubsub
 import libp2p.security.noise.io as _libp2p_noise_io
+import libp2p.security.secure_session as _libp2p_secure_session
 import libp2p.stream_muxer.yamux.yamux as _libp2p_yamux
 import libp2p.transport.tcp.tcp as _libp2p_tcp
 import multiaddr
@@ -130,6 +143,8 @@ MAX_FRAME_BYTES = 5 * 1024 * 1024
 SUBSCRIPTION_QUEUE = 4096
 # Workaround 19: bytes asked of the socket at once (a Noise message is at most 64 KiB).
 TCP_READ_AHEAD = 256 * 1024
+# Workaround 20: the most payload one Yamux write call hands down at once.
+WRITE_BATCH = 1024 * 1024
 PING_PROTOCOL = TProtocol("/ipfs/ping/1.0.0")  # workaround 17: the standard ping
 PING_BYTES = 32
 GOSSIPSUB_PROTOCOLS = [  # workaround 17: newest first
@@ -425,11 +440,121 @@ def _buffered_tcp_read(original: Callable[..., Awaitable[bytes]]) -> Callable[..
     return read
 
 
+async def _yamux_write_batched(self: Any, data: bytes) -> None:
+    """Workaround 20: `YamuxStream.write` with the frames the send window allows built at
+    once and written with one call (the library's own checks, locks and zero-window wait
+    are kept as they are; each frame is still at most one Noise plaintext)."""
+    y = _libp2p_yamux
+    if self.send_closed:
+        raise y.MuxedStreamError("Stream is closed for sending")
+    view = memoryview(data)
+    total, sent = len(data), 0
+    payload_max = y.MAX_MESSAGE_SIZE - y.HEADER_SIZE
+    while sent < total:
+        budget = 0
+        async with self.rw_lock.write_lock():
+            if self.send_closed:
+                raise y.MuxedStreamError("Stream is closed for sending")
+            async with self.window_lock:
+                if self.closed:
+                    raise y.MuxedStreamError("Stream is closed")
+                budget = min(self.send_window, total - sent, WRITE_BATCH)
+                self.send_window -= max(budget, 0)
+        if budget <= 0:
+            self._zero_window_waits += 1
+            with trio.move_on_after(5.0) as waited:
+                while True:
+                    async with self.window_lock:
+                        if self.send_window > 0 or self.closed:
+                            break
+                    await trio.sleep(0.01)
+            if waited.cancelled_caught:
+                raise y.MuxedStreamError("Timed out waiting for window update after 5 seconds.")
+            continue
+        parts: list[bytes | memoryview] = []
+        end = sent + budget
+        while sent < end:
+            n = min(payload_max, end - sent)
+            parts.append(struct.pack(y.YAMUX_HEADER_FORMAT, 0, y.TYPE_DATA, 0, self.stream_id, n))
+            parts.append(view[sent : sent + n])
+            sent += n
+        await self.conn._write_frame(b"".join(parts))
+
+
+async def _noise_write_batched(self: Any, msg: bytes, prefix_encoded: bool = False) -> None:
+    """Workaround 20: a write above one Noise plaintext goes out as the same Noise
+    messages as before (one per MAX_PLAINTEXT_LENGTH bytes, each with its 2-byte length)
+    but through one socket write."""
+    limit = _libp2p_noise_io.MAX_PLAINTEXT_LENGTH
+    if len(msg) <= limit:
+        encrypted = self.encrypt(msg)
+        if prefix_encoded:
+            encrypted = self.prefix + encrypted
+        await self.read_writer.write_msg(encrypted)
+        return
+    view = memoryview(msg)
+    out: list[bytes] = []
+    for start in range(0, len(msg), limit):
+        encrypted = self.encrypt(bytes(view[start : start + limit]))
+        if prefix_encoded and start == 0:
+            encrypted = self.prefix + encrypted
+        out.append(len(encrypted).to_bytes(2, "big"))
+        out.append(encrypted)
+    await self.read_writer.read_write_closer.write(b"".join(out))
+
+
+def _read_exactly_whole(original: Callable[..., Awaitable[bytes]]) -> Callable[..., Awaitable[bytes]]:
+    """Workaround 20: the library's `read_exactly`, with a first read that returned all
+    `n` bytes handed back as it is (the library copied it twice); anything shorter goes
+    on through the library's own loop and its errors."""
+
+    async def read_exactly(reader: Any, n: int, *args: Any, **kwargs: Any) -> bytes:
+        data = await reader.read(n)
+        if len(data) == n:
+            return bytes(data)
+        if not data:
+            return await original(reader, n, *args, **kwargs)
+        return bytes(data) + await original(reader, n - len(data), *args, **kwargs)
+
+    read_exactly._swarm_whole = True  # type: ignore[attr-defined]
+    return read_exactly
+
+
+def _session_fill(self: Any, msg: bytes) -> None:
+    """Workaround 20: the rest of a Noise message kept as bytes (was copied into a BytesIO)."""
+    self._swarm_rest = msg
+    self.low_watermark = 0
+    self.high_watermark = len(msg)
+
+
+def _session_drain(self: Any, n: int | None) -> bytes:
+    """Workaround 20: up to `n` bytes of what `_session_fill` kept, sliced once."""
+    lo, hi = self.low_watermark, self.high_watermark
+    if lo == hi:
+        return b""
+    rest: bytes = self._swarm_rest
+    end = hi if n is None else min(hi, lo + n)
+    out = rest if lo == 0 and end == len(rest) else rest[lo:end]
+    self.low_watermark = end
+    if end == hi:
+        self._swarm_rest = b""
+        self.low_watermark = self.high_watermark = 0
+    return out
+
+
 def _apply_library_patches() -> None:
     # Workaround 19: one Noise message per Yamux frame (both read at call time), window
     # updates batched, buffered socket reads.
     _libp2p_yamux.MAX_MESSAGE_SIZE = _libp2p_noise_io.MAX_PLAINTEXT_LENGTH
     _libp2p_yamux._yamux_release_on_read = _batched_window_updates
+    # Workaround 20: bulk writes batched (same frames and messages, fewer syscalls).
+    _libp2p_yamux.YamuxStream.write = _yamux_write_batched
+    _libp2p_noise_io.BaseNoiseMsgReadWriter.write_msg = _noise_write_batched
+    for module in (_libp2p_msgio, _libp2p_yamux):
+        if not getattr(module.read_exactly, "_swarm_whole", False):
+            module.read_exactly = _read_exactly_whole(module.read_exactly)
+    _libp2p_secure_session.SecureSession._fill = _session_fill
+    _libp2p_secure_session.SecureSession._drain = _session_drain
     tcp_stream = _libp2p_io_trio.TrioTCPStream
     if not getattr(tcp_stream.read, "_swarm_buffered", False):
         tcp_stream.read = _buffered_tcp_read(tcp_stream.read)
