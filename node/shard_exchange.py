@@ -149,7 +149,7 @@ async def serve(
     view = memoryview(data)
     for start in range(0, len(data), CHUNK):
         piece = view[start : start + CHUNK]
-        await limiter.acquire(len(piece))
+        await limiter.acquire(len(piece), len(data) - start)
         await stream.send(bytes(piece))
     return len(data)
 

@@ -4,36 +4,77 @@ stream we serve shards on.
 Home connections have an uplink far below what one stream can push; serving weights
 flat out would starve everything else (gossip, heartbeats). Every chunk a shard server
 writes first takes its size in tokens; tokens refill at the cap, up to one `burst_s`
-worth. Waiters are served in arrival order (a trio lock), so one big shard does not
-starve the others. A cap of 0 means no limit.
+worth. One chunk holds the uplink at a time; which waiting chunk goes next is
+`protocol.shard_schedule.next_upload`'s rule (the shard with the fewest bytes left,
+unless one has waited too long), so shards finish one after another and can be relayed
+at once instead of all finishing late together. A cap of 0 means no limit.
+
+Resource handling: waiters are trio tasks parked on an event; one that is cancelled
+while waiting leaves the queue, one cancelled after its turn came passes the turn on.
 """
 
 from __future__ import annotations
 
 import trio
 
+from protocol.shard_schedule import UPLOAD_MAX_WAIT_S, next_upload
+
 MiB = 1024 * 1024
 
 
-class UploadLimiter:
-    """`await limiter.acquire(n)` before sending n bytes; `sent` counts what passed."""
+class _Waiter:
+    __slots__ = ("since", "left", "turn")
 
-    def __init__(self, mib_per_s: float = 0.0, burst_s: float = 0.1) -> None:
+    def __init__(self, since: float, left: int) -> None:
+        self.since, self.left, self.turn = since, left, trio.Event()
+
+
+class UploadLimiter:
+    """`await limiter.acquire(n, left)` before sending n bytes of a transfer that has
+    `left` bytes (n included) still to send; `sent` counts what passed."""
+
+    def __init__(
+        self, mib_per_s: float = 0.0, burst_s: float = 0.1, max_wait_s: float = UPLOAD_MAX_WAIT_S
+    ) -> None:
         self.rate = max(0.0, float(mib_per_s)) * MiB
         self.capacity = max(256 * 1024.0, self.rate * burst_s)
+        self.max_wait_s = max_wait_s
         self._tokens = self.capacity
         self._last = trio.current_time() if self.rate else 0.0
-        self._lock = trio.Lock()
+        self._busy = False
+        self._waiting: list[_Waiter] = []
         self.sent = 0
 
-    async def acquire(self, n: int) -> None:
+    async def acquire(self, n: int, left: int | None = None) -> None:
         self.sent += n
         if not self.rate:
             return
-        async with self._lock:
+        if self._busy or self._waiting:
+            me = _Waiter(trio.current_time(), n if left is None else max(n, left))
+            self._waiting.append(me)
+            try:
+                await me.turn.wait()
+            except BaseException:
+                if me.turn.is_set():
+                    self._pass_turn()  # chosen, but gone: the next one goes
+                else:
+                    self._waiting.remove(me)
+                raise
+        self._busy = True
+        try:
             now = trio.current_time()
             self._tokens = min(self.capacity, self._tokens + (now - self._last) * self.rate)
             self._last = now
             self._tokens -= n  # may go negative for a chunk above the burst: wait it off
             if self._tokens < 0:
                 await trio.sleep(-self._tokens / self.rate)
+        finally:
+            self._pass_turn()
+
+    def _pass_turn(self) -> None:
+        if not self._waiting:
+            self._busy = False
+            return
+        i = next_upload([(w.since, w.left) for w in self._waiting], trio.current_time(), self.max_wait_s)
+        self._busy = True
+        self._waiting.pop(i).turn.set()

@@ -243,3 +243,14 @@ def test_a_seeder_sends_every_shard_once_before_any_twice():
     assert first_copies_first(served, 3, 1)
     served[1] = served[2] = 1
     assert first_copies_first(served, 3, 0)  # every shard went out once: copies again
+
+
+def test_next_upload_is_shortest_remaining_first_unless_a_chunk_waited_too_long() -> None:
+    from protocol.shard_schedule import UPLOAD_MAX_WAIT_S, next_upload
+
+    waiting = [(0.0, 4 << 20), (0.1, 1 << 20), (0.2, 1 << 20), (0.3, 3 << 20)]
+    assert next_upload(waiting, now=1.0) == 1  # fewest bytes left; the earlier of a tie
+    assert next_upload(waiting, now=UPLOAD_MAX_WAIT_S) == 0  # waited its limit: goes first
+    assert next_upload([(5.0, 9), (1.0, 9)], now=5.5) == 1  # tie on bytes left: the older
+    with pytest.raises(LocalProtocolError):
+        next_upload([], now=0.0)
