@@ -68,6 +68,10 @@ class WeightsError(CommandError):
     """A weights store failure (disk, database, a bad install); one line."""
 
 
+class BadShard(ValueError):
+    """Bytes offered as a shard that do not match its signed size and digest."""
+
+
 class ManifestGone(WeightsError):
     """A shard for a manifest the store does not hold (never stored, or pruned meanwhile
     because newer versions arrived)."""
@@ -201,7 +205,7 @@ class WeightsStore:
         return {i for (i,) in rows if self._held(manifest_id, m, i)}
 
     def put_shard(self, manifest_id: bytes, index: int, data: bytes) -> None:
-        """Store a shard that matches its signed digest (`ValueError` if it does not)."""
+        """Store a shard that matches its signed digest (`BadShard` if it does not)."""
         m = self.manifest(manifest_id)
         if m is None:
             raise ManifestGone("shard of a manifest not held (pruned meanwhile?)")
@@ -209,10 +213,10 @@ class WeightsStore:
             raise ValueError("shard index outside its manifest")
         info = m.shards[index]
         if len(data) != info.size or content_id(data) != info.digest:
-            raise ValueError("shard does not match its digest")
+            raise BadShard("shard does not match its digest")
         if m.kind == "full":
             if info.offset + info.size > m.total_bytes:
-                raise ValueError("shard outside its manifest's checkpoint")
+                raise WeightsError(f"version {m.version}: a shard outside its manifest's checkpoint")
             _fsync_write_at(self._partial(manifest_id), info.offset, data, m.total_bytes)
         else:
             path = self._part(manifest_id, index)

@@ -59,7 +59,7 @@ import trio
 from node import shard_exchange
 from node.host import PeerError
 from node.upload_limit import UploadLimiter
-from node.weights_store import ManifestGone, WeightsError, WeightsStore
+from node.weights_store import BadShard, ManifestGone, WeightsError, WeightsStore
 from protocol.admission import Admitted, Kind
 from protocol.content_id import content_id
 from protocol.envelope import seal
@@ -479,16 +479,15 @@ class WeightSync:
                 if data is None:
                     self.sched.on_missing(req.peer, req.manifest_id, req.index, now())
                     return
-                if content_id(data) != info.digest:
+                try:  # the store checks the digest (once, off the event loop) before writing
+                    await trio.to_thread.run_sync(
+                        self.store.put_shard, req.manifest_id, req.index, data
+                    )
+                except BadShard:
                     self._bump("bad_shards_received")
                     self._misbehaved(req.peer, BAD_SHARD_PENALTY, "shard failed its signed digest")
                     self._dispatch(self.sched.on_bad(req.peer, req.manifest_id, req.index, now()))
                     return
-                self._bump("bytes_downloaded", len(data))
-                try:
-                    await trio.to_thread.run_sync(
-                        self.store.put_shard, req.manifest_id, req.index, data
-                    )
                 except ManifestGone:
                     # newer versions pruned it while this shard was on its way: unwanted now
                     self._bump("shards_of_pruned_manifests")
@@ -500,6 +499,7 @@ class WeightSync:
                     self.sched.on_missing(req.peer, req.manifest_id, req.index, now())
                     self._retry_at = time.monotonic() + 5.0
                     return
+                self._bump("bytes_downloaded", len(data))
                 self._bump("shards_verified")
                 self._have_gen += 1
                 self._dispatch(self.sched.on_done(req.peer, req.manifest_id, req.index, now()))

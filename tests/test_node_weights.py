@@ -334,7 +334,7 @@ def test_a_full_version_is_assembled_in_place_and_installed_by_rename(tmp_path: 
         store.put_shard(content_id(b"bad-1"), s.index, piece[s.index])
     with pytest.raises(WeightsError, match="signed digest"):
         store.install_full(content_id(b"bad-1"))
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(WeightsError, match="outside"):
         store.put_shard(content_id(b"bad-2"), 0, piece[-1])
     assert sorted(store.installed()) == [0]
     store.close()
