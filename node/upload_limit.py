@@ -36,14 +36,19 @@ class UploadLimiter:
     def __init__(
         self, mib_per_s: float = 0.0, burst_s: float = 0.1, max_wait_s: float = UPLOAD_MAX_WAIT_S
     ) -> None:
-        self.rate = max(0.0, float(mib_per_s)) * MiB
-        self.capacity = max(256 * 1024.0, self.rate * burst_s)
+        self.burst_s = burst_s
+        self.set_rate(mib_per_s)
         self.max_wait_s = max_wait_s
         self._tokens = self.capacity
-        self._last = trio.current_time() if self.rate else 0.0
         self._busy = False
         self._waiting: list[_Waiter] = []
         self.sent = 0
+
+    def set_rate(self, mib_per_s: float) -> None:
+        """Change the cap (0: none) from now on."""
+        self.rate = max(0.0, float(mib_per_s)) * MiB
+        self.capacity = max(256 * 1024.0, self.rate * self.burst_s)
+        self._last = trio.current_time() if self.rate else 0.0
 
     async def acquire(self, n: int, left: int | None = None) -> None:
         self.sent += n

@@ -11,7 +11,8 @@ line on stdin) and answers each with one JSON line on stdout:
   `{"published_at", "version", "digest"}`
 - `{"cmd": "wait", "version": V, "timeout": T}` (receiver): until V is installed ->
   `{"done_at", "ok"}` (ok: the installed bytes hash to the signed digest)
-- `{"cmd": "stats"}` -> uploaded bytes, counters
+- `{"cmd": "stats"}` -> uploaded bytes, counters, connected peers, have-map watches served
+- `{"cmd": "cap", "mib_s": X}`: set this peer's upload cap (0: none) -> `{"cap": X}`
 - `{"cmd": "stream", "peer": P, "version": V}`: fetch every shard of V's full manifest from
   P one after the other (uncapped at P) -> `{"mib_per_s"}`
 - `{"cmd": "quit"}`
@@ -103,12 +104,12 @@ async def main(a: argparse.Namespace) -> None:
         _out({"peer_id": peer.host.peer_id, "addr": peer.host.listen_addrs()[0]})
         async with trio.open_nursery() as nursery:
             if a.trace:
-                nursery.start_soon(_trace, w, a.trace)
+                nursery.start_soon(_trace, peer, w, a.trace)
             await _commands(peer, w, checkpoint, served_bad)
             nursery.cancel_scope.cancel()
 
 
-async def _trace(w: object, path: str) -> None:
+async def _trace(peer: object, w: object, path: str) -> None:
     installs: list[list[float]] = []
     store = w.store  # type: ignore[attr-defined]
     install_full = store.install_full
@@ -121,12 +122,19 @@ async def _trace(w: object, path: str) -> None:
             installs.append([round(t0, 3), round(time.time() - t0, 3)])
 
     store.install_full = timed_install
+    announced: list[float] = []
+
+    def first_announcement(item: Admitted) -> None:
+        if item.kind in (Kind.WEIGHT_ANNOUNCE, Kind.WEIGHT_MANIFEST) and not announced:
+            announced.append(round(time.time(), 3))
+
+    peer.on_deliver(first_announcement)  # type: ignore[attr-defined]
     with open(path, "w") as f:
         while True:
             st = w.status()  # type: ignore[attr-defined]
             d = st["download"] or {}
             f.write(json.dumps({"t": time.time(), "up": st["uploaded_bytes"],
-                                "done": d.get("bytes_done"), "flight": d.get("in_flight"),
+                                "done": d.get("bytes_done"), "flight": d.get("in_flight"), "announced": announced,
                                 "installed": st["installed"], "installs": installs}) + "\n")  # fmt: skip
             f.flush()
             await trio.sleep(0.5)
@@ -149,7 +157,11 @@ async def _commands(peer: object, w: object, checkpoint: bytes, served_bad: dict
             _out({"done_at": w.installed_at.get(v), "ok": ok})
         elif c == "stats":
             _out({"uploaded": w.limiter.sent, "counters": w.counters, "served_bad": served_bad["n"], "rejects": dict(peer.rejects), "target": w.target, "error": w.error,
-                  "installed": sorted(w.installed())})
+                  "installed": sorted(w.installed()), "peers": len(peer.host.connected_peers()),
+                  "watched_by": sum(w._watchers.values())})  # fmt: skip
+        elif c == "cap":
+            w.limiter.set_rate(float(cmd["mib_s"]))
+            _out({"cap": cmd["mib_s"]})
         elif c == "stream":
             _out(await _stream(peer, cmd["peer"], cmd["version"]))
         else:
