@@ -283,7 +283,7 @@ class FramedStream:
         self._settings = settings
         self._buffer = bytearray()
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: bytes | memoryview) -> None:
         if len(data) > self._settings.max_frame_bytes:
             raise MessageTooLarge(
                 f"frame of {len(data)} bytes exceeds the {self._settings.max_frame_bytes} byte cap"
@@ -494,8 +494,16 @@ async def _noise_write_batched(self: Any, msg: bytes, prefix_encoded: bool = Fal
         return
     view = memoryview(msg)
     out: list[bytes] = []
+    # The transport cipher takes any buffer; the connection's `encrypt` wants `bytes` (one
+    # more copy of each message). Past the handshake, as here, both do the same.
+    cipher = getattr(getattr(self.noise_state, "noise_protocol", None), "cipher_state_encrypt", None)
     for start in range(0, len(msg), limit):
-        encrypted = self.encrypt(bytes(view[start : start + limit]))
+        piece = view[start : start + limit]
+        encrypted = (
+            cipher.encrypt_with_ad(None, piece)
+            if cipher is not None and type(self) is _libp2p_noise_io.NoiseTransportReadWriter
+            else self.encrypt(bytes(piece))
+        )
         if prefix_encoded and start == 0:
             encrypted = self.prefix + encrypted
         out.append(len(encrypted).to_bytes(2, "big"))

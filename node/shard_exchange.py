@@ -150,7 +150,7 @@ async def serve(
     for start in range(0, len(data), CHUNK):
         piece = view[start : start + CHUNK]
         await limiter.acquire(len(piece), len(data) - start)
-        await stream.send(bytes(piece))
+        await stream.send(piece)
     return len(data)
 
 

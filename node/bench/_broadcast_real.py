@@ -6,8 +6,13 @@ trainer key and publishes a random (incompressible) checkpoint, 256 MiB (64 MiB 
 `--quick`), in shards of 4 MiB (2 MiB quick). Phases, one run:
 
 1. capped, 4 receivers: `lower_bound_ratio_4`; then, with the origin's cap lifted and
-   every receiver done, one receiver fetches every shard again straight from the origin,
-   one after the other: `stream_mib_per_s` (one transfer between two peers).
+   the other receivers stopped, one receiver fetches every shard again straight from the
+   origin over their one connection, one shard request after the other:
+   `stream_mib_per_s` (one transfer between two peers); and with as many requests in
+   flight as the node's scheduler keeps to one peer (`ScheduleConfig.per_peer`, 2):
+   `stream_mib_per_s_2_in_flight` (no faster here: both ends are CPU-bound, and two
+   interleaved streams cost the receiver more per byte). Two runs of each, alternated;
+   the means.
 2. capped, 8 receivers and one liar (it holds the checkpoint and serves every shard with
    one byte flipped): `completion_max_s`, `completion_p50_s` (from the publish to each
    receiver's install), `lower_bound_s` (size / cap), `lower_bound_ratio`,
@@ -34,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from protocol.identity import Identity
+from protocol.shard_schedule import ScheduleConfig
 from trainer.checkpoint import canonical_bytes
 
 CAP_MIB_S = 10.0
@@ -173,11 +179,18 @@ def _phase(
         if stream:  # the cap off, the other receivers gone: one transfer between two peers
             _stop_all(recv[1:])
             origin.ask({"cmd": "cap", "mib_s": 0})
-            out["stream"] = recv[0].ask({"cmd": "stream", "peer": origin.info["peer_id"],
-                                         "version": pub["version"]})  # fmt: skip
+            out["stream"] = {}
+            for k in (1, ScheduleConfig().per_peer) * 2:  # alternated, two runs each
+                r = recv[0].ask({"cmd": "stream", "peer": origin.info["peer_id"],
+                                 "version": pub["version"], "in_flight": k})  # fmt: skip
+                out["stream"].setdefault(k, []).append(r["mib_per_s"])
         return out
     finally:
         _stop_all(procs)
+
+
+def _mean(xs: list[float]) -> float:
+    return round(statistics.mean(xs), 1)
 
 
 def real_part(quick: bool) -> dict[str, Any]:
@@ -212,6 +225,7 @@ def real_part(quick: bool) -> dict[str, Any]:
         "lower_bound_ratio_4": ratio(four["completion_max_s"]),
         "bad_shards_injected": eight.get("bad_shards_injected", 0),
         "bad_shards_installed": eight["installed_bad"] + four["installed_bad"],
-        "stream_mib_per_s": four["stream"].get("mib_per_s"),
+        "stream_mib_per_s": _mean(four["stream"][1]),
+        "stream_mib_per_s_2_in_flight": _mean(four["stream"][ScheduleConfig().per_peer]),
         "receivers_completed": eight["completed"],
     }

@@ -13,8 +13,8 @@ line on stdin) and answers each with one JSON line on stdout:
   `{"done_at", "ok"}` (ok: the installed bytes hash to the signed digest)
 - `{"cmd": "stats"}` -> uploaded bytes, counters, connected peers, have-map watches served
 - `{"cmd": "cap", "mib_s": X}`: set this peer's upload cap (0: none) -> `{"cap": X}`
-- `{"cmd": "stream", "peer": P, "version": V}`: fetch every shard of V's full manifest from
-  P one after the other (uncapped at P) -> `{"mib_per_s"}`
+- `{"cmd": "stream", "peer": P, "version": V, "in_flight": K}`: fetch every shard of V's
+  full manifest from P, K requests at a time (default 1) -> `{"mib_per_s"}`
 - `{"cmd": "quit"}`
 
 `--trace FILE`: every 0.5 s one JSON line (time, bytes uploaded, the download's
@@ -163,24 +163,35 @@ async def _commands(peer: object, w: object, checkpoint: bytes, served_bad: dict
             w.limiter.set_rate(float(cmd["mib_s"]))
             _out({"cap": cmd["mib_s"]})
         elif c == "stream":
-            _out(await _stream(peer, cmd["peer"], cmd["version"]))
+            _out(await _stream(peer, cmd["peer"], cmd["version"], int(cmd.get("in_flight", 1))))
         else:
             _out({"error": f"unknown command {c!r}"})
 
 
-async def _stream(peer: object, source: str, version: int) -> dict:  # type: ignore[type-arg]
+async def _stream(peer: object, source: str, version: int, in_flight: int = 1) -> dict:  # type: ignore[type-arg]
+    """Fetch every shard of `version`'s full manifest from `source`, `in_flight` requests
+    at a time (each a shard fetch on its own stream, as the node's scheduler makes them)."""
     w = peer.weights  # type: ignore[attr-defined]
     full = [(mid, m) for mid, m in w._manifests.items() if m.version == version and m.kind == "full"]
     if not full:
         return {"error": "no full manifest"}
     mid, m = full[0]
+    got = [0]
+
+    async def lane(shards: list) -> None:  # type: ignore[type-arg]
+        for s in shards:
+            data = await shard_exchange.fetch_shard(
+                peer.host, source, peer.run_id, mid, s.index, s.size  # type: ignore[attr-defined]
+            )
+            got[0] += len(data or b"")
+
     t0 = time.perf_counter()
-    total = 0
-    for s in m.shards:
-        data = await shard_exchange.fetch_shard(peer.host, source, peer.run_id, mid, s.index, s.size)  # type: ignore[attr-defined]
-        total += len(data or b"")
+    async with trio.open_nursery() as nursery:
+        for k in range(in_flight):
+            nursery.start_soon(lane, list(m.shards[k::in_flight]))
     dt = time.perf_counter() - t0
-    return {"mib_per_s": round(total / dt / 2**20, 1), "bytes": total, "seconds": round(dt, 3)}
+    return {"mib_per_s": round(got[0] / dt / 2**20, 1), "bytes": got[0], "seconds": round(dt, 3),
+            "in_flight": in_flight}  # fmt: skip
 
 
 if __name__ == "__main__":
