@@ -77,7 +77,7 @@ item has a test in `tests/test_node_host.py` that fails if the default comes bac
     receiving side each 64 KiB was copied about ten times on its way up (twice in
     `read_exactly` even when one read returned it whole, into and out of a `BytesIO`
     in the secure session) -> `read_exactly` returns a whole first read as it is, and
-    the secure session keeps the rest of a Noise message as bytes and slices it.
+    the secure session keeps the rest of a Noise message and hands out views of it.
 
 Resource handling: everything is owned by the `open_host()` context; on exit the port
 is released and all tasks are gone. Error handling: remote misbehaviour and timeouts
@@ -519,7 +519,7 @@ def _read_exactly_whole(original: Callable[..., Awaitable[bytes]]) -> Callable[.
     async def read_exactly(reader: Any, n: int, *args: Any, **kwargs: Any) -> bytes:
         data = await reader.read(n)
         if len(data) == n:
-            return bytes(data)
+            return data  # bytes, or a view of a Noise message (`_session_drain`)
         if not data:
             return await original(reader, n, *args, **kwargs)
         return bytes(data) + await original(reader, n - len(data), *args, **kwargs)
@@ -535,14 +535,15 @@ def _session_fill(self: Any, msg: bytes) -> None:
     self.high_watermark = len(msg)
 
 
-def _session_drain(self: Any, n: int | None) -> bytes:
-    """Workaround 20: up to `n` bytes of what `_session_fill` kept, sliced once."""
+def _session_drain(self: Any, n: int | None) -> bytes | memoryview:
+    """Workaround 20: up to `n` bytes of what `_session_fill` kept, as a view (its readers,
+    Yamux's header and body reads, unpack it or copy it into the stream's buffer)."""
     lo, hi = self.low_watermark, self.high_watermark
     if lo == hi:
         return b""
     rest: bytes = self._swarm_rest
     end = hi if n is None else min(hi, lo + n)
-    out = rest if lo == 0 and end == len(rest) else rest[lo:end]
+    out = rest if lo == 0 and end == len(rest) else memoryview(rest)[lo:end]
     self.low_watermark = end
     if end == hi:
         self._swarm_rest = b""
