@@ -17,27 +17,39 @@ def _totals(iso, shared, no_is):
 
 
 def test_summary_ratios_and_gains():
-    out = learn.sapo_summary(_totals([4.0, 4.0], [5.0, 5.0], [4.5, 4.5]), 3.0, [(8, 0), (4, 4)])
-    assert out["untrained_cumulative_reward"] == 3.0
+    totals = _totals([4.0, 4.2], [5.0, 5.2], [4.5, 4.7])
+    out = learn.sapo_summary(totals, [3.0, 3.2], [(8, 0), (4, 4)])
+    assert out["untrained_cumulative_reward"] == 3.1
     assert out["8/0"]["ratio_vs_isolated"] == 1.0
     assert out["8/0"]["gain_ratio_vs_isolated"] == 1.0
+    assert out["8/0"]["gain_se"] == 0.0  # paired by seed: the gains are 1.0 and 1.0
     four = out["4/4"]
-    assert four["cumulative_reward_mean"] == 5.0
-    assert four["cumulative_reward_sd"] == 0.0
-    assert four["ratio_vs_isolated"] == 1.25
+    assert four["cumulative_reward_mean"] == 5.1
+    assert four["cumulative_reward_sd"] == pytest.approx(0.141, abs=1e-3)
+    assert four["ratio_vs_isolated"] == pytest.approx(5.1 / 4.1, abs=1e-3)
     assert four["gain_vs_untrained"] == 2.0
     assert four["gain_ratio_vs_isolated"] == 2.0
-    assert four["ratio_vs_isolated_no_is"] == 1.125
-    assert four["cumulative_reward_mean_no_is"] == 4.5
+    assert four["ratio_vs_isolated_no_is"] == pytest.approx(4.6 / 4.1, abs=1e-3)
+    assert four["cumulative_reward_mean_no_is"] == 4.6
     assert four["gain_ratio_vs_isolated_no_is"] == 1.5
 
 
-def test_summary_sd_and_no_gain_alone():
-    out = learn.sapo_summary(_totals([2.0, 4.0], [3.0, 3.0], [3.0, 3.0]), 3.5, [(8, 0), (4, 4)])
-    assert out["8/0"]["cumulative_reward_sd"] == pytest.approx(1.414, abs=1e-3)
-    assert out["8/0"]["gain_vs_untrained"] == -0.5
-    assert out["4/4"]["gain_ratio_vs_isolated"] is None  # training alone gained nothing
-    assert out["4/4"]["ratio_vs_isolated"] == 1.0
+def test_summary_no_gain_ratio_when_training_alone_gained_nothing_or_noise():
+    nothing = learn.sapo_summary(
+        _totals([2.0, 4.0], [3.0, 3.0], [3.0, 3.0]), [3.5, 3.5], [(8, 0), (4, 4)]
+    )
+    assert nothing["8/0"]["cumulative_reward_sd"] == pytest.approx(1.414, abs=1e-3)
+    assert nothing["8/0"]["gain_vs_untrained"] == -0.5
+    assert nothing["4/4"]["gain_ratio_vs_isolated"] is None
+    assert nothing["4/4"]["ratio_vs_isolated"] == 1.0
+    # a mean gain of 0.1 with gains of -0.9 and 1.1 (se 1.0) is noise: no ratio over it
+    noisy = learn.sapo_summary(
+        _totals([2.1, 4.1], [3.0, 5.0], [3.0, 3.0]), [3.0, 3.0], [(8, 0), (4, 4)]
+    )
+    assert noisy["8/0"]["gain_vs_untrained"] == pytest.approx(0.1)
+    assert noisy["8/0"]["gain_se"] == 1.0
+    assert noisy["4/4"]["gain_ratio_vs_isolated"] is None
+    assert noisy["4/4"]["gain_ratio_vs_isolated_no_is"] is None
 
 
 def test_untrained_control_probes_what_the_peers_probe(monkeypatch):

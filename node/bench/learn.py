@@ -25,8 +25,9 @@
   1e-3 make the policy worse in every configuration) R = 12 steps add a few percent. So
   the bench also probes the untrained policy on the same probes
   (`untrained_cumulative_reward`, what a peer earns by not training) and reports per
-  configuration `gain_vs_untrained` (cumulative minus that) and `gain_ratio_vs_isolated`
-  (gains compared; None when training alone gained nothing), plus `is_weight_mean` (mean
+  configuration `gain_vs_untrained` (cumulative minus that, paired by seed) with its
+  standard error `gain_se`, and `gain_ratio_vs_isolated` (gains compared; None unless
+  training alone gained more than two standard errors), plus `is_weight_mean` (mean
   truncated importance weight of the tokens trained on).
 - `async`: one trainer, K steps of 8 groups x 4, rollouts sampled by the policy S
   versions behind, S in {0, 2, 8}. For S > 0 the next batch is generated in a second
@@ -149,7 +150,8 @@ def _sapo(base: Any, tok: Any, quick: bool, rounds: int | None) -> dict[str, Any
             )
         totals[(i, j, c)] = vals
     out: dict[str, Any] = {"peers": peers, "rounds": rounds, "seeds": len(seeds)}
-    out.update(sapo_summary(totals, statistics.mean(untrained), configs))
+    per_peer = [u for u in untrained for _ in range(peers)]  # the order _sapo_run's lists add up in
+    out.update(sapo_summary(totals, per_peer, configs))
     for key, ws in is_weights.items():
         if key[2] > 0:
             out[f"{key[0]}/{key[1]}"]["is_weight_mean"] = round(statistics.mean(ws), 3)
@@ -158,38 +160,49 @@ def _sapo(base: Any, tok: Any, quick: bool, rounds: int | None) -> dict[str, Any
 
 def sapo_summary(
     totals: dict[tuple[int, int, float], list[float]],
-    untrained: float,
+    untrained: list[float],
     configs: list[tuple[int, int]],
 ) -> dict[str, Any]:
     """The `sapo` figures from per-peer cumulative rewards, keyed (I, J, C); C = 0 is the
-    run without importance correction (4/4 only). `untrained` is the cumulative probe
-    reward of the untrained policy on the same probes: what a peer earns by not training.
-    `gain_vs_untrained` is what training added to it; `gain_ratio_vs_isolated` compares
-    those gains (None when training alone gained nothing)."""
-    out: dict[str, Any] = {"untrained_cumulative_reward": round(untrained, 3)}
-    isolated = statistics.mean(totals[(8, 0, 2.0)])
-    iso_gain = isolated - untrained
+    run without importance correction (4/4 only). `untrained[k]` is the cumulative probe
+    reward of the untrained policy on the probes of the peer behind `totals[...][k]` (its
+    seed): what that peer would have earned by not training. `gain_vs_untrained` is what
+    training added (mean over peers x seeds, with its standard error);
+    `gain_ratio_vs_isolated` compares gains, and is None unless training alone gained more
+    than two standard errors (a ratio over a gain lost in noise means nothing)."""
+    base = statistics.mean(untrained)
+    out: dict[str, Any] = {"untrained_cumulative_reward": round(base, 3)}
 
-    def ratios(mean: float) -> tuple[float | None, float | None]:
-        r = round(mean / isolated, 3) if isolated else None
-        g = round((mean - untrained) / iso_gain, 3) if iso_gain > 0 else None
+    def gains(v: list[float]) -> tuple[float, float]:
+        g = [c - u for c, u in zip(v, untrained, strict=True)]
+        se = statistics.stdev(g) / len(g) ** 0.5 if len(g) > 1 else 0.0
+        return statistics.mean(g), se
+
+    isolated = statistics.mean(totals[(8, 0, 2.0)])
+    iso_gain, iso_se = gains(totals[(8, 0, 2.0)])
+    gain_known = iso_gain > 0 and iso_gain > 2 * iso_se
+
+    def ratios(v: list[float]) -> tuple[float | None, float | None]:
+        r = round(statistics.mean(v) / isolated, 3) if isolated else None
+        g = round(gains(v)[0] / iso_gain, 3) if gain_known else None
         return r, g
 
     for i, j in configs:
         v = totals[(i, j, 2.0)]
-        mean = statistics.mean(v)
-        ratio, gain_ratio = ratios(mean)
+        ratio, gain_ratio = ratios(v)
+        gain, se = gains(v)
         out[f"{i}/{j}"] = {
-            "cumulative_reward_mean": round(mean, 3),
+            "cumulative_reward_mean": round(statistics.mean(v), 3),
             "cumulative_reward_sd": round(statistics.stdev(v), 3) if len(v) > 1 else 0.0,
             "ratio_vs_isolated": ratio,
-            "gain_vs_untrained": round(mean - untrained, 3),
+            "gain_vs_untrained": round(gain, 3),
+            "gain_se": round(se, 3),
             "gain_ratio_vs_isolated": gain_ratio,
         }
-    no_is = statistics.mean(totals[(4, 4, 0.0)])
-    ratio, gain_ratio = ratios(no_is)
+    v = totals[(4, 4, 0.0)]
+    ratio, gain_ratio = ratios(v)
     out["4/4"]["ratio_vs_isolated_no_is"] = ratio
-    out["4/4"]["cumulative_reward_mean_no_is"] = round(no_is, 3)
+    out["4/4"]["cumulative_reward_mean_no_is"] = round(statistics.mean(v), 3)
     out["4/4"]["gain_ratio_vs_isolated_no_is"] = gain_ratio
     return out
 
