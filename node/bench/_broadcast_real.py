@@ -11,8 +11,8 @@ trainer key and publishes a random (incompressible) checkpoint, 256 MiB (64 MiB 
    `stream_mib_per_s` (one transfer between two peers); and with as many requests in
    flight as the node's scheduler keeps to one peer (`ScheduleConfig.per_peer`, 2):
    `stream_mib_per_s_2_in_flight` (no faster here: both ends are CPU-bound, and two
-   interleaved streams cost the receiver more per byte). Two runs of each, alternated;
-   the means.
+   interleaved streams cost the receiver more per byte). Two runs of each (one with
+   `--quick`), alternated; the means.
 2. capped, 8 receivers and one liar (it holds the checkpoint and serves every shard with
    one byte flipped): `completion_max_s`, `completion_p50_s` (from the publish to each
    receiver's install), `lower_bound_s` (size / cap), `lower_bound_ratio`,
@@ -135,7 +135,7 @@ def _settle(procs: list[Proc], timeout_s: float = 30.0, quiet_s: float = 1.0) ->
 
 def _phase(
     root: Path, name: str, ckpt_path: Path, size: int, receivers: int, cap: float,
-    shard: int, liar: bool, stream: bool,
+    shard: int, liar: bool, stream: int,
 ) -> dict[str, Any]:  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", os.getcwd())}
     trainer = Identity.generate()
@@ -180,7 +180,7 @@ def _phase(
             _stop_all(recv[1:])
             origin.ask({"cmd": "cap", "mib_s": 0})
             out["stream"] = {}
-            for k in (1, ScheduleConfig().per_peer) * 2:  # alternated, two runs each
+            for k in (1, ScheduleConfig().per_peer) * stream:  # alternated, `stream` runs each
                 r = recv[0].ask({"cmd": "stream", "peer": origin.info["peer_id"],
                                  "version": pub["version"], "in_flight": k})  # fmt: skip
                 out["stream"].setdefault(k, []).append(r["mib_per_s"])
@@ -206,9 +206,10 @@ def real_part(quick: bool) -> dict[str, Any]:
         lower = size / (CAP_MIB_S * MiB)
         _say(f"real: checkpoint {size / MiB:.0f} MiB, shards {shard / MiB:.0f} MiB, "
              f"cap {CAP_MIB_S} MiB/s, lower bound {lower:.1f} s")  # fmt: skip
-        four = _phase(root, "four", path, size, 4, CAP_MIB_S, shard, liar=False, stream=True)
+        four = _phase(root, "four", path, size, 4, CAP_MIB_S, shard, liar=False,
+                      stream=1 if quick else 2)  # fmt: skip
         _say(f"real: 4 receivers, then an uncapped stream {four}")
-        eight = _phase(root, "eight", path, size, 8, CAP_MIB_S, shard, liar=True, stream=False)
+        eight = _phase(root, "eight", path, size, 8, CAP_MIB_S, shard, liar=True, stream=0)
         _say(f"real: 8 receivers + liar {eight}")
 
     def ratio(x: float | None) -> float | None:

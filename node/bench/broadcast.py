@@ -6,6 +6,12 @@ copy; a version is the master cast to bf16), so a small step changes only the bf
 whose rounding it crosses. One step at each learning rate from the same start, one
 side-by-side run: `patch_bytes_ratio_lr1e-5`, `patch_bytes_ratio_lr1e-6`; the patch is
 checked bit-exact (applied, digest equal to the full version's).
+`patch_bytes_ratio_trained`: the same for two consecutive versions of real training
+(`trainer.train_loop.Trainer`, the built-in run's rate, groups generated on the built-in
+tasks; one version per `rl.groups_per_step` x `rl.publish_every` groups as the built-in
+run publishes), cast to bf16; `patch_bytes_ratio_trained_fp32`: the same versions as the
+fp32 state the trainer holds (every fp32 value moves in an AdamW step: a patch is no
+smaller than the checkpoint, so a run should publish bf16).
 
 real: see `node.bench._broadcast_real` (1 origin + N receivers as processes on loopback,
 upload capped by the node's own limiter).
@@ -58,7 +64,7 @@ def delta_part(quick: bool) -> dict[str, Any]:
 
     path, _, _ = ensure_policy(progress=_say)
     torch.set_num_threads(1)
-    model, _ = load_model_dir(path)
+    model, tok = load_model_dir(path)
     base = from_state_dict(bf16_state(model))
     out: dict[str, Any] = {"delta_full_bytes": len(base)}
     for name, lr in LRS:
@@ -76,6 +82,48 @@ def delta_part(quick: bool) -> dict[str, Any]:
             f"delta {name}: patch {len(patch)} bytes of {len(new)} "
             f"({len(patch) / len(new):.4f}), {stats['changed']} values changed, {made_s:.3f} s"
         )
+    out.update(trained_part(quick, model, tok))
+    return out
+
+
+def trained_part(quick: bool, model: Any, tok: Any) -> dict[str, Any]:
+    """Patch ratios between consecutive versions of real RL training of `model` (module
+    docstring)."""
+    import torch
+
+    from trainer.checkpoint import from_state_dict, weights_digest
+    from trainer.delta import apply_patch, make_patch
+    from trainer.engine import SamplingSettings
+    from trainer.engine_hf import HFEngine
+    from trainer.groups import generate_groups
+    from trainer.loss import LossSettings
+    from trainer.tasks import TaskSet
+    from trainer.tiny_policy import DEFAULT_MAX_NEW_TOKENS, RL_LR, TASK_MIX
+    from trainer.train_loop import Trainer
+
+    groups_per_step, steps_per_version, group = (4, 1 if quick else 2, 4)
+    trainer = Trainer(model, tok, group_size=group, max_staleness=None, loss=LossSettings(),
+                      lr=RL_LR, groups_per_step=groups_per_step, publish_every=10**9)  # fmt: skip
+    engine = HFEngine(model, tok, max_batch=64)
+    tasks, names = TaskSet(7), [n for n, _ in TASK_MIX]
+    settings = SamplingSettings(temperature=1.0, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
+    versions: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for v in range(2):
+        for k in range(steps_per_version):
+            step = v * steps_per_version + k
+            items = [(names[i % len(names)], step * 64 + i) for i in range(groups_per_step)]
+            groups = generate_groups(engine, tok, tasks, items, group_size=group,
+                                     settings=settings, seed=step)  # fmt: skip
+            trainer.train_on(groups)
+        versions.append({k: t.detach().clone() for k, t in model.state_dict().items()})
+    out: dict[str, Any] = {}
+    for name, cast in (("patch_bytes_ratio_trained", torch.bfloat16), ("patch_bytes_ratio_trained_fp32", None)):
+        a, b = (from_state_dict({k: t.to(cast) if cast else t for k, t in s.items()}) for s in versions)
+        patch = make_patch(a, b)
+        assert weights_digest(apply_patch(a, patch)) == weights_digest(b)
+        out[name] = round(len(patch) / len(b), 5)
+    _say(f"delta trained: {out} ({trainer.steps} RL steps, {time.perf_counter() - t0:.0f} s)")
     return out
 
 
