@@ -77,6 +77,21 @@ class ManifestGone(WeightsError):
     because newer versions arrived)."""
 
 
+def _fsync_dir(path: Path) -> None:
+    """Make a new or renamed entry in `path`'s directory durable."""
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _write_error(path: Path, exc: OSError) -> WeightsError:
+    if exc.errno == errno.ENOSPC:
+        return WeightsError(f"disk full while writing {path.name} in {path.parent}")
+    return WeightsError(f"cannot write {path}: {exc.strerror or exc}")
+
+
 def _fsync_write(path: Path, data: bytes) -> None:
     """Write `data` to `path` atomically: temp file, fsync, rename, fsync the directory."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -86,16 +101,10 @@ def _fsync_write(path: Path, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        _fsync_dir(path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        if exc.errno == errno.ENOSPC:
-            raise WeightsError(f"disk full while writing {path.name} in {path.parent}") from None
-        raise WeightsError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise _write_error(path, exc) from None
 
 
 def _fsync_write_at(path: Path, offset: int, data: bytes, size: int) -> None:
@@ -114,15 +123,9 @@ def _fsync_write_at(path: Path, offset: int, data: bytes, size: int) -> None:
         finally:
             os.close(fd)
         if new:
-            dfd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            _fsync_dir(path)
     except OSError as exc:
-        if exc.errno == errno.ENOSPC:
-            raise WeightsError(f"disk full while writing {path.name} in {path.parent}") from None
-        raise WeightsError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise _write_error(path, exc) from None
 
 
 class WeightsStore:
@@ -306,11 +309,7 @@ class WeightsStore:
                         f"version {m.version}: the weights do not match the signed digest"
                     )
                 os.replace(path, self.version_path(m.version))
-                dfd = os.open(self.version_path(m.version).parent, os.O_RDONLY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
+                _fsync_dir(self.version_path(m.version))
             except OSError as exc:
                 raise WeightsError(f"cannot install version {m.version}: {exc.strerror or exc}") from None
             self._exec(
