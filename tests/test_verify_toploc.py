@@ -136,6 +136,33 @@ def test_interpolation_passes_through_points(data: st.DataObject) -> None:
     assert np.array_equal(toploc.evaluate(coeffs, np.array([xs]))[0], np.array(ys) % P)
 
 
+def _lagrange_coefficients(xs: list[int], ys: list[int]) -> list[int]:
+    """The interpolating polynomial's coefficients with Python integers (no overflow)."""
+    n = len(xs)
+    out = [0] * n
+    for i in range(n):
+        basis, denom = [1], 1
+        for j in range(n):
+            if j != i:
+                basis = [((basis[t - 1] if t else 0) - xs[j] * (basis[t] if t < len(basis) else 0)) % P
+                         for t in range(len(basis) + 1)]
+                denom = denom * (xs[i] - xs[j]) % P
+        scale = ys[i] % P * pow(denom, P - 2, P) % P
+        out = [(o + scale * b) % P for o, b in zip(out, basis, strict=True)]
+    return out
+
+
+def test_interpolation_is_exact_at_the_edges_of_the_field() -> None:
+    # the largest operands the fixed-width arithmetic meets: points and values near p and 2^16
+    xs = [P - 1 - i for i in range(64)] + list(range(64))
+    ys = [65535 - (i % 3) for i in range(128)]
+    coeffs = toploc.interpolate(np.array([xs]), np.array([ys]))
+    assert coeffs.tolist()[0] == _lagrange_coefficients(xs, ys)
+    assert np.array_equal(toploc.evaluate(coeffs, np.array([xs]))[0], np.array(ys) % P)
+    assert toploc.evaluate(np.array([[P - 1] * 128]), np.array([[P - 1]]))[0, 0] == sum(
+        (P - 1) * pow(P - 1, e, P) for e in range(128)) % P
+
+
 # ------------------------------------------------------------------ chunks and edges
 
 

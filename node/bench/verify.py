@@ -7,7 +7,9 @@ hidden size H with the built-in tokenizer), N signed rollout records per case:
   actual lengths (a short last chunk still costs a full proof).
 - `proof_build_overhead_pct`: generation with hidden-state capture and proof building vs
   generation without, same prompts and seeds, same run (proofs built synchronously here,
-  so this is an upper bound for the worker, which builds them in a background thread).
+  so this is an upper bound for the worker, which builds them in a background thread):
+  the median over rounds of each round's pair (the order alternating);
+  `proof_build_pct_of_generation`: the proof building alone (median) / generation.
 - `verify_speedup`: generation time of the honest rollouts / time to audit them (one
   batched prefill plus all checks, task re-derivation and re-scoring included).
 - `attacks`: detected fraction per attack; `honest`: false-positive fraction per honest
@@ -34,7 +36,8 @@ hidden size H with the built-in tokenizer), N signed rollout records per case:
   here. `--no-calibrate`: the shipped defaults of `verify.thresholds`.
 
 Timing (`proof_build_overhead_pct`, `verify_speedup`) runs generation and audit with one
-thread each, best of 3 interleaved rounds, and also as CPU seconds (`*_cpu`): the machine
+thread each, 5 interleaved rounds (best of them; the overhead from pairs, see above), and
+also as CPU seconds (`*_cpu`): the machine
 is shared, and busy-waiting thread pools make multi-threaded wall times meaningless there.
 Generation time is the engine's `generate` (plus proof building where said); audit time
 is the whole audit of the opened records (cheap checks, task re-derivation and re-scoring,
@@ -279,6 +282,11 @@ def _make_records(
             )
         )
     return Made(records, gen_s, proof_s, tokens, pbytes, chunks)
+
+
+def _paired_overhead_pct(with_: list[float], without: list[float]) -> float:
+    """Median over rounds of (with / without - 1), in percent."""
+    return round(100 * statistics.median(w / wo - 1 for w, wo in zip(with_, without, strict=True)), 2)
 
 
 def _open(records: list[bytes]) -> list[Any]:
@@ -667,19 +675,23 @@ def run(quick: bool, args: list[str]) -> dict:
 
     timing_engine = _engine(ctx.model, tok, max_batch=DEFAULT_BATCH_SIZE, threads=1)
     _make_records(replace(ctx, n=min(ctx.n, 4)), timing_engine)  # warm-up
-    rounds = 1 if quick else 3
-    t_without, t_with, c_without, c_with, base = [], [], [], [], None
-    for _ in range(rounds):
-        c0 = time.process_time()
-        plain = _make_records(ctx, timing_engine, proofs=False)
-        c1 = time.process_time()
-        made = _make_records(ctx, timing_engine, proofs=True)
-        c2 = time.process_time()
-        t_without.append(plain.gen_seconds)
-        t_with.append(made.gen_seconds + made.proof_seconds)
-        c_without.append(c1 - c0)
-        c_with.append(c2 - c1)
-        base = made
+    rounds = 1 if quick else 5
+    t_without, t_with, c_without, c_with, proof_s, base = [], [], [], [], [], None
+    for r in range(rounds):
+        # each round is a pair, its order alternating, so a drift of the shared machine's
+        # speed within a round favours neither side; the overhead is the median pair's
+        for with_proofs in (r % 2 == 1, r % 2 == 0):
+            c0 = time.process_time()
+            made = _make_records(ctx, timing_engine, proofs=with_proofs)
+            cpu = time.process_time() - c0
+            if with_proofs:
+                t_with.append(made.gen_seconds + made.proof_seconds)
+                c_with.append(cpu)
+                proof_s.append(made.proof_seconds)
+                base = made
+            else:
+                t_without.append(made.gen_seconds)
+                c_without.append(cpu)
     assert base is not None
     _say(f"generated {ctx.n} rollouts: {min(t_without):.2f}s without proofs, {min(t_with):.2f}s with")
     base_opened = _open(base.records)
@@ -861,12 +873,13 @@ def run(quick: bool, args: list[str]) -> dict:
         "completion_tokens": base.tokens,
         "proof_bytes_per_token": round(base.proof_bytes / max(1, base.chunks * chunk), 4),
         "proof_bytes_per_generated_token": round(base.proof_bytes / max(1, base.tokens), 4),
-        "proof_build_overhead_pct": round(100 * (min(t_with) - min(t_without)) / min(t_without), 2),
-        "proof_build_seconds": round(base.proof_seconds, 4),
+        "proof_build_overhead_pct": _paired_overhead_pct(t_with, t_without),
+        "proof_build_seconds": round(statistics.median(proof_s), 4),
+        "proof_build_pct_of_generation": round(100 * statistics.median(proof_s) / min(t_without), 2),
         "generation_seconds": round(gen_time, 3),
         "audit_seconds": round(t_audit, 3),
         "verify_speedup": round(gen_time / t_audit, 2),
-        "proof_build_overhead_cpu_pct": round(100 * (min(c_with) - min(c_without)) / min(c_without), 2),
+        "proof_build_overhead_cpu_pct": _paired_overhead_pct(c_with, c_without),
         "verify_speedup_cpu": round(min(c_with) / min(c_audits), 2),
         "stale_weights_changed_frac": None if stale_changed is None else round(stale_changed, 5),
         "cherry_pick_identical_to_honest": cherry_identical,
