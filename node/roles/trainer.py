@@ -43,7 +43,10 @@ NEEDS_MODEL = True
 MAX_WAITING = 8192  # opened rollouts waiting for verdicts
 STEP_POLL_S = 1.0
 PARTIAL_WAIT_S = 15.0  # a group with >= 2 verified members trains after waiting this long
-LEARN_EVAL_TASKS = 128  # held-out tasks scored at the start and after each published version
+LEARN_EVAL_TASKS = 128  # held-out tasks scored at the start and after a published version
+# ... but at most once per this many seconds: scoring 128 tasks costs about as much CPU as
+# the rollouts of 8 groups, and on a small swarm that CPU is the workers'.
+LEARN_EVAL_EVERY_S = 45.0
 MAX_TRACKED = 100_000
 MAX_VOTES = 16  # votes remembered per rollout
 REPORT_EVERY_S = 2.0
@@ -233,7 +236,11 @@ async def run(peer: Any, ctx: RoleContext) -> None:
     started = time.time()
     learning: list[dict[str, Any]] = []
 
+    last_eval = -math.inf
+
     async def evaluate() -> None:
+        nonlocal last_eval
+        last_eval = trio.current_time()
         rate = await trio.to_thread.run_sync(_heldout, model, tokenizer, manifest, ctx.threads)
         reward = trainer.last_stats.get("reward_mean")
         learning.append(
@@ -262,7 +269,8 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                     trainer.version = published
                     await trio.to_thread.run_sync(trainer.save_checkpoint)
                 ctx.say(f"trainer: published version {published} after {trainer.steps} steps")
-                await evaluate()
+                if trio.current_time() - last_eval >= LEARN_EVAL_EVERY_S:
+                    await evaluate()
             except WeightsError as exc:  # retried at the next turn; training waits
                 if publish_error is None:
                     ctx.say(f"trainer: cannot publish version {trainer.version}: {exc}")

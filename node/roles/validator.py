@@ -4,7 +4,9 @@ Which rollouts: those whose audit-sample ticket (`protocol.audit_sample`: our ow
 deterministic signature over the rollout id) falls below `audit_fraction`. Only we can
 compute it, so a producer cannot re-sign its rollout until no validator samples it; the
 ticket travels in the verdict, so anyone can check afterwards that the sample was honest.
-How: one
+In what order:
+`protocol.audit_queue.AuditQueue` (fraud re-checks, then the newest policy version first;
+records the trainer can no longer use are dropped unaudited, `dropped_stale`). How: one
 batched prefill per batch with `verify.auditor.audit_many` (proof statistics, sampling
 replay, log-probs, task and reward re-derived by `node.commands.audit.make_judge`), in a
 worker thread. A failed audit also costs the producer score (`Peer.report`), which bans
@@ -18,6 +20,7 @@ reproduced, the accusing validator pays. Such re-checks publish no verdict.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any
@@ -27,6 +30,7 @@ import trio
 from node.errors import CommandError
 from node.roles import RoleContext
 from protocol.admission import Admitted, Kind
+from protocol.audit_queue import AuditQueue
 from protocol.audit_sample import sample_ticket, sampled
 from protocol.codec import encode
 from protocol.fraud import Audit, FraudCases, NeedRecord, Punish
@@ -114,9 +118,10 @@ async def run(peer: Any, ctx: RoleContext) -> None:
     from verify.auditor import audit_many
 
     model, judge, settings, eos_ids = await trio.to_thread.run_sync(load, ctx, peer.manifest)
-    send, receive = trio.open_memory_channel[Any](QUEUE)
+    queue = AuditQueue(peer.manifest.max_staleness, QUEUE)
+    kick_send, kick_receive = trio.open_memory_channel[None](1)
     counts = {"seen": 0, "sampled": 0, "passed": 0, "failed": 0, "queue_full": 0, "unauthorized": 0,
-              "rechecks": 0}  # fmt: skip
+              "rechecks": 0, "dropped_stale": 0}  # fmt: skip
     reasons: dict[str, int] = {}
     fraud = FraudCases()
 
@@ -127,12 +132,17 @@ async def run(peer: Any, ctx: RoleContext) -> None:
             elif isinstance(action, NeedRecord):
                 nursery.start_soon(from_store, action.rollout_id)
             elif isinstance(action, Audit) and record is not None:
-                try:
-                    send.send_nowait((record, None))  # no ticket: a re-check, not our sample
-                    counts["rechecks"] += 1
-                except trio.WouldBlock:
-                    counts["queue_full"] += 1
-                    fraud.cannot_judge(action.rollout_id)
+                enqueue(record, None)  # no ticket: a re-check, not our sample
+                counts["rechecks"] += 1
+
+    def enqueue(ro: Any, ticket: bytes | None) -> None:
+        version = ro.envelope.policy_version
+        for old_ro, old_ticket in queue.push((ro, ticket), version, recheck=ticket is None):
+            counts["queue_full"] += 1
+            if old_ticket is None:
+                fraud.cannot_judge(old_ro.rollout_id)
+        with contextlib.suppress(trio.WouldBlock):
+            kick_send.send_nowait(None)
 
     async def from_store(rid: bytes) -> None:
         row = await trio.to_thread.run_sync(peer.store.get_rollout, rid)
@@ -165,11 +175,8 @@ async def run(peer: Any, ctx: RoleContext) -> None:
         ticket = sample_ticket(peer.identity, peer.run_id, item.content_id)
         if not sampled(ticket, ctx.audit_fraction):
             return
-        try:
-            send.send_nowait((item.obj, ticket))
-            counts["sampled"] += 1
-        except trio.WouldBlock:
-            counts["queue_full"] += 1
+        enqueue(item.obj, ticket)
+        counts["sampled"] += 1
 
     held = HeldVersions(model)
 
@@ -191,12 +198,15 @@ async def run(peer: Any, ctx: RoleContext) -> None:
 
     async def audit_forever() -> None:
         while True:
-            batch = [await receive.receive()]
-            while len(batch) < ctx.batch_size:
-                try:
-                    batch.append(receive.receive_nowait())
-                except trio.WouldBlock:
-                    break
+            while not queue:
+                await kick_receive.receive()
+            newest = peer.weights.newest() if getattr(peer, "weights", None) is not None else None
+            if newest is not None:
+                queue.set_newest(newest)
+            batch = queue.take(ctx.batch_size)
+            counts["dropped_stale"] = queue.dropped["stale"]
+            if not batch:
+                continue
             # Version-aware: each record is judged with the weights of the version it claims.
             # A version this validator does not hold is not judged at all (no verdict, no
             # penalty: our lack must not cost the producer); `unknown_version` counts them.
