@@ -208,6 +208,7 @@ class Peer:
         self.drained = 0  # queued messages published while stopping
         self.started_at = time.time()
         self._callbacks: list[Callable[[Admitted], None]] = []
+        self._late_callbacks: list[Callable[[Admitted], None]] = []
         self._admitted_send, self._admitted_recv = trio.open_memory_channel[_Write](ADMITTED_QUEUE)
         self._pull_send, self._pull_recv = trio.open_memory_channel[_Pull](PULL_QUEUE)
         self._ledger_send, self._ledger_recv = trio.open_memory_channel[tuple[Reject, float]](ADMITTED_QUEUE)
@@ -236,6 +237,11 @@ class Peer:
         """`callback(item)` for every admitted rollout record (with body), header and
         verdict; it runs on the event loop and must not block (queue work instead)."""
         self._callbacks.append(callback)
+
+    def on_late(self, callback: Callable[[Admitted], None]) -> None:
+        """`callback(item)` for every authentic rollout refused as too stale
+        (`Reject.late`: published, only late); same rules as `on_deliver`."""
+        self._late_callbacks.append(callback)
 
     async def produce(self, record: bytes) -> bytes:
         """Store our own rollout record durably, then gossip its header; returns its id."""
@@ -412,6 +418,9 @@ class Peer:
         for action in actions:
             if isinstance(action, Reject):
                 self.rejects[str(action.reason)] += 1
+                if action.late is not None:
+                    for callback in list(self._late_callbacks):
+                        callback(action.late)
                 if action.penalty < 0:
                     with contextlib.suppress(trio.WouldBlock):
                         self._ledger_send.send_nowait((action, time.time()))

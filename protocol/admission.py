@@ -44,7 +44,11 @@ counter for all kinds and never reuse numbers across restarts (`node.store.Store
 
 Staleness: a rollout made at policy version v is usable at version t only if t - v <= S,
 S = `RunRules.max_staleness` (the run manifest's `max_staleness`). The current version t
-comes from `VersionChanged` events.
+comes from `VersionChanged` events. Who pays for a stale rollout: nobody when we pulled it
+(we asked), nor when it went stale while it was made or on its way (signed less than
+`stale_grace_s` after the version that made it stale became ours: the trainer moved on, the
+producer could not know); its signer otherwise. Before, an honest worker of a fast-moving run
+was charged for every body and catch-up answer the trainer pulled from it late, and banned.
 
 Whose fault: penalties go to the *sender* (the peer that handed us the bytes; given as
 libp2p peer id bytes or their base58 text, so that a sender can be matched to an envelope
@@ -104,7 +108,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -331,6 +335,9 @@ class AdmissionConfig:
     replay_window: int = 4096
     max_signers: int = 100_000
     max_future_versions: int = 2
+    # A stale rollout costs its producer only if signed this long after the version that
+    # made it stale became ours (time for that version to reach the producer).
+    stale_grace_s: float = 120.0
     admit_reward: float = 0.1
     waste_rate: float = 2.0  # blameless refusals (copies, stale replays) a sender gets free
     waste_burst: float = 50.0
@@ -650,6 +657,9 @@ class Reject:
     stage: Stage
     detail: str = ""
     kind: str | None = None
+    # A STALE refusal of an authentic rollout (signature checked): it was published, only
+    # late, so work accounting counts its counter (`protocol.accounting`), not a gap.
+    late: Admitted | None = None
 
     @property
     def verdict(self) -> str:
@@ -795,6 +805,7 @@ class _Refused(Exception):
         # Free for a relay only within its allowance of blameless refusals (like repeats).
         self.wasteful = wasteful
         self.ask = ask  # a question the sender can answer to back its claim
+        self.late: Admitted | None = None
 
 
 def _same_peer(sender: PeerId, signer: bytes) -> bool:
@@ -891,6 +902,9 @@ class Admission:
         self.run = run
         self.config = cfg = config if config is not None else AdmissionConfig()
         self.version = int(version)
+        # (version, when it became ours) for versions reached while running, ascending
+        self._version_times: deque[tuple[int, float]] = deque(maxlen=256)
+        self._start_version = self.version
         self.scores = scores if scores is not None else PeerScores()
         self.rules = rules
         self._stages = {k: r.stages() for k, r in rules.items()}
@@ -960,8 +974,22 @@ class Admission:
     def _on_version(self, ev: VersionChanged) -> list[Action]:
         if ev.version < 0:
             raise LocalProtocolError("policy version must be >= 0")
+        if ev.version > self.version:
+            self._version_times.append((int(ev.version), ev.now))
         self.version = int(ev.version)
         return []
+
+    def _stale_by_fault(self, version: int, timestamp_ms: int) -> bool:
+        """Whether a rollout of `version` was signed a grace after the first version that
+        made it stale (`version + S + 1`) became ours. Versions we held when we started
+        count as known forever."""
+        first_stale = version + self.run.max_staleness + 1
+        if first_stale <= self._start_version:
+            return True
+        for v, at in self._version_times:
+            if v >= first_stale:
+                return timestamp_ms / 1000.0 > at + self.config.stale_grace_s
+        return True
 
     def _on_tick(self, ev: Tick) -> list[Action]:
         self._dedup.expire(ev.now)
@@ -1148,7 +1176,14 @@ class Admission:
         if rule.versioned:
             v, t, s = env.policy_version, self.version, self.run.max_staleness
             if t - v > s:
-                raise refuse(Reason.STALE, f"version {v} at {t}: {t - v} > S={s}")
+                # Who pays: nobody for bytes we asked for (a pull) or for a rollout that
+                # went stale while it was made or on its way; its signer otherwise.
+                fault = rule.gossip and self._stale_by_fault(v, env.timestamp_ms)
+                r = _Refused(Stage.CONTEXT, Reason.STALE, f"version {v} at {t}: {t - v} > S={s}",
+                             None if fault else 0.0, signer=who)  # fmt: skip
+                if rule.work:
+                    r.late = Admitted(m.kind, op.content_id, m.peer, env, op.obj, b"", now)
+                raise r
             if v - t > (margin := self.config.max_future_versions):
                 # The signer holds v's manifest; a relay one of v - margin or newer.
                 at_least = v if _same_peer(m.peer, who) else v - margin
@@ -1281,7 +1316,7 @@ class Admission:
             # still on its way to us: a few). What our view refuses (stale, new signers,
             # a replay, a revoked judge) stays free; the sender rate limit bounds it.
             reason, penalty = Reason.FLOODING, self.config.penalties[Reason.FLOODING]
-        actions: list[Action] = [Reject(peer, reason, penalty, r.stage, r.detail, kind)]
+        actions: list[Action] = [Reject(peer, reason, penalty, r.stage, r.detail, kind, r.late)]
         actions.extend(self._apply_score(peer, penalty, reason, now))
         if r.blame_signer and relayed and r.signer is not None:
             # The signer is provably at fault (it signed both): it pays whoever relayed it.

@@ -265,8 +265,43 @@ def test_stale_rollout_blames_its_producer_not_the_relay(alice):
     for relay in (RELAY, BOB.peer_id_b58):
         r = only_reject(a.handle(msg(relay, Kind.ROLLOUT_HEADER, header(record(seq=1)))))
         assert r.reason is Reason.STALE and r.penalty == 0.0
-    own = only_reject(a.handle(msg(alice, Kind.ROLLOUT_HEADER, header(record(seq=2)))))
+    late = T0 + a.config.stale_grace_s + 1  # signed well after version 20 was out
+    own = only_reject(
+        a.handle(msg(alice, Kind.ROLLOUT_HEADER, header(record(seq=2, at=late)), now=late))
+    )
     assert own.reason is Reason.STALE and own.penalty == PENALTIES[Reason.STALE] < 0
+
+
+def test_a_rollout_that_went_stale_on_its_way_costs_its_producer_nothing():
+    """The trainer moved on while the rollout was generated or in flight: the producer
+    could not have known. Only one signed a grace after the version that made it stale
+    costs its producer; one we knew stale from the start (older than our first version) too."""
+    a = machine()  # at version 10 since before it started
+    a.handle(VersionChanged(13, T0))  # version 10 is stale from here on (S = 2)
+    grace = a.config.stale_grace_s
+    for seq, signed in enumerate([T0 - 5.0, T0 + 1.0, T0 + grace - 1.0], start=1):
+        h = header(record(seq=seq, version=10, at=signed))
+        r = only_reject(a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, h, now=T0 + grace)))
+        assert (r.reason, r.penalty) == (Reason.STALE, 0.0), seq
+    h = header(record(seq=9, version=10, at=T0 + grace + 1.0))
+    r = only_reject(a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, h, now=T0 + grace + 2.0)))
+    assert (r.reason, r.penalty) == (Reason.STALE, PENALTIES[Reason.STALE])
+    old = header(record(seq=10, version=7, at=T0 + 1.0))  # stale at version 10 already
+    r = only_reject(a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, old, now=T0 + 2.0)))
+    assert (r.reason, r.penalty) == (Reason.STALE, PENALTIES[Reason.STALE])
+
+
+def test_a_stale_record_we_pulled_costs_nobody():
+    """A body pull or a catch-up answer is bytes we asked for: stale by the time it came,
+    it is refused free, whoever serves it (its producer included)."""
+    a = machine()
+    a.handle(VersionChanged(20, T0))
+    late = T0 + a.config.stale_grace_s + 10
+    rec = record(seq=3, version=10, at=late)
+    for sender in (ALICE.peer_id, RELAY):
+        r = only_reject(a.handle(msg(sender, Kind.ROLLOUT_RECORD, rec, now=late)))
+        assert (r.reason, r.penalty) == (Reason.STALE, 0.0)
+    assert a.scores.score(ALICE.peer_id, late) == 0
 
 
 @pytest.mark.parametrize("offset_s", [-600.0, 600.0])

@@ -512,6 +512,40 @@ def test_trainer_refuses_a_producer_that_withholds_counters():
     assert c.summarize(10, 2, t)["producers_refused"] == 1
 
 
+def test_rollouts_that_arrive_too_stale_are_late_not_withheld():
+    """Found on a devnet at 8-16 rollouts a batch: the trainer moved a version every
+    ~15 s, a fifth of the workers' rollouts arrived more than S versions old, admission
+    refused them, their counters became gaps, and all three honest workers were refused
+    as withholders (and, charged -1 for every stale one they served, banned). A stale
+    refusal of an authentic rollout now carries it (`Reject.late`): its counter is
+    published work, it costs its producer nothing, and nothing of it is trained on."""
+    from node.roles.trainer import Collector
+
+    a = machine(signer_burst=1000.0, sender_burst=1000.0)
+    c = Collector(a.authority, VerifiedRule(quorum=1))
+    went_bad, t, version, late = [], T0, 10, 0
+    for counter in range(300):
+        t += 0.5
+        if counter % 30 == 29:  # the trainer publishes
+            version += 1
+            a.handle(adm.VersionChanged(version, t))
+        stale = counter % 3 == 0 and version > 10  # a third went stale on the way
+        made_with = version - 3 if stale else version
+        late += stale
+        h = header(rollout(seq=counter + 1, counter=counter, version=made_with, at=t))
+        for x in a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, h, t)):
+            if isinstance(x, Deliver):
+                went_bad += c.on_deliver(x.item)
+            elif isinstance(x, adm.Reject):
+                assert x.reason is Reason.STALE and x.penalty == 0.0
+                assert x.late is not None and x.late.signer == ALICE.peer_id
+                went_bad += c.on_late(x.late)
+    assert went_bad == []
+    assert c.ledger.allowed(ALICE.peer_id, t) and a.scores.score(ALICE.peer_id, t) > 0
+    assert c.summarize(version, 2, t)["bodies"] == 0  # headers only; none stale tracked
+    assert late > 80 and len(c.tracks) == 300 - late
+
+
 def test_a_shopper_that_falls_silent_is_still_charged_once_the_grace_has_passed():
     """Found by bench adversary: the charge was judged only when the shopper's own next
     rollout arrived, so a shopper that published its solved counters and stopped (or

@@ -101,6 +101,12 @@ class Collector:
                 t.votes.append(Vote(item.envelope.signer, item.obj.producer, item.obj.passed))
         return self.gaps.on_time(now)
 
+    def on_late(self, item: Admitted) -> list[bytes]:
+        """A rollout admission refused as too stale (`Reject.late`): its producer published
+        it, only late, so its counter is no gap; nothing else of it counts."""
+        header = item.obj.header if item.kind is Kind.ROLLOUT_RECORD else item.obj
+        return self.gaps.on_rollout(item.signer, header.counter, header.reward, item.received_at)
+
     def status(self, t: _Track) -> Status:
         if not t.producer:
             return Status.PENDING
@@ -212,7 +218,12 @@ async def run(peer: Any, ctx: RoleContext) -> None:
             if len(waiting) > MAX_WAITING:
                 waiting.popitem(last=False)
 
+    def on_late(item: Admitted) -> None:
+        for bad in collector.on_late(item):
+            peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters")
+
     peer.on_deliver(on_deliver)
+    peer.on_late(on_late)
     if ctx.publish_every_s > 0:  # a broadcast drill: perturbed versions on a clock, no training
         from node.roles.publisher import publish_loop
 
