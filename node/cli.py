@@ -183,8 +183,10 @@ def start(**kwargs: Any) -> None:
     type=click.Path(path_type=Path),
     help="Run manifest (default: the built-in tiny run).",
 )
-@click.option("--audit-fraction", default=0.5, show_default=True, help="Validator audit share.")
-@click.option("--batch-size", default=4, show_default=True, help="Inference batch size.")
+@click.option("--audit-fraction", default=1.0, show_default=True, help="Validator audit share.")
+@click.option(
+    "--batch-size", default=16, show_default=True, help="Inference and audit batch size."
+)
 @click.option("--no-live", is_flag=True, help="Plain progress lines instead of a live table.")
 @click.option(
     "--publish-every",

@@ -346,6 +346,9 @@ class Swarm:
                 self._delivered(b, a, msg, now)
             elif t is Reject:
                 self._rejected(b, a, act)
+                if b == 0 and act.late is not None and msg.kind == Kind.ROLLOUT_HEADER:
+                    # published, only late: its counter is no gap (as in the real trainer)
+                    self._charge(self.gaps.on_rollout(self.ids[msg.origin], msg.counter, 0.0, now))
             elif t is Disconnect:
                 self._drop_link(b, a)
             elif t is Ban:

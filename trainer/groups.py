@@ -86,8 +86,9 @@ def heldout_solved(
     ]
 
 
-def paired_ci95(before: Sequence[bool], after: Sequence[bool]) -> tuple[float, float]:
-    """95% normal interval of the mean paired difference after - before (same items)."""
+def paired_ci95(before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:
+    """95% normal interval of the mean paired difference after - before (same items;
+    per item a 0/1 outcome or a share of samples)."""
     n = len(before)
     d = [float(a) - float(b) for a, b in zip(after, before, strict=True)]
     mean = sum(d) / n

@@ -388,10 +388,13 @@ def run_manifest_table(run_id: str = "tiny-local", seed: int = 1) -> dict[str, A
             "top_k": 0,
         },
         "proofs": {"chunk": 32, "topk": 128},
-        # Few rollouts reach a devnet's trainer (a few per second): small steps, frequent
-        # versions. With 16-sample steps, lr 3e-4 made this policy worse (held-out solve rate
-        # 0.23 -> 0.11 after a devnet run); 46 steps of 4 groups at 1e-4 / 5e-5 / 3e-5 gave
-        # 0.264 / 0.275 / 0.268 from 0.229 (512 held-out tasks, measured here).
-        "rl": {"lr": RL_LR, "groups_per_step": 4, "publish_every": 8},
+        # Few rollouts reach a devnet's trainer (a few per second): small steps. With
+        # 16-sample steps, lr 3e-4 made this policy worse (held-out solve rate 0.23 -> 0.11
+        # after a devnet run); 46 steps of 4 groups at 1e-4 / 5e-5 / 3e-5 gave 0.264 /
+        # 0.275 / 0.268 from 0.229 (512 held-out tasks, measured here). A version every 8
+        # steps, not 2: at 2 a version came every ~10 s, S = 2 versions was ~30 s, and a
+        # third of a devnet's rollouts went stale before they were audited and trained on
+        # (16-36 steps in 5 minutes; at 8: 92 steps, 6% stale).
+        "rl": {"lr": RL_LR, "groups_per_step": 4, "publish_every": 32},
         "datasets": [{"name": n, "weight": w} for n, w in TASK_MIX],
     }

@@ -1,10 +1,12 @@
 """`swarm-node devnet`: a local swarm of real node processes on loopback.
 
 By default: one trainer (also the bootstrap peer), three inference workers and one
-validator, on the built-in tiny policy and task mix (built on first use, cached), at a
-fixed policy version. Each node is a separate `swarm-node start` process with its own key
+validator, on the built-in tiny policy and task mix (built on first use, cached); the
+trainer trains and publishes policy versions. Each node is a separate `swarm-node start` process with its own key
 and data directory under the report directory; they find each other through the trainer
-and peer exchange. The terminal shows live progress (rich); after `--duration` seconds, or
+and peer exchange. Workers generate 16 rollouts a batch (4 groups; at 4 a batch
+they made a third as many on 2 cores) and the validator audits all of them, newest policy
+version first (a group trains only when its members are verified). The terminal shows live progress (rich); after `--duration` seconds, or
 on Ctrl-C, every process gets SIGTERM (then SIGKILL after a grace period) and the report
 directory receives:
 
@@ -391,8 +393,8 @@ def main(
     duration: float = DEFAULT_DURATION_S,
     out: Path | str | None = None,
     run: Path | str | None = None,
-    audit_fraction: float = 0.5,
-    batch_size: int = 4,
+    audit_fraction: float = 1.0,
+    batch_size: int = 16,
     live: bool = True,
     publish_every: float = 0.0,
 ) -> dict[str, Any]:
