@@ -103,9 +103,11 @@ class Collector:
 
     def on_late(self, item: Admitted) -> list[bytes]:
         """A rollout admission refused as too stale (`Reject.late`): its producer published
-        it, only late, so its counter is no gap; nothing else of it counts."""
+        it, only late, so its counter is no gap; nothing else of it counts — its claimed
+        reward neither (reward 0: nobody re-scores a late rollout, so a shopper cannot turn
+        withheld counters into claimed solves by signing them stale)."""
         header = item.obj.header if item.kind is Kind.ROLLOUT_RECORD else item.obj
-        return self.gaps.on_rollout(item.signer, header.counter, header.reward, item.received_at)
+        return self.gaps.on_rollout(item.signer, header.counter, 0.0, item.received_at)
 
     def status(self, t: _Track) -> Status:
         if not t.producer:
