@@ -353,7 +353,9 @@ class FramedStream:
 
 
 StreamHandler = Callable[[FramedStream], Awaitable[None]]
-Validator = Callable[[str, bytes], bool] | Callable[[str, bytes], Awaitable[bool]]
+# validator(forwarder, data, origin): the hop that handed us the message, its bytes, and the
+# gossip message's publisher (its `from`, authenticated by strict signing), all base58.
+Validator = Callable[[str, bytes, str], bool] | Callable[[str, bytes, str], Awaitable[bool]]
 
 
 # ---------------------------------------------------------------------------------------
@@ -990,8 +992,9 @@ class SwarmHost:
     ) -> trio.MemoryReceiveChannel[GossipMessage]:
         """Join `topic`; returns a channel of other peers' messages.
 
-        `validator(forwarder, data) -> bool` runs before a message is delivered or
-        forwarded (GossipSub topic validation): a False stops it at this hop. It may be a
+        `validator(forwarder, data, origin) -> bool` runs before a message is delivered or
+        forwarded (GossipSub topic validation): a False stops it at this hop. `origin` is
+        the message's publisher (its `from`, whose signature GossipSub checked first). It may be a
         coroutine function (e.g. one that stores the message before it may be forwarded);
         GossipSub gives it 5 s, then drops the message.
         """
@@ -1003,7 +1006,8 @@ class SwarmHost:
                 async def check_async(forwarder: ID, msg: Any) -> bool:
                     if forwarder == self._lh.get_id():
                         return True
-                    return bool(await validator(forwarder.to_base58(), bytes(msg.data)))
+                    origin = ID(bytes(msg.from_id)).to_base58()
+                    return bool(await validator(forwarder.to_base58(), bytes(msg.data), origin))
 
                 self._pubsub.set_topic_validator(topic, check_async, True)
             else:
@@ -1011,7 +1015,8 @@ class SwarmHost:
                 def check(forwarder: ID, msg: Any) -> bool:
                     if forwarder == self._lh.get_id():
                         return True
-                    return bool(validator(forwarder.to_base58(), bytes(msg.data)))
+                    origin = ID(bytes(msg.from_id)).to_base58()
+                    return bool(validator(forwarder.to_base58(), bytes(msg.data), origin))
 
                 self._pubsub.set_topic_validator(topic, check, False)
         subscription = await self._pubsub.subscribe(topic)

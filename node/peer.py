@@ -359,36 +359,38 @@ class Peer:
 
     # -- admission glue -------------------------------------------------------------------
 
-    def _validator(self, kind: Kind) -> Callable[[str, bytes], Awaitable[bool]]:
-        async def check(sender: str, data: bytes) -> bool:
-            return await self._admit(sender, kind, data)
+    def _validator(self, kind: Kind) -> Callable[[str, bytes, str], Awaitable[bool]]:
+        async def check(sender: str, data: bytes, origin: str) -> bool:
+            return await self._admit(sender, kind, data, origin)
 
         return check
 
-    def _batch_validator(self, kind: Kind) -> Callable[[str, bytes], Awaitable[bool]]:
+    def _batch_validator(self, kind: Kind) -> Callable[[str, bytes, str], Awaitable[bool]]:
         """A `HeaderBatch`: each header admitted on its own, exactly as if it came alone;
         the batch is forwarded only when every header in it was admitted. Broken framing
         goes to admission whole (it fails there as a malformed message of `kind`)."""
 
-        async def check(sender: str, data: bytes) -> bool:
+        async def check(sender: str, data: bytes, origin: str) -> bool:
             try:
                 batch = decode(HeaderBatch, data)
             except RemoteProtocolError:
-                await self._admit(sender, kind, data)
+                await self._admit(sender, kind, data, origin)
                 return False
             self.counters["in_header_batch"] += 1
-            admitted = [await self._admit(sender, kind, item) for item in batch.headers]
+            admitted = [await self._admit(sender, kind, item, origin) for item in batch.headers]
             return all(admitted)
 
         return check
 
-    async def _admit(self, sender: str, kind: Kind, data: bytes) -> bool:
-        return (await self._admit_actions(sender, kind, data))[0]
+    async def _admit(self, sender: str, kind: Kind, data: bytes, origin: str | None = None) -> bool:
+        return (await self._admit_actions(sender, kind, data, origin))[0]
 
-    async def _admit_actions(self, sender: str, kind: Kind, data: bytes) -> tuple[bool, list]:  # type: ignore[type-arg]
+    async def _admit_actions(
+        self, sender: str, kind: Kind, data: bytes, origin: str | None = None
+    ) -> tuple[bool, list]:  # type: ignore[type-arg]
         now = time.time()
         self.counters[f"in_{kind}"] += 1
-        actions = self.admission.handle(MessageReceived(sender, kind, data, now))
+        actions = self.admission.handle(MessageReceived(sender, kind, data, now, origin))
         return await self._execute(actions), actions
 
     async def _execute(self, actions: list) -> bool:  # type: ignore[type-arg]

@@ -262,6 +262,9 @@ PENALTIES: Mapping[Reason, float] = {
     Reason.UNBACKED_VERSION: -5.0,  # claimed a version it holds no signed manifest for
 }
 assert set(PENALTIES) == set(Reason)
+# A NEW_IDENTITIES refusal of a message the sender published itself under another signer
+# (see `_stage_quota`): free for relays, this for an author of other keys' messages.
+AUTHORED_NEW_IDENTITY_PENALTY = -0.5
 
 # Reasons that count against a relay too (no honest peer forwards such bytes). The others
 # depend on the receiver's view and count only against the message's signer.
@@ -539,10 +542,15 @@ KIND_RULES: Mapping[Kind, KindRule] = {
 
 @dataclass(frozen=True, slots=True)
 class MessageReceived:
+    """`peer` handed us `data` (for gossip: the hop that forwarded it). `origin`, when the
+    transport knows it, is the gossip message's publisher, authenticated by the message's
+    own signature (GossipSub strict signing): a relay forwards with the origin unchanged."""
+
     peer: PeerId
     kind: Kind | str
     data: bytes
     now: float
+    origin: PeerId | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -808,6 +816,14 @@ class _Refused(Exception):
         self.late: Admitted | None = None
 
 
+def _relaying(sender: PeerId, origin: PeerId | None, signer: bytes) -> bool:
+    """Whether `sender` handed us `signer`'s message as a relay: it is not the signer, and
+    not the gossip message's publisher either. An honest node publishes only what it signed
+    itself, so the publisher of another key's message is its author, and gets none of the
+    leniency relays get for faults that depend on the receiver's view."""
+    return not _same_peer(sender, signer) and not (origin is not None and origin == sender)
+
+
 def _same_peer(sender: PeerId, signer: bytes) -> bool:
     """Whether the sender is the signer: peer ids as bytes, or as base58 text (`12D3KooW...`)."""
     if isinstance(sender, str):
@@ -875,6 +891,7 @@ class _Msg:
     rule: KindRule
     data: bytes | bytearray | memoryview
     opened: Opened | None = None
+    origin: PeerId | None = None
 
 
 _MAX_RETRIES = 4096  # items whose store failed that a later copy may replace
@@ -1086,7 +1103,7 @@ class Admission:
                 raise _Refused(
                     Stage.GATE, Reason.UNKNOWN_KIND, f"no such kind {kind_name!r}"
                 ) from None
-            m = _Msg(peer, now, kind, rule, ev.data)
+            m = _Msg(peer, now, kind, rule, ev.data, origin=ev.origin)
             stages = self._stages[kind]
             for stage in stages:
                 check = self._checks.get(stage)
@@ -1096,7 +1113,7 @@ class Admission:
             repeat = False
             if r.reason is Reason.DUPLICATE and m is not None and m.rule.gossip:
                 repeat = self._handed_before(peer, m, now)
-            return self._reject(peer, r, kind_name, now, repeat)
+            return self._reject(peer, r, kind_name, now, repeat, ev.origin)
 
         # Every check passed: remember it, then the output stages in table order.
         op = m.opened
@@ -1198,7 +1215,7 @@ class Admission:
             if rule.gossip and version <= max(self._weights_version, self.version):
                 raise refuse(Reason.OUTDATED, f"weights version {version} is not new")
         if rule.judged:
-            self._check_judge(op, now, m.peer)
+            self._check_judge(op, now, m.peer, m.origin)
         if rule.delegation and not self.authority.may_delegate(who):
             raise refuse(Reason.UNAUTHORIZED, "delegation not signed by a trainer key")
         if rule.gossip:
@@ -1206,12 +1223,14 @@ class Admission:
             if abs(skew_ms) > self.config.max_skew_s * 1000.0:
                 raise refuse(Reason.CLOCK_SKEW, f"timestamp {skew_ms:+.0f} ms from now")
 
-    def _check_judge(self, op: Opened, now: float, sender: PeerId) -> None:
+    def _check_judge(
+        self, op: Opened, now: float, sender: PeerId, origin: PeerId | None = None
+    ) -> None:
         """A verdict counts only from a key allowed to judge, never about its own work."""
         who, v = op.envelope.signer, op.obj
         # Whether a key may judge can change (delegations): a relay that has not heard
         # of a revocation yet is not to blame.
-        pen = None if _same_peer(sender, who) else 0.0
+        pen = 0.0 if _relaying(sender, origin, who) else None
         if not self.authority.may_judge(who):
             raise _Refused(Stage.CONTEXT, Reason.UNAUTHORIZED, "signer may not judge", pen,
                            wasteful=not self.authority.ever_named(who))  # fmt: skip
@@ -1242,10 +1261,15 @@ class Admission:
         if signer not in self._known_signers and not (
             self._new_signers.allow(m.peer, m.now) and self._new_signers_all.take(m.now)
         ):
-            raise _Refused(Stage.QUOTA, Reason.NEW_IDENTITIES, "too many new signers at once")
+            # Free for a relay (it may know these signers; we do not yet). But an honest
+            # node publishes only what it signed itself, so a sender that is the gossip
+            # origin of another signer's message is no relay: it pays for the refusal.
+            authored = _relaying(m.peer, None, signer) and not _relaying(m.peer, m.origin, signer)
+            raise _Refused(Stage.QUOTA, Reason.NEW_IDENTITIES, "too many new signers at once",
+                           AUTHORED_NEW_IDENTITY_PENALTY if authored else None)  # fmt: skip
         if not self._signer_rate.allow(signer, m.now):
             # The signer published too much; its relays are not to blame.
-            pen = None if _same_peer(m.peer, signer) else 0.0
+            pen = 0.0 if _relaying(m.peer, m.origin, signer) else None
             raise _Refused(Stage.QUOTA, Reason.RATE_LIMITED, "signer over its rate", pen)
 
     def _stage_unique(self, m: _Msg) -> None:
@@ -1288,9 +1312,15 @@ class Admission:
     # -- scoring -------------------------------------------------------------------
 
     def _reject(
-        self, peer: PeerId, r: _Refused, kind: str, now: float, repeat: bool = False
+        self,
+        peer: PeerId,
+        r: _Refused,
+        kind: str,
+        now: float,
+        repeat: bool = False,
+        origin: PeerId | None = None,
     ) -> list[Action]:
-        relayed = r.signer is not None and not _same_peer(peer, r.signer)
+        relayed = r.signer is not None and _relaying(peer, origin, r.signer)
         if r.reason not in RELAY_BLAMED and relayed:
             penalty = 0.0  # a view-dependent fault of the signer, not of this relay
         elif r.penalty is None:
@@ -1318,7 +1348,7 @@ class Admission:
             reason, penalty = Reason.FLOODING, self.config.penalties[Reason.FLOODING]
         actions: list[Action] = [Reject(peer, reason, penalty, r.stage, r.detail, kind, r.late)]
         actions.extend(self._apply_score(peer, penalty, reason, now))
-        if r.blame_signer and relayed and r.signer is not None:
+        if r.blame_signer and r.signer is not None and not _same_peer(peer, r.signer):
             # The signer is provably at fault (it signed both): it pays whoever relayed it.
             signer = _as_peer_form(peer, r.signer)
             actions.extend(

@@ -39,7 +39,7 @@ async def test_gossip_is_forwarded_only_once_it_is_stored(tmp_path: Path) -> Non
         check = peer._validator(Kind.ROLLOUT_HEADER)  # what GossipSub calls
         for i in range(3):
             header = decode(RolloutRecord, synthetic_record(producer, manifest, i)).header
-            assert await _call(check, producer.peer_id_b58, header)
+            assert await _call(check, producer.peer_id_b58, header, producer.peer_id_b58)
             assert peer.store.has_rollout(content_id(header)), "forwarded before stored"
         # A store that fails: not forwarded, and a later copy may be admitted.
         real = peer.store.put_admitted_many
@@ -50,10 +50,10 @@ async def test_gossip_is_forwarded_only_once_it_is_stored(tmp_path: Path) -> Non
         peer.store.put_admitted_many = broken  # type: ignore[method-assign]
         peer.store.put_admitted = broken  # type: ignore[method-assign]
         header = decode(RolloutRecord, synthetic_record(producer, manifest, 3)).header
-        assert not await _call(check, producer.peer_id_b58, header)
+        assert not await _call(check, producer.peer_id_b58, header, producer.peer_id_b58)
         peer.store.put_admitted_many = real  # type: ignore[method-assign]
         del peer.store.put_admitted
-        assert await _call(check, producer.peer_id_b58, header)
+        assert await _call(check, producer.peer_id_b58, header, producer.peer_id_b58)
         assert peer.store.has_rollout(content_id(header))
 
 

@@ -629,6 +629,55 @@ def test_an_honest_relay_forwarding_what_our_view_refuses_is_not_scored_down():
     assert a.scores.score("honest-relay", T0 + 30) >= 0
 
 
+def test_the_author_of_verdicts_signed_by_keys_nobody_authorized_pays_from_the_first():
+    """Found by bench adversary --quick: 50 sybil fail-verdicts, published by the attacker
+    itself, stayed inside the relay allowance of blameless refusals and cost it nothing.
+    A sender that is the gossip origin of another key's verdict is its author, not a relay:
+    no relay allowance applies. A relay of the same verdicts (origin: each sybil) still
+    pays nothing for the first few."""
+    rid = content_id(header(rollout()))
+    sybils = [Identity.from_private_bytes(bytes([40 + i]) * 32) for i in range(5)]
+    a = machine()
+    first = reject(a.handle(MessageReceived(
+        "author", Kind.VERDICT, verdict(sybils[0], rid, ALICE.peer_id, False), T0, origin="author"
+    )))  # fmt: skip
+    assert first.reason is Reason.UNAUTHORIZED and first.penalty < 0
+    relayed = reject(a.handle(MessageReceived(
+        "relay", Kind.VERDICT, verdict(sybils[1], rid, ALICE.peer_id, False), T0,
+        origin=sybils[1].peer_id_b58,
+    )))  # fmt: skip
+    assert relayed.penalty == 0 and a.scores.score("relay", T0) == 0
+
+
+def test_a_sender_that_authors_headers_of_fresh_identities_pays_and_their_relay_does_not():
+    """Found by bench adversary (fresh_identity_flood, attacker_penalized false since stop
+    19): an attacker that published 300 headers of 300 fresh keys itself, at a rate an
+    honest relay could send, had them refused for free. The gossip origin (the publisher
+    that signed the gossip message) is authenticated by strict signing, and an honest node
+    publishes only objects it signed itself: a sender that is the origin of another
+    signer's header is no relay, and pays for the new-identity refusals it causes."""
+    a = machine()
+    for i in range(300):
+        fresh = Identity.from_private_bytes((i + 3000).to_bytes(2, "big") * 16)
+        h = header(rollout(fresh, seq=1, seed=30_000 + i, at=T0 + i * 0.1))
+        a.handle(MessageReceived("author", Kind.ROLLOUT_HEADER, h, T0 + i * 0.1, origin="author"))
+    assert a.scores.score("author", T0 + 30) < 0
+    # The same flood relayed: each header's gossip origin is its own signer (or unknown).
+    b = machine()
+    for i in range(300):
+        fresh = Identity.from_private_bytes((i + 3000).to_bytes(2, "big") * 16)
+        h = header(rollout(fresh, seq=1, seed=30_000 + i, at=T0 + i * 0.1))
+        b.handle(MessageReceived("relay", Kind.ROLLOUT_HEADER, h, T0 + i * 0.1, origin=fresh.peer_id_b58))
+    assert b.scores.score("relay", T0 + 30) >= 0
+    # A new worker publishing its own headers is refused as new for free, as before.
+    c = machine()
+    workers = _workers(60)
+    for i, w in enumerate(workers):
+        h = header(rollout(w, seq=1, seed=40_000 + i, at=T0 + i * 0.01))
+        c.handle(MessageReceived(w.peer_id_b58, Kind.ROLLOUT_HEADER, h, T0 + i * 0.01, origin=w.peer_id_b58))
+    assert all(c.scores.score(w.peer_id_b58, T0 + 1) >= 0 for w in workers)
+
+
 # -- honest peers never pay for what others send -----------------------------------------
 
 
