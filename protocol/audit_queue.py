@@ -36,13 +36,20 @@ class AuditQueue:
         self.capacity = capacity
         self.newest: int | None = None
         self.rechecks: list[Any] = []
-        # min-heap on (-version, arrival): the highest version first, oldest first within it
-        self._heap: list[tuple[int, int, Any]] = []
+        # Two heaps over the same entries, each O(log n) per push and pop: `_best` on
+        # (-version, arrival) pops the next to audit (highest version, oldest within it),
+        # `_worst` on (version, arrival) the next to evict (lowest version, oldest). An
+        # entry taken from one stays in the other until it surfaces there (lazy deletion):
+        # `_live` holds the arrivals still queued; `_compact` drops the dead entries once
+        # they outnumber the live ones. Arrivals are unique, so items are never compared.
+        self._best: list[tuple[int, int, Any]] = []
+        self._worst: list[tuple[int, int, Any]] = []
+        self._live: set[int] = set()
         self._arrival = itertools.count()
         self.dropped: Counter[str] = Counter()
 
     def __len__(self) -> int:
-        return len(self.rechecks) + len(self._heap)
+        return len(self.rechecks) + len(self._live)
 
     def set_newest(self, version: int) -> None:
         """The newest version the run has published (from a signed source only)."""
@@ -52,26 +59,35 @@ class AuditQueue:
     def push(self, item: Any, version: int, recheck: bool = False) -> list[Any]:
         """Queue `item`; returns the items evicted to make room (possibly `item` itself)."""
         if recheck:
-            if len(self) >= self.capacity and not self._heap:
+            if len(self) >= self.capacity and not self._live:
                 self.dropped["full"] += 1
                 return [item]
             self.rechecks.append(item)
             return self._evict()
-        heapq.heappush(self._heap, (-version, next(self._arrival), item))
+        n = next(self._arrival)
+        heapq.heappush(self._best, (-version, n, item))
+        heapq.heappush(self._worst, (version, n, item))
+        self._live.add(n)
         return self._evict()
 
     def take(self, n: int) -> list[Any]:
         """Up to `n` items to audit now, stale ones dropped on the way."""
         out = self.rechecks[:n]
         del self.rechecks[: len(out)]
-        while len(out) < n and self._heap:
-            neg_version, _, item = heapq.heappop(self._heap)
+        while len(out) < n and self._live:
+            neg_version, arrival, item = heapq.heappop(self._best)
+            if arrival not in self._live:
+                continue  # evicted earlier
+            self._live.discard(arrival)
             if self._too_stale(-neg_version):
                 # the heap pops the highest version first: everything left is as stale
-                self.dropped["stale"] += 1 + len(self._heap)
-                self._heap.clear()
+                self.dropped["stale"] += 1 + len(self._live)
+                self._best.clear()
+                self._worst.clear()
+                self._live.clear()
                 break
             out.append(item)
+        self._compact()
         return out
 
     def _too_stale(self, version: int) -> bool:
@@ -79,11 +95,20 @@ class AuditQueue:
 
     def _evict(self) -> list[Any]:
         evicted = []
-        while len(self) > self.capacity and self._heap:
-            # the least useful entry: the lowest version, oldest within it
-            worst = max(self._heap, key=lambda e: (e[0], -e[1]))
-            self._heap.remove(worst)
-            heapq.heapify(self._heap)
-            evicted.append(worst[2])
+        while len(self) > self.capacity and self._live:
+            _, arrival, item = heapq.heappop(self._worst)
+            if arrival not in self._live:
+                continue  # taken for audit earlier
+            self._live.discard(arrival)
+            evicted.append(item)
             self.dropped["full"] += 1
+        self._compact()
         return evicted
+
+    def _compact(self) -> None:
+        """Rebuild a heap that holds more dead entries than live ones (amortised O(1))."""
+        live = self._live
+        for heap in (self._best, self._worst):
+            if len(heap) > 2 * len(live) + 64:
+                heap[:] = [e for e in heap if e[1] in live]
+                heapq.heapify(heap)
