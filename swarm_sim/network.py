@@ -265,15 +265,17 @@ class Network:
         targets: Sequence[int],
         nbytes: int,
         kind: str,
-        handler: Callable[..., Any],
-        tail: tuple[Any, ...],
-        seen: Callable[..., bool] | None = None,
+        handler: Callable[[int, Any, Any], Any],
+        src: Any,
+        payload: Any,
+        seen: Callable[[int, Any, Any], bool] | None = None,
         eta: dict[int, float] | None = None,
         control: bool = False,
     ) -> None:
-        """`send(a, b, nbytes, kind, handler, (b, *tail), seen, eta=eta, control=control)`
-        for each `b` of `targets` in order (connections needed): the same draws, counts,
-        queue times and events, with the per-call work done once (gossip fan-out)."""
+        """`send(a, b, nbytes, kind, handler, (b, src, payload), seen, eta=eta,
+        control=control)` for each `b` of `targets` in order (connections needed): the
+        same draws, counts, queue times and events, with the per-call work done once
+        (gossip fan-out)."""
         if not self.online[a] or not targets:
             return
         conns, online, c, rng = self.conns[a], self.online, self.c, self._rng
@@ -294,8 +296,7 @@ class Network:
                 c.lost += 1
                 c.bytes_dropped += nbytes
                 continue
-            args = (b, *tail)
-            if seen is not None and online[b] and seen(*args):
+            if seen is not None and online[b] and seen(b, src, payload):
                 got += 1
                 received[b] += nbytes
                 continue
@@ -311,8 +312,8 @@ class Network:
                     continue
                 eta[b] = up_done + lat
             c.in_flight_bytes += nbytes
-            at(up_done + lat, arrive, a, b, nbytes, start + lat, epoch[b], handler, args, seen,
-               control)  # fmt: skip
+            at(up_done + lat, arrive, a, b, nbytes, start + lat, epoch[b], handler,
+               (b, src, payload), seen, control)  # fmt: skip
         if sent:
             self.up_free[a] = free
             total = sent * nbytes

@@ -47,7 +47,7 @@ from protocol.admission import (
 )
 from swarm_sim.adversary import AdversaryConfig, Behaviour
 from swarm_sim.churn import ChurnConfig
-from swarm_sim.core import EventLoop, derive_rng
+from swarm_sim.core import EventLoop, derive_rng, gc_paused
 from swarm_sim.gossipsub import GossipConfig, Router
 from swarm_sim.messages import MessageBook, SimMessage, peer_ids
 from swarm_sim.metrics import Metrics
@@ -288,7 +288,7 @@ class Swarm:
         self.recent.append(msg)
         self.loop.after(wl.lifetime_s, self._close, msg)  # then _forget
         self.net.send_many(
-            p, sorted(self.routers[p].mesh), msg.size, "header", self._receive, (p, msg),
+            p, sorted(self.routers[p].mesh), msg.size, "header", self._receive, p, msg,
             self._seen, eta=msg.eta,
         )  # fmt: skip
         return msg
@@ -344,7 +344,7 @@ class Swarm:
                 o = msg.origin
                 targets = [q for q in sorted(self.routers[b].mesh) if q != a and q != o]
                 self.net.send_many(
-                    b, targets, msg.size, "header", self._receive, (b, msg), self._seen,
+                    b, targets, msg.size, "header", self._receive, b, msg, self._seen,
                     eta=msg.eta,
                 )  # fmt: skip
             elif t is Deliver:
@@ -527,7 +527,7 @@ class Swarm:
                     size = cfg.control_bytes + cfg.id_bytes * len(ids)
                     self.m.ihave += len(targets)
                     net.send_many(
-                        p, targets, size, "ihave", self._on_ihave, (p, ids), self._ihave_idle,
+                        p, targets, size, "ihave", self._on_ihave, p, ids, self._ihave_idle,
                         control=True,
                     )  # fmt: skip
             r.shift()
@@ -647,10 +647,12 @@ class Swarm:
 
     def run(self, progress=None) -> dict:
         """Start, publish for `duration_s`, drain for `lifetime_s` (so every message
-        published is judged), and return the summary figures."""
-        self.start()
-        self.loop.run(self.wl.duration_s + self.wl.lifetime_s, progress)
-        return self.summary()
+        published is judged), and return the summary figures. The cyclic garbage
+        collector is paused meanwhile (`swarm_sim.core.gc_paused`)."""
+        with gc_paused():
+            self.start()
+            self.loop.run(self.wl.duration_s + self.wl.lifetime_s, progress)
+            return self.summary()
 
     def summary(self) -> dict:
         c = self.net.c
