@@ -781,10 +781,11 @@ class DedupCache:
         self._seen.pop(key, None)
 
     def expire(self, now: float) -> None:
-        while self._seen:
-            key, t = next(iter(self._seen.items()))
-            if len(self._seen) > self.max_entries or now - t > self.ttl_s:
-                del self._seen[key]
+        seen, limit, ttl = self._seen, self.max_entries, self.ttl_s
+        while seen:
+            key = next(iter(seen))
+            if len(seen) > limit or now - seen[key] > ttl:
+                del seen[key]
             else:
                 break
 
@@ -894,6 +895,10 @@ class _Msg:
     origin: PeerId | None = None
 
 
+# isinstance() classes, built once (not per call as `int | float` would be).
+_NUMBER = (int, float)
+_BYTES = (bytes, bytearray, memoryview)
+
 _MAX_RETRIES = 4096  # items whose store failed that a later copy may replace
 
 # The output stages and the action each one emits.
@@ -925,6 +930,7 @@ class Admission:
         self.scores = scores if scores is not None else PeerScores()
         self.rules = rules
         self._stages = {k: r.stages() for k, r in rules.items()}
+        self._plans: dict[Kind, tuple[tuple[Callable[[_Msg], None], ...], tuple[Any, ...]]] = {}
         self._sender_rate = RateLimiter(cfg.sender_rate, cfg.sender_burst, cfg.max_rate_keys)
         self._overrun = RateLimiter(cfg.sender_overrun_rate, cfg.sender_burst, cfg.max_rate_keys)
         # (sender, id or body digest) of what each sender handed us: an honest relay hands
@@ -982,7 +988,7 @@ class Admission:
         if handler is None:
             raise LocalProtocolError(f"Admission cannot handle {type(event).__name__}")
         now = event.now
-        if not isinstance(now, int | float) or not math.isfinite(now):
+        if not isinstance(now, _NUMBER) or not math.isfinite(now):
             raise LocalProtocolError("event.now must be a finite number of seconds")
         return handler(event)
 
@@ -1086,34 +1092,41 @@ class Admission:
             self._know_signer(bytes(signer))
         return []
 
+    def _plan(self, kind: Kind) -> tuple[tuple[Callable[[_Msg], None], ...], tuple[Any, ...]]:
+        """The kind's check methods and output makers, in stage order (computed once)."""
+        plan = self._plans.get(kind)
+        if plan is None:
+            stages = self._stages[kind]
+            checks = tuple(c for s in stages if (c := self._checks.get(s)) is not None)
+            makes = tuple(mk for s in stages if (mk := _OUTPUTS.get(s)) is not None)
+            plan = self._plans[kind] = (checks, makes)
+        return plan
+
     def _on_message(self, ev: MessageReceived) -> list[Action]:
         peer, now = ev.peer, ev.now
-        if not isinstance(ev.data, bytes | bytearray | memoryview):
+        if not isinstance(ev.data, _BYTES):
             raise LocalProtocolError("MessageReceived.data must be bytes")
-        kind_name = str(ev.kind)
         m: _Msg | None = None
         try:
             # GATE comes before the kind's own stages are known.
             if self.scores.is_banned(peer, now):
                 raise _Refused(Stage.GATE, Reason.BANNED, "sender is banned")
             try:
-                kind = Kind(ev.kind)
+                kind = ev.kind if type(ev.kind) is Kind else Kind(ev.kind)
                 rule = self.rules[kind]
             except (ValueError, KeyError, TypeError):
                 raise _Refused(
-                    Stage.GATE, Reason.UNKNOWN_KIND, f"no such kind {kind_name!r}"
+                    Stage.GATE, Reason.UNKNOWN_KIND, f"no such kind {str(ev.kind)!r}"
                 ) from None
             m = _Msg(peer, now, kind, rule, ev.data, origin=ev.origin)
-            stages = self._stages[kind]
-            for stage in stages:
-                check = self._checks.get(stage)
-                if check is not None:
-                    check(m)
+            checks, makes = self._plan(kind)
+            for check in checks:
+                check(m)
         except _Refused as r:
             repeat = False
             if r.reason is Reason.DUPLICATE and m is not None and m.rule.gossip:
                 repeat = self._handed_before(peer, m, now)
-            return self._reject(peer, r, kind_name, now, repeat, ev.origin)
+            return self._reject(peer, r, str(ev.kind), now, repeat, ev.origin)
 
         # Every check passed: remember it, then the output stages in table order.
         op = m.opened
@@ -1136,7 +1149,7 @@ class Admission:
         item = Admitted(
             kind, op.content_id, peer, op.envelope, op.obj, bytes(m.data), now, op.header, op.body
         )
-        return [make(item) for s in stages if (make := _OUTPUTS.get(s)) is not None]
+        return [make(item) for make in makes]
 
     def _know_signer(self, signer: bytes) -> None:
         self._known_signers[signer] = None
@@ -1147,12 +1160,16 @@ class Admission:
     def _handed_before(self, peer: PeerId, m: _Msg, now: float) -> bool:
         """Whether `peer` handed us this message (or its body) before; remembers it."""
         assert m.opened is not None
-        keys = [(peer, m.opened.content_id)]
+        handed = self._handed
+        key = (peer, m.opened.content_id)
+        before = handed.seen(key, now)
         if m.rule.work:
-            keys.append((peer, _work_key(m.opened)[2]))
-        before = any(self._handed.seen(k, now) for k in keys)
-        for k in keys:
-            self._handed.add(k, now)
+            body = (peer, _work_key(m.opened)[2])
+            before = before or handed.seen(body, now)
+            handed.add(key, now)
+            handed.add(body, now)
+        else:
+            handed.add(key, now)
         return before
 
     # -- check stages (each raises _Refused or returns) ----------------------------

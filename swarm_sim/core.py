@@ -28,13 +28,34 @@ plain heap is both the fastest and the smallest thing that works.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["EventLoop", "derive_rng"]
+__all__ = ["EventLoop", "derive_rng", "gc_paused"]
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector inside the block (restored after).
+
+    A large run keeps millions of long-lived objects (every peer's admission state) and
+    the collector's passes over them cost a fifth of the wall time of 10,000 peers x 360
+    virtual s, while the run makes no garbage that only the collector can free (peak RSS
+    is the same with and without it). Reference counting frees everything else as
+    usual, and nothing simulated depends on when memory is freed.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def derive_rng(seed: int, name: str) -> random.Random:

@@ -19,12 +19,13 @@ admission's: penalties per fault, rewards per admitted message, decay).
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["GossipConfig", "Router"]
+__all__ = ["GossipConfig", "Router", "sample"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +50,44 @@ class GossipConfig:
             raise ValueError("D_lazy >= 0, heartbeat > 0 and history_gossip >= 1")
 
 
+def sample(rng: random.Random, population: list[int], k: int) -> list[int]:
+    """`rng.sample(population, k)`: the same draws and the same result, without its
+    per-call overhead for the small populations a heartbeat samples from (CPython's
+    pool method, below its set-method threshold; larger ones go to `rng.sample`).
+    Checked equal to `random.sample` (same seed: same result, same state after) for every
+    population up to 100 and k up to 12 on the CPython this runs on."""
+    n = len(population)
+    setsize = 21
+    if k > 5:
+        setsize += 4 ** math.ceil(math.log(k * 3, 4))
+    if n > setsize or not 0 <= k <= n:
+        return rng.sample(population, k)
+    getrandbits = rng.getrandbits
+    pool = list(population)
+    result = [0] * k
+    for i in range(k):
+        m = n - i
+        bits = m.bit_length()
+        j = getrandbits(bits)
+        while j >= m:
+            j = getrandbits(bits)
+        result[i] = pool[j]
+        pool[j] = pool[m - 1]
+    return result
+
+
 class Router:
     """One peer's mesh and gossip cache."""
 
-    __slots__ = ("backoff", "dirty", "mcache", "mesh", "suspect")
+    __slots__ = ("backoff", "dirty", "history", "live", "mcache", "mesh", "suspect")
 
     def __init__(self, history: int) -> None:
         self.mesh: set[int] = set()
+        self.history = history
         self.mcache: deque[list] = deque([[] for _ in range(history)], maxlen=history)
+        # Heartbeats (shifts) until the cache is empty again: > 0 exactly when a window
+        # holds a message, so the heartbeat can skip an idle router without looking.
+        self.live = 0
         self.dirty = True  # a score may have dropped below zero / mesh size changed
         self.backoff: dict[int, float] = {}  # peer -> no re-graft before this time
         # Peers this one ever penalised: only their scores can be below zero (a score
@@ -68,11 +99,17 @@ class Router:
         self.mesh.clear()
         for w in self.mcache:
             w.clear()
+        self.live = 0
         self.backoff.clear()
         self.dirty = True
 
+    def add(self, msg: object) -> None:
+        """Cache a message in the newest window (it is advertised for `history` beats)."""
+        self.mcache[-1].append(msg)
+        self.live = self.history
+
     def needs_heartbeat(self, cfg: GossipConfig) -> bool:
-        return self.dirty or not cfg.d_lo <= len(self.mesh) <= cfg.d_hi or any(self.mcache)
+        return self.dirty or not cfg.d_lo <= len(self.mesh) <= cfg.d_hi or self.live > 0
 
     def maintain(
         self,
@@ -114,19 +151,26 @@ class Router:
 
     def gossip_targets(
         self,
-        connected: set[int],
+        connected: Sequence[int],
         score: Callable[[int], float],
         cfg: GossipConfig,
         rng: random.Random,
     ) -> list[int]:
-        """Peers to send IHAVE to this heartbeat (non-mesh, score >= 0)."""
-        if not any(self.mcache) or cfg.d_lazy == 0:
+        """Peers to send IHAVE to this heartbeat (non-mesh, score >= 0); `connected` in
+        ascending order (`Network.sorted_conns`)."""
+        if not self.live or cfg.d_lazy == 0:
             return []
-        cands = [p for p in sorted(connected) if p not in self.mesh and score(p) >= 0]
+        mesh, suspect = self.mesh, self.suspect
+        # Only a suspect can score below zero (see `suspect`): ask the score of those only.
+        cands = [
+            p for p in connected if p not in mesh and (p not in suspect or score(p) >= 0)
+        ]
         if len(cands) <= cfg.d_lazy:
             return cands
-        return rng.sample(cands, cfg.d_lazy)
+        return sample(rng, cands, cfg.d_lazy)
 
     def shift(self) -> None:
         """End of a heartbeat: the oldest window of the cache falls out."""
         self.mcache.append([])
+        if self.live:
+            self.live -= 1

@@ -134,6 +134,7 @@ class Network:
         self.online = bytearray(n)
         self.epoch = array("l", bytes(8 * n))  # session number; bumps on every leave
         self.conns: list[set[int]] = [set() for _ in range(n)]
+        self._sorted: list[list[int] | None] = [None] * n  # sorted(conns[p]), cached
         self.sent = array("q", bytes(8 * n))  # bytes per peer
         self.received = array("q", bytes(8 * n))
         self.c = Counters()
@@ -159,11 +160,20 @@ class Network:
             return False
         self.conns[a].add(b)
         self.conns[b].add(a)
+        self._sorted[a] = self._sorted[b] = None
         return True
 
     def disconnect(self, a: int, b: int) -> None:
         self.conns[a].discard(b)
         self.conns[b].discard(a)
+        self._sorted[a] = self._sorted[b] = None
+
+    def sorted_conns(self, p: int) -> list[int]:
+        """`sorted(conns[p])`, kept until `p`'s connections change (do not modify it)."""
+        s = self._sorted[p]
+        if s is None:
+            s = self._sorted[p] = sorted(self.conns[p])
+        return s
 
     # -- timing -------------------------------------------------------------------
 
@@ -248,6 +258,70 @@ class Network:
             control,
         )
         return True
+
+    def send_many(
+        self,
+        a: int,
+        targets: Sequence[int],
+        nbytes: int,
+        kind: str,
+        handler: Callable[[int, Any, Any], Any],
+        src: Any,
+        payload: Any,
+        seen: Callable[[int, Any, Any], bool] | None = None,
+        eta: dict[int, float] | None = None,
+        control: bool = False,
+    ) -> None:
+        """`send(a, b, nbytes, kind, handler, (b, src, payload), seen, eta=eta,
+        control=control)` for each `b` of `targets` in order (connections needed): the
+        same draws, counts, queue times and events, with the per-call work done once
+        (gossip fan-out)."""
+        if not self.online[a] or not targets:
+            return
+        conns, online, c, rng = self.conns[a], self.online, self.c, self._rng
+        loss, jitter, received = self._loss, self._jitter, self.received
+        now = self.loop.now
+        up_a = self.up[a]
+        free = self.up_free[a]
+        row = self._base[self.region[a]]
+        region, epoch, at, arrive = self.region, self.epoch, self.loop.at, self._arrive
+        sent = got = 0
+        for b in targets:
+            if b not in conns:
+                continue
+            start = free if free > now else now
+            up_done = free = start + nbytes / up_a
+            sent += 1
+            if loss and rng.random() < loss:
+                c.lost += 1
+                c.bytes_dropped += nbytes
+                continue
+            if seen is not None and online[b] and seen(b, src, payload):
+                got += 1
+                received[b] += nbytes
+                continue
+            lat = row[region[b]]
+            if jitter:
+                lat *= 1.0 + jitter * rng.random()
+            if eta is not None:
+                first = eta.get(b)
+                if first is not None and first <= up_done + lat:
+                    c.copies_suppressed += 1
+                    got += 1
+                    received[b] += nbytes
+                    continue
+                eta[b] = up_done + lat
+            c.in_flight_bytes += nbytes
+            at(up_done + lat, arrive, a, b, nbytes, start + lat, epoch[b], handler,
+               (b, src, payload), seen, control)  # fmt: skip
+        if sent:
+            self.up_free[a] = free
+            total = sent * nbytes
+            c.messages += sent
+            c.bytes_sent += total
+            self.sent[a] += total
+            c.by_kind[kind] = c.by_kind.get(kind, 0) + total
+            c.bytes_received += got * nbytes
 
     def _arrive(
         self,

@@ -47,7 +47,7 @@ from protocol.admission import (
 )
 from swarm_sim.adversary import AdversaryConfig, Behaviour
 from swarm_sim.churn import ChurnConfig
-from swarm_sim.core import EventLoop, derive_rng
+from swarm_sim.core import EventLoop, derive_rng, gc_paused
 from swarm_sim.gossipsub import GossipConfig, Router
 from swarm_sim.messages import MessageBook, SimMessage, peer_ids
 from swarm_sim.metrics import Metrics
@@ -197,7 +197,8 @@ class Swarm:
         self.session_start[p] = now
         self.routers[p].reset()
         self.m.joins += 1
-        others = [q for q in self.online_list if q != p]
+        ol = self.online_list  # p was just appended: the others are a slice (a C copy)
+        others = ol[:-1] if ol[-1] == p else [q for q in ol if q != p]
         want = min(self.wl.connect_to, len(others))
         for q in self.rng.sample(others, want) if others else ():
             self._connect(p, q)
@@ -283,11 +284,13 @@ class Swarm:
         self.m.messages += 1
         msg.got[p] = ADMITTED
         self.bodies[msg.mid] = {p}
-        self.routers[p].mcache[-1].append(msg)
+        self.routers[p].add(msg)
         self.recent.append(msg)
         self.loop.after(wl.lifetime_s, self._close, msg)  # then _forget
-        for q in sorted(self.routers[p].mesh):
-            self._send_msg(p, q, msg)
+        self.net.send_many(
+            p, sorted(self.routers[p].mesh), msg.size, "header", self._receive, p, msg,
+            self._seen, eta=msg.eta,
+        )  # fmt: skip
         return msg
 
     def _send_msg(self, a: int, b: int, msg: SimMessage, kind: str = "header") -> None:
@@ -338,10 +341,12 @@ class Swarm:
         for act in actions:
             t = type(act)
             if t is Forward:
-                mesh = self.routers[b].mesh
-                for q in sorted(mesh):
-                    if q != a and q != msg.origin:
-                        self._send_msg(b, q, msg)
+                o = msg.origin
+                targets = [q for q in sorted(self.routers[b].mesh) if q != a and q != o]
+                self.net.send_many(
+                    b, targets, msg.size, "header", self._receive, b, msg, self._seen,
+                    eta=msg.eta,
+                )  # fmt: skip
             elif t is Deliver:
                 self._delivered(b, a, msg, now)
             elif t is Reject:
@@ -358,7 +363,7 @@ class Swarm:
         if msg.got is None:
             return  # admitted after the seen-caches let it go (a replay): not measured
         msg.got[b] = ADMITTED
-        self.routers[b].mcache[-1].append(msg)
+        self.routers[b].add(msg)
         if msg.kind == Kind.WEIGHT_ANNOUNCE:
             self._announced(b, msg)
             return
@@ -493,41 +498,38 @@ class Swarm:
     def _heartbeat(self) -> None:
         cfg, now, net = self.gcfg, self.loop.now, self.net
         self.loop.at(now + cfg.heartbeat_s, self._heartbeat)
+        d_lo, d_hi, routers, rng = cfg.d_lo, cfg.d_hi, self.routers, self.rng
         for p in list(self.online_list):
-            r = self.routers[p]
-            if not r.needs_heartbeat(cfg):
+            r = routers[p]
+            # Router.needs_heartbeat, inlined: most routers are idle most beats.
+            if not r.dirty and not r.live and d_lo <= len(r.mesh) <= d_hi:
                 continue
-            conns = net.conns[p]
             score = self._score(p)
-            graft, prune = r.maintain(conns, score, cfg, self.rng, now)
+            if r.dirty or not d_lo <= len(r.mesh) <= d_hi:
+                graft, prune = r.maintain(net.conns[p], score, cfg, rng, now)
+            else:
+                graft = prune = ()  # what maintain returns for a clean mesh of a good size
             for q in graft:
                 self.m.grafts += 1
-                if p in self.routers[q].suspect and self.adm[q].scores.score(self.ids[p], now) < 0:
+                if p in routers[q].suspect and self.adm[q].scores.score(self.ids[p], now) < 0:
                     r.mesh.discard(q)  # q refuses the graft of a peer it scores negative
                 else:
-                    self.routers[q].mesh.add(p)
-                    self.routers[q].dirty = True
+                    routers[q].mesh.add(p)
+                    routers[q].dirty = True
             for q in prune:
                 self.m.prunes += 1
-                self.routers[q].mesh.discard(p)
-                self.routers[q].dirty = True
-            targets = r.gossip_targets(conns, score, cfg, self.rng)
+                routers[q].mesh.discard(p)
+                routers[q].dirty = True
+            targets = r.gossip_targets(net.sorted_conns(p), score, cfg, rng)
             if targets:
                 ids = [m for w in r.mcache for m in w if not m.closed]
                 if ids:
                     size = cfg.control_bytes + cfg.id_bytes * len(ids)
-                    for q in targets:
-                        self.m.ihave += 1
-                        net.send(
-                            p,
-                            q,
-                            size,
-                            "ihave",
-                            self._on_ihave,
-                            (q, p, ids),
-                            self._ihave_idle,
-                            control=True,
-                        )
+                    self.m.ihave += len(targets)
+                    net.send_many(
+                        p, targets, size, "ihave", self._on_ihave, p, ids, self._ihave_idle,
+                        control=True,
+                    )  # fmt: skip
             r.shift()
 
     @staticmethod
@@ -555,8 +557,9 @@ class Swarm:
     def _tick(self) -> None:
         now = self.loop.now
         self.loop.at(now + self.wl.tick_s, self._tick)
+        tick, adm = Tick(now), self.adm
         for p in self.online_list:
-            if self.adm[p].handle(Tick(now)):
+            if adm[p].handle(tick):
                 self.routers[p].dirty = True
         self._charge(self.gaps.on_time(now))
         self.recent = [m for m in self.recent if not m.closed]
@@ -644,10 +647,12 @@ class Swarm:
 
     def run(self, progress=None) -> dict:
         """Start, publish for `duration_s`, drain for `lifetime_s` (so every message
-        published is judged), and return the summary figures."""
-        self.start()
-        self.loop.run(self.wl.duration_s + self.wl.lifetime_s, progress)
-        return self.summary()
+        published is judged), and return the summary figures. The cyclic garbage
+        collector is paused meanwhile (`swarm_sim.core.gc_paused`)."""
+        with gc_paused():
+            self.start()
+            self.loop.run(self.wl.duration_s + self.wl.lifetime_s, progress)
+            return self.summary()
 
     def summary(self) -> dict:
         c = self.net.c
