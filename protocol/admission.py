@@ -1281,7 +1281,7 @@ class Admission:
             # Free for a relay (it may know these signers; we do not yet). But an honest
             # node publishes only what it signed itself, so a sender that is the gossip
             # origin of another signer's message is no relay: it pays for the refusal.
-            authored = _relaying(m.peer, None, signer) and not _relaying(m.peer, m.origin, signer)
+            authored = m.origin == m.peer and not _same_peer(m.peer, signer)
             raise _Refused(Stage.QUOTA, Reason.NEW_IDENTITIES, "too many new signers at once",
                            AUTHORED_NEW_IDENTITY_PENALTY if authored else None)  # fmt: skip
         if not self._signer_rate.allow(signer, m.now):

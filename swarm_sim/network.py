@@ -208,56 +208,7 @@ class Network:
         True answer is a copy the receiver's router drops from its seen-cache (it uses the
         downlink, costs no CPU and runs no handler), like gossipsub's duplicate check.
         """
-        if not self.online[a] or (need_conn and b not in self.conns[a]):
-            return False
-        c = self.c
-        now = self.loop.now
-        start = self.up_free[a]
-        if start < now:
-            start = now
-        up_done = start + nbytes / self.up[a]
-        self.up_free[a] = up_done
-        c.messages += 1
-        c.bytes_sent += nbytes
-        self.sent[a] += nbytes
-        by_kind = c.by_kind
-        by_kind[kind] = by_kind.get(kind, 0) + nbytes
-        if self._loss and self._rng.random() < self._loss:
-            c.lost += 1
-            c.bytes_dropped += nbytes
-            return True
-        if seen is not None and self.online[b] and seen(*args):
-            # The receiver already holds it: its router will drop this copy. Counted as
-            # received now, without an event (a copy's downlink time is not modelled).
-            c.bytes_received += nbytes
-            self.received[b] += nbytes
-            return True
-        lat = self._base[self.region[a]][self.region[b]]
-        if self._jitter:
-            lat *= 1.0 + self._jitter * self._rng.random()
-        if eta is not None:
-            first = eta.get(b)
-            if first is not None and first <= up_done + lat:
-                c.copies_suppressed += 1
-                c.bytes_received += nbytes
-                self.received[b] += nbytes
-                return True
-            eta[b] = up_done + lat
-        c.in_flight_bytes += nbytes
-        self.loop.at(
-            up_done + lat,
-            self._arrive,
-            a,
-            b,
-            nbytes,
-            start + lat,
-            self.epoch[b],
-            handler,
-            args,
-            seen,
-            control,
-        )
-        return True
+        return self._transmit(a, (b,), nbytes, kind, handler, (args,), seen, need_conn, eta, control) > 0
 
     def send_many(
         self,
@@ -273,11 +224,29 @@ class Network:
         control: bool = False,
     ) -> None:
         """`send(a, b, nbytes, kind, handler, (b, src, payload), seen, eta=eta,
-        control=control)` for each `b` of `targets` in order (connections needed): the
-        same draws, counts, queue times and events, with the per-call work done once
-        (gossip fan-out)."""
-        if not self.online[a] or not targets:
-            return
+        control=control)` for each `b` of `targets` in order (gossip fan-out)."""
+        if targets:
+            args = [(b, src, payload) for b in targets]
+            self._transmit(a, targets, nbytes, kind, handler, args, seen, True, eta, control)
+
+    def _transmit(
+        self,
+        a: int,
+        targets: Sequence[int],
+        nbytes: int,
+        kind: str,
+        handler: Callable[..., Any],
+        args_of: Sequence[tuple[Any, ...]],
+        seen: Callable[..., bool] | None,
+        need_conn: bool,
+        eta: dict[int, float] | None,
+        control: bool,
+    ) -> int:
+        """The one transmission model (module docstring) for `targets[i]` with
+        `args_of[i]`, in order; the per-call lookups done once. Returns how many were sent
+        (0 when `a` is offline; a target not connected, with `need_conn`, is skipped)."""
+        if not self.online[a]:
+            return 0
         conns, online, c, rng = self.conns[a], self.online, self.c, self._rng
         loss, jitter, received = self._loss, self._jitter, self.received
         now = self.loop.now
@@ -286,8 +255,8 @@ class Network:
         row = self._base[self.region[a]]
         region, epoch, at, arrive = self.region, self.epoch, self.loop.at, self._arrive
         sent = got = 0
-        for b in targets:
-            if b not in conns:
+        for b, args in zip(targets, args_of, strict=True):
+            if need_conn and b not in conns:
                 continue
             start = free if free > now else now
             up_done = free = start + nbytes / up_a
@@ -296,7 +265,9 @@ class Network:
                 c.lost += 1
                 c.bytes_dropped += nbytes
                 continue
-            if seen is not None and online[b] and seen(b, src, payload):
+            if seen is not None and online[b] and seen(*args):
+                # The receiver already holds it: its router will drop this copy. Counted
+                # as received now, without an event (a copy's downlink time is not modelled).
                 got += 1
                 received[b] += nbytes
                 continue
@@ -312,8 +283,8 @@ class Network:
                     continue
                 eta[b] = up_done + lat
             c.in_flight_bytes += nbytes
-            at(up_done + lat, arrive, a, b, nbytes, start + lat, epoch[b], handler,
-               (b, src, payload), seen, control)  # fmt: skip
+            at(up_done + lat, arrive, a, b, nbytes, start + lat, epoch[b], handler, args,
+               seen, control)  # fmt: skip
         if sent:
             self.up_free[a] = free
             total = sent * nbytes
@@ -322,6 +293,7 @@ class Network:
             self.sent[a] += total
             c.by_kind[kind] = c.by_kind.get(kind, 0) + total
             c.bytes_received += got * nbytes
+        return sent
 
     def _arrive(
         self,
