@@ -12,6 +12,10 @@ module only turns their actions into scheduled sends:
                     -> Disconnect  close the connection, drop from the mesh
                     -> Ban         count it (the ban itself lives in PeerScores)
 
+`warm_start`: every peer's admission first learns all keys as signers it stored before
+(`Known`, as the node's restart does); without it a swarm starts cold and its admissions
+refuse headers of more new signers than `new_signer_rate(_all)` allow.
+
 Header gossip + body pull, as the real node does: headers travel through the mesh;
 peers with a puller role (validators, the trainer) pull the body from the peer that
 forwarded the header, then the signer, rotating on a timeout (`pull_timeout_s`, at most
@@ -37,6 +41,7 @@ from protocol.admission import (
     Disconnect,
     Forward,
     Kind,
+    Known,
     MessageReceived,
     Misbehaved,
     PeerConnected,
@@ -77,6 +82,10 @@ class Workload:
     checkpoint_bytes: int = 30_000_000  # what a worker fetches to adopt a version
     tick_s: float = 30.0  # admission Tick per peer (lifts bans)
     sample_s: float = 10.0  # how often time series are sampled
+    # A swarm that has run before: every peer starts knowing every peer's key as a signer
+    # it admitted (what the node restores from its store after a restart, `Known`), so
+    # no header is refused as a new identity. False: a cold start (see the README).
+    warm_start: bool = False
     admission: AdmissionConfig = AdmissionConfig(
         dedup_entries=4096,
         dedup_ttl_s=300.0,
@@ -122,6 +131,10 @@ class Swarm:
         self.run_rules = RunRules("sim-run", wl.max_staleness, frozenset({self.ids[0]}))
         rules = self.book.rules()
         self.adm = [Admission(self.run_rules, wl.admission, rules=rules) for _ in range(n)]
+        if wl.warm_start:
+            known = Known(Kind.ROLLOUT_HEADER, (), 0.0, signers=tuple(self.ids))
+            for adm in self.adm:
+                adm.handle(known)
         self.routers = [Router(self.gcfg.history_gossip) for _ in range(n)]
         self.behaviour = self.adv.assign(n, self._adv_rng, exclude={0})
         order = list(range(1, n))

@@ -81,6 +81,9 @@ def test_bench_sim_prints_the_issues_keys(monkeypatch):
     assert DEFAULT_KEYS | BROADCAST_KEYS <= set(out)
     assert out["completion_max_s"] >= out["lower_bound_s"] > 0
     assert out["events"] > 0 and out["peers"] == 20
+    # each latency is at least its bound, so their p99s are ordered the same way
+    assert out["latency_p99_over_bound"] >= 1.0 and out["latency_p99_bound_ms"] > 0
+    assert out["cold_start"]["peers"] == 20 and 0 < out["cold_start"]["delivery_ratio"] <= 1
     only = bench.run(quick=True, args=["broadcast"])
     assert BROADCAST_KEYS <= set(only) and not DEFAULT_KEYS & set(only)
     big = bench.run(quick=True, args=["--scale"])

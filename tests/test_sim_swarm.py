@@ -6,6 +6,7 @@ minute; the same code paths run at scale in `swarm-node bench sim`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -184,3 +185,18 @@ def test_counter_shoppers_are_charged_by_the_trainers_rule_and_honest_workers_ar
     assert out["shoppers"] >= 2
     assert out["shoppers_charged"] == out["shoppers"]
     assert out["honest_charged"] == 0 and out["others_charged"] == 0
+
+
+def test_a_warm_swarm_refuses_no_header_as_a_new_identity_and_a_cold_one_does():
+    """At a cold start every signer is new to every peer and admission's new-identity
+    allowance refuses some headers; peers that restored the signers they knew (the node's
+    restart path) deliver them all."""
+    wl = Workload(peers=60, duration_s=40, publish_interval_s=10, warm_start=False)
+    cold = Swarm(wl, seed=3)
+    cold_fig = cold.run()
+    warm = Swarm(dataclasses.replace(wl, warm_start=True), seed=3)
+    warm_fig = warm.run()
+    assert cold.m.rejects.get("new_identities", 0) > 0
+    assert cold_fig["delivery_ratio"] < 1.0
+    assert warm.m.rejects.get("new_identities", 0) == 0
+    assert warm_fig["delivery_ratio"] == 1.0

@@ -4,9 +4,14 @@ Modes (after `--quick`):
 
     (none)        default + broadcast, keys of both
     default       1,000 peers, 10 virtual minutes, each publishing one 20 KB rollout per
-                  minute, 20% churn per hour: peers, virtual_s, wall_s, events,
-                  events_per_s, delivery_ratio, latency_p50_ms, latency_p99_ms,
-                  lower_bound_ratio_p50, lower_bound_ratio_p99, duplicates_per_delivery
+                  minute, 20% churn per hour, a swarm that has run before (`warm_start`):
+                  peers, virtual_s, wall_s, events, events_per_s, delivery_ratio,
+                  latency_p50_ms, latency_p99_ms, lower_bound_ratio_p50,
+                  lower_bound_ratio_p99 (per delivery: actual / its own bound),
+                  latency_p99_bound_ms (the p99 of the bounds, a lower bound of the p99
+                  latency), latency_p99_over_bound, duplicates_per_delivery; `cold_start`: the
+                  delivery of the quick workload (150 peers, 2 minutes) from nothing, where
+                  admission refuses headers of more new signers than it allows
     broadcast     1,000 peers, a 1 GB checkpoint, 64 MB shards, uplinks 10 Mb/s - 1 Gb/s:
                   completion_max_s, lower_bound_s, lower_bound_ratio, star_s, tree_s
     --scale       10,000 peers x 1 virtual hour, 20% churn per hour (the message load
@@ -26,6 +31,7 @@ with 2,000 peers for 5 virtual minutes; under a minute each. `--seed N` (0).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import sys
@@ -39,10 +45,13 @@ from swarm_sim.network import NetConfig
 from swarm_sim.runner import progress_printer
 from swarm_sim.swarm import Swarm, Workload
 
+# The default measures a swarm that has run before (`warm_start`: peers know each other's
+# keys, as after a restart); `cold_start` in its JSON is the quick workload from nothing.
 DEFAULT_WORKLOAD = Workload(
-    peers=1000, duration_s=600, publish_interval_s=60, header_bytes=600, body_bytes=20_000
-)
-QUICK_WORKLOAD = Workload(peers=150, duration_s=120, publish_interval_s=60)
+    peers=1000, duration_s=600, publish_interval_s=60, header_bytes=600, body_bytes=20_000,
+    warm_start=True,
+)  # fmt: skip
+QUICK_WORKLOAD = Workload(peers=150, duration_s=120, publish_interval_s=60, warm_start=True)
 # 10,000 peers for an hour: the mesh, heartbeats, churn and admission state of every peer,
 # with 25 workers publishing every 10 minutes (150 rollouts, 1.5 million deliveries):
 # what 2 shared cores can carry in 10 minutes (see the README's simulator section).
@@ -74,6 +83,9 @@ def default(quick: bool, seed: int) -> dict[str, Any]:
     wl = QUICK_WORKLOAD if quick else DEFAULT_WORKLOAD
     _say(f"default: {wl.peers} peers, {wl.duration_s:.0f} virtual s")
     fig, wall, events = _gossip(wl, seed)
+    cold_wl = dataclasses.replace(QUICK_WORKLOAD, warm_start=False)
+    _say(f"default, cold start: {cold_wl.peers} peers, {cold_wl.duration_s:.0f} virtual s")
+    cold, _, _ = _gossip(cold_wl, seed)
     return {
         "peers": wl.peers,
         "virtual_s": wl.duration_s,
@@ -85,10 +97,19 @@ def default(quick: bool, seed: int) -> dict[str, Any]:
         "latency_p99_ms": fig["latency_p99_ms"],
         "lower_bound_ratio_p50": fig["lower_bound_ratio_p50"],
         "lower_bound_ratio_p99": fig["lower_bound_ratio_p99"],
+        "latency_p99_bound_ms": fig["latency_p99_bound_ms"],
+        "latency_p99_over_bound": fig["latency_p99_over_bound"],
         "duplicates_per_delivery": fig["duplicates_per_delivery"],
         "deliveries": fig["deliveries"],
         "rejects": fig["rejects"],
         "honest_penalized": fig["honest_penalized"],
+        "warm_start": wl.warm_start,
+        "cold_start": {
+            "peers": cold_wl.peers,
+            "virtual_s": cold_wl.duration_s,
+            "delivery_ratio": cold["delivery_ratio"],
+            "rejects": cold["rejects"],
+        },
     }
 
 
@@ -117,6 +138,9 @@ def scale(quick: bool, seed: int) -> dict[str, Any]:
     wl = QUICK_SCALE if quick else SCALE_WORKLOAD
     _say(f"scale: {wl.peers} peers, {wl.duration_s:.0f} virtual s")
     fig, wall, events = _gossip(wl, seed)
+    cold_wl = dataclasses.replace(QUICK_WORKLOAD, warm_start=False)
+    _say(f"default, cold start: {cold_wl.peers} peers, {cold_wl.duration_s:.0f} virtual s")
+    cold, _, _ = _gossip(cold_wl, seed)
     return {
         "peers": wl.peers,
         "virtual_s": wl.duration_s,
