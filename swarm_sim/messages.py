@@ -50,6 +50,9 @@ class SimMessage:
     eta: dict[int, float] | None = None  # receiver -> arrival of its earliest copy
     closed: bool = False
     counter: int = -1  # rollouts: the assignment counter (the unit of work)
+    # The gossip message's publisher (its `from`, signed with the publisher's libp2p key):
+    # the signer for a message it published itself, the replayer for a replay; -1: none.
+    publisher: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,7 @@ class MessageBook:
             bytearray(n_peers),
             {},
             counter=seq if counter is None else counter,
+            publisher=origin,
         )
 
     def open(self, data: bytes) -> Opened:

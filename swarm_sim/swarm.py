@@ -28,6 +28,7 @@ admission refuses rollouts older than S (`Reason.STALE`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 
@@ -350,7 +351,12 @@ class Swarm:
         now = self.loop.now
         if msg.got is not None:
             msg.got[b] = SEEN  # the router's seen-cache: marked before validation
-        actions = self.adm[b].handle(MessageReceived(self.ids[a], msg.kind, msg.token, now))
+        pub = msg.publisher
+        actions = self.adm[b].handle(
+            MessageReceived(
+                self.ids[a], msg.kind, msg.token, now, origin=self.ids[pub] if pub >= 0 else None
+            )
+        )
         for act in actions:
             t = type(act)
             if t is Forward:
@@ -654,7 +660,9 @@ class Swarm:
             self.publish(p, body_digest=hashlib.sha256(b"same-work" + self.ids[p]).digest())
         elif beh == Behaviour.REPLAY and self.old and targets:
             old = self.old[rng.randrange(len(self.old))]
-            self._send_msg(p, targets[rng.randrange(len(targets))], old, "replay")
+            # a new gossip message of p's carrying another key's signed header
+            copy = dataclasses.replace(old, publisher=p)
+            self._send_msg(p, targets[rng.randrange(len(targets))], copy, "replay")
 
     # -- running --------------------------------------------------------------------
 

@@ -200,3 +200,22 @@ def test_a_warm_swarm_refuses_no_header_as_a_new_identity_and_a_cold_one_does():
     assert cold_fig["delivery_ratio"] < 1.0
     assert warm.m.rejects.get("new_identities", 0) == 0
     assert warm_fig["delivery_ratio"] == 1.0
+
+
+def test_a_replayer_is_the_author_of_its_replays_and_pays_for_them():
+    """A replay is a new gossip message of the replayer's carrying another key's header:
+    its publisher (`from`) reaches admission as the origin, so the replayer pays for what
+    admission refuses (here: headers signed too long ago), as the real node's rule says;
+    honest relays of the same header pay nothing."""
+    sw = Swarm(
+        Workload(peers=40, duration_s=300, publish_interval_s=10, warm_start=True),
+        adversary=AdversaryConfig(fractions={"replay": 0.1}),
+        seed=4,
+    )
+    fig = sw.run()
+    replayers = [p for p in range(sw.n) if sw.behaviour[p] == Behaviour.REPLAY]
+    assert replayers and sw.m.rejects.get("clock_skew", 0) > 0
+    now = sw.loop.now
+    for p in replayers:
+        assert sum(a.scores.score(sw.ids[p], now) for a in sw.adm) < 0
+    assert fig["honest_penalized"] == 0
