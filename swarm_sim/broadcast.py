@@ -10,11 +10,16 @@ ShardScheduler` (rarest first, best measured source, endgame, stall deadlines), 
 the have-maps of its neighbours (a random graph of `neighbours` links per peer; the origin
 is the neighbour of `origin_fanout` peers). A peer that completes a shard announces its
 have-map to its neighbours at once (announcements are not queued on the network); a
-request travels as a control frame; a server sends one shard at a time from its queue of
-requests, skipping those whose client got the shard meanwhile (cancelled), and a copy
-already on the wire arrives and is ignored (`bytes_wasted`). A peer holding every shard
-sends each once before any twice (`first_copies_first`, as the real node); a client it
-declined hears its have-map again after the real node's keepalive.
+request takes the link's latency and no bandwidth queue (the real node caps only shard
+bytes, so that small frames are not starved; queued behind whole 64 MB shards, a
+10 Mb/s peer's requests waited up to 51 s behind its own uploads); a server sends one
+shard at a time from its queue of requests, skipping those whose client got the shard
+meanwhile (cancelled), and a copy already on the wire arrives and is ignored
+(`bytes_wasted`). A server declines a request while its uplink has more than
+`UPLOAD_MAX_WAIT_S` of queued bytes (`upload_busy`), except the origin, which sends each
+shard once before any twice instead (`first_copies_first`; declining redirects nobody
+while its copies are the only ones); both answer "not held", as the real node, and the
+declined client hears the server's have-map again after the real node's keepalive.
 """
 
 from __future__ import annotations
@@ -23,7 +28,12 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from protocol.shard_schedule import HAVE_KEEPALIVE_S, ShardScheduler, first_copies_first
+from protocol.shard_schedule import (
+    HAVE_KEEPALIVE_S,
+    ShardScheduler,
+    first_copies_first,
+    upload_busy,
+)
 from swarm_sim.bounds import broadcast_bounds
 from swarm_sim.core import EventLoop, derive_rng
 from swarm_sim.metrics import percentile
@@ -80,33 +90,32 @@ def simulate_broadcast(cfg: BroadcastConfig, net_cfg: NetConfig, seed: int = 0) 
     wasted = [0]
     queue: list[deque[tuple[int, int]]] = [deque() for _ in range(n)]
     busy = bytearray(n)
+    queued_bytes = [0] * n
     served: list[dict[int, int]] = [{} for _ in range(n)]
 
     def pump(p: int) -> None:
         for req in sched[p].next_requests(loop.now):
             src = int(req.peer)
-            net.send(
-                p,
-                src,
-                100,
-                "shard_request",
-                serve,
-                (src, p, req.index),
-                need_conn=False,
-                control=True,
-            )
+            loop.after(net.base[net.region[p]][net.region[src]], serve, src, p, req.index)
 
     def serve(src: int, p: int, idx: int) -> None:
-        whole = len(have[src]) == shards
-        if idx not in have[src] or (whole and not first_copies_first(served[src], shards, idx)):
+        whole = src == 0  # the publisher: its copies are the only ones (first copies first)
+        held = idx in have[src]
+        queued = max(net.up_free[src] - loop.now, 0.0) * net.up[src] + queued_bytes[src]
+        declined = held and (
+            (whole and not first_copies_first(served[src], shards, idx))
+            or (src != 0 and upload_busy(queued, net.up[src]))
+        )
+        if not held or declined:
             sched[p].on_missing(str(src), MANIFEST, idx, loop.now)
-            if whole:  # the real node's have-map keepalive tells p again
+            if declined:  # the real node's have-map keepalive tells p again
                 loop.after(HAVE_KEEPALIVE_S, reannounce, src, p)
             pump(p)
             return
         if whole:
             served[src][idx] = served[src].get(idx, 0) + 1
         queue[src].append((p, idx))
+        queued_bytes[src] += sizes[idx]
         if not busy[src]:
             upload_next(src)
 
@@ -121,6 +130,7 @@ def simulate_broadcast(cfg: BroadcastConfig, net_cfg: NetConfig, seed: int = 0) 
         busy[src] = False
         while queue[src]:
             p, idx = queue[src].popleft()
+            queued_bytes[src] -= sizes[idx]
             if idx in have[p]:
                 continue
             busy[src] = True

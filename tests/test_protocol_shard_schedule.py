@@ -122,8 +122,40 @@ def test_missing_answer_updates_have_map_without_blame():
     s.next_requests(0.0)
     s.on_missing("a", M, 0, 1.0)
     assert s.next_requests(1.0) == []  # a no longer claims it
-    s.on_have("a", M, {0}, 2.0)
-    assert requests(s.next_requests(2.0)) == [("a", 0)]
+    s.on_have("a", M, {0}, 4.0)  # its keepalive offers it again
+    assert requests(s.next_requests(4.0)) == [("a", 0)]
+
+
+def test_a_peer_that_declined_an_offered_shard_is_busy_until_its_keepalive():
+    from protocol.shard_schedule import HAVE_KEEPALIVE_S
+
+    s = sched(per_peer=1, total=4)
+    s.want(M, [MiB] * 3)
+    s.on_have("a", M, {0, 1, 2}, 0.0)
+    ((_, i),) = requests(s.next_requests(0.0))
+    s.on_missing("a", M, i, 1.0)  # offered, then declined: busy ("not held" on the wire)
+    assert s.next_requests(1.0) == []  # not asked for its other shards either
+    assert s.next_requests(1.0 + HAVE_KEEPALIVE_S - 0.01) == []
+    assert len(requests(s.next_requests(1.0 + HAVE_KEEPALIVE_S))) == 1
+    # A shard its have-map never offered is a stale map, not a busy peer.
+    s2 = sched(per_peer=1, total=4)
+    s2.want(M, [MiB] * 3)
+    s2.on_have("a", M, {0, 1}, 0.0)
+    s2.on_missing("a", M, 2, 1.0)
+    assert len(requests(s2.next_requests(1.0))) == 1
+
+
+def test_no_endgame_while_a_shard_waits_for_a_busy_holder():
+    s = sched(per_peer=1, total=8, endgame_copies=2)
+    s.want(M, [MiB] * 2)
+    s.on_have("a", M, {0}, 0.0)
+    s.on_have("c", M, {1}, 0.0)
+    assert sorted(requests(s.next_requests(0.0))) == [("a", 0), ("c", 1)]
+    s.on_missing("c", M, 1, 0.5)  # c is busy: shard 1 waits for it
+    s.on_have("b", M, {0}, 0.6)
+    assert s.next_requests(0.6) == []  # shard 0 is not duplicated onto the idle holder
+    s.on_have("c", M, {1}, 3.5)  # c's keepalive: every missing shard in flight, endgame
+    assert sorted(requests(s.next_requests(3.5))) == [("b", 0), ("c", 1)]
 
 
 def test_failed_transfer_and_peer_gone():
@@ -243,6 +275,16 @@ def test_a_seeder_sends_every_shard_once_before_any_twice():
     assert first_copies_first(served, 3, 1)
     served[1] = served[2] = 1
     assert first_copies_first(served, 3, 0)  # every shard went out once: copies again
+
+
+def test_a_busy_server_declines_past_its_queue_limit() -> None:
+    from protocol.shard_schedule import UPLOAD_MAX_WAIT_S, upload_busy
+
+    rate = 10 * MiB
+    assert not upload_busy(0, rate)  # an idle server always takes a request
+    assert not upload_busy(UPLOAD_MAX_WAIT_S * rate, rate)
+    assert upload_busy(UPLOAD_MAX_WAIT_S * rate + 1, rate)
+    assert upload_busy(64 * MiB, rate)  # one 64 MiB shard queued: 6.4 s of uplink
 
 
 def test_next_upload_is_shortest_remaining_first_unless_a_chunk_waited_too_long() -> None:
