@@ -147,10 +147,12 @@ async def serve(
         return 0
     await stream.send(msgpack.packb([len(data)]))
     view = memoryview(data)
-    for start in range(0, len(data), CHUNK):
-        piece = view[start : start + CHUNK]
-        await limiter.acquire(len(piece), len(data) - start)
-        await stream.send(piece)
+    with limiter.sending(len(data)) as sending:
+        for start in range(0, len(data), CHUNK):
+            piece = view[start : start + CHUNK]
+            await limiter.acquire(len(piece), len(data) - start)
+            await stream.send(piece)
+            sending.sent(len(piece))
     return len(data)
 
 

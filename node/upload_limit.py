@@ -9,15 +9,22 @@ worth. One chunk holds the uplink at a time; which waiting chunk goes next is
 unless one has waited too long), so shards finish one after another and can be relayed
 at once instead of all finishing late together. A cap of 0 means no limit.
 
+`queued` counts the bytes still to send of the transfers being served (`sending`);
+`busy()` is `protocol.shard_schedule.upload_busy` on it: a capped server past its queue
+limit declines new shard requests, so they go to holders with room.
+
 Resource handling: waiters are trio tasks parked on an event; one that is cancelled
 while waiting leaves the queue, one cancelled after its turn came passes the turn on.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import trio
 
-from protocol.shard_schedule import UPLOAD_MAX_WAIT_S, next_upload
+from protocol.shard_schedule import UPLOAD_MAX_WAIT_S, next_upload, upload_busy
 
 MiB = 1024 * 1024
 
@@ -27,6 +34,18 @@ class _Waiter:
 
     def __init__(self, since: float, left: int) -> None:
         self.since, self.left, self.turn = since, left, trio.Event()
+
+
+class _Sending:
+    __slots__ = ("_limiter", "left")
+
+    def __init__(self, limiter: UploadLimiter, nbytes: int) -> None:
+        self._limiter, self.left = limiter, nbytes
+
+    def sent(self, n: int) -> None:
+        n = min(n, self.left)
+        self.left -= n
+        self._limiter.queued -= n
 
 
 class UploadLimiter:
@@ -43,12 +62,28 @@ class UploadLimiter:
         self._busy = False
         self._waiting: list[_Waiter] = []
         self.sent = 0
+        self.queued = 0  # bytes still to send of the transfers being served
 
     def set_rate(self, mib_per_s: float) -> None:
         """Change the cap (0: none) from now on."""
         self.rate = max(0.0, float(mib_per_s)) * MiB
         self.capacity = max(256 * 1024.0, self.rate * self.burst_s)
         self._last = trio.current_time() if self.rate else 0.0
+
+    def busy(self) -> bool:
+        """Whether a new transfer should be declined (never without a cap)."""
+        return bool(self.rate) and upload_busy(self.queued, self.rate, self.max_wait_s)
+
+    @contextlib.contextmanager
+    def sending(self, nbytes: int) -> Iterator[_Sending]:
+        """Count a transfer of `nbytes` in `queued` until it ends; the caller reports each
+        piece that went out with `.sent(n)`."""
+        s = _Sending(self, nbytes)
+        self.queued += nbytes
+        try:
+            yield s
+        finally:
+            self.queued -= s.left
 
     async def acquire(self, n: int, left: int | None = None) -> None:
         self.sent += n

@@ -118,6 +118,7 @@ class WeightSync:
         self._have_gen = 0  # bumped at every change of what we hold
         self._have_cache: tuple[int, list[tuple[bytes, bytes]]] = (-1, [])
         self._served: dict[bytes, dict[int, int]] = {}  # manifest -> shard -> times sent
+        self._published: set[bytes] = set()  # manifests this process published
         self._watchers: dict[str, int] = {}  # peer -> watches of our have-map we serve
         self._tried: set[bytes] = set()
         self._flights: dict[tuple[str, bytes, int], trio.CancelScope] = {}
@@ -249,6 +250,7 @@ class WeightSync:
 
             await trio.to_thread.run_sync(keep)
             self._manifests[mid] = e.manifest
+            self._published.add(mid)
             announce = env  # the delta (exported last) when there is one
         self._installed[version] = exported[0].manifest.file_digest
         self.target = max(self.target, version)
@@ -335,10 +337,6 @@ class WeightSync:
         self._have_cache = (gen, entries)
         return entries
 
-    async def _hold_all(self, mid: bytes, shards: int) -> bool:
-        bits = dict(await self._have_map()).get(mid)
-        return bits is not None and int.from_bytes(bits, "little").bit_count() == shards
-
     async def _wait_changed(self, timeout_s: float) -> None:
         with trio.move_on_after(timeout_s):
             gen = self._have_gen
@@ -363,13 +361,18 @@ class WeightSync:
             return await trio.to_thread.run_sync(self.store.envelope, mid)
 
         async def shard(mid: bytes, index: int) -> bytes | None:
+            # "not held" ([-1]) also answers: the publisher's first copies go first, and a
+            # capped uplink past its queue limit is busy (both `protocol.shard_schedule`)
             m = self._manifests.get(mid)
-            if m is not None and await self._hold_all(mid, len(m.shards)):
+            if m is not None and mid in self._published:
                 served = self._served.setdefault(mid, {})
                 if not first_copies_first(served, len(m.shards), index):
                     self._bump("shards_declined_for_first_copies")
                     return None
                 served[index] = served.get(index, 0) + 1
+            elif self.limiter.busy():
+                self._bump("shards_declined_busy")
+                return None
             return await trio.to_thread.run_sync(self.store.read_shard, mid, index)
 
         try:
@@ -554,6 +557,7 @@ class WeightSync:
         for mid in [k for k, m in self._manifests.items() if m.version < floor]:
             self._manifests.pop(mid, None)
             self._served.pop(mid, None)
+            self._published.discard(mid)
 
     # -- have-maps ---------------------------------------------------------------------------
 

@@ -84,3 +84,28 @@ def test_a_waiter_cancelled_leaves_the_queue_and_the_turn_passes_on() -> None:
 
     _run(main)
     assert set(done) == {"a", "b"} and done["b"] < 0.5, done
+
+
+def test_a_capped_server_is_busy_while_its_queue_takes_over_the_wait_limit() -> None:
+    """`busy()` is `upload_busy` on the bytes still to send: a 1 MiB/s cap with 5 MiB of
+    transfers queued (5 s > 4 s) declines new requests; as the pieces go out it takes
+    requests again; an uncapped server is never busy; a transfer that ends early leaves
+    nothing counted."""
+
+    async def main() -> None:
+        limiter = UploadLimiter(1.0, burst_s=0.0)
+        assert not limiter.busy()
+        with limiter.sending(3 * MiB) as a:
+            assert not limiter.busy()  # 3 s of queue
+            with limiter.sending(2 * MiB):
+                assert limiter.busy() and limiter.queued == 5 * MiB
+                await limiter.acquire(MiB, 3 * MiB)
+                a.sent(MiB)
+                assert not limiter.busy() and limiter.queued == 4 * MiB
+            assert limiter.queued == 2 * MiB  # the second ended early: its rest is gone
+        assert limiter.queued == 0
+        free = UploadLimiter(0.0)
+        with free.sending(1000 * MiB):
+            assert not free.busy()
+
+    _run(main)

@@ -460,3 +460,44 @@ async def test_a_future_version_must_be_backed_by_its_sender(tmp_path: Path) -> 
             )
             assert t.rejects["unbacked_version"] == 1  # one question for the three claims
             assert t.rejects["future_version"] == 3
+
+
+async def test_a_busy_relay_declines_and_only_the_publisher_sends_first_copies_first(
+    tmp_path: Path,
+) -> None:
+    """A capped relay whose queued upload would take over 4 s answers "not held" (no
+    blame, `upload_busy`); with room it serves. A relay that finished sends a shard as
+    often as it is asked (first copies first is the publisher's rule: a finished receiver
+    applying it starved the last receivers in the 1,000-peer simulation); the trainer
+    that published the version declines a second copy until every shard went out once."""
+    trainer = Identity.generate()
+    manifest = run_manifest("busy", trainer)
+    async with open_peer(cfg(tmp_path, "t", manifest, trainer)) as t:
+        boot = (t.host.listen_addrs()[0],)
+        async with (
+            open_peer(cfg(tmp_path, "a", manifest, bootstrap=boot)) as a,
+            open_peer(cfg(tmp_path, "b", manifest, bootstrap=boot)) as b,
+        ):
+            await t.weights.publish(ckpt(0))
+            await until("a installs v0", lambda: a.weights.newest() == 0)
+            mid, m = next((k, v) for k, v in a.weights._manifests.items() if v.kind == "full")
+            size = m.shards[0].size
+
+            async def ask(p) -> bytes | None:  # type: ignore[no-untyped-def]
+                return await shard_exchange.fetch_shard(
+                    b.host, p.host.peer_id, b.run_id, mid, 0, size
+                )
+
+            a.weights.limiter.set_rate(1.0)
+            with a.weights.limiter.sending(5 * 1024 * 1024):  # 5 s of queue at 1 MiB/s
+                assert await ask(a) is None
+            assert a.weights.counters.get("shards_declined_busy") == 1
+            # Shard 0 went out once, the others never: the publisher declines a second
+            # copy of it; the relay serves it (twice).
+            t.weights._served[mid] = {0: 1}
+            declined = t.weights.counters.get("shards_declined_for_first_copies", 0)
+            assert await ask(t) is None
+            assert t.weights.counters["shards_declined_for_first_copies"] == declined + 1
+            first = await ask(a)
+            assert first is not None and await ask(a) == first
+            assert a.weights.counters.get("shards_declined_for_first_copies", 0) == 0
