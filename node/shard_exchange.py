@@ -19,8 +19,9 @@ read and write under the host's I/O deadline:
                                    once (the constants and the rule a client applies,
                                    `pushes_too_fast`, are `protocol.shard_schedule`'s)
                        "manifest", "newest": the envelope bytes, or an empty frame
-                       "shard":    a header frame msgpack [size] (size -1: not held), then
-                                   the bytes in frames of at most CHUNK bytes
+                       "shard":    a header frame msgpack [size] (size -1: not held, or
+                                   not now: first copies first; -2: busy, the uplink is
+                                   full), then the bytes in frames of at most CHUNK bytes
 
 Have-maps are pushed, BitTorrent's HAVE messages in spirit: one long-lived stream per
 pair of peers costs nothing while nothing changes, where polling cost two stream setups
@@ -67,6 +68,14 @@ class BadRequest(PeerError):
 
 class ShardFailed(PeerError):
     """A shard transfer broke: size mismatch, truncated, or refused."""
+
+
+class ShardBusy(PeerError):
+    """The server holds the shard but its uplink is full (`upload_busy`): no blame."""
+
+
+class Busy(Exception):
+    """Raised by a server's shard callback: answer "busy" (-2)."""
 
 
 def protocol_id(run_id: str) -> str:
@@ -141,7 +150,11 @@ async def serve(
     if req[0] == "newest":
         await stream.send(await newest() or b"")
         return 0
-    data = await shard(req[1], req[2])
+    try:
+        data = await shard(req[1], req[2])
+    except Busy:
+        await stream.send(msgpack.packb([-2]))
+        return 0
     if data is None:
         await stream.send(msgpack.packb([-1]))
         return 0
@@ -258,6 +271,8 @@ async def fetch_shard(
         head = msgpack.unpackb(await stream.receive(64))
         if head == [-1]:
             return None
+        if head == [-2]:
+            raise ShardBusy(peer, "busy: its uplink is full")
         if not (isinstance(head, list) and len(head) == 1 and isinstance(head[0], int)):
             raise ShardFailed(peer, "bad shard header")
         if head[0] != size or size > MAX_SHARD_BYTES:

@@ -361,8 +361,8 @@ class WeightSync:
             return await trio.to_thread.run_sync(self.store.envelope, mid)
 
         async def shard(mid: bytes, index: int) -> bytes | None:
-            # "not held" ([-1]) also answers: the publisher's first copies go first, and a
-            # capped uplink past its queue limit is busy (both `protocol.shard_schedule`)
+            # The publisher's first copies go first ("not held" now), and a capped uplink
+            # past its queue limit is busy (both rules: `protocol.shard_schedule`)
             m = self._manifests.get(mid)
             if m is not None and mid in self._published:
                 served = self._served.setdefault(mid, {})
@@ -372,7 +372,7 @@ class WeightSync:
                 served[index] = served.get(index, 0) + 1
             elif self.limiter.busy():
                 self._bump("shards_declined_busy")
-                return None
+                raise shard_exchange.Busy
             return await trio.to_thread.run_sync(self.store.read_shard, mid, index)
 
         try:
@@ -472,6 +472,10 @@ class WeightSync:
                     data = await shard_exchange.fetch_shard(
                         self.peer.host, req.peer, self.run_id, req.manifest_id, req.index, info.size
                     )
+                except shard_exchange.ShardBusy:
+                    self._bump("shard_fetch_busy")
+                    self.sched.on_busy(req.peer, req.manifest_id, req.index, now())
+                    return
                 except PeerError as exc:
                     self._bump("shard_fetch_failed")
                     log.info("weights: shard %d from %s failed: %s", req.index, req.peer[:12], exc)

@@ -18,8 +18,10 @@ meanwhile (cancelled), and a copy already on the wire arrives and is ignored
 (`bytes_wasted`). A server declines a request while its uplink has more than
 `UPLOAD_MAX_WAIT_S` of queued bytes (`upload_busy`), except the origin, which sends each
 shard once before any twice instead (`first_copies_first`; declining redirects nobody
-while its copies are the only ones); both answer "not held", as the real node, and the
-declined client hears the server's have-map again after the real node's keepalive.
+while its copies are the only ones). As in the real node, the first answers "busy"
+(`on_busy`: the client leaves that server alone for about a shard's time) and the
+second "not held" (`on_missing`: the client asks it for other shards at once and hears
+its have-map again after the real node's keepalive).
 """
 
 from __future__ import annotations
@@ -102,10 +104,11 @@ def simulate_broadcast(cfg: BroadcastConfig, net_cfg: NetConfig, seed: int = 0) 
         whole = src == 0  # the publisher: its copies are the only ones (first copies first)
         held = idx in have[src]
         queued = max(net.up_free[src] - loop.now, 0.0) * net.up[src] + queued_bytes[src]
-        declined = held and (
-            (whole and not first_copies_first(served[src], shards, idx))
-            or (src != 0 and upload_busy(queued, net.up[src]))
-        )
+        if held and src != 0 and upload_busy(queued, net.up[src]):
+            sched[p].on_busy(str(src), MANIFEST, idx, loop.now)
+            pump(p)
+            return
+        declined = held and whole and not first_copies_first(served[src], shards, idx)
         if not held or declined:
             sched[p].on_missing(str(src), MANIFEST, idx, loop.now)
             if declined:  # the real node's have-map keepalive tells p again

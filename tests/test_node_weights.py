@@ -465,8 +465,8 @@ async def test_a_future_version_must_be_backed_by_its_sender(tmp_path: Path) -> 
 async def test_a_busy_relay_declines_and_only_the_publisher_sends_first_copies_first(
     tmp_path: Path,
 ) -> None:
-    """A capped relay whose queued upload would take over 4 s answers "not held" (no
-    blame, `upload_busy`); with room it serves. A relay that finished sends a shard as
+    """A capped relay whose queued upload would take over 4 s answers "busy" (no blame,
+    `upload_busy`); with room it serves. A relay that finished sends a shard as
     often as it is asked (first copies first is the publisher's rule: a finished receiver
     applying it starved the last receivers in the 1,000-peer simulation); the trainer
     that published the version declines a second copy until every shard went out once."""
@@ -490,7 +490,8 @@ async def test_a_busy_relay_declines_and_only_the_publisher_sends_first_copies_f
 
             a.weights.limiter.set_rate(1.0)
             with a.weights.limiter.sending(5 * 1024 * 1024):  # 5 s of queue at 1 MiB/s
-                assert await ask(a) is None
+                with pytest.raises(shard_exchange.ShardBusy):
+                    await ask(a)
             assert a.weights.counters.get("shards_declined_busy") == 1
             # Shard 0 went out once, the others never: the publisher declines a second
             # copy of it; the relay serves it (twice).

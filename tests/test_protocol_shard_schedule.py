@@ -126,23 +126,24 @@ def test_missing_answer_updates_have_map_without_blame():
     assert requests(s.next_requests(4.0)) == [("a", 0)]
 
 
-def test_a_peer_that_declined_an_offered_shard_is_busy_until_its_keepalive():
+def test_a_busy_peer_is_left_alone_until_its_keepalive_and_a_not_held_one_is_not():
     from protocol.shard_schedule import HAVE_KEEPALIVE_S
 
     s = sched(per_peer=1, total=4)
     s.want(M, [MiB] * 3)
     s.on_have("a", M, {0, 1, 2}, 0.0)
     ((_, i),) = requests(s.next_requests(0.0))
-    s.on_missing("a", M, i, 1.0)  # offered, then declined: busy ("not held" on the wire)
+    s.on_busy("a", M, i, 1.0)
     assert s.next_requests(1.0) == []  # not asked for its other shards either
     assert s.next_requests(1.0 + HAVE_KEEPALIVE_S - 0.01) == []
-    assert len(requests(s.next_requests(1.0 + HAVE_KEEPALIVE_S))) == 1
-    # A shard its have-map never offered is a stale map, not a busy peer.
-    s2 = sched(per_peer=1, total=4)
-    s2.want(M, [MiB] * 3)
-    s2.on_have("a", M, {0, 1}, 0.0)
-    s2.on_missing("a", M, 2, 1.0)
-    assert len(requests(s2.next_requests(1.0))) == 1
+    assert requests(s.next_requests(1.0 + HAVE_KEEPALIVE_S)) == [("a", i)]  # still held
+    # "Not held" is no busy peer: it is asked for its other shards at once.
+    g = sched(per_peer=1, total=4)
+    g.want(M, [MiB] * 3)
+    g.on_have("a", M, {0, 1, 2}, 0.0)
+    ((_, i),) = requests(g.next_requests(0.0))
+    g.on_missing("a", M, i, 1.0)
+    assert len(requests(g.next_requests(1.0))) == 1
 
 
 def test_no_endgame_while_a_shard_waits_for_a_busy_holder():
@@ -151,7 +152,7 @@ def test_no_endgame_while_a_shard_waits_for_a_busy_holder():
     s.on_have("a", M, {0}, 0.0)
     s.on_have("c", M, {1}, 0.0)
     assert sorted(requests(s.next_requests(0.0))) == [("a", 0), ("c", 1)]
-    s.on_missing("c", M, 1, 0.5)  # c is busy: shard 1 waits for it
+    s.on_busy("c", M, 1, 0.5)  # c is busy: shard 1 waits for it
     s.on_have("b", M, {0}, 0.6)
     assert s.next_requests(0.6) == []  # shard 0 is not duplicated onto the idle holder
     s.on_have("c", M, {1}, 3.5)  # c's keepalive: every missing shard in flight, endgame
