@@ -3,6 +3,7 @@ publish, swarm fetch, delta install, bad input of each kind named in issue 8."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -70,6 +71,20 @@ async def until(what: str, check, timeout: float = 90.0) -> None:  # type: ignor
 
 def run_manifest(name: str, trainer: Identity):  # type: ignore[no-untyped-def]
     return dataclasses.replace(net_manifest(name), trainer_keys=(trainer.peer_id,), max_staleness=1)
+
+
+@contextlib.asynccontextmanager
+async def trainer_and_two(tmp: Path, name: str):  # type: ignore[no-untyped-def]
+    """The trainer of run `name` and two relays bootstrapped from it."""
+    trainer = Identity.generate()
+    manifest = run_manifest(name, trainer)
+    async with open_peer(cfg(tmp, "t", manifest, trainer)) as t:
+        boot = (t.host.listen_addrs()[0],)
+        async with (
+            open_peer(cfg(tmp, "a", manifest, bootstrap=boot)) as a,
+            open_peer(cfg(tmp, "b", manifest, bootstrap=boot)) as b,
+        ):
+            yield t, a, b
 
 
 async def test_publish_reaches_peers_then_patches_install(tmp_path: Path) -> None:
@@ -351,29 +366,22 @@ async def test_wait_installed_returns_for_version_zero(tmp_path: Path) -> None:
 async def test_have_maps_are_pushed_and_an_idle_swarm_opens_no_streams(tmp_path: Path) -> None:
     # Polling have-maps cost two stream setups per peer pair and period: 9 idle peers kept
     # 2 cores busy. A watch is one long-lived stream per pair; nothing is opened while idle.
-    trainer = Identity.generate()
-    manifest = run_manifest("push", trainer)
-    async with open_peer(cfg(tmp_path, "t", manifest, trainer)) as t:
-        boot = (t.host.listen_addrs()[0],)
-        async with (
-            open_peer(cfg(tmp_path, "a", manifest, bootstrap=boot)) as a,
-            open_peer(cfg(tmp_path, "b", manifest, bootstrap=boot)) as b,
-        ):
-            await t.weights.publish(ckpt(0))
-            await until("v0 everywhere", lambda: a.weights.newest() == 0 == b.weights.newest())
-            await trio.sleep(1.5)
-            opened = {p.identity.peer_id: p.weights.counters.get("watches_opened", 0) for p in (t, a, b)}
-            served = t.weights.counters.get("shards_served", 0)
-            await trio.sleep(4.0)  # past the keepalive: watches stay open, nothing is polled
-            for p in (t, a, b):
-                assert p.weights.counters.get("watches_opened", 0) == opened[p.identity.peer_id]
-                assert p.weights._peer_have  # the keepalives kept coming
-            assert t.weights.counters.get("shards_served", 0) == served
-            # a change is pushed: a joiner learns of v0 from a's have-map, no poll period
-            t0 = trio.current_time()
-            async with open_peer(cfg(tmp_path, "c", manifest, bootstrap=(a.host.listen_addrs()[0],))) as c:
-                await until("c has v0", lambda: c.weights.newest() == 0, timeout=30)
-                assert trio.current_time() - t0 < 15
+    async with trainer_and_two(tmp_path, "push") as (t, a, b):
+        await t.weights.publish(ckpt(0))
+        await until("v0 everywhere", lambda: a.weights.newest() == 0 == b.weights.newest())
+        await trio.sleep(1.5)
+        opened = {p.identity.peer_id: p.weights.counters.get("watches_opened", 0) for p in (t, a, b)}
+        served = t.weights.counters.get("shards_served", 0)
+        await trio.sleep(4.0)  # past the keepalive: watches stay open, nothing is polled
+        for p in (t, a, b):
+            assert p.weights.counters.get("watches_opened", 0) == opened[p.identity.peer_id]
+            assert p.weights._peer_have  # the keepalives kept coming
+        assert t.weights.counters.get("shards_served", 0) == served
+        # a change is pushed: a joiner learns of v0 from a's have-map, no poll period
+        t0 = trio.current_time()
+        async with open_peer(cfg(tmp_path, "c", t.manifest, bootstrap=(a.host.listen_addrs()[0],))) as c:
+            await until("c has v0", lambda: c.weights.newest() == 0, timeout=30)
+            assert trio.current_time() - t0 < 15
 
 
 async def test_a_peer_pushing_have_maps_too_fast_is_cut_off(tmp_path: Path) -> None:
@@ -470,35 +478,28 @@ async def test_a_busy_relay_declines_and_only_the_publisher_sends_first_copies_f
     often as it is asked (first copies first is the publisher's rule: a finished receiver
     applying it starved the last receivers in the 1,000-peer simulation); the trainer
     that published the version declines a second copy until every shard went out once."""
-    trainer = Identity.generate()
-    manifest = run_manifest("busy", trainer)
-    async with open_peer(cfg(tmp_path, "t", manifest, trainer)) as t:
-        boot = (t.host.listen_addrs()[0],)
-        async with (
-            open_peer(cfg(tmp_path, "a", manifest, bootstrap=boot)) as a,
-            open_peer(cfg(tmp_path, "b", manifest, bootstrap=boot)) as b,
-        ):
-            await t.weights.publish(ckpt(0))
-            await until("a installs v0", lambda: a.weights.newest() == 0)
-            mid, m = next((k, v) for k, v in a.weights._manifests.items() if v.kind == "full")
-            size = m.shards[0].size
+    async with trainer_and_two(tmp_path, "busy") as (t, a, b):
+        await t.weights.publish(ckpt(0))
+        await until("a installs v0", lambda: a.weights.newest() == 0)
+        mid, m = next((k, v) for k, v in a.weights._manifests.items() if v.kind == "full")
+        size = m.shards[0].size
 
-            async def ask(p) -> bytes | None:  # type: ignore[no-untyped-def]
-                return await shard_exchange.fetch_shard(
-                    b.host, p.host.peer_id, b.run_id, mid, 0, size
-                )
+        async def ask(p) -> bytes | None:  # type: ignore[no-untyped-def]
+            return await shard_exchange.fetch_shard(
+                b.host, p.host.peer_id, b.run_id, mid, 0, size
+            )
 
-            a.weights.limiter.set_rate(1.0)
-            with a.weights.limiter.sending(5 * 1024 * 1024):  # 5 s of queue at 1 MiB/s
-                with pytest.raises(shard_exchange.ShardBusy):
-                    await ask(a)
-            assert a.weights.counters.get("shards_declined_busy") == 1
-            # Shard 0 went out once, the others never: the publisher declines a second
-            # copy of it; the relay serves it (twice).
-            t.weights._served[mid] = {0: 1}
-            declined = t.weights.counters.get("shards_declined_for_first_copies", 0)
-            assert await ask(t) is None
-            assert t.weights.counters["shards_declined_for_first_copies"] == declined + 1
-            first = await ask(a)
-            assert first is not None and await ask(a) == first
-            assert a.weights.counters.get("shards_declined_for_first_copies", 0) == 0
+        a.weights.limiter.set_rate(1.0)
+        with a.weights.limiter.sending(5 * 1024 * 1024):  # 5 s of queue at 1 MiB/s
+            with pytest.raises(shard_exchange.ShardBusy):
+                await ask(a)
+        assert a.weights.counters.get("shards_declined_busy") == 1
+        # Shard 0 went out once, the others never: the publisher declines a second
+        # copy of it; the relay serves it (twice).
+        t.weights._served[mid] = {0: 1}
+        declined = t.weights.counters.get("shards_declined_for_first_copies", 0)
+        assert await ask(t) is None
+        assert t.weights.counters["shards_declined_for_first_copies"] == declined + 1
+        first = await ask(a)
+        assert first is not None and await ask(a) == first
+        assert a.weights.counters.get("shards_declined_for_first_copies", 0) == 0
