@@ -70,6 +70,7 @@ class Workload:
     peers: int = 100
     duration_s: float = 300.0
     publish_interval_s: float = 60.0  # each worker publishes one rollout per interval
+    burst: int = 1  # ... as generation batches: `burst` rollouts at once every burst intervals
     publishers: float = 1.0  # share of peers (besides the trainer, peer 0) that publish
     header_bytes: int = 600
     body_bytes: int = 20_000
@@ -100,8 +101,8 @@ class Workload:
             raise ValueError("a workload needs >= 2 peers, a duration and a publish interval")
         if not (0 <= self.publishers <= 1 and 0 <= self.pullers <= 1):
             raise ValueError("publishers and pullers are shares in [0, 1]")
-        if self.lifetime_s <= 0 or self.connect_to < 1 or self.pull_tries < 1:
-            raise ValueError("lifetime_s > 0, connect_to >= 1, pull_tries >= 1")
+        if self.lifetime_s <= 0 or self.connect_to < 1 or self.pull_tries < 1 or self.burst < 1:
+            raise ValueError("lifetime_s > 0, connect_to >= 1, pull_tries >= 1, burst >= 1")
 
 
 class Swarm:
@@ -268,13 +269,14 @@ class Swarm:
     def _publish_loop(self, p: int) -> None:
         if self.loop.now >= self.wl.duration_s:
             return  # publishing is over; the run drains
-        self.loop.after(self.wl.publish_interval_s, self._publish_loop, p)
+        self.loop.after(self.wl.publish_interval_s * self.wl.burst, self._publish_loop, p)
         if self.net.online[p]:
-            counter = self.counter[p]
-            # A shopper makes 1/shop_keep rollouts per interval and publishes one of them.
-            keep = self.adv.shop_keep if self.behaviour[p] == Behaviour.SHOP else 1.0
-            self.counter[p] += max(1, round(1 / keep))
-            self.publish(p, counter=counter)
+            for _ in range(self.wl.burst):
+                counter = self.counter[p]
+                # A shopper makes 1/shop_keep rollouts per interval and publishes one of them.
+                keep = self.adv.shop_keep if self.behaviour[p] == Behaviour.SHOP else 1.0
+                self.counter[p] += max(1, round(1 / keep))
+                self.publish(p, counter=counter)
 
     def publish(
         self, p: int, *, valid: bool = True, body_digest: bytes | None = None,

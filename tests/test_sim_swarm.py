@@ -219,3 +219,24 @@ def test_a_replayer_is_the_author_of_its_replays_and_pays_for_them():
     for p in replayers:
         assert sum(a.scores.score(sw.ids[p], now) for a in sw.adm) < 0
     assert fig["honest_penalized"] == 0
+
+
+def test_a_burst_publishes_generation_batches_at_the_same_mean_rate():
+    """`burst = 4`: a worker publishes 4 rollouts at once every 4 intervals (an inference
+    batch), as the real bench gossip's producers do; the count is the same as one per
+    interval, the signing times come in groups."""
+    one = Swarm(Workload(peers=10, duration_s=40, publish_interval_s=5, warm_start=True), seed=5)
+    four = Swarm(dataclasses.replace(one.wl, burst=4), seed=5)
+    t_one, t_four = [], []
+    for sw, times in ((one, t_one), (four, t_four)):
+        publish = sw.publish
+
+        def record(p, _publish=publish, _times=times, _sw=sw, **kw):  # type: ignore[no-untyped-def]
+            _times.append(_sw.loop.now)
+            return _publish(p, **kw)
+
+        sw.publish = record  # type: ignore[method-assign]
+        sw.run()
+    assert len(t_one) == len(t_four) > 0
+    assert len(set(t_four)) * 4 == len(t_four)  # four at each instant
+    assert len(set(t_one)) > len(set(t_four))

@@ -18,9 +18,11 @@ Modes (after `--quick`):
                   is `SCALE_WORKLOAD`'s, see there): wall_s, peak_rss_mb
     --fidelity    the real-peer `bench gossip` setup (read from `--gossip-json FILE`, the
                   JSON line that bench printed; without it bench gossip --quick runs
-                  first), simulated with loopback latency, the per-message CPU cost
-                  measured here on real signed records (decode + verify) and the
-                  machine's cores shared by every peer: sim_latency_p50_ms,
+                  first), simulated with its loopback latency, its generation batches
+                  (`burst`), the per-message CPU cost measured here on real signed
+                  records (decode + verify) scaled to the real peers' CPU per delivery
+                  (`cpu_s_per_record_main`; `cpu_scale_to_real`) and the machine's cores
+                  shared by every peer: sim_latency_p50_ms,
                   sim_latency_p99_ms beside latency_p50_ms, latency_p99_ms and the
                   ratios p50_ratio, p99_ratio (sim / real)
 
@@ -194,20 +196,29 @@ def fidelity(quick: bool, seed: int, gossip_json: Path | None) -> dict[str, Any]
     rtt_ms = p.get("loopback_rtt_ms_median") or 0.1
     body = p["record_bytes"] - p["header_bytes"]
     loopback = 200 * 1.048576 * 8  # Mb/s: Noise + Yamux on loopback (DESIGN.md)
+    per_msg, per_byte = header_s, max(0.0, (record_s - header_s) / max(1, body))
+    # A delivery costs a header and a record pull here; the real peers spent
+    # `cpu_s_per_record_main` per delivery (every process's CPU / records delivered:
+    # gossip, streams, store, proofs, besides decode + verify): scaled to it, in the same
+    # proportions. Decode + verify alone is ~1/20 of it, and predicted latencies 1/7.
+    sim_delivery_s = 2 * per_msg + (p["header_bytes"] + p["record_bytes"]) * per_byte
+    real_delivery_s = real.get("cpu_s_per_record_main") or 0.0
+    scale = real_delivery_s / sim_delivery_s if real_delivery_s and sim_delivery_s else 1.0
     net = NetConfig(
         regions=("loopback",),
         latency_ms=((rtt_ms / 2,),),
         jitter=0.1,
         up_mbps=(loopback, loopback),
         down_mbps=(loopback, loopback),
-        cpu_per_msg_s=header_s,
-        cpu_per_byte_s=max(0.0, (record_s - header_s) / max(1, body)),
+        cpu_per_msg_s=per_msg * scale,
+        cpu_per_byte_s=per_byte * scale,
         shared_cpus=int(p.get("cpus") or 0),
     )
     wl = Workload(
         peers=p["peers"],
         duration_s=p["duration_s"],
         publish_interval_s=1.0 / p["rate_per_producer_per_s"],
+        burst=int(p.get("records_per_generation_batch") or 1),
         publishers=p["producers"] / max(1, p["peers"] - 1),
         header_bytes=p["header_bytes"],
         body_bytes=body,
@@ -227,6 +238,7 @@ def fidelity(quick: bool, seed: int, gossip_json: Path | None) -> dict[str, Any]
         "p99_ratio": round(sim99 / r99, 3) if sim99 and r99 else None,
         "cpu_per_header_ms": round(header_s * 1000, 3),
         "cpu_per_record_ms": round(record_s * 1000, 3),
+        "cpu_scale_to_real": round(scale, 2),
         "sim_delivery_ratio": fig["delivery_ratio"],
         "real_delivery_ratio": real.get("delivery_ratio"),
     }
