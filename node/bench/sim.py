@@ -140,9 +140,6 @@ def scale(quick: bool, seed: int) -> dict[str, Any]:
     wl = QUICK_SCALE if quick else SCALE_WORKLOAD
     _say(f"scale: {wl.peers} peers, {wl.duration_s:.0f} virtual s")
     fig, wall, events = _gossip(wl, seed)
-    cold_wl = dataclasses.replace(QUICK_WORKLOAD, warm_start=False)
-    _say(f"default, cold start: {cold_wl.peers} peers, {cold_wl.duration_s:.0f} virtual s")
-    cold, _, _ = _gossip(cold_wl, seed)
     return {
         "peers": wl.peers,
         "virtual_s": wl.duration_s,
