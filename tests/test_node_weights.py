@@ -489,6 +489,8 @@ async def test_a_busy_relay_declines_and_only_the_publisher_sends_first_copies_f
                 b.host, p.host.peer_id, b.run_id, mid, 0, size
             )
 
+        # b asks a directly: discovery may not have linked the two relays yet.
+        assert (await b.host.connect(a.host.listen_addrs()[0])).ok
         a.weights.limiter.set_rate(1.0)
         with a.weights.limiter.sending(5 * 1024 * 1024):  # 5 s of queue at 1 MiB/s
             with pytest.raises(shard_exchange.ShardBusy):
