@@ -26,8 +26,10 @@ from protocol.content_id import content_id
 from protocol.envelope import seal
 from protocol.identity import Identity
 from protocol.rollout import open_header
-from protocol.wire import RolloutRecord, Verdict
+from protocol.wire import Metric, RolloutRecord, Verdict
 from tests.test_node_integration_peer import _until
+from verify.auditor import AuditSettings
+from verify.producer import WINDOW
 
 pytestmark = pytest.mark.network
 
@@ -62,7 +64,7 @@ async def test_failed_verdicts_are_rechecked_before_anyone_pays(
                 "validator_keys": [me.peer_id_b58, accuser.peer_id_b58]},
         "datasets": [{"name": "basic_arithmetic", "weight": 1}],
     })  # fmt: skip
-    monkeypatch.setattr(validator_role, "load", lambda ctx, m: (object(), None, None, frozenset()))
+    monkeypatch.setattr(validator_role, "load", lambda ctx, m: (object(), None, AuditSettings(), frozenset()))
     monkeypatch.setattr("verify.auditor.audit_many", _stand_in_audit)
     cfg = PeerConfig(manifest=manifest, identity=me, data_dir=tmp_path / "v",
                      roles=("validator",), pull_bodies=False)  # fmt: skip
@@ -109,4 +111,58 @@ async def test_failed_verdicts_are_rechecked_before_anyone_pays(
         )
         assert ctx.status["fraud"]["convicted"] == 1
         assert ctx.status["fraud"]["acquitted"] == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_producer_whose_window_median_is_over_the_limit_pays(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 11: every record of a slightly-off worker passes alone; the median of its
+    window of WINDOW audited records is over the calibrated limit, so it pays, once per
+    window. An honest worker whose records spike one by one (below half the window) does
+    not."""
+    me, honest, drifty = Identity.generate(), Identity.generate(), Identity.generate()
+    manifest = manifest_from_table({
+        "run": {"id": "producer", "seed": 7, "max_staleness": 2, "validator_keys": [me.peer_id_b58]},
+        "datasets": [{"name": "basic_arithmetic", "weight": 1}],
+    })  # fmt: skip
+    settings = AuditSettings()
+    limit = settings.thresholds.producer_logprob_err_median
+    counter = {honest.peer_id: 0}
+
+    def audit(rollouts, model, **_kw):  # type: ignore[no-untyped-def]
+        out = []
+        for ro in rollouts:
+            if ro.envelope.signer == honest.peer_id:
+                counter[honest.peer_id] += 1  # every third record of the honest one spikes
+                value = 3 * limit if counter[honest.peer_id] % 3 == 0 else limit / 10
+            else:
+                value = 2 * limit  # each record passes (the per-record limit is higher)
+            out.append(Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer, passed=True,
+                               reason="ok", reward_rescored=0.0,
+                               metrics=(Metric(name="logprob_err_mean", value=value),)))  # fmt: skip
+        return out
+
+    monkeypatch.setattr(validator_role, "load", lambda ctx, m: (object(), None, settings, frozenset()))
+    monkeypatch.setattr("verify.auditor.audit_many", audit)
+    cfg = PeerConfig(manifest=manifest, identity=me, data_dir=tmp_path / "v",
+                     roles=("validator",), pull_bodies=False)  # fmt: skip
+    ctx = RoleContext(audit_fraction=1.0, data_dir=tmp_path, say=lambda _m: None)
+    async with open_peer(cfg) as peer, trio.open_nursery() as nursery:
+        nursery.start_soon(validator_role.run, peer, ctx)
+        await trio.sleep(0.2)
+        sender = Identity.generate().peer_id_b58
+        scores = peer.admission.scores
+        for i in range(2 * WINDOW):
+            for producer, counter0 in ((honest, 0), (drifty, 1000)):  # bodies differ
+                data = _record(producer, manifest, counter0 + i, cheat=False)
+                assert await peer._admit(sender, Kind.ROLLOUT_RECORD, data)
+        await _until("two windows judged", lambda: ctx.status.get("producer_findings") == 2)
+        await trio.sleep(0.3)
+        assert ctx.status["passed"] == 4 * WINDOW
+        assert scores.score(drifty.peer_id_b58, time.time()) <= 2 * validator_role.PRODUCER_PENALTY + 5
+        assert scores.score(honest.peer_id_b58, time.time()) >= 0
+        last = ctx.status["producer_findings_last"]
+        assert [f["producer"] for f in last] == [drifty.peer_id.hex()[-12:]] * 2
+        assert all(f["records"] == WINDOW and f["median"] > f["limit"] for f in last)
         nursery.cancel_scope.cancel()

@@ -64,3 +64,21 @@ def test_bad_settings_are_refused() -> None:
         ProducerTally(LIMIT, window=0)
     with pytest.raises(ValueError):
         window_median([])
+
+
+def test_calibration_sets_the_producer_limit_at_the_largest_honest_record() -> None:
+    import json
+
+    from verify.calibration import decode_calibration, encode_calibration
+    from verify.thresholds import BF16_FLOOR, STRICT, STRICT_FLOOR, calibrate
+
+    rows = [{"logprob_err_mean": v} for v in (1e-7, 3e-6, 2e-7)]
+    assert calibrate(rows, STRICT_FLOOR).producer_logprob_err_median == 3e-6
+    assert calibrate(rows[:1], STRICT_FLOOR).producer_logprob_err_median == 1e-6  # the floor
+    assert calibrate([], BF16_FLOOR).producer_logprob_err_median == BF16_FLOOR.producer_logprob_err_median
+    # a file written before the limit existed takes its regime's default, not bf16's
+    data = encode_calibration({"fp32": calibrate(rows, STRICT_FLOOR)}, {}, model="m")
+    doc = json.loads(data)
+    del doc["regimes"]["fp32"]["producer_logprob_err_median"]
+    old = decode_calibration(json.dumps(doc).encode())
+    assert old.regimes["fp32"].producer_logprob_err_median == STRICT.producer_logprob_err_median

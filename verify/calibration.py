@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from protocol.content_id import content_id
-from verify.thresholds import Thresholds
+from verify.thresholds import STRICT, THRESHOLDS, Thresholds
 
 FILE_NAME = "calibration.json"
 FORMAT = 1
@@ -89,7 +89,9 @@ def decode_calibration(data: bytes, expect_digest: bytes = b"") -> Calibration:
                 raise CalibrationError(
                     f"calibration file: regimes.{precision}.{k}: expected a number >= 0"
                 )
-        regimes[str(precision)] = replace(Thresholds(), **limits)
+        # A limit added after the file was written takes its regime's default.
+        default = STRICT if precision == "fp32" else THRESHOLDS
+        regimes[str(precision)] = replace(default, **limits)
     return Calibration(regimes, doc.get("measured") or {}, str(doc.get("model", "")), digest)
 
 

@@ -10,9 +10,18 @@ though, while honest noise is not: the median over a window of a worker's record
 exceeds the largest error any single honest record showed in calibration only when at
 least half of the window does.
 
+Measured on the built-in policy (64 records a case, two seeds, fp32 worker and audit, the
+statistic `logprob_err_mean`): honest records over four variations reach 8.8e-7 one by
+one, their windows' medians at most 2.6e-7; a rank-1 change of 0.3% to a middle-layer
+MLP matrix, of which a third to two thirds of the records fail alone, gives windows with
+medians of at least 4.7e-6, and weights one training step old at least 4.4e-5. In bf16
+the rule finds nothing at 10%: honest windows reach medians of 2.6e-3 against 0.3-2.7e-3
+for the changed workers, whose own rounding is as large as the change.
+
 What lives here, pure (no model, no IO): `ProducerTally` keeps, per producer, the
-statistic of its last `window` records that passed their own audit and returns a
-`ProducerFinding` when a full window's median is over the limit; `window_median` is the
+statistic of its last `window` audited records (passed or failed: a failed record is as
+much the producer's work) and returns a `ProducerFinding` when a full window's median is
+over the limit; `window_median` is the
 rule itself, which a peer re-checking a finding applies to its own audits of the same
 records. A finding is evidence only with those records: the node turns it into a signed
 claim whose re-check re-audits every record it names (the fraud rule of one record,
@@ -39,7 +48,7 @@ def window_median(values: Sequence[float]) -> float:
 
 @dataclass(frozen=True, slots=True)
 class ProducerFinding:
-    """A full window of `producer`'s passed records whose median is over `limit`."""
+    """A full window of `producer`'s audited records whose median is over `limit`."""
 
     producer: bytes
     rollout_ids: tuple[bytes, ...]
@@ -48,7 +57,7 @@ class ProducerFinding:
 
 
 class ProducerTally:
-    """Per producer, the statistic of its last `window` passed records; bounded to
+    """Per producer, the statistic of its last `window` audited records; bounded to
     `max_producers` (the least recently seen is forgotten first)."""
 
     def __init__(
@@ -67,8 +76,8 @@ class ProducerTally:
     def add(
         self, producer: bytes, rollout_id: bytes, metrics: Mapping[str, float]
     ) -> ProducerFinding | None:
-        """One passed record's metrics. A record without the statistic (an audit that
-        stopped before the model checks) is not counted."""
+        """One audited record's metrics. A record without the statistic (an audit that
+        stopped at a cheap check, before the model) is not counted."""
         value = metrics.get(self.stat)
         if value is None:
             return None

@@ -40,6 +40,9 @@ class Thresholds:
     drift_proof_weight: float = 0.005
     # reward re-scoring
     reward_tolerance: float = 1e-6
+    # per producer (verify.producer): the median of logprob_err_mean over a window of a
+    # worker's audited records; calibrated at the largest honest value of a single record
+    producer_logprob_err_median: float = 0.02
 
 
 # The loose regime: a verifier prefill in bf16, judging a worker that computed in bf16.
@@ -61,6 +64,7 @@ STRICT = Thresholds(
     logprob_err_max=0.002,
     logprob_err_mean=0.0005,
     drift=0.0006,
+    producer_logprob_err_median=0.0005,
 )
 
 # Floors of the fp32 regime when calibrated. STRICT above is what a model without a
@@ -70,7 +74,12 @@ STRICT = Thresholds(
 # variations (160 rollouts): drift 3.9e-5, logprob_err_max 3e-5, logprob_err_mean 1e-6;
 # a rank-1 change of 1 % to a first-layer q_proj: drift >= 1.0e-4 in all 64 records,
 # median 4.2e-4. At STRICT's 0.0006 / 0.002 / 0.0005 such changes passed in most records.
-STRICT_FLOOR = replace(STRICT, logprob_err_max=1e-4, logprob_err_mean=1e-5, drift=1e-4)
+# The producer median's floor: honest fp32 records reach 8.8e-7 one by one, windows of 16
+# have medians up to 2.6e-7, and a 0.3% rank-1 change gives medians from 4.7e-6
+# (verify.producer).
+STRICT_FLOOR = replace(
+    STRICT, logprob_err_max=1e-4, logprob_err_mean=1e-5, drift=1e-4, producer_logprob_err_median=1e-6
+)
 
 # Floors of the bf16 regime when calibrated: bf16 decode and bf16 prefill round alike
 # most of the time (often to the bit on this CPU) but not always, so its floors allow a
@@ -86,6 +95,7 @@ BF16_FLOOR = Thresholds(
     logprob_err_max=0.005,
     logprob_err_mean=0.0015,
     drift=0.002,  # = logprob_err_mean + drift_proof_weight * proof_mant_mean_all floors
+    producer_logprob_err_median=0.0015,
 )
 
 # Calibrated limits: metric name -> threshold field.
@@ -122,13 +132,18 @@ def calibrate(
     """Thresholds from the metrics of honest rollouts judged at one precision: each
     calibrated limit is `factor` times the largest honest value (`metric_factors`, by
     default METRIC_FACTORS, override it per metric), never below the floor's; other limits
-    are the floor's. Use a calibration set apart from the rollouts to be judged."""
+    are the floor's. The producer median's limit is the largest honest `logprob_err_mean`
+    of a single record itself (a window's median passes it only if half the window does).
+    Use a calibration set apart from the rollouts to be judged."""
     own = METRIC_FACTORS if metric_factors is None else metric_factors
     changes: dict[str, float] = {}
     for metric, name in CALIBRATED.items():
         values = [row[metric] for row in honest if metric in row]
         if values:
             changes[name] = max(getattr(floor, name), own.get(metric, factor) * max(values))
+    values = [row["logprob_err_mean"] for row in honest if "logprob_err_mean" in row]
+    if values:
+        changes["producer_logprob_err_median"] = max(floor.producer_logprob_err_median, max(values))
     return replace(floor, **changes)
 
 

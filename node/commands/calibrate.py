@@ -113,7 +113,7 @@ def measure(
         measured[precision] = {
             "rollouts": len(rows),
             "variations": list(sets),
-            "max": {m: round(max(r.get(m, 0.0) for r in rows), 6) for m in keys},
+            "max": {m: float(f"{max(r.get(m, 0.0) for r in rows):.4g}") for m in keys},
         }
     return regimes, measured
 

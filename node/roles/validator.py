@@ -16,6 +16,13 @@ Fraud evidence (`protocol.fraud`): another validator's failed verdict opens a ca
 take the record (the store, or the body pull that every header starts) and audit it
 ourselves, unsampled, with the same machinery. Reproduced, the producer is banned; not
 reproduced, the accusing validator pays. Such re-checks publish no verdict.
+
+Per producer (`verify.producer`): every audited record's `logprob_err_mean` joins its
+producer's window; a full window whose median is over the calibrated limit costs the
+producer `PRODUCER_PENALTY` here (`producer_findings` and `producer_findings_last` in
+status). It stays this
+validator's own judgement: a claim other peers could re-check needs the window's records
+as evidence, which no wire object carries yet.
 """
 
 from __future__ import annotations
@@ -37,10 +44,12 @@ from protocol.fraud import Audit, FraudCases, NeedRecord, Punish
 from protocol.identity import Identity
 from protocol.rollout import open_record
 from protocol.wire import RolloutRecord
+from verify.producer import ProducerTally
 
 PULLS_BODIES = True
 NEEDS_MODEL = True
 FAILED_AUDIT_PENALTY = -20.0
+PRODUCER_PENALTY = -50.0  # a window of records, each deterministic to re-check
 QUEUE = 1024
 
 
@@ -121,9 +130,12 @@ async def run(peer: Any, ctx: RoleContext) -> None:
     queue = AuditQueue(peer.manifest.max_staleness, QUEUE)
     kick_send, kick_receive = trio.open_memory_channel[None](1)
     counts = {"seen": 0, "sampled": 0, "passed": 0, "failed": 0, "queue_full": 0, "unauthorized": 0,
-              "rechecks": 0, "dropped_stale": 0}  # fmt: skip
+              "rechecks": 0, "dropped_stale": 0, "producer_findings": 0}  # fmt: skip
     reasons: dict[str, int] = {}
     fraud = FraudCases()
+    th = settings.thresholds if settings.precision == "fp32" else settings.bf16_thresholds
+    producers = ProducerTally(th.producer_logprob_err_median)
+    findings: list[dict[str, Any]] = []
 
     def carry_out(actions: list[Any], record: Any = None) -> None:
         for action in actions:
@@ -235,6 +247,16 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                 carry_out(fraud.audited(ro.rollout_id, verdict.passed, verdict.reason, time.time()))
                 if ticket is None:
                     continue  # a fraud re-check: the case's outcome is all it decides
+                found = producers.add(
+                    ro.envelope.signer, ro.rollout_id, {m.name: m.value for m in verdict.metrics}
+                )
+                if found is not None:
+                    counts["producer_findings"] += 1
+                    peer.report(found.producer, PRODUCER_PENALTY,
+                                f"producer median {found.median:.3g} over {found.limit:.3g}")  # fmt: skip
+                    findings.append({"producer": found.producer.hex()[-12:], "median": found.median,
+                                     "limit": found.limit, "records": len(found.rollout_ids)})  # fmt: skip
+                    del findings[:-8]
                 if authorized:
                     await peer.publish_verdict(dataclasses.replace(verdict, sample_ticket=ticket))
                 else:
@@ -251,6 +273,7 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                 **counts,
                 fail_reasons=dict(reasons),
                 fraud=dict(fraud.counts),
+                producer_findings_last=list(findings),
                 audit_s_per_rollout=round((time.monotonic() - started) / len(batch), 3),
             )
 
