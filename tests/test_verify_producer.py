@@ -76,9 +76,14 @@ def test_calibration_sets_the_producer_limit_at_the_largest_honest_record() -> N
     assert calibrate(rows, STRICT_FLOOR).producer_logprob_err_median == 3e-6
     assert calibrate(rows[:1], STRICT_FLOOR).producer_logprob_err_median == 1e-6  # the floor
     assert calibrate([], BF16_FLOOR).producer_logprob_err_median == BF16_FLOOR.producer_logprob_err_median
-    # a file written before the limit existed takes its regime's default, not bf16's
-    data = encode_calibration({"fp32": calibrate(rows, STRICT_FLOOR)}, {}, model="m")
+    # A file written before the limit existed: what calibrate would set, from the file's
+    # own measurements; without them, its regime's default (not bf16's).
+    measured = {"fp32": {"max": {"logprob_err_mean": 3e-6}}}
+    data = encode_calibration({"fp32": calibrate(rows, STRICT_FLOOR)}, measured, model="m")
     doc = json.loads(data)
     del doc["regimes"]["fp32"]["producer_logprob_err_median"]
     old = decode_calibration(json.dumps(doc).encode())
-    assert old.regimes["fp32"].producer_logprob_err_median == STRICT.producer_logprob_err_median
+    assert old.regimes["fp32"].producer_logprob_err_median == 3e-6
+    del doc["measured"]["fp32"]
+    older = decode_calibration(json.dumps(doc).encode())
+    assert older.regimes["fp32"].producer_logprob_err_median == STRICT.producer_logprob_err_median

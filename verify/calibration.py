@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from protocol.content_id import content_id
-from verify.thresholds import STRICT, THRESHOLDS, Thresholds
+from verify.thresholds import BF16_FLOOR, STRICT, STRICT_FLOOR, THRESHOLDS, Thresholds
 
 FILE_NAME = "calibration.json"
 FORMAT = 1
@@ -92,7 +92,27 @@ def decode_calibration(data: bytes, expect_digest: bytes = b"") -> Calibration:
         # A limit added after the file was written takes its regime's default.
         default = STRICT if precision == "fp32" else THRESHOLDS
         regimes[str(precision)] = replace(default, **limits)
-    return Calibration(regimes, doc.get("measured") or {}, str(doc.get("model", "")), digest)
+    measured = doc.get("measured") or {}
+    for precision, th in regimes.items():
+        if "producer_logprob_err_median" not in raw[precision]:
+            regimes[precision] = replace(
+                th, producer_logprob_err_median=_producer_limit(precision, measured, th)
+            )
+    return Calibration(regimes, measured, str(doc.get("model", "")), digest)
+
+
+def _producer_limit(precision: str, measured: Any, th: Thresholds) -> float:
+    """The producer median's limit of a file written before it existed: what `calibrate`
+    sets (the largest honest `logprob_err_mean`, at least the floor) from the file's own
+    measurements, else the regime's default."""
+    floor = STRICT_FLOOR if precision == "fp32" else BF16_FLOOR
+    try:
+        value = measured[precision]["max"]["logprob_err_mean"]
+    except (KeyError, TypeError):
+        return th.producer_logprob_err_median
+    if type(value) not in (int, float) or not value >= 0:
+        return th.producer_logprob_err_median
+    return max(floor.producer_logprob_err_median, float(value))
 
 
 def apply(settings: Any, cal: Calibration) -> Any:

@@ -22,6 +22,12 @@ hidden size H with the built-in tokenizer), N signed rollout records per case:
   head) the smallest relative Frobenius change of SENS_SIZES detected in >= 0.99 of 64
   records (`table`; null: not even at 10 %), and the weakest matrix (`--no-sensitivity`
   skips it; `--quick`: 4 records, three matrices).
+- `producer`: the per-producer rule (`verify.producer`; the validator role applies it):
+  each case's records are one producer's, in order; `attacks` (minimum over seeds) and
+  `honest_flagged` give the share of its full windows of WINDOW (16) audited records
+  whose median `logprob_err_mean` is over the calibrated `limits` (the largest honest
+  value of a single record); `sensitivity` adds `producer_table` and the weakest matrix
+  by the same rule (64 records: 4 windows).
 - `batch_invariance_mismatches`: records whose verdict or reason differs audited alone vs
   together (the honest fp32 set, and the bf16 set in a bf16 run).
 - `stream_cases_failed_correctly`: of the truncated / trailing-garbage / empty /
@@ -513,24 +519,35 @@ def _sensitivity(ctx: Ctx, quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"records": n, "sizes": list(SENS_SIZES), "target": SENS_TARGET}
     for precision in ("fp32", "bf16"):
         settings = replace(ctx.audit_settings, precision=precision)
+        limit = _producer_limit(ctx.audit_settings, precision)
         table: dict[str, Any] = {}
+        by_producer: dict[str, Any] = {}
         for name in _sens_matrices(ctx.model, quick):
-            table[name] = None
+            table[name] = by_producer[name] = None
             for k, rel in enumerate(SENS_SIZES):
                 worker = _rank1_changed(ctx.model, name, rel, seed=k, quick=quick)
                 if precision == "bf16":
                     worker = _bf16(worker)
                 made = _make_records(sctx, _engine(worker, ctx.tokenizer, max_batch=64))
-                detected = _frac_failed(_audit(ctx, _open(made.records), settings=settings)[0])
-                if detected >= SENS_TARGET:
+                res = _audit(ctx, _open(made.records), settings=settings)[0]
+                if table[name] is None and _frac_failed(res) >= SENS_TARGET:
                     table[name] = rel
+                flagged = _producer_flagged(res, limit)
+                if by_producer[name] is None and flagged is not None and flagged >= SENS_TARGET:
+                    by_producer[name] = rel
+                if table[name] is not None and (by_producer[name] is not None or n < _producer_window()):
                     break
-            _say(f"sensitivity {precision} {name}: smallest detected {table[name]}")
+            _say(f"sensitivity {precision} {name}: smallest detected {table[name]} per record, "
+                 f"{by_producer[name]} per producer")  # fmt: skip
         weakest = max(table, key=lambda k: float("inf") if table[k] is None else table[k])
+        weakest_p = max(by_producer, key=lambda k: float("inf") if by_producer[k] is None else by_producer[k])
         out[precision] = {
             "weakest_matrix": weakest,
             "weakest_rel_change_detected": table[weakest],
             "table": table,
+            "producer_weakest_matrix": weakest_p,
+            "producer_weakest_rel_change_detected": by_producer[weakest_p],
+            "producer_table": by_producer,
         }
     return out
 
@@ -617,6 +634,30 @@ def _summary(results: list[Any], attack: bool) -> dict[str, list[float]]:
 
 def _frac_failed(results: list[Any]) -> float:
     return round(sum(not r.passed for r in results) / max(1, len(results)), 4)
+
+
+def _producer_flagged(results: list[Any], limit: float) -> float | None:
+    """The share of full windows (`verify.producer.WINDOW` records, in order) of one
+    producer's audited records that the per-producer rule flags; None: no full window."""
+    from verify.producer import WINDOW, ProducerTally
+
+    tally = ProducerTally(limit)
+    flagged = sum(
+        tally.add(b"p", i.to_bytes(4, "big"), r.metrics) is not None for i, r in enumerate(results)
+    )
+    windows = len([r for r in results if tally.stat in r.metrics]) // WINDOW
+    return round(flagged / windows, 4) if windows else None
+
+
+def _producer_window() -> int:
+    from verify.producer import WINDOW
+
+    return WINDOW
+
+
+def _producer_limit(settings: Any, precision: str) -> float:
+    th = settings.thresholds if precision == "fp32" else settings.bf16_thresholds
+    return float(th.producer_logprob_err_median)
 
 
 # ------------------------------------------------------------------ run
@@ -723,8 +764,12 @@ def run(quick: bool, args: list[str]) -> dict:
     calib_honest: dict[str, Any] = {}
     calib_attack: dict[str, Any] = {}
 
-    def honest_case(name: str, res: list[Any]) -> None:
+    producer_honest: dict[str, float | None] = {}
+    producer_by_seed: dict[str, list[float]] = {}
+
+    def honest_case(name: str, res: list[Any], precision: str = "fp32") -> None:
         honest[name] = _frac_failed(res)
+        producer_honest[name] = _producer_flagged(res, _producer_limit(ctx.audit_settings, precision))
         calib_honest[name] = _summary(res, attack=False)
         bad = [r for r in res if not r.passed]
         _say(f"honest {name}: false positives {honest[name]}" + (f" ({bad[0].reason}: {bad[0].detail})" if bad else ""))
@@ -735,6 +780,9 @@ def run(quick: bool, args: list[str]) -> dict:
         frac = _frac_failed(res)
         attacks_by_seed.setdefault(name, []).append(frac)
         attacks[name] = min(attacks_by_seed[name])
+        flagged = _producer_flagged(res, _producer_limit(ctx.audit_settings, "fp32"))
+        if flagged is not None:
+            producer_by_seed.setdefault(name, []).append(flagged)
         if name not in calib_attack:
             calib_attack[name] = _summary(res, attack=True)
         _say(f"attack {name} (seed {len(attacks_by_seed[name]) - 1}): detected {frac}")
@@ -746,7 +794,7 @@ def run(quick: bool, args: list[str]) -> dict:
     if want("fp32_vs_bf16"):
         m = _bf16(ctx.model)
         bf16_opened = _open(_make_records(ctx, _engine(m, tok, max_batch=64)).records)
-        honest_case("fp32_vs_bf16", _audit(ctx, bf16_opened, settings=replace(ctx.audit_settings, precision="bf16"))[0])
+        honest_case("fp32_vs_bf16", _audit(ctx, bf16_opened, settings=replace(ctx.audit_settings, precision="bf16"))[0], "bf16")
         if want("precision_lie"):  # the same records claimed in an fp32 run
             attack_case("precision_lie", _audit(ctx, bf16_opened)[0])
     if want("batch_size"):
@@ -894,6 +942,14 @@ def run(quick: bool, args: list[str]) -> dict:
         "attack_seeds": ns.seeds,
         "attacks_by_seed": attacks_by_seed,
         "honest": honest,
+        "producer": {
+            "window": _producer_window(),
+            "statistic": "logprob_err_mean",
+            "limits": {p: _producer_limit(ctx.audit_settings, p) for p in ("fp32", "bf16")},
+            "attacks": {k: min(v) for k, v in producer_by_seed.items()},
+            "attacks_by_seed": producer_by_seed,
+            "honest_flagged": producer_honest,
+        },
         "timing_threads": 1,
         "generation_batch": DEFAULT_BATCH_SIZE,
         "threads": torch.get_num_threads(),
