@@ -7,6 +7,8 @@ Topics (one run never sees another's traffic):
     swarm-rl/<run>/weights/1    signed weight announcements (`Kind.WEIGHT_ANNOUNCE`)
     swarm-rl/<run>/fraud/1      fraud evidence (`Kind.FRAUD_EVIDENCE`)
     swarm-rl/<run>/delegations/1  trainer-signed grants of the right to judge (`Kind.DELEGATION`)
+    swarm-rl/<run>/producer-claims/1  a validator's claim over a producer's window of
+                                records (`Kind.PRODUCER_CLAIM`, `verify.producer`)
     swarm-rl/<run>/header-batches/1  `HeaderBatch`: several signed rollout headers
 
 Every message on a topic is exactly one signed envelope of that topic's kind (a batch:
@@ -41,6 +43,7 @@ TOPIC_KINDS: dict[str, Kind] = {
     "weights": Kind.WEIGHT_ANNOUNCE,
     "fraud": Kind.FRAUD_EVIDENCE,
     "delegations": Kind.DELEGATION,
+    "producer-claims": Kind.PRODUCER_CLAIM,
 }
 
 

@@ -92,6 +92,7 @@ from protocol.wire import (
     Delegation,
     HeaderBatch,
     PeerHello,
+    ProducerClaim,
     RolloutRecord,
     RunManifest,
     Verdict,
@@ -287,6 +288,13 @@ class Peer:
         self.counters["verdicts_published"] += 1
         await self.outbox.put(self.topics["verdicts"], data)
         return vid
+
+    async def publish_producer_claim(self, claim: ProducerClaim) -> bytes:
+        """Sign and gossip a claim over a producer's window of records; returns its id."""
+        data = self.seal(claim)
+        self.counters["producer_claims_published"] += 1
+        await self.outbox.put(self.topics["producer-claims"], data)
+        return content_id(data)
 
     def report(self, peer: bytes | str, penalty: float, reason: str) -> None:
         """A role found fault with `peer` (e.g. a failed audit): score it down by `penalty`

@@ -89,12 +89,14 @@ and send `StoreFailed`):
     `Disconnect(peer, reason)`, `Ban(peer, until, record)` (persist `record`), `Unban(peer)`
     `AskNewest(peer, at_least)`  ask the peer for the newest signed manifest it holds
 `Admitted`: kind, content_id (the rollout id for rollouts), sender, envelope, obj (decoded
-object: RolloutHeader, OpenedRollout, Verdict, WeightManifest, FraudEvidence), data (bytes as
+object: RolloutHeader, OpenedRollout, Verdict, WeightManifest, FraudEvidence,
+ProducerClaim), data (bytes as
 received), header / body (rollout header envelope bytes and body bytes, when present),
 received_at.
 `Kind`: ROLLOUT_HEADER (gossip), ROLLOUT_RECORD (pulled header + body), VERDICT (gossip),
 WEIGHT_ANNOUNCE (gossip, signed WeightManifest), WEIGHT_MANIFEST (a signed WeightManifest
-pulled over the shard stream, any version), FRAUD_EVIDENCE (gossip).
+pulled over the shard stream, any version), FRAUD_EVIDENCE (gossip), PRODUCER_CLAIM (gossip,
+a validator's signed claim over a producer's window of records, `verify.producer`).
 `Reason`: a `StrEnum` (values are short snake_case names for the ledger); `PENALTIES` holds
 the default score change of each, `RELAY_BLAMED` which ones count against a relay.
 Helpers: `TokenBucket`, `RateLimiter`, `DedupCache` (all pure, time passed in).
@@ -134,6 +136,7 @@ from protocol.wire import (
     Delegation,
     Envelope,
     FraudEvidence,
+    ProducerClaim,
     RolloutHeader,
     RolloutRecord,
     RunManifest,
@@ -210,6 +213,7 @@ class Kind(enum.StrEnum):
     WEIGHT_MANIFEST = "weight_manifest"
     FRAUD_EVIDENCE = "fraud_evidence"
     DELEGATION = "delegation"
+    PRODUCER_CLAIM = "producer_claim"
 
 
 class Reason(enum.StrEnum):
@@ -444,8 +448,9 @@ class KindRule:
     store:        emit Store for admitted items
     dedup_with:   kinds whose admitted ids also make this one a duplicate
     work:         a rollout: one per (producer, counter, version) and per body digest (UNIQUE)
-    judged:       a verdict: the signer must be allowed to judge (`protocol.authority`),
-                  must not judge its own rollout, and a sample ticket must be its own
+    judged:       a verdict or producer claim: the signer must be allowed to judge
+                  (`protocol.authority`), must not judge its own work, and a sample
+                  ticket must be its own
     delegation:   a trainer-signed grant or revocation of the right to judge
     """
 
@@ -532,6 +537,14 @@ KIND_RULES: Mapping[Kind, KindRule] = {
         gossip=True,
         versioned=True,
         store=False,
+    ),
+    Kind.PRODUCER_CLAIM: KindRule(
+        _envelope_opener(ProducerClaim),
+        ProducerClaim.MAX_BYTES + _ENVELOPE_SLACK,
+        gossip=True,
+        versioned=True,
+        store=False,
+        judged=True,
     ),
 }
 
@@ -1243,7 +1256,8 @@ class Admission:
     def _check_judge(
         self, op: Opened, now: float, sender: PeerId, origin: PeerId | None = None
     ) -> None:
-        """A verdict counts only from a key allowed to judge, never about its own work."""
+        """A verdict (or a producer claim) counts only from a key allowed to judge, never
+        about its own work."""
         who, v = op.envelope.signer, op.obj
         # Whether a key may judge can change (delegations): a relay that has not heard
         # of a revocation yet is not to blame.
@@ -1253,7 +1267,7 @@ class Admission:
                            wasteful=not self.authority.ever_named(who))  # fmt: skip
         if v.producer == who:
             raise _Refused(Stage.CONTEXT, Reason.UNAUTHORIZED, "a verdict on its own work", pen)
-        if v.sample_ticket and not check_ticket(
+        if getattr(v, "sample_ticket", b"") and not check_ticket(
             who, self.run.run_id, v.rollout_id, v.sample_ticket
         ):
             raise _Refused(

@@ -179,6 +179,24 @@ class Verdict(WireObject):
     sample_ticket: bytes = spec(Bytes(SIGNATURE_SIZE, sizes=(0, SIGNATURE_SIZE)), default=b"")
 
 
+# The largest window a producer claim may name (verify.producer.WINDOW is 16).
+MAX_CLAIM_RECORDS = 64
+
+
+@wire("producer_claim", schema=1, max_bytes=4 * KiB)
+class ProducerClaim(WireObject):
+    """A validator's signed claim that `producer`'s window of audited records has a median
+    `statistic` over `limit` (`verify.producer`). The evidence is the records themselves,
+    which the producer signed and any peer pulls by id: a re-check audits every one of
+    them and takes the median itself, against its own copy of the run's limit."""
+
+    producer: bytes = spec(PeerId())
+    rollout_ids: tuple[bytes, ...] = spec(ListOf(DIGEST, MAX_CLAIM_RECORDS, min_len=1))
+    statistic: str = spec(Str(64, min_len=1, charset=NAME_CHARS))
+    median: float = spec(Float(0.0, 1e6))
+    limit: float = spec(Float(0.0, 1e6))
+
+
 @wire("delegation", schema=1, max_bytes=1 * KiB)
 class Delegation(WireObject):
     """A trainer key's grant (or revocation) of the right to judge rollouts to `validator`.
@@ -270,6 +288,7 @@ SIGNED_KINDS: dict[str, type[WireObject]] = {
         Verdict,
         Delegation,
         FraudEvidence,
+        ProducerClaim,
         WeightManifest,
         PeerHello,
     )

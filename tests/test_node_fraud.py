@@ -25,8 +25,9 @@ from protocol.codec import decode
 from protocol.content_id import content_id
 from protocol.envelope import seal
 from protocol.identity import Identity
+from protocol.producer_cases import PRODUCER_PENALTY
 from protocol.rollout import open_header
-from protocol.wire import Metric, RolloutRecord, Verdict
+from protocol.wire import Metric, ProducerClaim, RolloutRecord, Verdict
 from tests.test_node_integration_peer import _until
 from verify.auditor import AuditSettings
 from verify.producer import WINDOW
@@ -154,15 +155,83 @@ async def test_a_producer_whose_window_median_is_over_the_limit_pays(
         sender = Identity.generate().peer_id_b58
         scores = peer.admission.scores
         for i in range(2 * WINDOW):
-            for producer, counter0 in ((honest, 0), (drifty, 1000)):  # bodies differ
+            for producer, counter0 in ((honest, 0), (drifty, 64 * WINDOW)):  # bodies differ
                 data = _record(producer, manifest, counter0 + i, cheat=False)
                 assert await peer._admit(sender, Kind.ROLLOUT_RECORD, data)
         await _until("two windows judged", lambda: ctx.status.get("producer_findings") == 2)
         await trio.sleep(0.3)
         assert ctx.status["passed"] == 4 * WINDOW
-        assert scores.score(drifty.peer_id_b58, time.time()) <= 2 * validator_role.PRODUCER_PENALTY + 5
+        assert scores.score(drifty.peer_id_b58, time.time()) <= 2 * PRODUCER_PENALTY + 5
         assert scores.score(honest.peer_id_b58, time.time()) >= 0
         last = ctx.status["producer_findings_last"]
         assert [f["producer"] for f in last] == [drifty.peer_id.hex()[-12:]] * 2
         assert all(f["records"] == WINDOW and f["median"] > f["limit"] for f in last)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_producer_claim_is_rechecked_before_anyone_pays(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Another validator's producer claim: we audit every record of the window ourselves;
+    our median over the limit costs the producer, within it the accuser; a claim over
+    records that are not one window of the producer costs the accuser at once."""
+    me, accuser = Identity.generate(), Identity.generate()
+    drifty, honest = Identity.generate(), Identity.generate()
+    manifest = manifest_from_table({
+        "run": {"id": "claims", "seed": 7, "max_staleness": 2,
+                "validator_keys": [me.peer_id_b58, accuser.peer_id_b58]},
+        "datasets": [{"name": "basic_arithmetic", "weight": 1}],
+    })  # fmt: skip
+    settings = AuditSettings()
+    limit = settings.thresholds.producer_logprob_err_median
+
+    def audit(rollouts, model, **_kw):  # type: ignore[no-untyped-def]
+        return [Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer, passed=True,
+                        reason="ok", reward_rescored=0.0,
+                        metrics=(Metric(name="logprob_err_mean",
+                                        value=2 * limit if ro.envelope.signer == drifty.peer_id
+                                        else limit / 10),))
+                for ro in rollouts]  # fmt: skip
+
+    monkeypatch.setattr(validator_role, "load", lambda ctx, m: (object(), None, settings, frozenset()))
+    monkeypatch.setattr("verify.auditor.audit_many", audit)
+    cfg = PeerConfig(manifest=manifest, identity=me, data_dir=tmp_path / "v",
+                     roles=("validator",), pull_bodies=False)  # fmt: skip
+    ctx = RoleContext(audit_fraction=0.0, data_dir=tmp_path, say=lambda _m: None)
+    async with open_peer(cfg) as peer, trio.open_nursery() as nursery:
+        nursery.start_soon(validator_role.run, peer, ctx)
+        await trio.sleep(0.2)
+        sender = Identity.generate().peer_id_b58  # a relay of everything: never pays
+        scores = peer.admission.scores
+        windows: dict[bytes, tuple[bytes, ...]] = {}
+        for producer, counter0 in ((drifty, 0), (honest, 2 * WINDOW)):
+            rids = []
+            for c in range(counter0, counter0 + WINDOW):
+                data = _record(producer, manifest, c, cheat=False)
+                assert await peer._admit(sender, Kind.ROLLOUT_RECORD, data)
+                rids.append(content_id(decode(RolloutRecord, data).header))
+            windows[producer.peer_id] = tuple(rids)
+        seqs = iter(range(1, 100))
+
+        def claim(producer: Identity, rids: tuple[bytes, ...]) -> bytes:
+            c = ProducerClaim(producer=producer.peer_id, rollout_ids=rids,
+                              statistic="logprob_err_mean", median=1.0, limit=limit)  # fmt: skip
+            return seal(accuser, c, run_id=manifest.run_id, policy_version=0,
+                        seq=next(seqs), timestamp_ms=int(time.time() * 1000))  # fmt: skip
+
+        assert await peer._admit(sender, Kind.PRODUCER_CLAIM, claim(drifty, windows[drifty.peer_id]))
+        await _until("the drifty producer pays",
+                     lambda: scores.score(drifty.peer_id_b58, time.time()) <= PRODUCER_PENALTY + 5)  # fmt: skip
+        assert scores.score(accuser.peer_id_b58, time.time()) >= 0
+        assert await peer._admit(sender, Kind.PRODUCER_CLAIM, claim(honest, windows[honest.peer_id]))
+        await _until("the false accuser pays",
+                     lambda: scores.score(accuser.peer_id_b58, time.time()) < 0)  # fmt: skip
+        assert scores.score(honest.peer_id_b58, time.time()) >= 0
+        before = scores.score(accuser.peer_id_b58, time.time())
+        # half of each window, claimed as one of the honest producer's
+        mixed = windows[honest.peer_id][: WINDOW // 2] + windows[drifty.peer_id][: WINDOW // 2]
+        assert await peer._admit(sender, Kind.PRODUCER_CLAIM, claim(honest, mixed))
+        await _until("a claim that is no window costs its signer",
+                     lambda: scores.score(accuser.peer_id_b58, time.time()) < before - 10)  # fmt: skip
+        assert scores.score(honest.peer_id_b58, time.time()) >= 0
+        assert scores.score(sender, time.time()) >= 0
+        assert ctx.status["producer_claims"]["convicted"] == 1
         nursery.cancel_scope.cancel()

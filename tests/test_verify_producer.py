@@ -1,5 +1,7 @@
 """Per-producer evidence (verify.producer): the median rule over a worker's window."""
 
+import random
+
 import pytest
 
 from verify.producer import ProducerTally, window_median
@@ -7,10 +9,11 @@ from verify.producer import ProducerTally, window_median
 LIMIT = 1e-6
 
 
-def feed(tally: ProducerTally, producer: bytes, values: list[float]) -> list:
+def feed(tally: ProducerTally, producer: bytes, values: list[float], counter0: int = 0) -> list:
     out = []
     for i, v in enumerate(values):
-        f = tally.add(producer, producer + i.to_bytes(4, "big"), {"logprob_err_mean": v})
+        c = counter0 + i
+        f = tally.add(producer, c, producer + c.to_bytes(4, "big"), {"logprob_err_mean": v})
         if f is not None:
             out.append(f)
     return out
@@ -32,29 +35,46 @@ def test_a_window_whose_median_is_over_the_limit_is_a_finding_naming_its_records
     assert f.producer == b"stale" and f.limit == LIMIT
     assert f.median == pytest.approx(window_median(values))
     assert f.rollout_ids == tuple(b"stale" + i.to_bytes(4, "big") for i in range(16))
-    # the window starts afresh: the next finding needs 16 new records
-    assert tally.held(b"stale") == 0
-    assert feed(tally, b"stale", [2e-6] * 15) == []
+    # the next window is the next block of counters
+    assert tally.held(b"stale", 16) == 0
+    assert feed(tally, b"stale", [2e-6] * 15, counter0=16) == []
+
+
+def test_windows_are_blocks_of_counters_in_any_audit_order() -> None:
+    """A window is [16k, 16k + 16) of the producer's counters, whatever order the audits
+    come in: records 8..23 are two half windows, not one."""
+    tally = ProducerTally(LIMIT, window=16)
+    assert feed(tally, b"p", [1e-3] * 16, counter0=8) == []
+    assert (tally.held(b"p", 0), tally.held(b"p", 16)) == (8, 8)
+    order = list(range(8)) + list(range(24, 32))
+    random.Random(1).shuffle(order)
+    found = [f for c in order
+             if (f := tally.add(b"p", c, b"p" + c.to_bytes(4, "big"), {"logprob_err_mean": 1e-3}))
+             is not None]  # fmt: skip
+    assert len(found) == 2
+    assert sorted(found[0].rollout_ids + found[1].rollout_ids) == [
+        b"p" + c.to_bytes(4, "big") for c in range(32)
+    ]
 
 
 def test_producers_are_judged_apart_and_records_without_the_statistic_do_not_count() -> None:
     tally = ProducerTally(LIMIT, window=4)
     for i in range(3):
-        assert tally.add(b"a", bytes([i]), {"logprob_err_mean": 1e-3}) is None
-        assert tally.add(b"b", bytes([i]), {"logprob_err_mean": 1e-9}) is None
-        assert tally.add(b"a", bytes([100 + i]), {"drift": 1.0}) is None  # no statistic
-    assert tally.held(b"a") == 3
-    assert tally.add(b"b", b"x", {"logprob_err_mean": 1e-9}) is None
-    assert tally.add(b"a", b"y", {"logprob_err_mean": 1e-3}) is not None
+        assert tally.add(b"a", i, bytes([i]), {"logprob_err_mean": 1e-3}) is None
+        assert tally.add(b"b", i, bytes([i]), {"logprob_err_mean": 1e-9}) is None
+    assert tally.add(b"a", 3, bytes([3]), {"drift": 1.0}) is None  # no statistic
+    assert tally.held(b"a", 0) == 3
+    assert tally.add(b"b", 3, b"x", {"logprob_err_mean": 1e-9}) is None
+    assert tally.add(b"a", 3, b"y", {"logprob_err_mean": 1e-3}) is not None
 
 
-def test_the_tally_forgets_the_least_recent_producer_when_full() -> None:
-    tally = ProducerTally(LIMIT, window=4, max_producers=2)
-    tally.add(b"a", b"1", {"logprob_err_mean": 1.0})
-    tally.add(b"b", b"1", {"logprob_err_mean": 1.0})
-    tally.add(b"a", b"2", {"logprob_err_mean": 1.0})  # a seen again: b is the oldest
-    tally.add(b"c", b"1", {"logprob_err_mean": 1.0})
-    assert (tally.held(b"a"), tally.held(b"b"), tally.held(b"c")) == (2, 0, 1)
+def test_the_tally_forgets_the_least_recent_window_when_full() -> None:
+    tally = ProducerTally(LIMIT, window=4, max_windows=2)
+    tally.add(b"a", 0, b"1", {"logprob_err_mean": 1.0})
+    tally.add(b"b", 0, b"1", {"logprob_err_mean": 1.0})
+    tally.add(b"a", 1, b"2", {"logprob_err_mean": 1.0})  # a's window used again: b's is oldest
+    tally.add(b"c", 0, b"1", {"logprob_err_mean": 1.0})
+    assert (tally.held(b"a", 0), tally.held(b"b", 0), tally.held(b"c", 0)) == (2, 0, 1)
 
 
 def test_bad_settings_are_refused() -> None:

@@ -18,24 +18,26 @@ medians of at least 4.7e-6, and weights one training step old at least 4.4e-5. I
 the rule finds nothing at 10%: honest windows reach medians of 2.6e-3 against 0.3-2.7e-3
 for the changed workers, whose own rounding is as large as the change.
 
-What lives here, pure (no model, no IO): `ProducerTally` keeps, per producer, the
-statistic of its last `window` audited records (passed or failed: a failed record is as
-much the producer's work) and returns a `ProducerFinding` when a full window's median is
-over the limit; `window_median` is the
-rule itself, which a peer re-checking a finding applies to its own audits of the same
-records. A finding is evidence only with those records: the node turns it into a signed
-claim whose re-check re-audits every record it names (the fraud rule of one record,
-applied to a set).
+What lives here, pure (no model, no IO): `ProducerTally` collects, per producer, the
+statistic of its audited records (passed or failed: a failed record is as much the
+producer's work) in windows, and returns a `ProducerFinding` when a full window's median
+is over the limit; `window_median` is the rule itself, which a peer re-checking a finding
+applies to its own audits of the same records. A window is an aligned block of the
+producer's task counters, `[k * WINDOW, (k + 1) * WINDOW)`, not any WINDOW records: a
+validator that could choose the records could pick the noisiest of an honest worker's
+many. `protocol.producer_cases` re-checks the node's signed claims of a finding.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-WINDOW = 16
+from protocol.producer_cases import PRODUCER_WINDOW
+
+WINDOW = PRODUCER_WINDOW
 STAT = "logprob_err_mean"
 
 
@@ -57,47 +59,47 @@ class ProducerFinding:
 
 
 class ProducerTally:
-    """Per producer, the statistic of its last `window` audited records; bounded to
-    `max_producers` (the least recently seen is forgotten first)."""
+    """Per (producer, window), the statistic of its audited records; at most
+    `max_windows` windows open (the least recently added to is forgotten first)."""
 
     def __init__(
-        self, limit: float, *, window: int = WINDOW, stat: str = STAT, max_producers: int = 4096
+        self, limit: float, *, window: int = WINDOW, stat: str = STAT, max_windows: int = 4096
     ) -> None:
-        if window < 1 or max_producers < 1:
-            raise ValueError("ProducerTally: window and max_producers must be >= 1")
+        if window < 1 or max_windows < 1:
+            raise ValueError("ProducerTally: window and max_windows must be >= 1")
         if not limit > 0:
             raise ValueError(f"ProducerTally: limit must be > 0, got {limit}")
         self.limit = limit
         self.window = window
         self.stat = stat
-        self.max_producers = max_producers
-        self._seen: OrderedDict[bytes, deque[tuple[bytes, float]]] = OrderedDict()
+        self.max_windows = max_windows
+        self._open: OrderedDict[tuple[bytes, int], dict[int, tuple[bytes, float]]] = OrderedDict()
 
     def add(
-        self, producer: bytes, rollout_id: bytes, metrics: Mapping[str, float]
+        self, producer: bytes, counter: int, rollout_id: bytes, metrics: Mapping[str, float]
     ) -> ProducerFinding | None:
-        """One audited record's metrics. A record without the statistic (an audit that
-        stopped at a cheap check, before the model) is not counted."""
+        """One audited record's metrics (its producer's task `counter` places it in a
+        window). A record without the statistic (an audit that stopped at a cheap check,
+        before the model) is not counted; its window never fills."""
         value = metrics.get(self.stat)
         if value is None:
             return None
-        q = self._seen.pop(producer, None)
-        if q is None:
-            q = deque(maxlen=self.window)
-            while len(self._seen) >= self.max_producers:
-                self._seen.popitem(last=False)
-        self._seen[producer] = q
-        q.append((rollout_id, float(value)))
-        if len(q) < self.window:
+        key = (producer, counter // self.window)
+        held = self._open.pop(key, None)
+        if held is None:
+            held = {}
+            while len(self._open) >= self.max_windows:
+                self._open.popitem(last=False)
+        held[counter] = (rollout_id, float(value))
+        if len(held) < self.window:
+            self._open[key] = held
             return None
-        median = window_median([v for _, v in q])
+        median = window_median([v for _, v in held.values()])
         if median <= self.limit:
             return None
-        finding = ProducerFinding(producer, tuple(rid for rid, _ in q), median, self.limit)
-        q.clear()  # the next finding needs a fresh window
-        return finding
+        ids = tuple(held[c][0] for c in sorted(held))
+        return ProducerFinding(producer, ids, median, self.limit)
 
-    def held(self, producer: bytes) -> int:
-        """How many records of `producer` the current window holds."""
-        q = self._seen.get(producer)
-        return len(q) if q is not None else 0
+    def held(self, producer: bytes, counter: int) -> int:
+        """How many records the window of `producer`'s `counter` holds so far."""
+        return len(self._open.get((producer, counter // self.window), {}))

@@ -642,10 +642,12 @@ def _producer_flagged(results: list[Any], limit: float) -> float | None:
     from verify.producer import WINDOW, ProducerTally
 
     tally = ProducerTally(limit)
-    flagged = sum(
-        tally.add(b"p", i.to_bytes(4, "big"), r.metrics) is not None for i, r in enumerate(results)
+    flagged = sum(  # the records' counters are consecutive: record i is counter0 + i
+        tally.add(b"p", i, i.to_bytes(4, "big"), r.metrics) is not None
+        for i, r in enumerate(results)
     )
-    windows = len([r for r in results if tally.stat in r.metrics]) // WINDOW
+    blocks = [results[k : k + WINDOW] for k in range(0, len(results) - WINDOW + 1, WINDOW)]
+    windows = sum(all(tally.stat in r.metrics for r in b) for b in blocks)
     return round(flagged / windows, 4) if windows else None
 
 

@@ -18,11 +18,12 @@ ourselves, unsampled, with the same machinery. Reproduced, the producer is banne
 reproduced, the accusing validator pays. Such re-checks publish no verdict.
 
 Per producer (`verify.producer`): every audited record's `logprob_err_mean` joins its
-producer's window; a full window whose median is over the calibrated limit costs the
-producer `PRODUCER_PENALTY` here (`producer_findings` and `producer_findings_last` in
-status). It stays this
-validator's own judgement: a claim other peers could re-check needs the window's records
-as evidence, which no wire object carries yet.
+producer's window (an aligned block of its task counters); a full window whose median is
+over the calibrated limit costs the producer `PRODUCER_PENALTY` here and is gossiped as a
+signed `ProducerClaim`. Another validator's claim is re-checked like a failed verdict
+(`protocol.producer_cases`): we take every record of the window, audit each ourselves,
+and the producer or the accuser pays by our median (`producer_findings`,
+`producer_findings_last`, `producer_claims` in status).
 """
 
 from __future__ import annotations
@@ -42,14 +43,14 @@ from protocol.audit_sample import sample_ticket, sampled
 from protocol.codec import encode
 from protocol.fraud import Audit, FraudCases, NeedRecord, Punish
 from protocol.identity import Identity
+from protocol.producer_cases import PRODUCER_PENALTY, ProducerCases
 from protocol.rollout import open_record
-from protocol.wire import RolloutRecord
+from protocol.wire import ProducerClaim, RolloutRecord
 from verify.producer import ProducerTally
 
 PULLS_BODIES = True
 NEEDS_MODEL = True
 FAILED_AUDIT_PENALTY = -20.0
-PRODUCER_PENALTY = -50.0  # a window of records, each deterministic to re-check
 QUEUE = 1024
 
 
@@ -135,6 +136,7 @@ async def run(peer: Any, ctx: RoleContext) -> None:
     fraud = FraudCases()
     th = settings.thresholds if settings.precision == "fp32" else settings.bf16_thresholds
     producers = ProducerTally(th.producer_logprob_err_median)
+    claims = ProducerCases(th.producer_logprob_err_median)
     findings: list[dict[str, Any]] = []
 
     def carry_out(actions: list[Any], record: Any = None) -> None:
@@ -152,20 +154,37 @@ async def run(peer: Any, ctx: RoleContext) -> None:
         for old_ro, old_ticket in queue.push((ro, ticket), version, recheck=ticket is None):
             counts["queue_full"] += 1
             if old_ticket is None:
-                fraud.cannot_judge(old_ro.rollout_id)
+                cannot_judge(old_ro.rollout_id)
         with contextlib.suppress(trio.WouldBlock):
             kick_send.send_nowait(None)
 
+    def cannot_judge(rid: bytes) -> None:
+        fraud.cannot_judge(rid)
+        claims.cannot_judge(rid)
+
+    def wanted(rid: bytes) -> bool:
+        return fraud.is_open(rid) or claims.wants(rid)
+
+    def record_here(ro: Any) -> None:
+        """A record that an open fraud case or producer claim needs is held: audit it
+        (once, whichever case asked)."""
+        rid, now = ro.rollout_id, time.time()
+        acts = list(fraud.record_held(rid, now)) if fraud.is_open(rid) else []
+        if claims.wants(rid):
+            acts += claims.record_held(rid, ro.envelope.signer, ro.header.counter, now)
+        audits = [a for a in acts if isinstance(a, Audit)]
+        carry_out([a for a in acts if not isinstance(a, Audit)] + audits[:1], ro)
+
     async def from_store(rid: bytes) -> None:
         row = await trio.to_thread.run_sync(peer.store.get_rollout, rid)
-        if row is None or row.body is None or not fraud.is_open(rid):
+        if row is None or row.body is None or not wanted(rid):
             return  # the body pull brings it to on_deliver, or the case expires
         try:
             ro = open_record(encode(RolloutRecord(header=row.header, body=row.body)))
         except Exception:  # stored records were checked on the way in; be safe anyway
-            fraud.cannot_judge(rid)
+            cannot_judge(rid)
             return
-        carry_out(fraud.record_held(rid, time.time()), ro)
+        record_here(ro)
 
     def on_verdict(item: Admitted) -> None:
         v = item.obj
@@ -175,14 +194,25 @@ async def run(peer: Any, ctx: RoleContext) -> None:
         fraud.tick(now)
         carry_out(fraud.accused(v.rollout_id, v.producer, item.envelope.signer, v.reason, now))
 
+    def on_claim(item: Admitted) -> None:
+        c = item.obj
+        if item.envelope.signer == peer.identity.peer_id:
+            return
+        now = time.time()
+        claims.tick(now)
+        carry_out(claims.claimed(c.producer, c.rollout_ids, item.envelope.signer, now))
+
     def on_deliver(item: Admitted) -> None:
         if item.kind is Kind.VERDICT:
             on_verdict(item)
             return
+        if item.kind is Kind.PRODUCER_CLAIM:
+            on_claim(item)
+            return
         if item.kind is not Kind.ROLLOUT_RECORD:
             return
-        if fraud.is_open(item.content_id):
-            carry_out(fraud.record_held(item.content_id, time.time()), item.obj)
+        if wanted(item.content_id):
+            record_here(item.obj)
         counts["seen"] += 1
         ticket = sample_ticket(peer.identity, peer.run_id, item.content_id)
         if not sampled(ticket, ctx.audit_fraction):
@@ -229,7 +259,7 @@ async def run(peer: Any, ctx: RoleContext) -> None:
             ]
             for ro, ticket in batch:
                 if ticket is None and held.get(ro.envelope.policy_version) is None:
-                    fraud.cannot_judge(ro.rollout_id)
+                    cannot_judge(ro.rollout_id)
             counts["unknown_version"] = counts.get("unknown_version", 0) + len(batch) - len(known)
             if not known:
                 continue
@@ -244,12 +274,13 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                     "delegation: auditing, but not publishing verdicts nobody would count"
                 )
             for (ro, ticket), verdict in zip(batch, verdicts, strict=True):
-                carry_out(fraud.audited(ro.rollout_id, verdict.passed, verdict.reason, time.time()))
+                now = time.time()
+                metrics = {m.name: m.value for m in verdict.metrics}
+                carry_out(fraud.audited(ro.rollout_id, verdict.passed, verdict.reason, now))
+                carry_out(claims.audited(ro.rollout_id, metrics.get(producers.stat), now))
                 if ticket is None:
-                    continue  # a fraud re-check: the case's outcome is all it decides
-                found = producers.add(
-                    ro.envelope.signer, ro.rollout_id, {m.name: m.value for m in verdict.metrics}
-                )
+                    continue  # a re-check: the case's outcome is all it decides
+                found = producers.add(ro.envelope.signer, ro.header.counter, ro.rollout_id, metrics)
                 if found is not None:
                     counts["producer_findings"] += 1
                     peer.report(found.producer, PRODUCER_PENALTY,
@@ -257,6 +288,11 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                     findings.append({"producer": found.producer.hex()[-12:], "median": found.median,
                                      "limit": found.limit, "records": len(found.rollout_ids)})  # fmt: skip
                     del findings[:-8]
+                    if authorized:
+                        await peer.publish_producer_claim(ProducerClaim(
+                            producer=found.producer, rollout_ids=found.rollout_ids,
+                            statistic=producers.stat, median=found.median, limit=found.limit,
+                        ))  # fmt: skip
                 if authorized:
                     await peer.publish_verdict(dataclasses.replace(verdict, sample_ticket=ticket))
                 else:
@@ -274,6 +310,7 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                 fail_reasons=dict(reasons),
                 fraud=dict(fraud.counts),
                 producer_findings_last=list(findings),
+                producer_claims=dict(claims.counts),
                 audit_s_per_rollout=round((time.monotonic() - started) / len(batch), 3),
             )
 

@@ -1,0 +1,180 @@
+"""Producer claims: a validator's claim over a worker's window of records, re-checked.
+
+A `ProducerClaim` (signed by a key that may judge; admission has checked that) names a
+producer and the rollout ids of one window of its records, the producer's task counters
+`[k * PRODUCER_WINDOW, (k + 1) * PRODUCER_WINDOW)`, whose median audit statistic the
+accuser found over the limit (`verify.producer`). Windows are fixed blocks so that an
+accuser cannot pick the noisiest of an honest worker's records. The evidence is the
+records: the producer signed each, and any peer pulls them by id. A peer that can audit
+re-runs the audit of every record of the window with its own model of each claimed
+version, takes the median of the statistic itself and compares it with its own copy of
+the run's limit (the calibration the run manifest pins), never the numbers the claim
+carries:
+
+    the median is over the limit   -> the producer pays `PRODUCER_PENALTY`
+    it is not                      -> the accuser pays `FALSE_ACCUSATION`
+    not one window of the producer (a size other than PRODUCER_WINDOW, a record of
+    another signer, counters outside one block or repeated)
+                                   -> the accuser pays `FALSE_ACCUSATION`
+    a record missing, or a version we cannot audit, before `case_ttl_s`
+                                   -> the case is dropped; nobody pays
+
+Who pays: only signers, for what they signed (the producer for its records, the
+validator for its claim); a relay of either never pays here. A window is judged once.
+Bounds as for single-record fraud cases (`protocol.fraud`): at most `max_open` claims
+open, `max_open_per_accuser` per accusing key, a window of at most
+`wire.MAX_CLAIM_RECORDS` records, and each case expires. Time is passed in;
+`ProducerCases` does no I/O: it returns the same actions as `protocol.fraud`
+(`NeedRecord`, `Audit`, `Punish`) for the node to carry out.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from protocol.content_id import content_id
+from protocol.fraud import FALSE_ACCUSATION, Action, Audit, FraudConfig, NeedRecord, Punish
+
+# A window: the records of one producer whose task counters share `counter // WINDOW`.
+PRODUCER_WINDOW = 16
+# A reproduced claim: a window of records, each deterministic to re-check. Less than
+# a single reproduced fraud (a ban): the statistic is noise-limited by design.
+PRODUCER_PENALTY = -50.0
+
+
+@dataclass
+class _Claim:
+    producer: bytes
+    accuser: bytes
+    rollout_ids: tuple[bytes, ...]
+    opened_at: float
+    counters: dict[bytes, int] = field(default_factory=dict)  # held records' task counters
+    values: dict[bytes, float] = field(default_factory=dict)
+
+
+def claim_id(producer: bytes, rollout_ids: tuple[bytes, ...]) -> bytes:
+    """One case per (producer, set of records), whoever claims it and in whatever order."""
+    return content_id(producer + b"".join(sorted(set(rollout_ids))))
+
+
+class ProducerCases:
+    """Open producer claims of one peer (see the module docstring). `limit` is this
+    peer's own limit of the statistic (its calibration of the run's precision)."""
+
+    def __init__(self, limit: float, config: FraudConfig | None = None) -> None:
+        if not limit > 0:
+            raise ValueError(f"ProducerCases: limit must be > 0, got {limit}")
+        self.limit = limit
+        self.config = config or FraudConfig()
+        self.cases: OrderedDict[bytes, _Claim] = OrderedDict()
+        self.judged: OrderedDict[bytes, bool] = OrderedDict()  # claim id -> convicted
+        self._auditing: set[bytes] = set()  # rollout ids we asked to audit
+        self.counts = {"opened": 0, "convicted": 0, "acquitted": 0, "expired": 0, "ignored": 0}
+
+    def claimed(
+        self, producer: bytes, rollout_ids: tuple[bytes, ...], accuser: bytes, now: float
+    ) -> list[Action]:
+        """A claim signed by `accuser` (a key that may judge) over `producer`'s records."""
+        if accuser == producer:
+            return []  # admission refuses claims on one's own work; never a case
+        ids = tuple(dict.fromkeys(rollout_ids))
+        if len(ids) != PRODUCER_WINDOW:
+            return [Punish(accuser, FALSE_ACCUSATION, f"producer claim of {len(ids)} records")]
+        cid = claim_id(producer, ids)
+        if cid in self.judged:
+            if not self.judged[cid]:
+                return [Punish(accuser, FALSE_ACCUSATION, "false producer claim")]
+            return []
+        if cid in self.cases:
+            return []  # the first accuser's case stands; a second one adds nothing
+        by_accuser = sum(c.accuser == accuser for c in self.cases.values())
+        if len(self.cases) >= self.config.max_open or by_accuser >= self.config.max_open_per_accuser:
+            self.counts["ignored"] += 1
+            return []
+        self.cases[cid] = _Claim(producer, accuser, ids, now)
+        self.counts["opened"] += 1
+        return [NeedRecord(rid, (producer, accuser)) for rid in ids]
+
+    def record_held(
+        self, rollout_id: bytes, signer: bytes, counter: int, now: float
+    ) -> list[Action]:
+        """A record some open claim names is here (or arrived), signed by `signer` for
+        task `counter`: a claim it does not fit as one window of its producer is false;
+        otherwise the record is audited, once."""
+        out: list[Action] = []
+        fits = False
+        for cid, case in list(self.cases.items()):
+            if rollout_id not in case.rollout_ids:
+                continue
+            others = {c for r, c in case.counters.items() if r != rollout_id}
+            block = {c // PRODUCER_WINDOW for c in others}
+            if signer != case.producer or counter in others or block - {counter // PRODUCER_WINDOW}:
+                del self.cases[cid]
+                self._remember(cid, False)
+                self.counts["acquitted"] += 1
+                why = "producer claim is not one window of the producer's records"
+                out.append(Punish(case.accuser, FALSE_ACCUSATION, why))
+                continue
+            case.counters[rollout_id] = counter
+            fits = True
+        if fits and rollout_id not in self._auditing:
+            self._auditing.add(rollout_id)
+            out.append(Audit(rollout_id))
+        return out
+
+    def audited(self, rollout_id: bytes, value: float | None, now: float) -> list[Action]:
+        """Our own audit of `rollout_id` gave the statistic `value` (None: the audit stopped
+        before the model, so this record says nothing of the producer's weights; the
+        claims naming it are dropped, nobody pays)."""
+        self._auditing.discard(rollout_id)
+        out: list[Action] = []
+        for cid, case in list(self.cases.items()):
+            if rollout_id not in case.counters:
+                continue  # not checked against the claim yet (`record_held` first)
+            if value is None:
+                del self.cases[cid]
+                continue
+            case.values[rollout_id] = value
+            if len(case.values) == len(case.rollout_ids):
+                out += self._judge(cid, case)
+        return out
+
+    def cannot_judge(self, rollout_id: bytes) -> list[Action]:
+        """We cannot audit this record (its version's weights are not ours): every claim
+        naming it is dropped, no blame."""
+        self._auditing.discard(rollout_id)
+        for cid in [c for c, case in self.cases.items() if rollout_id in case.rollout_ids]:
+            del self.cases[cid]
+        return []
+
+    def tick(self, now: float) -> list[Action]:
+        """Drop claims older than `case_ttl_s` (3x that once an audit started); nobody pays."""
+        ttl = self.config.case_ttl_s
+        for cid, case in list(self.cases.items()):
+            if now - case.opened_at > (3 * ttl if case.values else ttl):
+                del self.cases[cid]
+                self.counts["expired"] += 1
+        return []
+
+    def wants(self, rollout_id: bytes) -> bool:
+        return any(rollout_id in c.rollout_ids for c in self.cases.values())
+
+    def _judge(self, cid: bytes, case: _Claim) -> list[Action]:
+        del self.cases[cid]
+        median = statistics.median(case.values.values())
+        convicted = median > self.limit
+        self._remember(cid, convicted)
+        if convicted:
+            self.counts["convicted"] += 1
+            why = f"producer claim reproduced: median {median:.3g} over {self.limit:.3g}"
+            return [Punish(case.producer, PRODUCER_PENALTY, why)]
+        self.counts["acquitted"] += 1
+        why = f"false producer claim: our median {median:.3g} is within {self.limit:.3g}"
+        return [Punish(case.accuser, FALSE_ACCUSATION, why)]
+
+    def _remember(self, cid: bytes, convicted: bool) -> None:
+        self.judged[cid] = convicted
+        while len(self.judged) > self.config.remember:
+            self.judged.popitem(last=False)
