@@ -8,6 +8,7 @@ at least 0.5): `verify.auditor.audit_many` has tests of its own; this measures t
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from pathlib import Path
@@ -55,24 +56,37 @@ def _record(producer: Identity, manifest, counter: int, cheat: bool) -> bytes:  
     raise AssertionError("no record found")
 
 
+def _manifest(run_id: str, *validators: Identity):  # type: ignore[no-untyped-def]
+    return manifest_from_table({
+        "run": {"id": run_id, "seed": 7, "max_staleness": 2,
+                "validator_keys": [v.peer_id_b58 for v in validators]},
+        "datasets": [{"name": "basic_arithmetic", "weight": 1}],
+    })  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def _validator(tmp_path: Path, monkeypatch, manifest, me: Identity, audit, fraction: float):  # type: ignore[no-untyped-def]
+    """A real peer running the validator role, its audit replaced by `audit`; yields the
+    peer and the role's context (whose `status` the role updates)."""
+    monkeypatch.setattr(validator_role, "load", lambda ctx, m: (object(), None, AuditSettings(), frozenset()))
+    monkeypatch.setattr("verify.auditor.audit_many", audit)
+    cfg = PeerConfig(manifest=manifest, identity=me, data_dir=tmp_path / "v",
+                     roles=("validator",), pull_bodies=False)  # fmt: skip
+    ctx = RoleContext(audit_fraction=fraction, data_dir=tmp_path, say=lambda _m: None)
+    async with open_peer(cfg) as peer, trio.open_nursery() as nursery:
+        nursery.start_soon(validator_role.run, peer, ctx)
+        await trio.sleep(0.2)
+        yield peer, ctx
+        nursery.cancel_scope.cancel()
+
+
 async def test_failed_verdicts_are_rechecked_before_anyone_pays(
     tmp_path: Path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
     me, accuser = Identity.generate(), Identity.generate()
     honest, cheat = Identity.generate(), Identity.generate()
-    manifest = manifest_from_table({
-        "run": {"id": "fraud", "seed": 7, "max_staleness": 2,
-                "validator_keys": [me.peer_id_b58, accuser.peer_id_b58]},
-        "datasets": [{"name": "basic_arithmetic", "weight": 1}],
-    })  # fmt: skip
-    monkeypatch.setattr(validator_role, "load", lambda ctx, m: (object(), None, AuditSettings(), frozenset()))
-    monkeypatch.setattr("verify.auditor.audit_many", _stand_in_audit)
-    cfg = PeerConfig(manifest=manifest, identity=me, data_dir=tmp_path / "v",
-                     roles=("validator",), pull_bodies=False)  # fmt: skip
-    ctx = RoleContext(audit_fraction=0.0, data_dir=tmp_path, say=lambda _m: None)
-    async with open_peer(cfg) as peer, trio.open_nursery() as nursery:
-        nursery.start_soon(validator_role.run, peer, ctx)
-        await trio.sleep(0.2)
+    manifest = _manifest("fraud", me, accuser)
+    async with _validator(tmp_path, monkeypatch, manifest, me, _stand_in_audit, 0.0) as (peer, ctx):
         sender = Identity.generate().peer_id_b58  # a relay: it never pays for either
         honest_rec = _record(honest, manifest, 0, cheat=False)
         cheat_rec = _record(cheat, manifest, 0, cheat=True)
@@ -112,7 +126,6 @@ async def test_failed_verdicts_are_rechecked_before_anyone_pays(
         )
         assert ctx.status["fraud"]["convicted"] == 1
         assert ctx.status["fraud"]["acquitted"] == 2
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_producer_whose_window_median_is_over_the_limit_pays(
@@ -123,12 +136,8 @@ async def test_a_producer_whose_window_median_is_over_the_limit_pays(
     window. An honest worker whose records spike one by one (below half the window) does
     not."""
     me, honest, drifty = Identity.generate(), Identity.generate(), Identity.generate()
-    manifest = manifest_from_table({
-        "run": {"id": "producer", "seed": 7, "max_staleness": 2, "validator_keys": [me.peer_id_b58]},
-        "datasets": [{"name": "basic_arithmetic", "weight": 1}],
-    })  # fmt: skip
-    settings = AuditSettings()
-    limit = settings.thresholds.producer_logprob_err_median
+    manifest = _manifest("producer", me)
+    limit = AuditSettings().thresholds.producer_logprob_err_median
     counter = {honest.peer_id: 0}
 
     def audit(rollouts, model, **_kw):  # type: ignore[no-untyped-def]
@@ -144,14 +153,7 @@ async def test_a_producer_whose_window_median_is_over_the_limit_pays(
                                metrics=(Metric(name="logprob_err_mean", value=value),)))  # fmt: skip
         return out
 
-    monkeypatch.setattr(validator_role, "load", lambda ctx, m: (object(), None, settings, frozenset()))
-    monkeypatch.setattr("verify.auditor.audit_many", audit)
-    cfg = PeerConfig(manifest=manifest, identity=me, data_dir=tmp_path / "v",
-                     roles=("validator",), pull_bodies=False)  # fmt: skip
-    ctx = RoleContext(audit_fraction=1.0, data_dir=tmp_path, say=lambda _m: None)
-    async with open_peer(cfg) as peer, trio.open_nursery() as nursery:
-        nursery.start_soon(validator_role.run, peer, ctx)
-        await trio.sleep(0.2)
+    async with _validator(tmp_path, monkeypatch, manifest, me, audit, 1.0) as (peer, ctx):
         sender = Identity.generate().peer_id_b58
         scores = peer.admission.scores
         for i in range(2 * WINDOW):
@@ -166,7 +168,6 @@ async def test_a_producer_whose_window_median_is_over_the_limit_pays(
         last = ctx.status["producer_findings_last"]
         assert [f["producer"] for f in last] == [drifty.peer_id.hex()[-12:]] * 2
         assert all(f["records"] == WINDOW and f["median"] > f["limit"] for f in last)
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_producer_claim_is_rechecked_before_anyone_pays(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -175,13 +176,8 @@ async def test_a_producer_claim_is_rechecked_before_anyone_pays(tmp_path: Path, 
     records that are not one window of the producer costs the accuser at once."""
     me, accuser = Identity.generate(), Identity.generate()
     drifty, honest = Identity.generate(), Identity.generate()
-    manifest = manifest_from_table({
-        "run": {"id": "claims", "seed": 7, "max_staleness": 2,
-                "validator_keys": [me.peer_id_b58, accuser.peer_id_b58]},
-        "datasets": [{"name": "basic_arithmetic", "weight": 1}],
-    })  # fmt: skip
-    settings = AuditSettings()
-    limit = settings.thresholds.producer_logprob_err_median
+    manifest = _manifest("claims", me, accuser)
+    limit = AuditSettings().thresholds.producer_logprob_err_median
 
     def audit(rollouts, model, **_kw):  # type: ignore[no-untyped-def]
         return [Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer, passed=True,
@@ -191,14 +187,7 @@ async def test_a_producer_claim_is_rechecked_before_anyone_pays(tmp_path: Path, 
                                         else limit / 10),))
                 for ro in rollouts]  # fmt: skip
 
-    monkeypatch.setattr(validator_role, "load", lambda ctx, m: (object(), None, settings, frozenset()))
-    monkeypatch.setattr("verify.auditor.audit_many", audit)
-    cfg = PeerConfig(manifest=manifest, identity=me, data_dir=tmp_path / "v",
-                     roles=("validator",), pull_bodies=False)  # fmt: skip
-    ctx = RoleContext(audit_fraction=0.0, data_dir=tmp_path, say=lambda _m: None)
-    async with open_peer(cfg) as peer, trio.open_nursery() as nursery:
-        nursery.start_soon(validator_role.run, peer, ctx)
-        await trio.sleep(0.2)
+    async with _validator(tmp_path, monkeypatch, manifest, me, audit, 0.0) as (peer, ctx):
         sender = Identity.generate().peer_id_b58  # a relay of everything: never pays
         scores = peer.admission.scores
         windows: dict[bytes, tuple[bytes, ...]] = {}
@@ -234,4 +223,3 @@ async def test_a_producer_claim_is_rechecked_before_anyone_pays(tmp_path: Path, 
         assert scores.score(honest.peer_id_b58, time.time()) >= 0
         assert scores.score(sender, time.time()) >= 0
         assert ctx.status["producer_claims"]["convicted"] == 1
-        nursery.cancel_scope.cancel()
