@@ -14,6 +14,7 @@ import trio
 
 from node import shard_exchange
 from node.bench._records import net_manifest, synthetic_record
+from node.host import PeerUnreachable
 from node.peer import PeerConfig, open_peer
 from node.weights_store import WeightsError, WeightsStore
 from node.weights_sync import WeightSettings
@@ -480,17 +481,24 @@ async def test_a_busy_relay_declines_and_only_the_publisher_sends_first_copies_f
     that published the version declines a second copy until every shard went out once."""
     async with trainer_and_two(tmp_path, "busy") as (t, a, b):
         await t.weights.publish(ckpt(0))
-        await until("a installs v0", lambda: a.weights.newest() == 0)
+        # both relays done: no download of b's asks a for a shard during the test
+        await until("v0 everywhere", lambda: a.weights.newest() == 0 == b.weights.newest())
         mid, m = next((k, v) for k, v in a.weights._manifests.items() if v.kind == "full")
         size = m.shards[0].size
 
         async def ask(p) -> bytes | None:  # type: ignore[no-untyped-def]
-            return await shard_exchange.fetch_shard(
-                b.host, p.host.peer_id, b.run_id, mid, 0, size
-            )
+            # b asks p directly. Discovery may not have linked the two relays yet, and
+            # when both dial at once one of the two connections is closed: dial again.
+            for _ in range(20):
+                try:
+                    return await shard_exchange.fetch_shard(
+                        b.host, p.host.peer_id, b.run_id, mid, 0, size
+                    )
+                except PeerUnreachable:
+                    await b.host.connect(p.host.listen_addrs()[0])
+                    await trio.sleep(0.1)
+            raise AssertionError(f"{p.host.peer_id} stayed unreachable")
 
-        # b asks a directly: discovery may not have linked the two relays yet.
-        assert (await b.host.connect(a.host.listen_addrs()[0])).ok
         a.weights.limiter.set_rate(1.0)
         with a.weights.limiter.sending(5 * 1024 * 1024):  # 5 s of queue at 1 MiB/s
             with pytest.raises(shard_exchange.ShardBusy):
