@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import statistics
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from protocol.content_id import content_id
@@ -54,6 +55,15 @@ class _Claim:
     values: dict[bytes, float] = field(default_factory=dict)
 
 
+def window_median(values: Iterable[float]) -> float:
+    """The rule's statistic: the median of a window's values (the validator's tally and
+    the re-check of a claim both apply it)."""
+    vals = list(values)
+    if not vals:
+        raise ValueError("window_median: no values")
+    return float(statistics.median(vals))
+
+
 def claim_id(producer: bytes, rollout_ids: tuple[bytes, ...]) -> bytes:
     """One case per (producer, set of records), whoever claims it and in whatever order."""
     return content_id(producer + b"".join(sorted(set(rollout_ids))))
@@ -71,6 +81,7 @@ class ProducerCases:
         self.cases: OrderedDict[bytes, _Claim] = OrderedDict()
         self.judged: OrderedDict[bytes, bool] = OrderedDict()  # claim id -> convicted
         self._auditing: set[bytes] = set()  # rollout ids we asked to audit
+        self._by_record: dict[bytes, set[bytes]] = {}  # rollout id -> open claims naming it
         self.counts = {"opened": 0, "convicted": 0, "acquitted": 0, "expired": 0, "ignored": 0}
 
     def claimed(
@@ -94,6 +105,8 @@ class ProducerCases:
             self.counts["ignored"] += 1
             return []
         self.cases[cid] = _Claim(producer, accuser, ids, now)
+        for rid in ids:
+            self._by_record.setdefault(rid, set()).add(cid)
         self.counts["opened"] += 1
         return [NeedRecord(rid, (producer, accuser)) for rid in ids]
 
@@ -105,13 +118,12 @@ class ProducerCases:
         otherwise the record is audited, once."""
         out: list[Action] = []
         fits = False
-        for cid, case in list(self.cases.items()):
-            if rollout_id not in case.rollout_ids:
-                continue
+        for cid in list(self._by_record.get(rollout_id, ())):
+            case = self.cases[cid]
             others = {c for r, c in case.counters.items() if r != rollout_id}
             block = {c // PRODUCER_WINDOW for c in others}
             if signer != case.producer or counter in others or block - {counter // PRODUCER_WINDOW}:
-                del self.cases[cid]
+                self._drop(cid)
                 self._remember(cid, False)
                 self.counts["acquitted"] += 1
                 why = "producer claim is not one window of the producer's records"
@@ -130,11 +142,12 @@ class ProducerCases:
         claims naming it are dropped, nobody pays)."""
         self._auditing.discard(rollout_id)
         out: list[Action] = []
-        for cid, case in list(self.cases.items()):
+        for cid in list(self._by_record.get(rollout_id, ())):
+            case = self.cases[cid]
             if rollout_id not in case.counters:
                 continue  # not checked against the claim yet (`record_held` first)
             if value is None:
-                del self.cases[cid]
+                self._drop(cid)
                 continue
             case.values[rollout_id] = value
             if len(case.values) == len(case.rollout_ids):
@@ -145,8 +158,8 @@ class ProducerCases:
         """We cannot audit this record (its version's weights are not ours): every claim
         naming it is dropped, no blame."""
         self._auditing.discard(rollout_id)
-        for cid in [c for c, case in self.cases.items() if rollout_id in case.rollout_ids]:
-            del self.cases[cid]
+        for cid in list(self._by_record.get(rollout_id, ())):
+            self._drop(cid)
         return []
 
     def tick(self, now: float) -> list[Action]:
@@ -154,16 +167,25 @@ class ProducerCases:
         ttl = self.config.case_ttl_s
         for cid, case in list(self.cases.items()):
             if now - case.opened_at > (3 * ttl if case.values else ttl):
-                del self.cases[cid]
+                self._drop(cid)
                 self.counts["expired"] += 1
         return []
 
     def wants(self, rollout_id: bytes) -> bool:
-        return any(rollout_id in c.rollout_ids for c in self.cases.values())
+        return rollout_id in self._by_record
+
+    def _drop(self, cid: bytes) -> None:
+        case = self.cases.pop(cid)
+        for rid in case.rollout_ids:
+            named = self._by_record.get(rid)
+            if named is not None:
+                named.discard(cid)
+                if not named:
+                    del self._by_record[rid]
 
     def _judge(self, cid: bytes, case: _Claim) -> list[Action]:
-        del self.cases[cid]
-        median = statistics.median(case.values.values())
+        self._drop(cid)
+        median = window_median(case.values.values())
         convicted = median > self.limit
         self._remember(cid, convicted)
         if convicted:

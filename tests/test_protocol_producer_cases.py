@@ -62,7 +62,9 @@ def test_a_claim_that_is_not_one_window_of_the_producer_costs_its_signer() -> No
 def test_missing_records_and_unknown_versions_cost_nobody() -> None:
     cases = ProducerCases(LIMIT)
     cases.claimed(P, ids(0), ACC, now=0.0)
+    assert cases.wants(ids(0)[0])
     assert cases.cannot_judge(ids(0)[3]) == [] and not cases.cases
+    assert not any(cases.wants(r) for r in ids(0))  # the index forgets a dropped claim
     cases.claimed(P, ids(1), ACC, now=0.0)
     assert cases.record_held(ids(1)[0], P, W, now=1.0) == [Audit(ids(1)[0])]
     assert cases.audited(ids(1)[0], None, now=1.0) == [] and not cases.cases  # no model check

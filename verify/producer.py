@@ -21,8 +21,9 @@ for the changed workers, whose own rounding is as large as the change.
 What lives here, pure (no model, no IO): `ProducerTally` collects, per producer, the
 statistic of its audited records (passed or failed: a failed record is as much the
 producer's work) in windows, and returns a `ProducerFinding` when a full window's median
-is over the limit; `window_median` is the rule itself, which a peer re-checking a finding
-applies to its own audits of the same records. A window is an aligned block of the
+is over the limit. The rule itself (`window_median`, the blocks) lives in
+`protocol.producer_cases`,
+which a peer re-checking a finding applies to its own audits of the same records. A window is an aligned block of the
 producer's task counters, `[k * WINDOW, (k + 1) * WINDOW)`, not any WINDOW records: a
 validator that could choose the records could pick the noisiest of an honest worker's
 many. `protocol.producer_cases` re-checks the node's signed claims of a finding.
@@ -30,22 +31,14 @@ many. `protocol.producer_cases` re-checks the node's signed claims of a finding.
 
 from __future__ import annotations
 
-import statistics
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from protocol.producer_cases import PRODUCER_WINDOW
+from protocol.producer_cases import PRODUCER_WINDOW, window_median
 
 WINDOW = PRODUCER_WINDOW
 STAT = "logprob_err_mean"
-
-
-def window_median(values: Sequence[float]) -> float:
-    """The median of a window's statistic (the rule a re-check applies as well)."""
-    if not values:
-        raise ValueError("window_median: no values")
-    return float(statistics.median(values))
 
 
 @dataclass(frozen=True, slots=True)
