@@ -22,9 +22,8 @@ What lives here, pure (no model, no IO): `ProducerTally` collects, per producer,
 statistic of its audited records (passed or failed: a failed record is as much the
 producer's work) in windows, and returns a `ProducerFinding` when a full window's median
 is over the limit. The rule itself (`window_median`, the blocks) lives in
-`protocol.producer_cases`,
-which a peer re-checking a finding applies to its own audits of the same records. A window is an aligned block of the
-producer's task counters, `[k * WINDOW, (k + 1) * WINDOW)`, not any WINDOW records: a
+`protocol.producer_cases`, which a peer re-checking a finding applies to its own audits
+of the same records. A window is an aligned block of the producer's task counters, `[k * WINDOW, (k + 1) * WINDOW)`, not any WINDOW records: a
 validator that could choose the records could pick the noisiest of an honest worker's
 many. `protocol.producer_cases` re-checks the node's signed claims of a finding.
 """
