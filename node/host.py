@@ -78,6 +78,17 @@ item has a test in `tests/test_node_host.py` that fails if the default comes bac
     `read_exactly` even when one read returned it whole, into and out of a `BytesIO`
     in the secure session) -> `read_exactly` returns a whole first read as it is, and
     the secure session keeps the rest of a Noise message and hands out views of it.
+21. A writer out of send window polled every 10 ms for the window update -> the stream's
+    window lock wakes it when next released (`_WindowLock`; the poll stays as a backstop).
+22. A reply of known size (a shard) started at Yamux's 256 KiB window and grew it one
+    round trip at a time (on a long link, several round trips per shard) -> the asker
+    grants the window it expects up front (`FramedStream.expect`).
+23. Opening a stream cost two round trips of multistream-select (its header, then the
+    protocol) -> both go out in one write and both answers are read after, as go-libp2p's
+    client does (one protocol proposed; more go the library's way).
+24. The receiver sent a window update after every read below half the window (and
+    credited it twice): one more frame, one more Noise message each way, for every small
+    message a stream received -> credit goes back at half the window, as go-yamux does.
 
 Resource handling: everything is owned by the `open_host()` context; on exit the port
 is released and all tasks are gone. Error handling: remote misbehaviour and timeouts
@@ -103,6 +114,7 @@ from typing import Any
 import libp2p.identity.identify.identify as _libp2p_identify
 import libp2p.io.msgio as _libp2p_msgio
 import libp2p.io.trio as _libp2p_io_trio
+import libp2p.protocol_muxer.multiselect_client as _libp2p_multiselect_client
 import libp2p.pubsub.pubsub as _libp2p_pubsub
 import libp2p.security.noise.io as _libp2p_noise_io
 import libp2p.security.secure_session as _libp2p_secure_session
@@ -117,15 +129,19 @@ from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as _new_x25519_key_pair
 from libp2p.custom_types import TProtocol
+from libp2p.io.exceptions import IOException
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.protocol_muxer.exceptions import MultiselectClientError, MultiselectCommunicatorError
+from libp2p.protocol_muxer.multiselect_communicator import MultiselectCommunicator
 from libp2p.pubsub.gossipsub import PROTOCOL_ID as GOSSIPSUB_PROTOCOL_ID
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
+from libp2p.utils import encode_delim
 
 log = logging.getLogger("swarm.host")
 
@@ -145,6 +161,9 @@ SUBSCRIPTION_QUEUE = 4096
 TCP_READ_AHEAD = 256 * 1024
 # Workaround 20: the most payload one Yamux write call hands down at once.
 WRITE_BATCH = 1024 * 1024
+# Workaround 21: a writer out of send window re-checks at least this often (a close that
+# does not go through the window lock); a window update wakes it at once.
+ZERO_WINDOW_POLL_S = 0.01
 PING_PROTOCOL = TProtocol("/ipfs/ping/1.0.0")  # workaround 17: the standard ping
 PING_BYTES = 32
 GOSSIPSUB_PROTOCOLS = [  # workaround 17: newest first
@@ -300,6 +319,22 @@ class FramedStream:
             raise FrameTooLarge(self.peer, f"announced a {size} byte frame (cap {cap})")
         return await self._read_exactly(size)
 
+    async def expect(self, n: int) -> None:
+        """Workaround 22: let the remote send `n` more bytes (at most Yamux's largest
+        window) without waiting for credit: a reply of known size no longer starts at
+        the 256 KiB window and grows it one round trip at a time."""
+        muxed = getattr(self._stream, "muxed_stream", None)
+        if not isinstance(muxed, _libp2p_yamux.YamuxStream):
+            return
+        want = min(n, _libp2p_yamux.MAX_WINDOW_SIZE)
+        async with muxed.window_lock:
+            delta = want - muxed.recv_window
+            if delta <= 0:
+                return
+            muxed.recv_window += delta
+            muxed.target_recv_window = max(muxed.target_recv_window, want)
+        await self._io(muxed.send_window_update(delta, skip_lock=True), "write")
+
     async def write_raw(self, data: bytes) -> None:
         """Write bytes as they are (for protocols that are not framed, e.g. ping)."""
         await self._io(self._stream.write(data), "write")
@@ -419,6 +454,20 @@ def _batched_window_updates() -> bool:
     return False
 
 
+async def _window_update_at_half(self: Any, *, bytes_read: int = 0) -> None:
+    """Workaround 24: a stream's receive credit goes back once half the window (the
+    library's threshold) has been read, as go-yamux does. The library also sent one
+    after every read below that (crediting it twice over): a window-update frame, one
+    more Noise message each way, for every small message a stream received."""
+    async with self.window_lock:
+        buffered = len(self.conn.stream_buffers.get(self.stream_id, b""))
+        delta = self.target_recv_window - (self.recv_window + buffered)
+        if delta <= 0 or delta < self._grow_threshold():
+            return
+        total = self._grow_to_delta(buffered) + self._apply_autotune_epoch(buffered)
+    await self.send_window_update(total, skip_lock=True)
+
+
 def _buffered_tcp_read(original: Callable[..., Awaitable[bytes]]) -> Callable[..., Awaitable[bytes]]:
     """Workaround 19: `TrioTCPStream.read(n)` served from a read-ahead buffer, so a Noise
     message's 2-byte length and its body come from one socket read. Returns at most `n`
@@ -469,7 +518,7 @@ async def _yamux_write_batched(self: Any, data: bytes) -> None:
                     async with self.window_lock:
                         if self.send_window > 0 or self.closed:
                             break
-                    await trio.sleep(0.01)
+                    await _window_changed(self, ZERO_WINDOW_POLL_S)
             if waited.cancelled_caught:
                 raise y.MuxedStreamError("Timed out waiting for window update after 5 seconds.")
             continue
@@ -481,6 +530,81 @@ async def _yamux_write_batched(self: Any, data: bytes) -> None:
             parts.append(view[sent : sent + n])
             sent += n
         await self.conn._write_frame(b"".join(parts))
+
+
+class _WindowLock:
+    """Workaround 21: a Yamux stream's `window_lock` that wakes a writer waiting for send
+    window when it is next released (the library only takes it with `async with`, and an
+    inbound WINDOW_UPDATE adds to `send_window` under it)."""
+
+    def __init__(self) -> None:
+        self._lock = trio.Lock()
+        self._released: trio.Event | None = None
+
+    async def __aenter__(self) -> None:
+        await self._lock.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._lock.release()
+        if self._released is not None:
+            self._released.set()
+            self._released = None
+
+    async def released(self, timeout_s: float) -> None:
+        """Return at the next release, or after `timeout_s`."""
+        if self._released is None:
+            self._released = trio.Event()
+        with trio.move_on_after(timeout_s):
+            await self._released.wait()
+
+
+async def _window_changed(stream: Any, timeout_s: float) -> None:
+    lock = stream.window_lock
+    if isinstance(lock, _WindowLock):
+        await lock.released(timeout_s)
+    else:
+        await trio.sleep(timeout_s)
+
+
+def _select_pipelined(original: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Workaround 23: multistream-select's header and the one protocol proposed go out in
+    one write, then both answers are read (as go-libp2p's client does): one round trip
+    per stream opened instead of two. More than one protocol goes the library's way."""
+
+    async def select_one_of(
+        self: Any, protocols: Sequence[Any], communicator: Any,
+        negotiate_timeout: float = _libp2p_multiselect_client.DEFAULT_NEGOTIATE_TIMEOUT,
+    ) -> Any:  # fmt: skip
+        if len(protocols) != 1 or not isinstance(communicator, MultiselectCommunicator):
+            return await original(self, protocols, communicator, negotiate_timeout)
+        header = _libp2p_multiselect_client.MULTISELECT_PROTOCOL_ID
+        protocol = str(protocols[0])
+        with trio.move_on_after(negotiate_timeout):
+            try:
+                await communicator.read_writer.write(
+                    encode_delim(header.encode()) + encode_delim(protocol.encode())
+                )
+                answers = [await communicator.read(), await communicator.read()]
+            except (MultiselectCommunicatorError, IOException, AssertionError, ValueError) as exc:
+                raise MultiselectClientError(f"multistream-select failed: {exc}") from exc
+            if answers[0] != header:
+                raise MultiselectClientError(f"multistream header mismatch: {answers[0]!r}")
+            if answers[1] != protocol:
+                raise MultiselectClientError(f"protocol {protocol} refused: {answers[1]!r}")
+            return protocols[0]
+        raise MultiselectClientError(f"response timed out after {negotiate_timeout}s")
+
+    select_one_of._swarm_pipelined = True  # type: ignore[attr-defined]
+    return select_one_of
+
+
+def _yamux_stream_init(original: Callable[..., None]) -> Callable[..., None]:
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.window_lock = _WindowLock()
+
+    init._swarm_window_lock = True  # type: ignore[attr-defined]
+    return init
 
 
 async def _noise_write_batched(self: Any, msg: bytes, prefix_encoded: bool = False) -> None:
@@ -560,6 +684,16 @@ def _apply_library_patches() -> None:
     _libp2p_yamux._yamux_release_on_read = _batched_window_updates
     # Workaround 20: bulk writes batched (same frames and messages, fewer syscalls).
     _libp2p_yamux.YamuxStream.write = _yamux_write_batched
+    # Workaround 24: receive credit goes back at half the window only.
+    _libp2p_yamux.YamuxStream._auto_tune_and_send_window_update = _window_update_at_half
+    # Workaround 23: one round trip to agree on a stream's protocol.
+    client_cls = _libp2p_multiselect_client.MultiselectClient
+    if not getattr(client_cls.select_one_of, "_swarm_pipelined", False):
+        client_cls.select_one_of = _select_pipelined(client_cls.select_one_of)
+    # Workaround 21: a writer out of send window wakes at the window update, not a poll.
+    stream_cls = _libp2p_yamux.YamuxStream
+    if not getattr(stream_cls.__init__, "_swarm_window_lock", False):
+        stream_cls.__init__ = _yamux_stream_init(stream_cls.__init__)
     _libp2p_noise_io.BaseNoiseMsgReadWriter.write_msg = _noise_write_batched
     for module in (_libp2p_msgio, _libp2p_yamux):
         if not getattr(module.read_exactly, "_swarm_whole", False):

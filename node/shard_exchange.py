@@ -268,6 +268,7 @@ async def fetch_shard(
     does not hold it. Raises `PeerError` subclasses on a broken or wrong-sized transfer."""
     stream = await _request(host, peer, run_id, ["shard", manifest_id, index])
     try:
+        await stream.expect(64 + size)
         head = msgpack.unpackb(await stream.receive(64))
         if head == [-1]:
             return None

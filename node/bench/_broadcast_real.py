@@ -6,7 +6,7 @@ trainer key and publishes a random (incompressible) checkpoint, 256 MiB (64 MiB 
 `--quick`), in shards of 4 MiB (2 MiB quick). Phases, one run:
 
 1. capped, 4 receivers: `lower_bound_ratio_4`; then, with the origin's cap lifted and
-   the other receivers stopped, one receiver fetches every shard again straight from the
+   the other receivers stopped (and their leaving settled: `_settle`), one receiver fetches every shard again straight from the
    origin over their one connection, one shard request after the other:
    `stream_mib_per_s` (one transfer between two peers); and with as many requests in
    flight as the node's scheduler keeps to one peer (`ScheduleConfig.per_peer`, 2):
@@ -119,14 +119,16 @@ def _stop_all(procs: list[Proc], timeout_s: float = 15.0) -> None:
 
 def _settle(procs: list[Proc], timeout_s: float = 30.0, quiet_s: float = 1.0) -> float:
     """Wait until the swarm has formed: every peer connected to every other and watched
-    by all of them (have-map watches), then `quiet_s` more for the joining work (peer
-    exchange, catch-up, subscriptions) to die down, so the publish measures the broadcast,
-    not the join (10 processes joining keep 2 cores busy for ~5 s). Returns the seconds
-    it took; after `timeout_s` it goes on regardless."""
+    by all of them (have-map watches), and to no one else (peers that left are gone),
+    then `quiet_s` more for the joining work (peer exchange, catch-up, subscriptions) to
+    die down, so the publish measures the broadcast, not the join (10 processes joining
+    keep 2 cores busy for ~5 s). Returns the seconds it took; after `timeout_s` it goes
+    on regardless."""
     t0 = time.monotonic()
+    n = len(procs) - 1
     while time.monotonic() - t0 < timeout_s:
         stats = [p.ask({"cmd": "stats"}, timeout=30) for p in procs]
-        if all(s["peers"] >= len(procs) - 1 and s["watched_by"] >= len(procs) - 1 for s in stats):
+        if all(s["peers"] == n and s["watched_by"] >= n for s in stats):
             break
         time.sleep(0.25)
     time.sleep(quiet_s)
@@ -179,6 +181,7 @@ def _phase(
         if stream:  # the cap off, the other receivers gone: one transfer between two peers
             _stop_all(recv[1:])
             origin.ask({"cmd": "cap", "mib_s": 0})
+            out["stream_settle_s"] = _settle([origin, recv[0]], timeout_s=10.0)
             out["stream"] = {}
             for k in (1, ScheduleConfig().per_peer) * stream:  # alternated, `stream` runs each
                 r = recv[0].ask({"cmd": "stream", "peer": origin.info["peer_id"],
