@@ -148,6 +148,13 @@ NODE_KEYS: tuple[Key, ...] = (
     Key("inference.batch_size", 8, integer(1, 4096), "an integer in [1, 4096]"),
     Key("inference.engine", "hf", choice("hf", "vllm"), "hf | vllm", "generation engine"),
     Key("validator.audit_fraction", 0.25, number(0, 1), "a number in [0, 1]"),
+    Key(
+        "validator.producer_window_fraction",
+        0.0625,
+        number(0, 1),
+        "a number in [0, 1]",
+        "share of each producer's windows of 16 records audited whole (per-producer evidence)",
+    ),
 )
 
 

@@ -12,6 +12,14 @@ sampling: skipping audits only lowers its own count of verdicts).
 
 The decision: the first 8 bytes of SHA-256(ticket), read big-endian, below
 `fraction * 2**64`.
+
+Windows: the per-producer rule (`protocol.producer_cases`) judges a producer by whole
+windows of its task counters, which records sampled one by one almost never fill (all 16
+of a window at a fraction of 0.25: 0.25**16). A validator also audits whole the windows
+whose *window ticket*, its signature over (run, producer, window index) under its own
+domain, is sampled. That ticket is never published (the verdicts of a window audit are
+not, only a claim if the window's median is over the limit), so a producer learns which
+of its windows are audited whole only by cheating in one.
 """
 
 from __future__ import annotations
@@ -20,9 +28,10 @@ import hashlib
 
 from protocol.identity import Identity, verify_signature
 
-__all__ = ["SAMPLE_DOMAIN", "check_ticket", "sample_ticket", "sampled"]
+__all__ = ["SAMPLE_DOMAIN", "WINDOW_DOMAIN", "check_ticket", "sample_ticket", "sampled", "window_ticket"]
 
 SAMPLE_DOMAIN = b"swarm-rl/audit-sample/1\x00"
+WINDOW_DOMAIN = b"swarm-rl/audit-window/1\x00"
 
 
 def _message(run_id: str, rollout_id: bytes) -> bytes:
@@ -32,6 +41,11 @@ def _message(run_id: str, rollout_id: bytes) -> bytes:
 def sample_ticket(identity: Identity, run_id: str, rollout_id: bytes) -> bytes:
     """The validator's ticket for one rollout (64 bytes)."""
     return identity.sign(_message(run_id, rollout_id))
+
+
+def window_ticket(identity: Identity, run_id: str, producer: bytes, window: int) -> bytes:
+    """The validator's ticket for one window of `producer`'s task counters (64 bytes)."""
+    return identity.sign(WINDOW_DOMAIN + run_id.encode() + b"\x00" + producer + window.to_bytes(8, "big"))
 
 
 def check_ticket(validator: bytes, run_id: str, rollout_id: bytes, ticket: bytes) -> bool:

@@ -65,14 +65,17 @@ def _manifest(run_id: str, *validators: Identity):  # type: ignore[no-untyped-de
 
 
 @contextlib.asynccontextmanager
-async def _validator(tmp_path: Path, monkeypatch, manifest, me: Identity, audit, fraction: float):  # type: ignore[no-untyped-def]
+async def _validator(tmp_path: Path, monkeypatch, manifest, me: Identity, audit, fraction: float,
+                     window_fraction: float = 0.0):  # type: ignore[no-untyped-def]
     """A real peer running the validator role, its audit replaced by `audit`; yields the
-    peer and the role's context (whose `status` the role updates)."""
+    peer and the role's context (whose `status` the role updates). `window_fraction`: the
+    share of producers' windows audited whole (0 here unless a test says)."""
     monkeypatch.setattr(validator_role, "load", lambda ctx, m: (object(), None, AuditSettings(), frozenset()))
     monkeypatch.setattr("verify.auditor.audit_many", audit)
     cfg = PeerConfig(manifest=manifest, identity=me, data_dir=tmp_path / "v",
                      roles=("validator",), pull_bodies=False)  # fmt: skip
-    ctx = RoleContext(audit_fraction=fraction, data_dir=tmp_path, say=lambda _m: None)
+    ctx = RoleContext(audit_fraction=fraction, data_dir=tmp_path, say=lambda _m: None,
+                      producer_window_fraction=window_fraction)  # fmt: skip
     async with open_peer(cfg) as peer, trio.open_nursery() as nursery:
         nursery.start_soon(validator_role.run, peer, ctx)
         await trio.sleep(0.2)
@@ -168,6 +171,38 @@ async def test_a_producer_whose_window_median_is_over_the_limit_pays(
         last = ctx.status["producer_findings_last"]
         assert [f["producer"] for f in last] == [drifty.peer_id.hex()[-12:]] * 2
         assert all(f["records"] == WINDOW and f["median"] > f["limit"] for f in last)
+
+
+async def test_windows_are_audited_whole_when_single_records_are_sampled_rarely(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Found at stop 27: with records sampled one by one (`audit_fraction`, 0.25 by default)
+    a window of WINDOW records was all audited with probability 0.25**16, so the
+    per-producer rule never judged one. A window whose own ticket is sampled
+    (`producer_window_fraction`) is audited whole: here no record is sampled alone and
+    every window whole, so the slightly-off worker pays and no verdict is published (no
+    record's ticket samples it)."""
+    me, drifty = Identity.generate(), Identity.generate()
+    manifest = _manifest("windows", me)
+    limit = AuditSettings().thresholds.producer_logprob_err_median
+
+    def audit(rollouts, model, **_kw):  # type: ignore[no-untyped-def]
+        return [Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer, passed=True,
+                        reason="ok", reward_rescored=0.0,
+                        metrics=(Metric(name="logprob_err_mean", value=2 * limit),))
+                for ro in rollouts]  # fmt: skip
+
+    published: list[object] = []
+    async with _validator(tmp_path, monkeypatch, manifest, me, audit, 0.0, window_fraction=1.0) as (peer, ctx):
+        monkeypatch.setattr(peer, "publish_verdict", lambda v: published.append(v) or trio.sleep(0))
+        sender = Identity.generate().peer_id_b58
+        for i in range(WINDOW):
+            assert await peer._admit(sender, Kind.ROLLOUT_RECORD, _record(drifty, manifest, i, cheat=False))
+        await _until("the window judged", lambda: ctx.status.get("producer_findings") == 1)
+        assert ctx.status["producer_windows"] == 1
+        assert ctx.status["window_audited"] == WINDOW and ctx.status["sampled"] == 0
+        assert published == []
+        assert peer.admission.scores.score(drifty.peer_id_b58, time.time()) <= PRODUCER_PENALTY + 5
 
 
 async def test_a_producer_claim_is_rechecked_before_anyone_pays(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

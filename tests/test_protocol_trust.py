@@ -25,7 +25,7 @@ from protocol.admission import (
     Stage,
     Store,
 )
-from protocol.audit_sample import check_ticket, sample_ticket, sampled
+from protocol.audit_sample import check_ticket, sample_ticket, sampled, window_ticket
 from protocol.authority import Authority
 from protocol.codec import decode, encode
 from protocol.content_id import content_id
@@ -369,6 +369,19 @@ def test_audit_ticket_is_the_validators_own_signature_and_checkable_by_anyone():
     )
     assert 60 < hits < 140
     assert sampled(t, 1.0) and not sampled(t, 0.0)
+
+
+def test_window_tickets_are_the_validators_own_per_producer_and_window():
+    producer = ALICE.peer_id
+    t = window_ticket(VALIDATOR, RUN, producer, 3)
+    assert t == window_ticket(VALIDATOR, RUN, producer, 3)  # every record of the window agrees
+    others = {window_ticket(VALIDATOR, RUN, producer, 4), window_ticket(VALIDATOR, RUN, BOB.peer_id, 3),
+              window_ticket(DELEGATE, RUN, producer, 3), window_ticket(VALIDATOR, RUN + "x", producer, 3)}  # fmt: skip
+    assert t not in others and len(others) == 4
+    # never a record's ticket: a window ticket cannot be passed off as a verdict's sample
+    assert not check_ticket(VALIDATOR.peer_id, RUN, producer + (3).to_bytes(8, "big"), t)
+    hits = sum(sampled(window_ticket(VALIDATOR, RUN, producer, w), 0.0625) for w in range(800))
+    assert 20 < hits < 80
 
 
 def test_verdict_with_a_forged_sample_ticket_is_refused():

@@ -65,6 +65,7 @@ class ProducerTally:
         self.window = window
         self.stat = stat
         self.max_windows = max_windows
+        self.judged = 0  # full windows whose median was taken
         self._open: OrderedDict[tuple[bytes, int], dict[int, tuple[bytes, float]]] = OrderedDict()
 
     def add(
@@ -86,6 +87,7 @@ class ProducerTally:
         if len(held) < self.window:
             self._open[key] = held
             return None
+        self.judged += 1
         median = window_median([v for _, v in held.values()])
         if median <= self.limit:
             return None

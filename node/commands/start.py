@@ -218,6 +218,7 @@ def main(
         model=cfg["node.model"] or None, models_dir=str(ddir), batch_size=cfg["inference.batch_size"],
         engine=cfg["inference.engine"], threads=threads,
         audit_fraction=cfg["validator.audit_fraction"], max_rollouts=max_rollouts,
+        producer_window_fraction=cfg["validator.producer_window_fraction"],
         local_train=split, data_dir=ddir, say=lambda m: _say(f"  {m}"),
     )
     model_dir = check_local(role, ctx, manifest)  # model and datasets: before the network

@@ -31,6 +31,8 @@ class RoleContext:
     engine: str = "hf"  # inference: generation engine, hf | vllm
     threads: int | None = 1
     audit_fraction: float = 0.25
+    # validator: the share of producers' windows (`verify.producer`) audited whole
+    producer_window_fraction: float = 0.0625
     max_rollouts: int | None = None  # inference: stop producing after this many (None: forever)
     local_train: tuple[int, int] | None = None  # inference: SAPO-style I own + J swarm groups
     data_dir: Path = Path(".")

@@ -18,8 +18,11 @@ ourselves, unsampled, with the same machinery. Reproduced, the producer is banne
 reproduced, the accusing validator pays. Such re-checks publish no verdict.
 
 Per producer (`verify.producer`): every audited record's `logprob_err_mean` joins its
-producer's window (an aligned block of its task counters); a full window whose median is
-over the calibrated limit costs the producer `PRODUCER_PENALTY` here and is gossiped as a
+producer's window (an aligned block of its task counters). Records sampled one by one
+almost never fill a window, so a window whose own ticket is sampled
+(`producer_window_fraction`, `protocol.audit_sample.window_ticket`) is audited whole; its
+records that no record ticket sampled publish no verdict (`window_audited`). A full
+window (`producer_windows` counts them) whose median is over the calibrated limit costs the producer `PRODUCER_PENALTY` here and is gossiped as a
 signed `ProducerClaim`. Another validator's claim is re-checked like a failed verdict
 (`protocol.producer_cases`): we take every record of the window, audit each ourselves,
 and the producer or the accuser pays by our median (`producer_findings`,
@@ -39,7 +42,7 @@ from node.errors import CommandError
 from node.roles import RoleContext
 from protocol.admission import Admitted, Kind
 from protocol.audit_queue import AuditQueue
-from protocol.audit_sample import sample_ticket, sampled
+from protocol.audit_sample import sample_ticket, sampled, window_ticket
 from protocol.codec import encode
 from protocol.fraud import Audit, FraudCases, NeedRecord, Punish
 from protocol.identity import Identity
@@ -52,6 +55,10 @@ PULLS_BODIES = True
 NEEDS_MODEL = True
 FAILED_AUDIT_PENALTY = -20.0
 QUEUE = 1024
+
+# Queued for a window audit only (`protocol.audit_sample.window_ticket`): the record's own
+# ticket did not sample it, so its verdict counts here and is not published.
+WINDOW_ONLY = b""
 
 
 def selected(identity: Identity, run_id: str, rollout_id: bytes, fraction: float) -> bool:
@@ -131,7 +138,7 @@ async def run(peer: Any, ctx: RoleContext) -> None:
     queue = AuditQueue(peer.manifest.max_staleness, QUEUE)
     kick_send, kick_receive = trio.open_memory_channel[None](1)
     counts = {"seen": 0, "sampled": 0, "passed": 0, "failed": 0, "queue_full": 0, "unauthorized": 0,
-              "rechecks": 0, "dropped_stale": 0, "producer_findings": 0}  # fmt: skip
+              "rechecks": 0, "dropped_stale": 0, "producer_findings": 0, "window_audited": 0}  # fmt: skip
     reasons: dict[str, int] = {}
     fraud = FraudCases()
     th = settings.thresholds if settings.precision == "fp32" else settings.bf16_thresholds
@@ -215,10 +222,15 @@ async def run(peer: Any, ctx: RoleContext) -> None:
             record_here(item.obj)
         counts["seen"] += 1
         ticket = sample_ticket(peer.identity, peer.run_id, item.content_id)
-        if not sampled(ticket, ctx.audit_fraction):
+        if sampled(ticket, ctx.audit_fraction):
+            enqueue(item.obj, ticket)
+            counts["sampled"] += 1
             return
-        enqueue(item.obj, ticket)
-        counts["sampled"] += 1
+        ro = item.obj
+        window = ro.header.counter // producers.window
+        if sampled(window_ticket(peer.identity, peer.run_id, ro.envelope.signer, window),
+                   ctx.producer_window_fraction):  # fmt: skip
+            enqueue(ro, WINDOW_ONLY)
 
     held = HeldVersions(model)
 
@@ -293,7 +305,9 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                             producer=found.producer, rollout_ids=found.rollout_ids,
                             statistic=producers.stat, median=found.median, limit=found.limit,
                         ))  # fmt: skip
-                if authorized:
+                if ticket == WINDOW_ONLY:
+                    counts["window_audited"] += 1  # no ticket samples it: nothing to publish
+                elif authorized:
                     await peer.publish_verdict(dataclasses.replace(verdict, sample_ticket=ticket))
                 else:
                     counts["unauthorized"] += 1
@@ -310,6 +324,7 @@ async def run(peer: Any, ctx: RoleContext) -> None:
                 fail_reasons=dict(reasons),
                 fraud=dict(fraud.counts),
                 producer_findings_last=list(findings),
+                producer_windows=producers.judged,
                 producer_claims=dict(claims.counts),
                 audit_s_per_rollout=round((time.monotonic() - started) / len(batch), 3),
             )
