@@ -42,7 +42,7 @@ hidden size H with the built-in tokenizer), N signed rollout records per case:
   here. `--no-calibrate`: the shipped defaults of `verify.thresholds`.
 
 Timing (`proof_build_overhead_pct`, `verify_speedup`) runs generation and audit with one
-thread each, 5 interleaved rounds (best of them; the overhead from pairs, see above), and
+thread each, 9 interleaved rounds (best of them; the overhead from pairs, see above), and
 also as CPU seconds (`*_cpu`): the machine
 is shared, and busy-waiting thread pools make multi-threaded wall times meaningless there.
 Generation time is the engine's `generate` (plus proof building where said); audit time
@@ -718,7 +718,7 @@ def run(quick: bool, args: list[str]) -> dict:
 
     timing_engine = _engine(ctx.model, tok, max_batch=DEFAULT_BATCH_SIZE, threads=1)
     _make_records(replace(ctx, n=min(ctx.n, 4)), timing_engine)  # warm-up
-    rounds = 1 if quick else 5
+    rounds = 1 if quick else 9  # a run takes ~3.5 s; the machine drifts by more than 2%
     t_without, t_with, c_without, c_with, proof_s, base = [], [], [], [], [], None
     for r in range(rounds):
         # each round is a pair, its order alternating, so a drift of the shared machine's
