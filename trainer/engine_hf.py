@@ -230,15 +230,18 @@ class HFEngine(Engine):
             next_pos[alive] += 1
             logits, h, cache = self._forward(new_ids, mask, step_pos, cache)
 
-        rows: list[list[torch.Tensor]] = [[] for _ in range(b)]
-        for hs, who in step_hidden:
-            for r, i in enumerate(who):
-                rows[i].append(hs[r])
-        out = []
-        for i in range(b):
-            hid = torch.stack(rows[i]) if capture_hidden else None
-            out.append(Generation(tokens[i], logps[i], hid, finish[i]))  # type: ignore[arg-type]
-        return out
+        hidden = _per_sample(step_hidden, b) if capture_hidden else [None] * b
+        return [Generation(tokens[i], logps[i], hidden[i], finish[i]) for i in range(b)]  # type: ignore[arg-type]
+
+
+def _per_sample(step_hidden: list[tuple[torch.Tensor, list[int]]], b: int) -> list[torch.Tensor]:
+    """Each sample's hidden rows [its steps, H], in step order, from the per-step batches
+    (rows [alive, H] and which sample each row is): one gather for the whole batch, where
+    a row at a time cost ~1% of generation."""
+    h = torch.cat([hs for hs, _ in step_hidden])
+    owner = torch.tensor([i for _, who in step_hidden for i in who], dtype=torch.long)
+    counts = torch.bincount(owner, minlength=b).tolist()
+    return list(torch.split(h[torch.argsort(owner, stable=True)], counts))
 
 
 def _select_rows(cache: Any, sel: torch.Tensor) -> Any:
