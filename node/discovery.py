@@ -114,6 +114,10 @@ class AddressBook:
         del self._peers[victim]
         return True
 
+    def known(self) -> list[str]:
+        """Peers we hold an address for."""
+        return [p for p, e in self._peers.items() if e.addrs]
+
     def addrs(self, peer: str) -> list[str]:
         entry = self._peers.get(peer)
         return list(entry.addrs) if entry else []

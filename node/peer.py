@@ -1,68 +1,61 @@
-"""One running peer of a run: host + admission + store + gossip + body exchange + discovery.
+"""One running peer of a run: the IO shell around `protocol.admission`.
 
-This is the IO shell around `protocol.admission`: bytes arrive (a gossip message through
-the GossipSub topic validator, or a record pulled over `/swarm-rl/<run>/rollout/1`), go in
-as `MessageReceived(sender, kind, data, now)`, and the returned actions are carried out
-here by one pump (`Peer._execute`), in the order admission returned them: `Store` ->
-`node.store.Store` (batched with other peers' items in a worker thread, one fsync per
-batch) and *awaited*, so nothing is forwarded or delivered before it is durable; if the
-write fails, `StoreFailed` goes back to admission and the rest of that list is skipped;
-`Forward` -> the (async) GossipSub validator answers True so GossipSub forwards it,
-`Deliver` -> the role's callbacks, `Reject` -> counters and the ledger,
-`Disconnect`/`Ban`/`Unban` -> the host (bans are persisted and reloaded at start, so they
-survive a restart). Roles report misbehaviour through `Peer.report`.
+One way in: every event for admission (a gossip message from the GossipSub topic
+validator, a pulled record, a role's report, a tick, a peer connecting, what a restart
+restores) goes through `Peer.submit`, and one executor (`Peer._run`) carries out the
+returned actions in the order admission returned them:
 
-Flow of a rollout: the producer stores its record (`produce()`, acknowledged once the
-fsync returned), then gossips the signed header on the run's rollouts topic (paced by the
-`Outbox`). A receiver admits and stores the header, and, if it pulls bodies (validators,
-trainers, relays), fetches the record from the producer or the forwarding peer, admits
-it as `Kind.ROLLOUT_RECORD` (the body must match the signed digest) and stores the body.
+    Store      -> the batched writer (`node.store_writer`); the actions after it run
+                  only once the item is durable (Store-then-Forward), or, if the write
+                  fails, `StoreFailed` goes back to admission and the rest is dropped
+    Forward    -> the gossip validator answers accept (`protocol.forwarding`)
+    Deliver    -> the role's callbacks; an admitted header queues its body pull
+    Reject     -> counters, the log and the ledger (with its reason)
+    Disconnect / Ban / Unban -> the host (a ban is stored before it takes effect)
+    AskNewest  -> ask the peer to back a version it claimed
 
-Nothing produced is lost to the network (`protocol.catch_up` holds the rules): a peer that
-pulls bodies asks each neighbour, when it joins and every few seconds, which rollouts it
-holds (`node.sync_exchange`) and pulls the ones it lacks through admission; a worker asks
-trainers which of its own rollouts they hold (receipts: `Store.delivery_status()` says
-produced / delivered / pending / too stale). What was in memory at a crash is rebuilt
-from the store at start: the dedup memory (so copies stay duplicates), the pulls still
-owed (headers without a body), and peer scores, which are saved as soon as a penalty is
-applied (with the ledger line that explains it).
+The gossip validator waits for its message's actions (bounded by `STORE_WAIT_S`, under
+py-libp2p's 5 s limit); a write that takes longer still completes and delivers, only
+the message is not forwarded from here. The headers of a `HeaderBatch` are submitted
+together, so their writes share one transaction.
 
-Resource handling: everything lives inside `open_peer()`; leaving it cancels the loops,
-drains and closes the host (port released) and closes the store. Error handling: a remote
-fault never raises out of a loop: it becomes a `Reject` (score change), a failed pull
-(retried from another source, bounded), or a dropped peer. Store failures are reported
-back to admission (`StoreFailed`) so a later copy can be admitted.
+Bodies are pulled by `node.body_puller` (rules: `protocol.body_pull`), catch-up and the
+body server live in `node.peer_services` (rules: `protocol.catch_up`). Everything lives
+inside `open_peer()`; leaving it drains the outbox, saves scores, cancels the loops and
+closes the host and the store. A remote fault never raises out of a loop: it becomes a
+`Reject` (score change), a failed pull (retried, bounded) or a dropped peer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import random
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
 from node import rollout_exchange, shard_exchange, sync_exchange
+from node.body_puller import BodyPuller
 from node.discovery import Discovery
 from node.gossip import BATCH_TOPICS, TOPIC_KINDS, Outbox, topic_name
 from node.host import AGENT, HostSettings, PeerError, PeerEvent, SwarmHost, open_host
+from node.peer_services import BodyServer, CatchUpDriver, bad_request_event
 from node.store import RolloutRow, Store, StoreError, VerdictRow
+from node.store_writer import PendingWrite, StoreWriter
 from node.weights_store import WeightsStore
 from node.weights_sync import WeightSettings, WeightSync
 from protocol import admission as adm
+from protocol import body_pull as bp
 from protocol import catch_up as cu
 from protocol.admission import (
     Admission,
     AdmissionConfig,
     Admitted,
     Ban,
-    BodyMissing,
     Deliver,
     Disconnect,
     Forward,
@@ -79,11 +72,12 @@ from protocol.admission import (
     Unban,
     VersionChanged,
 )
-from protocol.codec import decode, encode
+from protocol.codec import decode
 from protocol.content_id import content_id
 from protocol.envelope import seal
 from protocol.errors import RemoteProtocolError
-from protocol.identity import Identity
+from protocol.forwarding import GossipVerdict, batch_verdict, verdict_of
+from protocol.identity import Identity, peer_id_to_b58
 from protocol.peer_score import PeerScores
 from protocol.rollout import check_body, open_header
 from protocol.version_claims import AskNewest
@@ -101,24 +95,12 @@ from protocol.wire import (
 
 log = logging.getLogger("swarm.peer")
 
-PULL_WORKERS = 3
-PULL_ATTEMPTS = 8
-PULL_RETRY_S = 1.0
-PARK_S = 1.0  # a pull whose every source is disconnected looks again this often
-MAX_PARKS = 300  # ... for at most this many looks, then it spends attempts as usual
-MAX_PARKED = 4096  # pulls waiting at once
 ADMITTED_QUEUE = 4096
-PULL_QUEUE = 8192
-SCORE_SAVE_INTERVAL_S = 15.0  # rewards; a penalty is saved at once (with its ledger line)
-CATCH_UP_TICK_S = 1.0
-DELIVERY_CHECK_S = 5.0  # also: owed pulls (headers without a body) queued again
-OWED_RETRY_BATCH = 256
-BAD_REQUEST_PENALTY = -10.0
-MAX_SERVE_STREAMS_PER_PEER = 4
-PRODUCER_LACKS_BODY_PENALTY = -2.0
-BODYLESS_TTL_S = 3600.0  # a header whose body never came is forgotten after this
+SCORE_SAVE_INTERVAL_S = 15.0  # rewards; a penalty is saved with its ledger line
 ASK_NEWEST_S = 10.0  # a sender backs a future version it handed us within this
 STORE_WAIT_S = 4.0  # under py-libp2p's 5 s limit on an async topic validator
+RESTORED_PULLS = 4096  # owed pulls queued again at start
+VALIDATOR_WAITS_KEPT = 4096  # recent gossip validator waits, for the p99 in stats()
 
 
 @dataclass(frozen=True)
@@ -159,30 +141,37 @@ class SeqCounter:
 
 
 @dataclass
-class _Write:
-    """One admitted item on its way to the store; `done` is set with `ok` when written."""
+class Handled:
+    """What became of one event handed to admission (`Peer.submit`). `done` is set once
+    every action ran (after the store write, if there was one)."""
 
-    item: Admitted
+    actions: list[adm.Action]
     done: trio.Event = field(default_factory=trio.Event)
-    ok: bool = False
+    forward: bool = False
+    admitted: bool = False  # delivered to the roles
+    duplicate: bool = False
+    store_failed: bool = False
 
+    @property
+    def accepted(self) -> bool:
+        """Forwarded or delivered: admission took it."""
+        return self.forward or self.admitted
 
-@dataclass
-class _Pull:
-    rollout_id: bytes
-    sources: list[str]
-    attempts: int = 0
-    origin: tuple[bytes, str] | None = None  # (signer, sender) of the header, to blame
-    parked: int = 0  # times it waited for a source to (re)connect (not an attempt)
-    widened: bool = False  # other connected peers were added as sources
-    answered: int = 0  # times a source answered without the body (or with a bad one)
+    @property
+    def verdict(self) -> GossipVerdict:
+        """Accept / ignore / reject at the GossipSub boundary; a message whose write has
+        not finished (or failed) is ignored here, never rejected."""
+        v = verdict_of(self.actions)
+        if v is GossipVerdict.ACCEPT and (self.store_failed or not self.done.is_set()):
+            return GossipVerdict.IGNORE
+        return v
 
 
 class Peer:
     """A joined peer (build one with `open_peer()`); roles drive it through:
 
-    `produce(record)`, `publish_verdict(verdict)`, `on_deliver(callback)`, `stats()`,
-    plus `host`, `store`, `admission`, `discovery`, `identity`, `manifest`.
+    `produce(record)`, `publish_verdict(verdict)`, `on_deliver(callback)`, `report()`,
+    `stats()`, plus `host`, `store`, `admission`, `discovery`, `identity`, `manifest`.
     """
 
     def __init__(
@@ -208,23 +197,22 @@ class Peer:
         self.bootstrap_results: list[tuple[str, bool, str]] = []
         self.drained = 0  # queued messages published while stopping
         self.started_at = time.time()
+        self.delivery: dict[str, int] = {}
+        self.validator_waits: deque[float] = deque(maxlen=VALIDATOR_WAITS_KEPT)
         self._callbacks: list[Callable[[Admitted], None]] = []
         self._late_callbacks: list[Callable[[Admitted], None]] = []
-        self._admitted_send, self._admitted_recv = trio.open_memory_channel[_Write](ADMITTED_QUEUE)
-        self._pull_send, self._pull_recv = trio.open_memory_channel[_Pull](PULL_QUEUE)
         self._ledger_send, self._ledger_recv = trio.open_memory_channel[tuple[Reject, float]](ADMITTED_QUEUE)
         self._nursery: trio.Nursery | None = None
-        self._serving: dict[str, int] = {}  # peer -> open body streams we serve
-        self._pulling: set[bytes] = set()  # ids queued or being pulled
-        self._parked = 0  # pulls waiting for a source to (re)connect, or for a retry
-        self.catch_up = cu.CatchUp(pulls=cfg.pull_bodies, producer=cfg.identity.peer_id)
-        self.delivery: dict[str, int] = {}
+        self.writer = StoreWriter(store, cfg.identity.peer_id, ADMITTED_QUEUE, self.counters)
+        self.puller = BodyPuller(self) if cfg.pull_bodies else None
+        self.catch_up = CatchUpDriver(self)
+        self.body_server = BodyServer(self)
         self.discovery = Discovery(
             host, self.run_id, self._hello_bytes, max_peers=cfg.max_peers, on_hello=self._on_hello
         )
         self.topics = {name: topic_name(self.run_id, name) for name in TOPIC_KINDS}
-        host.set_stream_handler(rollout_exchange.protocol_id(self.run_id), self._serve_rollouts)
-        host.set_stream_handler(sync_exchange.protocol_id(self.run_id), self._serve_sync)
+        host.set_stream_handler(rollout_exchange.protocol_id(self.run_id), self.body_server.serve)
+        host.set_stream_handler(sync_exchange.protocol_id(self.run_id), self.catch_up.serve)
         self.weights: WeightSync | None = None
         if weights_store is not None:
             self.weights = WeightSync(self, weights_store, cfg.weights)
@@ -253,8 +241,7 @@ class Peer:
         queued together (so they can leave in one gossip batch); returns their ids."""
         rows = []
         for record in records:
-            # Our own bytes, checked as anyone will check them (a failure is our bug); the
-            # record is decoded once (`open_record` would decode it a second time here).
+            # Our own bytes, checked as anyone will check them (a failure is our bug).
             rec = decode(RolloutRecord, record)
             env, header, rollout_id = open_header(rec.header)
             check_body(header, rec.body)
@@ -296,24 +283,46 @@ class Peer:
         await self.outbox.put(self.topics["producer-claims"], data)
         return content_id(data)
 
-    def report(self, peer: bytes | str, penalty: float, reason: str) -> None:
-        """A role found fault with `peer` (e.g. a failed audit): score it down by `penalty`
-        (<= 0) through admission, which bans it below the threshold."""
-        self._apply(self.admission.handle(Misbehaved(_b58(peer), penalty, reason, time.time())))
-
     async def publish_delegation(self, validator: bytes, granted: bool) -> bytes:
         """Grant (or revoke) `validator` the right to judge; only a trainer key's counts."""
         data = self.seal(Delegation(validator=validator, granted=granted))
-        await self._admit(self.host.peer_id, Kind.DELEGATION, data)  # applies to us as well
+        await self.admit(self.host.peer_id, Kind.DELEGATION, data)  # applies to us as well
         await self.outbox.put(self.topics["delegations"], data)
         return content_id(data)
+
+    def report(self, peer: bytes | str, penalty: float, reason: str) -> None:
+        """A role found fault with `peer` (e.g. a failed audit): score it down by `penalty`
+        (<= 0) through admission, which bans it below the threshold."""
+        self.submit(Misbehaved(_b58(peer), penalty, reason, time.time()))
+
+    def bad_request(self, peer: str, reason: str) -> None:
+        """A peer sent a malformed request on one of our stream protocols."""
+        self.rejects["bad_request"] += 1
+        self.submit(bad_request_event(peer, reason))
+
     def set_policy_version(self, version: int) -> None:
         """Our current policy version (the newest installed): staleness is judged from it."""
         if version != self.policy_version:
             self.policy_version = version
-            self._apply(self.admission.handle(VersionChanged(version, time.time())))
+            self.submit(VersionChanged(version, time.time()))
+
+    def want_body(self, rollout_id: bytes, sources: Sequence[str],
+                  origin: tuple[bytes, str] | None = None) -> None:
+        """Pull the body of `rollout_id` (a no-op for peers that do not pull bodies)."""
+        if self.puller is not None:
+            self.puller.want(rollout_id, sources, origin)
+
+    def body_wanted(self, rollout_id: bytes) -> bool:
+        return self.puller is not None and self.puller.wanted(rollout_id)
+
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        """Start `fn(*args)` in the peer's nursery (nothing new starts while stopping)."""
+        if self._nursery is None or self.host._closing:
+            return
+        self._nursery.start_soon(fn, *args)
 
     def stats(self) -> dict[str, object]:
+        waits = sorted(self.validator_waits)
         return {
             "peer_id": self.host.peer_id,
             "roles": list(self.cfg.roles),
@@ -328,7 +337,10 @@ class Peer:
             "header_batches": self.outbox.stats.batches,
             "header_batch_mean": (round(self.outbox.stats.batched / self.outbox.stats.batches, 2)
                                   if self.outbox.stats.batches else None),
-            "pull_pending": self._pull_recv.statistics().current_buffer_used,
+            "pull_pending": self.puller.pending() if self.puller is not None else 0,
+            "store_pending": self.writer.pending(),
+            "validator_wait_ms_p99": (round(waits[int(0.99 * (len(waits) - 1))] * 1000, 2)
+                                      if waits else None),
             "delivery": dict(self.delivery),
             "uptime_s": round(time.time() - self.started_at, 1),
             "rtt_ms_median": self._rtt_median_ms(),
@@ -339,111 +351,91 @@ class Peer:
         rtts = sorted(r for p in self.host.connected_peers() if (r := self.host.peer_rtt(p)) == r)
         return round(rtts[len(rtts) // 2] * 1000, 3) if rtts else None
 
-    # -- hello ----------------------------------------------------------------------------
+    # -- the one way in, and the one executor -------------------------------------------
 
-    def _hello_bytes(self) -> bytes:
-        hello = PeerHello(
-            roles=tuple(self.cfg.roles), policy_version=self.policy_version,
-            listen_addrs=tuple(self.host.listen_addrs()[:16]), agent=AGENT,
-        )
-        return self.seal(hello)
+    def submit(self, event: adm.Event) -> Handled:
+        """Hand one event to admission and carry out its actions (see the module doc)."""
+        handled = Handled(self.admission.handle(event))
+        self._run(handled.actions, handled)
+        return handled
 
-    def _on_hello(self, peer: str, hello: PeerHello) -> None:
-        self.counters["hellos"] += 1
-        trainer = "trainer" in hello.roles
-        self._catch_up(self.catch_up.handle(cu.PeerJoined(peer, time.time(), receipts_from=trainer)))
-        if self.weights is not None:
-            self.weights.on_hello(peer, hello.policy_version)
-
-    def _on_peer_event(self, event: PeerEvent) -> None:
-        self.counters[f"peer_{event.kind}"] += 1
-        if event.kind == "connected":
-            self._apply(self.admission.handle(PeerConnected(event.peer, time.time())))
-            self._catch_up(self.catch_up.handle(cu.PeerJoined(event.peer, time.time())))
-        else:
-            self.catch_up.handle(cu.PeerLeft(event.peer, time.time()))
-            if self.weights is not None:
-                self.weights.on_peer_gone(event.peer)
-
-    # -- admission glue -------------------------------------------------------------------
-
-    def _validator(self, kind: Kind) -> Callable[[str, bytes, str], Awaitable[bool]]:
-        async def check(sender: str, data: bytes, origin: str) -> bool:
-            return await self._admit(sender, kind, data, origin)
-
-        return check
-
-    def _batch_validator(self, kind: Kind) -> Callable[[str, bytes, str], Awaitable[bool]]:
-        """A `HeaderBatch`: each header admitted on its own, exactly as if it came alone;
-        the batch is forwarded only when every header in it was admitted. Broken framing
-        goes to admission whole (it fails there as a malformed message of `kind`)."""
-
-        async def check(sender: str, data: bytes, origin: str) -> bool:
-            try:
-                batch = decode(HeaderBatch, data)
-            except RemoteProtocolError:
-                await self._admit(sender, kind, data, origin)
-                return False
-            self.counters["in_header_batch"] += 1
-            admitted = [await self._admit(sender, kind, item, origin) for item in batch.headers]
-            return all(admitted)
-
-        return check
-
-    async def _admit(self, sender: str, kind: Kind, data: bytes, origin: str | None = None) -> bool:
-        return (await self._admit_actions(sender, kind, data, origin))[0]
-
-    async def _admit_actions(
-        self, sender: str, kind: Kind, data: bytes, origin: str | None = None
-    ) -> tuple[bool, list]:  # type: ignore[type-arg]
-        now = time.time()
+    async def admit(
+        self, sender: str, kind: Kind, data: bytes, origin: str | None = None,
+        wait_s: float | None = None,
+    ) -> Handled:
+        """Admit a message from `sender` and wait until its actions ran (at most `wait_s`:
+        the actions after a slow write still run when it completes)."""
         self.counters[f"in_{kind}"] += 1
-        actions = self.admission.handle(MessageReceived(sender, kind, data, now, origin))
-        return await self._execute(actions), actions
+        handled = self.submit(MessageReceived(sender, kind, data, time.time(), origin))
+        with trio.move_on_after(float("inf") if wait_s is None else wait_s):
+            await handled.done.wait()
+        return handled
 
-    async def _execute(self, actions: list) -> bool:  # type: ignore[type-arg]
-        """The one pump: carry out admission's actions in order; True when admitted.
-
-        A `Store` is awaited (bounded by `STORE_WAIT_S`) before the next action runs, so a
-        message is forwarded and delivered only once it is durable; a failed store goes
-        back to admission (`StoreFailed`) and the rest of the list is skipped.
-        """
-        admitted = False
-        for action in actions:
+    def _run(self, actions: Sequence[adm.Action], handled: Handled) -> None:
+        for i, action in enumerate(actions):
             if isinstance(action, adm.Store):
-                if not await self._store(action.item):
-                    self.admission.handle(StoreFailed(action.item, time.time()))
-                    return False
-            elif isinstance(action, Forward):
-                admitted = True
-            elif isinstance(action, Deliver):
-                admitted = True
-                self._deliver(action.item)
-            else:
-                self._apply((action,))
-        return admitted
+                rest = actions[i + 1:]
 
-    def _apply(self, actions: Iterable[adm.Action]) -> None:
-        """Carry out control actions (rejects, disconnects, bans); these never store."""
-        for action in actions:
-            if isinstance(action, Reject):
-                self.rejects[str(action.reason)] += 1
-                if action.late is not None:
-                    for callback in list(self._late_callbacks):
-                        callback(action.late)
-                if action.penalty < 0:
-                    with contextlib.suppress(trio.WouldBlock):
-                        self._ledger_send.send_nowait((action, time.time()))
-            elif isinstance(action, Disconnect):
-                self._spawn(self.host.disconnect, action.peer, f"admission: {action.reason}")
-            elif isinstance(action, Ban):
-                self._spawn(self._ban, action)
-            elif isinstance(action, Unban):
-                self.host.unban(str(action.peer))
-            elif isinstance(action, AskNewest):
-                self._spawn(self._ask_newest, action)
-            else:
-                raise AssertionError(f"{type(action).__name__} needs the pump (_execute)")
+                def then(ok: bool, item: Admitted = action.item, rest: Sequence[adm.Action] = rest) -> None:
+                    if ok:
+                        self._run(rest, handled)
+                        return
+                    handled.store_failed = True
+                    self.submit(StoreFailed(item, time.time()))
+                    handled.done.set()
+
+                if not self.writer.put(PendingWrite(action.item, then)):
+                    then(False)
+                return
+            self._act(action, handled)
+        handled.done.set()
+
+    def _act(self, action: adm.Action, handled: Handled) -> None:
+        if isinstance(action, Forward):
+            handled.forward = True
+        elif isinstance(action, Deliver):
+            handled.admitted = True
+            self._deliver(action.item)
+        elif isinstance(action, Reject):
+            self._rejected(action, handled)
+        elif isinstance(action, Disconnect):
+            self.spawn(self.host.disconnect, action.peer, f"admission: {action.reason}")
+        elif isinstance(action, Ban):
+            self.spawn(self._ban, action)
+        elif isinstance(action, Unban):
+            self.host.unban(str(action.peer))
+        elif isinstance(action, AskNewest):
+            self.spawn(self._ask_newest, action)
+        else:
+            raise AssertionError(f"no executor for {type(action).__name__}")
+
+    def _rejected(self, action: Reject, handled: Handled) -> None:
+        self.rejects[str(action.reason)] += 1
+        if action.reason == "duplicate":
+            handled.duplicate = True
+        if action.late is not None:
+            for callback in list(self._late_callbacks):
+                callback(action.late)
+        if action.penalty < 0:
+            log.info("refused %s from %s: %s %s (%+g)", action.kind or "message",
+                     str(action.peer)[:16], action.reason, action.detail, action.penalty)
+            with contextlib.suppress(trio.WouldBlock):
+                self._ledger_send.send_nowait((action, time.time()))
+
+    def _deliver(self, item: Admitted) -> None:
+        if item.kind is Kind.ROLLOUT_HEADER:
+            self.want_body(item.content_id, [_b58(item.signer), str(item.sender)],
+                           origin=(item.signer, str(item.sender)))
+        for callback in list(self._callbacks):
+            callback(item)
+
+    async def _ban(self, action: Ban) -> None:
+        self.counters["bans"] += 1
+        # Stored before it takes effect: the host's ban awaits a disconnect, and a stop
+        # arriving there would otherwise leave a ban in force that a restart forgets.
+        with contextlib.suppress(StoreError):
+            await trio.to_thread.run_sync(self.store.save_peer, action.record)
+        await self.host.ban(str(action.peer), max(1.0, action.until - time.time()), "score below threshold")
 
     async def _ask_newest(self, ask: AskNewest) -> None:
         """Ask a peer that handed us a version we have not heard of to back it with the
@@ -456,365 +448,100 @@ class Peer:
                 answered = True
             except PeerError as exc:
                 log.debug("peer: %s did not back its version claim: %s", peer[:12], exc)
-        actions = self.admission.handle(NewestShown(ask.peer, env, time.time(), answered))
-        self._apply(actions)
+        handled = self.submit(NewestShown(ask.peer, env, time.time(), answered))
         # Only a backing manifest goes on to the weights (an unbacked answer was charged
         # once already, and is not opened a second time).
-        if env is not None and self.weights is not None and not actions:
-            await self._admit(peer, Kind.WEIGHT_MANIFEST, env)
+        if env is not None and self.weights is not None and not handled.actions:
+            await self.admit(peer, Kind.WEIGHT_MANIFEST, env)
 
-    async def _store(self, item: Admitted) -> bool:
-        """Hand `item` to the batched writer and wait until it is written (or not)."""
-        w = _Write(item)
-        try:
-            self._admitted_send.send_nowait(w)
-        except trio.WouldBlock:
-            self.counters["overloaded_drops"] += 1
-            return False
-        with trio.move_on_after(STORE_WAIT_S):
-            await w.done.wait()
-        if not w.ok:
-            self.counters["store_failed"] += 1
-        return w.ok
+    # -- gossip validators ----------------------------------------------------------------
 
-    def _deliver(self, item: Admitted) -> None:
-        if item.kind is Kind.ROLLOUT_HEADER and self.cfg.pull_bodies:
-            self._want(item.content_id, [_b58(item.signer), str(item.sender)],
-                       origin=(item.signer, str(item.sender)))
-        for callback in list(self._callbacks):
-            callback(item)
+    def _validator(self, kind: Kind) -> Callable[[str, bytes, str], Awaitable[bool]]:
+        async def check(sender: str, data: bytes, origin: str) -> bool:
+            t0 = time.monotonic()
+            handled = await self.admit(sender, kind, data, origin, wait_s=STORE_WAIT_S)
+            self._waited(t0, [handled])
+            return handled.verdict is GossipVerdict.ACCEPT
 
-    def _spawn(self, fn: Callable, *args: object) -> None:  # type: ignore[type-arg]
-        if self._nursery is None or self.host._closing:
-            return  # shutting down: nothing new starts
-        self._nursery.start_soon(fn, *args)
+        return check
 
-    async def _ban(self, action: Ban) -> None:
-        self.counters["bans"] += 1
-        # Stored before it takes effect: the host's ban awaits a disconnect, and a stop
-        # arriving there would otherwise leave a ban in force that a restart forgets.
-        with contextlib.suppress(StoreError):
-            await trio.to_thread.run_sync(self.store.save_peer, action.record)
-        await self.host.ban(str(action.peer), max(1.0, action.until - time.time()), "score below threshold")
+    def _batch_validator(self, kind: Kind) -> Callable[[str, bytes, str], Awaitable[bool]]:
+        """A `HeaderBatch`: each header admitted on its own, exactly as if it came alone,
+        all submitted before any is awaited (their writes share a transaction); the batch
+        gets one answer (`protocol.forwarding.batch_verdict`). Broken framing goes to
+        admission whole (it fails there as a malformed message of `kind`)."""
+
+        async def check(sender: str, data: bytes, origin: str) -> bool:
+            t0 = time.monotonic()
+            try:
+                batch = decode(HeaderBatch, data)
+            except RemoteProtocolError:
+                await self.admit(sender, kind, data, origin, wait_s=STORE_WAIT_S)
+                return False
+            self.counters["in_header_batch"] += 1
+            self.counters[f"in_{kind}"] += len(batch.headers)
+            now = time.time()
+            handled = [self.submit(MessageReceived(sender, kind, item, now, origin))
+                       for item in batch.headers]
+            with trio.move_on_after(STORE_WAIT_S):
+                for h in handled:
+                    await h.done.wait()
+            self._waited(t0, handled)
+            return batch_verdict(h.verdict for h in handled) is GossipVerdict.ACCEPT
+
+        return check
+
+    def _waited(self, t0: float, handled: list[Handled]) -> None:
+        self.validator_waits.append(time.monotonic() - t0)
+        if not all(h.done.is_set() for h in handled):
+            self.counters["validator_store_late"] += 1
+
+    # -- peers ----------------------------------------------------------------------------
+
+    def _hello_bytes(self) -> bytes:
+        hello = PeerHello(
+            roles=tuple(self.cfg.roles), policy_version=self.policy_version,
+            listen_addrs=tuple(self.host.listen_addrs()[:16]), agent=AGENT,
+        )
+        return self.seal(hello)
+
+    def _on_hello(self, peer: str, hello: PeerHello) -> None:
+        self.counters["hellos"] += 1
+        trainer = "trainer" in hello.roles
+        self.catch_up.handle(cu.PeerJoined(peer, time.time(), receipts_from=trainer))
+        if self.weights is not None:
+            self.weights.on_hello(peer, hello.policy_version)
+
+    def _on_peer_event(self, event: PeerEvent) -> None:
+        self.counters[f"peer_{event.kind}"] += 1
+        if event.kind == "connected":
+            self.submit(PeerConnected(event.peer, time.time()))
+            self.catch_up.handle(cu.PeerJoined(event.peer, time.time()))
+        else:
+            self.catch_up.handle(cu.PeerLeft(event.peer, time.time()))
+            if self.weights is not None:
+                self.weights.on_peer_gone(event.peer)
 
     # -- loops ----------------------------------------------------------------------------
-
-    async def _process_loop(self) -> None:
-        """The batched writer: store admitted items (one transaction, off the loop), then
-        wake each item's pump (`_store`)."""
-        own = self.identity.peer_id
-        while True:
-            batch = [await self._admitted_recv.receive()]
-            while len(batch) < 64:
-                try:
-                    batch.append(self._admitted_recv.receive_nowait())
-                except trio.WouldBlock:
-                    break
-
-            def write(items: list[_Write] = batch) -> list[bool]:
-                """One transaction (one fsync) for the batch; item by item if it fails."""
-                try:
-                    self.store.put_admitted_many([w.item for w in items], own_peer=own)
-                    return [True] * len(items)
-                except (StoreError, ValueError) as exc:
-                    log.warning("batch store failed (%s); storing one by one", exc)
-                ok = []
-                for w in items:
-                    try:
-                        self.store.put_admitted(w.item, own_peer=own)
-                        ok.append(True)
-                    except (StoreError, ValueError) as exc:
-                        log.warning("store failed for %s: %s", w.item.kind, exc)
-                        ok.append(False)
-                return ok
-
-            results = await trio.to_thread.run_sync(write)
-            for w, ok in zip(batch, results, strict=True):
-                if ok:
-                    self.counters[f"stored_{w.item.kind}"] += 1
-                w.ok = ok
-                w.done.set()
-
-    def _want(
-        self, rollout_id: bytes, sources: list[str], origin: tuple[bytes, str] | None = None
-    ) -> None:
-        """Queue a body pull (once per id while it is queued or running)."""
-        if rollout_id in self._pulling:
-            return
-        sources = [s for s in dict.fromkeys(sources) if s and s != self.host.peer_id]
-        try:
-            self._pull_send.send_nowait(_Pull(rollout_id, sources, origin=origin))
-            self._pulling.add(rollout_id)
-        except trio.WouldBlock:
-            self.counters["pull_queue_full"] += 1  # catch-up offers it again later
-
-    async def _pull_loop(self) -> None:
-        """Fetch bodies for admitted headers; each pull bounded by the host's deadlines."""
-        while True:
-            first = await self._pull_recv.receive()
-            batch = [first]
-            while len(batch) < rollout_exchange.MAX_IDS_PER_REQUEST:
-                try:
-                    batch.append(self._pull_recv.receive_nowait())
-                except trio.WouldBlock:
-                    break
-            # A body we already hold is never fetched again (restart, catch-up, two announcers).
-            held = await trio.to_thread.run_sync(self.store.bodies_held, [p.rollout_id for p in batch])
-            for p in batch:
-                if p.rollout_id in held:
-                    self._pulling.discard(p.rollout_id)
-                    self.counters["pull_skipped_held"] += 1
-            batch = [p for p in batch if p.rollout_id not in held]
-            by_source: dict[str, list[_Pull]] = {}
-            live = set(self.host.connected_peers())
-            for p in batch:
-                # Only connected sources: dialing ids nobody can reach (a flood of headers
-                # signed by fresh keys) would hold the pull workers for a dial timeout each.
-                source = next((s for s in p.sources if s in live), "")
-                if not source and not p.widened:
-                    # The announcers are away: any connected peer may hold the body
-                    # (validators, trainers, relays pull every body).
-                    p.widened = True
-                    others = [x for x in live if x not in p.sources]
-                    random.shuffle(others)
-                    p.sources += others[:3]
-                    source = next((s for s in p.sources if s in live), "")
-                if not source and self._may_park(p):
-                    # Every source is away (restarting, say): wait for one without
-                    # spending an attempt, so a pull outlives a restart of its source.
-                    p.parked += 1
-                    self.counters["pull_parked"] += 1
-                    self._spawn(self._requeue_pull, p, PARK_S)
-                    continue
-                by_source.setdefault(source, []).append(p)
-            async with trio.open_nursery() as nursery:  # a slow source delays only its own
-                for source, pulls in by_source.items():
-                    nursery.start_soon(self._pull_from, source, pulls)
-
-    async def _pull_from(self, source: str, pulls: list[_Pull]) -> None:
-        records: list[bytes | None]
-        answered = False
-        try:
-            if not source:
-                raise PeerError("-", "no source")
-            records = await rollout_exchange.pull(self.host, source, self.run_id, [p.rollout_id for p in pulls])
-            answered = True
-        except PeerError as exc:
-            log.info("pull from %s failed: %s", source[:12], exc)
-            self.counters["pull_errors"] += 1
-            records = [None] * len(pulls)
-        async with trio.open_nursery() as nursery:  # stores of one batch share fsyncs
-            for p, rec in zip(pulls, records, strict=True):
-                nursery.start_soon(self._take_pulled, source, p, rec, answered)
-
-    async def _take_pulled(self, source: str, p: _Pull, rec: bytes | None, answered: bool = False) -> None:
-        """Admit one pulled record (or note the miss) and schedule a retry if needed."""
-        if rec is None and answered and p.origin is not None and source == _b58(p.origin[0]):
-            # The producer itself says it lacks a body it announced: producers store a
-            # record before they gossip its header, so an honest one always has it.
-            self.counters["producer_lacks_body"] += 1
-            self.report(source, PRODUCER_LACKS_BODY_PENALTY, "announced a body it does not serve")
-        if rec is None and answered:
-            p.answered += 1
-        if rec is not None and _record_id(rec) != p.rollout_id:
-            # Not what we asked for (a re-signed copy, another rollout): the source pays.
-            self.counters["pull_wrong_record"] += 1
-            self.report(source, BAD_REQUEST_PENALTY, "served another rollout than asked")
-            rec = None
-        if rec is not None:
-            self.counters["pulled"] += 1
-            admitted, actions = await self._admit_actions(source, Kind.ROLLOUT_RECORD, rec)
-            if admitted or any(isinstance(a, Reject) and a.reason == "duplicate" for a in actions):
-                self._pulling.discard(p.rollout_id)
-                return
-            # A bad body from this source (it paid for it in score): try another one.
-            p.answered += 1
-        p.attempts += 1
-        if p.attempts >= PULL_ATTEMPTS:
-            # The header stays (retried at restart) until it expires (`BODYLESS_TTL_S`);
-            # a header nobody serves costs its signer and sender (a flood of them, more),
-            # but only if some source answered: failed connections are no evidence.
-            self.counters["pull_gave_up"] += 1
-            self._pulling.discard(p.rollout_id)
-            if p.origin is not None:
-                signer, sender = p.origin
-                self._apply(self.admission.handle(
-                    BodyMissing(p.rollout_id, signer, sender, time.time(), p.answered)
-                ))
-            return
-        # Rotate sources and retry later (the forwarder may not have the body yet);
-        # after the announcers, any connected peer may hold it (relays, trainers).
-        p.sources = p.sources[1:] + p.sources[:1]
-        if p.attempts == 2:
-            others = [x for x in self.host.connected_peers() if x not in p.sources]
-            random.shuffle(others)
-            p.sources += others[:3]
-        self._spawn(self._retry_pull, p)
-
-    async def _retry_pull(self, p: _Pull) -> None:
-        await self._requeue_pull(p, min(8.0, PULL_RETRY_S * 2 ** (p.attempts - 1)))
-
-    def _may_park(self, p: _Pull) -> bool:
-        """Park only for a source we know how to reach (not a fresh key nobody can dial),
-        a bounded number of times, and a bounded number of pulls at once."""
-        return (
-            bool(p.sources)
-            and p.parked < MAX_PARKS
-            and self._parked < MAX_PARKED
-            and any(self.discovery.book.addrs(s) for s in p.sources)
-        )
-
-    async def _requeue_pull(self, p: _Pull, delay_s: float) -> None:
-        self._parked += 1
-        try:
-            await trio.sleep(delay_s)
-        finally:
-            self._parked -= 1
-        try:
-            self._pull_send.send_nowait(p)
-        except (trio.WouldBlock, trio.ClosedResourceError):
-            self._pulling.discard(p.rollout_id)
-
-    # -- catch-up and receipts (rules: protocol.catch_up) ---------------------------------
-
-    def _catch_up(self, actions: list[cu.Action]) -> None:
-        for a in actions:
-            if isinstance(a, cu.Ask):
-                self._spawn(self._ask, a)
-            elif isinstance(a, cu.Pull):
-                self.counters["catch_up_offered"] += len(a.ids)
-                for rid in a.ids:
-                    self._want(rid, [a.peer])
-            elif isinstance(a, cu.Receipt):
-                self._spawn(self._receipt, a)
-
-    async def _ask(self, a: cu.Ask) -> None:
-        try:
-            ids, ats, more = await sync_exchange.ask(
-                self.host, a.peer, self.run_id, a.since, a.min_version, a.producer,
-                self.catch_up.config.page,
-            )
-        except PeerError as exc:
-            log.info("catch-up with %s failed: %s", a.peer[:12], exc)
-            self.counters["catch_up_errors"] += 1
-            self.catch_up.handle(cu.Failed(a.peer, time.time()))
-            return
-        if self.cfg.pull_bodies:
-            have = await trio.to_thread.run_sync(self.store.bodies_held, ids)
-            held = tuple(i in have or i in self._pulling for i in ids)
-        else:
-            held = (False,) * len(ids)
-        self._catch_up(self.catch_up.handle(cu.Answered(a.peer, ids, ats, more, held, time.time())))
-
-    async def _receipt(self, r: cu.Receipt) -> None:
-        with contextlib.suppress(StoreError):
-            n = await trio.to_thread.run_sync(self.store.mark_delivered, r.ids, r.peer, time.time())
-            self.counters["receipts"] += n
-
-    async def _serve_sync(self, stream) -> None:  # type: ignore[no-untyped-def]
-        async def lookup(since: float, min_version: int, producer: bytes | None, limit: int):  # type: ignore[no-untyped-def]
-            return await trio.to_thread.run_sync(self.store.held_since, since, min_version, producer, limit)
-
-        try:
-            self.counters["catch_up_served"] += await sync_exchange.serve(stream, lookup)
-        except sync_exchange.BadRequest:
-            self.rejects["bad_request"] += 1
-            self._apply(self.admission.handle(
-                Misbehaved(stream.peer, BAD_REQUEST_PENALTY, "bad catch-up request", time.time())
-            ))
-            self._spawn(self._save_scores)
-            raise
-
-    async def _catch_up_loop(self) -> None:
-        """Drive `protocol.catch_up`; a worker also accounts its rollouts (delivered,
-        pending, too stale) every `DELIVERY_CHECK_S`."""
-        last_check = -math.inf
-        while True:
-            now = time.time()
-            self._catch_up(self.catch_up.handle(
-                cu.Tick(now, self.policy_version, self.manifest.max_staleness)
-            ))
-            if time.monotonic() - last_check >= DELIVERY_CHECK_S:
-                last_check = time.monotonic()
-                with contextlib.suppress(StoreError):
-                    await trio.to_thread.run_sync(self._account_delivery, now)
-                    if self.cfg.pull_bodies:
-                        await self._retry_owed()
-            await trio.sleep(CATCH_UP_TICK_S)
-
-    async def _retry_owed(self) -> None:
-        """Queue again the stored headers whose body pull gave up (a peer may have it now)."""
-        rows = await trio.to_thread.run_sync(self.store.missing_bodies, OWED_RETRY_BATCH)
-        for row in rows:
-            if row.rollout_id not in self._pulling:
-                self.counters["pulls_retried"] += 1
-                sources = [_b58(row.producer)] + ([str(row.source_peer)] if row.source_peer else [])
-                self._want(row.rollout_id, sources)
-
-    def _account_delivery(self, now: float) -> None:
-        """(In a thread.) Mark our unacknowledged rollouts past the staleness bound."""
-        verdict = cu.classify(
-            self.store.undelivered_own(), (), self.policy_version, self.manifest.max_staleness
-        )
-        if verdict.too_stale:
-            reason = f"no trainer holds it and it is older than version {self.policy_version} - S"
-            self.store.mark_too_stale(sorted(verdict.too_stale), reason, now)
-        self.delivery = self.store.delivery_status()
 
     async def _save_scores(self) -> None:
         snapshot = self.admission.scores.snapshot(time.time())
         with contextlib.suppress(StoreError):
             await trio.to_thread.run_sync(self.store.save_peers, snapshot)
 
-    async def _serve_rollouts(self, stream) -> None:  # type: ignore[no-untyped-def]
-        async def lookup(ids: list[bytes]) -> list[bytes | None]:
-            def read() -> list[bytes | None]:
-                out: list[bytes | None] = []
-                for rid in ids:
-                    row = self.store.get_rollout(rid)
-                    if row is None or row.body is None:
-                        out.append(None)
-                    else:
-                        out.append(encode(RolloutRecord(header=row.header, body=row.body)))
-                return out
-
-            return await trio.to_thread.run_sync(read)
-
-        active = self._serving.get(stream.peer, 0)
-        if active >= MAX_SERVE_STREAMS_PER_PEER:
-            self.counters["serve_refused"] += 1
-            await stream.reset()  # a peer gets a few body streams at a time, not the store
-            return
-        self._serving[stream.peer] = active + 1
-        try:
-            n = await rollout_exchange.serve(stream, lookup)
-        except rollout_exchange.BadRequest as exc:
-            self.rejects["bad_request"] += 1
-            self._apply(self.admission.handle(
-                Misbehaved(stream.peer, BAD_REQUEST_PENALTY, "bad rollout request", time.time())
-            ))
-            self._spawn(self._save_scores)
-            raise exc
-        finally:
-            left = self._serving.get(stream.peer, 1) - 1
-            if left > 0:
-                self._serving[stream.peer] = left
-            else:
-                self._serving.pop(stream.peer, None)
-        self.counters["served"] += n
-
     async def _tick_loop(self) -> None:
         last_save = time.monotonic()
+        window_s = self.puller.schedule.config.window_s if self.puller is not None else bp.PullConfig().window_s
         while True:
             await trio.sleep(1.0)
             now = time.time()
-            self._apply(self.admission.handle(Tick(now)))
+            self.submit(Tick(now))
             if time.monotonic() - last_save > SCORE_SAVE_INTERVAL_S:
                 last_save = time.monotonic()
-                snapshot = self.admission.scores.snapshot(now)
+                await self._save_scores()
                 with contextlib.suppress(StoreError):
-                    await trio.to_thread.run_sync(self.store.save_peers, snapshot)
-                    n = await trio.to_thread.run_sync(self.store.expire_bodyless, now - BODYLESS_TTL_S)
+                    # A header whose body nobody served within the pull window is forgotten.
+                    n = await trio.to_thread.run_sync(self.store.expire_bodyless, now - window_s)
                     self.counters["bodyless_expired"] += n
 
     async def _ledger_loop(self) -> None:
@@ -825,7 +552,6 @@ class Peer:
                     batch.append(self._ledger_recv.receive_nowait())
                 except trio.WouldBlock:
                     break
-
             # Scores first, then the lines that explain them: a crash never keeps a
             # penalty's ledger line but forgets the penalty.
             await self._save_scores()
@@ -833,17 +559,7 @@ class Peer:
                 await trio.to_thread.run_sync(self.store.log_rejects, batch)
 
 
-def _record_id(record: bytes) -> bytes | None:
-    """The rollout id of record bytes (None when they are not a record)."""
-    try:
-        return content_id(decode(RolloutRecord, record).header)
-    except RemoteProtocolError:
-        return None
-
-
 def _b58(peer: bytes | str) -> str:
-    from protocol.identity import peer_id_to_b58
-
     return peer if isinstance(peer, str) else peer_id_to_b58(peer)
 
 
@@ -870,21 +586,12 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
                 await host.ban(str(rec.peer), max(1.0, rec.banned_until - now), "ban kept from before restart")
             async with trio.open_nursery() as nursery:
                 peer._nursery = nursery
-                for name, kind in TOPIC_KINDS.items():
-                    channel = await host.subscribe(peer.topics[name], validator=peer._validator(kind))
-                    nursery.start_soon(_discard, channel)  # delivery happens via admission
-                for name, batch in BATCH_TOPICS.items():
-                    channel = await host.subscribe(
-                        topic_name(peer.run_id, batch), validator=peer._batch_validator(TOPIC_KINDS[name])
-                    )
-                    nursery.start_soon(_discard, channel)  # delivery happens via admission
-                nursery.start_soon(peer.outbox.run)
-                nursery.start_soon(peer._process_loop)
-                nursery.start_soon(peer._ledger_loop)
-                nursery.start_soon(peer._tick_loop)
-                nursery.start_soon(peer._catch_up_loop)
-                for _ in range(PULL_WORKERS):
-                    nursery.start_soon(peer._pull_loop)
+                await _subscribe(peer, nursery)
+                for loop in (peer.outbox.run, peer.writer.run, peer._ledger_loop, peer._tick_loop,
+                             peer.catch_up.run):
+                    nursery.start_soon(loop)
+                if peer.puller is not None:
+                    nursery.start_soon(peer.puller.run)
                 if peer.weights is not None:
                     nursery.start_soon(peer.weights.run)
                 if cfg.bootstrap:
@@ -897,9 +604,7 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
                     with trio.CancelScope(shield=True), trio.move_on_after(cfg.drain_timeout_s):
                         peer.drained = await peer.outbox.drain()
                     with trio.CancelScope(shield=True), trio.move_on_after(5):
-                        snapshot = admission.scores.snapshot(time.time())
-                        with contextlib.suppress(StoreError):
-                            await trio.to_thread.run_sync(store.save_peers, snapshot)
+                        await peer._save_scores()
                     nursery.cancel_scope.cancel()
     finally:
         store.close()
@@ -907,25 +612,36 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
             weights_store.close()
 
 
+async def _subscribe(peer: Peer, nursery: trio.Nursery) -> None:
+    for name, kind in TOPIC_KINDS.items():
+        channel = await peer.host.subscribe(peer.topics[name], validator=peer._validator(kind))
+        nursery.start_soon(_discard, channel)  # delivery happens via admission
+    for name, batch in BATCH_TOPICS.items():
+        channel = await peer.host.subscribe(
+            topic_name(peer.run_id, batch), validator=peer._batch_validator(TOPIC_KINDS[name])
+        )
+        nursery.start_soon(_discard, channel)
+
+
 async def _restore(peer: Peer, now: float) -> None:
     """Rebuild what lived only in memory before a restart: dedup memory, known signers
-    and owed pulls."""
+    and owed pulls (headers stored without a body)."""
     ttl = peer.admission.config.dedup_ttl_s
     limit = peer.admission.config.dedup_entries
     headers, records, verdicts = await trio.to_thread.run_sync(peer.store.known_since, now - ttl, limit)
     for kind, ids in ((Kind.ROLLOUT_HEADER, headers + records), (Kind.ROLLOUT_RECORD, records),
                       (Kind.VERDICT, verdicts)):
-        peer.admission.handle(Known(kind, tuple(ids), now))
+        peer.submit(Known(kind, tuple(ids), now))
     # Producers and validators we stored are not new identities after a restart.
     signers = await trio.to_thread.run_sync(
         peer.store.known_signers, now - ttl, peer.admission.config.max_signers
     )
-    peer.admission.handle(Known(Kind.ROLLOUT_HEADER, (), now, signers=tuple(signers)))
-    if peer.cfg.pull_bodies:
-        for row in await trio.to_thread.run_sync(peer.store.missing_bodies, PULL_QUEUE // 2):
+    peer.submit(Known(Kind.ROLLOUT_HEADER, (), now, signers=tuple(signers)))
+    if peer.puller is not None:
+        for row in await trio.to_thread.run_sync(peer.store.missing_bodies, RESTORED_PULLS):
             sources = [_b58(row.producer)] + ([str(row.source_peer)] if row.source_peer else [])
-            peer._want(row.rollout_id, sources)
-        peer.counters["pulls_restored"] = len(peer._pulling)
+            peer.want_body(row.rollout_id, sources)
+        peer.counters["pulls_restored"] = peer.puller.pending()
 
 
 async def _discard(channel: trio.MemoryReceiveChannel) -> None:  # type: ignore[type-arg]

@@ -611,7 +611,7 @@ class WeightSync:
                 continue
             if env is not None and content_id(env) == mid:
                 # admitted manifests arrive through `on_admitted`, which applies `have`
-                await self.peer._admit(peer, Kind.WEIGHT_MANIFEST, env)
+                await self.peer.admit(peer, Kind.WEIGHT_MANIFEST, env)
         self._notify(held_changed=False)
 
     def _apply_have(self, peer: str, mid: bytes, bits: bytes) -> None:

@@ -102,13 +102,13 @@ async def test_copies_of_what_was_held_before_a_restart_are_duplicates(tmp_path:
     record = synthetic_record(producer, manifest, 0, n_completion=64)
     cfg = _cfg(tmp_path, "t", manifest, roles=("trainer",))
     async with open_peer(cfg) as t:
-        assert await t._admit(producer.peer_id_b58, Kind.ROLLOUT_RECORD, record)
+        assert (await t.admit(producer.peer_id_b58, Kind.ROLLOUT_RECORD, record)).accepted
         await _until("stored", lambda: t.counters["stored_rollout_record"] == 1)
     header = decode(RolloutRecord, record).header
     async with open_peer(cfg) as again:
-        assert not await again._admit(producer.peer_id_b58, Kind.ROLLOUT_HEADER, header)
+        assert not (await again.admit(producer.peer_id_b58, Kind.ROLLOUT_HEADER, header)).accepted
         assert again.rejects["duplicate"] == 1
-        assert not await again._admit(producer.peer_id_b58, Kind.ROLLOUT_RECORD, record)
+        assert not (await again.admit(producer.peer_id_b58, Kind.ROLLOUT_RECORD, record)).accepted
         accepted = again.store.ledger(direction="in", outcome="accepted", limit=100)
         assert len(accepted) == 1
 
@@ -119,7 +119,7 @@ async def test_a_penalty_is_saved_with_its_ledger_line(tmp_path: Path) -> None:
     manifest = net_manifest("score")
     offender = Identity.generate().peer_id_b58
     async with open_peer(_cfg(tmp_path, "t", manifest, roles=("trainer",))) as t:
-        assert not await t._admit(offender, Kind.ROLLOUT_HEADER, b"\xc1junk")
+        assert not (await t.admit(offender, Kind.ROLLOUT_HEADER, b"\xc1junk")).accepted
         reader = Store.open(tmp_path / "t")  # another connection: what a crash would leave
         try:
             await _until(

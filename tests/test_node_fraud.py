@@ -95,7 +95,7 @@ async def test_failed_verdicts_are_rechecked_before_anyone_pays(
         cheat_rec = _record(cheat, manifest, 0, cheat=True)
         late_rec = _record(honest, manifest, 1, cheat=False)
         for data in (honest_rec, cheat_rec):
-            assert await peer._admit(sender, Kind.ROLLOUT_RECORD, data)
+            assert (await peer.admit(sender, Kind.ROLLOUT_RECORD, data)).accepted
 
         seqs = iter(range(1, 100))
 
@@ -106,8 +106,8 @@ async def test_failed_verdicts_are_rechecked_before_anyone_pays(
             return seal(accuser, verdict, run_id=manifest.run_id, policy_version=0,
                         seq=next(seqs), timestamp_ms=int(time.time() * 1000))  # fmt: skip
 
-        assert await peer._admit(sender, Kind.VERDICT, accuse(honest_rec, honest))
-        assert await peer._admit(sender, Kind.VERDICT, accuse(cheat_rec, cheat))
+        assert (await peer.admit(sender, Kind.VERDICT, accuse(honest_rec, honest))).accepted
+        assert (await peer.admit(sender, Kind.VERDICT, accuse(cheat_rec, cheat))).accepted
         scores = peer.admission.scores
         await _until("the cheat is banned", lambda: peer.host.is_banned(cheat.peer_id_b58))
         await _until(
@@ -118,10 +118,11 @@ async def test_failed_verdicts_are_rechecked_before_anyone_pays(
         assert scores.score(sender, time.time()) >= 0  # the relay of both
         # evidence arriving before its record: the body, once it comes, is re-checked
         before = scores.score(accuser.peer_id_b58, time.time())
-        assert await peer._admit(sender, Kind.VERDICT, accuse(late_rec, honest))
+        assert (await peer.admit(sender, Kind.VERDICT, accuse(late_rec, honest))).accepted
         await trio.sleep(0.3)
         assert scores.score(accuser.peer_id_b58, time.time()) == pytest.approx(before, abs=0.5)
-        ok, acts = await peer._admit_actions(sender, Kind.ROLLOUT_RECORD, late_rec)
+        handled = await peer.admit(sender, Kind.ROLLOUT_RECORD, late_rec)
+        ok, acts = handled.accepted, handled.actions
         assert ok, acts
         await _until(
             "the second false accusation costs",
@@ -162,7 +163,7 @@ async def test_a_producer_whose_window_median_is_over_the_limit_pays(
         for i in range(2 * WINDOW):
             for producer, counter0 in ((honest, 0), (drifty, 64 * WINDOW)):  # bodies differ
                 data = _record(producer, manifest, counter0 + i, cheat=False)
-                assert await peer._admit(sender, Kind.ROLLOUT_RECORD, data)
+                assert (await peer.admit(sender, Kind.ROLLOUT_RECORD, data)).accepted
         await _until("two windows judged", lambda: ctx.status.get("producer_findings") == 2)
         await trio.sleep(0.3)
         assert ctx.status["passed"] == 4 * WINDOW
@@ -197,7 +198,7 @@ async def test_windows_are_audited_whole_when_single_records_are_sampled_rarely(
         monkeypatch.setattr(peer, "publish_verdict", lambda v: published.append(v) or trio.sleep(0))
         sender = Identity.generate().peer_id_b58
         for i in range(WINDOW):
-            assert await peer._admit(sender, Kind.ROLLOUT_RECORD, _record(drifty, manifest, i, cheat=False))
+            assert (await peer.admit(sender, Kind.ROLLOUT_RECORD, _record(drifty, manifest, i, cheat=False))).accepted
         await _until("the window judged", lambda: ctx.status.get("producer_findings") == 1)
         assert ctx.status["producer_windows"] == 1
         assert ctx.status["window_audited"] == WINDOW and ctx.status["sampled"] == 0
@@ -230,7 +231,7 @@ async def test_a_producer_claim_is_rechecked_before_anyone_pays(tmp_path: Path, 
             rids = []
             for c in range(counter0, counter0 + WINDOW):
                 data = _record(producer, manifest, c, cheat=False)
-                assert await peer._admit(sender, Kind.ROLLOUT_RECORD, data)
+                assert (await peer.admit(sender, Kind.ROLLOUT_RECORD, data)).accepted
                 rids.append(content_id(decode(RolloutRecord, data).header))
             windows[producer.peer_id] = tuple(rids)
         seqs = iter(range(1, 100))
@@ -241,18 +242,18 @@ async def test_a_producer_claim_is_rechecked_before_anyone_pays(tmp_path: Path, 
             return seal(accuser, c, run_id=manifest.run_id, policy_version=0,
                         seq=next(seqs), timestamp_ms=int(time.time() * 1000))  # fmt: skip
 
-        assert await peer._admit(sender, Kind.PRODUCER_CLAIM, claim(drifty, windows[drifty.peer_id]))
+        assert (await peer.admit(sender, Kind.PRODUCER_CLAIM, claim(drifty, windows[drifty.peer_id]))).accepted
         await _until("the drifty producer pays",
                      lambda: scores.score(drifty.peer_id_b58, time.time()) <= PRODUCER_PENALTY + 5)  # fmt: skip
         assert scores.score(accuser.peer_id_b58, time.time()) >= 0
-        assert await peer._admit(sender, Kind.PRODUCER_CLAIM, claim(honest, windows[honest.peer_id]))
+        assert (await peer.admit(sender, Kind.PRODUCER_CLAIM, claim(honest, windows[honest.peer_id]))).accepted
         await _until("the false accuser pays",
                      lambda: scores.score(accuser.peer_id_b58, time.time()) < 0)  # fmt: skip
         assert scores.score(honest.peer_id_b58, time.time()) >= 0
         before = scores.score(accuser.peer_id_b58, time.time())
         # half of each window, claimed as one of the honest producer's
         mixed = windows[honest.peer_id][: WINDOW // 2] + windows[drifty.peer_id][: WINDOW // 2]
-        assert await peer._admit(sender, Kind.PRODUCER_CLAIM, claim(honest, mixed))
+        assert (await peer.admit(sender, Kind.PRODUCER_CLAIM, claim(honest, mixed))).accepted
         await _until("a claim that is no window costs its signer",
                      lambda: scores.score(accuser.peer_id_b58, time.time()) < before - 10)  # fmt: skip
         assert scores.score(honest.peer_id_b58, time.time()) >= 0

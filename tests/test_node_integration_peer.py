@@ -61,7 +61,7 @@ async def test_a_ban_survives_a_restart(tmp_path: Path) -> None:
         for i in range(30):
             if peer.host.is_banned(offender):
                 break
-            await peer._admit(offender, Kind.ROLLOUT_HEADER, b"\xc1junk" + bytes([i]))
+            (await peer.admit(offender, Kind.ROLLOUT_HEADER, b"\xc1junk" + bytes([i]))).accepted
             await trio.sleep(0)
         await _until("the offender is banned", lambda: peer.host.is_banned(offender))
         assert peer.counters["bans"] == 1
@@ -75,7 +75,7 @@ async def test_a_ban_survives_a_restart(tmp_path: Path) -> None:
 async def test_body_streams_per_peer_are_capped(tmp_path: Path) -> None:
     from node import rollout_exchange as rx
     from node.host import PeerError
-    from node.peer import MAX_SERVE_STREAMS_PER_PEER
+    from node.peer_services import MAX_SERVE_STREAMS_PER_PEER
 
     manifest = net_manifest("cap")
     async with open_peer(_cfg(tmp_path, "s", manifest)) as server, open_peer(

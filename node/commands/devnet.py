@@ -210,7 +210,7 @@ def _drain(nodes: list[NodeProc], console: Any) -> float:
     version learns which of its rollouts the trainer refused as too stale. Stops early
     when every worker has nothing pending, or when nothing moves for 5 s; returns the
     seconds spent (everyone is stopped afterwards)."""
-    from node.peer import DELIVERY_CHECK_S
+    from node.peer_services import DELIVERY_CHECK_S
 
     workers = [n for n in nodes if n.role == "inference"]
     for n in workers:
