@@ -120,6 +120,7 @@ class PeerConfig:
     host: HostSettings = field(default_factory=HostSettings)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     weights: WeightSettings = field(default_factory=WeightSettings)
+    pull: bp.PullConfig = field(default_factory=bp.PullConfig)
     header_batch: int = MAX_HEADER_BATCH // 2  # headers per gossip message at most (1: no batching)
     drain_timeout_s: float = 15.0  # at stop: publish queued headers/verdicts for this long at most
 
@@ -204,7 +205,7 @@ class Peer:
         self._ledger_send, self._ledger_recv = trio.open_memory_channel[tuple[Reject, float]](ADMITTED_QUEUE)
         self._nursery: trio.Nursery | None = None
         self.writer = StoreWriter(store, cfg.identity.peer_id, ADMITTED_QUEUE, self.counters)
-        self.puller = BodyPuller(self) if cfg.pull_bodies else None
+        self.puller = BodyPuller(self, cfg.pull) if cfg.pull_bodies else None
         self.catch_up = CatchUpDriver(self)
         self.body_server = BodyServer(self)
         self.discovery = Discovery(

@@ -24,10 +24,13 @@ reach spends attempts at once. A pull ends after `attempts` answers or failures,
 `window_s` after it began, whichever comes first; per producer at most `per_producer`
 pulls are pending, so a flood of headers from one key costs a bounded number of tries.
 
-What counts as an answer (evidence against the source): an empty "not held" reply, a bad
-body, another rollout than asked, and silence on an open stream past the deadline
-(`SILENT`). A source that could not be reached (`UNREACHABLE`) and our own store failing
-(`LOCAL_FAILURE`) are no evidence against anyone.
+Blame. Only the producer promised the body (it signed the header after storing the
+record), so only the producer's own answers count as evidence for `GiveUp.answered`: an
+empty "not held" reply, a bad body, another rollout than asked, and silence on an open
+stream past the deadline (`SILENT`). A forwarder or any other peer that lacks the body is
+not at fault (most peers do not pull bodies). A source that could not be reached
+(`UNREACHABLE`) and our own store failing (`LOCAL_FAILURE`) are no evidence against
+anyone; a producer that was never reached pays nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import itertools
-from collections.abc import Hashable, Iterable
+from collections.abc import Collection, Container, Hashable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -115,8 +118,8 @@ class Due:
     `known`: peers we hold an address for (a pull may wait for those to come back)."""
 
     now: float
-    connected: frozenset[Source]
-    known: frozenset[Source] = frozenset()
+    connected: Collection[Source]
+    known: Container[Source] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,7 +310,8 @@ class PullSchedule:
             out.append(Charge(ev.source, PRODUCER_LACKS_BODY))
         elif ev.outcome is Outcome.WRONG_RECORD:
             out.append(Charge(ev.source, WRONG_RECORD))
-        return out + self._failed(p, answered=ev.outcome in _ANSWERS, now=ev.now)
+        answered = ev.outcome in _ANSWERS and ev.source == p.producer
+        return out + self._failed(p, answered=answered, now=ev.now)
 
     # -- rules ------------------------------------------------------------------------
 

@@ -17,9 +17,10 @@ module only turns their actions into scheduled sends:
 refuse headers of more new signers than `new_signer_rate(_all)` allow.
 
 Header gossip + body pull, as the real node does: headers travel through the mesh;
-peers with a puller role (validators, the trainer) pull the body from the peer that
-forwarded the header, then the signer, rotating on a timeout (`pull_timeout_s`, at most
-`pull_tries` sources). Version cadence (`version_interval_s` > 0): the trainer (peer 0)
+peers with a puller role (validators, the trainer) pull the body by the node's own
+schedule (`protocol.body_pull`: the producer first, then the forwarder, then other
+connected peers; `pull_tries` attempts; silence past `pull_timeout_s` counts as an answer,
+as a timed-out request on an open stream does in the node). Version cadence (`version_interval_s` > 0): the trainer (peer 0)
 announces version v+1 by gossip (`Kind.WEIGHT_ANNOUNCE`, trainer key in the run rules);
 a worker adopts it after fetching `checkpoint_bytes` at its downlink speed (the shard
 swarm itself is `swarm_sim.broadcast`), and tags later rollouts with it; the trainer's
@@ -32,6 +33,7 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass
 
+from protocol import body_pull as bp
 from protocol.accounting import WITHHELD_PENALTY, GapCharges
 from protocol.admission import (
     Admission,
@@ -62,6 +64,16 @@ from swarm_sim.network import NetConfig, Network
 __all__ = ["Swarm", "Workload"]
 
 HONEST = Behaviour.HONEST
+
+
+class _Everyone:
+    """Every simulated peer has an address its neighbours can dial."""
+
+    def __contains__(self, peer: object) -> bool:
+        return True
+
+
+_EVERYONE = _Everyone()
 SEEN, ADMITTED = 2, 1  # SimMessage.got[peer]: 0 never seen, 2 seen (refused), 1 admitted
 
 
@@ -78,7 +90,7 @@ class Workload:
     lifetime_s: float = 30.0  # a message's delivery is judged at t0 + lifetime
     connect_to: int = 12  # connections a peer opens when it joins
     pull_timeout_s: float = 5.0
-    pull_tries: int = 3
+    pull_tries: int = bp.PullConfig().attempts
     max_staleness: int = 2
     version_interval_s: float = 0.0  # 0: no new versions
     checkpoint_bytes: int = 30_000_000  # what a worker fetches to adopt a version
@@ -156,9 +168,13 @@ class Swarm:
         self.online_list: list[int] = []  # online peers, for sampling (order deterministic)
         self._online_pos: dict[int, int] = {}
         self.bodies: dict[int, set[int]] = {}  # message id -> peers holding the body
-        self.pulling: dict[tuple[int, int], list[int]] = {}  # (peer, mid) -> sources left
-        self._pull_src: dict[tuple[int, int], int] = {}  # (peer, mid) -> source asked now
-        self._pull_sender: dict[tuple[int, int], int] = {}  # (peer, mid) -> header's sender
+        self._pull_cfg = bp.PullConfig(attempts=wl.pull_tries)
+        self.pulls: dict[int, bp.PullSchedule] = {}  # puller -> its body-pull schedule
+        self._pull_msgs: dict[int, SimMessage] = {}  # mid -> message, while some peer pulls it
+        self._pull_refs: dict[int, int] = {}  # mid -> pullers pulling it
+        self._fetch_token = 0
+        self._asked: dict[tuple[int, int], tuple[int, int]] = {}  # (puller, mid) -> (fetch token, source)
+        self._armed: dict[int, float] = {}  # puller -> time of its next scheduled look
         self.recent: list[SimMessage] = []  # published, not yet closed
         self.old: list[SimMessage] = []  # closed (for replayers), bounded
         self.m = Metrics()
@@ -220,8 +236,8 @@ class Swarm:
         if self.churn.enabled:
             self.loop.after(self.churn.session_s(self._churn_rng), self._leave, p)
         if self.wl.version_interval_s > 0 and p != 0:
-            # Catch-up stand-in (until protocol/ has the catch-up rules): a joining peer
-            # learns the newest version its new neighbours hold and fetches it.
+            # A joining peer learns the newest version its new neighbours hold (the node
+            # reads it from their hellos, `node.weights_sync`) and fetches it.
             best = max((self.version[q] for q in self.net.conns[p]), default=0)
             if best > self.version[p]:
                 self.loop.after(self.wl.checkpoint_bytes / self.net.down[p], self._adopt, p, best)
@@ -240,6 +256,7 @@ class Swarm:
         self.m.leaves += 1
         crashed = self.churn.crashes(self._churn_rng)
         self._set_online(p, False)
+        self._drop_pulls(p)
         neighbours = sorted(self.net.conns[p])
         if crashed:
             self.loop.after(self.churn.dead_after_s, self._noticed, p, neighbours)
@@ -392,10 +409,7 @@ class Swarm:
         if b == 0 and msg.kind == Kind.ROLLOUT_HEADER:
             self._charge(self.gaps.on_rollout(self.ids[msg.origin], msg.counter, 0.0, now))
         if self.puller[b] and b != msg.origin:
-            sources = [a] + ([msg.origin] if msg.origin != a else [])
-            self.pulling[(b, msg.mid)] = sources
-            self._pull_sender[(b, msg.mid)] = a
-            self._pull(b, msg)
+            self._want(b, a, msg)
 
     def _charge(self, producers: list[bytes]) -> None:
         """The trainer charges producers whose withheld counters passed the allowance."""
@@ -418,80 +432,159 @@ class Swarm:
                 self.m.honest_penalized += 1
                 self.m.honest_penalized_reasons[str(act.reason)] += 1
 
-    # -- body pull ------------------------------------------------------------------
+    # -- body pull (rules: protocol.body_pull) ---------------------------------------
 
-    def _pull(self, b: int, msg: SimMessage) -> None:
-        sources = self.pulling.get((b, msg.mid))
-        if not sources or not self.net.online[b]:
-            self.pulling.pop((b, msg.mid), None)
-            self._pull_src.pop((b, msg.mid), None)
-            sender = self._pull_sender.pop((b, msg.mid), None)
-            self.m.pulls_failed += 1
-            if self.net.online[b] and sender is not None:
-                self._body_missing(b, sender, msg)
+    def _want(self, b: int, sender: int, msg: SimMessage) -> None:
+        sched = self.pulls.get(b)
+        if sched is None:
+            sched = self.pulls[b] = bp.PullSchedule(self._pull_cfg)
+        if msg.mid in sched:
             return
-        src = sources.pop(0)
-        self._pull_src[(b, msg.mid)] = src
-        self.net.send(
-            b, src, 100, "pull_request", self._serve, (src, b, msg), need_conn=False, control=True
-        )
-        self.loop.after(self.wl.pull_timeout_s, self._pull_timeout, b, msg, src)
+        sources = (msg.origin, sender) if sender != msg.origin else (msg.origin,)
+        sched.handle(bp.Want(msg.mid, sources, self.loop.now, (self.ids[msg.origin], sender)))
+        if msg.mid in sched:
+            self._pull_msgs[msg.mid] = msg
+            self._pull_refs[msg.mid] = self._pull_refs.get(msg.mid, 0) + 1
+        self._pump(b)
 
-    def _body_missing(self, b: int, sender: int, msg: SimMessage) -> None:
-        """No source served the body: admission charges the signer and the sender."""
-        ev = BodyMissing(
-            hashlib.sha256(msg.token).digest(),
-            self.ids[msg.origin],
-            self.ids[sender],
-            self.loop.now,
-        )
-        for act in self.adm[b].handle(ev):
+    def _pump(self, b: int) -> None:
+        """Send the fetches due now; look again when the next pull is due."""
+        sched, now = self.pulls[b], self.loop.now
+        self._carry_out(b, sched.handle(bp.Due(now, self.net.conns[b], _EVERYONE)))
+        nxt = sched.next_due()
+        if nxt is not None and nxt > now and self._armed.get(b, float("inf")) > nxt:
+            self._armed[b] = nxt
+            self.loop.at(nxt, self._wake, b, nxt)
+
+    def _wake(self, b: int, at: float) -> None:
+        if self._armed.get(b) == at:
+            del self._armed[b]
+        if self.net.online[b] and b in self.pulls:
+            self._pump(b)
+
+    def _carry_out(self, b: int, actions: list[bp.Action]) -> None:
+        for act in actions:
+            t = type(act)
+            if t is bp.Fetch:
+                self._fetch(b, act)
+            elif t is bp.GiveUp:
+                self.m.pulls_failed += 1
+                self._unref(act.rollout_id)
+                signer, sender = act.origin
+                self._body_missing(b, sender, self._pull_msgs_or_none(act.rollout_id), signer, act.answered)
+            elif t is bp.Done:
+                self._unref(act.rollout_id)
+            elif t is bp.Charge:
+                self._misbehaved(b, act.peer, bp.PENALTIES[act.offence], act.offence)
+
+    def _pull_msgs_or_none(self, mid: int) -> SimMessage | None:
+        return self._pull_msgs.get(mid)
+
+    def _unref(self, mid: int) -> None:
+        left = self._pull_refs.get(mid, 1) - 1
+        if left > 0:
+            self._pull_refs[mid] = left
+        else:
+            self._pull_refs.pop(mid, None)
+            self._pull_msgs.pop(mid, None)
+
+    def _drop_pulls(self, p: int) -> None:
+        """A peer that goes offline forgets its pulls (the node's are in memory too)."""
+        sched = self.pulls.pop(p, None)
+        if sched is None:
+            return
+        for mid in list(sched._pulls):
+            self._unref(mid)
+            self._asked.pop((p, mid), None)
+        self._armed.pop(p, None)
+
+    def _fetch(self, b: int, f: bp.Fetch) -> None:
+        self._fetch_token += 1
+        token, src = self._fetch_token, f.source
+        for mid in f.ids:
+            self._asked[(b, mid)] = (token, src)
+        self.net.send(
+            b, src, 100 + 32 * len(f.ids), "pull_request", self._serve, (src, b, f.ids),
+            need_conn=False, control=True,
+        )  # fmt: skip
+        self.loop.after(self.wl.pull_timeout_s, self._pull_timeout, b, f.ids, src, token)
+
+    def _answer(self, b: int, mid: int, src: int, outcome: bp.Outcome) -> None:
+        self._asked.pop((b, mid), None)
+        sched = self.pulls.get(b)
+        if sched is None or not self.net.online[b]:
+            return
+        if outcome is not bp.Outcome.SERVED:
+            self.m.pull_retries += 1
+        self._carry_out(b, sched.handle(bp.Answered(mid, src, outcome, self.loop.now)))
+        self._pump(b)
+
+    def _misbehaved(self, b: int, peer: int, penalty: float, reason: str) -> None:
+        for act in self.adm[b].handle(Misbehaved(self.ids[peer], penalty, reason, self.loop.now)):
+            if type(act) is Disconnect:
+                self._drop_link(b, peer)
+            elif type(act) is Ban:
+                self.m.bans += 1
+        self.routers[b].dirty = True
+        self.routers[b].suspect.add(peer)
+        if self.behaviour[peer] == HONEST and self.behaviour[b] == HONEST:
+            self.m.honest_penalized += 1
+            self.m.honest_penalized_reasons[reason] += 1
+
+    def _body_missing(self, b: int, sender: int, msg: SimMessage | None, signer: bytes, answered: int) -> None:
+        """No source served the body: admission charges the signer and the sender when
+        some source answered (`BodyMissing`)."""
+        origin = self.index[signer]
+        rid = hashlib.sha256(msg.token).digest() if msg is not None else signer
+        ev = BodyMissing(rid, signer, self.ids[sender], self.loop.now, answered)
+        acts = self.adm[b].handle(ev)
+        for act in acts:
             if type(act) is Disconnect:
                 q = self.index.get(act.peer)
                 if q is not None:
                     self._drop_link(b, q)
             elif type(act) is Ban:
                 self.m.bans += 1
+        if answered <= 0:
+            return  # no evidence: nobody paid
         self.routers[b].dirty = True
-        self.routers[b].suspect.update((sender, msg.origin))
-        for q in (sender, msg.origin):
+        self.routers[b].suspect.update((sender, origin))
+        for q in {sender, origin}:
             if self.behaviour[q] == HONEST and self.behaviour[b] == HONEST:
                 self.m.honest_penalized += 1
                 self.m.honest_penalized_reasons["body_missing"] += 1
 
-    def _serve(self, src: int, b: int, msg: SimMessage) -> None:
+    def _serve(self, src: int, b: int, mids: tuple[int, ...]) -> None:
         if self.behaviour[src] == Behaviour.WITHHOLD:
-            return  # says nothing: the client's timeout rotates
-        holders = self.bodies.get(msg.mid)
-        if holders is None or src not in holders:
-            # An empty frame: "no body for that id" (node.rollout_exchange); rotate now.
-            self.net.send(
-                src,
-                b,
-                8,
-                "pull_empty",
-                self._no_body,
-                (b, src, msg),
-                need_conn=False,
-                control=True,
-            )
-            return
-        size = msg.size + msg.body_size
-        self.net.send(src, b, size, "body", self._got_body, (b, src, msg), need_conn=False)
+            return  # says nothing: the puller's deadline passes
+        for mid in mids:
+            msg = self._pull_msgs.get(mid)
+            holders = self.bodies.get(mid)
+            if msg is None or holders is None or src not in holders:
+                # An empty frame: "no body for that id" (node.rollout_exchange).
+                self.net.send(
+                    src, b, 8, "pull_empty", self._no_body, (b, src, mid),
+                    need_conn=False, control=True,
+                )  # fmt: skip
+                continue
+            size = msg.size + msg.body_size
+            self.net.send(src, b, size, "body", self._got_body, (b, src, msg), need_conn=False)
 
     def _got_body(self, b: int, src: int, msg: SimMessage) -> None:
-        if self.pulling.pop((b, msg.mid), None) is None:
-            return  # already done (or given up)
-        self._pull_src.pop((b, msg.mid), None)
-        self._pull_sender.pop((b, msg.mid), None)
+        if self._asked.get((b, msg.mid), (0, -1))[1] != src:
+            return  # already done, given up, or asked of another source since
         now = self.loop.now
         acts = self.adm[b].handle(
             MessageReceived(self.ids[src], Kind.ROLLOUT_RECORD, msg.token, now)
         )
+        outcome = bp.Outcome.BAD_BODY
         for act in acts:
             if type(act) is Reject:
                 self._rejected(b, src, act)
+                if act.reason == "duplicate":
+                    outcome = bp.Outcome.SERVED
             elif type(act) is Deliver:
+                outcome = bp.Outcome.SERVED
                 self.m.pulls_ok += 1
                 self.m.body_latency_ms.append((now - msg.t0) * 1000.0)
                 size = msg.size + msg.body_size
@@ -503,16 +596,16 @@ class Swarm:
                     self.m.used_at_trainer += 1
         if b == 0 and any(type(x) is Reject and x.reason == "stale" for x in acts):
             self.m.stale_at_trainer += 1
+        self._answer(b, msg.mid, src, outcome)
 
-    def _no_body(self, b: int, src: int, msg: SimMessage) -> None:
-        if (b, msg.mid) in self.pulling and self._pull_src.get((b, msg.mid)) == src:
-            self.m.pull_retries += 1
-            self._pull(b, msg)
+    def _no_body(self, b: int, src: int, mid: int) -> None:
+        if self._asked.get((b, mid), (0, -1))[1] == src:
+            self._answer(b, mid, src, bp.Outcome.EMPTY)
 
-    def _pull_timeout(self, b: int, msg: SimMessage, src: int) -> None:
-        if (b, msg.mid) in self.pulling and self._pull_src.get((b, msg.mid)) == src:
-            self.m.pull_retries += 1
-            self._pull(b, msg)
+    def _pull_timeout(self, b: int, mids: tuple[int, ...], src: int, token: int) -> None:
+        for mid in mids:
+            if self._asked.get((b, mid), (0, -1))[0] == token:
+                self._answer(b, mid, src, bp.Outcome.SILENT)
 
     # -- heartbeat, ticks, samples ---------------------------------------------------
 

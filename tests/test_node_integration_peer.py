@@ -61,7 +61,7 @@ async def test_a_ban_survives_a_restart(tmp_path: Path) -> None:
         for i in range(30):
             if peer.host.is_banned(offender):
                 break
-            (await peer.admit(offender, Kind.ROLLOUT_HEADER, b"\xc1junk" + bytes([i]))).accepted
+            await peer.admit(offender, Kind.ROLLOUT_HEADER, b"\xc1junk" + bytes([i]))
             await trio.sleep(0)
         await _until("the offender is banned", lambda: peer.host.is_banned(offender))
         assert peer.counters["bans"] == 1
