@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import CommandError
+from protocol.wire import ROLES
 
-ROLES = ("inference", "trainer", "validator", "relay")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 

@@ -13,7 +13,7 @@ import trio
 
 from node.bench._records import net_manifest
 from node.peer import PeerConfig, open_peer
-from node.roles.policy_versions import HotSwap, VersionedModels, load_weights
+from node.roles.policy_versions import HeldVersions, HotSwap, load_weights
 from node.roles.publisher import perturb
 from node.weights_sync import WeightSettings
 from protocol.identity import Identity
@@ -80,12 +80,15 @@ async def test_hot_swap_staleness_wait_and_audit_models(tmp_path: Path, model) -
             await t.weights.publish(s2)
             await _until("v2 installed", lambda: w.weights.newest() == 2)
             # A validator audits a rollout of version 1 after 2 is installed.
-            models = VersionedModels(w, copy.deepcopy(model), base_version=0)
-            m1 = await models.get(1)
+            held = HeldVersions(copy.deepcopy(model))
+            await held.fetch(w, 1)
+            m1 = held.get(1)
             assert m1 is not None and _same(m1, s1)
-            m2 = await models.get(2)
-            assert _same(m2, s2) and m1 is not m2
-            assert await models.get(9, wait_s=0.1) is None  # never announced
+            await held.fetch(w, 2)
+            m2 = held.get(2)
+            assert m2 is not None and _same(m2, s2) and m1 is not m2
+            await held.fetch(w, 9)  # never announced: not waited for
+            assert held.get(9) is None
 
 
 def test_load_weights_refuses_a_foreign_checkpoint(model) -> None:  # type: ignore[no-untyped-def]

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-ROLES = ("inference", "trainer", "validator", "relay")
+from protocol.wire import ROLES
 
 
 @dataclass

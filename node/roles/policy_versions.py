@@ -8,9 +8,10 @@ S = `max_staleness` ahead of what it holds, it waits for the download (saying so
 rate and ETA) before the next batch. The version a batch was generated with is what its
 rollouts carry.
 
-Validators (`VersionedModels`): a rollout is audited with the version it claims, so a
-validator keeps one model per recent version (the last S + 1, as the store does), built
-from the base model and the installed checkpoint of that version.
+Validators (`HeldVersions`): a rollout is audited with the version it claims, so a
+validator keeps one model per recent version, built from the base model and the
+installed checkpoint of that version (a version it cannot load leaves those records
+unjudged).
 
 Loading: `load_weights(model, state)` copies a checkpoint's tensors into a loaded model
 (dtype converted by torch); it refuses a checkpoint with unknown tensors or missing ones
@@ -28,6 +29,7 @@ import trio
 from node.errors import CommandError
 
 WAIT_SLICE_S = 30.0
+FETCH_WAIT_S = 30.0  # a validator waits this long for an announced version to install
 
 
 def load_weights(model: Any, state: dict[str, Any]) -> None:
@@ -92,38 +94,43 @@ class HotSwap:
         return self.version
 
 
-class VersionedModels:
-    """One model per recent policy version, for audits of rollouts of that version."""
+class HeldVersions:
+    """The policy versions this validator can judge: version 0 (the model directory) and
+    versions the node's weight store installed (`peer.weights`, the broadcast), loaded on
+    first use into a copy of the base model; at most `KEEP` besides version 0."""
 
-    def __init__(self, peer: Any, base_model: Any, base_version: int = 0) -> None:
-        self.peer = peer
-        self._models: dict[int, Any] = {base_version: base_model}
-        self._base = base_model
+    KEEP = 2
 
-    async def get(self, version: int, wait_s: float = 30.0) -> Any | None:
-        """The model of `version`, loading it if installed (waiting up to `wait_s` for an
-        announced one); None if it cannot be had (too old, or never installed)."""
-        if version in self._models:
-            return self._models[version]
-        weights = self.peer.weights
-        if weights is None:
-            return None
+    def __init__(self, base: Any) -> None:
+        self.base = base
+        self.models: dict[int, Any] = {0: base}
+        self.failed: set[int] = set()
+
+    def get(self, version: int) -> Any | None:
+        return self.models.get(version)
+
+    async def fetch(self, peer: Any, version: int) -> None:
+        weights = getattr(peer, "weights", None)
+        if version in self.models or version in self.failed or weights is None:
+            return
         if version not in weights.installed() and version <= weights.target:
-            with trio.move_on_after(wait_s):
+            with trio.move_on_after(FETCH_WAIT_S):  # announced, downloading: worth a wait
                 await weights.wait_installed(version)
         if version not in weights.installed():
-            return None
-        state = await weights.load_state_dict(version)
+            return
+        try:
+            state = await weights.load_state_dict(version)
+            model = await trio.to_thread.run_sync(self._load, state)
+        except (OSError, KeyError, RuntimeError, ValueError, CommandError):
+            self.failed.add(version)  # not loadable here: such records stay unjudged
+            return
+        for old in sorted(v for v in self.models if v != 0)[: max(0, len(self.models) - self.KEEP)]:
+            del self.models[old]
+        self.models[version] = model
 
-        def build() -> Any:
-            m = copy.deepcopy(self._base)
-            load_weights(m, state)
-            return m.eval()
+    def _load(self, state: dict[str, Any]) -> Any:
+        model = copy.deepcopy(self.base)
+        load_weights(model, state)  # strict, except tied tensors a checkpoint holds once
+        return model.eval()
 
-        model = await trio.to_thread.run_sync(build)
-        self._models[version] = model
-        keep = self.peer.manifest.max_staleness + 1
-        for v in sorted(self._models)[:-keep]:
-            if self._models[v] is not self._base:
-                del self._models[v]
-        return model
+

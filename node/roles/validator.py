@@ -38,8 +38,8 @@ from typing import Any
 
 import trio
 
-from node.errors import CommandError
 from node.roles import RoleContext
+from node.roles.policy_versions import HeldVersions
 from protocol.admission import Admitted, Kind
 from protocol.audit_queue import AuditQueue
 from protocol.audit_sample import sample_ticket, sampled, window_ticket
@@ -61,9 +61,11 @@ QUEUE = 1024
 WINDOW_ONLY = b""
 
 
-def selected(identity: Identity, run_id: str, rollout_id: bytes, fraction: float) -> bool:
-    """Our sample: True for about `fraction` of rollout ids, unpredictable to producers."""
-    return sampled(sample_ticket(identity, run_id, rollout_id), fraction)
+def selected(identity: Identity, run_id: str, rollout_id: bytes, fraction: float) -> bytes | None:
+    """Our sample: the ticket of about `fraction` of rollout ids (None for the others),
+    unpredictable to producers; the ticket travels in the verdict."""
+    ticket = sample_ticket(identity, run_id, rollout_id)
+    return ticket if sampled(ticket, fraction) else None
 
 
 def load(ctx: RoleContext, manifest: Any) -> tuple[Any, Any, Any, Any]:
@@ -83,51 +85,6 @@ def load(ctx: RoleContext, manifest: Any) -> tuple[Any, Any, Any, Any]:
     return model, make_judge(manifest, tokenizer), settings, eos_token_ids(model)
 
 
-FETCH_WAIT_S = 30.0
-
-
-class HeldVersions:
-    """The policy versions this validator can judge: version 0 (the model directory) and
-    versions the node's weight store installed (`peer.weights`, the broadcast), loaded on
-    first use into a copy of the base model; at most `KEEP` besides version 0."""
-
-    KEEP = 2
-
-    def __init__(self, base: Any) -> None:
-        self.base = base
-        self.models: dict[int, Any] = {0: base}
-        self.failed: set[int] = set()
-
-    def get(self, version: int) -> Any | None:
-        return self.models.get(version)
-
-    async def fetch(self, peer: Any, version: int) -> None:
-        weights = getattr(peer, "weights", None)
-        if version in self.models or version in self.failed or weights is None:
-            return
-        if version not in weights.installed() and version <= weights.target:
-            with trio.move_on_after(FETCH_WAIT_S):  # announced, downloading: worth a wait
-                await weights.wait_installed(version)
-        if version not in weights.installed():
-            return
-        try:
-            state = await weights.load_state_dict(version)
-            model = await trio.to_thread.run_sync(self._load, state)
-        except (OSError, KeyError, RuntimeError, ValueError, CommandError):
-            self.failed.add(version)  # not loadable here: such records stay unjudged
-            return
-        for old in sorted(v for v in self.models if v != 0)[: max(0, len(self.models) - self.KEEP)]:
-            del self.models[old]
-        self.models[version] = model
-
-    def _load(self, state: dict[str, Any]) -> Any:
-        import copy
-
-        from node.roles.policy_versions import load_weights
-
-        model = copy.deepcopy(self.base)
-        load_weights(model, state)  # strict, except tied tensors a checkpoint holds once
-        return model.eval()
 
 
 async def run(peer: Any, ctx: RoleContext) -> None:
@@ -221,8 +178,8 @@ async def run(peer: Any, ctx: RoleContext) -> None:
         if wanted(item.content_id):
             record_here(item.obj)
         counts["seen"] += 1
-        ticket = sample_ticket(peer.identity, peer.run_id, item.content_id)
-        if sampled(ticket, ctx.audit_fraction):
+        ticket = selected(peer.identity, peer.run_id, item.content_id, ctx.audit_fraction)
+        if ticket is not None:
             enqueue(item.obj, ticket)
             counts["sampled"] += 1
             return
