@@ -100,7 +100,8 @@ SCORE_SAVE_INTERVAL_S = 15.0  # rewards; a penalty is saved with its ledger line
 ASK_NEWEST_S = 10.0  # a sender backs a future version it handed us within this
 STORE_WAIT_S = 4.0  # under py-libp2p's 5 s limit on an async topic validator
 RESTORED_PULLS = 4096  # owed pulls queued again at start
-VALIDATOR_WAITS_KEPT = 4096  # recent gossip validator waits, for the p99 in stats()
+VALIDATOR_WAITS_KEPT = 4096
+BODYLESS_CHECK_S = 5.0  # how often headers past the pull window are forgotten  # recent gossip validator waits, for the p99 in stats()
 
 
 @dataclass(frozen=True)
@@ -531,8 +532,8 @@ class Peer:
             await trio.to_thread.run_sync(self.store.save_peers, snapshot)
 
     async def _tick_loop(self) -> None:
-        last_save = time.monotonic()
-        window_s = self.puller.schedule.config.window_s if self.puller is not None else bp.PullConfig().window_s
+        last_save = last_expiry = time.monotonic()
+        window_s = self.cfg.pull.window_s
         while True:
             await trio.sleep(1.0)
             now = time.time()
@@ -540,6 +541,8 @@ class Peer:
             if time.monotonic() - last_save > SCORE_SAVE_INTERVAL_S:
                 last_save = time.monotonic()
                 await self._save_scores()
+            if time.monotonic() - last_expiry > min(BODYLESS_CHECK_S, window_s):
+                last_expiry = time.monotonic()
                 with contextlib.suppress(StoreError):
                     # A header whose body nobody served within the pull window is forgotten.
                     n = await trio.to_thread.run_sync(self.store.expire_bodyless, now - window_s)

@@ -91,7 +91,7 @@ class PullConfig:
     max_parks: int = 300  # ... at most this many times (not attempts)
     max_pending: int = 8192  # pulls held at once
     per_producer: int = 512  # pulls pending at once for one producer
-    window_s: float = 600.0  # a pull ends this long after it began
+    window_s: float = 300.0  # a pull ends this long after it began (and its header is forgotten)
     batch: int = 32  # ids per request
     max_in_flight: int = 96  # ids being fetched at once
 
