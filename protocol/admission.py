@@ -115,6 +115,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.assignment import task_seed
 from protocol.audit_sample import check_ticket
 from protocol.authority import Authority
 from protocol.codec import decode
@@ -238,6 +239,7 @@ class Reason(enum.StrEnum):
     NEW_IDENTITIES = "new_identities"
     BODY_MISSING = "body_missing"
     UNBACKED_VERSION = "unbacked_version"
+    NOT_BOUND = "not_bound"
 
 
 # Default score change per reason (<= 0). MALFORMED, BAD_SIGNATURE and BODY_MISMATCH use
@@ -264,6 +266,7 @@ PENALTIES: Mapping[Reason, float] = {
     Reason.NEW_IDENTITIES: 0.0,  # too many unknown signers at once: ignore (waste allowance)
     Reason.BODY_MISSING: -1.0,  # the signer of a header whose body nobody could serve
     Reason.UNBACKED_VERSION: -5.0,  # claimed a version it holds no signed manifest for
+    Reason.NOT_BOUND: -50.0,  # a rollout whose seed is not its signer's: someone else's work re-signed
 }
 assert set(PENALTIES) == set(Reason)
 # A NEW_IDENTITIES refusal of a message the sender published itself under another signer
@@ -279,6 +282,7 @@ RELAY_BLAMED: frozenset[Reason] = frozenset(
         Reason.MALFORMED,
         Reason.BAD_SIGNATURE,
         Reason.BODY_MISMATCH,
+        Reason.NOT_BOUND,
         Reason.WRONG_RUN,
         Reason.UNAUTHORIZED,
         Reason.RATE_LIMITED,  # the sender's own bucket; a signer's bucket is checked apart
@@ -302,6 +306,9 @@ class RunRules:
     trainer_keys: frozenset[bytes] = frozenset()
     validator_keys: frozenset[bytes] = frozenset()
     verdict_quorum: int = 1
+    # The run's seed: a rollout's task seed must derive from its signer (protocol.assignment);
+    # None: not checked (the simulator's synthetic messages carry no seeds).
+    run_seed: int | None = None
 
     def __post_init__(self) -> None:
         if not self.run_id:
@@ -321,6 +328,7 @@ class RunRules:
             frozenset(manifest.trainer_keys),
             frozenset(manifest.validator_keys),
             manifest.verdict_quorum,
+            manifest.seed,
         )
 
 
@@ -1220,6 +1228,12 @@ class Admission:
 
         if env.run_id != self.run.run_id:
             raise refuse(Reason.WRONG_RUN, f"run {env.run_id!r}, this is {self.run.run_id!r}")
+        if rule.work and self.run.run_seed is not None:
+            header = op.obj.header if isinstance(op.obj, OpenedRollout) else op.obj
+            if header.task_seed != task_seed(self.run.run_seed, env.policy_version, header.counter, who):
+                r = refuse(Reason.NOT_BOUND, "task seed not derived from the signer's key and counter")
+                r.blame_signer = True  # it signed a claim to work its key did not make
+                raise r
         if rule.versioned:
             v, t, s = env.policy_version, self.version, self.run.max_staleness
             if t - v > s:

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.assignment import task_seed
 from protocol.content_id import content_id
 
 PROMPT_TEMPLATE = "{question}\nReply with the final answer in <answer></answer>.\n"
@@ -193,14 +194,8 @@ def derive_task(
         pick -= weight
     source = resolve_dataset(name)
     task_index = _u64(h[8:16]) % source.task_space
-    task_seed = _u64(
-        content_id(
-            b"swarm-node/sample/v1"
-            + struct.pack(">QIQ", run_seed, policy_version, counter)
-            + bytes(producer)
-        )
-    )
-    return Assignment(name, task_index, counter, task_seed, group)
+    seed = task_seed(run_seed, policy_version, counter, producer)
+    return Assignment(name, task_index, counter, seed, group)
 
 
 def assign_task(manifest: Any, producer: bytes, policy_version: int, counter: int) -> Assignment:

@@ -12,6 +12,7 @@ import random
 import struct
 import time
 
+from protocol.assignment import task_seed
 from protocol.identity import Identity
 from protocol.rollout import make_record
 from protocol.wire import RolloutBody, RunManifest
@@ -66,7 +67,7 @@ def synthetic_record(
         dataset=manifest.datasets[0].name,
         task_index=counter,
         counter=counter,
-        task_seed=rng.getrandbits(63),
+        task_seed=task_seed(manifest.seed, policy_version, counter, identity.peer_id),
         reward=rng.random(),
         run_id=manifest.run_id,
         policy_version=policy_version,
