@@ -3,27 +3,20 @@
 One way in: every event for admission (a gossip message from the GossipSub topic
 validator, a pulled record, a role's report, a tick, a peer connecting, what a restart
 restores) goes through `Peer.submit`, and one executor (`Peer._run`) carries out the
-returned actions in the order admission returned them:
+actions in the order admission returned them. A `Store` goes to the batched writer
+(`node.store_writer`) and the actions after it run only once the item is durable
+(Store-then-Forward), or, if the write fails, `StoreFailed` goes back to admission;
+`Forward` makes the gossip validator accept (`protocol.forwarding`); `Deliver` reaches
+the roles (an admitted header queues its body pull); `Reject` reaches counters, the log
+and the ledger; `Disconnect`, `Ban` (stored first) and `Unban` reach the host.
 
-    Store      -> the batched writer (`node.store_writer`); the actions after it run
-                  only once the item is durable (Store-then-Forward), or, if the write
-                  fails, `StoreFailed` goes back to admission and the rest is dropped
-    Forward    -> the gossip validator answers accept (`protocol.forwarding`)
-    Deliver    -> the role's callbacks; an admitted header queues its body pull
-    Reject     -> counters, the log and the ledger (with its reason)
-    Disconnect / Ban / Unban -> the host (a ban is stored before it takes effect)
-    AskNewest  -> ask the peer to back a version it claimed
-
-The gossip validator waits for its message's actions (bounded by `STORE_WAIT_S`, under
-py-libp2p's 5 s limit); a write that takes longer still completes and delivers, only
-the message is not forwarded from here. The headers of a `HeaderBatch` are submitted
-together, so their writes share one transaction.
-
-Bodies are pulled by `node.body_puller` (rules: `protocol.body_pull`), catch-up and the
-body server live in `node.peer_services` (rules: `protocol.catch_up`). Everything lives
-inside `open_peer()`; leaving it drains the outbox, saves scores, cancels the loops and
-closes the host and the store. A remote fault never raises out of a loop: it becomes a
-`Reject` (score change), a failed pull (retried, bounded) or a dropped peer.
+The gossip validator waits for its message's actions at most `STORE_WAIT_S` (under
+py-libp2p's 5 s limit); a slower write still completes and delivers, the message is only
+not forwarded from here. A `HeaderBatch`'s headers are submitted together, so their
+writes share one transaction. Bodies are pulled by `node.body_puller` (rules:
+`protocol.body_pull`); catch-up and the body server live in `node.peer_services`.
+Everything lives inside `open_peer()`; leaving it drains the outbox, saves scores and
+closes the host and the store.
 """
 
 from __future__ import annotations
@@ -34,7 +27,6 @@ import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import trio
 
@@ -42,18 +34,17 @@ from node import rollout_exchange, shard_exchange, sync_exchange
 from node.body_puller import BodyPuller
 from node.discovery import Discovery
 from node.gossip import BATCH_TOPICS, TOPIC_KINDS, Outbox, topic_name
-from node.host import AGENT, HostSettings, PeerError, PeerEvent, SwarmHost, open_host
+from node.host import AGENT, PeerError, PeerEvent, SwarmHost, open_host
+from node.peer_config import PeerConfig, SeqCounter
 from node.peer_services import BodyServer, CatchUpDriver, bad_request_event
 from node.store import RolloutRow, Store, StoreError, VerdictRow
 from node.store_writer import PendingWrite, StoreWriter
 from node.weights_store import WeightsStore
-from node.weights_sync import WeightSettings, WeightSync
+from node.weights_sync import WeightSync
 from protocol import admission as adm
-from protocol import body_pull as bp
 from protocol import catch_up as cu
 from protocol.admission import (
     Admission,
-    AdmissionConfig,
     Admitted,
     Ban,
     Deliver,
@@ -77,18 +68,16 @@ from protocol.content_id import content_id
 from protocol.envelope import seal
 from protocol.errors import RemoteProtocolError
 from protocol.forwarding import GossipVerdict, batch_verdict, verdict_of
-from protocol.identity import Identity, peer_id_to_b58
+from protocol.identity import peer_id_to_b58
 from protocol.peer_score import PeerScores
 from protocol.rollout import check_body, open_header
 from protocol.version_claims import AskNewest
 from protocol.wire import (
-    MAX_HEADER_BATCH,
     Delegation,
     HeaderBatch,
     PeerHello,
     ProducerClaim,
     RolloutRecord,
-    RunManifest,
     Verdict,
     WireObject,
 )
@@ -102,44 +91,6 @@ STORE_WAIT_S = 4.0  # under py-libp2p's 5 s limit on an async topic validator
 RESTORED_PULLS = 4096  # owed pulls queued again at start
 VALIDATOR_WAITS_KEPT = 4096
 BODYLESS_CHECK_S = 5.0  # how often headers past the pull window are forgotten  # recent gossip validator waits, for the p99 in stats()
-
-
-@dataclass(frozen=True)
-class PeerConfig:
-    """What a peer needs to join a run."""
-
-    manifest: RunManifest
-    identity: Identity
-    data_dir: Path
-    roles: tuple[str, ...]
-    listen: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
-    bootstrap: tuple[str, ...] = ()
-    pull_bodies: bool = True
-    publish_rate_per_s: float = 8.0
-    max_peers: int = 64
-    policy_version: int = 0
-    host: HostSettings = field(default_factory=HostSettings)
-    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
-    weights: WeightSettings = field(default_factory=WeightSettings)
-    pull: bp.PullConfig = field(default_factory=bp.PullConfig)
-    header_batch: int = MAX_HEADER_BATCH // 2  # headers per gossip message at most (1: no batching)
-    drain_timeout_s: float = 15.0  # at stop: publish queued headers/verdicts for this long at most
-
-
-class SeqCounter:
-    """Envelope sequence numbers for one signer: dense (+1 per message), so receivers'
-    `ReplayGuard` window (the last 4096 numbers) tolerates gossip reordering, and starting
-    at `start_s * 4096` (start time in seconds), so a restarted peer continues above what it
-    used before as long as it averaged under 4096 messages per second."""
-
-    PER_SECOND = 4096
-
-    def __init__(self, start_s: float | None = None) -> None:
-        self._last = int(time.time() if start_s is None else start_s) * self.PER_SECOND
-
-    def next(self) -> int:
-        self._last += 1
-        return self._last
 
 
 @dataclass
@@ -225,13 +176,11 @@ class Peer:
     # -- public ---------------------------------------------------------------------------
 
     def on_deliver(self, callback: Callable[[Admitted], None]) -> None:
-        """`callback(item)` for every admitted rollout record (with body), header and
-        verdict; it runs on the event loop and must not block (queue work instead)."""
+        """`callback(item)` for every admitted item; runs on the event loop, must not block."""
         self._callbacks.append(callback)
 
     def on_late(self, callback: Callable[[Admitted], None]) -> None:
-        """`callback(item)` for every authentic rollout refused as too stale
-        (`Reject.late`: published, only late); same rules as `on_deliver`."""
+        """`callback(item)` for every authentic rollout refused only as too stale."""
         self._late_callbacks.append(callback)
 
     async def produce(self, record: bytes) -> bytes:
@@ -356,7 +305,7 @@ class Peer:
     # -- the one way in, and the one executor -------------------------------------------
 
     def submit(self, event: adm.Event) -> Handled:
-        """Hand one event to admission and carry out its actions (see the module doc)."""
+        """Hand one event to admission and carry out its actions."""
         handled = Handled(self.admission.handle(event))
         self._run(handled.actions, handled)
         return handled
@@ -433,16 +382,14 @@ class Peer:
 
     async def _ban(self, action: Ban) -> None:
         self.counters["bans"] += 1
-        # Stored before it takes effect: the host's ban awaits a disconnect, and a stop
-        # arriving there would otherwise leave a ban in force that a restart forgets.
+        # Stored before it takes effect: a stop during the host's disconnect keeps it.
         with contextlib.suppress(StoreError):
             await trio.to_thread.run_sync(self.store.save_peer, action.record)
         await self.host.ban(str(action.peer), max(1.0, action.until - time.time()), "score below threshold")
 
     async def _ask_newest(self, ask: AskNewest) -> None:
-        """Ask a peer that handed us a version we have not heard of to back it with the
-        newest manifest it holds (`protocol.version_claims`); a backed one tells us we are
-        behind, so the weights follow it."""
+        """Ask a peer that claimed a version we do not know to back it with its newest
+        manifest (`protocol.version_claims`); a backed claim sends the weights after it."""
         peer, env, answered = str(ask.peer), None, False
         with trio.move_on_after(ASK_NEWEST_S):
             try:

@@ -22,7 +22,7 @@ from node.discovery import (
 )
 from node.gossip import Outbox, run_topics, topic_name
 from node.host import FrameTooLarge, HostSettings, open_host
-from node.peer import SeqCounter
+from node.peer_config import SeqCounter
 from protocol.admission import Kind
 from protocol.envelope import seal
 from protocol.identity import Identity
