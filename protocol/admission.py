@@ -28,7 +28,7 @@ The pipeline (legal steps as data: `PIPELINE`, and per kind `KIND_RULES`)
     RATE       token bucket per sender (dropped free; the sender  -> RATE_LIMITED
                pays only past `sender_overrun_rate` more), and per signer (QUOTA)
     DEDUP      content id admitted before (bounded LRU + TTL) -> DUPLICATE
-    REPLAY     (signer, seq) used before (`ReplayGuard`)       -> REPLAY
+    REPLAY     (signer, kind, seq) used before (`ReplayGuard`) -> REPLAY
     STORE      -> Store(item)       (kinds with `store`)
     FORWARD    -> Forward(item)     (gossiped kinds: let the router propagate it)
     DELIVER    -> Deliver(item)     (hand it to the local role)
@@ -38,9 +38,16 @@ in order through a stage -> method table; the first refusal wins. DECODE and SIG
 one call to the kind's opener (the protocol functions decode and verify together); the
 error's class says which of the two failed. ROLLOUT_RECORD (pulled on request, possibly old)
 skips the sender-rate, skew, signer-rate and REPLAY rules (we asked for it) and is not
-forwarded. The replay guard
-remembers a (signer, seq) as soon as it passes, so each identity must use one sequence
-counter for all kinds and never reuse numbers across restarts (`node.store.Store.reserve`).
+forwarded.
+
+What is remembered: the dedup memory and the replay guard record a message only once it
+is admitted, or refused for a fault of its signer that the content itself proves
+(`double_work`). A refusal that does not judge the content (over a rate, too many new
+signers, the body already held under another signer, a store that failed) records
+nothing, so the producer's own copy arriving later by another path is admitted, not
+charged as a replay. Each signer has one sequence space per kind (a rollout header's seq
+is its task counter; other objects number themselves apart) and never reuses a number
+across restarts (`node.store.Store.reserve`).
 
 Staleness: a rollout made at policy version v is usable at version t only if t - v <= S,
 S = `RunRules.max_staleness` (the run manifest's `max_staleness`). The current version t
@@ -969,7 +976,7 @@ class Admission:
         )
         self._weights_version = -1  # highest weight announcement admitted
         self.claims = VersionClaims()  # future versions we asked the sender to back
-        self._retry: OrderedDict[tuple[bytes, int], bytes] = OrderedDict()  # see StoreFailed
+        self._retry: OrderedDict[tuple[bytes, str, int], bytes] = OrderedDict()  # StoreFailed
         # Legal steps as data: which method carries out each check stage.
         self._checks: dict[Stage, Callable[[_Msg], None]] = {
             Stage.SIZE: self._stage_size,
@@ -1044,9 +1051,10 @@ class Admission:
     def _on_store_failed(self, ev: StoreFailed) -> list[Action]:
         item = ev.item
         self._dedup.forget((item.kind, item.content_id))
-        # The replay guard already holds (signer, seq); let a copy of these very bytes
+        # The replay guard already holds (signer, kind, seq); let a copy of these very bytes
         # through once more (bounded memory, oldest forgotten first).
-        self._retry[(item.envelope.signer, item.envelope.seq)] = item.content_id
+        env = item.envelope
+        self._retry[(env.signer, env.kind, env.seq)] = item.content_id
         while len(self._retry) > _MAX_RETRIES:
             self._retry.popitem(last=False)
         return []
@@ -1136,6 +1144,8 @@ class Admission:
             for check in checks:
                 check(m)
         except _Refused as r:
+            if r.blame_signer and m is not None:
+                self._remember(m)  # judged by its content: copies are replays, free for relays
             repeat = False
             if r.reason is Reason.DUPLICATE and m is not None and m.rule.gossip:
                 repeat = self._handed_before(peer, m, now)
@@ -1145,6 +1155,7 @@ class Admission:
         op = m.opened
         assert op is not None
         self._dedup.add((kind, op.content_id), now)
+        self._remember(m)
         if rule.gossip:
             self._handed_before(peer, m, now)
         if rule.weights and rule.gossip:
@@ -1163,6 +1174,14 @@ class Admission:
             kind, op.content_id, peer, op.envelope, op.obj, bytes(m.data), now, op.header, op.body
         )
         return [make(item) for make in makes]
+
+    def _remember(self, m: _Msg) -> None:
+        """Record the message's (signer, kind, seq) in the replay guard (kinds with REPLAY)."""
+        if Stage.REPLAY not in self._stages[m.kind] or m.opened is None:
+            return
+        env = m.opened.envelope
+        self._retry.pop((env.signer, env.kind, env.seq), None)
+        self._replay.remember(env)
 
     def _know_signer(self, signer: bytes) -> None:
         self._known_signers[signer] = None
@@ -1332,11 +1351,11 @@ class Admission:
     def _stage_replay(self, m: _Msg) -> None:
         assert m.opened is not None
         env = m.opened.envelope
-        if self._retry.get((env.signer, env.seq)) == m.opened.content_id:
-            del self._retry[(env.signer, env.seq)]  # a copy of an item we failed to store
-            return
+        if self._retry.get((env.signer, env.kind, env.seq)) == m.opened.content_id:
+            return  # a copy of an item we failed to store
         try:
-            self._replay.check(env, int(m.now * 1000))
+            # Only checked here: remembered once admitted (`_remember`).
+            self._replay.check(env, int(m.now * 1000), remember=False)
         except ReplayError as exc:
             raise _Refused(Stage.REPLAY, Reason.REPLAY, str(exc), signer=env.signer) from None
 
