@@ -64,7 +64,10 @@ honest relay would pass on (malformed, bad signature, oversized) always count. F
 depend on the receiver's view (stale, skewed clock, replay, rate of a signer) count only
 when the sender is also the signer; a relay that forwarded them is not blamed (penalty 0).
 Rejections with penalty 0 are "ignore" in gossipsub terms (`Reject.verdict == "ignore"`):
-drop, do not forward, do not penalise. Every admitted message earns the sender
+drop, do not forward, do not penalise. The costs come from the network's one table
+(`protocol.penalties`); those of persistent conditions (`wrong_run`, `clock_skew`: every
+further message of such a peer is as useless) double with each repeat by the same peer
+within `repeat_window_s`, so such a peer is banned within a few messages. Every admitted message earns the sender
 `admit_reward`; a sender whose score falls below the ban threshold gets
 `Disconnect` + `Ban` (`protocol.peer_score`).
 
@@ -122,6 +125,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol import penalties as offences
 from protocol.audit_sample import check_ticket
 from protocol.authority import Authority
 from protocol.codec import decode
@@ -156,6 +160,7 @@ __all__ = [
     "PENALTIES",
     "PIPELINE",
     "RELAY_BLAMED",
+    "REPEATS_DOUBLE",
     "Action",
     "Admission",
     "AdmissionConfig",
@@ -247,35 +252,15 @@ class Reason(enum.StrEnum):
     UNBACKED_VERSION = "unbacked_version"
 
 
-# Default score change per reason (<= 0). MALFORMED, BAD_SIGNATURE and BODY_MISMATCH use
-# the penalty carried by the protocol error instead when there is one.
-PENALTIES: Mapping[Reason, float] = {
-    Reason.BANNED: 0.0,
-    Reason.OVERSIZED: -10.0,
-    Reason.UNKNOWN_KIND: -10.0,
-    Reason.MALFORMED: -10.0,
-    Reason.BAD_SIGNATURE: -50.0,
-    Reason.BODY_MISMATCH: -50.0,
-    Reason.WRONG_RUN: -5.0,
-    Reason.STALE: -1.0,
-    Reason.FUTURE_VERSION: 0.0,  # we may simply be behind
-    Reason.CLOCK_SKEW: -2.0,
-    Reason.UNAUTHORIZED: -20.0,
-    Reason.OUTDATED: 0.0,  # an old announcement still echoing through gossip
-    Reason.RATE_LIMITED: -0.5,
-    Reason.DUPLICATE: 0.0,  # gossip delivers copies; never a fault
-    Reason.REPLAY: -5.0,
-    Reason.MISBEHAVED: -20.0,
-    Reason.DOUBLE_WORK: -20.0,  # two signed rollouts for one unit of work: the signer's fault
-    Reason.FLOODING: -1.0,  # past its allowance of blameless refusals (copies, replays)
-    Reason.NEW_IDENTITIES: 0.0,  # too many unknown signers at once: ignore (waste allowance)
-    Reason.BODY_MISSING: -1.0,  # the signer of a header whose body nobody could serve
-    Reason.UNBACKED_VERSION: -5.0,  # claimed a version it holds no signed manifest for
-}
-assert set(PENALTIES) == set(Reason)
+# Default score change per reason (<= 0), from the network's one table of penalties
+# (`protocol.penalties`, whose names are the reasons' values). MALFORMED, BAD_SIGNATURE and
+# BODY_MISMATCH use the penalty carried by the protocol error instead when there is one.
+PENALTIES: Mapping[Reason, float] = {r: offences.BY_NAME[r].cost for r in Reason}
+# Reasons whose cost doubles with each repeat by the same peer (`offences.repeat_cost`).
+REPEATS_DOUBLE: frozenset[Reason] = frozenset(r for r in Reason if offences.BY_NAME[r].repeats)
 # A NEW_IDENTITIES refusal of a message the sender published itself under another signer
 # (see `_stage_quota`): free for relays, this for an author of other keys' messages.
-AUTHORED_NEW_IDENTITY_PENALTY = -0.5
+AUTHORED_NEW_IDENTITY_PENALTY = offences.AUTHORED_NEW_IDENTITIES.cost
 
 # Reasons that count against a relay too (no honest peer forwards such bytes). The others
 # depend on the receiver's view and count only against the message's signer.
@@ -360,7 +345,8 @@ class AdmissionConfig:
     new_signer_burst: float = 16.0
     new_signer_rate_all: float = 2.0  # ... and all senders together
     new_signer_burst_all: float = 64.0
-    body_missing_sender: float = -0.1  # forwarded a header whose body nobody served
+    body_missing_sender: float = offences.BODY_MISSING_RELAYED.cost  # its forwarder
+    repeat_window_s: float = offences.REPEAT_WINDOW_S  # a repeat within it costs double
     penalties: Mapping[Reason, float] = field(default_factory=lambda: dict(PENALTIES))
 
     def __post_init__(self) -> None:
@@ -378,6 +364,7 @@ class AdmissionConfig:
             "new_signer_burst_all",
             "dedup_ttl_s",
             "max_skew_s",
+            "repeat_window_s",
         ):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
@@ -902,6 +889,25 @@ class WorkIndex:
             self._bodies.popitem(last=False)
 
 
+class _Repeats:
+    """How many times each (peer, reason) was charged before, counting only offences less
+    than `window_s` apart (a longer pause starts the count again). At most `max_keys`."""
+
+    def __init__(self, window_s: float, max_keys: int) -> None:
+        self.window_s, self.max_keys = window_s, max_keys
+        self._last: OrderedDict[tuple[PeerId, Reason], tuple[int, float]] = OrderedDict()
+
+    def count(self, peer: PeerId, reason: Reason, now: float) -> int:
+        """Offences before this one; records this one."""
+        key = (peer, reason)
+        n, at = self._last.pop(key, (0, -math.inf))
+        before = n if now - at <= self.window_s else 0
+        self._last[key] = (before + 1, max(at, now))
+        if len(self._last) > self.max_keys:
+            self._last.popitem(last=False)
+        return before
+
+
 @dataclass(slots=True)
 class _Msg:
     """A message on its way through the stages."""
@@ -974,6 +980,8 @@ class Admission:
             window=cfg.replay_window,
             max_signers=cfg.max_signers,
         )
+        # (peer, reason) -> recent offences, for the reasons whose cost doubles on repeat
+        self._repeats = _Repeats(cfg.repeat_window_s, cfg.max_rate_keys)
         self._weights_version = -1  # highest weight announcement admitted
         self.claims = VersionClaims()  # future versions we asked the sender to back
         self._retry: OrderedDict[tuple[bytes, str, int], bytes] = OrderedDict()  # StoreFailed
@@ -1378,6 +1386,8 @@ class Admission:
         else:
             penalty = min(0.0, float(r.penalty)) if math.isfinite(r.penalty) else 0.0
         reason = r.reason
+        if penalty < 0 and reason in REPEATS_DOUBLE:
+            penalty = offences.repeat_cost(penalty, self._repeats.count(peer, reason, now))
         if r.reason is Reason.BANNED:
             return [
                 Reject(peer, reason, penalty, r.stage, r.detail, kind),

@@ -884,3 +884,43 @@ def test_one_key_signing_every_kind_interleaved_gets_nothing_refused_as_a_replay
     r = reject(a.handle(msg(VALIDATOR.peer_id, Kind.ROLLOUT_HEADER, again, T0 + 7)))
     assert r.reason is Reason.REPLAY
 
+
+# -- persistent faults reach a ban ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["wrong_run", "clock_skew"])
+@pytest.mark.parametrize("gap_s", [0.01, 15.0])
+def test_a_sender_that_keeps_sending_wrong_run_or_skewed_messages_is_banned(fault, gap_s):
+    """A peer on another run, or with its clock far off, sends nothing we can use, and
+    each of its messages costs us a signature check: within a dozen messages it is
+    banned, however slowly it sends them (within a half-life)."""
+    a = machine()
+    banned_at = None
+    for i in range(12):
+        t = T0 + i * gap_s
+        at = t + 600.0 if fault == "clock_skew" else t
+        run_id = "other-run" if fault == "wrong_run" else RUN
+        h = header(make_record(
+            ALICE, body(seed=i), dataset="chain_sum", task_index=i, counter=i, task_seed=i,
+            reward=1.0, run_id=run_id, policy_version=10, seq=i + 1, timestamp_ms=int(at * 1000),
+        ))  # fmt: skip
+        acts = a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, h, t))
+        assert reject(acts).reason == fault
+        if any(isinstance(x, adm.Ban) for x in acts):
+            banned_at = i
+            break
+    assert banned_at is not None, a.scores.score(ALICE.peer_id, t)
+
+
+def test_a_wrong_run_message_now_and_then_costs_only_its_base_price():
+    """Doubling counts repeats within the window only: one mistake an hour stays cheap."""
+    a = machine()
+    for i in range(4):
+        t = T0 + i * 3600.0
+        h = header(make_record(
+            ALICE, body(seed=i), dataset="chain_sum", task_index=i, counter=i, task_seed=i,
+            reward=1.0, run_id="other-run", policy_version=10, seq=i + 1,
+            timestamp_ms=int(t * 1000),
+        ))  # fmt: skip
+        r = reject(a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, h, t)))
+        assert (r.reason, r.penalty) == (Reason.WRONG_RUN, adm.PENALTIES[Reason.WRONG_RUN])
