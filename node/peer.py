@@ -57,6 +57,7 @@ from node.weights_store import WeightsStore
 from node.weights_sync import WeightSettings, WeightSync
 from protocol import admission as adm
 from protocol import catch_up as cu
+from protocol import penalties
 from protocol.admission import (
     Admission,
     AdmissionConfig,
@@ -113,9 +114,9 @@ SCORE_SAVE_INTERVAL_S = 15.0  # rewards; a penalty is saved at once (with its le
 CATCH_UP_TICK_S = 1.0
 DELIVERY_CHECK_S = 5.0  # also: owed pulls (headers without a body) queued again
 OWED_RETRY_BATCH = 256
-BAD_REQUEST_PENALTY = -10.0
+BAD_REQUEST_PENALTY = penalties.BAD_REQUEST.cost
 MAX_SERVE_STREAMS_PER_PEER = 4
-PRODUCER_LACKS_BODY_PENALTY = -2.0
+PRODUCER_LACKS_BODY_PENALTY = penalties.PRODUCER_LACKS_BODY.cost
 BODYLESS_TTL_S = 3600.0  # a header whose body never came is forgotten after this
 ASK_NEWEST_S = 10.0  # a sender backs a future version it handed us within this
 STORE_WAIT_S = 4.0  # under py-libp2p's 5 s limit on an async topic validator
@@ -619,7 +620,7 @@ class Peer:
         if rec is not None and _record_id(rec) != p.rollout_id:
             # Not what we asked for (a re-signed copy, another rollout): the source pays.
             self.counters["pull_wrong_record"] += 1
-            self.report(source, BAD_REQUEST_PENALTY, "served another rollout than asked")
+            self.report(source, penalties.WRONG_RECORD.cost, "served another rollout than asked")
             rec = None
         if rec is not None:
             self.counters["pulled"] += 1
