@@ -435,6 +435,11 @@ class Peer:
                 if action.penalty < 0:
                     with contextlib.suppress(trio.WouldBlock):
                         self._ledger_send.send_nowait((action, time.time()))
+            elif isinstance(action, adm.Penalized):  # a charge other than a refusal: same ledger
+                self.rejects[action.reason] += 1
+                log.info("peer: %s pays %g for %s: %s", str(action.peer)[:12], action.penalty, action.reason, action.detail)
+                with contextlib.suppress(trio.WouldBlock):
+                    self._ledger_send.send_nowait((action, time.time()))  # type: ignore[arg-type]
             elif isinstance(action, Disconnect):
                 self._spawn(self.host.disconnect, action.peer, f"admission: {action.reason}")
             elif isinstance(action, Ban):

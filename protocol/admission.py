@@ -84,8 +84,9 @@ timestamps and ban ends mean the same across peers and restarts):
     `VersionChanged(version, now)`             our policy version is now `version`
     `Tick(now)`                                 lifts ended bans (-> Unban), expires caches
     `PeerConnected(peer, now)`                  -> Disconnect if the peer is banned
-    `Misbehaved(peer, penalty, reason, now)`    a role found fault (e.g. fraud proven by an
-                                                audit); penalty <= 0 is the score change
+    `Misbehaved(peer, penalty, reason, now, offence=None)`  a role found fault (e.g. fraud
+                                                proven by an audit); penalty <= 0 is the score
+                                                change, offence its name in `protocol.penalties`
     `StoreFailed(item, now)`                    the node could not store an admitted item:
                                                 forget it so a copy can be admitted later
     `NewestShown(peer, envelope, now, answered=True)`  the answer to an `AskNewest`
@@ -95,6 +96,9 @@ timestamps and ban ends mean the same across peers and restarts):
 Actions (execute in the order returned; if a Store raises, skip the rest of that list
 and send `StoreFailed`):
     `Reject(peer, reason, penalty, stage, detail, kind)`  penalty is the score change (<= 0)
+    `Penalized(peer, reason, penalty, stage, detail, kind)`  any other charge (a role's
+                                    finding, a body nobody served, the signer of double work
+                                    someone relayed): log it and write it to the ledger
     `Store(item)`, `Forward(item)`, `Deliver(item)`       item is an `Admitted`
     `Disconnect(peer, reason)`, `Ban(peer, until, record)` (persist `record`), `Unban(peer)`
     `AskNewest(peer, at_least)`  ask the peer for the newest signed manifest it holds
@@ -107,8 +111,12 @@ received_at.
 WEIGHT_ANNOUNCE (gossip, signed WeightManifest), WEIGHT_MANIFEST (a signed WeightManifest
 pulled over the shard stream, any version), FRAUD_EVIDENCE (gossip), PRODUCER_CLAIM (gossip,
 a validator's signed claim over a producer's window of records, `verify.producer`).
+`verdict_of(actions) -> "accept" | "ignore" | "reject"`  what a message's actions mean to
+the gossip router (a libp2p validator: accept; ignore = drop without blame; reject = drop
+and count against the forwarder).
 `Reason`: a `StrEnum` (values are short snake_case names for the ledger); `PENALTIES` holds
-the default score change of each, `RELAY_BLAMED` which ones count against a relay.
+the default score change of each (`protocol.penalties`), `RELAY_BLAMED` which ones count
+against a relay.
 Helpers: `TokenBucket`, `RateLimiter`, `DedupCache` (all pure, time passed in).
 
 For the simulator: the same `Admission` runs on virtual time; to skip real signatures for
@@ -179,6 +187,7 @@ __all__ = [
     "Misbehaved",
     "Opened",
     "PeerConnected",
+    "Penalized",
     "RateLimiter",
     "Reason",
     "Reject",
@@ -190,6 +199,7 @@ __all__ = [
     "TokenBucket",
     "Unban",
     "VersionChanged",
+    "verdict_of",
 ]
 
 
@@ -579,10 +589,15 @@ class PeerConnected:
 
 @dataclass(frozen=True, slots=True)
 class Misbehaved:
+    """A role found fault with `peer`: `penalty` (<= 0) is the score change, `reason` the
+    role's words for it, `offence` its name in `protocol.penalties` (the ledger's reason;
+    "misbehaved" when not given)."""
+
     peer: PeerId
     penalty: float
     reason: str
     now: float
+    offence: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -683,6 +698,22 @@ class Reject:
 
 
 @dataclass(frozen=True, slots=True)
+class Penalized:
+    """A score change (`penalty` < 0) charged to `peer` other than the sender's own refusal
+    (a `Reject` reports that): a role's finding (`Misbehaved`), a body nobody served, the
+    signer of double work someone else relayed. Log it and write it to the ledger, like a
+    `Reject` (it has the same fields: `reason` is the offence's name in `protocol.penalties`,
+    `stage` where it was found, "role" for a role's finding)."""
+
+    peer: PeerId
+    reason: str
+    penalty: float
+    stage: str
+    detail: str = ""
+    kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Store:
     item: Admitted
 
@@ -715,7 +746,20 @@ class Unban:
     peer: PeerId
 
 
-Action = Reject | Store | Forward | Deliver | Disconnect | Ban | Unban | AskNewest
+Action = Reject | Penalized | Store | Forward | Deliver | Disconnect | Ban | Unban | AskNewest
+
+
+def verdict_of(actions: list[Action]) -> str:
+    """What a message's actions mean to the gossip router: "accept" (admitted: deliver and
+    forward), "reject" (its sender was charged: a fault no honest peer passes on; counts
+    against the sender in gossipsub's score), or "ignore" (drop, do not forward, no blame:
+    a copy, over a rate, what only our view refuses, a fault of a signer it only relayed)."""
+    for action in actions:
+        if isinstance(action, Store | Forward | Deliver):
+            return "accept"
+        if isinstance(action, Reject):
+            return action.verdict
+    return "ignore"
 
 
 # --------------------------------------------------------------------------------------
@@ -921,6 +965,8 @@ class _Msg:
     origin: PeerId | None = None
 
 
+_REASON_NAMES = frozenset(str(r) for r in Reason)
+
 # isinstance() classes, built once (not per call as `int | float` would be).
 _NUMBER = (int, float)
 _BYTES = (bytes, bytearray, memoryview)
@@ -1054,7 +1100,30 @@ class Admission:
     def _on_misbehaved(self, ev: Misbehaved) -> list[Action]:
         if not (math.isfinite(ev.penalty) and ev.penalty <= 0):
             raise LocalProtocolError("Misbehaved.penalty is a score change <= 0")
-        return self._apply_score(ev.peer, ev.penalty, Reason.MISBEHAVED, ev.now)
+        name = ev.offence or str(Reason.MISBEHAVED)
+        if name not in offences.BY_NAME:
+            raise LocalProtocolError(f"Misbehaved.offence {name!r} is not in protocol.penalties")
+        return self._charge(ev.peer, ev.penalty, name, "role", ev.reason, ev.now)
+
+    def _charge(
+        self,
+        peer: PeerId,
+        delta: float,
+        name: str,
+        stage: str,
+        detail: str,
+        now: float,
+        kind: str | None = None,
+    ) -> list[Action]:
+        """A `Penalized` report of a score change, then the change (and any ban)."""
+        if delta == 0:
+            return []
+        # A ban's Disconnect names a Reason: the offence's when it is one, else MISBEHAVED.
+        reason = Reason(name) if name in _REASON_NAMES else Reason.MISBEHAVED
+        return [
+            Penalized(peer, name, delta, stage, detail, kind),
+            *self._apply_score(peer, delta, reason, now),
+        ]
 
     def _on_store_failed(self, ev: StoreFailed) -> list[Action]:
         item = ev.item
@@ -1074,15 +1143,25 @@ class Admission:
         failed to connect are no evidence: nobody pays."""
         if ev.answered <= 0:
             return []
-        actions = self._apply_score(
+        detail = f"rollout {ev.rollout_id.hex()[:16]}: no source served its body"
+        actions = self._charge(
             _as_peer_form(ev.sender, ev.signer),
             self.config.penalties[Reason.BODY_MISSING],
-            Reason.BODY_MISSING,
+            str(Reason.BODY_MISSING),
+            "body_pull",
+            detail,
             ev.now,
+            str(Kind.ROLLOUT_HEADER),
         )
         if not _same_peer(ev.sender, ev.signer):
-            actions += self._apply_score(
-                ev.sender, self.config.body_missing_sender, Reason.BODY_MISSING, ev.now
+            actions += self._charge(
+                ev.sender,
+                self.config.body_missing_sender,
+                offences.BODY_MISSING_RELAYED.name,
+                "body_pull",
+                detail,
+                ev.now,
+                str(Kind.ROLLOUT_HEADER),
             )
         return actions
 
@@ -1411,9 +1490,8 @@ class Admission:
         if r.blame_signer and r.signer is not None and not _same_peer(peer, r.signer):
             # The signer is provably at fault (it signed both): it pays whoever relayed it.
             signer = _as_peer_form(peer, r.signer)
-            actions.extend(
-                self._apply_score(signer, self.config.penalties[r.reason], r.reason, now)
-            )
+            cost = self.config.penalties[r.reason]
+            actions += self._charge(signer, cost, str(r.reason), str(r.stage), r.detail, now, kind)
         if r.ask is not None:
             actions.append(r.ask)
         return actions
