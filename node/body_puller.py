@@ -19,6 +19,7 @@ from node import rollout_exchange
 from node.host import PeerError, PeerUnreachable
 from node.store import StoreError
 from protocol import body_pull as bp
+from protocol import penalties
 from protocol.admission import BodyMissing, Kind, Misbehaved
 from protocol.codec import decode
 from protocol.content_id import content_id
@@ -79,7 +80,8 @@ class BodyPuller:
                 nursery.start_soon(self._fetch, a)
             elif isinstance(a, bp.Charge):
                 self.counters[f"pull_charge_{a.offence}"] += 1
-                self.peer.submit(Misbehaved(str(a.peer), bp.PENALTIES[a.offence], a.offence, time.time()))
+                cost = penalties.BY_NAME[a.offence].cost
+                self.peer.submit(Misbehaved(str(a.peer), cost, "body pull", time.time(), offence=a.offence))
             elif isinstance(a, bp.GiveUp):
                 self.counters["pull_gave_up"] += 1
                 if a.origin is not None:

@@ -35,6 +35,7 @@ from node.body_puller import BodyPuller
 from node.discovery import Discovery
 from node.gossip import BATCH_TOPICS, TOPIC_KINDS, Outbox, topic_name
 from node.host import AGENT, PeerError, PeerEvent, SwarmHost, open_host
+from node.ledger_writer import LedgerWriter
 from node.peer_config import PeerConfig, SeqCounter
 from node.peer_services import BodyServer, CatchUpDriver, bad_request_event
 from node.store import RolloutRow, Store, StoreError, VerdictRow
@@ -154,7 +155,7 @@ class Peer:
         self.validator_waits: deque[float] = deque(maxlen=VALIDATOR_WAITS_KEPT)
         self._callbacks: list[Callable[[Admitted], None]] = []
         self._late_callbacks: list[Callable[[Admitted], None]] = []
-        self._ledger_send, self._ledger_recv = trio.open_memory_channel[tuple[Reject, float]](ADMITTED_QUEUE)
+        self.ledger = LedgerWriter(store, admission.scores, ADMITTED_QUEUE)
         self._nursery: trio.Nursery | None = None
         self.writer = StoreWriter(store, cfg.identity.peer_id, ADMITTED_QUEUE, self.counters)
         self.puller = BodyPuller(self, cfg.pull) if cfg.pull_bodies else None
@@ -241,10 +242,11 @@ class Peer:
         await self.outbox.put(self.topics["delegations"], data)
         return content_id(data)
 
-    def report(self, peer: bytes | str, penalty: float, reason: str) -> None:
+    def report(self, peer: bytes | str, penalty: float, reason: str, offence: str | None = None) -> None:
         """A role found fault with `peer` (e.g. a failed audit): score it down by `penalty`
-        (<= 0) through admission, which bans it below the threshold."""
-        self.submit(Misbehaved(_b58(peer), penalty, reason, time.time()))
+        (<= 0) through admission, which bans it below the threshold; `offence` names it in
+        `protocol.penalties` (the ledger's reason)."""
+        self.submit(Misbehaved(_b58(peer), penalty, reason, time.time(), offence=offence))
 
     def bad_request(self, peer: str, reason: str) -> None:
         """A peer sent a malformed request on one of our stream protocols."""
@@ -349,6 +351,11 @@ class Peer:
             self._deliver(action.item)
         elif isinstance(action, Reject):
             self._rejected(action, handled)
+        elif isinstance(action, adm.Penalized):
+            self.rejects[action.reason] += 1
+            log.info("%s pays %g for %s (%s): %s", str(action.peer)[:16], action.penalty,
+                     action.reason, action.stage, action.detail)
+            self.ledger.put(action)
         elif isinstance(action, Disconnect):
             self.spawn(self.host.disconnect, action.peer, f"admission: {action.reason}")
         elif isinstance(action, Ban):
@@ -370,8 +377,7 @@ class Peer:
         if action.penalty < 0:
             log.info("refused %s from %s: %s %s (%+g)", action.kind or "message",
                      str(action.peer)[:16], action.reason, action.detail, action.penalty)
-            with contextlib.suppress(trio.WouldBlock):
-                self._ledger_send.send_nowait((action, time.time()))
+            self.ledger.put(action)
 
     def _deliver(self, item: Admitted) -> None:
         if item.kind is Kind.ROLLOUT_HEADER:
@@ -473,11 +479,6 @@ class Peer:
 
     # -- loops ----------------------------------------------------------------------------
 
-    async def _save_scores(self) -> None:
-        snapshot = self.admission.scores.snapshot(time.time())
-        with contextlib.suppress(StoreError):
-            await trio.to_thread.run_sync(self.store.save_peers, snapshot)
-
     async def _tick_loop(self) -> None:
         last_save = last_expiry = time.monotonic()
         window_s = self.cfg.pull.window_s
@@ -487,27 +488,13 @@ class Peer:
             self.submit(Tick(now))
             if time.monotonic() - last_save > SCORE_SAVE_INTERVAL_S:
                 last_save = time.monotonic()
-                await self._save_scores()
+                await self.ledger.save_scores()
             if time.monotonic() - last_expiry > min(BODYLESS_CHECK_S, window_s):
                 last_expiry = time.monotonic()
                 with contextlib.suppress(StoreError):
                     # A header whose body nobody served within the pull window is forgotten.
                     n = await trio.to_thread.run_sync(self.store.expire_bodyless, now - window_s)
                     self.counters["bodyless_expired"] += n
-
-    async def _ledger_loop(self) -> None:
-        while True:
-            batch = [await self._ledger_recv.receive()]
-            while len(batch) < 256:
-                try:
-                    batch.append(self._ledger_recv.receive_nowait())
-                except trio.WouldBlock:
-                    break
-            # Scores first, then the lines that explain them: a crash never keeps a
-            # penalty's ledger line but forgets the penalty.
-            await self._save_scores()
-            with contextlib.suppress(StoreError):
-                await trio.to_thread.run_sync(self.store.log_rejects, batch)
 
 
 def _b58(peer: bytes | str) -> str:
@@ -538,7 +525,7 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
             async with trio.open_nursery() as nursery:
                 peer._nursery = nursery
                 await _subscribe(peer, nursery)
-                for loop in (peer.outbox.run, peer.writer.run, peer._ledger_loop, peer._tick_loop,
+                for loop in (peer.outbox.run, peer.writer.run, peer.ledger.run, peer._tick_loop,
                              peer.catch_up.run):
                     nursery.start_soon(loop)
                 if peer.puller is not None:
@@ -555,7 +542,7 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
                     with trio.CancelScope(shield=True), trio.move_on_after(cfg.drain_timeout_s):
                         peer.drained = await peer.outbox.drain()
                     with trio.CancelScope(shield=True), trio.move_on_after(5):
-                        await peer._save_scores()
+                        await peer.ledger.save_scores()
                     nursery.cancel_scope.cancel()
     finally:
         store.close()

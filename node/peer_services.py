@@ -17,6 +17,7 @@ from node import rollout_exchange, sync_exchange
 from node.host import PeerError
 from node.store import StoreError
 from protocol import catch_up as cu
+from protocol import penalties
 from protocol.admission import Misbehaved
 from protocol.codec import encode
 from protocol.wire import RolloutRecord
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("swarm.peer")
 
-BAD_REQUEST_PENALTY = -10.0
 MAX_SERVE_STREAMS_PER_PEER = 4
 CATCH_UP_TICK_S = 1.0
 DELIVERY_CHECK_S = 5.0
@@ -156,4 +156,4 @@ class CatchUpDriver:
 
 
 def bad_request_event(peer: str, reason: str) -> Misbehaved:
-    return Misbehaved(peer, BAD_REQUEST_PENALTY, reason, time.time())
+    return Misbehaved(peer, penalties.BAD_REQUEST.cost, reason, time.time(), offence=penalties.BAD_REQUEST.name)

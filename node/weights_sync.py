@@ -60,6 +60,7 @@ from node import shard_exchange
 from node.host import PeerError
 from node.upload_limit import UploadLimiter
 from node.weights_store import BadShard, ManifestGone, WeightsError, WeightsStore
+from protocol import penalties
 from protocol.admission import Admitted, Kind
 from protocol.content_id import content_id
 from protocol.envelope import seal
@@ -79,7 +80,7 @@ from trainer.export import DEFAULT_SHARD_BYTES, ExportError, export_version, is_
 
 log = logging.getLogger("swarm.weights")
 
-BAD_SHARD_PENALTY = -50.0
+BAD_SHARD_PENALTY = penalties.BAD_SHARD.cost
 MAX_MANIFEST_FETCHES = 8  # unknown manifest ids fetched per have-map poll
 
 

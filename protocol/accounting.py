@@ -47,9 +47,12 @@ import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from protocol import penalties
+
 __all__ = ["WITHHELD_PENALTY", "GapCharges", "GapRule", "Standing", "WorkLedger"]
 
-WITHHELD_PENALTY = -20.0  # score change each time a producer's withheld counters pass its allowance
+# Score change each time a producer's withheld counters pass its allowance.
+WITHHELD_PENALTY = penalties.WITHHELD.cost
 
 
 @dataclass(frozen=True, slots=True)

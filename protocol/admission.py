@@ -28,7 +28,7 @@ The pipeline (legal steps as data: `PIPELINE`, and per kind `KIND_RULES`)
     RATE       token bucket per sender (dropped free; the sender  -> RATE_LIMITED
                pays only past `sender_overrun_rate` more), and per signer (QUOTA)
     DEDUP      content id admitted before (bounded LRU + TTL) -> DUPLICATE
-    REPLAY     (signer, seq) used before (`ReplayGuard`)       -> REPLAY
+    REPLAY     (signer, kind, seq) used before (`ReplayGuard`) -> REPLAY
     STORE      -> Store(item)       (kinds with `store`)
     FORWARD    -> Forward(item)     (gossiped kinds: let the router propagate it)
     DELIVER    -> Deliver(item)     (hand it to the local role)
@@ -38,9 +38,16 @@ in order through a stage -> method table; the first refusal wins. DECODE and SIG
 one call to the kind's opener (the protocol functions decode and verify together); the
 error's class says which of the two failed. ROLLOUT_RECORD (pulled on request, possibly old)
 skips the sender-rate, skew, signer-rate and REPLAY rules (we asked for it) and is not
-forwarded. The replay guard
-remembers a (signer, seq) as soon as it passes, so each identity must use one sequence
-counter for all kinds and never reuse numbers across restarts (`node.store.Store.reserve`).
+forwarded.
+
+What is remembered: the dedup memory and the replay guard record a message only once it
+is admitted, or refused for a fault of its signer that the content itself proves
+(`double_work`). A refusal that does not judge the content (over a rate, too many new
+signers, the body already held under another signer, a store that failed) records
+nothing, so the producer's own copy arriving later by another path is admitted, not
+charged as a replay. Each signer has one sequence space per kind (a rollout header's seq
+is its task counter; other objects number themselves apart) and never reuses a number
+across restarts (`node.store.Store.reserve`).
 
 Staleness: a rollout made at policy version v is usable at version t only if t - v <= S,
 S = `RunRules.max_staleness` (the run manifest's `max_staleness`). The current version t
@@ -57,7 +64,10 @@ honest relay would pass on (malformed, bad signature, oversized) always count. F
 depend on the receiver's view (stale, skewed clock, replay, rate of a signer) count only
 when the sender is also the signer; a relay that forwarded them is not blamed (penalty 0).
 Rejections with penalty 0 are "ignore" in gossipsub terms (`Reject.verdict == "ignore"`):
-drop, do not forward, do not penalise. Every admitted message earns the sender
+drop, do not forward, do not penalise. The costs come from the network's one table
+(`protocol.penalties`); those of persistent conditions (`wrong_run`, `clock_skew`: every
+further message of such a peer is as useless) double with each repeat by the same peer
+within `repeat_window_s`, so such a peer is banned within a few messages. Every admitted message earns the sender
 `admit_reward`; a sender whose score falls below the ban threshold gets
 `Disconnect` + `Ban` (`protocol.peer_score`).
 
@@ -74,8 +84,9 @@ timestamps and ban ends mean the same across peers and restarts):
     `VersionChanged(version, now)`             our policy version is now `version`
     `Tick(now)`                                 lifts ended bans (-> Unban), expires caches
     `PeerConnected(peer, now)`                  -> Disconnect if the peer is banned
-    `Misbehaved(peer, penalty, reason, now)`    a role found fault (e.g. fraud proven by an
-                                                audit); penalty <= 0 is the score change
+    `Misbehaved(peer, penalty, reason, now, offence=None)`  a role found fault (e.g. fraud
+                                                proven by an audit); penalty <= 0 is the score
+                                                change, offence its name in `protocol.penalties`
     `StoreFailed(item, now)`                    the node could not store an admitted item:
                                                 forget it so a copy can be admitted later
     `NewestShown(peer, envelope, now, answered=True)`  the answer to an `AskNewest`
@@ -85,6 +96,9 @@ timestamps and ban ends mean the same across peers and restarts):
 Actions (execute in the order returned; if a Store raises, skip the rest of that list
 and send `StoreFailed`):
     `Reject(peer, reason, penalty, stage, detail, kind)`  penalty is the score change (<= 0)
+    `Penalized(peer, reason, penalty, stage, detail, kind)`  any other charge (a role's
+                                    finding, a body nobody served, the signer of double work
+                                    someone relayed): log it and write it to the ledger
     `Store(item)`, `Forward(item)`, `Deliver(item)`       item is an `Admitted`
     `Disconnect(peer, reason)`, `Ban(peer, until, record)` (persist `record`), `Unban(peer)`
     `AskNewest(peer, at_least)`  ask the peer for the newest signed manifest it holds
@@ -97,8 +111,12 @@ received_at.
 WEIGHT_ANNOUNCE (gossip, signed WeightManifest), WEIGHT_MANIFEST (a signed WeightManifest
 pulled over the shard stream, any version), FRAUD_EVIDENCE (gossip), PRODUCER_CLAIM (gossip,
 a validator's signed claim over a producer's window of records, `verify.producer`).
+`verdict_of(actions) -> "accept" | "ignore" | "reject"`  what a message's actions mean to
+the gossip router (a libp2p validator: accept; ignore = drop without blame; reject = drop
+and count against the forwarder).
 `Reason`: a `StrEnum` (values are short snake_case names for the ledger); `PENALTIES` holds
-the default score change of each, `RELAY_BLAMED` which ones count against a relay.
+the default score change of each (`protocol.penalties`), `RELAY_BLAMED` which ones count
+against a relay.
 Helpers: `TokenBucket`, `RateLimiter`, `DedupCache` (all pure, time passed in).
 
 For the simulator: the same `Admission` runs on virtual time; to skip real signatures for
@@ -115,6 +133,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol import penalties as offences
 from protocol.assignment import task_seed
 from protocol.audit_sample import check_ticket
 from protocol.authority import Authority
@@ -150,6 +169,7 @@ __all__ = [
     "PENALTIES",
     "PIPELINE",
     "RELAY_BLAMED",
+    "REPEATS_DOUBLE",
     "Action",
     "Admission",
     "AdmissionConfig",
@@ -168,6 +188,7 @@ __all__ = [
     "Misbehaved",
     "Opened",
     "PeerConnected",
+    "Penalized",
     "RateLimiter",
     "Reason",
     "Reject",
@@ -179,6 +200,7 @@ __all__ = [
     "TokenBucket",
     "Unban",
     "VersionChanged",
+    "verdict_of",
 ]
 
 
@@ -242,36 +264,15 @@ class Reason(enum.StrEnum):
     NOT_BOUND = "not_bound"
 
 
-# Default score change per reason (<= 0). MALFORMED, BAD_SIGNATURE and BODY_MISMATCH use
-# the penalty carried by the protocol error instead when there is one.
-PENALTIES: Mapping[Reason, float] = {
-    Reason.BANNED: 0.0,
-    Reason.OVERSIZED: -10.0,
-    Reason.UNKNOWN_KIND: -10.0,
-    Reason.MALFORMED: -10.0,
-    Reason.BAD_SIGNATURE: -50.0,
-    Reason.BODY_MISMATCH: -50.0,
-    Reason.WRONG_RUN: -5.0,
-    Reason.STALE: -1.0,
-    Reason.FUTURE_VERSION: 0.0,  # we may simply be behind
-    Reason.CLOCK_SKEW: -2.0,
-    Reason.UNAUTHORIZED: -20.0,
-    Reason.OUTDATED: 0.0,  # an old announcement still echoing through gossip
-    Reason.RATE_LIMITED: -0.5,
-    Reason.DUPLICATE: 0.0,  # gossip delivers copies; never a fault
-    Reason.REPLAY: -5.0,
-    Reason.MISBEHAVED: -20.0,
-    Reason.DOUBLE_WORK: -20.0,  # two signed rollouts for one unit of work: the signer's fault
-    Reason.FLOODING: -1.0,  # past its allowance of blameless refusals (copies, replays)
-    Reason.NEW_IDENTITIES: 0.0,  # too many unknown signers at once: ignore (waste allowance)
-    Reason.BODY_MISSING: -1.0,  # the signer of a header whose body nobody could serve
-    Reason.UNBACKED_VERSION: -5.0,  # claimed a version it holds no signed manifest for
-    Reason.NOT_BOUND: -50.0,  # a rollout whose seed is not its signer's: someone else's work re-signed
-}
-assert set(PENALTIES) == set(Reason)
+# Default score change per reason (<= 0), from the network's one table of penalties
+# (`protocol.penalties`, whose names are the reasons' values). MALFORMED, BAD_SIGNATURE and
+# BODY_MISMATCH use the penalty carried by the protocol error instead when there is one.
+PENALTIES: Mapping[Reason, float] = {r: offences.BY_NAME[r].cost for r in Reason}
+# Reasons whose cost doubles with each repeat by the same peer (`offences.repeat_cost`).
+REPEATS_DOUBLE: frozenset[Reason] = frozenset(r for r in Reason if offences.BY_NAME[r].repeats)
 # A NEW_IDENTITIES refusal of a message the sender published itself under another signer
 # (see `_stage_quota`): free for relays, this for an author of other keys' messages.
-AUTHORED_NEW_IDENTITY_PENALTY = -0.5
+AUTHORED_NEW_IDENTITY_PENALTY = offences.AUTHORED_NEW_IDENTITIES.cost
 
 # Reasons that count against a relay too (no honest peer forwards such bytes). The others
 # depend on the receiver's view and count only against the message's signer.
@@ -361,7 +362,8 @@ class AdmissionConfig:
     new_signer_burst: float = 16.0
     new_signer_rate_all: float = 2.0  # ... and all senders together
     new_signer_burst_all: float = 64.0
-    body_missing_sender: float = -0.1  # forwarded a header whose body nobody served
+    body_missing_sender: float = offences.BODY_MISSING_RELAYED.cost  # its forwarder
+    repeat_window_s: float = offences.REPEAT_WINDOW_S  # a repeat within it costs double
     penalties: Mapping[Reason, float] = field(default_factory=lambda: dict(PENALTIES))
 
     def __post_init__(self) -> None:
@@ -379,6 +381,7 @@ class AdmissionConfig:
             "new_signer_burst_all",
             "dedup_ttl_s",
             "max_skew_s",
+            "repeat_window_s",
         ):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
@@ -593,10 +596,15 @@ class PeerConnected:
 
 @dataclass(frozen=True, slots=True)
 class Misbehaved:
+    """A role found fault with `peer`: `penalty` (<= 0) is the score change, `reason` the
+    role's words for it, `offence` its name in `protocol.penalties` (the ledger's reason;
+    "misbehaved" when not given)."""
+
     peer: PeerId
     penalty: float
     reason: str
     now: float
+    offence: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -697,6 +705,22 @@ class Reject:
 
 
 @dataclass(frozen=True, slots=True)
+class Penalized:
+    """A score change (`penalty` < 0) charged to `peer` other than the sender's own refusal
+    (a `Reject` reports that): a role's finding (`Misbehaved`), a body nobody served, the
+    signer of double work someone else relayed. Log it and write it to the ledger, like a
+    `Reject` (it has the same fields: `reason` is the offence's name in `protocol.penalties`,
+    `stage` where it was found, "role" for a role's finding)."""
+
+    peer: PeerId
+    reason: str
+    penalty: float
+    stage: str
+    detail: str = ""
+    kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Store:
     item: Admitted
 
@@ -729,7 +753,20 @@ class Unban:
     peer: PeerId
 
 
-Action = Reject | Store | Forward | Deliver | Disconnect | Ban | Unban | AskNewest
+Action = Reject | Penalized | Store | Forward | Deliver | Disconnect | Ban | Unban | AskNewest
+
+
+def verdict_of(actions: list[Action]) -> str:
+    """What a message's actions mean to the gossip router: "accept" (admitted: deliver and
+    forward), "reject" (its sender was charged: a fault no honest peer passes on; counts
+    against the sender in gossipsub's score), or "ignore" (drop, do not forward, no blame:
+    a copy, over a rate, what only our view refuses, a fault of a signer it only relayed)."""
+    for action in actions:
+        if isinstance(action, Store | Forward | Deliver):
+            return "accept"
+        if isinstance(action, Reject):
+            return action.verdict
+    return "ignore"
 
 
 # --------------------------------------------------------------------------------------
@@ -903,6 +940,25 @@ class WorkIndex:
             self._bodies.popitem(last=False)
 
 
+class _Repeats:
+    """How many times each (peer, reason) was charged before, counting only offences less
+    than `window_s` apart (a longer pause starts the count again). At most `max_keys`."""
+
+    def __init__(self, window_s: float, max_keys: int) -> None:
+        self.window_s, self.max_keys = window_s, max_keys
+        self._last: OrderedDict[tuple[PeerId, Reason], tuple[int, float]] = OrderedDict()
+
+    def count(self, peer: PeerId, reason: Reason, now: float) -> int:
+        """Offences before this one; records this one."""
+        key = (peer, reason)
+        n, at = self._last.pop(key, (0, -math.inf))
+        before = n if now - at <= self.window_s else 0
+        self._last[key] = (before + 1, max(at, now))
+        if len(self._last) > self.max_keys:
+            self._last.popitem(last=False)
+        return before
+
+
 @dataclass(slots=True)
 class _Msg:
     """A message on its way through the stages."""
@@ -915,6 +971,8 @@ class _Msg:
     opened: Opened | None = None
     origin: PeerId | None = None
 
+
+_REASON_NAMES = frozenset(str(r) for r in Reason)
 
 # isinstance() classes, built once (not per call as `int | float` would be).
 _NUMBER = (int, float)
@@ -975,9 +1033,11 @@ class Admission:
             window=cfg.replay_window,
             max_signers=cfg.max_signers,
         )
+        # (peer, reason) -> recent offences, for the reasons whose cost doubles on repeat
+        self._repeats = _Repeats(cfg.repeat_window_s, cfg.max_rate_keys)
         self._weights_version = -1  # highest weight announcement admitted
         self.claims = VersionClaims()  # future versions we asked the sender to back
-        self._retry: OrderedDict[tuple[bytes, int], bytes] = OrderedDict()  # see StoreFailed
+        self._retry: OrderedDict[tuple[bytes, str, int], bytes] = OrderedDict()  # StoreFailed
         # Legal steps as data: which method carries out each check stage.
         self._checks: dict[Stage, Callable[[_Msg], None]] = {
             Stage.SIZE: self._stage_size,
@@ -1047,14 +1107,38 @@ class Admission:
     def _on_misbehaved(self, ev: Misbehaved) -> list[Action]:
         if not (math.isfinite(ev.penalty) and ev.penalty <= 0):
             raise LocalProtocolError("Misbehaved.penalty is a score change <= 0")
-        return self._apply_score(ev.peer, ev.penalty, Reason.MISBEHAVED, ev.now)
+        name = ev.offence or str(Reason.MISBEHAVED)
+        if name not in offences.BY_NAME:
+            raise LocalProtocolError(f"Misbehaved.offence {name!r} is not in protocol.penalties")
+        return self._charge(ev.peer, ev.penalty, name, "role", ev.reason, ev.now)
+
+    def _charge(
+        self,
+        peer: PeerId,
+        delta: float,
+        name: str,
+        stage: str,
+        detail: str,
+        now: float,
+        kind: str | None = None,
+    ) -> list[Action]:
+        """A `Penalized` report of a score change, then the change (and any ban)."""
+        if delta == 0:
+            return []
+        # A ban's Disconnect names a Reason: the offence's when it is one, else MISBEHAVED.
+        reason = Reason(name) if name in _REASON_NAMES else Reason.MISBEHAVED
+        return [
+            Penalized(peer, name, delta, stage, detail, kind),
+            *self._apply_score(peer, delta, reason, now),
+        ]
 
     def _on_store_failed(self, ev: StoreFailed) -> list[Action]:
         item = ev.item
         self._dedup.forget((item.kind, item.content_id))
-        # The replay guard already holds (signer, seq); let a copy of these very bytes
+        # The replay guard already holds (signer, kind, seq); let a copy of these very bytes
         # through once more (bounded memory, oldest forgotten first).
-        self._retry[(item.envelope.signer, item.envelope.seq)] = item.content_id
+        env = item.envelope
+        self._retry[(env.signer, env.kind, env.seq)] = item.content_id
         while len(self._retry) > _MAX_RETRIES:
             self._retry.popitem(last=False)
         return []
@@ -1066,15 +1150,25 @@ class Admission:
         failed to connect are no evidence: nobody pays."""
         if ev.answered <= 0:
             return []
-        actions = self._apply_score(
+        detail = f"rollout {ev.rollout_id.hex()[:16]}: no source served its body"
+        actions = self._charge(
             _as_peer_form(ev.sender, ev.signer),
             self.config.penalties[Reason.BODY_MISSING],
-            Reason.BODY_MISSING,
+            str(Reason.BODY_MISSING),
+            "body_pull",
+            detail,
             ev.now,
+            str(Kind.ROLLOUT_HEADER),
         )
         if not _same_peer(ev.sender, ev.signer):
-            actions += self._apply_score(
-                ev.sender, self.config.body_missing_sender, Reason.BODY_MISSING, ev.now
+            actions += self._charge(
+                ev.sender,
+                self.config.body_missing_sender,
+                offences.BODY_MISSING_RELAYED.name,
+                "body_pull",
+                detail,
+                ev.now,
+                str(Kind.ROLLOUT_HEADER),
             )
         return actions
 
@@ -1144,6 +1238,8 @@ class Admission:
             for check in checks:
                 check(m)
         except _Refused as r:
+            if r.blame_signer and m is not None:
+                self._remember(m)  # judged by its content: copies are replays, free for relays
             repeat = False
             if r.reason is Reason.DUPLICATE and m is not None and m.rule.gossip:
                 repeat = self._handed_before(peer, m, now)
@@ -1153,6 +1249,7 @@ class Admission:
         op = m.opened
         assert op is not None
         self._dedup.add((kind, op.content_id), now)
+        self._remember(m)
         if rule.gossip:
             self._handed_before(peer, m, now)
         if rule.weights and rule.gossip:
@@ -1171,6 +1268,14 @@ class Admission:
             kind, op.content_id, peer, op.envelope, op.obj, bytes(m.data), now, op.header, op.body
         )
         return [make(item) for make in makes]
+
+    def _remember(self, m: _Msg) -> None:
+        """Record the message's (signer, kind, seq) in the replay guard (kinds with REPLAY)."""
+        if Stage.REPLAY not in self._stages[m.kind] or m.opened is None:
+            return
+        env = m.opened.envelope
+        self._retry.pop((env.signer, env.kind, env.seq), None)
+        self._replay.remember(env)
 
     def _know_signer(self, signer: bytes) -> None:
         self._known_signers[signer] = None
@@ -1346,11 +1451,11 @@ class Admission:
     def _stage_replay(self, m: _Msg) -> None:
         assert m.opened is not None
         env = m.opened.envelope
-        if self._retry.get((env.signer, env.seq)) == m.opened.content_id:
-            del self._retry[(env.signer, env.seq)]  # a copy of an item we failed to store
-            return
+        if self._retry.get((env.signer, env.kind, env.seq)) == m.opened.content_id:
+            return  # a copy of an item we failed to store
         try:
-            self._replay.check(env, int(m.now * 1000))
+            # Only checked here: remembered once admitted (`_remember`).
+            self._replay.check(env, int(m.now * 1000), remember=False)
         except ReplayError as exc:
             raise _Refused(Stage.REPLAY, Reason.REPLAY, str(exc), signer=env.signer) from None
 
@@ -1373,6 +1478,8 @@ class Admission:
         else:
             penalty = min(0.0, float(r.penalty)) if math.isfinite(r.penalty) else 0.0
         reason = r.reason
+        if penalty < 0 and reason in REPEATS_DOUBLE:
+            penalty = offences.repeat_cost(penalty, self._repeats.count(peer, reason, now))
         if r.reason is Reason.BANNED:
             return [
                 Reject(peer, reason, penalty, r.stage, r.detail, kind),
@@ -1396,9 +1503,8 @@ class Admission:
         if r.blame_signer and r.signer is not None and not _same_peer(peer, r.signer):
             # The signer is provably at fault (it signed both): it pays whoever relayed it.
             signer = _as_peer_form(peer, r.signer)
-            actions.extend(
-                self._apply_score(signer, self.config.penalties[r.reason], r.reason, now)
-            )
+            cost = self.config.penalties[r.reason]
+            actions += self._charge(signer, cost, str(r.reason), str(r.stage), r.detail, now, kind)
         if r.ask is not None:
             actions.append(r.ask)
         return actions

@@ -42,6 +42,7 @@ from collections.abc import Collection, Container, Hashable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from protocol import penalties
 from protocol.errors import LocalProtocolError
 
 __all__ = [
@@ -74,10 +75,9 @@ class Outcome(StrEnum):
 
 _ANSWERS = frozenset({Outcome.EMPTY, Outcome.BAD_BODY, Outcome.WRONG_RECORD, Outcome.SILENT})
 
-# Offences found by the schedule itself (costs live in the penalty table).
-PRODUCER_LACKS_BODY = "announced a body it does not serve"
-WRONG_RECORD = "served another rollout than asked"
-PENALTIES = {PRODUCER_LACKS_BODY: -2.0, WRONG_RECORD: -10.0}
+# Offences found by the schedule itself: names in `protocol.penalties`, which prices them.
+PRODUCER_LACKS_BODY = penalties.PRODUCER_LACKS_BODY.name
+WRONG_RECORD = penalties.WRONG_RECORD.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +145,8 @@ class Fetch:
 
 @dataclass(frozen=True, slots=True)
 class Charge:
-    """`peer` answered as only a faulty or lying peer does; `offence` names the line of
-    the penalty table."""
+    """`peer` answered as only a faulty or lying peer does; `offence` names its line in
+    `protocol.penalties` (the cost)."""
 
     peer: Source
     offence: str

@@ -5,8 +5,8 @@ signature over one kind of object can never be passed off as another) followed b
 canonical encoding of the envelope's fields without the signature. The signer's public key
 is inside its peer id, so nothing else is needed to verify.
 
-Against replay, every envelope names its run, the policy version, a per-signer sequence
-number and a timestamp; `ReplayGuard` rejects other runs, repeats, and clocks outside the
+Against replay, every envelope names its run, the policy version, a sequence number (per
+signer and kind) and a timestamp; `ReplayGuard` rejects other runs, repeats, and clocks outside the
 allowed skew. It keeps bounded state and takes the time as an argument.
 """
 
@@ -88,12 +88,18 @@ class _SignerWindow:
 
 
 class ReplayGuard:
-    """Rejects envelopes of another run, repeated (signer, seq) pairs, and skewed clocks.
+    """Rejects envelopes of another run, repeated (signer, kind, seq), and skewed clocks.
 
-    Sequence numbers may arrive out of order (gossip); each signer has a window of the last
-    `window` numbers below its highest: anything older, or already seen, is a replay. At most
-    `max_signers` signers are tracked (least recently heard forgotten first), so memory is
-    bounded whatever peers send.
+    Each signer has one sequence space per kind of object: a rollout header's seq is its
+    task counter, other objects of the same key number themselves apart, and a signature
+    over one kind can never pass for another (`signing_bytes`), so the spaces never meet.
+    Sequence numbers may arrive out of order (gossip); each (signer, kind) has a window of
+    the last `window` numbers below its highest: anything older, or already seen, is a
+    replay. At most `max_signers` (signer, kind) windows are tracked (least recently heard
+    forgotten first), so memory is bounded whatever peers send.
+
+    `check(env, now_ms)` checks and remembers; `check(..., remember=False)` only checks, and
+    `remember(env)` records it later (admission remembers only what it accepted).
     """
 
     def __init__(
@@ -108,10 +114,11 @@ class ReplayGuard:
         self.max_skew_ms = max_skew_ms
         self.window = window
         self.max_signers = max_signers
-        self._signers: OrderedDict[bytes, _SignerWindow] = OrderedDict()
+        self._signers: OrderedDict[tuple[bytes, str], _SignerWindow] = OrderedDict()
 
-    def check(self, env: Envelope, now_ms: int) -> None:
-        """Raise `ReplayError` if `env` must be refused; otherwise remember it."""
+    def check(self, env: Envelope, now_ms: int, *, remember: bool = True) -> None:
+        """Raise `ReplayError` if `env` must be refused; otherwise remember it (unless
+        `remember` is False)."""
         if env.run_id != self.run_id:
             raise ReplayError(f"envelope for run {env.run_id!r}, this is {self.run_id!r}")
         if abs(env.timestamp_ms - now_ms) > self.max_skew_ms:
@@ -119,15 +126,22 @@ class ReplayGuard:
                 f"timestamp {env.timestamp_ms} is {env.timestamp_ms - now_ms:+d} ms from now,"
                 f" outside ±{self.max_skew_ms} ms"
             )
-        w = self._signers.get(env.signer)
+        w = self._signers.get((env.signer, env.kind))
+        if w is not None and (env.seq <= w.high - self.window or env.seq in w.seen):
+            raise ReplayError(f"sequence number {env.seq} already used or too old")
+        if remember:
+            self.remember(env)
+
+    def remember(self, env: Envelope) -> None:
+        """Record (signer, kind, seq) as used, without checking it."""
+        key = (env.signer, env.kind)
+        w = self._signers.get(key)
         if w is None:
-            w = self._signers[env.signer] = _SignerWindow()
+            w = self._signers[key] = _SignerWindow()
             if len(self._signers) > self.max_signers:
                 self._signers.popitem(last=False)
         else:
-            self._signers.move_to_end(env.signer)
-        if env.seq <= w.high - self.window or env.seq in w.seen:
-            raise ReplayError(f"sequence number {env.seq} already used or too old")
+            self._signers.move_to_end(key)
         w.seen.add(env.seq)
         if env.seq > w.high:
             w.high = env.seq

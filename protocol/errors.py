@@ -2,13 +2,16 @@
 
 - `LocalProtocolError`: our own code built something illegal (a bug or bad local input).
 - `RemoteProtocolError`: bytes from a peer are bad. Each carries `penalty`, the peer-score
-  change the receiver applies; only the receive boundary raises these.
+  change the receiver applies (from `protocol.penalties`); only the receive boundary
+  raises these.
 
 Decoding, signature and replay failures are all `RemoteProtocolError`s, so a receiver can
 catch one class and know it has handled every way a peer's bytes can be wrong.
 """
 
 from __future__ import annotations
+
+from protocol import penalties
 
 
 class LocalProtocolError(ValueError):
@@ -18,7 +21,7 @@ class LocalProtocolError(ValueError):
 class RemoteProtocolError(Exception):
     """A peer sent bytes that break the protocol. `penalty` is the score change to apply."""
 
-    default_penalty: float = -10.0
+    default_penalty: float = penalties.MALFORMED.cost
 
     def __init__(self, message: str, *, penalty: float | None = None) -> None:
         super().__init__(message)
@@ -47,16 +50,16 @@ class OversizeError(DecodeError):
 class SignatureError(RemoteProtocolError):
     """An envelope whose signature does not verify under its signer's key."""
 
-    default_penalty = -50.0
+    default_penalty = penalties.BAD_SIGNATURE.cost
 
 
 class ReplayError(RemoteProtocolError):
     """A validly signed message that is a replay: wrong run, repeated sequence, clock skew."""
 
-    default_penalty = -5.0
+    default_penalty = penalties.REPLAY.cost
 
 
 class IntegrityError(RemoteProtocolError):
     """Content that does not match the digest a signed object promised for it."""
 
-    default_penalty = -50.0
+    default_penalty = penalties.BODY_MISMATCH.cost

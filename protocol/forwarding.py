@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import StrEnum
 
-from protocol.admission import Action, Forward, Reject
+from protocol.admission import Action
+from protocol.admission import verdict_of as admission_verdict
 
 __all__ = ["GossipVerdict", "batch_verdict", "verdict_of"]
 
@@ -23,15 +24,8 @@ class GossipVerdict(StrEnum):
 
 
 def verdict_of(actions: Iterable[Action]) -> GossipVerdict:
-    """Accept when admission forwards the message; reject when it charged the sender for
-    it (a penalty); otherwise ignore (not judged: duplicate, rate, quota, stale)."""
-    verdict = GossipVerdict.IGNORE
-    for action in actions:
-        if isinstance(action, Forward):
-            verdict = GossipVerdict.ACCEPT
-        elif isinstance(action, Reject) and action.penalty < 0:
-            return GossipVerdict.REJECT
-    return verdict
+    """`protocol.admission.verdict_of` as a `GossipVerdict`."""
+    return GossipVerdict(admission_verdict(list(actions)))
 
 
 def batch_verdict(verdicts: Iterable[GossipVerdict]) -> GossipVerdict:

@@ -28,8 +28,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-FRAUD_PENALTY = -250.0  # bans from any score (protocol.peer_score: max 100, ban below -100)
-FALSE_ACCUSATION = -20.0  # the price of a failed audit for a producer, for the accuser
+from protocol import penalties
+
+FRAUD_PENALTY = penalties.FRAUD.cost  # bans from any score (max 100, ban below -100)
+FALSE_ACCUSATION = penalties.FALSE_ACCUSATION.cost  # as much as a failed audit costs a producer
 
 
 @dataclass(frozen=True, slots=True)

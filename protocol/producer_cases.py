@@ -35,6 +35,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from protocol import penalties
 from protocol.content_id import content_id
 from protocol.fraud import FALSE_ACCUSATION, Action, Audit, FraudConfig, NeedRecord, Punish
 
@@ -42,7 +43,7 @@ from protocol.fraud import FALSE_ACCUSATION, Action, Audit, FraudConfig, NeedRec
 PRODUCER_WINDOW = 16
 # A reproduced claim: a window of records, each deterministic to re-check. Less than
 # a single reproduced fraud (a ban): the statistic is noise-limited by design.
-PRODUCER_PENALTY = -50.0
+PRODUCER_PENALTY = penalties.PRODUCER_WINDOW.cost
 
 
 @dataclass

@@ -34,6 +34,7 @@ import hashlib
 from dataclasses import dataclass
 
 from protocol import body_pull as bp
+from protocol import penalties
 from protocol.accounting import WITHHELD_PENALTY, GapCharges
 from protocol.admission import (
     Admission,
@@ -475,7 +476,7 @@ class Swarm:
             elif t is bp.Done:
                 self._unref(act.rollout_id)
             elif t is bp.Charge:
-                self._misbehaved(b, act.peer, bp.PENALTIES[act.offence], act.offence)
+                self._misbehaved(b, act.peer, act.offence)
 
     def _pull_msgs_or_none(self, mid: int) -> SimMessage | None:
         return self._pull_msgs.get(mid)
@@ -519,8 +520,10 @@ class Swarm:
         self._carry_out(b, sched.handle(bp.Answered(mid, src, outcome, self.loop.now)))
         self._pump(b)
 
-    def _misbehaved(self, b: int, peer: int, penalty: float, reason: str) -> None:
-        for act in self.adm[b].handle(Misbehaved(self.ids[peer], penalty, reason, self.loop.now)):
+    def _misbehaved(self, b: int, peer: int, offence: str) -> None:
+        cost = penalties.BY_NAME[offence].cost
+        ev = Misbehaved(self.ids[peer], cost, "body pull", self.loop.now, offence=offence)
+        for act in self.adm[b].handle(ev):
             if type(act) is Disconnect:
                 self._drop_link(b, peer)
             elif type(act) is Ban:
@@ -529,7 +532,7 @@ class Swarm:
         self.routers[b].suspect.add(peer)
         if self.behaviour[peer] == HONEST and self.behaviour[b] == HONEST:
             self.m.honest_penalized += 1
-            self.m.honest_penalized_reasons[reason] += 1
+            self.m.honest_penalized_reasons[offence] += 1
 
     def _body_missing(self, b: int, sender: int, msg: SimMessage | None, signer: bytes, answered: int) -> None:
         """No source served the body: admission charges the signer and the sender when

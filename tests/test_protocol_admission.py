@@ -16,6 +16,7 @@ from protocol.admission import (
     AdmissionConfig,
     Admitted,
     Ban,
+    BodyMissing,
     Deliver,
     Disconnect,
     Forward,
@@ -23,6 +24,7 @@ from protocol.admission import (
     MessageReceived,
     Misbehaved,
     PeerConnected,
+    Penalized,
     Reason,
     Reject,
     RunRules,
@@ -32,6 +34,7 @@ from protocol.admission import (
     Tick,
     Unban,
     VersionChanged,
+    verdict_of,
 )
 from protocol.codec import decode, encode
 from protocol.content_id import content_id
@@ -408,9 +411,13 @@ def test_garbage_gets_a_peer_disconnected_banned_then_unbanned():
 
 def test_misbehaved_event_from_a_role():
     a = Admission(rules(), scores=PeerScores(ScoreConfig(ban_threshold=-15.0)))
-    assert a.handle(Misbehaved(ALICE.peer_id, -10.0, "fraud", T0)) == []
-    actions = a.handle(Misbehaved(ALICE.peer_id, -10.0, "fraud", T0))
-    assert [type(x) for x in actions] == [Disconnect, Ban]
+    first = a.handle(Misbehaved(ALICE.peer_id, -10.0, "failed audit: bad_proof", T0))
+    assert first == [Penalized(ALICE.peer_id, "misbehaved", -10.0, "role", "failed audit: bad_proof")]
+    actions = a.handle(Misbehaved(ALICE.peer_id, -10.0, "fraud reproduced", T0, offence="fraud"))
+    assert [type(x) for x in actions] == [Penalized, Disconnect, Ban]
+    assert (actions[0].reason, actions[0].detail) == ("fraud", "fraud reproduced")
+    with pytest.raises(LocalProtocolError):
+        a.handle(Misbehaved(BOB.peer_id, -1.0, "?", T0, offence="no_such_offence"))
     with pytest.raises(LocalProtocolError):
         a.handle(Misbehaved(ALICE.peer_id, 5.0, "not a penalty", T0))
 
@@ -554,3 +561,46 @@ def test_bytes_like_input_and_dedup_expiry():
     )
     a.handle(Tick(T0 + 61))
     assert len(a._dedup) == 0
+
+
+# -- every score change is reported, and each message gets one gossipsub verdict -----------
+
+
+def test_every_penalty_is_reported_with_its_peer_and_reason():
+    """What a role finds (an audit, fraud), a body nobody served and the signer of double
+    work relayed by someone else: each charge comes back as an action naming the peer,
+    the cost and the reason, so the node logs it and writes it to the ledger."""
+    a = machine()
+    rec = record(seq=1)
+    assert isinstance(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, header(rec)))[-1], Deliver)
+    acts = a.handle(BodyMissing(content_id(header(rec)), ALICE.peer_id, RELAY, T0 + 60))
+    got = {(x.peer, x.reason) for x in acts if isinstance(x, Penalized)}
+    assert got == {(ALICE.peer_id, "body_missing"), (RELAY, "body_missing_relayed")}
+    twin = header(record(seq=2, seed=1))  # the same body under another counter
+    acts = a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, twin, T0 + 61))
+    assert acts[0].reason is Reason.DOUBLE_WORK and acts[0].penalty == 0  # the relay: free
+    signer = [x for x in acts if isinstance(x, Penalized)]
+    assert [(x.peer, x.reason, x.penalty) for x in signer] == [
+        (ALICE.peer_id, "double_work", PENALTIES[Reason.DOUBLE_WORK])
+    ]
+
+
+def test_verdict_of_tells_accept_ignore_and_reject_apart():
+    a = machine()
+    h = header(record(seq=1))
+    assert verdict_of(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, h))) == "accept"
+    assert verdict_of(a.handle(msg(BOB.peer_id, Kind.ROLLOUT_HEADER, h))) == "ignore"  # a copy
+    assert verdict_of(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, b"junk"))) == "reject"
+    stale = header(record(seq=2, version=1))  # stale, relayed: our view, not a fault
+    assert verdict_of(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, stale))) == "ignore"
+    pulled = a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, record(seq=3)))
+    assert [type(x) for x in pulled] == [Store, Deliver] and verdict_of(pulled) == "accept"
+    # Double work relayed: the signer pays, the relay may have heard this twin first, so
+    # it is ignored (not forwarded, no gossip penalty); handed over by its signer, rejected.
+    twin = header(record(seq=4, seed=3))
+    acts = a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, twin))
+    assert acts[0].reason is Reason.DOUBLE_WORK and verdict_of(acts) == "ignore"
+    twin2 = header(record(seq=5, seed=3))
+    acts = a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, twin2))
+    assert acts[0].reason is Reason.DOUBLE_WORK and verdict_of(acts) == "reject"
+    assert verdict_of([]) == "ignore"

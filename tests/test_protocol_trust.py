@@ -803,3 +803,124 @@ def test_producers_known_before_a_restart_are_not_new_identities_after_it():
         h = header(rollout(w, seq=i + 1, seed=60_000 + i, at=t))
         outcomes.append(a.handle(msg("relay", Kind.ROLLOUT_HEADER, h, t)))
     assert all(isinstance(o[-1], Deliver) for o in outcomes)
+
+
+# -- refusals that do not judge the content cost nobody later ------------------------------
+
+
+def test_a_relayed_copy_refused_over_the_signers_rate_leaves_the_producers_own_copy_free():
+    """The relay's copy is refused over the signer's rate (capacity, not a judgement of
+    the header); the producer's own copy arriving later by its direct path is admitted,
+    not refused as a replay, and the producer pays nothing."""
+    a = machine(signer_rate=1.0, signer_burst=1.0)
+    assert isinstance(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, header(rollout(seq=1))))[-1], Deliver)
+    h = header(rollout(seq=2))
+    r = reject(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, h)))
+    assert (r.reason, r.stage, r.penalty) == (Reason.RATE_LIMITED, Stage.QUOTA, 0.0)
+    own = a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, h, T0 + 2))
+    assert isinstance(own[-1], Deliver), own
+    assert a.scores.score(ALICE.peer_id, T0 + 2) >= 0
+
+
+def test_a_relayed_copy_refused_as_a_new_identity_leaves_the_producers_own_copy_free():
+    a = machine(new_signer_burst=1.0)
+    assert isinstance(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, header(rollout(BOB, seq=1))))[-1], Deliver)
+    h = header(rollout(ALICE, seq=1, seed=77))
+    r = reject(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, h)))
+    assert (r.reason, r.penalty) == (Reason.NEW_IDENTITIES, 0.0)
+    own = a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, h, T0 + 1))
+    assert isinstance(own[-1], Deliver), own
+    assert a.scores.score(ALICE.peer_id, T0 + 1) >= 0
+
+
+def test_a_header_refused_as_double_work_is_charged_once_whoever_relays_copies():
+    """A refusal that judges the content (the signer signed two rollouts for one unit of
+    work) is remembered: copies of it relayed later cost the signer nothing more."""
+    a = machine()
+    assert isinstance(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, header(rollout(seq=1))))[-1], Deliver)
+    twin = header(rollout(seq=2, counter=1))
+    first = a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, twin))
+    assert reject(first).reason is Reason.DOUBLE_WORK
+    charged = a.scores.score(ALICE.peer_id, T0)
+    assert charged < 0
+    for relay in (b"relay-b", b"relay-c", b"relay-d"):
+        a.handle(msg(relay, Kind.ROLLOUT_HEADER, twin))
+    assert a.scores.score(ALICE.peer_id, T0) == charged
+
+
+# -- one signer, several sequence spaces ---------------------------------------------------
+
+
+def test_one_key_signing_every_kind_interleaved_gets_nothing_refused_as_a_replay():
+    """A rollout header's seq is its task counter (small, dense); every other signed object
+    of the same key takes its seq from a time-based counter (`node.peer.SeqCounter`, about
+    time x 4096). Each kind has its own replay window, so neither space shadows the other."""
+    from protocol.wire import FraudEvidence, ProducerClaim
+
+    a = machine()
+    timed = int(T0) * 4096
+    out = []
+    for i in range(1, 6):
+        t = T0 + i
+        out.append(a.handle(msg(VALIDATOR.peer_id, Kind.ROLLOUT_HEADER,
+                                header(rollout(VALIDATOR, seq=i, seed=900 + i, at=t)), t)))  # fmt: skip
+        rid = content_id(header(rollout(seq=i)))
+        v = verdict(VALIDATOR, rid, ALICE.peer_id, seq=timed + 3 * i)
+        out.append(a.handle(msg(VALIDATOR.peer_id, Kind.VERDICT, v, t)))
+        claim = ProducerClaim(producer=ALICE.peer_id, rollout_ids=(rid,), statistic="toploc",
+                              median=2.0, limit=1.0)  # fmt: skip
+        data = seal(VALIDATOR, claim, run_id=RUN, policy_version=10, seq=timed + 3 * i + 1,
+                    timestamp_ms=int(t * 1000))  # fmt: skip
+        out.append(a.handle(msg(VALIDATOR.peer_id, Kind.PRODUCER_CLAIM, data, t)))
+        fraud = FraudEvidence(record=rollout(seq=i), reason="bad_proof", detail="", metrics=())
+        data = seal(VALIDATOR, fraud, run_id=RUN, policy_version=10, seq=timed + 3 * i + 2,
+                    timestamp_ms=int(t * 1000))  # fmt: skip
+        out.append(a.handle(msg(VALIDATOR.peer_id, Kind.FRAUD_EVIDENCE, data, t)))
+    refused = [acts[0] for acts in out if isinstance(acts[0], Reject)]
+    assert not refused, refused
+    assert a.scores.score(VALIDATOR.peer_id, T0 + 6) > 0
+    # A reused number within one kind is still a replay.
+    again = header(rollout(VALIDATOR, seq=3, seed=999, at=T0 + 7))
+    r = reject(a.handle(msg(VALIDATOR.peer_id, Kind.ROLLOUT_HEADER, again, T0 + 7)))
+    assert r.reason is Reason.REPLAY
+
+
+# -- persistent faults reach a ban ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["wrong_run", "clock_skew"])
+@pytest.mark.parametrize("gap_s", [0.01, 15.0])
+def test_a_sender_that_keeps_sending_wrong_run_or_skewed_messages_is_banned(fault, gap_s):
+    """A peer on another run, or with its clock far off, sends nothing we can use, and
+    each of its messages costs us a signature check: within a dozen messages it is
+    banned, however slowly it sends them (within a half-life)."""
+    a = machine()
+    banned_at = None
+    for i in range(12):
+        t = T0 + i * gap_s
+        at = t + 600.0 if fault == "clock_skew" else t
+        run_id = "other-run" if fault == "wrong_run" else RUN
+        h = header(make_record(
+            ALICE, body(seed=i), dataset="chain_sum", task_index=i, counter=i, task_seed=i,
+            reward=1.0, run_id=run_id, policy_version=10, seq=i + 1, timestamp_ms=int(at * 1000),
+        ))  # fmt: skip
+        acts = a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, h, t))
+        assert reject(acts).reason == fault
+        if any(isinstance(x, adm.Ban) for x in acts):
+            banned_at = i
+            break
+    assert banned_at is not None, a.scores.score(ALICE.peer_id, t)
+
+
+def test_a_wrong_run_message_now_and_then_costs_only_its_base_price():
+    """Doubling counts repeats within the window only: one mistake an hour stays cheap."""
+    a = machine()
+    for i in range(4):
+        t = T0 + i * 3600.0
+        h = header(make_record(
+            ALICE, body(seed=i), dataset="chain_sum", task_index=i, counter=i, task_seed=i,
+            reward=1.0, run_id="other-run", policy_version=10, seq=i + 1,
+            timestamp_ms=int(t * 1000),
+        ))  # fmt: skip
+        r = reject(a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, h, t)))
+        assert (r.reason, r.penalty) == (Reason.WRONG_RUN, adm.PENALTIES[Reason.WRONG_RUN])

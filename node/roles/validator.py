@@ -40,6 +40,7 @@ import trio
 
 from node.roles import RoleContext
 from node.roles.policy_versions import HeldVersions
+from protocol import penalties
 from protocol.admission import Admitted, Kind
 from protocol.audit_queue import AuditQueue
 from protocol.audit_sample import sample_ticket, sampled, window_ticket
@@ -53,7 +54,7 @@ from verify.producer import ProducerTally
 
 PULLS_BODIES = True
 NEEDS_MODEL = True
-FAILED_AUDIT_PENALTY = -20.0
+FAILED_AUDIT_PENALTY = penalties.FAILED_AUDIT.cost
 QUEUE = 1024
 
 # Queued for a window audit only (`protocol.audit_sample.window_ticket`): the record's own
