@@ -37,6 +37,12 @@ shard of the plan is held, the versions install in order (patches applied, every
 result's digest checked against the signed manifest) and the peer's policy version moves.
 Kept: the last `max_staleness + 1` versions and the newest snapshot.
 
+Serving
+-------
+Other peers' have-map watches, manifest and shard requests are answered by `server`
+(`node.weights_serve.WeightServer`: first copies first for what this node published, "busy"
+past the upload queue limit).
+
 Resource handling: `run()` lives in the peer's nursery; leaving it cancels every fetch.
 Error handling: remote faults become scheduler events and score changes; a local failure
 (disk full, store error) is reported in `status()["error"]`, logged, and retried later;
@@ -59,20 +65,14 @@ import trio
 from node import shard_exchange
 from node.host import PeerError
 from node.upload_limit import UploadLimiter
+from node.weights_serve import WeightServer
 from node.weights_store import BadShard, ManifestGone, WeightsError, WeightsStore
 from protocol import penalties
 from protocol.admission import Admitted, Kind
 from protocol.content_id import content_id
 from protocol.envelope import seal
 from protocol.identity import peer_id_to_b58
-from protocol.shard_schedule import (
-    Cancel,
-    DropPeer,
-    Request,
-    ScheduleConfig,
-    ShardScheduler,
-    first_copies_first,
-)
+from protocol.shard_schedule import Cancel, DropPeer, Request, ScheduleConfig, ShardScheduler
 from protocol.weights_plan import Offer, plan
 from protocol.wire import WeightManifest
 from trainer.checkpoint import CheckpointError, canonicalize, from_state_dict, parse, to_state_dict
@@ -116,11 +116,6 @@ class WeightSync:
         self._peer_have: dict[str, dict[bytes, bytes]] = {}  # the last have-map each pushed
         self._watching: set[str] = set()
         self._watch_fails: dict[str, tuple[int, float]] = {}  # peer -> (failures, retry at)
-        self._have_gen = 0  # bumped at every change of what we hold
-        self._have_cache: tuple[int, list[tuple[bytes, bytes]]] = (-1, [])
-        self._served: dict[bytes, dict[int, int]] = {}  # manifest -> shard -> times sent
-        self._published: set[bytes] = set()  # manifests this process published
-        self._watchers: dict[str, int] = {}  # peer -> watches of our have-map we serve
         self._tried: set[bytes] = set()
         self._flights: dict[tuple[str, bytes, int], trio.CancelScope] = {}
         self._changed = trio.Event()
@@ -128,6 +123,9 @@ class WeightSync:
         self._started = time.monotonic()
         self._retry_at = 0.0
         self._wanted: set[bytes] = set()
+        self.server = WeightServer(
+            store, self._manifests, self.limiter, self.newest, self._bump, self._misbehaved
+        )
 
     # -- public -------------------------------------------------------------------------
 
@@ -190,7 +188,7 @@ class WeightSync:
         """Wake whoever waits on a change; `held_changed`: what we hold may have changed
         (watchers of our have-map recompute it)."""
         if held_changed:
-            self._have_gen += 1
+            self.server.held_changed()
         self._changed.set()
         self._changed = trio.Event()
 
@@ -251,7 +249,7 @@ class WeightSync:
 
             await trio.to_thread.run_sync(keep)
             self._manifests[mid] = e.manifest
-            self._published.add(mid)
+            self.server.published.add(mid)
             announce = env  # the delta (exported last) when there is one
         self._installed[version] = exported[0].manifest.file_digest
         self.target = max(self.target, version)
@@ -317,75 +315,16 @@ class WeightSync:
         self._dispatch(self.sched.on_peer_gone(peer, trio.current_time()))
         self._notify(held_changed=False)
 
-    # -- serving ---------------------------------------------------------------------------
-
-    async def _have_map(self) -> list[tuple[bytes, bytes]]:
-        """What we hold, as (manifest id, bitfield); read from the store once per change
-        for all watchers."""
-        gen = self._have_gen
-        if self._have_cache[0] == gen:
-            return self._have_cache[1]
-
-        def read() -> list[tuple[bytes, bytes]]:
-            out = []
-            for mid, m in list(self._manifests.items()):
-                held = self.store.have(mid)
-                if held:
-                    out.append((mid, shard_exchange.bitfield(held, len(m.shards))))
-            return out
-
-        entries = await trio.to_thread.run_sync(read)
-        self._have_cache = (gen, entries)
-        return entries
-
-    async def _wait_changed(self, timeout_s: float) -> None:
-        with trio.move_on_after(timeout_s):
-            gen = self._have_gen
-            while self._have_gen == gen:
-                await self._changed.wait()
-
-    async def newest_envelope(self) -> bytes | None:
-        """The signed manifest envelope of the newest version installed (None for none
-        above version 0, which needs no manifest)."""
-        newest = self.newest()
-        if not newest:
-            return None
-        for mid, m in list(self._manifests.items()):
-            if m.version == newest:
-                env = await trio.to_thread.run_sync(self.store.envelope, mid)
-                if env is not None:
-                    return env
-        return None
+    # -- serving (`node.weights_serve`) ---------------------------------------------------
 
     async def serve(self, stream: Any) -> None:
-        async def manifest(mid: bytes) -> bytes | None:
-            return await trio.to_thread.run_sync(self.store.envelope, mid)
+        """The shard protocol's stream handler: one request, answered by `server`."""
+        await self.server.serve(stream)
 
-        async def shard(mid: bytes, index: int) -> bytes | None:
-            # The publisher's first copies go first ("not held" now), and a capped uplink
-            # past its queue limit is busy (both rules: `protocol.shard_schedule`)
-            m = self._manifests.get(mid)
-            if m is not None and mid in self._published:
-                served = self._served.setdefault(mid, {})
-                if not first_copies_first(served, len(m.shards), index):
-                    self._bump("shards_declined_for_first_copies")
-                    return None
-                served[index] = served.get(index, 0) + 1
-            elif self.limiter.busy():
-                self._bump("shards_declined_busy")
-                raise shard_exchange.Busy
-            return await trio.to_thread.run_sync(self.store.read_shard, mid, index)
-
-        try:
-            n = await shard_exchange.serve(
-                stream, self.limiter, self._have_map, self._wait_changed, manifest, shard,
-                self._watchers, self.newest_envelope,
-            )
-        except shard_exchange.BadRequest:
-            self._misbehaved(stream.peer, -10.0, "bad shard request")
-            raise
-        if n:
-            self._bump("shards_served")
+    @property
+    def _watchers(self) -> dict[str, int]:
+        """Watches of our have-map served per peer (read by node/bench/_weights_peer.py)."""
+        return self.server.watchers
 
     def _misbehaved(self, peer: str, penalty: float, why: str) -> None:
         self.peer.report(peer, penalty, why)
@@ -509,7 +448,7 @@ class WeightSync:
                     return
                 self._bump("bytes_downloaded", len(data))
                 self._bump("shards_verified")
-                self._have_gen += 1
+                self.server.held_changed()
                 self._dispatch(self.sched.on_done(req.peer, req.manifest_id, req.index, now()))
         finally:
             self._flights.pop(key, None)
@@ -561,8 +500,7 @@ class WeightSync:
         floor = min(keep)
         for mid in [k for k, m in self._manifests.items() if m.version < floor]:
             self._manifests.pop(mid, None)
-            self._served.pop(mid, None)
-            self._published.discard(mid)
+            self.server.forget(mid)
 
     # -- have-maps ---------------------------------------------------------------------------
 

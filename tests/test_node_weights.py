@@ -425,17 +425,17 @@ async def test_a_peer_gets_at_most_two_watches_served_at_once(tmp_path: Path) ->
         await t.weights.publish(ckpt(0))
         async with open_peer(cfg(tmp_path, "a", manifest, bootstrap=(t.host.listen_addrs()[0],))) as a:
             tid = t.identity.peer_id_b58
-            await until("a watches t", lambda: t.weights._watchers.get(a.identity.peer_id_b58) == 1)
+            await until("a watches t", lambda: t.weights.server.watchers.get(a.identity.peer_id_b58) == 1)
 
             async def on_have(have: dict[bytes, bytes]) -> None:
                 pass
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(shard_exchange.watch_have, a.host, tid, manifest.run_id, on_have)
-                await until("a second watch", lambda: t.weights._watchers.get(a.identity.peer_id_b58) == 2)
+                await until("a second watch", lambda: t.weights.server.watchers.get(a.identity.peer_id_b58) == 2)
                 with trio.fail_after(10), pytest.raises(PeerError):  # the third is closed at once
                     await shard_exchange.watch_have(a.host, tid, manifest.run_id, on_have)
-                assert t.weights._watchers[a.identity.peer_id_b58] == MAX_WATCHES_PER_PEER
+                assert t.weights.server.watchers[a.identity.peer_id_b58] == MAX_WATCHES_PER_PEER
                 nursery.cancel_scope.cancel()
 
 
@@ -506,7 +506,7 @@ async def test_a_busy_relay_declines_and_only_the_publisher_sends_first_copies_f
         assert a.weights.counters.get("shards_declined_busy") == 1
         # Shard 0 went out once, the others never: the publisher declines a second
         # copy of it; the relay serves it (twice).
-        t.weights._served[mid] = {0: 1}
+        t.weights.server.served[mid] = {0: 1}
         declined = t.weights.counters.get("shards_declined_for_first_copies", 0)
         assert await ask(t) is None
         assert t.weights.counters["shards_declined_for_first_copies"] == declined + 1

@@ -230,6 +230,62 @@ def solve_rate(
     return solved / len(batch)
 
 
+def _batch(
+    tokenizer: Any, tasks: TaskSet, names: list[str], gen: Any, step: int
+) -> tuple[Any, Any]:
+    """One batch of fresh tasks, right-padded: `ids` (B, T) and `labels` (B, T), the labels
+    -100 (ignored) everywhere but on the completion."""
+    import torch
+
+    picks = torch.randint(0, len(names), (BATCH,), generator=gen).tolist()
+    seqs, starts = [], []
+    for k, pick in enumerate(picks):
+        t = tasks.task(names[pick], step * BATCH + k)
+        p, c = _encode_example(tokenizer, t.prompt, worked_solution(t))
+        seqs.append(p + c)
+        starts.append(len(p))
+    width = max(len(s) for s in seqs)
+    ids = torch.full((BATCH, width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((BATCH, width), -100, dtype=torch.long)
+    for k, s in enumerate(seqs):
+        ids[k, : len(s)] = torch.tensor(s)
+        labels[k, starts[k] : len(s)] = torch.tensor(s[starts[k] :])
+    return ids, labels
+
+
+def _lr(step: int, max_steps: int) -> float:
+    """Linear warm-up over `WARMUP_STEPS`, then cosine decay from LR to LR_FLOOR x LR at
+    `max_steps`."""
+    decay = 0.5 * (1 + math.cos(math.pi * min(1.0, step / max_steps)))
+    return LR * min(1.0, (step + 1) / WARMUP_STEPS) * (LR_FLOOR + (1 - LR_FLOOR) * decay)
+
+
+def _loss(model: Any, ids: Any, labels: Any) -> Any:
+    """Next-token cross-entropy: position t predicts token t+1, scored where labelled."""
+    import torch
+
+    logits = model(input_ids=ids).logits  # (B, T, V)
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+        labels[:, 1:].reshape(-1),
+        ignore_index=-100,
+    )
+
+
+def _final_eval(
+    model: Any, tokenizer: Any, tasks: TaskSet, names: list[str], seed: int
+) -> tuple[float, float]:
+    """Sampled and greedy solve rates on `FINAL_EVAL_TASKS` fresh held-out tasks."""
+    from trainer.engine_hf import HFEngine
+
+    model.eval()
+    items = [(names[k % len(names)], EVAL_TASKS + k) for k in range(FINAL_EVAL_TASKS)]
+    engine = HFEngine(model, tokenizer, max_batch=FINAL_EVAL_TASKS)
+    rate = solve_rate(engine, tokenizer, tasks, items, EVAL_TEMPERATURE, seed=seed + 1)
+    greedy = solve_rate(engine, tokenizer, tasks, items, 0.0, seed=seed)
+    return rate, greedy
+
+
 def warm_start(
     model: Any,
     tokenizer: Any,
@@ -258,38 +314,17 @@ def warm_start(
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.95))
     evals: list[tuple[int, float]] = []
     loss_value = float("nan")
-    rate = 0.0
     step = 0
     # One thread by default: for a model this small, threads add overhead, and one thread
     # makes the result the same on machines with different core counts.
     with torch_threads(1 if threads is None else threads):
         n_threads = torch.get_num_threads()
         while step < max_steps:
-            # -- one batch of fresh tasks, right-padded, loss on the completion only
-            picks = torch.randint(0, len(names), (BATCH,), generator=gen).tolist()
-            seqs, starts = [], []
-            for k, pick in enumerate(picks):
-                t = train_tasks.task(names[pick], step * BATCH + k)
-                p, c = _encode_example(tokenizer, t.prompt, worked_solution(t))
-                seqs.append(p + c)
-                starts.append(len(p))
-            width = max(len(s) for s in seqs)
-            ids = torch.full((BATCH, width), tokenizer.pad_token_id, dtype=torch.long)
-            labels = torch.full((BATCH, width), -100, dtype=torch.long)
-            for k, s in enumerate(seqs):
-                ids[k, : len(s)] = torch.tensor(s)
-                labels[k, starts[k] : len(s)] = torch.tensor(s[starts[k] :])
+            ids, labels = _batch(tokenizer, train_tasks, names, gen, step)
             model.train()
-            decay = 0.5 * (1 + math.cos(math.pi * min(1.0, step / max_steps)))
-            lr = LR * min(1.0, (step + 1) / WARMUP_STEPS) * (LR_FLOOR + (1 - LR_FLOOR) * decay)
             for g in opt.param_groups:
-                g["lr"] = lr
-            logits = model(input_ids=ids).logits  # (B, T, V)
-            loss = torch.nn.functional.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-                labels[:, 1:].reshape(-1),
-                ignore_index=-100,
-            )
+                g["lr"] = _lr(step, max_steps)
+            loss = _loss(model, ids, labels)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -308,13 +343,7 @@ def warm_start(
                 )
                 if rate >= target:
                     break
-        model.eval()
-        final_items = [(names[k % len(names)], EVAL_TASKS + k) for k in range(FINAL_EVAL_TASKS)]
-        engine = HFEngine(model, tokenizer, max_batch=FINAL_EVAL_TASKS)
-        rate = solve_rate(
-            engine, tokenizer, eval_tasks, final_items, EVAL_TEMPERATURE, seed=seed + 1
-        )
-        greedy = solve_rate(engine, tokenizer, eval_tasks, final_items, 0.0, seed=seed)
+        rate, greedy = _final_eval(model, tokenizer, eval_tasks, names, seed)
         say(
             f"warm start: done after {step} steps; solve rate {rate:.1%} sampled, {greedy:.1%} greedy"
         )

@@ -20,6 +20,9 @@ thread, one batch at a time, so the event loop keeps its deadlines. Rollouts wai
 verdict are bounded (`MAX_WAITING`, oldest dropped) and so are tracked rollouts.
 Error handling: a rollout that cannot be re-scored is counted under its refusal reason and
 dropped; a failed publish is logged in `status` and retried at the next cadence point.
+
+Shape: `Collector` keeps what the trainer heard; `TrainerRole` holds the rollouts waiting
+for verdicts, the model and its trainer, and runs the train / publish / report turns.
 """
 
 from __future__ import annotations
@@ -114,9 +117,7 @@ class Collector:
             return Status.PENDING
         return judge(t.producer, t.votes, self.authority, self.rule)
 
-    def summarize(
-        self, version: int, max_staleness: int, now: float = math.inf
-    ) -> dict[str, Any]:
+    def summarize(self, version: int, max_staleness: int, now: float = math.inf) -> dict[str, Any]:
         statuses = [(t, self.status(t)) for t in self.tracks.values() if t.body]
         verified = [t for t, s in statuses if s is Status.VERIFIED]
         usable = [
@@ -204,101 +205,153 @@ def _pick(
     return ready
 
 
-async def run(peer: Any, ctx: RoleContext) -> None:
-    from trainer.samples import Rescorer
-    from trainer.train_loop import Trainer
+class TrainerRole:
+    """The trainer at work: what it heard (`Collector`), the rollouts waiting for their
+    verdicts, and, once `start` has loaded them, the model, its `Trainer` and the version
+    last published. `on_deliver`/`on_late` take the peer's items (event loop);
+    `train_forever` trains, publishes and reports."""
 
-    manifest = peer.manifest
-    collector = Collector(peer.admission.authority, VerifiedRule(quorum=manifest.verdict_quorum))
-    waiting: OrderedDict[bytes, Any] = OrderedDict()
+    def __init__(self, peer: Any, ctx: RoleContext) -> None:
+        self.peer, self.ctx, self.manifest = peer, ctx, peer.manifest
+        self.collector = Collector(
+            peer.admission.authority, VerifiedRule(quorum=self.manifest.verdict_quorum)
+        )
+        self.waiting: OrderedDict[bytes, Any] = OrderedDict()
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.trainer: Any = None
+        self.rescorer: Any = None
+        self.published = 0
+        self.publish_error: str | None = None
+        self.learning: list[dict[str, Any]] = []
+        self.started = time.time()
+        self.last_print = -math.inf
+        self.last_eval = -math.inf
 
-    def on_deliver(item: Admitted) -> None:
-        for bad in collector.on_deliver(item):
-            peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters")
+    def on_deliver(self, item: Admitted) -> None:
+        for bad in self.collector.on_deliver(item):
+            self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters")
         if item.kind is Kind.ROLLOUT_RECORD:
-            waiting[item.content_id] = item.obj
-            if len(waiting) > MAX_WAITING:
-                waiting.popitem(last=False)
+            self.waiting[item.content_id] = item.obj
+            if len(self.waiting) > MAX_WAITING:
+                self.waiting.popitem(last=False)
 
-    def on_late(item: Admitted) -> None:
-        for bad in collector.on_late(item):
-            peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters")
+    def on_late(self, item: Admitted) -> None:
+        for bad in self.collector.on_late(item):
+            self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters")
 
-    peer.on_deliver(on_deliver)
-    peer.on_late(on_late)
-    if ctx.publish_every_s > 0:  # a broadcast drill: perturbed versions on a clock, no training
-        from node.roles.publisher import publish_loop
+    async def start(self) -> None:
+        """Load the model (adopted as version 0) and the trainer, resuming from its
+        checkpoint at the version last published."""
+        from trainer.samples import Rescorer
+        from trainer.train_loop import Trainer
 
-        await publish_loop(peer, ctx)
-        return
-    model, tokenizer, base = await trio.to_thread.run_sync(_load, ctx, manifest)
-    if peer.weights is not None:
-        await peer.weights.adopt_base(base)
-    trainer = await trio.to_thread.run_sync(
-        lambda: Trainer.from_manifest(model, tokenizer, manifest, ckpt_dir=ctx.data_dir / "trainer")
-    )
-    rescorer = Rescorer(manifest, tokenizer)
-    published = peer.weights.newest() or 0 if peer.weights is not None else trainer.version
-    trainer.version = max(trainer.version, published)
-    ctx.say(
-        f"trainer: {'resumed' if trainer.resumed else 'starting'} at version {trainer.version}; "
-        f"training on verified rollouts, a version every {manifest.rl_publish_every} groups"
-    )
-    publish_error = None
-    last_print = trio.current_time()
-    started = time.time()
-    learning: list[dict[str, Any]] = []
+        peer, ctx, manifest = self.peer, self.ctx, self.manifest
+        model, tokenizer, base = await trio.to_thread.run_sync(_load, ctx, manifest)
+        if peer.weights is not None:
+            await peer.weights.adopt_base(base)
+        trainer = await trio.to_thread.run_sync(
+            lambda: Trainer.from_manifest(
+                model, tokenizer, manifest, ckpt_dir=ctx.data_dir / "trainer"
+            )
+        )
+        self.model, self.tokenizer, self.trainer = model, tokenizer, trainer
+        self.rescorer = Rescorer(manifest, tokenizer)
+        self.published = (
+            (peer.weights.newest() or 0) if peer.weights is not None else trainer.version
+        )
+        trainer.version = max(trainer.version, self.published)
+        ctx.say(
+            f"trainer: {'resumed' if trainer.resumed else 'starting'} at version {trainer.version}; "
+            f"training on verified rollouts, a version every {manifest.rl_publish_every} groups"
+        )
+        self.last_print = trio.current_time()
+        self.started = time.time()
 
-    last_eval = -math.inf
-
-    async def evaluate() -> None:
-        nonlocal last_eval
-        last_eval = trio.current_time()
-        rate = await trio.to_thread.run_sync(_heldout, model, tokenizer, manifest, ctx.threads)
+    async def evaluate(self) -> None:
+        """Score the held-out tasks; the result joins `learning` in status."""
+        trainer = self.trainer
+        self.last_eval = trio.current_time()
+        rate = await trio.to_thread.run_sync(
+            _heldout, self.model, self.tokenizer, self.manifest, self.ctx.threads
+        )
         reward = trainer.last_stats.get("reward_mean")
-        learning.append(
-            {"t": round(time.time() - started, 1), "version": trainer.version, "solve_rate": rate,
+        self.learning.append(
+            {"t": round(time.time() - self.started, 1), "version": trainer.version, "solve_rate": rate,
              "reward_mean": None if reward is None else round(reward, 4), "steps": trainer.steps}
         )  # fmt: skip
-        ctx.status["learning"] = learning
-        ctx.say(f"trainer: held-out solve rate {rate:.3f} at version {trainer.version}")
+        self.ctx.status["learning"] = self.learning
+        self.ctx.say(f"trainer: held-out solve rate {rate:.3f} at version {trainer.version}")
 
-    await evaluate()  # the starting (warm-start) level
-    while True:
-        steps = 0
-        if publish_error is None:  # never train past a version the swarm has not got
-            ready = _pick(
-                collector, waiting, trainer.version, manifest.max_staleness, time.time()
-            )
-            steps = await trio.to_thread.run_sync(
-                _train, trainer, rescorer, ready, ctx.threads, time.monotonic()
-            )
-        if peer.weights is not None and trainer.version > published:
-            try:
-                state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-                published = await peer.weights.publish(state)
-                publish_error = None
-                if published != trainer.version:  # the store numbered it: follow the store
-                    trainer.version = published
-                    await trio.to_thread.run_sync(trainer.save_checkpoint)
-                ctx.say(f"trainer: published version {published} after {trainer.steps} steps")
-                if trio.current_time() - last_eval >= LEARN_EVAL_EVERY_S:
-                    await evaluate()
-            except WeightsError as exc:  # retried at the next turn; training waits
-                if publish_error is None:
-                    ctx.say(f"trainer: cannot publish version {trainer.version}: {exc}")
-                publish_error = f"{type(exc).__name__}: {exc}"
-        summary = collector.summarize(trainer.version, manifest.max_staleness, time.time())
-        ctx.status.update(summary, **trainer.status(), published=published, waiting=len(waiting))
-        ctx.status["publish_error"] = publish_error
+    async def train_forever(self) -> None:
+        while True:
+            steps = 0
+            if self.publish_error is None:  # never train past a version the swarm has not got
+                steps = await self.train()
+            if self.peer.weights is not None and self.trainer.version > self.published:
+                await self.publish()
+            self.report()
+            if steps == 0:
+                await trio.sleep(STEP_POLL_S)
+
+    async def train(self) -> int:
+        """Train on the verified rollouts waiting; returns the steps taken."""
+        ready = _pick(
+            self.collector, self.waiting, self.trainer.version, self.manifest.max_staleness,
+            time.time(),
+        )  # fmt: skip
+        return await trio.to_thread.run_sync(
+            _train, self.trainer, self.rescorer, ready, self.ctx.threads, time.monotonic()
+        )
+
+    async def publish(self) -> None:
+        """Publish the trained version (retried at the next turn if it fails)."""
+        trainer, ctx = self.trainer, self.ctx
+        try:
+            state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            self.published = await self.peer.weights.publish(state)
+            self.publish_error = None
+            if self.published != trainer.version:  # the store numbered it: follow the store
+                trainer.version = self.published
+                await trio.to_thread.run_sync(trainer.save_checkpoint)
+            ctx.say(f"trainer: published version {self.published} after {trainer.steps} steps")
+            if trio.current_time() - self.last_eval >= LEARN_EVAL_EVERY_S:
+                await self.evaluate()
+        except WeightsError as exc:  # retried at the next turn; training waits
+            if self.publish_error is None:
+                ctx.say(f"trainer: cannot publish version {trainer.version}: {exc}")
+            self.publish_error = f"{type(exc).__name__}: {exc}"
+
+    def report(self) -> None:
+        """Status figures at every turn; a line on the console every `PRINT_EVERY_S`."""
+        trainer, ctx = self.trainer, self.ctx
+        summary = self.collector.summarize(
+            trainer.version, self.manifest.max_staleness, time.time()
+        )
+        ctx.status.update(
+            summary, **trainer.status(), published=self.published, waiting=len(self.waiting)
+        )
+        ctx.status["publish_error"] = self.publish_error
         ctx.status["updated_at"] = time.time()
-        if trio.current_time() - last_print >= PRINT_EVERY_S:
-            last_print = trio.current_time()
+        if trio.current_time() - self.last_print >= PRINT_EVERY_S:
+            self.last_print = trio.current_time()
             last = trainer.last_stats
             ctx.say(
                 f"trainer: version {trainer.version}, {trainer.steps} steps, "
                 f"{summary['verified']} verified, reward mean {last.get('reward_mean', 0):.3f}, "
                 f"{trainer.status()['train_tokens_per_s']} tokens/s, refused {dict(trainer.refused)}"
             )
-        if steps == 0:
-            await trio.sleep(STEP_POLL_S)
+
+
+async def run(peer: Any, ctx: RoleContext) -> None:
+    role = TrainerRole(peer, ctx)
+    peer.on_deliver(role.on_deliver)
+    peer.on_late(role.on_late)
+    if ctx.publish_every_s > 0:  # a broadcast drill: perturbed versions on a clock, no training
+        from node.roles.publisher import publish_loop
+
+        await publish_loop(peer, ctx)
+        return
+    await role.start()
+    await role.evaluate()  # the starting (warm-start) level
+    await role.train_forever()

@@ -27,6 +27,10 @@ signed `ProducerClaim`. Another validator's claim is re-checked like a failed ve
 (`protocol.producer_cases`): we take every record of the window, audit each ourselves,
 and the producer or the accuser pays by our median (`producer_findings`,
 `producer_findings_last`, `producer_claims` in status).
+
+Shape: `ValidatorRole` holds all of the above; `run` loads the model in a worker thread,
+hands the peer's admitted items to `ValidatorRole.on_deliver` and runs its
+`audit_forever` loop, in one nursery (where record lookups for open cases run too).
 """
 
 from __future__ import annotations
@@ -86,208 +90,261 @@ def load(ctx: RoleContext, manifest: Any) -> tuple[Any, Any, Any, Any]:
     return model, make_judge(manifest, tokenizer), settings, eos_token_ids(model)
 
 
+class ValidatorRole:
+    """One validator at work: the audit queue, its counts, the models of the versions it
+    holds, the producer tally and the open fraud and claim cases. Admitted items come in
+    through `on_deliver` (event loop); `audit_forever` audits the queue batch by batch."""
 
+    def __init__(self, peer: Any, ctx: RoleContext, model: Any, judge: Any, settings: Any,
+                 eos_ids: Any) -> None:  # fmt: skip
+        self.peer, self.ctx = peer, ctx
+        self.judge, self.settings, self.eos_ids = judge, settings, eos_ids
+        self.queue = AuditQueue(peer.manifest.max_staleness, QUEUE)
+        self.kick_send, self.kick_receive = trio.open_memory_channel[None](1)
+        self.counts = {"seen": 0, "sampled": 0, "passed": 0, "failed": 0, "queue_full": 0, "unauthorized": 0,
+                       "rechecks": 0, "dropped_stale": 0, "producer_findings": 0, "window_audited": 0}  # fmt: skip
+        self.reasons: dict[str, int] = {}
+        self.fraud = FraudCases()
+        th = settings.thresholds if settings.precision == "fp32" else settings.bf16_thresholds
+        self.producers = ProducerTally(th.producer_logprob_err_median)
+        self.claims = ProducerCases(th.producer_logprob_err_median)
+        self.findings: list[dict[str, Any]] = []
+        self.held = HeldVersions(model)
+        self.nursery: trio.Nursery | None = None  # set by `run`: record lookups start in it
 
-async def run(peer: Any, ctx: RoleContext) -> None:
-    from trainer.engine_hf import torch_threads
-    from verify.auditor import audit_many
+    # -- cases and the queue -------------------------------------------------------------
 
-    model, judge, settings, eos_ids = await trio.to_thread.run_sync(load, ctx, peer.manifest)
-    queue = AuditQueue(peer.manifest.max_staleness, QUEUE)
-    kick_send, kick_receive = trio.open_memory_channel[None](1)
-    counts = {"seen": 0, "sampled": 0, "passed": 0, "failed": 0, "queue_full": 0, "unauthorized": 0,
-              "rechecks": 0, "dropped_stale": 0, "producer_findings": 0, "window_audited": 0}  # fmt: skip
-    reasons: dict[str, int] = {}
-    fraud = FraudCases()
-    th = settings.thresholds if settings.precision == "fp32" else settings.bf16_thresholds
-    producers = ProducerTally(th.producer_logprob_err_median)
-    claims = ProducerCases(th.producer_logprob_err_median)
-    findings: list[dict[str, Any]] = []
-
-    def carry_out(actions: list[Any], record: Any = None) -> None:
+    def carry_out(self, actions: list[Any], record: Any = None) -> None:
         for action in actions:
             if isinstance(action, Punish):
-                peer.report(action.peer, action.penalty, action.reason)
+                self.peer.report(action.peer, action.penalty, action.reason)
             elif isinstance(action, NeedRecord):
-                nursery.start_soon(from_store, action.rollout_id)
+                assert self.nursery is not None
+                self.nursery.start_soon(self.from_store, action.rollout_id)
             elif isinstance(action, Audit) and record is not None:
-                enqueue(record, None)  # no ticket: a re-check, not our sample
-                counts["rechecks"] += 1
+                self.enqueue(record, None)  # no ticket: a re-check, not our sample
+                self.counts["rechecks"] += 1
 
-    def enqueue(ro: Any, ticket: bytes | None) -> None:
+    def enqueue(self, ro: Any, ticket: bytes | None) -> None:
         version = ro.envelope.policy_version
-        for old_ro, old_ticket in queue.push((ro, ticket), version, recheck=ticket is None):
-            counts["queue_full"] += 1
+        for old_ro, old_ticket in self.queue.push((ro, ticket), version, recheck=ticket is None):
+            self.counts["queue_full"] += 1
             if old_ticket is None:
-                cannot_judge(old_ro.rollout_id)
+                self.cannot_judge(old_ro.rollout_id)
         with contextlib.suppress(trio.WouldBlock):
-            kick_send.send_nowait(None)
+            self.kick_send.send_nowait(None)
 
-    def cannot_judge(rid: bytes) -> None:
-        fraud.cannot_judge(rid)
-        claims.cannot_judge(rid)
+    def cannot_judge(self, rid: bytes) -> None:
+        self.fraud.cannot_judge(rid)
+        self.claims.cannot_judge(rid)
 
-    def wanted(rid: bytes) -> bool:
-        return fraud.is_open(rid) or claims.wants(rid)
+    def wanted(self, rid: bytes) -> bool:
+        return self.fraud.is_open(rid) or self.claims.wants(rid)
 
-    def record_here(ro: Any) -> None:
+    def record_here(self, ro: Any) -> None:
         """A record that an open fraud case or producer claim needs is held: audit it
         (once, whichever case asked)."""
         rid, now = ro.rollout_id, time.time()
-        acts = list(fraud.record_held(rid, now)) if fraud.is_open(rid) else []
-        if claims.wants(rid):
-            acts += claims.record_held(rid, ro.envelope.signer, ro.header.counter, now)
+        acts = list(self.fraud.record_held(rid, now)) if self.fraud.is_open(rid) else []
+        if self.claims.wants(rid):
+            acts += self.claims.record_held(rid, ro.envelope.signer, ro.header.counter, now)
         audits = [a for a in acts if isinstance(a, Audit)]
-        carry_out([a for a in acts if not isinstance(a, Audit)] + audits[:1], ro)
+        self.carry_out([a for a in acts if not isinstance(a, Audit)] + audits[:1], ro)
 
-    async def from_store(rid: bytes) -> None:
-        row = await trio.to_thread.run_sync(peer.store.get_rollout, rid)
-        if row is None or row.body is None or not wanted(rid):
+    async def from_store(self, rid: bytes) -> None:
+        row = await trio.to_thread.run_sync(self.peer.store.get_rollout, rid)
+        if row is None or row.body is None or not self.wanted(rid):
             return  # the body pull brings it to on_deliver, or the case expires
         try:
             ro = open_record(encode(RolloutRecord(header=row.header, body=row.body)))
         except Exception:  # stored records were checked on the way in; be safe anyway
-            cannot_judge(rid)
+            self.cannot_judge(rid)
             return
-        record_here(ro)
+        self.record_here(ro)
 
-    def on_verdict(item: Admitted) -> None:
+    # -- admitted items ------------------------------------------------------------------
+
+    def on_deliver(self, item: Admitted) -> None:
+        handler = {
+            Kind.VERDICT: self.on_verdict,
+            Kind.PRODUCER_CLAIM: self.on_claim,
+            Kind.ROLLOUT_RECORD: self.on_record,
+        }.get(item.kind)
+        if handler is not None:
+            handler(item)
+
+    def on_verdict(self, item: Admitted) -> None:
         v = item.obj
-        if v.passed or item.envelope.signer == peer.identity.peer_id:
+        if v.passed or item.envelope.signer == self.peer.identity.peer_id:
             return
         now = time.time()
-        fraud.tick(now)
-        carry_out(fraud.accused(v.rollout_id, v.producer, item.envelope.signer, v.reason, now))
+        self.fraud.tick(now)
+        self.carry_out(
+            self.fraud.accused(v.rollout_id, v.producer, item.envelope.signer, v.reason, now)
+        )
 
-    def on_claim(item: Admitted) -> None:
+    def on_claim(self, item: Admitted) -> None:
         c = item.obj
-        if item.envelope.signer == peer.identity.peer_id:
+        if item.envelope.signer == self.peer.identity.peer_id:
             return
         now = time.time()
-        claims.tick(now)
-        carry_out(claims.claimed(c.producer, c.rollout_ids, item.envelope.signer, now))
+        self.claims.tick(now)
+        self.carry_out(self.claims.claimed(c.producer, c.rollout_ids, item.envelope.signer, now))
 
-    def on_deliver(item: Admitted) -> None:
-        if item.kind is Kind.VERDICT:
-            on_verdict(item)
-            return
-        if item.kind is Kind.PRODUCER_CLAIM:
-            on_claim(item)
-            return
-        if item.kind is not Kind.ROLLOUT_RECORD:
-            return
-        if wanted(item.content_id):
-            record_here(item.obj)
-        counts["seen"] += 1
+    def on_record(self, item: Admitted) -> None:
+        """A rollout record: for an open case, sampled by its own ticket, or queued for the
+        audit of its producer's window."""
+        peer, ctx = self.peer, self.ctx
+        if self.wanted(item.content_id):
+            self.record_here(item.obj)
+        self.counts["seen"] += 1
         ticket = selected(peer.identity, peer.run_id, item.content_id, ctx.audit_fraction)
         if ticket is not None:
-            enqueue(item.obj, ticket)
-            counts["sampled"] += 1
+            self.enqueue(item.obj, ticket)
+            self.counts["sampled"] += 1
             return
         ro = item.obj
-        window = ro.header.counter // producers.window
+        window = ro.header.counter // self.producers.window
         if sampled(window_ticket(peer.identity, peer.run_id, ro.envelope.signer, window),
                    ctx.producer_window_fraction):  # fmt: skip
-            enqueue(ro, WINDOW_ONLY)
+            self.enqueue(ro, WINDOW_ONLY)
 
-    held = HeldVersions(model)
+    # -- auditing ------------------------------------------------------------------------
 
-    def audit_held(batch: list[Any]) -> list[tuple[Any, Any]]:
-        """(item, verdict) per item, each version's records against that version's model."""
+    async def audit_forever(self) -> None:
+        while True:
+            batch = await self.next_batch()
+            if not batch:
+                continue
+            known = await self.judgeable(batch)
+            if not known:
+                continue
+            started = time.monotonic()
+            judged = await trio.to_thread.run_sync(self.audit_held, known)
+            authorized = self.may_publish()
+            for (ro, ticket), verdict in judged:
+                await self.settle(ro, ticket, verdict, authorized)
+            self.publish_status(started, len(judged))
+
+    async def next_batch(self) -> list[Any]:
+        """Wait for queued records; take up to `batch_size` of them, the newest version first."""
+        while not self.queue:
+            await self.kick_receive.receive()
+        weights = getattr(self.peer, "weights", None)
+        newest = weights.newest() if weights is not None else None
+        if newest is not None:
+            self.queue.set_newest(newest)
+        batch = self.queue.take(self.ctx.batch_size)
+        self.counts["dropped_stale"] = self.queue.dropped["stale"]
+        return batch
+
+    async def judgeable(self, batch: list[Any]) -> list[Any]:
+        """The items of `batch` whose version's model we hold (fetched first if need be).
+
+        Version-aware: each record is judged with the weights of the version it claims.
+        A version this validator does not hold is not judged at all (no verdict, no
+        penalty: our lack must not cost the producer); `unknown_version` counts them."""
+        for version in {ro.envelope.policy_version for ro, _ in batch}:
+            await self.held.fetch(self.peer, version)
+        known = [
+            item for item in batch if self.held.get(item[0].envelope.policy_version) is not None
+        ]
+        for ro, ticket in batch:
+            if ticket is None and self.held.get(ro.envelope.policy_version) is None:
+                self.cannot_judge(ro.rollout_id)
+        self.counts["unknown_version"] = (
+            self.counts.get("unknown_version", 0) + len(batch) - len(known)
+        )
+        return known
+
+    def audit_held(self, batch: list[Any]) -> list[tuple[Any, Any]]:
+        """(item, verdict) per item, each version's records against that version's model
+        (blocking: runs in a worker thread)."""
+        from trainer.engine_hf import torch_threads
+        from verify.auditor import audit_many
+
         by_version: dict[int, list[Any]] = {}
         for item in batch:
             by_version.setdefault(item[0].envelope.policy_version, []).append(item)
         out = []
-        with torch_threads(ctx.threads):
+        with torch_threads(self.ctx.threads):
             for version, items in sorted(by_version.items()):
                 rollouts = [ro for ro, _ in items]
-                verdicts = audit_many(
-                    rollouts, held.get(version), judge=judge, eos_ids=eos_ids, settings=settings
-                )
+                verdicts = audit_many(rollouts, self.held.get(version), judge=self.judge,
+                                      eos_ids=self.eos_ids, settings=self.settings)  # fmt: skip
                 out += list(zip(items, verdicts, strict=True))
-                counts[f"audited_v{version}"] = counts.get(f"audited_v{version}", 0) + len(items)
+                key = f"audited_v{version}"
+                self.counts[key] = self.counts.get(key, 0) + len(items)
         return out
 
-    async def audit_forever() -> None:
-        while True:
-            while not queue:
-                await kick_receive.receive()
-            newest = peer.weights.newest() if getattr(peer, "weights", None) is not None else None
-            if newest is not None:
-                queue.set_newest(newest)
-            batch = queue.take(ctx.batch_size)
-            counts["dropped_stale"] = queue.dropped["stale"]
-            if not batch:
-                continue
-            # Version-aware: each record is judged with the weights of the version it claims.
-            # A version this validator does not hold is not judged at all (no verdict, no
-            # penalty: our lack must not cost the producer); `unknown_version` counts them.
-            for version in {ro.envelope.policy_version for ro, _ in batch}:
-                await held.fetch(peer, version)
-            known = [
-                item for item in batch if held.get(item[0].envelope.policy_version) is not None
-            ]
-            for ro, ticket in batch:
-                if ticket is None and held.get(ro.envelope.policy_version) is None:
-                    cannot_judge(ro.rollout_id)
-            counts["unknown_version"] = counts.get("unknown_version", 0) + len(batch) - len(known)
-            if not known:
-                continue
-            started = time.monotonic()
-            judged = await trio.to_thread.run_sync(audit_held, known)
-            batch = [item for item, _ in judged]
-            verdicts = [v for _, v in judged]
-            authorized = peer.admission.authority.may_judge(peer.identity.peer_id)
-            if not authorized and not counts["unauthorized"]:
-                ctx.say(
-                    "validator: this key is not in the run's validator_keys and holds no "
-                    "delegation: auditing, but not publishing verdicts nobody would count"
-                )
-            for (ro, ticket), verdict in zip(batch, verdicts, strict=True):
-                now = time.time()
-                metrics = {m.name: m.value for m in verdict.metrics}
-                carry_out(fraud.audited(ro.rollout_id, verdict.passed, verdict.reason, now))
-                carry_out(claims.audited(ro.rollout_id, metrics.get(producers.stat), now))
-                if ticket is None:
-                    continue  # a re-check: the case's outcome is all it decides
-                found = producers.add(ro.envelope.signer, ro.header.counter, ro.rollout_id, metrics)
-                if found is not None:
-                    counts["producer_findings"] += 1
-                    peer.report(found.producer, PRODUCER_PENALTY,
-                                f"producer median {found.median:.3g} over {found.limit:.3g}")  # fmt: skip
-                    findings.append({"producer": found.producer.hex()[-12:], "median": found.median,
-                                     "limit": found.limit, "records": len(found.rollout_ids)})  # fmt: skip
-                    del findings[:-8]
-                    if authorized:
-                        await peer.publish_producer_claim(ProducerClaim(
-                            producer=found.producer, rollout_ids=found.rollout_ids,
-                            statistic=producers.stat, median=found.median, limit=found.limit,
-                        ))  # fmt: skip
-                if ticket == WINDOW_ONLY:
-                    counts["window_audited"] += 1  # no ticket samples it: nothing to publish
-                elif authorized:
-                    await peer.publish_verdict(dataclasses.replace(verdict, sample_ticket=ticket))
-                else:
-                    counts["unauthorized"] += 1
-                if verdict.passed:
-                    counts["passed"] += 1
-                else:
-                    counts["failed"] += 1
-                    reasons[verdict.reason] = reasons.get(verdict.reason, 0) + 1
-                    peer.report(
-                        ro.envelope.signer, FAILED_AUDIT_PENALTY, f"failed audit: {verdict.reason}"
-                    )
-            ctx.status.update(
-                **counts,
-                fail_reasons=dict(reasons),
-                fraud=dict(fraud.counts),
-                producer_findings_last=list(findings),
-                producer_windows=producers.judged,
-                producer_claims=dict(claims.counts),
-                audit_s_per_rollout=round((time.monotonic() - started) / len(batch), 3),
+    def may_publish(self) -> bool:
+        """Whether our verdicts count (a validator key or a delegation); said once if not."""
+        authorized = self.peer.admission.authority.may_judge(self.peer.identity.peer_id)
+        if not authorized and not self.counts["unauthorized"]:
+            self.ctx.say(
+                "validator: this key is not in the run's validator_keys and holds no "
+                "delegation: auditing, but not publishing verdicts nobody would count"
+            )
+        return bool(authorized)
+
+    async def settle(self, ro: Any, ticket: bytes | None, verdict: Any, authorized: bool) -> None:
+        """What one verdict decides: open cases, the producer's window, the published
+        verdict, the counts and the producer's score."""
+        now = time.time()
+        metrics = {m.name: m.value for m in verdict.metrics}
+        self.carry_out(self.fraud.audited(ro.rollout_id, verdict.passed, verdict.reason, now))
+        self.carry_out(self.claims.audited(ro.rollout_id, metrics.get(self.producers.stat), now))
+        if ticket is None:
+            return  # a re-check: the case's outcome is all it decides
+        found = self.producers.add(ro.envelope.signer, ro.header.counter, ro.rollout_id, metrics)
+        if found is not None:
+            await self.on_finding(found, authorized)
+        if ticket == WINDOW_ONLY:
+            self.counts["window_audited"] += 1  # no ticket samples it: nothing to publish
+        elif authorized:
+            await self.peer.publish_verdict(dataclasses.replace(verdict, sample_ticket=ticket))
+        else:
+            self.counts["unauthorized"] += 1
+        if verdict.passed:
+            self.counts["passed"] += 1
+        else:
+            self.counts["failed"] += 1
+            self.reasons[verdict.reason] = self.reasons.get(verdict.reason, 0) + 1
+            self.peer.report(
+                ro.envelope.signer, FAILED_AUDIT_PENALTY, f"failed audit: {verdict.reason}"
             )
 
+    async def on_finding(self, found: Any, authorized: bool) -> None:
+        """A producer's full window over the limit: it pays here, and the claim is gossiped."""
+        self.counts["producer_findings"] += 1
+        self.peer.report(found.producer, PRODUCER_PENALTY,
+                         f"producer median {found.median:.3g} over {found.limit:.3g}")  # fmt: skip
+        self.findings.append({"producer": found.producer.hex()[-12:], "median": found.median,
+                              "limit": found.limit, "records": len(found.rollout_ids)})  # fmt: skip
+        del self.findings[:-8]
+        if authorized:
+            await self.peer.publish_producer_claim(ProducerClaim(
+                producer=found.producer, rollout_ids=found.rollout_ids,
+                statistic=self.producers.stat, median=found.median, limit=found.limit,
+            ))  # fmt: skip
+
+    def publish_status(self, started: float, audited: int) -> None:
+        self.ctx.status.update(
+            **self.counts,
+            fail_reasons=dict(self.reasons),
+            fraud=dict(self.fraud.counts),
+            producer_findings_last=list(self.findings),
+            producer_windows=self.producers.judged,
+            producer_claims=dict(self.claims.counts),
+            audit_s_per_rollout=round((time.monotonic() - started) / audited, 3),
+        )
+
+
+async def run(peer: Any, ctx: RoleContext) -> None:
+    model, judge, settings, eos_ids = await trio.to_thread.run_sync(load, ctx, peer.manifest)
+    role = ValidatorRole(peer, ctx, model, judge, settings, eos_ids)
     async with trio.open_nursery() as nursery:
-        peer.on_deliver(on_deliver)
+        role.nursery = nursery
+        peer.on_deliver(role.on_deliver)
         ctx.say(f"validator: model loaded; auditing {ctx.audit_fraction:.0%} of rollouts")
-        await audit_forever()
+        await role.audit_forever()
