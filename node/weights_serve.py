@@ -24,10 +24,9 @@ import trio
 from node import shard_exchange
 from node.upload_limit import UploadLimiter
 from node.weights_store import WeightsStore
+from protocol import penalties
 from protocol.shard_schedule import first_copies_first
 from protocol.wire import WeightManifest
-
-BAD_REQUEST_PENALTY = -10.0
 
 
 class WeightServer:
@@ -75,7 +74,7 @@ class WeightServer:
                 self.shard, self.watchers, self.newest_envelope,
             )  # fmt: skip
         except shard_exchange.BadRequest:
-            self.report(stream.peer, BAD_REQUEST_PENALTY, "bad shard request")
+            self.report(stream.peer, penalties.BAD_REQUEST, "bad shard request")
             raise
         if n:
             self.bump("shards_served")

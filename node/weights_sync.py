@@ -80,7 +80,6 @@ from trainer.export import DEFAULT_SHARD_BYTES, ExportError, export_version, is_
 
 log = logging.getLogger("swarm.weights")
 
-BAD_SHARD_PENALTY = penalties.BAD_SHARD.cost
 MAX_MANIFEST_FETCHES = 8  # unknown manifest ids fetched per have-map poll
 
 
@@ -326,8 +325,8 @@ class WeightSync:
         """Watches of our have-map served per peer (read by node/bench/_weights_peer.py)."""
         return self.server.watchers
 
-    def _misbehaved(self, peer: str, penalty: float, why: str) -> None:
-        self.peer.report(peer, penalty, why)
+    def _misbehaved(self, peer: str, offence: penalties.Offence, why: str) -> None:
+        self.peer.report(peer, offence.cost, why, offence.name)
 
     # -- the download loop -------------------------------------------------------------------
 
@@ -432,7 +431,7 @@ class WeightSync:
                     )
                 except BadShard:
                     self._bump("bad_shards_received")
-                    self._misbehaved(req.peer, BAD_SHARD_PENALTY, "shard failed its signed digest")
+                    self._misbehaved(req.peer, penalties.BAD_SHARD, "shard failed its signed digest")
                     self._dispatch(self.sched.on_bad(req.peer, req.manifest_id, req.index, now()))
                     return
                 except ManifestGone:

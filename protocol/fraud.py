@@ -76,6 +76,7 @@ class Punish:
     peer: bytes
     penalty: float
     reason: str
+    offence: str  # its name in `protocol.penalties`
 
 
 Action = NeedRecord | Audit | Punish
@@ -114,7 +115,7 @@ class FraudCases:
             return []  # admission refuses verdicts on one's own work; never a case
         if rollout_id in self.judged:
             if not self.judged[rollout_id]:
-                return [Punish(accuser, FALSE_ACCUSATION, f"false accusation: {reason}")]
+                return [Punish(accuser, FALSE_ACCUSATION, f"false accusation: {reason}", "false_accusation")]
             return []  # already convicted: nothing more to learn
         case = self.cases.get(rollout_id)
         if case is not None:
@@ -155,10 +156,10 @@ class FraudCases:
             return []
         if not passed:
             self.counts["convicted"] += 1
-            return [Punish(case.producer, FRAUD_PENALTY, f"fraud reproduced: {reason}")]
+            return [Punish(case.producer, FRAUD_PENALTY, f"fraud reproduced: {reason}", "fraud")]
         self.counts["acquitted"] += 1
         return [
-            Punish(key, FALSE_ACCUSATION, f"false accusation: {why} (our audit passed)")
+            Punish(key, FALSE_ACCUSATION, f"false accusation: {why} (our audit passed)", "false_accusation")
             for key, why in case.accusers
         ]
 

@@ -93,11 +93,11 @@ class ProducerCases:
             return []  # admission refuses claims on one's own work; never a case
         ids = tuple(dict.fromkeys(rollout_ids))
         if len(ids) != PRODUCER_WINDOW:
-            return [Punish(accuser, FALSE_ACCUSATION, f"producer claim of {len(ids)} records")]
+            return [Punish(accuser, FALSE_ACCUSATION, f"producer claim of {len(ids)} records", "false_accusation")]
         cid = claim_id(producer, ids)
         if cid in self.judged:
             if not self.judged[cid]:
-                return [Punish(accuser, FALSE_ACCUSATION, "false producer claim")]
+                return [Punish(accuser, FALSE_ACCUSATION, "false producer claim", "false_accusation")]
             return []
         if cid in self.cases:
             return []  # the first accuser's case stands; a second one adds nothing
@@ -128,7 +128,7 @@ class ProducerCases:
                 self._remember(cid, False)
                 self.counts["acquitted"] += 1
                 why = "producer claim is not one window of the producer's records"
-                out.append(Punish(case.accuser, FALSE_ACCUSATION, why))
+                out.append(Punish(case.accuser, FALSE_ACCUSATION, why, "false_accusation"))
                 continue
             case.counters[rollout_id] = counter
             fits = True
@@ -192,10 +192,10 @@ class ProducerCases:
         if convicted:
             self.counts["convicted"] += 1
             why = f"producer claim reproduced: median {median:.3g} over {self.limit:.3g}"
-            return [Punish(case.producer, PRODUCER_PENALTY, why)]
+            return [Punish(case.producer, PRODUCER_PENALTY, why, "producer_window")]
         self.counts["acquitted"] += 1
         why = f"false producer claim: our median {median:.3g} is within {self.limit:.3g}"
-        return [Punish(case.accuser, FALSE_ACCUSATION, why)]
+        return [Punish(case.accuser, FALSE_ACCUSATION, why, "false_accusation")]
 
     def _remember(self, cid: bytes, convicted: bool) -> None:
         self.judged[cid] = convicted

@@ -36,7 +36,7 @@ def test_a_reproduced_failure_bans_the_producer_and_only_the_producer():
     _open(cases, accuser=OTHER)
     cases.record_held(RID, 1.0)
     actions = cases.audited(RID, passed=False, reason="proof-mismatch", now=2.0)
-    assert actions == [Punish(PRODUCER, FRAUD_PENALTY, "fraud reproduced: proof-mismatch")]
+    assert actions == [Punish(PRODUCER, FRAUD_PENALTY, "fraud reproduced: proof-mismatch", "fraud")]
     cfg = ScoreConfig()  # from the best score to below the ban threshold
     assert cfg.max_score + FRAUD_PENALTY < cfg.ban_threshold
     assert cases.counts["convicted"] == 1
@@ -58,7 +58,7 @@ def test_a_late_accusation_of_a_rollout_we_already_passed_is_judged_at_once():
     cases = FraudCases()
     assert cases.audited(RID, passed=True, reason="ok", now=0.0) == []  # our own sample
     actions = _open(cases, now=5.0)
-    assert actions == [Punish(VALIDATOR, FALSE_ACCUSATION, "false accusation: proof-mismatch")]
+    assert actions == [Punish(VALIDATOR, FALSE_ACCUSATION, "false accusation: proof-mismatch", "false_accusation")]
 
 
 def test_a_case_without_record_expires_and_nobody_pays():

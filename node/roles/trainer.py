@@ -36,6 +36,7 @@ import trio
 
 from node.roles import RoleContext
 from node.weights_store import WeightsError
+from protocol import penalties
 from protocol.accounting import WITHHELD_PENALTY, GapCharges, WorkLedger
 from protocol.admission import Admitted, Kind
 from protocol.authority import Authority
@@ -230,7 +231,7 @@ class TrainerRole:
 
     def on_deliver(self, item: Admitted) -> None:
         for bad in self.collector.on_deliver(item):
-            self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters")
+            self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name)
         if item.kind is Kind.ROLLOUT_RECORD:
             self.waiting[item.content_id] = item.obj
             if len(self.waiting) > MAX_WAITING:
@@ -238,7 +239,7 @@ class TrainerRole:
 
     def on_late(self, item: Admitted) -> None:
         for bad in self.collector.on_late(item):
-            self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters")
+            self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name)
 
     async def start(self) -> None:
         """Load the model (adopted as version 0) and the trainer, resuming from its

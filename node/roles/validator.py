@@ -117,7 +117,7 @@ class ValidatorRole:
     def carry_out(self, actions: list[Any], record: Any = None) -> None:
         for action in actions:
             if isinstance(action, Punish):
-                self.peer.report(action.peer, action.penalty, action.reason)
+                self.peer.report(action.peer, action.penalty, action.reason, action.offence)
             elif isinstance(action, NeedRecord):
                 assert self.nursery is not None
                 self.nursery.start_soon(self.from_store, action.rollout_id)
@@ -311,14 +311,16 @@ class ValidatorRole:
             self.counts["failed"] += 1
             self.reasons[verdict.reason] = self.reasons.get(verdict.reason, 0) + 1
             self.peer.report(
-                ro.envelope.signer, FAILED_AUDIT_PENALTY, f"failed audit: {verdict.reason}"
+                ro.envelope.signer, FAILED_AUDIT_PENALTY, f"failed audit: {verdict.reason}",
+                penalties.FAILED_AUDIT.name,
             )
 
     async def on_finding(self, found: Any, authorized: bool) -> None:
         """A producer's full window over the limit: it pays here, and the claim is gossiped."""
         self.counts["producer_findings"] += 1
         self.peer.report(found.producer, PRODUCER_PENALTY,
-                         f"producer median {found.median:.3g} over {found.limit:.3g}")  # fmt: skip
+                         f"producer median {found.median:.3g} over {found.limit:.3g}",
+                         penalties.PRODUCER_WINDOW.name)  # fmt: skip
         self.findings.append({"producer": found.producer.hex()[-12:], "median": found.median,
                               "limit": found.limit, "records": len(found.rollout_ids)})  # fmt: skip
         del self.findings[:-8]
