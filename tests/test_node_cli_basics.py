@@ -212,6 +212,14 @@ def test_unknown_benchmark_is_a_clear_error():
     assert "unknown benchmark 'nosuch'" in result.stderr and "codec" in result.stderr
 
 
+def test_bench_help_lists_every_benchmark():
+    result = cli("bench", "--help")
+    assert result.returncode == 0
+    listed = result.stdout.split("NAME:", 1)[1].split("\n", 1)[0]
+    benches = sorted(p.stem for p in (Path(__file__).parent.parent / "bench").glob("[a-z]*.py"))
+    assert [b.strip() for b in listed.split(",")] == benches
+
+
 @pytest.mark.slow
 def test_bench_codec_quick_json_is_last_line():
     result = cli("bench", "codec", "--json", "--quick")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.bench._records import net_manifest, synthetic_record
+from bench._records import net_manifest, synthetic_record
 from node.peer import PeerConfig, open_peer
 from node.store import RolloutRow, Store
 from protocol.admission import Kind

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.bench._records import synthetic_record
+from bench._records import synthetic_record
 from node.peer import PeerConfig, open_peer
 from node.roles import RoleContext
 from node.roles import validator as validator_role

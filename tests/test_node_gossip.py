@@ -10,8 +10,8 @@ import pytest
 import trio
 import trio.testing
 
+from bench._records import net_manifest, synthetic_record
 from node import rollout_exchange as rx
-from node.bench._records import net_manifest, synthetic_record
 from node.discovery import (
     BACKOFF_MAX_S,
     AddressBook,

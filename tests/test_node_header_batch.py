@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.bench._records import net_manifest, synthetic_record
+from bench._records import net_manifest, synthetic_record
 from node.gossip import topic_name
 from node.peer import PeerConfig, open_peer
 from protocol.codec import decode, encode

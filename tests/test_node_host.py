@@ -14,7 +14,7 @@ import multiaddr
 import pytest
 import trio
 
-from node.bench._gossip_peer import PeerProcess
+from bench._gossip_peer import PeerProcess
 from node.host import (
     MAX_GOSSIP_BYTES,
     FrameTooLarge,

@@ -11,7 +11,7 @@ import pytest
 import torch
 import trio
 
-from node.bench._records import net_manifest
+from bench._records import net_manifest
 from node.peer import PeerConfig, open_peer
 from node.roles.policy_versions import HotSwap, VersionedModels, load_weights
 from node.roles.publisher import perturb

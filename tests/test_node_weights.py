@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import trio
 
+from bench._records import net_manifest, synthetic_record
 from node import shard_exchange
-from node.bench._records import net_manifest, synthetic_record
 from node.host import PeerUnreachable
 from node.peer import PeerConfig, open_peer
 from node.weights_store import WeightsError, WeightsStore

@@ -131,7 +131,7 @@ class PeerProcess:
 
     @classmethod
     async def start(
-        cls, *extra: str, timeout: float = 60.0, module: str = "node.bench._gossip_peer",
+        cls, *extra: str, timeout: float = 60.0, module: str = "bench._gossip_peer",
         stderr_path: str | None = None,
     ) -> PeerProcess:
         import subprocess

@@ -1,6 +1,6 @@
 """A full peer (`node.peer.open_peer`) producing synthetic records, driven by JSON lines.
 
-For integration tests and `bench gossip`; the records come from `node.bench._records`
+For integration tests and `bench gossip`; the records come from `bench._records`
 (well-formed and signed, not model output). Start-up prints
 `{"peer_id", "addrs", "bootstrap": [[addr, ok, error], ...]}`. Commands on stdin, one JSON
 object per line, each answered by one JSON line:
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import trio
 
-from node.bench._gossip_peer import _lines, _say
-from node.bench._records import net_manifest, synthetic_record
+from bench._gossip_peer import _lines, _say
+from bench._records import net_manifest, synthetic_record
 from node.host import HostSettings, MessageTooLarge, PeerError
 from node.peer import PeerConfig, open_peer
 from node.rollout_exchange import protocol_id

@@ -32,8 +32,8 @@ from typing import Any
 
 import trio
 
-from node.bench._gossip_peer import _lines, _say
-from node.bench._records import net_manifest, synthetic_record
+from bench._gossip_peer import _lines, _say
+from bench._records import net_manifest, synthetic_record
 from node.host import HostSettings
 from node.peer import PeerConfig, open_peer
 from node.roles.trainer import Collector
@@ -192,7 +192,7 @@ async def main(args: argparse.Namespace) -> None:
                         _say({"banned": {p: sc.is_banned(p, now) for p in ids}, "rss_mb": _rss_mb(),
                               "scores": {p: sc.score(p, now) for p in ids}, "sampled": sampled_at})
                 elif kind == "attack":
-                    from node.bench._attacks import attack
+                    from bench._attacks import attack
 
                     _say(await attack(cmd, m, Path(args.data_dir)))
                 elif kind == "quit":
