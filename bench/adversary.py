@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,13 +42,13 @@ import trio
 
 from bench._attacks import ATTACKS
 from bench._gossip_peer import PeerProcess
+from node.console import sayer
 from protocol.identity import Identity
 
 MODULE = "bench._adv_peer"
 
 
-def _say(msg: str) -> None:
-    print(f"bench adversary: {msg}", file=sys.stderr, flush=True)
+_say = sayer("bench adversary")
 
 
 def _in(window: tuple[float, float], t: float) -> bool:

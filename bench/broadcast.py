@@ -19,15 +19,12 @@ upload capped by the node's own limiter).
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
+from node.console import say as _say
+
 LRS = (("lr1e-5", 1e-5), ("lr1e-6", 1e-6))
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def bf16_state(model: Any) -> dict[str, Any]:

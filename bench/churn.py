@@ -36,7 +36,6 @@ import shutil
 import socket
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ from typing import Any
 import trio
 
 from bench._gossip_peer import PeerProcess
+from node.console import sayer
 from node.store import DB_FILENAME, Store
 
 ROLES = ("trainer", "validator", "w1", "w2")
@@ -56,8 +56,7 @@ CATCH_UP_BOUND_S = 30.0
 DEAD_AFTER_S = 10.0
 
 
-def _say(msg: str) -> None:
-    print(f"bench churn: {msg}", file=sys.stderr, flush=True)
+_say = sayer("bench churn")
 
 
 def _free_port() -> int:

@@ -27,14 +27,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any
 
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+from node.console import say as _say
 
 
 def _timed(engine: Any, prompts: list[list[int]], settings: Any, seeds: list[int], capture: bool):

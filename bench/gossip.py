@@ -50,7 +50,6 @@ import argparse
 import os
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -60,6 +59,7 @@ import trio
 
 from bench._gossip_peer import PeerProcess
 from node.config import NODE_KEYS
+from node.console import sayer
 from node.peer import PeerConfig
 
 DEAD_AFTER_S = 4.0  # the peers' heartbeat timeout (passed to each as --dead-after)
@@ -70,8 +70,7 @@ CPU_PAIRS, CPU_PAIRS_QUICK = 3, 1  # batched/unbatched phase pairs for the CPU f
 SATURATION_RATES = (4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)  # per producer per second
 
 
-def _say(msg: str) -> None:
-    print(f"bench gossip: {msg}", file=sys.stderr, flush=True)
+_say = sayer("bench gossip")
 
 
 def _pct(values: list[float], q: float) -> float | None:

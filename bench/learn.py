@@ -65,13 +65,13 @@ import argparse
 import copy
 import random
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from node.console import say as _say
 from trainer.tiny_policy import RL_LR
 
 GROUP = 4
@@ -82,10 +82,6 @@ PROBE = 16
 # probe reward in 12 rounds (0.318 per round untrained, 0.158 trained), so every
 # configuration measured collapse, not learning.
 LR = RL_LR
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:

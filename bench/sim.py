@@ -36,11 +36,11 @@ import argparse
 import dataclasses
 import json
 import resource
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from node.console import sayer
 from swarm_sim.broadcast import BroadcastConfig, simulate_broadcast
 from swarm_sim.churn import ChurnConfig
 from swarm_sim.network import NetConfig
@@ -66,8 +66,7 @@ QUICK_SCALE = Workload(
 CHURN = ChurnConfig(churn_per_hour=0.2, offline_mean_s=600)
 
 
-def _say(msg: str) -> None:
-    print(f"bench sim: {msg}", file=sys.stderr, flush=True)
+_say = sayer("bench sim")
 
 
 def _peak_rss_mb() -> float:

@@ -67,10 +67,11 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+from node.console import sayer
 
 HONEST = {
     "kv_cache_vs_prefill": "baseline worker (fp32, KV-cache decode, batch 64) vs the verifier's prefill",
@@ -128,8 +129,7 @@ SEEDS = 3
 SEED_COUNTER_STRIDE = 100_000
 
 
-def _say(msg: str) -> None:
-    print(f"bench verify: {msg}", file=sys.stderr, flush=True)
+_say = sayer("bench verify")
 
 
 @dataclass
@@ -159,11 +159,11 @@ def _canonical_bf16(model: Any) -> Any:
 
 
 def _setup(hidden: int | None, n: int, quick: bool) -> tuple[Ctx, Any]:
-    from node.commands.audit import make_judge
     from node.run_file import manifest_from_table
     from protocol.content_id import content_id
     from protocol.identity import Identity
     from trainer import tiny_policy
+    from trainer.judge import make_judge
     from trainer.model_dir import load_model_dir
     from trainer.tasks import TaskSet
     from verify.auditor import AuditSettings
@@ -451,12 +451,11 @@ def _calibrate(ctx: Ctx, model_dir: Any) -> tuple[Any, str]:
     and cached now if the model has none yet). A random-init model (`--hidden`) has no
     directory: the same procedure measures it (`node.commands.calibrate.measure`), in the
     open and reported, on tasks the benchmark cases never see."""
-    from node.commands.calibrate import measure
-    from node.commands.init_model import _ensure_calibration
+    from node.commands.calibrate import ensure_calibration, measure
     from verify.calibration import FILE_NAME, apply, decode_calibration, encode_calibration
 
     if model_dir is not None:
-        _ensure_calibration(model_dir, force=False, say=_say)
+        ensure_calibration(model_dir, force=False, say=_say)
         data = (model_dir / FILE_NAME).read_bytes()
     else:
         regimes, measured = measure(ctx.model, ctx.tokenizer, ctx.manifest, n=max(8, ctx.n // 4), say=_say)
@@ -714,7 +713,7 @@ def run(quick: bool, args: list[str]) -> dict:
 
     base_engine = _engine(ctx.model, tok, max_batch=64)
     # Generation is timed at the worker's usual batch size (the issue's yardstick).
-    from node.commands.rollouts import DEFAULT_BATCH_SIZE
+    from trainer.produce import DEFAULT_BATCH_SIZE
 
     timing_engine = _engine(ctx.model, tok, max_batch=DEFAULT_BATCH_SIZE, threads=1)
     _make_records(replace(ctx, n=min(ctx.n, 4)), timing_engine)  # warm-up

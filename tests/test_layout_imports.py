@@ -70,6 +70,17 @@ def test_bench_command_imports_bench_only_by_name():
     assert names <= {"bench"}, names
 
 
+def test_roles_do_not_import_commands():
+    # Logic a role shares with a command lives in the layer it belongs to, never in
+    # node/commands (whose modules are the CLI's).
+    bad = {
+        rel(f): sorted(n for n in imported_modules(f) if n.startswith("node.commands"))
+        for f in sorted((ROOT / "node" / "roles").rglob("*.py"))
+    }
+    bad = {f: names for f, names in bad.items() if names}
+    assert not bad, f"roles importing command modules: {bad}"
+
+
 def test_checker_sees_a_violation(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("import os\nfrom node.store import Store\nfrom . import sibling\n")

@@ -16,17 +16,7 @@ from node.errors import CommandError
 from node.keyfile import read_key, write_key
 from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml
 from protocol.identity import Identity
-
-
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "node.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-    )
-
+from tests.support.cli import run_cli as cli
 
 # --- key files -----------------------------------------------------------------------
 

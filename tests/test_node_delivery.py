@@ -5,11 +5,11 @@ and penalties survive a restart. (Message-id reuse after a restart: tests/test_n
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
 import pytest
-import trio
 
 from bench._records import net_manifest, synthetic_record
 from node.peer import PeerConfig, open_peer
@@ -19,6 +19,7 @@ from protocol.codec import decode
 from protocol.identity import Identity
 from protocol.rollout import open_record
 from protocol.wire import RolloutRecord
+from tests.support import polling
 
 pytestmark = pytest.mark.network
 
@@ -29,12 +30,7 @@ def _cfg(tmp: Path, name: str, manifest, ident: Identity | None = None, **kw) ->
     )
 
 
-async def _until(what: str, check, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    with trio.move_on_after(timeout):
-        while not check():
-            await trio.sleep(0.05)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
+until = functools.partial(polling.until, timeout=30.0)
 
 
 def _bodies(store: Store) -> set[bytes]:
@@ -57,8 +53,8 @@ async def test_work_stored_while_no_trainer_listened_is_caught_up_and_receipted(
         boot = (w.host.listen_addrs()[0],)
         trainer_cfg = _cfg(tmp_path, "t", manifest, roles=("trainer",), bootstrap=boot)
         async with open_peer(trainer_cfg) as t:
-            await _until("the trainer holds every body", lambda: set(ids) <= _bodies(t.store))
-            await _until(
+            await until("the trainer holds every body", lambda: set(ids) <= _bodies(t.store))
+            await until(
                 "the worker holds receipts", lambda: w.store.delivery_status()["delivered"] == 6
             )
         status = w.store.delivery_status()
@@ -91,7 +87,7 @@ async def test_a_pull_owed_at_a_crash_is_pulled_after_restart(tmp_path: Path) ->
         )
         async with open_peer(cfg) as t:
             assert t.counters["pulls_restored"] == 1, dict(t.counters)
-            await _until("the owed body", lambda: rid in _bodies(t.store))
+            await until("the owed body", lambda: rid in _bodies(t.store))
 
 
 async def test_copies_of_what_was_held_before_a_restart_are_duplicates(tmp_path: Path) -> None:
@@ -103,7 +99,7 @@ async def test_copies_of_what_was_held_before_a_restart_are_duplicates(tmp_path:
     cfg = _cfg(tmp_path, "t", manifest, roles=("trainer",))
     async with open_peer(cfg) as t:
         assert await t._admit(producer.peer_id_b58, Kind.ROLLOUT_RECORD, record)
-        await _until("stored", lambda: t.counters["stored_rollout_record"] == 1)
+        await until("stored", lambda: t.counters["stored_rollout_record"] == 1)
     header = decode(RolloutRecord, record).header
     async with open_peer(cfg) as again:
         assert not await again._admit(producer.peer_id_b58, Kind.ROLLOUT_HEADER, header)
@@ -122,7 +118,7 @@ async def test_a_penalty_is_saved_with_its_ledger_line(tmp_path: Path) -> None:
         assert not await t._admit(offender, Kind.ROLLOUT_HEADER, b"\xc1junk")
         reader = Store.open(tmp_path / "t")  # another connection: what a crash would leave
         try:
-            await _until(
+            await until(
                 "the ledger line", lambda: reader.ledger(direction="in", outcome="rejected")
             )
             scores = {r.peer: r.score for r in reader.load_peers()}

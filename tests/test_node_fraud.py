@@ -29,7 +29,7 @@ from protocol.identity import Identity
 from protocol.producer_cases import PRODUCER_PENALTY
 from protocol.rollout import open_header
 from protocol.wire import Metric, ProducerClaim, RolloutRecord, Verdict
-from tests.test_node_integration_peer import _until
+from tests.support.polling import until
 from verify.auditor import AuditSettings
 from verify.producer import WINDOW
 
@@ -109,8 +109,8 @@ async def test_failed_verdicts_are_rechecked_before_anyone_pays(
         assert await peer._admit(sender, Kind.VERDICT, accuse(honest_rec, honest))
         assert await peer._admit(sender, Kind.VERDICT, accuse(cheat_rec, cheat))
         scores = peer.admission.scores
-        await _until("the cheat is banned", lambda: peer.host.is_banned(cheat.peer_id_b58))
-        await _until(
+        await until("the cheat is banned", lambda: peer.host.is_banned(cheat.peer_id_b58))
+        await until(
             "the false accuser pays", lambda: scores.score(accuser.peer_id_b58, time.time()) < 0
         )
         assert scores.score(honest.peer_id_b58, time.time()) >= 0
@@ -123,7 +123,7 @@ async def test_failed_verdicts_are_rechecked_before_anyone_pays(
         assert scores.score(accuser.peer_id_b58, time.time()) == pytest.approx(before, abs=0.5)
         ok, acts = await peer._admit_actions(sender, Kind.ROLLOUT_RECORD, late_rec)
         assert ok, acts
-        await _until(
+        await until(
             "the second false accusation costs",
             lambda: scores.score(accuser.peer_id_b58, time.time()) < before - 10,
         )
@@ -163,7 +163,7 @@ async def test_a_producer_whose_window_median_is_over_the_limit_pays(
             for producer, counter0 in ((honest, 0), (drifty, 64 * WINDOW)):  # bodies differ
                 data = _record(producer, manifest, counter0 + i, cheat=False)
                 assert await peer._admit(sender, Kind.ROLLOUT_RECORD, data)
-        await _until("two windows judged", lambda: ctx.status.get("producer_findings") == 2)
+        await until("two windows judged", lambda: ctx.status.get("producer_findings") == 2)
         await trio.sleep(0.3)
         assert ctx.status["passed"] == 4 * WINDOW
         assert scores.score(drifty.peer_id_b58, time.time()) <= 2 * PRODUCER_PENALTY + 5
@@ -198,7 +198,7 @@ async def test_windows_are_audited_whole_when_single_records_are_sampled_rarely(
         sender = Identity.generate().peer_id_b58
         for i in range(WINDOW):
             assert await peer._admit(sender, Kind.ROLLOUT_RECORD, _record(drifty, manifest, i, cheat=False))
-        await _until("the window judged", lambda: ctx.status.get("producer_findings") == 1)
+        await until("the window judged", lambda: ctx.status.get("producer_findings") == 1)
         assert ctx.status["producer_windows"] == 1
         assert ctx.status["window_audited"] == WINDOW and ctx.status["sampled"] == 0
         assert published == []
@@ -242,19 +242,19 @@ async def test_a_producer_claim_is_rechecked_before_anyone_pays(tmp_path: Path, 
                         seq=next(seqs), timestamp_ms=int(time.time() * 1000))  # fmt: skip
 
         assert await peer._admit(sender, Kind.PRODUCER_CLAIM, claim(drifty, windows[drifty.peer_id]))
-        await _until("the drifty producer pays",
-                     lambda: scores.score(drifty.peer_id_b58, time.time()) <= PRODUCER_PENALTY + 5)  # fmt: skip
+        await until("the drifty producer pays",
+                    lambda: scores.score(drifty.peer_id_b58, time.time()) <= PRODUCER_PENALTY + 5)  # fmt: skip
         assert scores.score(accuser.peer_id_b58, time.time()) >= 0
         assert await peer._admit(sender, Kind.PRODUCER_CLAIM, claim(honest, windows[honest.peer_id]))
-        await _until("the false accuser pays",
-                     lambda: scores.score(accuser.peer_id_b58, time.time()) < 0)  # fmt: skip
+        await until("the false accuser pays",
+                    lambda: scores.score(accuser.peer_id_b58, time.time()) < 0)  # fmt: skip
         assert scores.score(honest.peer_id_b58, time.time()) >= 0
         before = scores.score(accuser.peer_id_b58, time.time())
         # half of each window, claimed as one of the honest producer's
         mixed = windows[honest.peer_id][: WINDOW // 2] + windows[drifty.peer_id][: WINDOW // 2]
         assert await peer._admit(sender, Kind.PRODUCER_CLAIM, claim(honest, mixed))
-        await _until("a claim that is no window costs its signer",
-                     lambda: scores.score(accuser.peer_id_b58, time.time()) < before - 10)  # fmt: skip
+        await until("a claim that is no window costs its signer",
+                    lambda: scores.score(accuser.peer_id_b58, time.time()) < before - 10)  # fmt: skip
         assert scores.score(honest.peer_id_b58, time.time()) >= 0
         assert scores.score(sender, time.time()) >= 0
         assert ctx.status["producer_claims"]["convicted"] == 1

@@ -10,19 +10,15 @@ import pytest
 import trio
 
 from bench._records import net_manifest, synthetic_record
-from node.peer import PeerConfig, open_peer
+from node.peer import open_peer
 from protocol.admission import Kind
 from protocol.codec import decode
 from protocol.content_id import content_id
 from protocol.identity import Identity
 from protocol.wire import RolloutRecord
+from tests.support.peers import relay_config
 
 pytestmark = pytest.mark.network
-
-
-def _cfg(tmp: Path, name: str, manifest, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
-    return PeerConfig(manifest=manifest, identity=Identity.generate(), data_dir=tmp / name,
-                      roles=("relay",), **kw)
 
 
 async def _call(check, *args):  # type: ignore[no-untyped-def]
@@ -35,7 +31,7 @@ async def test_gossip_is_forwarded_only_once_it_is_stored(tmp_path: Path) -> Non
     the header. Now the answer comes after the write, and is "drop" if the write fails."""
     manifest = net_manifest("order")
     producer = Identity.generate()
-    async with open_peer(_cfg(tmp_path, "t", manifest, pull_bodies=False)) as peer:
+    async with open_peer(relay_config(tmp_path, "t", manifest, pull_bodies=False)) as peer:
         check = peer._validator(Kind.ROLLOUT_HEADER)  # what GossipSub calls
         for i in range(3):
             header = decode(RolloutRecord, synthetic_record(producer, manifest, i)).header
@@ -60,7 +56,7 @@ async def test_gossip_is_forwarded_only_once_it_is_stored(tmp_path: Path) -> Non
 async def test_roles_report_through_a_public_method(tmp_path: Path) -> None:
     manifest = net_manifest("report")
     cheat = Identity.generate()
-    async with open_peer(_cfg(tmp_path, "v", manifest)) as peer:
+    async with open_peer(relay_config(tmp_path, "v", manifest)) as peer:
         for _ in range(10):
             peer.report(cheat.peer_id, -20.0, "failed audit: test")
         await trio.sleep(0.1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from protocol.codec import decode
 from protocol.envelope import open_envelope, seal
 from protocol.identity import Identity
 from protocol.wire import RolloutRecord, WeightManifest
+from tests.support import polling
 from trainer.checkpoint import canonical_bytes, weights_digest
 from trainer.export import full_manifest
 
@@ -62,12 +64,7 @@ def cfg(tmp: Path, name: str, manifest, identity=None, **kw) -> PeerConfig:  # t
     )
 
 
-async def until(what: str, check, timeout: float = 90.0) -> None:  # type: ignore[no-untyped-def]
-    with trio.move_on_after(timeout):
-        while not check():
-            await trio.sleep(0.05)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
+until = functools.partial(polling.until, timeout=90.0)
 
 
 def run_manifest(name: str, trainer: Identity):  # type: ignore[no-untyped-def]

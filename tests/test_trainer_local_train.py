@@ -14,11 +14,6 @@ from trainer.local_train import LocalTrainer
 from trainer.samples import Sample
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return tp.build_tokenizer(0)
-
-
 def _group(tok, producer, g, rewards):
     p = tuple(tok.encode("1 + 2 =\n", add_special_tokens=False))
     out = []

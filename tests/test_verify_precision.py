@@ -10,12 +10,11 @@ import dataclasses
 import pytest
 import torch
 
-from node.commands.rollouts import generate_records
 from node.errors import CommandError
 from node.run_file import manifest_from_table, manifest_to_toml
 from protocol.rollout import open_record, read_records
-from tests.test_verify_audit import env  # noqa: F401  (the module's fixture)
 from trainer.engine_hf import HFEngine
+from trainer.produce import generate_records
 from trainer.tiny_policy import run_manifest_table
 from verify import toploc
 from verify.auditor import audit_records
@@ -23,7 +22,7 @@ from verify.auditor import audit_records
 pytestmark = pytest.mark.slow  # builds a tokenizer and a model, generates rollouts
 
 
-def _records(env, model, name, n=8):  # noqa: F811
+def _records(env, model, name, n=8):
     out = env["root"] / name
     generate_records(
         engine=HFEngine(model, env["tok"], max_batch=n),
@@ -50,11 +49,11 @@ def _rank1(model, rel, layer=0, seed=0):
     return m
 
 
-def _settings(env, precision):  # noqa: F811
+def _settings(env, precision):
     return dataclasses.replace(env["settings"], precision=precision)
 
 
-def test_bf16_worker_fails_an_fp32_run(env):  # noqa: F811
+def test_bf16_worker_fails_an_fp32_run(env):
     opened = _records(
         env, copy.deepcopy(env["model"]).to(torch.bfloat16), "bf16-in-fp32-run.msgpack"
     )
@@ -64,7 +63,7 @@ def test_bf16_worker_fails_an_fp32_run(env):  # noqa: F811
     assert not any(r.passed for r in results), [r.reason for r in results]
 
 
-def test_perturbed_fp32_worker_gets_no_looser_second_pass(env):  # noqa: F811
+def test_perturbed_fp32_worker_gets_no_looser_second_pass(env):
     opened = _records(env, _rank1(env["model"], 0.10), "rank1.msgpack")
     results = audit_records(
         opened, env["model"], judge=env["judge"], settings=_settings(env, "fp32")
@@ -73,7 +72,7 @@ def test_perturbed_fp32_worker_gets_no_looser_second_pass(env):  # noqa: F811
     assert {r.metrics["audit_precision_bits"] for r in results} == {32.0}
 
 
-def test_bf16_run_judges_bf16_workers_at_bf16(env):  # noqa: F811
+def test_bf16_run_judges_bf16_workers_at_bf16(env):
     opened = _records(env, copy.deepcopy(env["model"]).to(torch.bfloat16), "bf16-run.msgpack")
     results = audit_records(
         opened, env["model"], judge=env["judge"], settings=_settings(env, "bf16")

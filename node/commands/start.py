@@ -27,14 +27,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from node.console import sayer
 from node.errors import CommandError
 
 STATUS_FILE = "status.json"
 LOCK_FILE = "node.lock"
 
 
-def _say(msg: str) -> None:
-    print(msg, flush=True)
+_say = sayer(stdout=True)
 
 
 def _metrics_addr(text: str) -> tuple[str, int] | None:
