@@ -4,7 +4,7 @@
   I own + J foreign groups per round (I + J = 8 groups of G = 4: the same number of
   training samples in every configuration), I/J in 8/0, 6/2, 4/4, 2/6 (`--quick`: 8/0,
   4/4), over seeds (3; `--quick` 1). Identical peers on one task mix gain nothing from
-  sharing (DESIGN.md §3), so the peers differ: half draw their own tasks from
+  sharing (docs/DESIGN.md §5), so the peers differ: half draw their own tasks from
   `tiny-chain-sum-4` only, half from `tiny-products` only; what one half practises the
   other lacks. Foreign groups are other peers' own groups of the same round (what gossip
   would bring), picked at random (not filtered for signal), with importance weights

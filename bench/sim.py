@@ -191,7 +191,7 @@ def fidelity(quick: bool, seed: int, gossip_json: Path | None) -> dict[str, Any]
     header_s, record_s = _cpu_costs()
     rtt_ms = p.get("loopback_rtt_ms_median") or 0.1
     body = p["record_bytes"] - p["header_bytes"]
-    loopback = 200 * 1.048576 * 8  # Mb/s: Noise + Yamux on loopback (DESIGN.md)
+    loopback = 200 * 1.048576 * 8  # Mb/s: Noise + Yamux on loopback (docs/DESIGN.md §5)
     per_msg, per_byte = header_s, max(0.0, (record_s - header_s) / max(1, body))
     # A delivery costs a header and a record pull here; the real peers spent
     # `cpu_s_per_record_main` per delivery (every process's CPU / records delivered:

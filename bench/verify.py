@@ -121,7 +121,7 @@ QUICK_N = 8
 # "One training step" for stale_version: one AdamW step at this learning rate on the honest
 # rollouts (REINFORCE, advantages r - mean), the result rounded to bf16 as a published
 # checkpoint. At 1e-5 about 1-3 % of the bf16 weights change, the rate reported for real
-# RL steps (DESIGN.md, "RL updates are sparse"); the bench reports the measured fraction.
+# RL steps (docs/DESIGN.md §5, "RL updates are sparse"); the bench reports the measured fraction.
 STALE_LR = 1e-5
 # The attack matrix runs once per seed (task counters SEED_COUNTER_STRIDE apart); each
 # attack reports its minimum detection over the seeds.
