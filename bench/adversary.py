@@ -1,4 +1,4 @@
-"""`swarm-node bench adversary`: the network's rules against attackers (issue 10).
+"""`swarm-node bench adversary`: the network's rules against attackers.
 
 Real processes on loopback (`bench._adv_peer`: the full peer, py-libp2p, SQLite): one
 trainer, one validator (the run manifest's only validator key), two honest workers

@@ -1,4 +1,4 @@
-"""`swarm-node bench broadcast`: weight broadcast figures (issue 8).
+"""`swarm-node bench broadcast`: weight broadcast figures.
 
 delta: patch size over full checkpoint size for consecutive versions made by one AdamW
 step on the built-in policy. The policy ships in bf16 (the trainer keeps an fp32 master

@@ -1,4 +1,4 @@
-"""`swarm-node bench churn`: delivery under crashes and restarts (issue 15).
+"""`swarm-node bench churn`: delivery under crashes and restarts.
 
 Real processes on loopback (`bench._net_peer`: the full peer, py-libp2p, SQLite):
 a trainer and a validator (both pull bodies) and two workers producing signed synthetic
@@ -9,7 +9,7 @@ the same port, data directory and key, at once or after a random delay. After th
 trial the workers stop producing and the trainer gets `--drain` seconds to catch up; then
 every store is read directly.
 
-Figures (the JSON keys of the issue):
+Figures (the JSON keys of the result):
     trials, produced (workers' own ledgers), delivered (bodies the trainer holds, after the
     drain), too_stale (accounted by the workers, with reason), silently_lost = produced -
     delivered - too_stale, delivery_ratio = delivered / (produced - too_stale),

@@ -32,7 +32,7 @@
   Measured (full run, 12 rounds at 5e-5): never training earns 3.396; training alone
   3.417 (gain 0.021 +- 0.030), 4/4 3.427 (0.031 +- 0.034), 2/6 3.552 (0.156 +- 0.028: the
   peers that mix the specialities most learn most on the mixed probe). A configuration
-  1.3x the isolated one would need a gain of about 1.05, 50x that of training alone. Tried while designing this (4 peers, one seed, 15-20
+  1.3x the isolated one would need a gain of about 1.05, 50x that of training alone. Set-ups measured and not kept (4 peers, one seed, 15-20
   rounds, so indicative): peers that differ in skills instead of data (each half
   fine-tuned on one family, all drawing from the full mix, SAPO's training reward as the
   count): 4/4 over 8/0 = 1.02 (lr 1e-4) and 1.05 (std advantages, 2 steps a round); 1.18
@@ -78,9 +78,8 @@ GROUP = 4
 DEVNET_SAMPLES = 2  # samples per held-out task before and after the devnet (narrows the CI)
 GROUPS_PER_ROUND = 8
 PROBE = 16
-# The built-in run's rate. The grid ran at 1e-3 once ("rounds are few"): that halved the
-# probe reward in 12 rounds (0.318 per round untrained, 0.158 trained), so every
-# configuration measured collapse, not learning.
+# The built-in run's rate. At 1e-3 the probe reward halves in 12 rounds (0.318 per round
+# untrained, 0.158 trained): every configuration would measure collapse, not learning.
 LR = RL_LR
 
 

@@ -712,7 +712,7 @@ def run(quick: bool, args: list[str]) -> dict:
     from trainer.engine_hf import torch_threads
 
     base_engine = _engine(ctx.model, tok, max_batch=64)
-    # Generation is timed at the worker's usual batch size (the yardstick).
+    # Generation is timed at the worker's usual batch size (`trainer.produce.DEFAULT_BATCH_SIZE`).
     from trainer.produce import DEFAULT_BATCH_SIZE
 
     timing_engine = _engine(ctx.model, tok, max_batch=DEFAULT_BATCH_SIZE, threads=1)

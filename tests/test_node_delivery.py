@@ -1,4 +1,4 @@
-"""Nothing produced is lost to the network (issue 15), one test per finding, on real peers
+"""Nothing produced is lost to the network, one test per way to lose it, on real peers
 (py-libp2p on loopback, SQLite stores): work published while the receiver was down is
 caught up and receipted; pulls owed at a crash are pulled after restart; the dedup memory
 and penalties survive a restart. (Message-id reuse after a restart: tests/test_node_host.py.)"""
@@ -62,7 +62,7 @@ async def test_work_stored_while_no_trainer_listened_is_caught_up_and_receipted(
 
 
 async def test_a_pull_owed_at_a_crash_is_pulled_after_restart(tmp_path: Path) -> None:
-    """Finding 4: a stored header without a body is pulled again when the peer starts."""
+    """A stored header without a body is pulled again when the peer starts."""
     manifest = net_manifest("owed")
     async with open_peer(
         _cfg(tmp_path, "w", manifest, roles=("inference",), pull_bodies=False)
@@ -91,7 +91,7 @@ async def test_a_pull_owed_at_a_crash_is_pulled_after_restart(tmp_path: Path) ->
 
 
 async def test_copies_of_what_was_held_before_a_restart_are_duplicates(tmp_path: Path) -> None:
-    """Finding 5: after a restart the dedup memory is rebuilt from the store: a header the
+    """After a restart the dedup memory is rebuilt from the store: a header the
     peer already held is a duplicate (not admitted again, its body not pulled again)."""
     manifest = net_manifest("dedup")
     producer = Identity.generate()
@@ -110,8 +110,8 @@ async def test_copies_of_what_was_held_before_a_restart_are_duplicates(tmp_path:
 
 
 async def test_a_penalty_is_saved_with_its_ledger_line(tmp_path: Path) -> None:
-    """Finding 6: scores were saved every 15 s; a crash before that forgot every penalty.
-    Now the score is written before the ledger line that explains it."""
+    """A penalty survives a crash right after it: the score is written before the ledger
+    line that explains it (not on a timer)."""
     manifest = net_manifest("score")
     offender = Identity.generate().peer_id_b58
     async with open_peer(_cfg(tmp_path, "t", manifest, roles=("trainer",))) as t:

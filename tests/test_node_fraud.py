@@ -1,4 +1,4 @@
-"""Fraud evidence in the validator role (issue 10, item 8): a real peer (py-libp2p host,
+"""Fraud evidence in the validator role: a real peer (py-libp2p host,
 admission, SQLite store) running `node.roles.validator.run`. Another validator's failed
 verdict is re-checked by our own audit before anyone pays: reproduced, the producer is
 banned; not reproduced, the accuser pays and the producer does not.
@@ -134,7 +134,7 @@ async def test_failed_verdicts_are_rechecked_before_anyone_pays(
 async def test_a_producer_whose_window_median_is_over_the_limit_pays(
     tmp_path: Path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
-    """Issue 11: every record of a slightly-off worker passes alone; the median of its
+    """Every record of a slightly-off worker passes alone; the median of its
     window of WINDOW audited records is over the calibrated limit, so it pays, once per
     window. An honest worker whose records spike one by one (below half the window) does
     not."""
@@ -176,9 +176,9 @@ async def test_a_producer_whose_window_median_is_over_the_limit_pays(
 async def test_windows_are_audited_whole_when_single_records_are_sampled_rarely(
     tmp_path: Path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
-    """Found at stop 27: with records sampled one by one (`audit_fraction`, 0.25 by default)
-    a window of WINDOW records was all audited with probability 0.25**16, so the
-    per-producer rule never judged one. A window whose own ticket is sampled
+    """With records sampled one by one (`audit_fraction`, 0.25 by default) a window of
+    WINDOW records would be all audited with probability 0.25**16, so the per-producer
+    rule would never judge one. A window whose own ticket is sampled
     (`producer_window_fraction`) is audited whole: here no record is sampled alone and
     every window whole, so the slightly-off worker pays and no verdict is published (no
     record's ticket samples it)."""

@@ -1,4 +1,4 @@
-"""Trust wiring in the running peer (issue 10): store before forward, one pump, public
+"""Trust wiring in the running peer: store before forward, one pump, public
 reports, and pulled records that must be the ones asked for."""
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ async def _call(check, *args):  # type: ignore[no-untyped-def]
 
 
 async def test_gossip_is_forwarded_only_once_it_is_stored(tmp_path: Path) -> None:
-    """Finding 7: the GossipSub validator answered "forward" before the batched store wrote
-    the header. Now the answer comes after the write, and is "drop" if the write fails."""
+    """The GossipSub validator answers "forward" only after the batched store wrote the
+    header, and "drop" if the write fails."""
     manifest = net_manifest("order")
     producer = Identity.generate()
     async with open_peer(relay_config(tmp_path, "t", manifest, pull_bodies=False)) as peer:
@@ -64,7 +64,7 @@ async def test_roles_report_through_a_public_method(tmp_path: Path) -> None:
 
 
 def test_bodyless_headers_expire_from_the_store(tmp_path: Path) -> None:
-    """Finding 6: rows of headers whose body never came stayed in the store for ever."""
+    """Rows of headers whose body never came are pruned from the store."""
     import time as _time
 
     from node.store import RolloutRow, Store
@@ -89,7 +89,7 @@ def test_bodyless_headers_expire_from_the_store(tmp_path: Path) -> None:
 
 
 async def test_a_small_request_cannot_pull_more_than_the_byte_budget(tmp_path: Path) -> None:
-    """Finding 9: a 1 KB request could pull 32 x 4 MiB; now at most MAX_RESPONSE_BYTES."""
+    """A 1 KB request pulls at most MAX_RESPONSE_BYTES (not 32 x 4 MiB)."""
     from node import rollout_exchange as rx
 
     class FakeStream:

@@ -1,5 +1,5 @@
 """Weight broadcast between real peers (py-libp2p on loopback, in one trio process):
-publish, swarm fetch, delta install, bad input of each kind named in issue 8."""
+publish, swarm fetch, delta install, and bad input of each kind (corrupt shard, unsigned or foreign manifest, ...)."""
 
 from __future__ import annotations
 
@@ -437,7 +437,7 @@ async def test_a_peer_gets_at_most_two_watches_served_at_once(tmp_path: Path) ->
 
 
 async def test_a_future_version_must_be_backed_by_its_sender(tmp_path: Path) -> None:
-    """Issue 10, future_version: a peer that gossips rollouts of a version nobody published
+    """future_version: a peer that gossips rollouts of a version nobody published
     is asked for the newest manifest it holds and, holding none, pays; asked the same, the
     trainer shows the manifest it signed."""
     trainer = Identity.generate()
