@@ -111,11 +111,6 @@ METRICS = (
     "proof_far_points",
     "drift",
 )
-# Calibration: limits = factor x the largest honest value on a separate calibration set.
-# bf16 rounding noise is heavy-tailed (a few rollouts disagree by several times the typical
-# amount), hence the larger factor there.
-FP32_FACTOR = 2.0
-BF16_FACTOR = 2.0
 FULL_N = 200
 QUICK_N = 8
 # "One training step" for stale_version: one AdamW step at this learning rate on the honest

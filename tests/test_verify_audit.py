@@ -14,7 +14,7 @@ import torch
 
 from node.commands import audit as audit_cmd
 from node.errors import CommandError
-from protocol.rollout import make_record, open_record, read_records, write_records
+from protocol.rollout import make_record, open_record, write_records
 from protocol.wire import Verdict
 from trainer.tiny_policy import build_model
 from verify import audit, checks, toploc
@@ -246,17 +246,10 @@ def test_shared_prompt_prefill_matches_the_plain_one(env):
 @pytest.fixture(scope="module")
 def bf16_records(env):
     """32 records of a worker computing in bf16 (its rounding differs with the batch)."""
-    from trainer.engine_hf import HFEngine
-    from trainer.produce import generate_records
+    from tests.support.audit_env import open_records_file, records_file
 
-    worker = HFEngine(_bf16_copy(env["model"]), env["tok"], max_batch=16)
-    out = env["root"] / "bf16-32.msgpack"
-    generate_records(
-        engine=worker, manifest=env["manifest"], identity=env["identity"], n=32, out=out,
-        build_proofs=toploc.build_proofs_bytes_many, say=lambda _m: None,
-    )
-    with open(out, "rb") as f:
-        return [open_record(r) for r in read_records(f)]
+    worker = _bf16_copy(env["model"])
+    return open_records_file(records_file(env, worker, "bf16-32.msgpack", n=32, max_batch=16))
 
 
 def _bf16_copy(model):

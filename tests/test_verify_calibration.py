@@ -16,7 +16,7 @@ from node.commands import calibrate as calibrate_cmd
 from node.errors import CommandError
 from node.run_file import load_run_manifest, manifest_to_toml
 from protocol.rollout import write_records
-from tests.test_verify_precision import _rank1, _records
+from tests.support.audit_env import open_records_file, rank1_change, records_file
 from verify.calibration import (
     FILE_NAME,
     CalibrationError,
@@ -58,7 +58,10 @@ def _audit(env, files, manifest=None, model_dir=None):
 
 
 def test_the_audit_uses_the_models_calibration_file(env, calibrated, tmp_path):
-    cheat = _records(env, _rank1(env["model"], 0.03), "cal-rank1.msgpack", n=4)
+    cheat_model = rank1_change(env["model"], 0.03)
+    cheat = open_records_file(
+        records_file(env, cheat_model, "cal-rank1.msgpack", n=4, start_counter=100)
+    )
     path = tmp_path / "cheat.msgpack"
     with open(path, "wb") as f:
         write_records(f, [ro.record for ro in cheat])

@@ -10,27 +10,14 @@ import shutil
 import pytest
 
 from node.commands import audit as audit_cmd
-from trainer.engine_hf import HFEngine
-from trainer.produce import generate_records
-from verify import toploc
+from tests.support.audit_env import records_file
 
 pytestmark = pytest.mark.slow  # builds a tokenizer and a model, generates rollouts
 
 
 def _claiming(env, version, name):
     """Records made with the version-0 model, claiming `version`."""
-    out = env["root"] / name
-    generate_records(
-        engine=HFEngine(env["model"], env["tok"], max_batch=4),
-        manifest=env["manifest"],
-        identity=env["identity"],
-        n=2,
-        out=out,
-        policy_version=version,
-        build_proofs=toploc.build_proofs_bytes_many,
-        say=lambda _m: None,
-    )
-    return out
+    return records_file(env, env["model"], name, n=2, max_batch=4, policy_version=version)
 
 
 def _audit(env, files, **kw):
