@@ -1,7 +1,9 @@
 """The `swarm-node` command: argument parsing and dispatch only.
 
-Each command's work lives in `node.commands.<name>` (or a benchmark in `node.bench.<name>`),
-imported when the command runs so that `swarm-node --help` does not load torch.
+Each command's work lives in `node.commands.<name>`, imported when the command runs so that
+`swarm-node --help` does not load torch. Benchmarks live in the top-level `bench` package
+(`bench.<name>`), which may import every layer; this module's `bench` command is the one
+place outside `bench/` and `tests/` that imports it, lazily.
 A `CommandError` becomes one line on stderr and its exit code.
 """
 
@@ -92,15 +94,21 @@ def id_(path: Path) -> None:
 @click.pass_context
 @_one_line_errors
 def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
-    """Run benchmark NAME (codec, generate, verify, gossip, ...); the JSON result is the last line."""
+    """Run benchmark NAME; the JSON result is the last line.
+
+    \b
+    NAME: adversary, broadcast, churn, codec, generate, gossip, learn, sim, verify
+    """
     if not name.isidentifier():
         raise CommandError(f"unknown benchmark {name!r}")
     try:
-        module = importlib.import_module(f"node.bench.{name}")
+        module = importlib.import_module(f"bench.{name}")
     except ModuleNotFoundError as exc:
-        if exc.name != f"node.bench.{name}":
+        if exc.name != f"bench.{name}":
             raise
-        available = sorted(p.stem for p in Path(__file__).with_name("bench").glob("[a-z]*.py"))
+        import bench as benches
+
+        available = sorted(p.stem for p in Path(benches.__file__).parent.glob("[a-z]*.py"))
         raise CommandError(
             f"unknown benchmark {name!r}; available: {', '.join(available)}"
         ) from None

@@ -79,3 +79,20 @@ def find_node_dirs(root: Path) -> list[Path]:
     if not nodes.is_dir():
         return []
     return sorted(p for p in nodes.iterdir() if (p / DB_FILENAME).is_file())
+
+
+def find_node_dir(data_dir: str | Path | None) -> Path:
+    """The node directory a command reads (`status`, `ledger`): the one given, else the only
+    one under the data root."""
+    if data_dir:
+        return Path(data_dir).expanduser()
+    root = data_root()
+    found = find_node_dirs(root)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise CommandError(f"no node store under {root} (give the node's --data-dir)")
+    raise CommandError(
+        f"{len(found)} nodes under {root / 'nodes'}; give one with --data-dir: "
+        + ", ".join(p.name for p in found)
+    )

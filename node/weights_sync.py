@@ -322,7 +322,7 @@ class WeightSync:
 
     @property
     def _watchers(self) -> dict[str, int]:
-        """Watches of our have-map served per peer (read by node/bench/_weights_peer.py)."""
+        """Watches of our have-map served per peer (read by bench/_weights_peer.py)."""
         return self.server.watchers
 
     def _misbehaved(self, peer: str, offence: penalties.Offence, why: str) -> None:

@@ -53,6 +53,11 @@ def peer_id_to_b58(peer_id: bytes) -> str:
     return base58.b58encode(peer_id).decode("ascii")
 
 
+def peer_text(peer: bytes | str) -> str:
+    """A peer as people read it: the text form of a raw peer id, a text id as it is."""
+    return peer_id_to_b58(peer) if isinstance(peer, bytes) else peer
+
+
 def peer_id_from_b58(text: str) -> bytes:
     """Parse the text form; raises `LocalProtocolError` for anything but an Ed25519 peer id."""
     try:

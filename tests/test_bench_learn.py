@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 
-from node.bench import learn
+from bench import learn
 from trainer import tiny_policy as tp
 from trainer.tasks import Score, TaskSet
 

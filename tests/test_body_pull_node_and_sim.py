@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from bench._records import net_manifest, synthetic_record
 from node import rollout_exchange
-from node.bench._records import net_manifest, synthetic_record
 from node.host import HostSettings
 from node.peer import PeerConfig, open_peer
 from protocol import body_pull as bp

@@ -16,17 +16,7 @@ from node.errors import CommandError
 from node.keyfile import read_key, write_key
 from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml
 from protocol.identity import Identity
-
-
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "node.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-    )
-
+from tests.support.cli import run_cli as cli
 
 # --- key files -----------------------------------------------------------------------
 
@@ -210,6 +200,14 @@ def test_unknown_benchmark_is_a_clear_error():
     result = cli("bench", "nosuch")
     assert result.returncode == 2
     assert "unknown benchmark 'nosuch'" in result.stderr and "codec" in result.stderr
+
+
+def test_bench_help_lists_every_benchmark():
+    result = cli("bench", "--help")
+    assert result.returncode == 0
+    listed = result.stdout.split("NAME:", 1)[1].split("\n", 1)[0]
+    benches = sorted(p.stem for p in (Path(__file__).parent.parent / "bench").glob("[a-z]*.py"))
+    assert [b.strip() for b in listed.split(",")] == benches
 
 
 @pytest.mark.slow

@@ -5,28 +5,17 @@ touches the network."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from node.bench._records import net_manifest
+from bench._records import net_manifest
 from node.keyfile import write_key
 from node.run_file import manifest_from_table, manifest_to_toml
 from protocol.identity import Identity
-
-
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "node.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+from tests.support.cli import run_cli as cli
 
 
 def one_line_error(res: subprocess.CompletedProcess, *needles: str) -> None:

@@ -4,29 +4,24 @@ honoured (paths relative to the config file), README defaults equal to the code'
 
 from __future__ import annotations
 
-import os
+import functools
 import re
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from node.bench._records import net_manifest
+from bench._records import net_manifest
 from node.config import NODE_KEYS
 from node.keyfile import write_key
 from node.run_file import manifest_to_toml
 from protocol.identity import Identity
+from tests.support.cli import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, timeout=180,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=cwd,
-    )
+cli = functools.partial(run_cli, timeout=180)
 
 
 def test_readme_config_defaults_are_the_code_defaults():

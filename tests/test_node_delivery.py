@@ -1,17 +1,17 @@
-"""Nothing produced is lost to the network (issue 15), one test per finding, on real peers
+"""Nothing produced is lost to the network, one test per way to lose it, on real peers
 (py-libp2p on loopback, SQLite stores): work published while the receiver was down is
 caught up and receipted; pulls owed at a crash are pulled after restart; the dedup memory
 and penalties survive a restart. (Message-id reuse after a restart: tests/test_node_host.py.)"""
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
 import pytest
-import trio
 
-from node.bench._records import net_manifest, synthetic_record
+from bench._records import net_manifest, synthetic_record
 from node.peer import PeerConfig, open_peer
 from node.store import RolloutRow, Store
 from protocol.admission import Kind
@@ -19,6 +19,7 @@ from protocol.codec import decode
 from protocol.identity import Identity
 from protocol.rollout import open_record
 from protocol.wire import RolloutRecord
+from tests.support import polling
 
 pytestmark = pytest.mark.network
 
@@ -29,12 +30,7 @@ def _cfg(tmp: Path, name: str, manifest, ident: Identity | None = None, **kw) ->
     )
 
 
-async def _until(what: str, check, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    with trio.move_on_after(timeout):
-        while not check():
-            await trio.sleep(0.05)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
+until = functools.partial(polling.until, timeout=30.0)
 
 
 def _bodies(store: Store) -> set[bytes]:
@@ -57,8 +53,8 @@ async def test_work_stored_while_no_trainer_listened_is_caught_up_and_receipted(
         boot = (w.host.listen_addrs()[0],)
         trainer_cfg = _cfg(tmp_path, "t", manifest, roles=("trainer",), bootstrap=boot)
         async with open_peer(trainer_cfg) as t:
-            await _until("the trainer holds every body", lambda: set(ids) <= _bodies(t.store))
-            await _until(
+            await until("the trainer holds every body", lambda: set(ids) <= _bodies(t.store))
+            await until(
                 "the worker holds receipts", lambda: w.store.delivery_status()["delivered"] == 6
             )
         status = w.store.delivery_status()
@@ -66,7 +62,7 @@ async def test_work_stored_while_no_trainer_listened_is_caught_up_and_receipted(
 
 
 async def test_a_pull_owed_at_a_crash_is_pulled_after_restart(tmp_path: Path) -> None:
-    """Finding 4: a stored header without a body is pulled again when the peer starts."""
+    """A stored header without a body is pulled again when the peer starts."""
     manifest = net_manifest("owed")
     async with open_peer(
         _cfg(tmp_path, "w", manifest, roles=("inference",), pull_bodies=False)
@@ -91,11 +87,11 @@ async def test_a_pull_owed_at_a_crash_is_pulled_after_restart(tmp_path: Path) ->
         )
         async with open_peer(cfg) as t:
             assert t.counters["pulls_restored"] == 1, dict(t.counters)
-            await _until("the owed body", lambda: rid in _bodies(t.store))
+            await until("the owed body", lambda: rid in _bodies(t.store))
 
 
 async def test_copies_of_what_was_held_before_a_restart_are_duplicates(tmp_path: Path) -> None:
-    """Finding 5: after a restart the dedup memory is rebuilt from the store: a header the
+    """After a restart the dedup memory is rebuilt from the store: a header the
     peer already held is a duplicate (not admitted again, its body not pulled again)."""
     manifest = net_manifest("dedup")
     producer = Identity.generate()
@@ -103,7 +99,7 @@ async def test_copies_of_what_was_held_before_a_restart_are_duplicates(tmp_path:
     cfg = _cfg(tmp_path, "t", manifest, roles=("trainer",))
     async with open_peer(cfg) as t:
         assert (await t.admit(producer.peer_id_b58, Kind.ROLLOUT_RECORD, record)).accepted
-        await _until("stored", lambda: t.counters["stored_rollout_record"] == 1)
+        await until("stored", lambda: t.counters["stored_rollout_record"] == 1)
     header = decode(RolloutRecord, record).header
     async with open_peer(cfg) as again:
         assert not (await again.admit(producer.peer_id_b58, Kind.ROLLOUT_HEADER, header)).accepted
@@ -114,15 +110,15 @@ async def test_copies_of_what_was_held_before_a_restart_are_duplicates(tmp_path:
 
 
 async def test_a_penalty_is_saved_with_its_ledger_line(tmp_path: Path) -> None:
-    """Finding 6: scores were saved every 15 s; a crash before that forgot every penalty.
-    Now the score is written before the ledger line that explains it."""
+    """A penalty survives a crash right after it: the score is written before the ledger
+    line that explains it (not on a timer)."""
     manifest = net_manifest("score")
     offender = Identity.generate().peer_id_b58
     async with open_peer(_cfg(tmp_path, "t", manifest, roles=("trainer",))) as t:
         assert not (await t.admit(offender, Kind.ROLLOUT_HEADER, b"\xc1junk")).accepted
         reader = Store.open(tmp_path / "t")  # another connection: what a crash would leave
         try:
-            await _until(
+            await until(
                 "the ledger line", lambda: reader.ledger(direction="in", outcome="rejected")
             )
             scores = {r.peer: r.score for r in reader.load_peers()}

@@ -8,24 +8,19 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.bench._records import net_manifest, synthetic_record
-from node.peer import PeerConfig, open_peer
-from protocol.identity import Identity
+from bench._records import net_manifest, synthetic_record
+from node.peer import open_peer
+from tests.support.peers import relay_config
 
 pytestmark = pytest.mark.network
-
-
-def _cfg(tmp: Path, name: str, manifest, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
-    return PeerConfig(manifest=manifest, identity=Identity.generate(), data_dir=tmp / name,
-                      roles=("relay",), **kw)
 
 
 async def test_stop_publishes_the_queued_headers(tmp_path: Path) -> None:
     manifest = net_manifest("drain")
     n = 16
-    async with open_peer(_cfg(tmp_path, "b", manifest)) as b:
-        a_cfg = _cfg(tmp_path, "a", manifest, publish_rate_per_s=4.0, header_batch=1,
-                     bootstrap=(b.host.listen_addrs()[0],))
+    async with open_peer(relay_config(tmp_path, "b", manifest)) as b:
+        a_cfg = relay_config(tmp_path, "a", manifest, publish_rate_per_s=4.0, header_batch=1,
+                             bootstrap=(b.host.listen_addrs()[0],))
         async with open_peer(a_cfg) as a:
             await a.host.wait_for_topic_peers(a.topics["rollouts"], 1, 10)
             for i in range(n):

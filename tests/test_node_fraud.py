@@ -1,4 +1,4 @@
-"""Fraud evidence in the validator role (issue 10, item 8): a real peer (py-libp2p host,
+"""Fraud evidence in the validator role: a real peer (py-libp2p host,
 admission, SQLite store) running `node.roles.validator.run`. Another validator's failed
 verdict is re-checked by our own audit before anyone pays: reproduced, the producer is
 banned; not reproduced, the accuser pays and the producer does not.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.bench._records import synthetic_record
+from bench._records import synthetic_record
 from node.peer import PeerConfig, open_peer
 from node.roles import RoleContext
 from node.roles import validator as validator_role
@@ -29,7 +29,7 @@ from protocol.identity import Identity
 from protocol.producer_cases import PRODUCER_PENALTY
 from protocol.rollout import open_header
 from protocol.wire import Metric, ProducerClaim, RolloutRecord, Verdict
-from tests.test_node_integration_peer import _until
+from tests.support.polling import until
 from verify.auditor import AuditSettings
 from verify.producer import WINDOW
 
@@ -109,8 +109,8 @@ async def test_failed_verdicts_are_rechecked_before_anyone_pays(
         assert (await peer.admit(sender, Kind.VERDICT, accuse(honest_rec, honest))).accepted
         assert (await peer.admit(sender, Kind.VERDICT, accuse(cheat_rec, cheat))).accepted
         scores = peer.admission.scores
-        await _until("the cheat is banned", lambda: peer.host.is_banned(cheat.peer_id_b58))
-        await _until(
+        await until("the cheat is banned", lambda: peer.host.is_banned(cheat.peer_id_b58))
+        await until(
             "the false accuser pays", lambda: scores.score(accuser.peer_id_b58, time.time()) < 0
         )
         assert scores.score(honest.peer_id_b58, time.time()) >= 0
@@ -124,7 +124,7 @@ async def test_failed_verdicts_are_rechecked_before_anyone_pays(
         handled = await peer.admit(sender, Kind.ROLLOUT_RECORD, late_rec)
         ok, acts = handled.accepted, handled.actions
         assert ok, acts
-        await _until(
+        await until(
             "the second false accusation costs",
             lambda: scores.score(accuser.peer_id_b58, time.time()) < before - 10,
         )
@@ -135,7 +135,7 @@ async def test_failed_verdicts_are_rechecked_before_anyone_pays(
 async def test_a_producer_whose_window_median_is_over_the_limit_pays(
     tmp_path: Path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
-    """Issue 11: every record of a slightly-off worker passes alone; the median of its
+    """Every record of a slightly-off worker passes alone; the median of its
     window of WINDOW audited records is over the calibrated limit, so it pays, once per
     window. An honest worker whose records spike one by one (below half the window) does
     not."""
@@ -164,7 +164,7 @@ async def test_a_producer_whose_window_median_is_over_the_limit_pays(
             for producer, counter0 in ((honest, 0), (drifty, 64 * WINDOW)):  # bodies differ
                 data = _record(producer, manifest, counter0 + i, cheat=False)
                 assert (await peer.admit(sender, Kind.ROLLOUT_RECORD, data)).accepted
-        await _until("two windows judged", lambda: ctx.status.get("producer_findings") == 2)
+        await until("two windows judged", lambda: ctx.status.get("producer_findings") == 2)
         await trio.sleep(0.3)
         assert ctx.status["passed"] == 4 * WINDOW
         assert scores.score(drifty.peer_id_b58, time.time()) <= 2 * PRODUCER_PENALTY + 5
@@ -177,9 +177,9 @@ async def test_a_producer_whose_window_median_is_over_the_limit_pays(
 async def test_windows_are_audited_whole_when_single_records_are_sampled_rarely(
     tmp_path: Path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
-    """Found at stop 27: with records sampled one by one (`audit_fraction`, 0.25 by default)
-    a window of WINDOW records was all audited with probability 0.25**16, so the
-    per-producer rule never judged one. A window whose own ticket is sampled
+    """With records sampled one by one (`audit_fraction`, 0.25 by default) a window of
+    WINDOW records would be all audited with probability 0.25**16, so the per-producer
+    rule would never judge one. A window whose own ticket is sampled
     (`producer_window_fraction`) is audited whole: here no record is sampled alone and
     every window whole, so the slightly-off worker pays and no verdict is published (no
     record's ticket samples it)."""
@@ -199,7 +199,7 @@ async def test_windows_are_audited_whole_when_single_records_are_sampled_rarely(
         sender = Identity.generate().peer_id_b58
         for i in range(WINDOW):
             assert (await peer.admit(sender, Kind.ROLLOUT_RECORD, _record(drifty, manifest, i, cheat=False))).accepted
-        await _until("the window judged", lambda: ctx.status.get("producer_findings") == 1)
+        await until("the window judged", lambda: ctx.status.get("producer_findings") == 1)
         assert ctx.status["producer_windows"] == 1
         assert ctx.status["window_audited"] == WINDOW and ctx.status["sampled"] == 0
         assert published == []
@@ -243,19 +243,19 @@ async def test_a_producer_claim_is_rechecked_before_anyone_pays(tmp_path: Path, 
                         seq=next(seqs), timestamp_ms=int(time.time() * 1000))  # fmt: skip
 
         assert (await peer.admit(sender, Kind.PRODUCER_CLAIM, claim(drifty, windows[drifty.peer_id]))).accepted
-        await _until("the drifty producer pays",
-                     lambda: scores.score(drifty.peer_id_b58, time.time()) <= PRODUCER_PENALTY + 5)  # fmt: skip
+        await until("the drifty producer pays",
+                    lambda: scores.score(drifty.peer_id_b58, time.time()) <= PRODUCER_PENALTY + 5)  # fmt: skip
         assert scores.score(accuser.peer_id_b58, time.time()) >= 0
         assert (await peer.admit(sender, Kind.PRODUCER_CLAIM, claim(honest, windows[honest.peer_id]))).accepted
-        await _until("the false accuser pays",
-                     lambda: scores.score(accuser.peer_id_b58, time.time()) < 0)  # fmt: skip
+        await until("the false accuser pays",
+                    lambda: scores.score(accuser.peer_id_b58, time.time()) < 0)  # fmt: skip
         assert scores.score(honest.peer_id_b58, time.time()) >= 0
         before = scores.score(accuser.peer_id_b58, time.time())
         # half of each window, claimed as one of the honest producer's
         mixed = windows[honest.peer_id][: WINDOW // 2] + windows[drifty.peer_id][: WINDOW // 2]
         assert (await peer.admit(sender, Kind.PRODUCER_CLAIM, claim(honest, mixed))).accepted
-        await _until("a claim that is no window costs its signer",
-                     lambda: scores.score(accuser.peer_id_b58, time.time()) < before - 10)  # fmt: skip
+        await until("a claim that is no window costs its signer",
+                    lambda: scores.score(accuser.peer_id_b58, time.time()) < before - 10)  # fmt: skip
         assert scores.score(honest.peer_id_b58, time.time()) >= 0
         assert scores.score(sender, time.time()) >= 0
         assert ctx.status["producer_claims"]["convicted"] == 1

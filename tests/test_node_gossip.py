@@ -10,8 +10,8 @@ import pytest
 import trio
 import trio.testing
 
+from bench._records import net_manifest, synthetic_record
 from node import rollout_exchange as rx
-from node.bench._records import net_manifest, synthetic_record
 from node.discovery import (
     BACKOFF_MAX_S,
     AddressBook,
@@ -214,8 +214,8 @@ def test_sequence_numbers_are_dense_and_increase_across_restarts() -> None:
 
 
 def test_address_book_evicts_peers_that_never_worked_first() -> None:
-    """Finding 9: the book stopped at its bound, so peer exchange could fill it with fake
-    ids for good. Now a new entry replaces one that never worked."""
+    """A full book takes a new entry in place of one that never worked, so peer exchange
+    cannot fill it with fake ids for good."""
     me = Identity.generate().peer_id_b58
     book = AddressBook(me, max_peers=3)
     good = Identity.generate().peer_id_b58

@@ -9,39 +9,27 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.bench._records import net_manifest, synthetic_record
+from bench._records import net_manifest, synthetic_record
 from node.gossip import topic_name
-from node.peer import PeerConfig, open_peer
+from node.peer import open_peer
 from protocol.codec import decode, encode
-from protocol.identity import Identity
 from protocol.wire import HeaderBatch, RolloutRecord
+from tests.support.peers import relay_config
+from tests.support.polling import until
 
 pytestmark = pytest.mark.network
-
-
-def _cfg(tmp: Path, name: str, manifest, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
-    return PeerConfig(manifest=manifest, identity=Identity.generate(), data_dir=tmp / name,
-                      roles=("relay",), **kw)
-
-
-async def _until(what: str, check, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    with trio.move_on_after(timeout):
-        while not check():
-            await trio.sleep(0.05)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_a_busy_producer_sends_its_headers_in_batches(tmp_path: Path) -> None:
     manifest = net_manifest("batch")
     n = 24
-    async with open_peer(_cfg(tmp_path, "b", manifest)) as b:
-        async with open_peer(_cfg(tmp_path, "a", manifest, publish_rate_per_s=2.0,
-                                  bootstrap=(b.host.listen_addrs()[0],))) as a:
+    async with open_peer(relay_config(tmp_path, "b", manifest)) as b:
+        async with open_peer(relay_config(tmp_path, "a", manifest, publish_rate_per_s=2.0,
+                                          bootstrap=(b.host.listen_addrs()[0],))) as a:
             await a.host.wait_for_topic_peers(a.topics["rollouts"], 1, 10)
             for i in range(n):
                 await a.produce(synthetic_record(a.identity, manifest, i, n_completion=16, seq=a.seq.next()))
-            await _until("b admits every header", lambda: b.counters["in_rollout_header"] >= n)
+            await until("b admits every header", lambda: b.counters["in_rollout_header"] >= n)
             assert a.outbox.stats.batches < n // 2  # at 2 messages/s, 24 headers took few messages
             assert a.stats()["header_batch_mean"] > 2
             assert b.counters["in_header_batch"] == a.outbox.stats.batches
@@ -51,11 +39,11 @@ async def test_a_busy_producer_sends_its_headers_in_batches(tmp_path: Path) -> N
 async def test_each_header_in_a_batch_is_admitted_on_its_own(tmp_path: Path) -> None:
     manifest = net_manifest("batch-hop")
     async with (
-        open_peer(_cfg(tmp_path, "b", manifest)) as b,
-        open_peer(_cfg(tmp_path, "a", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],))) as a,
-        open_peer(_cfg(tmp_path, "c", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],))) as c,
+        open_peer(relay_config(tmp_path, "b", manifest)) as b,
+        open_peer(relay_config(tmp_path, "a", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],))) as a,
+        open_peer(relay_config(tmp_path, "c", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],))) as c,
     ):
-        await _until("chain a - b - c", lambda: len(b.host.connected_peers()) == 2)
+        await until("chain a - b - c", lambda: len(b.host.connected_peers()) == 2)
         topic = topic_name(manifest.run_id, "header-batches")
         await a.host.wait_for_topic_peers(topic, 1, 10)
         await c.host.wait_for_topic_peers(topic, 1, 10)
@@ -66,15 +54,15 @@ async def test_each_header_in_a_batch_is_admitted_on_its_own(tmp_path: Path) -> 
 
         mixed = HeaderBatch(headers=(header(0), b"\xc1not a header", header(1)))
         await a.host.publish(topic, encode(mixed))
-        await _until("b admits the two good headers", lambda: b.counters["in_rollout_header"] >= 3)
-        await _until("b refuses the bad one", lambda: b.rejects.get("malformed", 0) == 1)
+        await until("b admits the two good headers", lambda: b.counters["in_rollout_header"] >= 3)
+        await until("b refuses the bad one", lambda: b.rejects.get("malformed", 0) == 1)
         good = HeaderBatch(headers=(header(2), header(3)))
         await a.host.publish(topic, encode(good))
-        await _until("c gets the good batch", lambda: c.counters["in_rollout_header"] >= 2)
+        await until("c gets the good batch", lambda: c.counters["in_rollout_header"] >= 2)
         await trio.sleep(1.0)
         assert c.counters["in_rollout_header"] == 2  # the mixed batch stopped at b
         assert c.rejects.get("malformed", 0) == 0
         assert b.counters["in_header_batch"] == 2
 
         await a.host.publish(topic, b"\x92\x01garbage")  # broken framing: malformed, blamed on a
-        await _until("b refuses broken framing", lambda: b.rejects.get("malformed", 0) == 2)
+        await until("b refuses broken framing", lambda: b.rejects.get("malformed", 0) == 2)

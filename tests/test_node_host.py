@@ -14,7 +14,7 @@ import multiaddr
 import pytest
 import trio
 
-from node.bench._gossip_peer import PeerProcess
+from bench._gossip_peer import PeerProcess
 from node.host import (
     MAX_GOSSIP_BYTES,
     FrameTooLarge,
@@ -142,8 +142,8 @@ async def test_own_publishes_are_not_echoed_back() -> None:
 
 
 async def test_publish_right_after_connect_reaches_the_peer() -> None:
-    """Publishing before the remote joined the mesh reaches no one (DESIGN.md, against a
-    js peer); 0.8.1 also queues for not-yet-identified peers, so this guards the outcome."""
+    """Publishing before the remote joined the mesh reaches no one (docs/DESIGN.md §5,
+    seen against a js peer); 0.8.1 also queues for not-yet-identified peers, so this guards the outcome."""
     async with open_host(_key()) as a, open_host(_key()) as b:
         await a.subscribe("early")
         rb = await b.subscribe("early")

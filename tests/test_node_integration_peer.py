@@ -10,42 +10,31 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.bench._records import net_manifest, synthetic_record
-from node.peer import PeerConfig, open_peer
+from bench._records import net_manifest, synthetic_record
+from node.peer import open_peer
 from protocol.admission import Kind
 from protocol.identity import Identity
+from tests.support.peers import relay_config
+from tests.support.polling import until
 
 pytestmark = pytest.mark.network
-
-
-def _cfg(tmp: Path, name: str, manifest, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
-    return PeerConfig(manifest=manifest, identity=Identity.generate(), data_dir=tmp / name,
-                      roles=("relay",), **kw)
-
-
-async def _until(what: str, check, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    with trio.move_on_after(timeout):
-        while not check():
-            await trio.sleep(0.05)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_rejected_gossip_stops_at_the_first_hop_and_valid_gossip_crosses_it(tmp_path: Path) -> None:
     manifest = net_manifest("hop")
     async with (
-        open_peer(_cfg(tmp_path, "b", manifest)) as b,
-        open_peer(_cfg(tmp_path, "a", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],))) as a,
-        open_peer(_cfg(tmp_path, "c", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],))) as c,
+        open_peer(relay_config(tmp_path, "b", manifest)) as b,
+        open_peer(relay_config(tmp_path, "a", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],))) as a,
+        open_peer(relay_config(tmp_path, "c", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],))) as c,
     ):
-        await _until("chain a - b - c", lambda: len(b.host.connected_peers()) == 2)
+        await until("chain a - b - c", lambda: len(b.host.connected_peers()) == 2)
         assert a.host.connected_peers() == [b.host.peer_id] and c.host.connected_peers() == [b.host.peer_id]
         await a.host.wait_for_topic_peers(a.topics["rollouts"], 1, 10)
         await c.host.wait_for_topic_peers(c.topics["rollouts"], 1, 10)
         for i in range(3):
             await a.host.publish(a.topics["rollouts"], b"\xc1not a header" + bytes([i]))
         rid = await a.produce(synthetic_record(a.identity, manifest, 0, n_completion=64))
-        await _until("c stores the record's body", lambda: c.counters["stored_rollout_record"] >= 1)
+        await until("c stores the record's body", lambda: c.counters["stored_rollout_record"] >= 1)
         assert b.rejects["malformed"] == 3
         assert c.rejects.get("malformed", 0) == 0  # never forwarded past b
         assert c.counters["in_rollout_header"] == 1
@@ -55,7 +44,7 @@ async def test_rejected_gossip_stops_at_the_first_hop_and_valid_gossip_crosses_i
 
 async def test_a_ban_survives_a_restart(tmp_path: Path) -> None:
     manifest = net_manifest("bans")
-    cfg = _cfg(tmp_path, "d", manifest)
+    cfg = relay_config(tmp_path, "d", manifest)
     offender = Identity.generate().peer_id_b58
     async with open_peer(cfg) as peer:
         for i in range(30):
@@ -63,7 +52,7 @@ async def test_a_ban_survives_a_restart(tmp_path: Path) -> None:
                 break
             await peer.admit(offender, Kind.ROLLOUT_HEADER, b"\xc1junk" + bytes([i]))
             await trio.sleep(0)
-        await _until("the offender is banned", lambda: peer.host.is_banned(offender))
+        await until("the offender is banned", lambda: peer.host.is_banned(offender))
         assert peer.counters["bans"] == 1
     async with open_peer(cfg) as again:
         assert again.host.is_banned(offender)
@@ -78,10 +67,10 @@ async def test_body_streams_per_peer_are_capped(tmp_path: Path) -> None:
     from node.peer_services import MAX_SERVE_STREAMS_PER_PEER
 
     manifest = net_manifest("cap")
-    async with open_peer(_cfg(tmp_path, "s", manifest)) as server, open_peer(
-        _cfg(tmp_path, "c", manifest, bootstrap=(server.host.listen_addrs()[0],))
+    async with open_peer(relay_config(tmp_path, "s", manifest)) as server, open_peer(
+        relay_config(tmp_path, "c", manifest, bootstrap=(server.host.listen_addrs()[0],))
     ) as client:
-        await _until("connected", lambda: client.host.connected_peers() == [server.host.peer_id])
+        await until("connected", lambda: client.host.connected_peers() == [server.host.peer_id])
         streams, refused = [], 0
         for _ in range(MAX_SERVE_STREAMS_PER_PEER + 2):
             try:
@@ -91,7 +80,7 @@ async def test_body_streams_per_peer_are_capped(tmp_path: Path) -> None:
                 continue
             streams.append(stream)
             await trio.sleep(0.2)  # let the server's handler start
-        await _until("extra streams refused", lambda: server.counters["serve_refused"] >= 2, timeout=10)
+        await until("extra streams refused", lambda: server.counters["serve_refused"] >= 2, timeout=10)
         # the first ones still work
         await streams[0].send(rx.encode_request([bytes(32)]))
         assert await streams[0].receive() == b""  # unknown id: an empty frame

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from node.bench._records import net_manifest
+from bench._records import net_manifest
 from node.keyfile import write_key
 from node.run_file import manifest_to_toml
 from protocol.identity import Identity

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from pathlib import Path
 
 import pytest
 import torch
 import trio
 
-from node.bench._records import net_manifest
+from bench._records import net_manifest
 from node.peer import PeerConfig, open_peer
 from node.roles.policy_versions import HeldVersions, HotSwap, load_weights
 from node.roles.publisher import perturb
 from node.weights_sync import WeightSettings
 from protocol.identity import Identity
+from tests.support import polling
 from trainer.checkpoint import from_state_dict, to_state_dict
 from trainer.tiny_policy import build_model, build_tokenizer
 
@@ -35,12 +37,7 @@ def _cfg(tmp: Path, name: str, manifest, identity=None, **kw) -> PeerConfig:  # 
                       roles=("inference",), weights=WeightSettings(), **kw)
 
 
-async def _until(what: str, check, timeout: float = 90.0) -> None:  # type: ignore[no-untyped-def]
-    with trio.move_on_after(timeout):
-        while not check():
-            await trio.sleep(0.05)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
+until = functools.partial(polling.until, timeout=90.0)
 
 
 def _same(m, state) -> bool:  # type: ignore[no-untyped-def]
@@ -63,7 +60,7 @@ async def test_hot_swap_staleness_wait_and_audit_models(tmp_path: Path, model) -
 
             s1 = perturb(to_state_dict(v0), 1)
             assert await t.weights.publish(s1) == 1
-            await _until("v1 installed at the worker", lambda: w.weights.newest() == 1)
+            await until("v1 installed at the worker", lambda: w.weights.newest() == 1)
             assert await swap.before_batch(said.append) == 1  # between two batches
             assert _same(worker_model, s1) and not _same(worker_model, model.state_dict())
             assert swap.swaps.keys() == {1}
@@ -78,7 +75,7 @@ async def test_hot_swap_staleness_wait_and_audit_models(tmp_path: Path, model) -
 
             s2 = perturb(s1, 2)
             await t.weights.publish(s2)
-            await _until("v2 installed", lambda: w.weights.newest() == 2)
+            await until("v2 installed", lambda: w.weights.newest() == 2)
             # A validator audits a rollout of version 1 after 2 is installed.
             held = HeldVersions(copy.deepcopy(model))
             await held.fetch(w, 1)

@@ -1,4 +1,4 @@
-"""A standard libp2p peer stays connected to us (issue 10, finding 10): liveness through the
+"""A standard libp2p peer stays connected to us: liveness through the
 standard ping `/ipfs/ping/1.0.0`, identify names us `swarm-node/<version>`, and GossipSub
 offers its newest protocol (`/meshsub/1.2.0`) besides the old ones."""
 
@@ -64,8 +64,8 @@ async def test_a_standard_libp2p_peer_stays_connected_and_sees_our_agent() -> No
 
 
 async def test_garbage_gossipsub_rpc_does_not_crash_the_host() -> None:
-    """Workaround 18: a GossipSub RPC that is not protobuf used to raise out of the
-    library's reader and take the whole host down."""
+    """Workaround 18 (`node/host.py`): a GossipSub RPC that is not protobuf does not take
+    the host down (unpatched, it raises out of the library's reader and does)."""
     from libp2p import new_host
     from libp2p.crypto.ed25519 import create_new_key_pair
     from libp2p.peer.peerinfo import info_from_p2p_addr

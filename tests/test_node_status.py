@@ -10,6 +10,7 @@ import time
 from node.store import LedgerEntry, Store
 from protocol.identity import Identity, peer_id_to_b58
 from protocol.peer_score import PeerRecord
+from tests.support.cli import run_cli
 
 
 def test_status_reports_ledger_and_bans(tmp_path):
@@ -85,12 +86,6 @@ def test_status_text_spacing_stopped_node_and_zero_penalty_refusals(tmp_path):
     assert "duplicate: 3260" in out and "clock_skew: 500" in out, out
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
-    return subprocess.run(
-        [sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, timeout=60
-    )
-
-
 def test_ledger_lists_own_work_and_inbound_with_reasons(tmp_path):
     now = time.time()
     validator = Identity.generate().peer_id
@@ -104,18 +99,18 @@ def test_ledger_lists_own_work_and_inbound_with_reasons(tmp_path):
         store.log(LedgerEntry(at=now + 7, direction="in", outcome="rejected",
                               kind="rollout_header", item_id=b"\x07" * 32, peer=sender,
                               reason="bad_signature"))  # fmt: skip
-    r = _cli("ledger", "--data-dir", str(tmp_path), "--json")
+    r = run_cli("ledger", "--data-dir", str(tmp_path), "--json")
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     assert len(lines) == 7 and [x["seq"] for x in lines] == sorted(x["seq"] for x in lines)
-    r = _cli("ledger", "--data-dir", str(tmp_path), "--out", "--rejected", "--json")
+    r = run_cli("ledger", "--data-dir", str(tmp_path), "--out", "--rejected", "--json")
     [rej] = [json.loads(x) for x in r.stdout.splitlines()]
     assert rej["reason"] == "reward-mismatch" and rej["peer"] == peer_id_to_b58(validator)
     assert rej["item"] == (b"\x01" * 32).hex()
-    r = _cli("ledger", "--data-dir", str(tmp_path), "--out", "--last", "2")
+    r = run_cli("ledger", "--data-dir", str(tmp_path), "--out", "--last", "2")
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 2
     assert "rejected" in r.stdout.splitlines()[-1] and "reward-mismatch" in r.stdout
-    r = _cli("ledger", "--data-dir", str(tmp_path), "--in")
+    r = run_cli("ledger", "--data-dir", str(tmp_path), "--in")
     assert "bad_signature" in r.stdout and "produced" not in r.stdout
-    r = _cli("ledger", "--data-dir", str(tmp_path / "none"))
+    r = run_cli("ledger", "--data-dir", str(tmp_path / "none"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no node store" in r.stderr

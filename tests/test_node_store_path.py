@@ -10,7 +10,7 @@ import pytest
 import trio
 
 import node.peer as peer_module
-from node.bench._records import net_manifest, synthetic_record
+from bench._records import net_manifest, synthetic_record
 from node.peer import PeerConfig, open_peer
 from protocol.admission import Kind
 from protocol.codec import decode

@@ -1,4 +1,4 @@
-"""Trust wiring in the running peer (issue 10): store before forward, one pump, public
+"""Trust wiring in the running peer: store before forward, one pump, public
 reports, and pulled records that must be the ones asked for."""
 
 from __future__ import annotations
@@ -9,20 +9,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.bench._records import net_manifest, synthetic_record
-from node.peer import PeerConfig, open_peer
+from bench._records import net_manifest, synthetic_record
+from node.peer import open_peer
 from protocol.admission import Kind
 from protocol.codec import decode
 from protocol.content_id import content_id
 from protocol.identity import Identity
 from protocol.wire import RolloutRecord
+from tests.support.peers import relay_config
 
 pytestmark = pytest.mark.network
-
-
-def _cfg(tmp: Path, name: str, manifest, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
-    return PeerConfig(manifest=manifest, identity=Identity.generate(), data_dir=tmp / name,
-                      roles=("relay",), **kw)
 
 
 async def _call(check, *args):  # type: ignore[no-untyped-def]
@@ -31,11 +27,11 @@ async def _call(check, *args):  # type: ignore[no-untyped-def]
 
 
 async def test_gossip_is_forwarded_only_once_it_is_stored(tmp_path: Path) -> None:
-    """Finding 7: the GossipSub validator answered "forward" before the batched store wrote
-    the header. Now the answer comes after the write, and is "drop" if the write fails."""
+    """The GossipSub validator answers "forward" only after the batched store wrote the
+    header, and "drop" if the write fails."""
     manifest = net_manifest("order")
     producer = Identity.generate()
-    async with open_peer(_cfg(tmp_path, "t", manifest, pull_bodies=False)) as peer:
+    async with open_peer(relay_config(tmp_path, "t", manifest, pull_bodies=False)) as peer:
         check = peer._validator(Kind.ROLLOUT_HEADER)  # what GossipSub calls
         for i in range(3):
             header = decode(RolloutRecord, synthetic_record(producer, manifest, i)).header
@@ -60,7 +56,7 @@ async def test_gossip_is_forwarded_only_once_it_is_stored(tmp_path: Path) -> Non
 async def test_roles_report_through_a_public_method(tmp_path: Path) -> None:
     manifest = net_manifest("report")
     cheat = Identity.generate()
-    async with open_peer(_cfg(tmp_path, "v", manifest)) as peer:
+    async with open_peer(relay_config(tmp_path, "v", manifest)) as peer:
         for _ in range(10):
             peer.report(cheat.peer_id, -20.0, "failed audit: test")
         await trio.sleep(0.1)
@@ -68,7 +64,7 @@ async def test_roles_report_through_a_public_method(tmp_path: Path) -> None:
 
 
 def test_bodyless_headers_expire_from_the_store(tmp_path: Path) -> None:
-    """Finding 6: rows of headers whose body never came stayed in the store for ever."""
+    """Rows of headers whose body never came are pruned from the store."""
     import time as _time
 
     from node.store import RolloutRow, Store
@@ -93,7 +89,7 @@ def test_bodyless_headers_expire_from_the_store(tmp_path: Path) -> None:
 
 
 async def test_a_small_request_cannot_pull_more_than_the_byte_budget(tmp_path: Path) -> None:
-    """Finding 9: a 1 KB request could pull 32 x 4 MiB; now at most MAX_RESPONSE_BYTES."""
+    """A 1 KB request pulls at most MAX_RESPONSE_BYTES (not 32 x 4 MiB)."""
     from node import rollout_exchange as rx
 
     class FakeStream:

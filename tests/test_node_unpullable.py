@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.bench._records import net_manifest, synthetic_record
+from bench._records import net_manifest, synthetic_record
 from node.peer import PeerConfig, open_peer
 from protocol import body_pull as bp
 from protocol.codec import decode

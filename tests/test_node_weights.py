@@ -1,10 +1,11 @@
 """Weight broadcast between real peers (py-libp2p on loopback, in one trio process):
-publish, swarm fetch, delta install, bad input of each kind named in issue 8."""
+publish, swarm fetch, delta install, and bad input of each kind (corrupt shard, unsigned or foreign manifest, ...)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from pathlib import Path
 
@@ -12,8 +13,8 @@ import numpy as np
 import pytest
 import trio
 
+from bench._records import net_manifest, synthetic_record
 from node import shard_exchange
-from node.bench._records import net_manifest, synthetic_record
 from node.host import PeerUnreachable
 from node.peer import PeerConfig, open_peer
 from node.weights_store import WeightsError, WeightsStore
@@ -22,6 +23,7 @@ from protocol.codec import decode
 from protocol.envelope import open_envelope, seal
 from protocol.identity import Identity
 from protocol.wire import RolloutRecord, WeightManifest
+from tests.support import polling
 from trainer.checkpoint import canonical_bytes, weights_digest
 from trainer.export import full_manifest
 
@@ -62,12 +64,7 @@ def cfg(tmp: Path, name: str, manifest, identity=None, **kw) -> PeerConfig:  # t
     )
 
 
-async def until(what: str, check, timeout: float = 90.0) -> None:  # type: ignore[no-untyped-def]
-    with trio.move_on_after(timeout):
-        while not check():
-            await trio.sleep(0.05)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
+until = functools.partial(polling.until, timeout=90.0)
 
 
 def run_manifest(name: str, trainer: Identity):  # type: ignore[no-untyped-def]
@@ -440,7 +437,7 @@ async def test_a_peer_gets_at_most_two_watches_served_at_once(tmp_path: Path) ->
 
 
 async def test_a_future_version_must_be_backed_by_its_sender(tmp_path: Path) -> None:
-    """Issue 10, future_version: a peer that gossips rollouts of a version nobody published
+    """future_version: a peer that gossips rollouts of a version nobody published
     is asked for the newest manifest it holds and, holding none, pays; asked the same, the
     trainer shows the manifest it signed."""
     trainer = Identity.generate()

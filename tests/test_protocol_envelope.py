@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.bench.codec import typical_body
+from bench.codec import typical_body
 from protocol.codec import decode, encode
 from protocol.envelope import ReplayGuard, open_envelope, seal, signing_bytes
 from protocol.errors import (

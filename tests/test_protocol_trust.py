@@ -1,8 +1,8 @@
-"""Trust and accounting rules (issue 10): who may judge, what counts as work, who pays.
+"""Trust and accounting rules: who may judge, what counts as work, who pays.
 
-Each test here was written against the findings reproduced on main before the fix:
-anyone could vouch, a third party's replays drained the signer's rate, the same work
-could be counted twice, audits could be dodged and counters shopped.
+Each test pins one way to cheat these rules and checks that it fails: vouching without
+authority, draining a signer's rate with a third party's replays, counting the same work
+twice, dodging audits, shopping task counters.
 """
 
 from __future__ import annotations

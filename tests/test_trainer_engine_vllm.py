@@ -101,8 +101,8 @@ def test_batched_torch_rule_matches_the_reference_row_by_row():
 def test_engine_vllm_without_vllm_is_one_clear_error(tmp_path, monkeypatch):
     import importlib.util as iu
 
-    from node.commands.rollouts import load_engine
     from node.errors import CommandError
+    from node.local_model import load_engine
     from trainer.model_dir import save_model_dir
     from trainer.tiny_policy import build_model, build_tokenizer
 

@@ -6,17 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from node.commands.start import _local_train
+from node.commands.start import parse_local_train
 from node.errors import CommandError
 from node.run_file import manifest_from_table
 from trainer import tiny_policy as tp
 from trainer.local_train import LocalTrainer
 from trainer.samples import Sample
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tp.build_tokenizer(0)
 
 
 def _group(tok, producer, g, rewards):
@@ -50,10 +45,10 @@ def test_rounds_need_own_and_foreign_groups_and_never_publish(tok):
 
 
 def test_local_train_option():
-    assert _local_train("4:4", "inference") == (4, 4)
-    assert _local_train(None, "trainer") is None
+    assert parse_local_train("4:4", "inference") == (4, 4)
+    assert parse_local_train(None, "trainer") is None
     for bad in ("4", "a:b", "-1:2", "0:0"):
         with pytest.raises(CommandError, match="--local-train"):
-            _local_train(bad, "inference")
+            parse_local_train(bad, "inference")
     with pytest.raises(CommandError, match="--role inference"):
-        _local_train("4:4", "trainer")
+        parse_local_train("4:4", "trainer")

@@ -12,11 +12,6 @@ from trainer import tiny_policy as tp
 from trainer.model_dir import load_model_dir
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return tp.build_tokenizer(0)
-
-
 def test_tokenizer_is_deterministic_and_splits_digits(tok):
     again = tp.build_tokenizer(0)
     assert tok.get_vocab() == again.get_vocab()

@@ -20,11 +20,6 @@ from trainer.tasks import TaskSet, assign_task
 from trainer.train_loop import Trainer, completion_logprobs
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return tp.build_tokenizer(0)
-
-
 def _model(tok, seed=0):
     return tp.build_model(tok, seed=seed, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
 

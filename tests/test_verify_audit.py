@@ -13,52 +13,14 @@ import pytest
 import torch
 
 from node.commands import audit as audit_cmd
-from node.commands import rollouts
 from node.errors import CommandError
-from node.keyfile import write_key
-from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml
-from protocol.content_id import content_id
-from protocol.identity import Identity
-from protocol.rollout import make_record, open_record, read_records, write_records
+from protocol.rollout import make_record, open_record, write_records
 from protocol.wire import Verdict
-from trainer.model_dir import save_model_dir
-from trainer.tasks import TaskSet
-from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
+from trainer.tiny_policy import build_model
 from verify import audit, checks, toploc
-from verify.auditor import AuditSettings, audit_records, prefill
+from verify.auditor import audit_records, prefill
 
 pytestmark = pytest.mark.slow  # builds a tokenizer and a model, generates rollouts
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("audit")
-    tok = build_tokenizer(seed=0)
-    model = build_model(
-        tok, seed=3, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
-    )
-    model_dir = save_model_dir(model, tok, root / "model")
-    table = run_manifest_table(run_id="audit-test", seed=9)
-    table["sampling"]["max_new_tokens"] = 40  # two proof chunks when no EOS comes
-    run = root / "run.toml"
-    run.write_text(manifest_to_toml(manifest_from_table(table)))
-    key = root / "key.pem"
-    # A fixed key: tasks and seeds follow from the producer's id, so a random key made the
-    # records (and an edited token's outcome) differ from run to run.
-    identity = Identity.from_private_bytes(content_id(b"test-verify-audit"))
-    write_key(key, identity)
-    out = root / "honest.msgpack"
-    rollouts.main(run=run, key=key, n=6, out=out, model=str(model_dir), batch_size=6, quiet=True)
-    with open(out, "rb") as f:
-        records = list(read_records(f))
-    manifest = load_run_manifest(run)
-    return dict(
-        root=root, tok=tok, model=model, model_dir=model_dir, run=run, identity=identity,
-        records=records, opened=[open_record(r) for r in records], manifest=manifest,
-        judge=audit_cmd.make_judge(manifest, tok), tasks=TaskSet(manifest.seed),
-        settings=AuditSettings(expected_settings=manifest),
-    )
 
 
 def _audit(env, opened, model=None):
@@ -284,17 +246,10 @@ def test_shared_prompt_prefill_matches_the_plain_one(env):
 @pytest.fixture(scope="module")
 def bf16_records(env):
     """32 records of a worker computing in bf16 (its rounding differs with the batch)."""
-    from node.commands.rollouts import generate_records
-    from trainer.engine_hf import HFEngine
+    from tests.support.audit_env import open_records_file, records_file
 
-    worker = HFEngine(_bf16_copy(env["model"]), env["tok"], max_batch=16)
-    out = env["root"] / "bf16-32.msgpack"
-    generate_records(
-        engine=worker, manifest=env["manifest"], identity=env["identity"], n=32, out=out,
-        build_proofs=toploc.build_proofs_bytes_many, say=lambda _m: None,
-    )
-    with open(out, "rb") as f:
-        return [open_record(r) for r in read_records(f)]
+    worker = _bf16_copy(env["model"])
+    return open_records_file(records_file(env, worker, "bf16-32.msgpack", n=32, max_batch=16))
 
 
 def _bf16_copy(model):

@@ -16,8 +16,7 @@ from node.commands import calibrate as calibrate_cmd
 from node.errors import CommandError
 from node.run_file import load_run_manifest, manifest_to_toml
 from protocol.rollout import write_records
-from tests.test_verify_audit import env  # noqa: F401  (the module's fixture)
-from tests.test_verify_precision import _rank1, _records
+from tests.support.audit_env import open_records_file, rank1_change, records_file
 from verify.calibration import (
     FILE_NAME,
     CalibrationError,
@@ -31,12 +30,12 @@ pytestmark = pytest.mark.slow  # builds a tokenizer and a model, generates rollo
 
 
 @pytest.fixture(scope="module")
-def calibrated(env):  # noqa: F811
+def calibrated(env):
     result = calibrate_cmd.calibrate_dir(env["model_dir"], n=4, say=lambda _m: None)
     return result
 
 
-def test_calibrate_writes_the_limits_next_to_the_model(env, calibrated):  # noqa: F811
+def test_calibrate_writes_the_limits_next_to_the_model(env, calibrated):
     data = (env["model_dir"] / FILE_NAME).read_bytes()
     assert calibrated["calibration_digest"] == calibration_digest(data).hex()
     cal = decode_calibration(data, bytes.fromhex(calibrated["calibration_digest"]))
@@ -50,7 +49,7 @@ def test_calibrate_writes_the_limits_next_to_the_model(env, calibrated):  # noqa
     assert cal.regimes["fp32"].drift >= 1.5 * (cal.measured["fp32"]["max"]["drift"] - 5e-7)
 
 
-def _audit(env, files, manifest=None, model_dir=None):  # noqa: F811
+def _audit(env, files, manifest=None, model_dir=None):
     out = io.StringIO()
     code = audit_cmd.main(
         files, str(model_dir or env["model_dir"]), as_json=True, manifest=manifest, out=out
@@ -58,8 +57,11 @@ def _audit(env, files, manifest=None, model_dir=None):  # noqa: F811
     return code, [json.loads(x) for x in out.getvalue().splitlines()]
 
 
-def test_the_audit_uses_the_models_calibration_file(env, calibrated, tmp_path):  # noqa: F811
-    cheat = _records(env, _rank1(env["model"], 0.03), "cal-rank1.msgpack", n=4)
+def test_the_audit_uses_the_models_calibration_file(env, calibrated, tmp_path):
+    cheat_model = rank1_change(env["model"], 0.03)
+    cheat = open_records_file(
+        records_file(env, cheat_model, "cal-rank1.msgpack", n=4, start_counter=100)
+    )
     path = tmp_path / "cheat.msgpack"
     with open(path, "wb") as f:
         write_records(f, [ro.record for ro in cheat])
@@ -92,7 +94,7 @@ def test_the_audit_uses_the_models_calibration_file(env, calibrated, tmp_path): 
     assert code == 0, [x["reason"] for x in lines]
 
 
-def test_a_pinned_digest_refuses_another_file(env, calibrated, tmp_path):  # noqa: F811
+def test_a_pinned_digest_refuses_another_file(env, calibrated, tmp_path):
     path = tmp_path / "ok.msgpack"
     with open(path, "wb") as f:
         write_records(f, env["records"][:1])

@@ -10,52 +10,25 @@ import dataclasses
 import pytest
 import torch
 
-from node.commands.rollouts import generate_records
 from node.errors import CommandError
 from node.run_file import manifest_from_table, manifest_to_toml
-from protocol.rollout import open_record, read_records
-from tests.test_verify_audit import env  # noqa: F401  (the module's fixture)
-from trainer.engine_hf import HFEngine
+from tests.support.audit_env import open_records_file, rank1_change, records_file
 from trainer.tiny_policy import run_manifest_table
-from verify import toploc
 from verify.auditor import audit_records
 
 pytestmark = pytest.mark.slow  # builds a tokenizer and a model, generates rollouts
 
 
-def _records(env, model, name, n=8):  # noqa: F811
-    out = env["root"] / name
-    generate_records(
-        engine=HFEngine(model, env["tok"], max_batch=n),
-        manifest=env["manifest"],
-        identity=env["identity"],
-        n=n,
-        out=out,
-        start_counter=100,
-        build_proofs=toploc.build_proofs_bytes_many,
-        say=lambda _m: None,
-    )
-    with open(out, "rb") as f:
-        return [open_record(r) for r in read_records(f)]
+def _opened_records(env, model, name, n=8):
+    return open_records_file(records_file(env, model, name, n=n, start_counter=100))
 
 
-def _rank1(model, rel, layer=0, seed=0):
-    """A rank-1 change of relative Frobenius size `rel` to one layer's down_proj."""
-    m = copy.deepcopy(model)
-    w = m.base_model.layers[layer].mlp.down_proj.weight
-    g = torch.Generator().manual_seed(seed)
-    u, v = torch.randn(w.shape[0], 1, generator=g), torch.randn(1, w.shape[1], generator=g)
-    with torch.no_grad():
-        w.add_(u @ v * (rel * w.norm() / (u @ v).norm()))
-    return m
-
-
-def _settings(env, precision):  # noqa: F811
+def _settings(env, precision):
     return dataclasses.replace(env["settings"], precision=precision)
 
 
-def test_bf16_worker_fails_an_fp32_run(env):  # noqa: F811
-    opened = _records(
+def test_bf16_worker_fails_an_fp32_run(env):
+    opened = _opened_records(
         env, copy.deepcopy(env["model"]).to(torch.bfloat16), "bf16-in-fp32-run.msgpack"
     )
     results = audit_records(
@@ -64,8 +37,8 @@ def test_bf16_worker_fails_an_fp32_run(env):  # noqa: F811
     assert not any(r.passed for r in results), [r.reason for r in results]
 
 
-def test_perturbed_fp32_worker_gets_no_looser_second_pass(env):  # noqa: F811
-    opened = _records(env, _rank1(env["model"], 0.10), "rank1.msgpack")
+def test_perturbed_fp32_worker_gets_no_looser_second_pass(env):
+    opened = _opened_records(env, rank1_change(env["model"], 0.10), "rank1.msgpack")
     results = audit_records(
         opened, env["model"], judge=env["judge"], settings=_settings(env, "fp32")
     )
@@ -73,8 +46,8 @@ def test_perturbed_fp32_worker_gets_no_looser_second_pass(env):  # noqa: F811
     assert {r.metrics["audit_precision_bits"] for r in results} == {32.0}
 
 
-def test_bf16_run_judges_bf16_workers_at_bf16(env):  # noqa: F811
-    opened = _records(env, copy.deepcopy(env["model"]).to(torch.bfloat16), "bf16-run.msgpack")
+def test_bf16_run_judges_bf16_workers_at_bf16(env):
+    opened = _opened_records(env, copy.deepcopy(env["model"]).to(torch.bfloat16), "bf16-run.msgpack")
     results = audit_records(
         opened, env["model"], judge=env["judge"], settings=_settings(env, "bf16")
     )

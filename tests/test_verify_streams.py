@@ -14,13 +14,12 @@ import pytest
 from node.commands import audit as audit_cmd
 from protocol.rollout import write_records
 from protocol.wire import RolloutRecord
-from tests.test_verify_audit import env  # noqa: F401  (the module's fixture)
 from verify.auditor import audit_records
 
 pytestmark = pytest.mark.slow  # builds a tokenizer and a model, generates rollouts
 
 
-def _file(env, name, data: bytes):  # noqa: F811
+def _file(env, name, data: bytes):
     path = env["root"] / name
     path.write_bytes(data)
     return path
@@ -32,7 +31,7 @@ def _stream(records) -> bytes:
     return buf.getvalue()
 
 
-def _run(env, path):  # noqa: F811
+def _run(env, path):
     out = io.StringIO()
     code = audit_cmd.main([path], str(env["model_dir"]), as_json=True, manifest=env["run"], out=out)
     return code, [json.loads(x) for x in out.getvalue().splitlines()]
@@ -50,7 +49,7 @@ OVERSIZED = msgpack.packb(b"\x00" * (RolloutRecord.MAX_BYTES + 1), use_bin_type=
         (OVERSIZED, "record-too-large"),
     ],
 )
-def test_bad_tail_fails_alone_after_the_good_records(env, tail, reason):  # noqa: F811
+def test_bad_tail_fails_alone_after_the_good_records(env, tail, reason):
     path = _file(env, f"tail-{reason}.msgpack", _stream(env["records"][:2]) + tail)
     code, lines = _run(env, path)
     assert code == 1
@@ -58,7 +57,7 @@ def test_bad_tail_fails_alone_after_the_good_records(env, tail, reason):  # noqa
     assert lines[2]["reason"] == reason and lines[2]["detail"]
 
 
-def test_oversized_record_fails_alone_and_the_rest_is_audited(env):  # noqa: F811
+def test_oversized_record_fails_alone_and_the_rest_is_audited(env):
     data = _stream(env["records"][:1]) + OVERSIZED + _stream(env["records"][1:3])
     code, lines = _run(env, _file(env, "oversized.msgpack", data))
     assert code == 1
@@ -73,7 +72,7 @@ def test_oversized_record_fails_alone_and_the_rest_is_audited(env):  # noqa: F81
 @pytest.mark.parametrize(
     ("data", "reason"), [(b"", "stream-empty"), (b"\x93\x01\x02\x03 not records", "stream-garbage")]
 )
-def test_file_without_records_fails(env, data, reason):  # noqa: F811
+def test_file_without_records_fails(env, data, reason):
     code, lines = _run(env, _file(env, f"{reason}.msgpack", data))
     assert code == 1 and [x["reason"] for x in lines] == [reason]
 
@@ -88,7 +87,7 @@ def test_scan_reports_each_problem_once():
     assert len(items) == 4
 
 
-def test_per_record_token_limit(env):  # noqa: F811
+def test_per_record_token_limit(env):
     ro = env["opened"][0]
     n = len(ro.body.prompt_ids) + len(ro.body.completion_ids)
     settings = dataclasses.replace(env["settings"], max_record_tokens=n - 1)

@@ -10,31 +10,17 @@ import shutil
 import pytest
 
 from node.commands import audit as audit_cmd
-from node.commands.rollouts import generate_records
-from tests.test_verify_audit import env  # noqa: F401  (the module's fixture)
-from trainer.engine_hf import HFEngine
-from verify import toploc
+from tests.support.audit_env import records_file
 
 pytestmark = pytest.mark.slow  # builds a tokenizer and a model, generates rollouts
 
 
-def _claiming(env, version, name):  # noqa: F811
+def _claiming(env, version, name):
     """Records made with the version-0 model, claiming `version`."""
-    out = env["root"] / name
-    generate_records(
-        engine=HFEngine(env["model"], env["tok"], max_batch=4),
-        manifest=env["manifest"],
-        identity=env["identity"],
-        n=2,
-        out=out,
-        policy_version=version,
-        build_proofs=toploc.build_proofs_bytes_many,
-        say=lambda _m: None,
-    )
-    return out
+    return records_file(env, env["model"], name, n=2, max_batch=4, policy_version=version)
 
 
-def _audit(env, files, **kw):  # noqa: F811
+def _audit(env, files, **kw):
     out = io.StringIO()
     code = audit_cmd.main(
         files, str(env["model_dir"]), as_json=True, manifest=env["run"], out=out, **kw
@@ -43,12 +29,12 @@ def _audit(env, files, **kw):  # noqa: F811
 
 
 @pytest.mark.parametrize("version", [2, 2**32 - 1])
-def test_a_version_not_held_is_unknown_never_a_pass(env, version):  # noqa: F811
+def test_a_version_not_held_is_unknown_never_a_pass(env, version):
     code, lines = _audit(env, [_claiming(env, version, f"v{version}.msgpack")])
     assert code == 1 and [x["reason"] for x in lines] == ["unknown-version"] * 2
 
 
-def test_versions_directory_supplies_the_claimed_weights(env, tmp_path):  # noqa: F811
+def test_versions_directory_supplies_the_claimed_weights(env, tmp_path):
     shutil.copytree(env["model_dir"], tmp_path / "versions" / "2")
     ok = env["root"] / "v0-ok.msgpack"
     ok.write_bytes(b"")

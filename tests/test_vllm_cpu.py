@@ -17,16 +17,16 @@ import psutil
 import pytest
 import torch
 
-from node.commands import audit as audit_cmd
-from node.commands.rollouts import generate_records
 from node.keyfile import write_key
 from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml
 from protocol.identity import Identity
 from protocol.rollout import make_record, open_record, read_records
 from trainer.engine import SamplingSettings
+from trainer.judge import make_judge
 from trainer.model_dir import save_model_dir
-from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
-from verify.auditor import audit_records
+from trainer.produce import generate_records
+from trainer.tiny_policy import build_model, run_manifest_table
+from verify.auditor import audit_records, settings_for_run
 from verify.sampling import sample_token
 from verify.toploc import build_proofs_bytes_many
 
@@ -43,11 +43,6 @@ SMALL = dict(  # head_dim 32: vLLM's CPU attention has no kernel for 16
     num_attention_heads=4,
     num_key_value_heads=2,
 )
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer(seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +152,8 @@ def audit_env(tok, tmp_path_factory):
         identity=identity,
         opened=opened,
         summary=summary,
-        judge=audit_cmd.make_judge(manifest, tok),
-        settings=audit_cmd.settings_for_run(manifest),
+        judge=make_judge(manifest, tok),
+        settings=settings_for_run(manifest),
     )
 
 

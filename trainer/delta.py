@@ -1,6 +1,6 @@
 """Exact delta patches between two canonical checkpoints of the same layout.
 
-RL steps change few values of a bf16 policy (DESIGN.md: 1-3 % per step), so a version is
+RL steps change few values of a bf16 policy (docs/DESIGN.md §5: 1-3 % per step), so a version is
 cheaper to ship as "what changed since the previous one". A patch here is an *overwrite*
 patch, bit-exact by construction:
 

@@ -4,7 +4,7 @@ For local training (a peer's own rollouts feed its own copy directly) and for th
 learning benchmark: `generate_groups` samples `group_size` completions per task with the
 seeded sampler, scores each from its task and returns `trainer.samples.Sample` groups
 with the sampler's log-probs, ready for `Trainer.train_on`. `heldout_solve_rate` is the
-share of held-out tasks solved at temperature 1 (the metric DESIGN.md §3 measures).
+share of held-out tasks solved at temperature 1 (the learning metric, docs/DESIGN.md §5).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ reward that differs from the re-scored one (beyond `REWARD_TOLERANCE`) refuses t
 trained on, whatever a validator said.
 
 The reward trained on is solved-or-not (`1.0` when the scorer gives full marks, else
-`0.0`): partial credit from substring scorers was gamed at high learning rates (DESIGN.md
-§3), so it is recorded (`score`) but not trained on.
+`0.0`): partial credit from substring scorers was gamed at high learning rates
+(docs/DESIGN.md §5), so it is recorded (`score`) but not trained on.
 """
 
 from __future__ import annotations

@@ -74,6 +74,14 @@ class AuditSettings:
     expected_settings: Any = None  # a RunManifest (or same attributes): checked when given
 
 
+def settings_for_run(run: Any) -> AuditSettings:
+    """The audit settings a run manifest fixes: proof shape, sampling settings, the
+    workers' compute precision (the only regime judged)."""
+    return AuditSettings(
+        chunk=run.proof_chunk, topk=run.proof_topk, expected_settings=run, precision=run.worker_precision
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class AuditResult:
     passed: bool

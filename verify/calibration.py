@@ -1,8 +1,9 @@
 """Calibration files: the audit limits measured for one model, as bytes with a content id.
 
 What lives here: the file format and its digest, and turning a file into audit limits.
-Measuring (generating honest rollouts under each variation) is `swarm-node calibrate`
-(`node/commands/calibrate.py`); reading and writing the file is the caller's.
+Measuring (generating honest rollouts under each variation) and writing the file is
+`swarm-node calibrate` (`node/commands/calibrate.py`); reading it next to a model, with the
+run's pin, is `node.local_model.load_calibration`.
 
 A calibration file (`calibration.json`, written next to the model) is canonical JSON:
 

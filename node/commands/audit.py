@@ -4,7 +4,7 @@ Reads rollout record files (msgpack streams, `protocol.rollout.read_records`), o
 record (signature, body digest), audits them all against the model with one batched
 prefill (`verify.audit_records`) and prints one line per rollout, or one JSON object per
 line with `--json`. With a run manifest the task is re-derived and the reward re-scored
-(`make_judge`), and the sampling and proof settings are the run's; without one those
+(`trainer.judge.make_judge`), and the sampling and proof settings are the run's; without one those
 checks are skipped (said once on stderr). The run states the workers' compute precision
 and the audit judges at it only; without a manifest `--precision` says it (default fp32).
 The limits are the model's calibration file (`DIR/calibration.json`, `swarm-node
@@ -27,7 +27,6 @@ audit enforces `AuditSettings.max_record_tokens` (reason `too-large`, before any
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -36,52 +35,6 @@ from typing import Any
 
 from node.errors import CommandError
 from protocol.wire import WORKER_PRECISIONS as PRECISIONS
-
-
-def make_judge(manifest: Any, tokenizer: Any) -> Callable[[Any], Any]:
-    """A task judge for `verify.audit_records`: re-derives the assignment of a rollout from
-    (run seed, producer, policy version, counter), checks header and prompt against it,
-    and re-scores the decoded completion with the dataset's scorer."""
-    from trainer.tasks import TaskError, TaskSet, assign_task
-    from verify.auditor import TaskJudgement
-
-    tasks = TaskSet(manifest.seed)
-
-    @functools.lru_cache(maxsize=4096)
-    def encode_prompt(prompt: str) -> tuple[int, ...]:
-        # Tasks repeat (small task pools, GRPO groups): encode each distinct prompt once.
-        return tuple(tokenizer.encode(prompt, add_special_tokens=False))
-
-    def judge(ro: Any) -> TaskJudgement:
-        env, header, body = ro.envelope, ro.header, ro.body
-        if env.run_id != manifest.run_id:
-            return TaskJudgement(f"run id {env.run_id!r} is not {manifest.run_id!r}", None)
-        try:
-            a = assign_task(manifest, env.signer, env.policy_version, header.counter)
-            task = tasks.task_for(a)
-        except TaskError as exc:
-            return TaskJudgement(f"task cannot be derived: {exc}", None)
-        for name in ("dataset", "task_index", "task_seed"):
-            if getattr(header, name) != getattr(a, name):
-                return TaskJudgement(f"header {name} {getattr(header, name)!r} is not the assigned {getattr(a, name)!r}", None)
-        prompt = encode_prompt(task.prompt)
-        text = tokenizer.decode(list(body.completion_ids), skip_special_tokens=True)
-        reward = tasks.score(task, text).reward
-        if prompt != tuple(body.prompt_ids):
-            return TaskJudgement("prompt is not the assigned task's", reward)
-        return TaskJudgement(None, reward)
-
-    return judge
-
-
-def settings_for_run(run: Any) -> Any:
-    """The audit settings a run manifest fixes: proof shape, sampling settings, the
-    workers' compute precision (the only regime judged)."""
-    from verify.auditor import AuditSettings
-
-    return AuditSettings(
-        chunk=run.proof_chunk, topk=run.proof_topk, expected_settings=run, precision=run.worker_precision
-    )
 
 
 def _load_records(files: Sequence[Path]) -> list[tuple[str, int, bytes | None, str, str]]:
@@ -157,10 +110,11 @@ def main(
 ) -> int:
     """Run the audit; returns the exit status (0 all passed, 1 any failed). Usage and IO
     problems raise `CommandError` (exit status 2)."""
-    from node.commands.calibrate import load_for
+    from node.local_model import load_calibration
     from protocol.errors import RemoteProtocolError
     from protocol.rollout import open_record
-    from verify.auditor import AuditSettings, audit_versions
+    from trainer.judge import make_judge
+    from verify.auditor import AuditSettings, audit_versions, settings_for_run
 
     out = out or sys.stdout
     if precision is not None and manifest is not None:
@@ -184,7 +138,7 @@ def main(
         judge = make_judge(run, tokenizer)
     else:
         print("swarm-node audit: no --run: task, reward and run settings not checked", file=sys.stderr)
-    settings, note = load_for(model_path, settings, run)
+    settings, note = load_calibration(model_path, settings, run)
     print(f"swarm-node audit: {settings.precision} workers; {note}", file=sys.stderr)
 
     opened: list[tuple[int, Any]] = []

@@ -23,13 +23,14 @@ whose digest is not the pinned one.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from node.console import sayer
 from node.errors import CommandError
 
 DEFAULT_N = 32
@@ -37,8 +38,7 @@ COUNTER0 = 10**7  # calibration tasks: counters no run of the built-in manifest 
 VARIATIONS = ("kv_cache_batch64", "batch_1", "threads_1", "eager_attention", "left_padded_prefill")
 
 
-def _say(msg: str) -> None:
-    print(f"calibrate: {msg}", file=sys.stderr, flush=True)
+_say = sayer("calibrate")
 
 
 def _bodies(
@@ -158,29 +158,18 @@ def calibrate_dir(
     }
 
 
-def load_for(model_dir: str | Path | None, settings: Any, manifest: Any = None) -> tuple[Any, str]:
-    """`settings` with the limits of `model_dir/calibration.json` for their precision, and a
-    note for the user. A manifest that pins a digest needs that very file; without a pin
-    and without a file the shipped defaults apply (the note says so)."""
-    from verify.calibration import FILE_NAME, CalibrationError, apply, decode_calibration
+def ensure_calibration(model_dir: Path, *, force: bool, say: Callable[[str], None] = _say) -> str:
+    """The model's calibration file (`swarm-node calibrate`), measured once and cached with
+    the model; returns its digest (hex). One process measures at a time."""
+    from verify.calibration import FILE_NAME, calibration_digest
 
-    pin = getattr(manifest, "calibration_digest", b"") if manifest is not None else b""
-    path = Path(model_dir) / FILE_NAME if model_dir is not None else None
-    if path is None or not path.is_file():
-        if pin:
-            raise CommandError(
-                f"the run pins calibration {pin.hex()[:16]}... but {path or 'the model'} has no {FILE_NAME}: "
-                "run `swarm-node calibrate --model DIR`"
-            )
-        return (
-            settings,
-            f"no {FILE_NAME} next to the model: shipped default limits (run `swarm-node calibrate`)",
-        )
-    try:
-        cal = decode_calibration(path.read_bytes(), pin)
-        return apply(settings, cal), f"calibration {cal.digest.hex()[:16]} ({path})"
-    except (OSError, CalibrationError) as exc:
-        raise CommandError(f"{path}: {exc}") from None
+    path = model_dir / FILE_NAME
+    with open(model_dir.parent / f".{model_dir.name}.calibration.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if force or not path.is_file():
+            say("calibrating the audit limits (honest variation, fp32 and bf16 workers)")
+            calibrate_dir(model_dir, say=say)
+        return calibration_digest(path.read_bytes()).hex()
 
 
 def main(

@@ -11,31 +11,10 @@ Progress goes to stderr; the result is returned and printed as one JSON line on 
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
+from node.console import say as _say
 from node.errors import CommandError
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _ensure_calibration(model_dir: Any, *, force: bool, say: Any) -> str:
-    """The model's calibration file (`swarm-node calibrate`), measured once and cached with
-    the model; returns its digest (hex). One process measures at a time."""
-    import fcntl
-
-    from node.commands.calibrate import calibrate_dir
-    from verify.calibration import FILE_NAME, calibration_digest
-
-    path = model_dir / FILE_NAME
-    with open(model_dir.parent / f".{model_dir.name}.calibration.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if force or not path.is_file():
-            say("calibrating the audit limits (honest variation, fp32 and bf16 workers)")
-            calibrate_dir(model_dir, say=say)
-        return calibration_digest(path.read_bytes()).hex()
 
 
 def main(
@@ -47,6 +26,7 @@ def main(
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Build (or find) the tiny policy; returns its path, run manifest path and report."""
+    from node.commands.calibrate import ensure_calibration
     from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml
     from trainer import tiny_policy
 
@@ -65,7 +45,7 @@ def main(
         raise CommandError(
             f"cannot write to data directory {root}: {exc.strerror or exc}"
         ) from None
-    digest = _ensure_calibration(path, force=built or force, say=say)
+    digest = ensure_calibration(path, force=built or force, say=say)
     run_path = root / "tiny-run.toml"
     if not run_path.exists() or force:
         table = tiny_policy.run_manifest_table()

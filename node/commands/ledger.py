@@ -17,9 +17,10 @@ from typing import Any
 
 import click
 
-from node.commands.status import _find, _peer_text
 from node.errors import CommandError
+from node.paths import find_node_dir
 from node.store import DB_FILENAME, LedgerEntry, Store
+from protocol.identity import peer_text
 
 
 def entries(
@@ -46,7 +47,7 @@ def as_dict(e: LedgerEntry) -> dict[str, Any]:
         "outcome": e.outcome,
         "kind": e.kind,
         "item": e.item_id.hex() if e.item_id else None,
-        "peer": _peer_text(e.peer) if e.peer is not None else None,
+        "peer": peer_text(e.peer) if e.peer is not None else None,
         "reason": e.reason,
         "detail": e.detail,
     }
@@ -55,7 +56,7 @@ def as_dict(e: LedgerEntry) -> dict[str, Any]:
 def _line(e: LedgerEntry) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
     item = e.item_id.hex()[:12] if e.item_id else "-"
-    peer = _peer_text(e.peer)[-8:] if e.peer is not None else "-"
+    peer = peer_text(e.peer)[-8:] if e.peer is not None else "-"
     why = f" {e.reason}" if e.reason else ""
     detail = f" ({e.detail})" if e.detail else ""
     return f"{when} {e.direction:<3} {e.outcome:<8} {e.kind:<10} {item} peer {peer}{why}{detail}"
@@ -65,7 +66,7 @@ def main(
     data_dir: Path | None, direction: str | None, rejected: bool, kind: str | None,
     last: int, as_json: bool,
 ) -> None:  # fmt: skip
-    data_dir = _find(data_dir)
+    data_dir = find_node_dir(data_dir)
     lines = entries(data_dir, direction, rejected, kind, last)
     for e in lines:
         click.echo(json.dumps(as_dict(e)) if as_json else _line(e))

@@ -27,14 +27,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from node.console import sayer
 from node.errors import CommandError
 
 STATUS_FILE = "status.json"
 LOCK_FILE = "node.lock"
 
 
-def _say(msg: str) -> None:
-    print(msg, flush=True)
+_say = sayer(stdout=True)
 
 
 def _metrics_addr(text: str) -> tuple[str, int] | None:
@@ -119,7 +119,7 @@ def _weight_settings(cfg: Any) -> Any:
     )
 
 
-def _local_train(value: str | None, role: str | None) -> tuple[int, int] | None:
+def parse_local_train(value: str | None, role: str | None) -> tuple[int, int] | None:
     """`--local-train I:J` as (I, J); only an inference peer trains locally."""
     if value is None:
         return None
@@ -192,7 +192,7 @@ def main(
         raise CommandError(f"--duration must be positive, got {duration}")
     if max_rollouts is not None and max_rollouts < 1:
         raise CommandError(f"--max-rollouts must be >= 1, got {max_rollouts}")
-    split = _local_train(local_train, role)
+    split = parse_local_train(local_train, role)
     configure_logging(cfg["node.log_level"], cfg["node.log_format"])
     # py-libp2p logs every failed dial at ERROR; our own lines already say what failed.
     # (Import it first: importing libp2p resets its loggers' levels.)

@@ -18,7 +18,9 @@ from typing import Any
 import click
 
 from node.errors import CommandError
+from node.paths import find_node_dir
 from node.store import DB_FILENAME, Store
+from protocol.identity import peer_text
 
 
 def collect(data_dir: Path, now: float | None = None) -> dict[str, Any]:
@@ -48,7 +50,7 @@ def collect(data_dir: Path, now: float | None = None) -> dict[str, Any]:
             "peers_scored": len(peers),
             "banned": [
                 {
-                    "peer": _peer_text(r.peer),
+                    "peer": peer_text(r.peer),
                     "until_s": round(r.banned_until - now, 1),
                     "offences": r.offences,
                 }
@@ -105,34 +107,8 @@ def _read_live(data_dir: Path) -> dict[str, Any] | None:
     return live if isinstance(live, dict) else None
 
 
-def _peer_text(peer: bytes | str) -> str:
-    if isinstance(peer, bytes):
-        from protocol.identity import peer_id_to_b58
-
-        return peer_id_to_b58(peer)
-    return peer
-
-
-def _find(data_dir: Path | None) -> Path:
-    """The node directory to show: the one given, else the only one under the data root."""
-    from node.paths import data_root, find_node_dirs
-
-    if data_dir:
-        return Path(data_dir).expanduser()
-    root = data_root()
-    found = find_node_dirs(root)
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise CommandError(f"no node store under {root} (give the node's --data-dir)")
-    raise CommandError(
-        f"{len(found)} nodes under {root / 'nodes'}; give one with --data-dir: "
-        + ", ".join(p.name for p in found)
-    )
-
-
 def main(data_dir: Path | None, as_json: bool) -> None:
-    data_dir = _find(data_dir)
+    data_dir = find_node_dir(data_dir)
     status = collect(data_dir)
     if as_json:
         click.echo(json.dumps(status))

@@ -29,7 +29,7 @@ def main(
     threads: int = 1,
     quiet: bool = False,
 ) -> dict[str, Any]:
-    from node.commands.rollouts import resolve_model
+    from node.paths import resolve_model
     from node.run_file import load_run_manifest
     from protocol.errors import RemoteProtocolError
     from protocol.rollout import open_record, read_records

@@ -56,8 +56,9 @@ def check_local(role: str, ctx: RoleContext, manifest: Any) -> Path | None:
     """Everything a role needs from this machine, checked cheaply before any network IO:
     the run's datasets and, for roles that load the policy, its model directory (found and
     complete; not loaded). Returns the model directory, or None. Raises `CommandError`."""
-    from node.commands.rollouts import check_datasets, resolve_model
     from node.errors import CommandError
+    from node.local_model import check_datasets
+    from node.paths import resolve_model
     from trainer.model_dir import ModelDirError, check_model_dir
 
     if not getattr(role_module(role), "NEEDS_MODEL", False):

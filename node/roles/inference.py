@@ -2,7 +2,7 @@
 
 Each batch: task assignments from (run seed, our peer id, policy version, counter) via
 `trainer.tasks`, generation and activation proofs through the same code as
-`swarm-node rollouts` (`node.commands.rollouts.generate_records`), run in a worker thread.
+`swarm-node rollouts` (`trainer.produce.generate_records`), run in a worker thread.
 The counter resumes from the store's ledger after a restart, so a task is never assigned
 twice and envelope sequence numbers (the counter) keep increasing. With no peer subscribed
 to the rollouts topic the worker waits (and says so) instead of piling up work nobody sees.
@@ -26,7 +26,8 @@ CLOSE_TIMEOUT_S = 30.0  # vLLM's own shutdown waits 5 s for its processes, then 
 
 def load(ctx: RoleContext, manifest: Any) -> Any:
     """Check the datasets, find and load the model (blocking: call in a thread)."""
-    from node.commands.rollouts import check_datasets, load_engine, resolve_model
+    from node.local_model import check_datasets, load_engine
+    from node.paths import resolve_model
 
     check_datasets(manifest, "run manifest")
     path = resolve_model(ctx.model, manifest.model, ctx.models_dir)
@@ -158,8 +159,9 @@ def child_pids() -> list[int]:
 
 
 async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
-    from node.commands.rollouts import _proof_builder, generate_records
     from protocol.rollout import read_records
+    from trainer.produce import generate_records
+    from verify.toploc import build_proofs_bytes_many
 
     manifest = peer.manifest
     from node.roles.policy_versions import HotSwap
@@ -167,7 +169,6 @@ async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
     # the model directory is version 0; the vLLM engine's own copy of the weights swaps too
     swap = HotSwap(peer, engine.model, version=0, also_load=getattr(engine, "load_weights", None))
     local = _Local(peer, ctx, engine) if ctx.local_train else None
-    build = _proof_builder()
     status = await trio.to_thread.run_sync(peer.store.produced_status)
     counter = status["produced"]
     tmp = ctx.data_dir / "tmp"
@@ -192,7 +193,7 @@ async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
             functools.partial(
                 generate_records, engine=engine, manifest=manifest, identity=peer.identity, n=n,
                 out=out, policy_version=version, start_counter=counter,
-                batch_size=n, build_proofs=build, say=lambda _m: None,
+                batch_size=n, build_proofs=build_proofs_bytes_many, say=lambda _m: None,
             )
         )
         with open(out, "rb") as fh:

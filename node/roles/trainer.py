@@ -145,7 +145,8 @@ class Collector:
 
 def _load(ctx: RoleContext, manifest: Any) -> tuple[Any, Any, bytes]:
     """Model, tokenizer and the canonical bytes of the starting weights (blocking)."""
-    from node.commands.rollouts import check_datasets, resolve_model
+    from node.local_model import check_datasets
+    from node.paths import resolve_model
     from trainer.checkpoint import from_state_dict
     from trainer.model_dir import load_model_dir
 

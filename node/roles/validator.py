@@ -8,7 +8,7 @@ In what order:
 `protocol.audit_queue.AuditQueue` (fraud re-checks, then the newest policy version first;
 records the trainer can no longer use are dropped unaudited, `dropped_stale`). How: one
 batched prefill per batch with `verify.auditor.audit_many` (proof statistics, sampling
-replay, log-probs, task and reward re-derived by `node.commands.audit.make_judge`), in a
+replay, log-probs, task and reward re-derived by `trainer.judge.make_judge`), in a
 worker thread. A failed audit also costs the producer score (`Peer.report`), which bans
 a peer that keeps cheating.
 
@@ -75,17 +75,17 @@ def selected(identity: Identity, run_id: str, rollout_id: bytes, fraction: float
 
 def load(ctx: RoleContext, manifest: Any) -> tuple[Any, Any, Any, Any]:
     """Model, judge, audit settings and EOS ids (blocking: call in a thread)."""
-    from node.commands.audit import make_judge, settings_for_run
-    from node.commands.calibrate import load_for
-    from node.commands.rollouts import resolve_model
+    from node.local_model import load_calibration
+    from node.paths import resolve_model
     from trainer.engine_hf import torch_threads
+    from trainer.judge import make_judge
     from trainer.model_dir import load_model_dir
-    from verify.auditor import eos_token_ids
+    from verify.auditor import eos_token_ids, settings_for_run
 
     path = resolve_model(ctx.model, manifest.model, ctx.models_dir)
     with torch_threads(ctx.threads):
         model, tokenizer = load_model_dir(path)
-    settings, note = load_for(path, settings_for_run(manifest), manifest)
+    settings, note = load_calibration(path, settings_for_run(manifest), manifest)
     ctx.say(f"validator: {manifest.worker_precision} workers; {note}")
     return model, make_judge(manifest, tokenizer), settings, eos_token_ids(model)
 

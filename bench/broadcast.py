@@ -1,4 +1,4 @@
-"""`swarm-node bench broadcast`: weight broadcast figures (issue 8).
+"""`swarm-node bench broadcast`: weight broadcast figures.
 
 delta: patch size over full checkpoint size for consecutive versions made by one AdamW
 step on the built-in policy. The policy ships in bf16 (the trainer keeps an fp32 master
@@ -13,21 +13,18 @@ run publishes), cast to bf16; `patch_bytes_ratio_trained_fp32`: the same version
 fp32 state the trainer holds (every fp32 value moves in an AdamW step: a patch is no
 smaller than the checkpoint, so a run should publish bf16).
 
-real: see `node.bench._broadcast_real` (1 origin + N receivers as processes on loopback,
+real: see `bench._broadcast_real` (1 origin + N receivers as processes on loopback,
 upload capped by the node's own limiter).
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
+from node.console import say as _say
+
 LRS = (("lr1e-5", 1e-5), ("lr1e-6", 1e-6))
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def bf16_state(model: Any) -> dict[str, Any]:
@@ -140,7 +137,7 @@ def run(quick: bool, args: list[str]) -> dict:
     if "delta" in chosen:
         result.update(delta_part(quick))
     if "real" in chosen:
-        from node.bench._broadcast_real import real_part
+        from bench._broadcast_real import real_part
 
         result.update(real_part(quick))
     return result

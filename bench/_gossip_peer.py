@@ -31,12 +31,14 @@ from node.host import HostSettings, PeerEvent, open_host
 _STAMP = struct.Struct(">dQ")  # send time (time.time()), sequence number
 
 
-def _say(obj: object) -> None:
+def reply(obj: object) -> None:
+    """One JSON line to the parent process (a peer process's stdout is its reply channel)."""
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
 
 
-async def _lines(stream: trio.abc.ReceiveStream):  # type: ignore[no-untyped-def]
+async def json_lines(stream: trio.abc.ReceiveStream):  # type: ignore[no-untyped-def]
+    """The JSON objects of a line-delimited stream (the parent's commands on stdin)."""
     buf = b""
     while True:
         chunk = await stream.receive_some(65536)
@@ -74,16 +76,16 @@ async def main(args: argparse.Namespace) -> None:
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(reader)
-                _say({"peer_id": host.peer_id, "addrs": host.listen_addrs()})
+                reply({"peer_id": host.peer_id, "addrs": host.listen_addrs()})
                 stdin = trio.lowlevel.FdStream(os.dup(0))
-                async for cmd in _lines(stdin):
+                async for cmd in json_lines(stdin):
                     kind = cmd.get("cmd")
                     if kind == "connect":
                         dials = await host.connect_many(cmd["addrs"])
-                        _say({"dials": [{"addr": d.addr, "ok": d.ok, "error": d.error} for d in dials]})
+                        reply({"dials": [{"addr": d.addr, "ok": d.ok, "error": d.error} for d in dials]})
                     elif kind == "wait_peers":
                         n = await host.wait_for_topic_peers(args.topic, cmd["n"], cmd.get("timeout", 10))
-                        _say({"topic_peers": n})
+                        reply({"topic_peers": n})
                     elif kind == "publish":
                         t0 = time.time()
                         pad = b"\0" * max(0, cmd["size"] - _STAMP.size)
@@ -93,14 +95,14 @@ async def main(args: argparse.Namespace) -> None:
                                 await trio.sleep_until(
                                     trio.current_time() + max(0.0, t0 + (seq + 1) / cmd["rate"] - time.time())
                                 )
-                        _say({"published": cmd["n"], "elapsed_s": time.time() - t0})
+                        reply({"published": cmd["n"], "elapsed_s": time.time() - t0})
                     elif kind == "stats":
-                        _say({"received": received, "latencies_ms": latencies, "events": events,
+                        reply({"received": received, "latencies_ms": latencies, "events": events,
                               "peers": host.connected_peers()})
                     elif kind == "quit":
                         break
                 nursery.cancel_scope.cancel()
-    _say({"closed": True})
+    reply({"closed": True})
 
 
 def cli() -> None:
@@ -131,7 +133,7 @@ class PeerProcess:
 
     @classmethod
     async def start(
-        cls, *extra: str, timeout: float = 60.0, module: str = "node.bench._gossip_peer",
+        cls, *extra: str, timeout: float = 60.0, module: str = "bench._gossip_peer",
         stderr_path: str | None = None,
     ) -> PeerProcess:
         import subprocess

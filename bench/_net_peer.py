@@ -1,6 +1,6 @@
 """A full peer (`node.peer.open_peer`) producing synthetic records, driven by JSON lines.
 
-For integration tests and `bench gossip`; the records come from `node.bench._records`
+For integration tests and `bench gossip`; the records come from `bench._records`
 (well-formed and signed, not model output). Start-up prints
 `{"peer_id", "addrs", "bootstrap": [[addr, ok, error], ...]}`. Commands on stdin, one JSON
 object per line, each answered by one JSON line:
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import trio
 
-from node.bench._gossip_peer import _lines, _say
-from node.bench._records import net_manifest, synthetic_record
+from bench._gossip_peer import json_lines, reply
+from bench._records import net_manifest, synthetic_record
 from node.host import HostSettings, MessageTooLarge, PeerError
 from node.peer import PeerConfig, open_peer
 from node.rollout_exchange import protocol_id
@@ -70,7 +70,7 @@ async def main(args: argparse.Namespace) -> None:
     with trio.move_on_after(args.max_life):
         async with open_peer(cfg) as peer:
             peer.on_deliver(on_deliver)
-            _say(
+            reply(
                 {
                     "peer_id": peer.host.peer_id,
                     "addrs": peer.host.listen_addrs(),
@@ -145,17 +145,17 @@ async def main(args: argparse.Namespace) -> None:
 
             async with trio.open_nursery() as nursery:
                 stdin = trio.lowlevel.FdStream(os.dup(0))
-                async for cmd in _lines(stdin):
+                async for cmd in json_lines(stdin):
                     kind = cmd.get("cmd")
                     if kind == "produce":
                         nursery.start_soon(
                             produce, cmd["n"], cmd.get("rate", 2.0), cmd.get("size", 1024),
                             max(1, int(cmd.get("burst", 1))),
                         )
-                        _say({"ok": True})
+                        reply({"ok": True})
                     elif kind == "stats":
                         stored = await trio.to_thread.run_sync(peer.store.count_rollouts)
-                        _say(
+                        reply(
                             {
                                 **peer.stats(),
                                 "stored": stored,
@@ -166,22 +166,22 @@ async def main(args: argparse.Namespace) -> None:
                         )
                     elif kind == "stop":
                         production[0] += 1
-                        _say({"ok": True})
+                        reply({"ok": True})
                     elif kind == "delivery":
-                        _say(await trio.to_thread.run_sync(peer.store.delivery_status))
+                        reply(await trio.to_thread.run_sync(peer.store.delivery_status))
                     elif kind == "ids":
                         own = identity.peer_id if cmd.get("own") else None
                         ids = await trio.to_thread.run_sync(peer.store.rollout_ids_with_body, own)
-                        _say({"ids": [i.hex() for i in ids]})
+                        reply({"ids": [i.hex() for i in ids]})
                     elif kind == "evil":
-                        _say(await evil())
+                        reply(await evil())
                     elif kind == "batch":
                         peer.outbox.set_max_batch(int(cmd["n"]))
-                        _say({"ok": True})
+                        reply({"ok": True})
                     elif kind == "quit":
                         break
                 nursery.cancel_scope.cancel()
-    _say({"closed": True})
+    reply({"closed": True})
 
 
 def cli() -> None:

@@ -38,16 +38,13 @@ from typing import Any
 
 import numpy as np
 
+from node.console import say as _say
 from protocol.identity import Identity
 from protocol.shard_schedule import ScheduleConfig
 from trainer.checkpoint import canonical_bytes
 
 CAP_MIB_S = 10.0
 MiB = 2**20
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def make_checkpoint(total: int, seed: int = 0) -> bytes:
@@ -68,7 +65,7 @@ def make_checkpoint(total: int, seed: int = 0) -> bytes:
 class Proc:
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "node.bench._weights_peer", *args],
+            [sys.executable, "-m", "bench._weights_peer", *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
         )  # fmt: skip
         self.info: dict[str, Any] = {}
@@ -97,7 +94,6 @@ class Proc:
     def ask(self, cmd: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
         self.send(cmd)
         return self.read(timeout)
-
 
 
 def _stop_all(procs: list[Proc], timeout_s: float = 15.0) -> None:

@@ -1,6 +1,6 @@
-"""`swarm-node bench churn`: delivery under crashes and restarts (issue 15).
+"""`swarm-node bench churn`: delivery under crashes and restarts.
 
-Real processes on loopback (`node.bench._net_peer`: the full peer, py-libp2p, SQLite):
+Real processes on loopback (`bench._net_peer`: the full peer, py-libp2p, SQLite):
 a trainer and a validator (both pull bodies) and two workers producing signed synthetic
 records (well-formed, not model output: this measures delivery, not generation) at
 `--rate` per second each. Each trial waits a random moment, SIGKILLs a random role (or a
@@ -9,7 +9,7 @@ the same port, data directory and key, at once or after a random delay. After th
 trial the workers stop producing and the trainer gets `--drain` seconds to catch up; then
 every store is read directly.
 
-Figures (the JSON keys of the issue):
+Figures (the JSON keys of the result):
     trials, produced (workers' own ledgers), delivered (bodies the trainer holds, after the
     drain), too_stale (accounted by the workers, with reason), silently_lost = produced -
     delivered - too_stale, delivery_ratio = delivered / (produced - too_stale),
@@ -36,7 +36,6 @@ import shutil
 import socket
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +43,8 @@ from typing import Any
 
 import trio
 
-from node.bench._gossip_peer import PeerProcess
+from bench._gossip_peer import PeerProcess
+from node.console import sayer
 from node.store import DB_FILENAME, Store
 
 ROLES = ("trainer", "validator", "w1", "w2")
@@ -56,8 +56,7 @@ CATCH_UP_BOUND_S = 30.0
 DEAD_AFTER_S = 10.0
 
 
-def _say(msg: str) -> None:
-    print(f"bench churn: {msg}", file=sys.stderr, flush=True)
+_say = sayer("bench churn")
 
 
 def _free_port() -> int:
@@ -102,7 +101,7 @@ class _Node:
     async def start(self, bootstrap: list[str], log: Path) -> float:
         t0 = time.monotonic()
         self.proc = await PeerProcess.start(
-            *self.args(bootstrap), module="node.bench._net_peer", stderr_path=str(log), timeout=90
+            *self.args(bootstrap), module="bench._net_peer", stderr_path=str(log), timeout=90
         )
         self.addr = self.proc.addrs[0]
         return time.monotonic() - t0

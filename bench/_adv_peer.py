@@ -32,8 +32,8 @@ from typing import Any
 
 import trio
 
-from node.bench._gossip_peer import _lines, _say
-from node.bench._records import net_manifest, synthetic_record
+from bench._gossip_peer import json_lines, reply
+from bench._records import net_manifest, synthetic_record
 from node.host import HostSettings
 from node.peer import PeerConfig, open_peer
 from node.roles.trainer import Collector
@@ -170,35 +170,35 @@ async def main(args: argparse.Namespace) -> None:
                 send, receive = trio.open_memory_channel[Any](4096)
                 peer.on_deliver(lambda item: _validate_sync(peer, send, item))
                 nursery.start_soon(_audit_loop, peer, receive)
-            _say({"peer_id": peer.host.peer_id, "addrs": peer.host.listen_addrs()})
+            reply({"peer_id": peer.host.peer_id, "addrs": peer.host.listen_addrs()})
             stopping = trio.Event()
             stdin = trio.lowlevel.FdStream(os.dup(0))
-            async for cmd in _lines(stdin):
+            async for cmd in json_lines(stdin):
                 kind = cmd.get("cmd")
                 if kind == "produce":
                     stopping = trio.Event()
                     nursery.start_soon(_produce, peer, m, cmd.get("rate", 4.0), stopping)
-                    _say({"ok": True})
+                    reply({"ok": True})
                 elif kind == "stop":
                     stopping.set()
-                    _say({"ok": True})
+                    reply({"ok": True})
                 elif kind == "report":
                     ids = cmd.get("ids", [])
                     if counting is not None:
-                        _say(counting.report(ids))
+                        reply(counting.report(ids))
                     else:
                         now = time.time()
                         sc = peer.admission.scores
-                        _say({"banned": {p: sc.is_banned(p, now) for p in ids}, "rss_mb": _rss_mb(),
+                        reply({"banned": {p: sc.is_banned(p, now) for p in ids}, "rss_mb": _rss_mb(),
                               "scores": {p: sc.score(p, now) for p in ids}, "sampled": sampled_at})
                 elif kind == "attack":
-                    from node.bench._attacks import attack
+                    from bench._attacks import attack
 
-                    _say(await attack(cmd, m, Path(args.data_dir)))
+                    reply(await attack(cmd, m, Path(args.data_dir)))
                 elif kind == "quit":
                     break
             nursery.cancel_scope.cancel()
-    _say({"closed": True})
+    reply({"closed": True})
 
 
 def _validate_sync(peer: Any, send: Any, item: Admitted) -> None:

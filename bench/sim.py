@@ -36,11 +36,11 @@ import argparse
 import dataclasses
 import json
 import resource
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from node.console import sayer
 from swarm_sim.broadcast import BroadcastConfig, simulate_broadcast
 from swarm_sim.churn import ChurnConfig
 from swarm_sim.network import NetConfig
@@ -66,8 +66,7 @@ QUICK_SCALE = Workload(
 CHURN = ChurnConfig(churn_per_hour=0.2, offline_mean_s=600)
 
 
-def _say(msg: str) -> None:
-    print(f"bench sim: {msg}", file=sys.stderr, flush=True)
+_say = sayer("bench sim")
 
 
 def _peak_rss_mb() -> float:
@@ -156,7 +155,7 @@ def scale(quick: bool, seed: int) -> dict[str, Any]:
 
 def _cpu_costs() -> tuple[float, float]:
     """Seconds to admit one real signed header and one real record (decode + verify)."""
-    from node.bench._records import net_manifest, synthetic_record
+    from bench._records import net_manifest, synthetic_record
     from protocol.admission import KIND_RULES, Kind
     from protocol.codec import decode
     from protocol.identity import Identity
@@ -184,7 +183,7 @@ def fidelity(quick: bool, seed: int, gossip_json: Path | None) -> dict[str, Any]
 
             raise CommandError(f"cannot read bench gossip JSON {gossip_json}: {exc}") from None
     else:
-        from node.bench import gossip
+        from bench import gossip
 
         _say("fidelity: running bench gossip --quick for the real figures")
         real = gossip.run(quick=True, args=[])
@@ -192,7 +191,7 @@ def fidelity(quick: bool, seed: int, gossip_json: Path | None) -> dict[str, Any]
     header_s, record_s = _cpu_costs()
     rtt_ms = p.get("loopback_rtt_ms_median") or 0.1
     body = p["record_bytes"] - p["header_bytes"]
-    loopback = 200 * 1.048576 * 8  # Mb/s: Noise + Yamux on loopback (DESIGN.md)
+    loopback = 200 * 1.048576 * 8  # Mb/s: Noise + Yamux on loopback (docs/DESIGN.md §5)
     per_msg, per_byte = header_s, max(0.0, (record_s - header_s) / max(1, body))
     # A delivery costs a header and a record pull here; the real peers spent
     # `cpu_s_per_record_main` per delivery (every process's CPU / records delivered:

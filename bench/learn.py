@@ -4,7 +4,7 @@
   I own + J foreign groups per round (I + J = 8 groups of G = 4: the same number of
   training samples in every configuration), I/J in 8/0, 6/2, 4/4, 2/6 (`--quick`: 8/0,
   4/4), over seeds (3; `--quick` 1). Identical peers on one task mix gain nothing from
-  sharing (DESIGN.md §3), so the peers differ: half draw their own tasks from
+  sharing (docs/DESIGN.md §5), so the peers differ: half draw their own tasks from
   `tiny-chain-sum-4` only, half from `tiny-products` only; what one half practises the
   other lacks. Foreign groups are other peers' own groups of the same round (what gossip
   would bring), picked at random (not filtered for signal), with importance weights
@@ -32,7 +32,7 @@
   Measured (full run, 12 rounds at 5e-5): never training earns 3.396; training alone
   3.417 (gain 0.021 +- 0.030), 4/4 3.427 (0.031 +- 0.034), 2/6 3.552 (0.156 +- 0.028: the
   peers that mix the specialities most learn most on the mixed probe). A configuration
-  1.3x the isolated one would need a gain of about 1.05, 50x that of training alone. Tried while designing this (4 peers, one seed, 15-20
+  1.3x the isolated one would need a gain of about 1.05, 50x that of training alone. Set-ups measured and not kept (4 peers, one seed, 15-20
   rounds, so indicative): peers that differ in skills instead of data (each half
   fine-tuned on one family, all drawing from the full mix, SAPO's training reward as the
   count): 4/4 over 8/0 = 1.02 (lr 1e-4) and 1.05 (std advantages, 2 steps a round); 1.18
@@ -65,27 +65,22 @@ import argparse
 import copy
 import random
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from node.console import say as _say
 from trainer.tiny_policy import RL_LR
 
 GROUP = 4
 DEVNET_SAMPLES = 2  # samples per held-out task before and after the devnet (narrows the CI)
 GROUPS_PER_ROUND = 8
 PROBE = 16
-# The built-in run's rate. The grid ran at 1e-3 once ("rounds are few"): that halved the
-# probe reward in 12 rounds (0.318 per round untrained, 0.158 trained), so every
-# configuration measured collapse, not learning.
+# The built-in run's rate. At 1e-3 the probe reward halves in 12 rounds (0.318 per round
+# untrained, 0.158 trained): every configuration would measure collapse, not learning.
 LR = RL_LR
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:

@@ -67,10 +67,11 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+from node.console import sayer
 
 HONEST = {
     "kv_cache_vs_prefill": "baseline worker (fp32, KV-cache decode, batch 64) vs the verifier's prefill",
@@ -110,17 +111,12 @@ METRICS = (
     "proof_far_points",
     "drift",
 )
-# Calibration: limits = factor x the largest honest value on a separate calibration set.
-# bf16 rounding noise is heavy-tailed (a few rollouts disagree by several times the typical
-# amount), hence the larger factor there.
-FP32_FACTOR = 2.0
-BF16_FACTOR = 2.0
 FULL_N = 200
 QUICK_N = 8
 # "One training step" for stale_version: one AdamW step at this learning rate on the honest
 # rollouts (REINFORCE, advantages r - mean), the result rounded to bf16 as a published
 # checkpoint. At 1e-5 about 1-3 % of the bf16 weights change, the rate reported for real
-# RL steps (DESIGN.md, "RL updates are sparse"); the bench reports the measured fraction.
+# RL steps (docs/DESIGN.md §5, "RL updates are sparse"); the bench reports the measured fraction.
 STALE_LR = 1e-5
 # The attack matrix runs once per seed (task counters SEED_COUNTER_STRIDE apart); each
 # attack reports its minimum detection over the seeds.
@@ -128,8 +124,7 @@ SEEDS = 3
 SEED_COUNTER_STRIDE = 100_000
 
 
-def _say(msg: str) -> None:
-    print(f"bench verify: {msg}", file=sys.stderr, flush=True)
+_say = sayer("bench verify")
 
 
 @dataclass
@@ -159,11 +154,11 @@ def _canonical_bf16(model: Any) -> Any:
 
 
 def _setup(hidden: int | None, n: int, quick: bool) -> tuple[Ctx, Any]:
-    from node.commands.audit import make_judge
     from node.run_file import manifest_from_table
     from protocol.content_id import content_id
     from protocol.identity import Identity
     from trainer import tiny_policy
+    from trainer.judge import make_judge
     from trainer.model_dir import load_model_dir
     from trainer.tasks import TaskSet
     from verify.auditor import AuditSettings
@@ -451,12 +446,11 @@ def _calibrate(ctx: Ctx, model_dir: Any) -> tuple[Any, str]:
     and cached now if the model has none yet). A random-init model (`--hidden`) has no
     directory: the same procedure measures it (`node.commands.calibrate.measure`), in the
     open and reported, on tasks the benchmark cases never see."""
-    from node.commands.calibrate import measure
-    from node.commands.init_model import _ensure_calibration
+    from node.commands.calibrate import ensure_calibration, measure
     from verify.calibration import FILE_NAME, apply, decode_calibration, encode_calibration
 
     if model_dir is not None:
-        _ensure_calibration(model_dir, force=False, say=_say)
+        ensure_calibration(model_dir, force=False, say=_say)
         data = (model_dir / FILE_NAME).read_bytes()
     else:
         regimes, measured = measure(ctx.model, ctx.tokenizer, ctx.manifest, n=max(8, ctx.n // 4), say=_say)
@@ -713,8 +707,8 @@ def run(quick: bool, args: list[str]) -> dict:
     from trainer.engine_hf import torch_threads
 
     base_engine = _engine(ctx.model, tok, max_batch=64)
-    # Generation is timed at the worker's usual batch size (the issue's yardstick).
-    from node.commands.rollouts import DEFAULT_BATCH_SIZE
+    # Generation is timed at the worker's usual batch size (`trainer.produce.DEFAULT_BATCH_SIZE`).
+    from trainer.produce import DEFAULT_BATCH_SIZE
 
     timing_engine = _engine(ctx.model, tok, max_batch=DEFAULT_BATCH_SIZE, threads=1)
     _make_records(replace(ctx, n=min(ctx.n, 4)), timing_engine)  # warm-up

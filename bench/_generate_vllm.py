@@ -38,14 +38,14 @@ def run_vllm_part(
     audits: int,
     say: Any,
 ) -> dict[str, Any]:
-    from node.commands import audit as audit_cmd
-    from node.commands.calibrate import load_for
-    from node.commands.rollouts import generate_records
+    from node.local_model import load_calibration
     from protocol.identity import Identity
     from protocol.rollout import open_record, read_records
     from trainer.engine_hf import HFEngine
     from trainer.engine_vllm import VLLMEngine
-    from verify.auditor import audit_records
+    from trainer.judge import make_judge
+    from trainer.produce import generate_records
+    from verify.auditor import audit_records, settings_for_run
     from verify.toploc import build_proofs_bytes_many
 
     n = len(prompts)
@@ -88,9 +88,9 @@ def run_vllm_part(
 
     say(f"generate: auditing {len(opened)} vLLM rollouts with transformers")
     # the limits `swarm-node audit --run` applies: the run's settings, the model's calibration
-    audit_settings, _ = load_for(path, audit_cmd.settings_for_run(manifest), manifest)
+    audit_settings, _ = load_calibration(path, settings_for_run(manifest), manifest)
     results = audit_records(
-        opened, model, judge=audit_cmd.make_judge(manifest, tok), settings=audit_settings
+        opened, model, judge=make_judge(manifest, tok), settings=audit_settings
     )
     say("generate: the same rollouts from transformers, compared token for token")
     hf_same = HFEngine(model, tok, max_batch=n)

@@ -1,6 +1,6 @@
 """One peer of `bench broadcast`'s real part: an origin (trainer key), a receiver, or a liar.
 
-    python -m node.bench._weights_peer --run-id R --trainer-key HEX --data-dir D
+    python -m bench._weights_peer --run-id R --trainer-key HEX --data-dir D
         [--key HEX] [--bootstrap ADDR] [--upload-limit MIB_S] [--shard-bytes N]
         [--checkpoint PATH] [--liar] [--trace FILE]
 
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import trio
 
+from bench._records import net_manifest
 from node import shard_exchange
-from node.bench._records import net_manifest
 from node.host import HostSettings
 from node.peer import PeerConfig, open_peer
 from node.weights_sync import WeightSettings

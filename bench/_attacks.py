@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from node.bench._adv_peer import VERSION, honest_record
+from bench._adv_peer import VERSION, honest_record
 from node.host import HostSettings, MessageTooLarge, PeerError
 from node.peer import PeerConfig, open_peer
 from node.store import RolloutRow

@@ -1,9 +1,9 @@
-"""`swarm-node bench adversary`: the network's rules against attackers (issue 10).
+"""`swarm-node bench adversary`: the network's rules against attackers.
 
-Real processes on loopback (`node.bench._adv_peer`: the full peer, py-libp2p, SQLite): one
+Real processes on loopback (`bench._adv_peer`: the full peer, py-libp2p, SQLite): one
 trainer, one validator (the run manifest's only validator key), two honest workers
 producing signed synthetic records, and one attacker process that runs each attack from
-`node.bench._attacks` with a fresh identity and peer, one after the other, while the
+`bench._attacks` with a fresh identity and peer, one after the other, while the
 honest workers keep producing. The records are synthetic (not model output) and the
 validator's audit re-scores a stand-in reward fixed by each body (`true_reward`): this
 measures the trust rules (admission, authority, sampling, accounting, scoring), not the
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,15 +40,15 @@ from typing import Any
 
 import trio
 
-from node.bench._attacks import ATTACKS
-from node.bench._gossip_peer import PeerProcess
+from bench._attacks import ATTACKS
+from bench._gossip_peer import PeerProcess
+from node.console import sayer
 from protocol.identity import Identity
 
-MODULE = "node.bench._adv_peer"
+MODULE = "bench._adv_peer"
 
 
-def _say(msg: str) -> None:
-    print(f"bench adversary: {msg}", file=sys.stderr, flush=True)
+_say = sayer("bench adversary")
 
 
 def _in(window: tuple[float, float], t: float) -> bool:

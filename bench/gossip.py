@@ -1,6 +1,6 @@
 """`swarm-node bench gossip`: rollout gossip among 8 real peer processes on loopback.
 
-Each peer is a full node (`node.bench._net_peer`: host, admission, SQLite store, body
+Each peer is a full node (`bench._net_peer`: host, admission, SQLite store, body
 pulls). Producers publish signed ~20 KB records (header gossiped, body pulled; token ids,
 log-probs and real TOPLOC proofs built from random activations) at a fixed rate for a
 fixed time; every peer pulls every body. Midway one non-producing peer is frozen with
@@ -50,7 +50,6 @@ import argparse
 import os
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -58,8 +57,9 @@ from typing import Any
 
 import trio
 
-from node.bench._gossip_peer import PeerProcess
+from bench._gossip_peer import PeerProcess
 from node.config import NODE_KEYS
+from node.console import sayer
 from node.peer import PeerConfig
 
 DEAD_AFTER_S = 4.0  # the peers' heartbeat timeout (passed to each as --dead-after)
@@ -70,8 +70,7 @@ CPU_PAIRS, CPU_PAIRS_QUICK = 3, 1  # batched/unbatched phase pairs for the CPU f
 SATURATION_RATES = (4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)  # per producer per second
 
 
-def _say(msg: str) -> None:
-    print(f"bench gossip: {msg}", file=sys.stderr, flush=True)
+_say = sayer("bench gossip")
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -85,7 +84,7 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import msgpack
     import psutil
 
-    from node.bench._records import make_proof_pool
+    from bench._records import make_proof_pool
 
     pool_path = tmp / "proofs.msgpack"
     pool_path.write_bytes(msgpack.packb([list(p) for p in make_proof_pool(8, opts.size)]))
@@ -105,7 +104,7 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "--max-life", str(opts.duration + 900)]
         if boot:
             args += ["--bootstrap", boot]
-        return await PeerProcess.start(*args, module="node.bench._net_peer",
+        return await PeerProcess.start(*args, module="bench._net_peer",
                                        stderr_path=str(tmp / f"p{i}.log"), timeout=120)
 
     try:
@@ -395,7 +394,7 @@ async def _saturate(
 
 
 def _record_size(n_completion: int) -> tuple[int, int]:
-    from node.bench._records import net_manifest, synthetic_record
+    from bench._records import net_manifest, synthetic_record
     from protocol.codec import decode
     from protocol.identity import Identity
     from protocol.wire import RolloutRecord
