@@ -54,8 +54,8 @@ S = `RunRules.max_staleness` (the run manifest's `max_staleness`). The current v
 comes from `VersionChanged` events. Who pays for a stale rollout: nobody when we pulled it
 (we asked), nor when it went stale while it was made or on its way (signed less than
 `stale_grace_s` after the version that made it stale became ours: the trainer moved on, the
-producer could not know); its signer otherwise. Before, an honest worker of a fast-moving run
-was charged for every body and catch-up answer the trainer pulled from it late, and banned.
+producer could not know); its signer otherwise, so an honest worker of a fast-moving run is
+not charged for the bodies and catch-up answers a trainer pulls from it late.
 
 Whose fault: penalties go to the *sender* (the peer that handed us the bytes; given as
 libp2p peer id bytes or their base58 text, so that a sender can be matched to an envelope

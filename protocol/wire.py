@@ -77,7 +77,7 @@ class RunManifest(WireObject):
     proof_chunk: int = spec(Int(1, 4096))
     proof_topk: int = spec(Int(1, 1024))
     trainer_keys: tuple[bytes, ...] = spec(ListOf(PeerId(), 16))
-    # -- weight broadcast (issue 8) --
+    # -- weight broadcast --
     snapshot_every: int = spec(Int(1, 1_000_000), default=8)  # K: a full snapshot every K versions
     # Trust (who may judge, how many must agree; see protocol.authority, protocol.verified).
     validator_keys: tuple[bytes, ...] = spec(ListOf(PeerId(), 64), default=())
@@ -92,7 +92,7 @@ class RunManifest(WireObject):
     rl_lr: float = spec(Float(1e-9, 1.0), default=3e-4)
     rl_groups_per_step: int = spec(Int(1, 4096), default=16)
     rl_publish_every: int = spec(Int(1, 1_000_000), default=64)  # verified groups per version
-    # -- verification (issue 11): the workers' compute precision; audits judge at it only
+    # -- verification: the workers' compute precision; audits judge at it only
     worker_precision: str = spec(Str(8, choices=WORKER_PRECISIONS), default="fp32")
     # content id of the model's calibration file (verify.calibration); b"" = not pinned
     calibration_digest: bytes = spec(OPTIONAL_DIGEST, default=b"")

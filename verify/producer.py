@@ -4,7 +4,7 @@ A record's audit measures how far the verifier's recomputation is from what the 
 recorded (`verify.auditor`). Honest noise (kernels, batch shapes, KV cache against
 prefill) spreads that error over records, so a per-record limit has to sit above the
 honest tail, and a small systematic change can hide under it in part of a worker's
-records: weights one training step old, or a 1% rank-1 change to one matrix (issue 11's
+records: weights one training step old, or a 1% rank-1 change to one matrix (`bench verify`'s
 `stale_version` and `sensitivity`). Such a change is in every record of that worker,
 though, while honest noise is not: the median over a window of a worker's records
 exceeds the largest error any single honest record showed in calibration only when at
