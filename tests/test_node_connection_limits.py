@@ -1,0 +1,98 @@
+"""Connection slots and limits of `node.host`: an inbound slot is released when its
+connection closes (py-libp2p 0.8.1 held it until the swarm stopped, so a node refused
+every peer after `max_connections` connections had come and gone), per-peer and per-IP
+caps, and at the total cap the lowest-scored / least active connection makes room."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import multiaddr
+import pytest
+import trio
+from libp2p import create_yamux_muxer_option
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.x25519 import create_new_key_pair as new_x25519
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.transport.tcp.tcp import TCP
+from libp2p.transport.upgrader import TransportUpgrader
+
+from node.host import HostSettings, open_host
+
+pytestmark = pytest.mark.network
+
+
+def _key() -> bytes:
+    return secrets.token_bytes(32)
+
+
+async def _visit(addr: str, stay_s: float = 0.0, timeout_s: float = 10.0) -> bool:
+    """Connect to `addr` as a fresh identity (TCP, Noise, Yamux), wait until the host
+    shows it registered the connection (its first Yamux frame: the heartbeat opening a
+    stream), stay `stay_s`, then close. True if the whole handshake succeeded."""
+    info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+    key_pair = create_new_key_pair()
+    noise = NoiseTransport(key_pair, noise_privkey=new_x25519().private_key)
+    upgrader = TransportUpgrader({NOISE_PROTOCOL_ID: noise}, create_yamux_muxer_option())
+    tcp_addr = multiaddr.Multiaddr(addr).decapsulate(multiaddr.Multiaddr(f"/p2p/{info.peer_id}"))
+    raw = None
+    try:
+        with trio.fail_after(timeout_s):
+            raw = await TCP().dial(tcp_addr)
+            secured = await upgrader.upgrade_security(raw, True, info.peer_id)
+            muxed = await upgrader.upgrade_connection(secured, info.peer_id)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(muxed.start)
+                await muxed.accept_stream()  # the host registered us and opened a stream
+                if stay_s:
+                    await trio.sleep(stay_s)
+                nursery.cancel_scope.cancel()  # the socket is closed below
+        return True
+    except trio.TooSlowError:
+        return False
+    except Exception:
+        return False
+    finally:
+        if raw is not None:
+            with trio.move_on_after(2):
+                try:
+                    await raw.close()
+                except Exception:
+                    pass
+
+
+async def _honest_peer_connects(addr: str) -> bool:
+    async with open_host(_key()) as honest:
+        result = await honest.connect(addr)
+        return result.ok
+
+
+@pytest.mark.slow
+async def test_closed_connections_give_their_inbound_slot_back() -> None:
+    """1,000 serial and 300 concurrent connections from fresh identities, each closed
+    after the handshake; then an honest peer still connects."""
+    started = time.monotonic()
+    async with open_host(_key()) as host:
+        addr = host.listen_addrs()[0]
+        for i in range(1000):
+            ok = await _visit(addr)
+            assert ok, f"connection {i + 1} from a fresh identity was refused"
+        ok_count = 0
+
+        async def one() -> None:
+            nonlocal ok_count
+            ok_count += await _visit(addr, stay_s=0.2, timeout_s=30)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(300):
+                nursery.start_soon(one)
+        assert ok_count >= 150, f"only {ok_count} of 300 concurrent connections got in"
+        with trio.fail_after(20):
+            while host.connected_peers():
+                await trio.sleep(0.05)
+        assert await _honest_peer_connects(addr)
+    assert time.monotonic() - started < 120
