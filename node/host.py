@@ -143,6 +143,8 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils import encode_delim
 
+from node.libp2p_patches import apply_inbound_slot_patch
+
 log = logging.getLogger("swarm.host")
 
 # ---------------------------------------------------------------------------------------
@@ -205,7 +207,10 @@ class HostSettings:
     max_gossip_bytes: int = MAX_GOSSIP_BYTES
     max_frame_bytes: int = MAX_FRAME_BYTES
     drain_timeout_s: float = 3.0  # shutdown: wait this long for in-flight publishes
-    max_connections: int = 200
+    max_connections: int = 200  # all peers; past it the lowest-scored, least active goes
+    max_connections_per_peer: int = 3  # a simultaneous dial needs 2
+    max_connections_per_ip: int = 16  # inbound, counted from TCP accept (handshakes included)
+    ip_limit_on_loopback: bool = False  # a local devnet runs every node on 127.0.0.1
 
 
 # ---------------------------------------------------------------------------------------
@@ -709,6 +714,8 @@ def _apply_library_patches() -> None:
     _libp2p_tcp._set_reuse_flags = _reuse_addr_only
     # Workaround 17: identify reads this module constant when it answers.
     _libp2p_identify.AGENT_VERSION = AGENT
+    # Inbound slots released when their connection closes; per-IP admission.
+    apply_inbound_slot_patch()
     # Workaround 18: remote garbage and ban races must not crash the host.
     pubsub_cls = _libp2p_pubsub.Pubsub
     if not getattr(pubsub_cls, "_swarm_guarded", False):
@@ -776,10 +783,57 @@ def _listen_failures(requested: Sequence[multiaddr.Multiaddr], got: Sequence[Any
     return failures
 
 
+def _library_cap(settings: HostSettings) -> int:
+    """The library's own connection cap (and inbound slots): ours plus room for the
+    newcomers that make the worst connection go and for handshakes under way."""
+    return settings.max_connections + max(8, settings.max_connections // 4)
+
+
+class _IpGate:
+    """Inbound connections per remote IP, counted from TCP accept to close (the
+    inbound handler's lifetime, `node.libp2p_patches`); over the cap the socket is
+    closed before any handshake."""
+
+    def __init__(self, settings: HostSettings) -> None:
+        self._cap = settings.max_connections_per_ip
+        self._loopback = settings.ip_limit_on_loopback
+        self.counts: dict[str, int] = {}
+        self.refused = 0
+
+    def _exempt(self, ip: str | None) -> bool:
+        if ip is None:
+            return True
+        if self._loopback:
+            return False
+        return ip.startswith("127.") or ip in ("::1", "::ffff:127.0.0.1")
+
+    def admit(self, ip: str | None) -> bool:
+        if self._exempt(ip):
+            return True
+        assert ip is not None
+        if self.counts.get(ip, 0) >= self._cap:
+            self.refused += 1
+            log.info("refusing an inbound connection from %s: %d open from it", ip, self._cap)
+            return False
+        self.counts[ip] = self.counts.get(ip, 0) + 1
+        return True
+
+    def release(self, ip: str | None) -> None:
+        if self._exempt(ip):
+            return
+        assert ip is not None
+        left = self.counts.get(ip, 0) - 1
+        if left > 0:
+            self.counts[ip] = left
+        else:
+            self.counts.pop(ip, None)
+
+
 @dataclass
 class _PeerState:
     connected_at: float
     last_pong: float
+    last_active: float = 0.0  # last application stream or gossip message, time.monotonic()
     rtt_s: float = math.nan
     dropping: bool = False
 
@@ -797,7 +851,7 @@ class _Notifee(INotifee):
         return None
 
     async def connected(self, network: Any, conn: Any) -> None:
-        self._host._on_connected(conn.muxed_conn.peer_id)
+        self._host._on_connected(conn.muxed_conn.peer_id, conn)
 
     async def disconnected(self, network: Any, conn: Any) -> None:
         self._host._on_disconnected(conn.muxed_conn.peer_id)
@@ -829,11 +883,15 @@ class SwarmHost:
             negotiate_timeout=int(math.ceil(settings.dial_timeout_s)),
             # The library's connection manager redials every peerstore address to keep
             # 50 connections; discovery is ours (node/discovery.py), so it is switched off.
+            # The library refuses at its own max_connections; ours sits below it so a
+            # newcomer past our cap gets in and the worst connection makes room
+            # (`_enforce_connection_limits`). Its pruner acts only above high_watermark,
+            # which the library's cap never lets it reach.
             connection_config=ConnectionConfig(
                 min_connections=0,
                 low_watermark=0,
-                high_watermark=settings.max_connections,
-                max_connections=settings.max_connections,
+                high_watermark=_library_cap(settings),
+                max_connections=_library_cap(settings),
                 dial_timeout=settings.dial_timeout_s,
                 connection_close_timeout=settings.close_timeout_s,
                 inbound_upgrade_timeout=settings.dial_timeout_s,
@@ -867,6 +925,9 @@ class SwarmHost:
         self._idle.set()
         self._validators: dict[str, Validator] = {}
         self._pingers: set[str] = set()
+        self._scorer: Callable[[str], float] | None = None
+        self._inbound_gate = _IpGate(settings)
+        self._lh.get_network()._swarm_inbound_gate = self._inbound_gate
 
     # -- addresses and peers -------------------------------------------------------------
 
@@ -908,7 +969,67 @@ class SwarmHost:
 
     # -- connection events ---------------------------------------------------------------
 
-    def _on_connected(self, pid: ID) -> None:
+    def set_connection_scorer(self, scorer: Callable[[str], float] | None) -> None:
+        """`scorer(peer) -> float` (higher is better, synchronous, cheap): at the connection
+        cap the lowest-scored peer is disconnected first, then the least recently active.
+        Without one every peer scores 0."""
+        self._scorer = scorer
+
+    def _touch(self, peer: str) -> None:
+        state = self._peers.get(peer)
+        if state is not None:
+            state.last_active = time.monotonic()
+
+    def _score(self, peer: str) -> float:
+        if self._scorer is None:
+            return 0.0
+        try:
+            return float(self._scorer(peer))
+        except Exception:  # a scorer bug must not take the host down
+            log.exception("connection scorer failed for %s", _short(peer))
+            return 0.0
+
+    def _enforce_connection_limits(self, peer: str, conn: Any) -> bool:
+        """Apply the per-peer and total caps to a connection just opened; False if it was
+        the one closed (the newest of a peer over its cap, or the worst-ranked newcomer)."""
+        network = self._lh.get_network()
+        s = self.settings
+        nursery = self._nursery
+        if nursery is None:
+            return True
+        conns = network.get_connections(ID.from_base58(peer))
+        if len(conns) > s.max_connections_per_peer:
+            conns.sort(key=lambda c: getattr(c, "_created_at", 0.0))
+            extra = conns[s.max_connections_per_peer :]
+            log.info("closing %d connection(s) of %s: over %d per peer", len(extra),
+                     _short(peer), s.max_connections_per_peer)
+            for c in extra:
+                nursery.start_soon(self._close_conn, c)
+            if conn is not None and any(c is conn for c in extra):
+                return False
+        over = len(network.get_connections()) - s.max_connections
+        if over <= 0:
+            return True
+        ranked = sorted(
+            (p for p, st in self._peers.items() if not st.dropping and p != peer),
+            key=lambda p: (self._score(p), self._peers[p].last_active, self._peers[p].connected_at),
+        )
+        if self._score(peer) < min((self._score(p) for p in ranked[:1]), default=math.inf):
+            log.info("refusing %s: at the connection cap and scored lowest", _short(peer))
+            nursery.start_soon(self._close_peer, peer)
+            return False
+        for victim in ranked[:over]:
+            nursery.start_soon(
+                self.disconnect, victim, f"connection cap ({s.max_connections}): making room"
+            )
+        return True
+
+    async def _close_conn(self, conn: Any) -> None:
+        with trio.move_on_after(self.settings.close_timeout_s):
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    def _on_connected(self, pid: ID, conn: Any = None) -> None:
         if self._closing:
             return  # shutting down: the connection is closed with the network
         peer = pid.to_base58()
@@ -916,10 +1037,12 @@ class SwarmHost:
             if self._nursery is not None:
                 self._nursery.start_soon(self._close_peer, peer)
             return
+        if not self._enforce_connection_limits(peer, conn):
+            return
         if peer in self._peers and not self._peers[peer].dropping:
             return
         now = time.monotonic()
-        self._peers[peer] = _PeerState(connected_at=now, last_pong=now)
+        self._peers[peer] = _PeerState(connected_at=now, last_pong=now, last_active=now)
         if self._nursery is not None and peer not in self._pingers:
             self._nursery.start_soon(self._ping_loop, peer)
         self._emit(PeerEvent("connected", peer))
@@ -1094,6 +1217,7 @@ class SwarmHost:
             if self._closing or self.is_banned(peer):
                 await framed.reset()
                 return
+            self._touch(peer)
             try:
                 await handler(framed)
             except PeerError as exc:
@@ -1117,6 +1241,7 @@ class SwarmHost:
             raise
         except Exception as exc:
             raise PeerUnreachable(peer, f"cannot open {protocol}: {exc}") from exc
+        self._touch(peer)
         return FramedStream(raw, peer, self.settings)
 
     # -- gossip --------------------------------------------------------------------------
@@ -1140,6 +1265,7 @@ class SwarmHost:
                 async def check_async(forwarder: ID, msg: Any) -> bool:
                     if forwarder == self._lh.get_id():
                         return True
+                    self._touch(forwarder.to_base58())
                     origin = ID(bytes(msg.from_id)).to_base58()
                     return bool(await validator(forwarder.to_base58(), bytes(msg.data), origin))
 
@@ -1149,6 +1275,7 @@ class SwarmHost:
                 def check(forwarder: ID, msg: Any) -> bool:
                     if forwarder == self._lh.get_id():
                         return True
+                    self._touch(forwarder.to_base58())
                     origin = ID(bytes(msg.from_id)).to_base58()
                     return bool(validator(forwarder.to_base58(), bytes(msg.data), origin))
 
