@@ -1,4 +1,8 @@
-"""The one adapter over py-libp2p 0.8.1 + trio: every library workaround lives here.
+"""The one adapter over py-libp2p 0.8.1 + trio.
+
+Its process-wide patches of library internals live in `node.libp2p_patches` (each listed
+there with the test that guards it); framed streams and the errors in `node.framed_stream`
+(re-exported here).
 
 What this module owns
 ---------------------
@@ -89,6 +93,13 @@ item has a test in `tests/test_node_host.py` that fails if the default comes bac
 24. The receiver sent a window update after every read below half the window (and
     credited it twice): one more frame, one more Noise message each way, for every small
     message a stream received -> credit goes back at half the window, as go-yamux does.
+25. An inbound connection kept its slot until the swarm stopped (patched in
+    `node.libp2p_patches`); the library refused at `max_connections` -> the library's
+    cap sits above ours (`_library_cap`), and past ours the lowest-scored
+    (`set_connection_scorer`), then least recently active peer is disconnected; a peer
+    keeps at most `max_connections_per_peer` connections (the newest go) and one IP at
+    most `max_connections_per_ip` inbound ones (`_IpGate`; loopback exempt unless
+    `ip_limit_on_loopback`).
 
 Resource handling: everything is owned by the `open_host()` context; on exit the port
 is released and all tasks are gone. Error handling: remote misbehaviour and timeouts
@@ -105,45 +116,42 @@ import logging
 import math
 import secrets
 import socket
-import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import libp2p.identity.identify.identify as _libp2p_identify
-import libp2p.io.msgio as _libp2p_msgio
-import libp2p.io.trio as _libp2p_io_trio
-import libp2p.protocol_muxer.multiselect_client as _libp2p_multiselect_client
-import libp2p.pubsub.pubsub as _libp2p_pubsub
-import libp2p.security.noise.io as _libp2p_noise_io
-import libp2p.security.secure_session as _libp2p_secure_session
-import libp2p.stream_muxer.yamux.yamux as _libp2p_yamux
-import libp2p.transport.tcp.tcp as _libp2p_tcp
 import multiaddr
 import trio
-from google.protobuf.message import DecodeError as _ProtobufDecodeError
 from libp2p import create_yamux_muxer_option, new_host
 from libp2p.abc import INotifee
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as _new_x25519_key_pair
 from libp2p.custom_types import TProtocol
-from libp2p.io.exceptions import IOException
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
-from libp2p.protocol_muxer.exceptions import MultiselectClientError, MultiselectCommunicatorError
-from libp2p.protocol_muxer.multiselect_communicator import MultiselectCommunicator
 from libp2p.pubsub.gossipsub import PROTOCOL_ID as GOSSIPSUB_PROTOCOL_ID
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
-from libp2p.utils import encode_delim
 
-from node.libp2p_patches import apply_inbound_slot_patch
+from node import libp2p_patches
+from node.framed_stream import (
+    FramedStream,
+    FrameTooLarge,
+    HostClosed,
+    HostError,
+    ListenFailed,
+    MessageTooLarge,
+    PeerError,
+    PeerTimeout,
+    PeerUnreachable,
+)
+from node.libp2p_patches import AGENT, SUBSCRIPTION_QUEUE
 
 log = logging.getLogger("swarm.host")
 
@@ -157,15 +165,6 @@ MAX_GOSSIP_BYTES = 1_000_000
 # A body frame on a request stream: the largest wire object (a 4 MiB rollout body in its
 # envelope) plus headroom.
 MAX_FRAME_BYTES = 5 * 1024 * 1024
-# The subscription queue we install in place of the library's 32.
-SUBSCRIPTION_QUEUE = 4096
-# Workaround 19: bytes asked of the socket at once (a Noise message is at most 64 KiB).
-TCP_READ_AHEAD = 256 * 1024
-# Workaround 20: the most payload one Yamux write call hands down at once.
-WRITE_BATCH = 1024 * 1024
-# Workaround 21: a writer out of send window re-checks at least this often (a close that
-# does not go through the window lock); a window update wakes it at once.
-ZERO_WINDOW_POLL_S = 0.01
 PING_PROTOCOL = TProtocol("/ipfs/ping/1.0.0")  # workaround 17: the standard ping
 PING_BYTES = 32
 GOSSIPSUB_PROTOCOLS = [  # workaround 17: newest first
@@ -175,17 +174,6 @@ GOSSIPSUB_PROTOCOLS = [  # workaround 17: newest first
 ]
 
 
-def _agent() -> str:
-    try:
-        from importlib.metadata import version
-
-        return f"swarm-node/{version('swarm-node')}"
-    except Exception:  # not installed (a source checkout): the pyproject version
-        return "swarm-node/0.1.0"
-
-
-AGENT = _agent()
-_FRAME_HEADER = struct.Struct(">I")
 
 
 @dataclass(frozen=True)
@@ -211,47 +199,6 @@ class HostSettings:
     max_connections_per_peer: int = 3  # a simultaneous dial needs 2
     max_connections_per_ip: int = 16  # inbound, counted from TCP accept (handshakes included)
     ip_limit_on_loopback: bool = False  # a local devnet runs every node on 127.0.0.1
-
-
-# ---------------------------------------------------------------------------------------
-# Errors
-# ---------------------------------------------------------------------------------------
-
-
-class HostError(Exception):
-    """Base of every error this adapter raises."""
-
-
-class ListenFailed(HostError):
-    """A listen address could not be bound; the message names the address and the reason."""
-
-
-class HostClosed(HostError):
-    """The host is shutting down; no new work is accepted."""
-
-
-class MessageTooLarge(HostError):
-    """A local caller tried to send more than the configured limit (our bug, not theirs)."""
-
-
-class PeerError(HostError):
-    """Something went wrong with a remote peer: unreachable, too slow, or misbehaving."""
-
-    def __init__(self, peer: str, message: str) -> None:
-        super().__init__(f"{peer[:16]}...: {message}" if len(peer) > 16 else f"{peer}: {message}")
-        self.peer = peer
-
-
-class PeerTimeout(PeerError):
-    """A dial, read or write did not finish before its deadline."""
-
-
-class PeerUnreachable(PeerError):
-    """A dial failed, or the stream was closed or reset by the remote."""
-
-
-class FrameTooLarge(PeerError):
-    """The remote announced a frame above the cap; the stream was reset."""
 
 
 @dataclass(frozen=True)
@@ -286,110 +233,6 @@ class PeerEvent:
 
 def _short(peer: str) -> str:
     return peer[:12] + "..." if len(peer) > 12 else peer
-
-
-# ---------------------------------------------------------------------------------------
-# Framed streams
-# ---------------------------------------------------------------------------------------
-
-
-class FramedStream:
-    """A libp2p stream carrying length-prefixed frames (4-byte big-endian length).
-
-    Every read and write runs under `io_timeout_s`; a frame over `max_frame_bytes` is
-    refused before it is read. Errors become `PeerTimeout`, `PeerUnreachable` or
-    `FrameTooLarge`, all carrying the peer id.
-    """
-
-    def __init__(self, stream: Any, peer: str, settings: HostSettings) -> None:
-        self._stream = stream
-        self.peer = peer
-        self._settings = settings
-        self._buffer = bytearray()
-
-    async def send(self, data: bytes | memoryview) -> None:
-        if len(data) > self._settings.max_frame_bytes:
-            raise MessageTooLarge(
-                f"frame of {len(data)} bytes exceeds the {self._settings.max_frame_bytes} byte cap"
-            )
-        await self._io(self._stream.write(_FRAME_HEADER.pack(len(data)) + data), "write")
-
-    async def receive(self, max_bytes: int | None = None) -> bytes:
-        """Read one frame of at most `max_bytes` (default: the host's frame cap)."""
-        cap = self._settings.max_frame_bytes if max_bytes is None else max_bytes
-        header = await self._read_exactly(_FRAME_HEADER.size)
-        (size,) = _FRAME_HEADER.unpack(header)
-        if size > cap:
-            await self.reset()
-            raise FrameTooLarge(self.peer, f"announced a {size} byte frame (cap {cap})")
-        return await self._read_exactly(size)
-
-    async def expect(self, n: int) -> None:
-        """Workaround 22: let the remote send `n` more bytes (at most Yamux's largest
-        window) without waiting for credit: a reply of known size no longer starts at
-        the 256 KiB window and grows it one round trip at a time."""
-        muxed = getattr(self._stream, "muxed_stream", None)
-        if not isinstance(muxed, _libp2p_yamux.YamuxStream):
-            return
-        want = min(n, _libp2p_yamux.MAX_WINDOW_SIZE)
-        async with muxed.window_lock:
-            delta = want - muxed.recv_window
-            if delta <= 0:
-                return
-            muxed.recv_window += delta
-            muxed.target_recv_window = max(muxed.target_recv_window, want)
-        await self._io(muxed.send_window_update(delta, skip_lock=True), "write")
-
-    async def write_raw(self, data: bytes) -> None:
-        """Write bytes as they are (for protocols that are not framed, e.g. ping)."""
-        await self._io(self._stream.write(data), "write")
-
-    async def read_exactly(self, n: int) -> bytes:
-        """Read exactly `n` unframed bytes."""
-        return await self._read_exactly(n)
-
-    async def _read_exactly(self, n: int) -> bytes:
-        buf = self._buffer
-        if len(buf) >= n:
-            data = bytes(buf[:n])
-            del buf[:n]
-            return data
-        pieces, have = ([bytes(buf)] if buf else []), len(buf)
-        buf.clear()
-        while have < n:  # the pieces are joined once (a 1 MiB frame arrives in ~17)
-            chunk = await self._io(self._stream.read(max(n - have, 65536)), "read")
-            if not chunk:
-                raise PeerUnreachable(self.peer, "stream closed by the remote mid-frame")
-            pieces.append(chunk)
-            have += len(chunk)
-        data = b"".join(pieces)
-        if have > n:
-            buf += memoryview(data)[n:]
-            data = data[:n]
-        return data
-
-    async def _io(self, op: Awaitable[Any], what: str) -> Any:
-        try:
-            with trio.fail_after(self._settings.io_timeout_s):
-                return await op
-        except trio.TooSlowError:
-            raise PeerTimeout(
-                self.peer, f"stream {what} took over {self._settings.io_timeout_s:g} s"
-            ) from None
-        except (trio.Cancelled, HostError):
-            raise
-        except Exception as exc:  # the library raises many unrelated types for a dead stream
-            raise PeerUnreachable(self.peer, f"stream {what} failed: {exc!r}") from exc
-
-    async def close(self) -> None:
-        with trio.move_on_after(self._settings.close_timeout_s):
-            with contextlib.suppress(Exception):
-                await self._stream.close()
-
-    async def reset(self) -> None:
-        with trio.move_on_after(self._settings.close_timeout_s):
-            with contextlib.suppress(Exception):
-                await self._stream.reset()
 
 
 StreamHandler = Callable[[FramedStream], Awaitable[None]]
@@ -443,303 +286,6 @@ def _seqno_start() -> int:
     """The first GossipSub seqno of this process (workaround 13): the clock in nanoseconds,
     so a restarted publisher continues above every seqno it used before."""
     return time.time_ns()
-
-
-def _reuse_addr_only(sock: Any) -> None:
-    """Workaround 16: SO_REUSEADDR (quick restarts past TIME_WAIT), never SO_REUSEPORT."""
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-
-
-def _batched_window_updates() -> bool:
-    """Workaround 19: the library's `release on read` switch, off: credit for what was
-    read goes back with the library's (half-window) batches, not after every read. (Only
-    sending at half the window, as go-yamux does, is slower here: the library's sender
-    polls every 10 ms once its window is spent.)"""
-    return False
-
-
-async def _window_update_at_half(self: Any, *, bytes_read: int = 0) -> None:
-    """Workaround 24: a stream's receive credit goes back once half the window (the
-    library's threshold) has been read, as go-yamux does. The library also sent one
-    after every read below that (crediting it twice over): a window-update frame, one
-    more Noise message each way, for every small message a stream received."""
-    async with self.window_lock:
-        buffered = len(self.conn.stream_buffers.get(self.stream_id, b""))
-        delta = self.target_recv_window - (self.recv_window + buffered)
-        if delta <= 0 or delta < self._grow_threshold():
-            return
-        total = self._grow_to_delta(buffered) + self._apply_autotune_epoch(buffered)
-    await self.send_window_update(total, skip_lock=True)
-
-
-def _buffered_tcp_read(original: Callable[..., Awaitable[bytes]]) -> Callable[..., Awaitable[bytes]]:
-    """Workaround 19: `TrioTCPStream.read(n)` served from a read-ahead buffer, so a Noise
-    message's 2-byte length and its body come from one socket read. Returns at most `n`
-    bytes, as before; one reader per connection (the muxer's), as the library has."""
-
-    async def read(self: Any, n: int | None = None) -> bytes:
-        if n == 0:
-            return b""
-        pending: memoryview | None = getattr(self, "_swarm_ahead", None)
-        if pending is None or not len(pending):
-            data = await original(self, None if n is None else max(n, TCP_READ_AHEAD))
-            if n is None or len(data) <= n:
-                return data
-            pending = memoryview(data)
-        take = len(pending) if n is None else min(n, len(pending))
-        out = bytes(pending[:take])
-        self._swarm_ahead = pending[take:]
-        return out
-
-    read._swarm_buffered = True  # type: ignore[attr-defined]
-    return read
-
-
-async def _yamux_write_batched(self: Any, data: bytes) -> None:
-    """Workaround 20: `YamuxStream.write` with the frames the send window allows built at
-    once and written with one call (the library's own checks, locks and zero-window wait
-    are kept as they are; each frame is still at most one Noise plaintext)."""
-    y = _libp2p_yamux
-    if self.send_closed:
-        raise y.MuxedStreamError("Stream is closed for sending")
-    view = memoryview(data)
-    total, sent = len(data), 0
-    payload_max = y.MAX_MESSAGE_SIZE - y.HEADER_SIZE
-    while sent < total:
-        budget = 0
-        async with self.rw_lock.write_lock():
-            if self.send_closed:
-                raise y.MuxedStreamError("Stream is closed for sending")
-            async with self.window_lock:
-                if self.closed:
-                    raise y.MuxedStreamError("Stream is closed")
-                budget = min(self.send_window, total - sent, WRITE_BATCH)
-                self.send_window -= max(budget, 0)
-        if budget <= 0:
-            self._zero_window_waits += 1
-            with trio.move_on_after(5.0) as waited:
-                while True:
-                    async with self.window_lock:
-                        if self.send_window > 0 or self.closed:
-                            break
-                    await _window_changed(self, ZERO_WINDOW_POLL_S)
-            if waited.cancelled_caught:
-                raise y.MuxedStreamError("Timed out waiting for window update after 5 seconds.")
-            continue
-        parts: list[bytes | memoryview] = []
-        end = sent + budget
-        while sent < end:
-            n = min(payload_max, end - sent)
-            parts.append(struct.pack(y.YAMUX_HEADER_FORMAT, 0, y.TYPE_DATA, 0, self.stream_id, n))
-            parts.append(view[sent : sent + n])
-            sent += n
-        await self.conn._write_frame(b"".join(parts))
-
-
-class _WindowLock:
-    """Workaround 21: a Yamux stream's `window_lock` that wakes a writer waiting for send
-    window when it is next released (the library only takes it with `async with`, and an
-    inbound WINDOW_UPDATE adds to `send_window` under it)."""
-
-    def __init__(self) -> None:
-        self._lock = trio.Lock()
-        self._released: trio.Event | None = None
-
-    async def __aenter__(self) -> None:
-        await self._lock.acquire()
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._lock.release()
-        if self._released is not None:
-            self._released.set()
-            self._released = None
-
-    async def released(self, timeout_s: float) -> None:
-        """Return at the next release, or after `timeout_s`."""
-        if self._released is None:
-            self._released = trio.Event()
-        with trio.move_on_after(timeout_s):
-            await self._released.wait()
-
-
-async def _window_changed(stream: Any, timeout_s: float) -> None:
-    lock = stream.window_lock
-    if isinstance(lock, _WindowLock):
-        await lock.released(timeout_s)
-    else:
-        await trio.sleep(timeout_s)
-
-
-def _select_pipelined(original: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Workaround 23: multistream-select's header and the one protocol proposed go out in
-    one write, then both answers are read (as go-libp2p's client does): one round trip
-    per stream opened instead of two. More than one protocol goes the library's way."""
-
-    async def select_one_of(
-        self: Any, protocols: Sequence[Any], communicator: Any,
-        negotiate_timeout: float = _libp2p_multiselect_client.DEFAULT_NEGOTIATE_TIMEOUT,
-    ) -> Any:  # fmt: skip
-        if len(protocols) != 1 or not isinstance(communicator, MultiselectCommunicator):
-            return await original(self, protocols, communicator, negotiate_timeout)
-        header = _libp2p_multiselect_client.MULTISELECT_PROTOCOL_ID
-        protocol = str(protocols[0])
-        with trio.move_on_after(negotiate_timeout):
-            try:
-                await communicator.read_writer.write(
-                    encode_delim(header.encode()) + encode_delim(protocol.encode())
-                )
-                answers = [await communicator.read(), await communicator.read()]
-            except (MultiselectCommunicatorError, IOException, AssertionError, ValueError) as exc:
-                raise MultiselectClientError(f"multistream-select failed: {exc}") from exc
-            if answers[0] != header:
-                raise MultiselectClientError(f"multistream header mismatch: {answers[0]!r}")
-            if answers[1] != protocol:
-                raise MultiselectClientError(f"protocol {protocol} refused: {answers[1]!r}")
-            return protocols[0]
-        raise MultiselectClientError(f"response timed out after {negotiate_timeout}s")
-
-    select_one_of._swarm_pipelined = True  # type: ignore[attr-defined]
-    return select_one_of
-
-
-def _yamux_stream_init(original: Callable[..., None]) -> Callable[..., None]:
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        self.window_lock = _WindowLock()
-
-    init._swarm_window_lock = True  # type: ignore[attr-defined]
-    return init
-
-
-async def _noise_write_batched(self: Any, msg: bytes, prefix_encoded: bool = False) -> None:
-    """Workaround 20: a write above one Noise plaintext goes out as the same Noise
-    messages as before (one per MAX_PLAINTEXT_LENGTH bytes, each with its 2-byte length)
-    but through one socket write."""
-    limit = _libp2p_noise_io.MAX_PLAINTEXT_LENGTH
-    if len(msg) <= limit:
-        encrypted = self.encrypt(msg)
-        if prefix_encoded:
-            encrypted = self.prefix + encrypted
-        await self.read_writer.write_msg(encrypted)
-        return
-    view = memoryview(msg)
-    out: list[bytes] = []
-    # The transport cipher takes any buffer; the connection's `encrypt` wants `bytes` (one
-    # more copy of each message). Past the handshake, as here, both do the same.
-    cipher = getattr(getattr(self.noise_state, "noise_protocol", None), "cipher_state_encrypt", None)
-    for start in range(0, len(msg), limit):
-        piece = view[start : start + limit]
-        encrypted = (
-            cipher.encrypt_with_ad(None, piece)
-            if cipher is not None and type(self) is _libp2p_noise_io.NoiseTransportReadWriter
-            else self.encrypt(bytes(piece))
-        )
-        if prefix_encoded and start == 0:
-            encrypted = self.prefix + encrypted
-        out.append(len(encrypted).to_bytes(2, "big"))
-        out.append(encrypted)
-    await self.read_writer.read_write_closer.write(b"".join(out))
-
-
-def _read_exactly_whole(original: Callable[..., Awaitable[bytes]]) -> Callable[..., Awaitable[bytes]]:
-    """Workaround 20: the library's `read_exactly`, with a first read that returned all
-    `n` bytes handed back as it is (the library copied it twice); anything shorter goes
-    on through the library's own loop and its errors."""
-
-    async def read_exactly(reader: Any, n: int, *args: Any, **kwargs: Any) -> bytes:
-        data = await reader.read(n)
-        if len(data) == n:
-            return data  # bytes, or a view of a Noise message (`_session_drain`)
-        if not data:
-            return await original(reader, n, *args, **kwargs)
-        return bytes(data) + await original(reader, n - len(data), *args, **kwargs)
-
-    read_exactly._swarm_whole = True  # type: ignore[attr-defined]
-    return read_exactly
-
-
-def _session_fill(self: Any, msg: bytes) -> None:
-    """Workaround 20: the rest of a Noise message kept as bytes (was copied into a BytesIO)."""
-    self._swarm_rest = msg
-    self.low_watermark = 0
-    self.high_watermark = len(msg)
-
-
-def _session_drain(self: Any, n: int | None) -> bytes | memoryview:
-    """Workaround 20: up to `n` bytes of what `_session_fill` kept, as a view (its readers,
-    Yamux's header and body reads, unpack it or copy it into the stream's buffer)."""
-    lo, hi = self.low_watermark, self.high_watermark
-    if lo == hi:
-        return b""
-    rest: bytes = self._swarm_rest
-    end = hi if n is None else min(hi, lo + n)
-    out = rest if lo == 0 and end == len(rest) else memoryview(rest)[lo:end]
-    self.low_watermark = end
-    if end == hi:
-        self._swarm_rest = b""
-        self.low_watermark = self.high_watermark = 0
-    return out
-
-
-def _apply_library_patches() -> None:
-    # Workaround 19: one Noise message per Yamux frame (both read at call time), window
-    # updates batched, buffered socket reads.
-    _libp2p_yamux.MAX_MESSAGE_SIZE = _libp2p_noise_io.MAX_PLAINTEXT_LENGTH
-    _libp2p_yamux._yamux_release_on_read = _batched_window_updates
-    # Workaround 20: bulk writes batched (same frames and messages, fewer syscalls).
-    _libp2p_yamux.YamuxStream.write = _yamux_write_batched
-    # Workaround 24: receive credit goes back at half the window only.
-    _libp2p_yamux.YamuxStream._auto_tune_and_send_window_update = _window_update_at_half
-    # Workaround 23: one round trip to agree on a stream's protocol.
-    client_cls = _libp2p_multiselect_client.MultiselectClient
-    if not getattr(client_cls.select_one_of, "_swarm_pipelined", False):
-        client_cls.select_one_of = _select_pipelined(client_cls.select_one_of)
-    # Workaround 21: a writer out of send window wakes at the window update, not a poll.
-    stream_cls = _libp2p_yamux.YamuxStream
-    if not getattr(stream_cls.__init__, "_swarm_window_lock", False):
-        stream_cls.__init__ = _yamux_stream_init(stream_cls.__init__)
-    _libp2p_noise_io.BaseNoiseMsgReadWriter.write_msg = _noise_write_batched
-    for module in (_libp2p_msgio, _libp2p_yamux):
-        if not getattr(module.read_exactly, "_swarm_whole", False):
-            module.read_exactly = _read_exactly_whole(module.read_exactly)
-    _libp2p_secure_session.SecureSession._fill = _session_fill
-    _libp2p_secure_session.SecureSession._drain = _session_drain
-    tcp_stream = _libp2p_io_trio.TrioTCPStream
-    if not getattr(tcp_stream.read, "_swarm_buffered", False):
-        tcp_stream.read = _buffered_tcp_read(tcp_stream.read)
-    # Workaround 6: the library reads this module constant at subscribe() time.
-    _libp2p_pubsub.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_QUEUE
-    # Workaround 16: looked up at call time by the TCP listener and the hole-punch dialer.
-    _libp2p_tcp._set_reuse_flags = _reuse_addr_only
-    # Workaround 17: identify reads this module constant when it answers.
-    _libp2p_identify.AGENT_VERSION = AGENT
-    # Inbound slots released when their connection closes; per-IP admission.
-    apply_inbound_slot_patch()
-    # Workaround 18: remote garbage and ban races must not crash the host.
-    pubsub_cls = _libp2p_pubsub.Pubsub
-    if not getattr(pubsub_cls, "_swarm_guarded", False):
-        original_read = pubsub_cls.continuously_read_stream
-
-        async def _guarded_read(self: Any, stream: Any) -> None:
-            try:
-                await original_read(self, stream)
-            except _ProtobufDecodeError:
-                log.info("GossipSub RPC that is not protobuf; stream reset")
-                with contextlib.suppress(Exception):
-                    await stream.reset()
-
-        async def _safe_teardown(self: Any, peer_id: Any) -> None:
-            stream = self.peers.get(peer_id)
-            if stream is not None:
-                with contextlib.suppress(Exception):
-                    await stream.reset()
-                self.peers.pop(peer_id, None)
-            self._forget_all_subscriptions(peer_id)
-
-        pubsub_cls.continuously_read_stream = _guarded_read
-        pubsub_cls._teardown_if_connected = _safe_teardown
-        pubsub_cls._swarm_guarded = True
 
 
 def _tcp_target(addr: multiaddr.Multiaddr) -> tuple[str, int] | None:
@@ -872,7 +418,7 @@ class SwarmHost:
     """
 
     def __init__(self, private_bytes: bytes, settings: HostSettings) -> None:
-        _apply_library_patches()
+        libp2p_patches.apply()
         self.settings = settings
         key_pair = key_pair_from_private_bytes(private_bytes)
         noise = NoiseTransport(key_pair, noise_privkey=_new_x25519_key_pair().private_key)
@@ -1459,6 +1005,7 @@ async def open_host(
 
 
 __all__ = [
+    "AGENT",
     "DialResult",
     "FrameTooLarge",
     "FramedStream",

@@ -449,7 +449,7 @@ async def test_a_writer_out_of_window_wakes_at_the_window_update_not_a_poll(
 ) -> None:
     # Workaround 21: with the backstop poll at 30 s, only the window lock's wake-up can
     # move 2 MiB through a 256 KiB window (the library's zero-window wait gives up at 5 s).
-    import node.host as host_module
+    import node.libp2p_patches as host_module
 
     monkeypatch.setattr(host_module, "ZERO_WINDOW_POLL_S", 30.0)
     async with open_host(_key()) as a, open_host(_key()) as b:
@@ -568,3 +568,24 @@ async def test_small_messages_cost_no_window_updates(monkeypatch: pytest.MonkeyP
         monkeypatch.undo()
     assert got == [i.to_bytes(2, "big") * 50 for i in range(100)]
     assert updates["n"] < 5, updates
+
+
+async def test_banning_a_peer_that_already_left_does_not_crash() -> None:
+    """The library's blacklist teardown raised KeyError for a peer no longer connected,
+    out of a pubsub task: the whole host went down."""
+    async with open_host(_key()) as a, open_host(_key()) as c:
+        await a.subscribe("t")
+        async with open_host(_key()) as b:
+            await b.subscribe("t")
+            assert (await b.connect(a.listen_addrs()[0])).ok
+            gone = b.peer_id
+        with trio.fail_after(10):
+            while gone in a.connected_peers():
+                await trio.sleep(0.05)
+        await a.ban(gone, 60, "test")
+        await trio.sleep(0.5)
+        rc = await c.subscribe("t")
+        assert (await c.connect(a.listen_addrs()[0])).ok
+        await a.publish("t", b"still here")
+        got = await _receive_n(rc, 1, timeout=10)
+        assert [m.data for m in got] == [b"still here"]
