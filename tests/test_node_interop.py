@@ -128,12 +128,13 @@ async def _follow(command: list[str], cwd: Path, env: dict[str, str] | None = No
     assert drops == [] or set(drops) <= {"disconnected"}, drops
 
 
+@pytest.mark.skipif(
+    _js_ready() is not None and not IN_CI, reason=f"js-libp2p peer unavailable: {_js_ready()}"
+)
 async def test_an_unpatched_js_libp2p_peer_follows_our_gossip() -> None:
     reason = _js_ready()
-    if reason is not None:
-        if IN_CI:
-            pytest.fail(f"the js-libp2p interop peer is required in CI: {reason}")
-        pytest.skip(reason)
+    if reason is not None:  # only in CI (SWARM_CI=1): elsewhere the test is skipped
+        pytest.fail(f"the js-libp2p interop peer is required in CI: {reason}")
     await _follow(["node", "peer.mjs"], JS_DIR)
 
 
