@@ -427,8 +427,8 @@ class SwarmHost:
             sec_opt={NOISE_PROTOCOL_ID: noise},  # workaround 1: Noise only, no plaintext
             muxer_opt=create_yamux_muxer_option(),  # workaround 2: Yamux only
             negotiate_timeout=int(math.ceil(settings.dial_timeout_s)),
-            # The library's connection manager redials every peerstore address to keep
-            # 50 connections; discovery is ours (node/discovery.py), so it is switched off.
+            # min_connections 0: no connection manager floor; its auto-connector (which
+            # dials peerstore peers all the same) is switched off below (patch 26).
             # The library refuses at its own max_connections; ours sits below it so a
             # newcomer past our cap gets in and the worst connection makes room
             # (`_enforce_connection_limits`). Its pruner acts only above high_watermark,
@@ -473,6 +473,7 @@ class SwarmHost:
         self._pingers: set[str] = set()
         self._scorer: Callable[[str], float] | None = None
         self._inbound_gate = _IpGate(settings)
+        libp2p_patches.no_auto_dials(self._lh.get_network())
         self._lh.get_network()._swarm_inbound_gate = self._inbound_gate
 
     # -- addresses and peers -------------------------------------------------------------

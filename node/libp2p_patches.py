@@ -52,6 +52,12 @@ Each patch, the library default it fixes, and the test that fails if it comes ba
     which connection it made) and admits by remote IP through the host's gate.
     tests/test_node_connection_limits.py::test_closed_connections_give_their_inbound_slot_back,
     ::test_inbound_connections_per_ip_are_capped_and_released
+26. (Per host, not process-wide.) The swarm's auto-connector dials peerstore peers
+    (learned from identify, PX or a past connection) up to half its high watermark,
+    even with min_connections 0: an evicted or dropped peer came back after its 60 s
+    backoff, and dials went out that nothing of ours asked for -> `no_auto_dials(swarm)`
+    makes its `maybe_connect` do nothing (discovery is `node/discovery.py`'s).
+    tests/test_node_connection_limits.py::test_the_library_never_dials_peers_on_its_own
 """
 
 from __future__ import annotations
@@ -512,3 +518,15 @@ def _apply_inbound_slot_patch() -> None:
         )
     if not getattr(swarm_cls.upgrade_inbound_raw_conn, "_swarm_noting", False):
         swarm_cls.upgrade_inbound_raw_conn = _noting_upgrade(swarm_cls.upgrade_inbound_raw_conn)
+
+
+async def _no_dials() -> None:
+    return None
+
+
+def no_auto_dials(swarm: Any) -> None:
+    """Patch 26: this swarm's auto-connector never dials (its periodic check and the
+    check after each disconnect both go through `maybe_connect`)."""
+    connector = getattr(swarm, "auto_connector", None)
+    if connector is not None:
+        connector.maybe_connect = _no_dials

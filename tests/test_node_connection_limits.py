@@ -188,3 +188,17 @@ async def test_at_the_cap_the_least_active_peer_makes_room() -> None:
                     while b.peer_id in host.connected_peers():
                         await trio.sleep(0.05)
                 assert sorted(host.connected_peers()) == sorted([a.peer_id, c.peer_id])
+
+
+async def test_the_library_never_dials_peers_on_its_own() -> None:
+    """The library's auto-connector dials peerstore peers (learned from identify, PX or a
+    past connection, after a 60 s backoff) up to half its high watermark: an evicted or
+    banned peer came back, and dials went out that nothing of ours asked for."""
+    async with open_host(_key()) as host, open_host(_key()) as other:
+        info = info_from_p2p_addr(multiaddr.Multiaddr(other.listen_addrs()[0]))
+        host._lh.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+        network = host._lh.get_network()
+        await network.auto_connector.maybe_connect()
+        await trio.sleep(2.0)
+        assert network.get_connections(info.peer_id) == []
+        assert other.peer_id not in host.connected_peers()
