@@ -133,8 +133,6 @@ from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID as GOSSIPSUB_PROTOCOL_ID
-from libp2p.pubsub.gossipsub import GossipSub
-from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
@@ -150,6 +148,13 @@ from node.framed_stream import (
     PeerError,
     PeerTimeout,
     PeerUnreachable,
+)
+from node.gossip_guard import (
+    ControlLimits,
+    GuardedGossipSub,
+    GuardedPubsub,
+    Misbehaviour,
+    new_budget,
 )
 from node.libp2p_patches import AGENT, SUBSCRIPTION_QUEUE
 
@@ -199,6 +204,7 @@ class HostSettings:
     max_connections_per_peer: int = 3  # a simultaneous dial needs 2
     max_connections_per_ip: int = 16  # inbound, counted from TCP accept (handshakes included)
     ip_limit_on_loopback: bool = False  # a local devnet runs every node on 127.0.0.1
+    gossip_limits: ControlLimits = ControlLimits()  # per-peer GossipSub control budgets
 
 
 @dataclass(frozen=True)
@@ -446,7 +452,10 @@ class SwarmHost:
                 inbound_stream_protocol_negotiation_timeout=settings.dial_timeout_s,
             ),
         )
-        self._gossipsub = GossipSub(
+        self._misbehaviour_listeners: list[Callable[[Misbehaviour], None]] = []
+        budget = new_budget(settings.gossip_limits, self._report_misbehaviour)
+        self._gossipsub = GuardedGossipSub(
+            budget=budget,
             protocols=list(GOSSIPSUB_PROTOCOLS),  # workaround 17
             degree=settings.gossip_degree,
             degree_low=settings.gossip_degree_low,
@@ -458,7 +467,7 @@ class SwarmHost:
             prune_back_off=5,
             unsubscribe_back_off=2,
         )
-        self._pubsub = Pubsub(self._lh, self._gossipsub, strict_signing=True)
+        self._pubsub = GuardedPubsub(self._lh, self._gossipsub, strict_signing=True, budget=budget)
         self._pubsub.counter = _seqno_start()  # workaround 13
         self.peer_id: str = self._lh.get_id().to_base58()
         self._peers: dict[str, _PeerState] = {}
@@ -493,6 +502,17 @@ class SwarmHost:
     def on_peer_event(self, callback: Callable[[PeerEvent], None]) -> None:
         """Register a synchronous callback for `PeerEvent`s (it must not block)."""
         self._listeners.append(callback)
+
+    def on_misbehaviour(self, callback: Callable[[Misbehaviour], None]) -> None:
+        """Register a synchronous callback for `Misbehaviour` notices: a peer exceeded a
+        GossipSub control budget or sent an oversize RPC (`node.gossip_guard`). At most
+        one per peer, reason and `gossip_limits.window_s`; the excess itself was already
+        dropped. It must not block; what to do with the peer is the caller's decision."""
+        self._misbehaviour_listeners.append(callback)
+
+    def _report_misbehaviour(self, notice: Misbehaviour) -> None:
+        for callback in list(self._misbehaviour_listeners):
+            callback(notice)
 
     def _emit(self, event: PeerEvent) -> None:
         log.info("peer %s %s %s", event.kind, _short(event.peer), event.reason)
@@ -1016,6 +1036,7 @@ __all__ = [
     "HostSettings",
     "ListenFailed",
     "MessageTooLarge",
+    "Misbehaviour",
     "PeerError",
     "PeerEvent",
     "PeerTimeout",

@@ -58,6 +58,11 @@ Each patch, the library default it fixes, and the test that fails if it comes ba
     backoff, and dials went out that nothing of ours asked for -> `no_auto_dials(swarm)`
     makes its `maybe_connect` do nothing (discovery is `node/discovery.py`'s).
     tests/test_node_connection_limits.py::test_the_library_never_dials_peers_on_its_own
+27. An inbound pubsub RPC over the size limit (a gossip message over ~1,048,000 bytes) is
+    dropped with its stream and only logged -> the pubsub module's
+    `read_varint_prefixed_bytes_limited` tells the reading task's `OVERSIZE_REPORT`
+    callback (set by `node.gossip_guard.GuardedPubsub`) before the library drops it.
+    tests/test_node_gossip_guard.py::test_an_oversize_rpc_is_reported
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ import libp2p.transport.tcp.tcp as _libp2p_tcp
 import trio
 from google.protobuf.message import DecodeError as _ProtobufDecodeError
 from libp2p.io.exceptions import IOException
+from libp2p.io.exceptions import MessageTooLarge as _LibMessageTooLarge
 from libp2p.protocol_muxer.exceptions import MultiselectClientError, MultiselectCommunicatorError
 from libp2p.protocol_muxer.multiselect_communicator import MultiselectCommunicator
 from libp2p.utils import encode_delim
@@ -347,6 +353,29 @@ def _session_drain(self: Any, n: int | None) -> bytes | memoryview:
     return out
 
 
+OVERSIZE_REPORT: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "swarm_oversize_report", default=None
+)
+
+
+def _size_limit_reported(original: Callable[..., Awaitable[bytes]]) -> Callable[..., Awaitable[bytes]]:
+    """Patch 27: the pubsub reader's size-limited read, reporting an RPC over the limit
+    to the reading task's `OVERSIZE_REPORT` callback (then raising as before)."""
+
+    async def read_varint_prefixed_bytes_limited(reader: Any, max_length: int) -> bytes:
+        try:
+            return await original(reader, max_length)
+        except _LibMessageTooLarge as exc:
+            report = OVERSIZE_REPORT.get()
+            if report is not None:
+                with contextlib.suppress(Exception):
+                    report(str(exc)[:200])
+            raise
+
+    read_varint_prefixed_bytes_limited._swarm_reported = True  # type: ignore[attr-defined]
+    return read_varint_prefixed_bytes_limited
+
+
 def apply() -> None:
     """Install every patch (idempotent; `SwarmHost` calls it before building a host)."""
     # Workaround 19: one Noise message per Yamux frame (both read at call time), window
@@ -380,6 +409,11 @@ def apply() -> None:
     _libp2p_tcp._set_reuse_flags = _reuse_addr_only
     # Workaround 17: identify reads this module constant when it answers.
     _libp2p_identify.AGENT_VERSION = AGENT
+    # Patch 27: an oversize pubsub RPC reported.
+    if not getattr(_libp2p_pubsub.read_varint_prefixed_bytes_limited, "_swarm_reported", False):
+        _libp2p_pubsub.read_varint_prefixed_bytes_limited = _size_limit_reported(
+            _libp2p_pubsub.read_varint_prefixed_bytes_limited
+        )
     # Patch 25: inbound slots released when their connection closes; per-IP admission.
     _apply_inbound_slot_patch()
     # Workaround 18: remote garbage and ban races must not crash the host.
