@@ -35,7 +35,8 @@ Each patch, the library default it fixes, and the test that fails if it comes ba
     allows, one write), `BaseNoiseMsgReadWriter.write_msg` (`_noise_write_batched`: one
     socket write for several Noise messages), `read_exactly` in msgio and yamux
     (`_read_exactly_whole`), `SecureSession._fill/_drain` (views, no BytesIO).
-    tests/test_node_host.py::test_bulk_frames_cost_one_noise_message_per_yamux_frame_and_few_socket_calls
+    tests/test_node_host.py::test_bulk_frames_cost_one_noise_message_per_yamux_frame_and_few_socket_calls,
+    ::test_received_bytes_are_handed_on_without_copies
 21. A writer out of send window polled every 10 ms -> `YamuxStream.__init__` installs
     `_WindowLock`, which wakes it at the window update.
     tests/test_node_host.py::test_a_writer_out_of_window_wakes_at_the_window_update_not_a_poll

@@ -589,3 +589,35 @@ async def test_banning_a_peer_that_already_left_does_not_crash() -> None:
         await a.publish("t", b"still here")
         got = await _receive_n(rc, 1, timeout=10)
         assert [m.data for m in got] == [b"still here"]
+
+
+async def test_received_bytes_are_handed_on_without_copies() -> None:
+    """Workaround 20, receiving side: the secure session keeps a Noise message as it is
+    and hands out views of it (the library copied it into a BytesIO and out again), and
+    `read_exactly` returns a first read that was whole as it is (the library copied it
+    twice)."""
+    import io
+    import types
+
+    import libp2p.io.msgio as msgio
+    import libp2p.stream_muxer.yamux.yamux as yamux
+    from libp2p.security.secure_session import SecureSession
+
+    from node import libp2p_patches
+
+    libp2p_patches.apply()
+    session = types.SimpleNamespace(buf=io.BytesIO(), low_watermark=0, high_watermark=0)
+    message = secrets.token_bytes(65_000)
+    SecureSession._fill(session, message)
+    head = SecureSession._drain(session, 12)
+    rest = SecureSession._drain(session, None)
+    assert session.buf.tell() == 0  # nothing went through the BytesIO
+    assert isinstance(head, memoryview) and bytes(head) + bytes(rest) == message
+
+    class Reader:
+        async def read(self, n: int) -> bytes:
+            return message[:n]
+
+    for module in (msgio, yamux):
+        whole = await module.read_exactly(Reader(), 65_000)
+        assert whole is message  # not a copy
