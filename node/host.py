@@ -56,49 +56,19 @@ item has a test in `tests/test_node_host.py` that fails if the default comes bac
     heartbeat is the standard ping (32 random bytes echoed); identify said
     `py-libp2p/<version>` -> it says `swarm-node/<version>` (`AGENT`); GossipSub offered
     only `/meshsub/1.0.0` -> it offers 1.2, 1.1 and 1.0, the newest both sides speak wins.
-18. Two library tasks crash the whole host on a remote's doing: a GossipSub RPC that is
-    not valid protobuf raises `DecodeError` out of the stream reader, and banning a peer
-    (blacklist teardown) raises `KeyError` when the peer left meanwhile -> both are
-    patched (`_guarded_read`, `_safe_teardown`): the garbage stream is reset, the
-    teardown tolerates a peer already gone.
-16. Listen sockets get SO_REUSEPORT (for hole punching), so two nodes on the same port
-    both "listen" and the kernel splits connections between them -> the library's
-    socket-flag helper is replaced by one that sets SO_REUSEADDR only.
-19. Bulk transfers ran at ~50 MiB/s on a CPU that encrypts at GB/s, for three per-frame
-    costs: a full Yamux frame (64 KiB with its header) is 17 bytes over Noise's largest
-    plaintext, so every frame went out as two Noise messages; the receiver sent a Yamux
-    window update after every read (`release on read`); and every Noise message took two
-    or more socket reads (its 2-byte length, then its body) -> the Yamux frame cap is
-    Noise's largest plaintext, `release on read` is off, and TCP reads go through a
-    read-ahead buffer (`_buffered_tcp_read`, TCP_READ_AHEAD bytes).
-20. A bulk write still paid the whole per-frame path once per 64 KiB frame: the stream's
-    two locks and window check, the connection's write lock and a checkpoint, one Noise
-    message and one socket `send_all` -> `YamuxStream.write` builds as many frames as the
-    send window allows (up to WRITE_BATCH bytes) at once and hands them down as one
-    write; Noise encrypts them as one message each (full frames are exactly one Noise
-    plaintext, workaround 19) and sends them with one socket write. The bytes on the
-    wire are the same frames and messages as before; only the syscalls are fewer. On the
-    receiving side each 64 KiB was copied about ten times on its way up (twice in
-    `read_exactly` even when one read returned it whole, into and out of a `BytesIO`
-    in the secure session) -> `read_exactly` returns a whole first read as it is, and
-    the secure session keeps the rest of a Noise message and hands out views of it.
-21. A writer out of send window polled every 10 ms for the window update -> the stream's
-    window lock wakes it when next released (`_WindowLock`; the poll stays as a backstop).
+18. Garbage GossipSub RPCs and ban races crashed the host; 16. listen sockets got
+    SO_REUSEPORT; 19-21, 23, 24. per-frame and per-stream costs of Noise, Yamux and
+    multistream-select -> patched in `node.libp2p_patches` (each item listed there with
+    its test).
 22. A reply of known size (a shard) started at Yamux's 256 KiB window and grew it one
-    round trip at a time (on a long link, several round trips per shard) -> the asker
-    grants the window it expects up front (`FramedStream.expect`).
-23. Opening a stream cost two round trips of multistream-select (its header, then the
-    protocol) -> both go out in one write and both answers are read after, as go-libp2p's
-    client does (one protocol proposed; more go the library's way).
-24. The receiver sent a window update after every read below half the window (and
-    credited it twice): one more frame, one more Noise message each way, for every small
-    message a stream received -> credit goes back at half the window, as go-yamux does.
+    round trip at a time -> the asker grants the window it expects up front
+    (`FramedStream.expect`).
 25. An inbound connection kept its slot until the swarm stopped (patched in
     `node.libp2p_patches`); the library refused at `max_connections` -> the library's
-    cap sits above ours (`_library_cap`), and past ours the lowest-scored
+    cap sits above ours (`library_cap`), and past ours the lowest-scored
     (`set_connection_scorer`), then least recently active peer is disconnected; a peer
     keeps at most `max_connections_per_peer` connections (the newest go) and one IP at
-    most `max_connections_per_ip` inbound ones (`_IpGate`; loopback exempt unless
+    most `max_connections_per_ip` inbound ones (`IpGate`; loopback exempt unless
     `ip_limit_on_loopback`).
 
 Resource handling: everything is owned by the `open_host()` context; on exit the port
@@ -111,7 +81,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import inspect
 import logging
 import math
 import secrets
@@ -156,7 +125,9 @@ from node.gossip_guard import (
     Misbehaviour,
     new_budget,
 )
-from node.libp2p_patches import AGENT, SUBSCRIPTION_QUEUE
+from node.host_gossip import GossipMessage, GossipMixin, Validator
+from node.host_limits import ConnectionLimitsMixin, IpGate, library_cap
+from node.libp2p_patches import AGENT
 
 log = logging.getLogger("swarm.host")
 
@@ -219,16 +190,6 @@ class DialResult:
 
 
 @dataclass(frozen=True)
-class GossipMessage:
-    """A message delivered on a subscribed topic (never one of our own)."""
-
-    topic: str
-    data: bytes
-    origin: str  # base58 peer id of the publisher (the GossipSub `from` field)
-    received_at: float  # time.time() at delivery
-
-
-@dataclass(frozen=True)
 class PeerEvent:
     """A change in the set of peers: connected, dropped (heartbeat), disconnected, banned."""
 
@@ -242,9 +203,6 @@ def _short(peer: str) -> str:
 
 
 StreamHandler = Callable[[FramedStream], Awaitable[None]]
-# validator(forwarder, data, origin): the hop that handed us the message, its bytes, and the
-# gossip message's publisher (its `from`, authenticated by strict signing), all base58.
-Validator = Callable[[str, bytes, str], bool] | Callable[[str, bytes, str], Awaitable[bool]]
 
 
 # ---------------------------------------------------------------------------------------
@@ -335,52 +293,6 @@ def _listen_failures(requested: Sequence[multiaddr.Multiaddr], got: Sequence[Any
     return failures
 
 
-def _library_cap(settings: HostSettings) -> int:
-    """The library's own connection cap (and inbound slots): ours plus room for the
-    newcomers that make the worst connection go and for handshakes under way."""
-    return settings.max_connections + max(8, settings.max_connections // 4)
-
-
-class _IpGate:
-    """Inbound connections per remote IP, counted from TCP accept to close (the
-    inbound handler's lifetime, `node.libp2p_patches`); over the cap the socket is
-    closed before any handshake."""
-
-    def __init__(self, settings: HostSettings) -> None:
-        self._cap = settings.max_connections_per_ip
-        self._loopback = settings.ip_limit_on_loopback
-        self.counts: dict[str, int] = {}
-        self.refused = 0
-
-    def _exempt(self, ip: str | None) -> bool:
-        if ip is None:
-            return True
-        if self._loopback:
-            return False
-        return ip.startswith("127.") or ip in ("::1", "::ffff:127.0.0.1")
-
-    def admit(self, ip: str | None) -> bool:
-        if self._exempt(ip):
-            return True
-        assert ip is not None
-        if self.counts.get(ip, 0) >= self._cap:
-            self.refused += 1
-            log.info("refusing an inbound connection from %s: %d open from it", ip, self._cap)
-            return False
-        self.counts[ip] = self.counts.get(ip, 0) + 1
-        return True
-
-    def release(self, ip: str | None) -> None:
-        if self._exempt(ip):
-            return
-        assert ip is not None
-        left = self.counts.get(ip, 0) - 1
-        if left > 0:
-            self.counts[ip] = left
-        else:
-            self.counts.pop(ip, None)
-
-
 @dataclass
 class _PeerState:
     connected_at: float
@@ -415,7 +327,7 @@ class _Notifee(INotifee):
         return None
 
 
-class SwarmHost:
+class SwarmHost(ConnectionLimitsMixin, GossipMixin):
     """A running peer: use `open_host()` to get one.
 
     Public surface: `peer_id`, `listen_addrs()`, `connect()`, `connect_many()`,
@@ -442,8 +354,8 @@ class SwarmHost:
             connection_config=ConnectionConfig(
                 min_connections=0,
                 low_watermark=0,
-                high_watermark=_library_cap(settings),
-                max_connections=_library_cap(settings),
+                high_watermark=library_cap(settings),
+                max_connections=library_cap(settings),
                 dial_timeout=settings.dial_timeout_s,
                 connection_close_timeout=settings.close_timeout_s,
                 inbound_upgrade_timeout=settings.dial_timeout_s,
@@ -481,7 +393,7 @@ class SwarmHost:
         self._validators: dict[str, Validator] = {}
         self._pingers: set[str] = set()
         self._scorer: Callable[[str], float] | None = None
-        self._inbound_gate = _IpGate(settings)
+        self._inbound_gate = IpGate(settings)
         libp2p_patches.no_auto_dials(self._lh.get_network())
         self._lh.get_network()._swarm_inbound_gate = self._inbound_gate
 
@@ -535,66 +447,6 @@ class SwarmHost:
         return True
 
     # -- connection events ---------------------------------------------------------------
-
-    def set_connection_scorer(self, scorer: Callable[[str], float] | None) -> None:
-        """`scorer(peer) -> float` (higher is better, synchronous, cheap): at the connection
-        cap the lowest-scored peer is disconnected first, then the least recently active.
-        Without one every peer scores 0."""
-        self._scorer = scorer
-
-    def _touch(self, peer: str) -> None:
-        state = self._peers.get(peer)
-        if state is not None:
-            state.last_active = time.monotonic()
-
-    def _score(self, peer: str) -> float:
-        if self._scorer is None:
-            return 0.0
-        try:
-            return float(self._scorer(peer))
-        except Exception:  # a scorer bug must not take the host down
-            log.exception("connection scorer failed for %s", _short(peer))
-            return 0.0
-
-    def _enforce_connection_limits(self, peer: str, conn: Any) -> bool:
-        """Apply the per-peer and total caps to a connection just opened; False if it was
-        the one closed (the newest of a peer over its cap, or the worst-ranked newcomer)."""
-        network = self._lh.get_network()
-        s = self.settings
-        nursery = self._nursery
-        if nursery is None:
-            return True
-        conns = network.get_connections(ID.from_base58(peer))
-        if len(conns) > s.max_connections_per_peer:
-            conns.sort(key=lambda c: getattr(c, "_created_at", 0.0))
-            extra = conns[s.max_connections_per_peer :]
-            log.info("closing %d connection(s) of %s: over %d per peer", len(extra),
-                     _short(peer), s.max_connections_per_peer)
-            for c in extra:
-                nursery.start_soon(self._close_conn, c)
-            if conn is not None and any(c is conn for c in extra):
-                return False
-        over = len(network.get_connections()) - s.max_connections
-        if over <= 0:
-            return True
-        ranked = sorted(
-            (p for p, st in self._peers.items() if not st.dropping and p != peer),
-            key=lambda p: (self._score(p), self._peers[p].last_active, self._peers[p].connected_at),
-        )
-        if self._score(peer) < min((self._score(p) for p in ranked[:1]), default=math.inf):
-            log.info("refusing %s: at the connection cap and scored lowest", _short(peer))
-            nursery.start_soon(self._close_peer, peer)
-            return False
-        for victim in ranked[:over]:
-            nursery.start_soon(
-                self.disconnect, victim, f"connection cap ({s.max_connections}): making room"
-            )
-        return True
-
-    async def _close_conn(self, conn: Any) -> None:
-        with trio.move_on_after(self.settings.close_timeout_s):
-            with contextlib.suppress(Exception):
-                await conn.close()
 
     def _on_connected(self, pid: ID, conn: Any = None) -> None:
         if self._closing:
@@ -811,144 +663,6 @@ class SwarmHost:
         self._touch(peer)
         return FramedStream(raw, peer, self.settings)
 
-    # -- gossip --------------------------------------------------------------------------
-
-    async def subscribe(
-        self, topic: str, validator: Validator | None = None
-    ) -> trio.MemoryReceiveChannel[GossipMessage]:
-        """Join `topic`; returns a channel of other peers' messages.
-
-        `validator(forwarder, data, origin) -> bool` runs before a message is delivered or
-        forwarded (GossipSub topic validation): a False stops it at this hop. `origin` is
-        the message's publisher (its `from`, whose signature GossipSub checked first). It may be a
-        coroutine function (e.g. one that stores the message before it may be forwarded);
-        GossipSub gives it 5 s, then drops the message.
-        """
-        self._check_open()
-        if validator is not None:
-            self._validators[topic] = validator
-            if inspect.iscoroutinefunction(validator):
-
-                async def check_async(forwarder: ID, msg: Any) -> bool:
-                    if forwarder == self._lh.get_id():
-                        return True
-                    self._touch(forwarder.to_base58())
-                    origin = ID(bytes(msg.from_id)).to_base58()
-                    return bool(await validator(forwarder.to_base58(), bytes(msg.data), origin))
-
-                self._pubsub.set_topic_validator(topic, check_async, True)
-            else:
-
-                def check(forwarder: ID, msg: Any) -> bool:
-                    if forwarder == self._lh.get_id():
-                        return True
-                    self._touch(forwarder.to_base58())
-                    origin = ID(bytes(msg.from_id)).to_base58()
-                    return bool(validator(forwarder.to_base58(), bytes(msg.data), origin))
-
-                self._pubsub.set_topic_validator(topic, check, False)
-        subscription = await self._pubsub.subscribe(topic)
-        send, receive = trio.open_memory_channel[GossipMessage](SUBSCRIPTION_QUEUE)
-        assert self._nursery is not None
-        self._nursery.start_soon(self._drain_subscription, topic, subscription, send)
-        return receive
-
-    async def _drain_subscription(
-        self, topic: str, subscription: Any, send: trio.MemorySendChannel[GossipMessage]
-    ) -> None:
-        me = self._lh.get_id().to_bytes()
-        async with send:
-            while True:
-                msg = await subscription.get()
-                if bytes(msg.from_id) == me:  # workaround 7
-                    continue
-                item = GossipMessage(
-                    topic, bytes(msg.data), ID(bytes(msg.from_id)).to_base58(), time.time()
-                )
-                try:
-                    send.send_nowait(item)
-                except trio.WouldBlock:
-                    log.warning("application is not reading topic %s; message dropped", topic)
-                except trio.BrokenResourceError:
-                    return
-
-    def topic_peers(self, topic: str) -> list[str]:
-        """Live peers that told us they subscribe to `topic`."""
-        live = set(self.connected_peers())
-        return sorted(
-            p.to_base58() for p in self._pubsub.peer_topics.get(topic, ()) if p.to_base58() in live
-        )
-
-    async def wait_for_topic_peers(self, topic: str, n: int, timeout_s: float) -> int:
-        """Wait (bounded) until at least `n` live peers subscribe to `topic`; returns the count."""
-        with trio.move_on_after(timeout_s):
-            while len(self.topic_peers(topic)) < n:
-                await trio.sleep(0.05)
-        return len(self.topic_peers(topic))
-
-    async def publish(self, topic: str, data: bytes) -> None:
-        """Publish `data` on `topic`: size-checked, mesh-waited and paced (workarounds 5, 8, 9).
-
-        Raises `MessageTooLarge` (caller error) or `HostClosed`; never drops silently on
-        our side. A peer whose queue stays full past `pace_max_wait_s` (frozen) is left
-        to the heartbeat.
-        """
-        if len(data) > self.settings.max_gossip_bytes:
-            raise MessageTooLarge(
-                f"gossip message of {len(data)} bytes exceeds the {self.settings.max_gossip_bytes} "
-                "byte limit (GossipSub drops larger ones silently); send the bulk over a stream"
-            )
-        self._check_open()
-        self._in_flight += 1
-        self._idle = trio.Event() if self._in_flight == 1 else self._idle
-        try:
-            await self._wait_for_mesh(topic)
-            await self._pace()
-            await self._pubsub.publish(topic, data)
-        finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
-
-    async def _wait_for_mesh(self, topic: str) -> None:
-        """Wait (bounded) until each recently connected peer joined our mesh for `topic`:
-        a peer whose subscription has not arrived yet would not get the message at all."""
-        s = self.settings
-        with trio.move_on_after(s.mesh_wait_s):
-            while True:
-                mesh = self._gossipsub.mesh.get(topic, set())
-                if len(mesh) >= s.gossip_degree:
-                    return
-                now = time.monotonic()
-                pending = False
-                for peer, state in list(self._peers.items()):
-                    if state.dropping or now - state.connected_at >= s.mesh_wait_s:
-                        continue
-                    if ID.from_base58(peer) not in mesh:
-                        pending = True
-                        break
-                if not pending:
-                    return
-                await trio.sleep(0.05)
-
-    async def _pace(self) -> None:
-        s = self.settings
-        with trio.move_on_after(s.pace_max_wait_s):
-            while True:
-                now = time.monotonic()
-                busy = False
-                for peer in self.connected_peers():
-                    state = self._peers.get(peer)
-                    if state is None or now - state.last_pong > 2 * s.heartbeat_interval_s + 0.5:
-                        continue  # suspect: do not let a frozen peer stall everyone
-                    queue = self._pubsub.peer_queues.get(ID.from_base58(peer))
-                    if queue is not None and len(queue) >= s.outbound_high_water:
-                        busy = True
-                        break
-                if not busy:
-                    return
-                await trio.sleep(0.005)
-
     def _check_open(self) -> None:
         if self._closing:
             raise HostClosed("the host is shutting down")
@@ -1026,6 +740,8 @@ async def open_host(
 
 
 __all__ = [
+    "GossipMessage",
+    "Validator",
     "AGENT",
     "DialResult",
     "FrameTooLarge",
