@@ -1,8 +1,9 @@
 """The one adapter over py-libp2p 0.8.1 + trio.
 
-Its process-wide patches of library internals live in `node.libp2p_patches` (each listed
-there with the test that guards it); framed streams and the errors in `node.framed_stream`
-(re-exported here).
+Its parts: `node.libp2p_patches` (process-wide patches of library internals, each listed
+with the test that guards it), `node.framed_stream` (framed streams and the errors,
+re-exported here), `node.host_limits`, `node.host_gossip`, `node.host_heartbeat`,
+`node.host_listen` (mixins and helpers of `SwarmHost`), `node.gossip_guard`.
 
 What this module owns
 ---------------------
@@ -36,14 +37,10 @@ item has a test in `tests/test_node_host.py` that fails if the default comes bac
 12. Leaving `host.run()` without `close()` leaks the listener; in-flight publishes at
     shutdown raise "Nursery is closed" -> `open_host()` refuses new publishes, drains
     the in-flight ones, then stops pubsub and calls `close()`.
-13. A message id is (sender, seqno) and the seqno starts at the clock in whole seconds,
-    +1 per message: a peer publishing several messages a second runs ahead of the clock,
-    and after a restart its new messages reuse ids receivers saw in the last 120 s
-    (`seen_ttl`) and are dropped as "seen" before any check of ours, on every topic ->
-    the seqno starts at the clock in nanoseconds (`_seqno_start()`), so a restart lands
-    above anything published before unless a peer averaged a message per nanosecond.
-    (The id function itself stays (sender, seqno): the library's message cache, which
-    answers IWANT, is hard-wired to it.)
+13. A message id is (sender, seqno), the seqno starting at the clock in whole seconds: a
+    restarted publisher reused ids receivers saw in the last 120 s (`seen_ttl`), dropped
+    as "seen" -> the seqno starts at the clock in nanoseconds (`_seqno_start()`); the id
+    function stays (the message cache that answers IWANT is hard-wired to it).
 14. A peer restarted on a new port is dialed at its old address: the library dials only
     the first stored address of each transport, and a peer whose dial failed is refused
     for 60 s (negative cache) -> `connect()` replaces the peer's stored addresses with
@@ -63,13 +60,8 @@ item has a test in `tests/test_node_host.py` that fails if the default comes bac
 22. A reply of known size (a shard) started at Yamux's 256 KiB window and grew it one
     round trip at a time -> the asker grants the window it expects up front
     (`FramedStream.expect`).
-25. An inbound connection kept its slot until the swarm stopped (patched in
-    `node.libp2p_patches`); the library refused at `max_connections` -> the library's
-    cap sits above ours (`library_cap`), and past ours the lowest-scored
-    (`set_connection_scorer`), then least recently active peer is disconnected; a peer
-    keeps at most `max_connections_per_peer` connections (the newest go) and one IP at
-    most `max_connections_per_ip` inbound ones (`IpGate`; loopback exempt unless
-    `ip_limit_on_loopback`).
+25. Inbound slots leaked and the library refused at its cap -> patched (inbound slots), and
+    connection limits in `node.host_limits`.
 
 Resource handling: everything is owned by the `open_host()` context; on exit the port
 is released and all tasks are gone. Error handling: remote misbehaviour and timeouts
@@ -80,11 +72,8 @@ tasks (heartbeat, stream handlers) turn them into peer events, never into crashe
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import math
-import secrets
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -126,14 +115,12 @@ from node.gossip_guard import (
     new_budget,
 )
 from node.host_gossip import GossipMessage, GossipMixin, Validator
+from node.host_heartbeat import PING_PROTOCOL, HeartbeatMixin
 from node.host_limits import ConnectionLimitsMixin, IpGate, library_cap
+from node.host_listen import explain, listen_failures, plain_listen_failed
 from node.libp2p_patches import AGENT
 
 log = logging.getLogger("swarm.host")
-
-# ---------------------------------------------------------------------------------------
-# Settings
-# ---------------------------------------------------------------------------------------
 
 # The library's RPC limit is 1 MiB including protobuf framing, the signature and the key;
 # 1,000,000 bytes of payload leaves room for all of it.
@@ -141,15 +128,11 @@ MAX_GOSSIP_BYTES = 1_000_000
 # A body frame on a request stream: the largest wire object (a 4 MiB rollout body in its
 # envelope) plus headroom.
 MAX_FRAME_BYTES = 5 * 1024 * 1024
-PING_PROTOCOL = TProtocol("/ipfs/ping/1.0.0")  # workaround 17: the standard ping
-PING_BYTES = 32
 GOSSIPSUB_PROTOCOLS = [  # workaround 17: newest first
     TProtocol("/meshsub/1.2.0"),
     TProtocol("/meshsub/1.1.0"),
     GOSSIPSUB_PROTOCOL_ID,
 ]
-
-
 
 
 @dataclass(frozen=True)
@@ -205,38 +188,6 @@ def _short(peer: str) -> str:
 StreamHandler = Callable[[FramedStream], Awaitable[None]]
 
 
-# ---------------------------------------------------------------------------------------
-# The host
-# ---------------------------------------------------------------------------------------
-
-
-def explain(exc: BaseException) -> str:
-    """One line saying why a library call failed: the library wraps the real cause (a
-    refused connection, a failed handshake) several levels deep; dig it out."""
-    seen: set[int] = set()
-    causes: list[BaseException] = []
-    stack: list[BaseException] = [exc]
-    while stack and len(seen) < 32:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        causes.append(e)
-        for nested in (*getattr(e, "errors", ()), *getattr(e, "exceptions", ())):
-            if isinstance(nested, BaseException):
-                stack.append(nested)
-        for nested in (e.__cause__, e.__context__):
-            if nested is not None:
-                stack.append(nested)
-    for e in causes:
-        if isinstance(e, OSError) and e.strerror:
-            return e.strerror
-    for e in reversed(causes):
-        text = str(e).strip()
-        if text and "no addresses established" not in text and not text.startswith("Error 1"):
-            return text.splitlines()[0][:300]
-    return (str(exc) or type(exc).__name__)[:300]
-
 
 def key_pair_from_private_bytes(private_bytes: bytes) -> KeyPair:
     """The libp2p Ed25519 key pair of our 32-byte identity seed (same peer id)."""
@@ -250,47 +201,6 @@ def _seqno_start() -> int:
     """The first GossipSub seqno of this process (workaround 13): the clock in nanoseconds,
     so a restarted publisher continues above every seqno it used before."""
     return time.time_ns()
-
-
-def _tcp_target(addr: multiaddr.Multiaddr) -> tuple[str, int] | None:
-    """(ip, port) of an /ip4|ip6/.../tcp/... multiaddr, else None."""
-    protos = {p.name for p in addr.protocols()}
-    if "tcp" not in protos:
-        return None
-    ip = addr.value_for_protocol("ip4") if "ip4" in protos else None
-    if ip is None and "ip6" in protos:
-        ip = addr.value_for_protocol("ip6")
-    return (str(ip), int(addr.value_for_protocol("tcp"))) if ip else None
-
-
-def _listen_failures(requested: Sequence[multiaddr.Multiaddr], got: Sequence[Any]) -> list[str]:
-    """Workaround 15: each requested TCP address without a listener, with the reason
-    (found by binding a plain socket to it: the library only logs its own error)."""
-    bound = [t for t in (_tcp_target(a) for a in got) if t]
-    failures = []
-    for addr in requested:
-        want = _tcp_target(addr)
-        if want is None:
-            continue
-        ip, port = want
-        if any((ip in ("0.0.0.0", "::") or b_ip == ip) and (port == 0 or b_port == port)
-               for b_ip, b_port in bound):
-            continue
-        reason = "no listener was started"
-        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                probe.bind((ip, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                reason = f"port {port} is in use by another process"
-            elif exc.errno == errno.EADDRNOTAVAIL:
-                reason = f"{ip} is not an address of this machine (cannot assign requested address)"
-            else:
-                reason = exc.strerror or str(exc)
-        failures.append(f"cannot listen on {addr}: {reason}")
-    return failures
 
 
 @dataclass
@@ -327,7 +237,7 @@ class _Notifee(INotifee):
         return None
 
 
-class SwarmHost(ConnectionLimitsMixin, GossipMixin):
+class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
     """A running peer: use `open_host()` to get one.
 
     Public surface: `peer_id`, `listen_addrs()`, `connect()`, `connect_many()`,
@@ -562,68 +472,6 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin):
         if self._banned.pop(peer, None) is not None:
             self._pubsub.remove_from_blacklist(ID.from_base58(peer))
 
-    # -- application heartbeat (workaround 10) -------------------------------------------
-
-    async def _handle_ping(self, stream: Any) -> None:
-        """The standard ping's answer: echo each 32 bytes (under deadlines, unlike the
-        library's own handler, which this replaces)."""
-        framed = FramedStream(stream, stream.muxed_conn.peer_id.to_base58(), self.settings)
-        deadline = self.settings.peer_dead_after_s * 3
-        try:
-            while True:
-                with trio.fail_after(deadline):
-                    nonce = await framed.read_exactly(PING_BYTES)
-                await framed.write_raw(nonce)
-        except (HostError, trio.TooSlowError):
-            pass
-        finally:
-            await framed.reset()
-
-    async def _ping_loop(self, peer: str) -> None:
-        """Ping `peer` every `heartbeat_interval_s`; drop it after `peer_dead_after_s` silent."""
-        self._pingers.add(peer)
-        s = self.settings
-        framed: FramedStream | None = None
-        try:
-            while peer in self._peers and not self._peers[peer].dropping:
-                state = self._peers[peer]
-                remaining = s.peer_dead_after_s - (time.monotonic() - state.last_pong)
-                if remaining <= 0:
-                    await self.disconnect(
-                        peer, f"no heartbeat answer for {s.peer_dead_after_s:g} s"
-                    )
-                    return
-                with trio.move_on_after(min(remaining, max(s.heartbeat_interval_s * 2, 1.0))) as scope:
-                    try:
-                        if framed is None:
-                            raw = await self._lh.new_stream(ID.from_base58(peer), [PING_PROTOCOL])
-                            framed = FramedStream(raw, peer, s)
-                        nonce = secrets.token_bytes(PING_BYTES)
-                        sent = time.monotonic()
-                        await framed.write_raw(nonce)
-                        echo = await framed.read_exactly(PING_BYTES)
-                        if echo == nonce:
-                            state.last_pong = time.monotonic()
-                            state.rtt_s = state.last_pong - sent
-                        else:  # out of step: start a fresh stream
-                            await framed.reset()
-                            framed = None
-                    except (HostError, trio.TooSlowError):
-                        framed = None
-                    except trio.Cancelled:
-                        raise
-                    except Exception:  # new_stream on a closing connection
-                        framed = None
-                if scope.cancelled_caught and framed is not None:
-                    # A late echo would arrive on this stream and put it out of step.
-                    await framed.reset()
-                    framed = None
-                await trio.sleep(s.heartbeat_interval_s)
-        finally:
-            self._pingers.discard(peer)
-            if framed is not None:
-                await framed.reset()
-
     # -- streams -------------------------------------------------------------------------
 
     def set_stream_handler(self, protocol: str, handler: StreamHandler) -> None:
@@ -678,21 +526,6 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin):
 
 
 @contextlib.asynccontextmanager
-async def _plain_listen_failed() -> AsyncIterator[None]:
-    """Raise `ListenFailed` bare, not wrapped in the library's exception group."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        match, rest = group.split(ListenFailed)
-        if match is not None and rest is None:
-            leaf: BaseException = match
-            while isinstance(leaf, BaseExceptionGroup):
-                leaf = leaf.exceptions[0]
-            raise leaf from None
-        raise
-
-
-@contextlib.asynccontextmanager
 async def open_host(
     private_bytes: bytes,
     listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
@@ -709,9 +542,9 @@ async def open_host(
     lh = host._lh
     lh.get_network().register_notifee(_Notifee(host))
     lh.set_stream_handler(PING_PROTOCOL, host._handle_ping)
-    async with _plain_listen_failed(), lh.run(addrs):
+    async with plain_listen_failed(), lh.run(addrs):
         try:
-            failures = _listen_failures(addrs, lh.get_addrs())
+            failures = listen_failures(addrs, lh.get_addrs())
             if failures:
                 raise ListenFailed("; ".join(failures))
             async with background_trio_service(host._pubsub):
