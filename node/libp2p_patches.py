@@ -23,7 +23,8 @@ Each patch, the library default it fixes, and the test that fails if it comes ba
     tests/test_node_standard_peer.py::test_garbage_gossipsub_rpc_does_not_crash_the_host
 18b. Banning (blacklist teardown) a peer that already left raises `KeyError` ->
     `Pubsub._teardown_if_connected` tolerates it.
-    tests/test_node_host.py::test_banning_a_peer_that_already_left_does_not_crash
+    tests/test_node_host.py::test_banning_connected_peers_does_not_crash (exercises the
+    path; the race did not reproduce without the patch on a quiet machine)
 19. A full Yamux frame is 17 bytes over one Noise plaintext (two Noise messages per
     frame); a window update after every read; two socket reads per Noise message ->
     `yamux.MAX_MESSAGE_SIZE` = Noise's largest plaintext, `_yamux_release_on_read` off

@@ -570,20 +570,22 @@ async def test_small_messages_cost_no_window_updates(monkeypatch: pytest.MonkeyP
     assert updates["n"] < 5, updates
 
 
-async def test_banning_a_peer_that_already_left_does_not_crash() -> None:
-    """The library's blacklist teardown raised KeyError for a peer no longer connected,
-    out of a pubsub task: the whole host went down."""
+async def test_banning_connected_peers_does_not_crash() -> None:
+    """Banning tears the peer's pubsub state down while the ban's disconnect removes it
+    too; the library's teardown then raised KeyError in a pubsub task, taking the host
+    down. (This race did not reproduce here without the patch: the test keeps the path
+    exercised, it does not prove the patch necessary.)"""
     async with open_host(_key()) as a, open_host(_key()) as c:
         await a.subscribe("t")
-        async with open_host(_key()) as b:
-            await b.subscribe("t")
-            assert (await b.connect(a.listen_addrs()[0])).ok
-            gone = b.peer_id
-        with trio.fail_after(10):
-            while gone in a.connected_peers():
-                await trio.sleep(0.05)
-        await a.ban(gone, 60, "test")
-        await trio.sleep(0.5)
+        for _ in range(3):
+            async with open_host(_key()) as b:
+                await b.subscribe("t")
+                assert (await b.connect(a.listen_addrs()[0])).ok
+                with trio.fail_after(10):
+                    while b.peer_id not in a.topic_peers("t"):
+                        await trio.sleep(0.05)
+                await a.ban(b.peer_id, 60, "test")
+                await trio.sleep(0.3)
         rc = await c.subscribe("t")
         assert (await c.connect(a.listen_addrs()[0])).ok
         await a.publish("t", b"still here")
