@@ -1,4 +1,9 @@
-"""The one adapter over py-libp2p 0.8.1 + trio: every library workaround lives here.
+"""The one adapter over py-libp2p 0.8.1 + trio.
+
+Its parts: `node.libp2p_patches` (process-wide patches of library internals, each listed
+with the test that guards it), `node.framed_stream` (framed streams and the errors,
+re-exported here), `node.host_limits`, `node.host_gossip`, `node.host_heartbeat`,
+`node.host_listen` (mixins and helpers of `SwarmHost`), `node.gossip_guard`.
 
 What this module owns
 ---------------------
@@ -32,14 +37,10 @@ item has a test in `tests/test_node_host.py` that fails if the default comes bac
 12. Leaving `host.run()` without `close()` leaks the listener; in-flight publishes at
     shutdown raise "Nursery is closed" -> `open_host()` refuses new publishes, drains
     the in-flight ones, then stops pubsub and calls `close()`.
-13. A message id is (sender, seqno) and the seqno starts at the clock in whole seconds,
-    +1 per message: a peer publishing several messages a second runs ahead of the clock,
-    and after a restart its new messages reuse ids receivers saw in the last 120 s
-    (`seen_ttl`) and are dropped as "seen" before any check of ours, on every topic ->
-    the seqno starts at the clock in nanoseconds (`_seqno_start()`), so a restart lands
-    above anything published before unless a peer averaged a message per nanosecond.
-    (The id function itself stays (sender, seqno): the library's message cache, which
-    answers IWANT, is hard-wired to it.)
+13. A message id is (sender, seqno), the seqno starting at the clock in whole seconds: a
+    restarted publisher reused ids receivers saw in the last 120 s (`seen_ttl`), dropped
+    as "seen" -> the seqno starts at the clock in nanoseconds (`_seqno_start()`); the id
+    function stays (the message cache that answers IWANT is hard-wired to it).
 14. A peer restarted on a new port is dialed at its old address: the library dials only
     the first stored address of each transport, and a peer whose dial failed is refused
     for 60 s (negative cache) -> `connect()` replaces the peer's stored addresses with
@@ -52,43 +53,15 @@ item has a test in `tests/test_node_host.py` that fails if the default comes bac
     heartbeat is the standard ping (32 random bytes echoed); identify said
     `py-libp2p/<version>` -> it says `swarm-node/<version>` (`AGENT`); GossipSub offered
     only `/meshsub/1.0.0` -> it offers 1.2, 1.1 and 1.0, the newest both sides speak wins.
-18. Two library tasks crash the whole host on a remote's doing: a GossipSub RPC that is
-    not valid protobuf raises `DecodeError` out of the stream reader, and banning a peer
-    (blacklist teardown) raises `KeyError` when the peer left meanwhile -> both are
-    patched (`_guarded_read`, `_safe_teardown`): the garbage stream is reset, the
-    teardown tolerates a peer already gone.
-16. Listen sockets get SO_REUSEPORT (for hole punching), so two nodes on the same port
-    both "listen" and the kernel splits connections between them -> the library's
-    socket-flag helper is replaced by one that sets SO_REUSEADDR only.
-19. Bulk transfers ran at ~50 MiB/s on a CPU that encrypts at GB/s, for three per-frame
-    costs: a full Yamux frame (64 KiB with its header) is 17 bytes over Noise's largest
-    plaintext, so every frame went out as two Noise messages; the receiver sent a Yamux
-    window update after every read (`release on read`); and every Noise message took two
-    or more socket reads (its 2-byte length, then its body) -> the Yamux frame cap is
-    Noise's largest plaintext, `release on read` is off, and TCP reads go through a
-    read-ahead buffer (`_buffered_tcp_read`, TCP_READ_AHEAD bytes).
-20. A bulk write still paid the whole per-frame path once per 64 KiB frame: the stream's
-    two locks and window check, the connection's write lock and a checkpoint, one Noise
-    message and one socket `send_all` -> `YamuxStream.write` builds as many frames as the
-    send window allows (up to WRITE_BATCH bytes) at once and hands them down as one
-    write; Noise encrypts them as one message each (full frames are exactly one Noise
-    plaintext, workaround 19) and sends them with one socket write. The bytes on the
-    wire are the same frames and messages as before; only the syscalls are fewer. On the
-    receiving side each 64 KiB was copied about ten times on its way up (twice in
-    `read_exactly` even when one read returned it whole, into and out of a `BytesIO`
-    in the secure session) -> `read_exactly` returns a whole first read as it is, and
-    the secure session keeps the rest of a Noise message and hands out views of it.
-21. A writer out of send window polled every 10 ms for the window update -> the stream's
-    window lock wakes it when next released (`_WindowLock`; the poll stays as a backstop).
+18. Garbage GossipSub RPCs and ban races crashed the host; 16. listen sockets got
+    SO_REUSEPORT; 19-21, 23, 24. per-frame and per-stream costs of Noise, Yamux and
+    multistream-select -> patched in `node.libp2p_patches` (each item listed there with
+    its test).
 22. A reply of known size (a shard) started at Yamux's 256 KiB window and grew it one
-    round trip at a time (on a long link, several round trips per shard) -> the asker
-    grants the window it expects up front (`FramedStream.expect`).
-23. Opening a stream cost two round trips of multistream-select (its header, then the
-    protocol) -> both go out in one write and both answers are read after, as go-libp2p's
-    client does (one protocol proposed; more go the library's way).
-24. The receiver sent a window update after every read below half the window (and
-    credited it twice): one more frame, one more Noise message each way, for every small
-    message a stream received -> credit goes back at half the window, as go-yamux does.
+    round trip at a time -> the asker grants the window it expects up front
+    (`FramedStream.expect`).
+25. Inbound slots leaked and the library refused at its cap -> patched (inbound slots), and
+    connection limits in `node.host_limits`.
 
 Resource handling: everything is owned by the `open_host()` context; on exit the port
 is released and all tasks are gone. Error handling: remote misbehaviour and timeouts
@@ -99,55 +72,55 @@ tasks (heartbeat, stream handlers) turn them into peer events, never into crashe
 from __future__ import annotations
 
 import contextlib
-import errno
-import inspect
 import logging
 import math
-import secrets
-import socket
-import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import libp2p.identity.identify.identify as _libp2p_identify
-import libp2p.io.msgio as _libp2p_msgio
-import libp2p.io.trio as _libp2p_io_trio
-import libp2p.protocol_muxer.multiselect_client as _libp2p_multiselect_client
-import libp2p.pubsub.pubsub as _libp2p_pubsub
-import libp2p.security.noise.io as _libp2p_noise_io
-import libp2p.security.secure_session as _libp2p_secure_session
-import libp2p.stream_muxer.yamux.yamux as _libp2p_yamux
-import libp2p.transport.tcp.tcp as _libp2p_tcp
 import multiaddr
 import trio
-from google.protobuf.message import DecodeError as _ProtobufDecodeError
 from libp2p import create_yamux_muxer_option, new_host
 from libp2p.abc import INotifee
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as _new_x25519_key_pair
 from libp2p.custom_types import TProtocol
-from libp2p.io.exceptions import IOException
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
-from libp2p.protocol_muxer.exceptions import MultiselectClientError, MultiselectCommunicatorError
-from libp2p.protocol_muxer.multiselect_communicator import MultiselectCommunicator
 from libp2p.pubsub.gossipsub import PROTOCOL_ID as GOSSIPSUB_PROTOCOL_ID
-from libp2p.pubsub.gossipsub import GossipSub
-from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
-from libp2p.utils import encode_delim
+
+from node import libp2p_patches
+from node.framed_stream import (
+    FramedStream,
+    FrameTooLarge,
+    HostClosed,
+    HostError,
+    ListenFailed,
+    MessageTooLarge,
+    PeerError,
+    PeerTimeout,
+    PeerUnreachable,
+)
+from node.gossip_guard import (
+    ControlLimits,
+    GuardedGossipSub,
+    GuardedPubsub,
+    Misbehaviour,
+    new_budget,
+)
+from node.host_gossip import GossipMessage, GossipMixin, Validator
+from node.host_heartbeat import PING_PROTOCOL, HeartbeatMixin
+from node.host_limits import ConnectionLimitsMixin, IpGate, library_cap
+from node.host_listen import explain, listen_failures, plain_listen_failed
+from node.libp2p_patches import AGENT
 
 log = logging.getLogger("swarm.host")
-
-# ---------------------------------------------------------------------------------------
-# Settings
-# ---------------------------------------------------------------------------------------
 
 # The library's RPC limit is 1 MiB including protobuf framing, the signature and the key;
 # 1,000,000 bytes of payload leaves room for all of it.
@@ -155,35 +128,11 @@ MAX_GOSSIP_BYTES = 1_000_000
 # A body frame on a request stream: the largest wire object (a 4 MiB rollout body in its
 # envelope) plus headroom.
 MAX_FRAME_BYTES = 5 * 1024 * 1024
-# The subscription queue we install in place of the library's 32.
-SUBSCRIPTION_QUEUE = 4096
-# Workaround 19: bytes asked of the socket at once (a Noise message is at most 64 KiB).
-TCP_READ_AHEAD = 256 * 1024
-# Workaround 20: the most payload one Yamux write call hands down at once.
-WRITE_BATCH = 1024 * 1024
-# Workaround 21: a writer out of send window re-checks at least this often (a close that
-# does not go through the window lock); a window update wakes it at once.
-ZERO_WINDOW_POLL_S = 0.01
-PING_PROTOCOL = TProtocol("/ipfs/ping/1.0.0")  # workaround 17: the standard ping
-PING_BYTES = 32
 GOSSIPSUB_PROTOCOLS = [  # workaround 17: newest first
     TProtocol("/meshsub/1.2.0"),
     TProtocol("/meshsub/1.1.0"),
     GOSSIPSUB_PROTOCOL_ID,
 ]
-
-
-def _agent() -> str:
-    try:
-        from importlib.metadata import version
-
-        return f"swarm-node/{version('swarm-node')}"
-    except Exception:  # not installed (a source checkout): the pyproject version
-        return "swarm-node/0.1.0"
-
-
-AGENT = _agent()
-_FRAME_HEADER = struct.Struct(">I")
 
 
 @dataclass(frozen=True)
@@ -205,48 +154,11 @@ class HostSettings:
     max_gossip_bytes: int = MAX_GOSSIP_BYTES
     max_frame_bytes: int = MAX_FRAME_BYTES
     drain_timeout_s: float = 3.0  # shutdown: wait this long for in-flight publishes
-    max_connections: int = 200
-
-
-# ---------------------------------------------------------------------------------------
-# Errors
-# ---------------------------------------------------------------------------------------
-
-
-class HostError(Exception):
-    """Base of every error this adapter raises."""
-
-
-class ListenFailed(HostError):
-    """A listen address could not be bound; the message names the address and the reason."""
-
-
-class HostClosed(HostError):
-    """The host is shutting down; no new work is accepted."""
-
-
-class MessageTooLarge(HostError):
-    """A local caller tried to send more than the configured limit (our bug, not theirs)."""
-
-
-class PeerError(HostError):
-    """Something went wrong with a remote peer: unreachable, too slow, or misbehaving."""
-
-    def __init__(self, peer: str, message: str) -> None:
-        super().__init__(f"{peer[:16]}...: {message}" if len(peer) > 16 else f"{peer}: {message}")
-        self.peer = peer
-
-
-class PeerTimeout(PeerError):
-    """A dial, read or write did not finish before its deadline."""
-
-
-class PeerUnreachable(PeerError):
-    """A dial failed, or the stream was closed or reset by the remote."""
-
-
-class FrameTooLarge(PeerError):
-    """The remote announced a frame above the cap; the stream was reset."""
+    max_connections: int = 200  # all peers; past it the lowest-scored, least active goes
+    max_connections_per_peer: int = 3  # a simultaneous dial needs 2
+    max_connections_per_ip: int = 16  # inbound, counted from TCP accept (handshakes included)
+    ip_limit_on_loopback: bool = False  # a local devnet runs every node on 127.0.0.1
+    gossip_limits: ControlLimits = ControlLimits()  # per-peer GossipSub control budgets
 
 
 @dataclass(frozen=True)
@@ -258,16 +170,6 @@ class DialResult:
     peer: str | None = None
     error: str | None = None
     elapsed_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class GossipMessage:
-    """A message delivered on a subscribed topic (never one of our own)."""
-
-    topic: str
-    data: bytes
-    origin: str  # base58 peer id of the publisher (the GossipSub `from` field)
-    received_at: float  # time.time() at delivery
 
 
 @dataclass(frozen=True)
@@ -283,147 +185,8 @@ def _short(peer: str) -> str:
     return peer[:12] + "..." if len(peer) > 12 else peer
 
 
-# ---------------------------------------------------------------------------------------
-# Framed streams
-# ---------------------------------------------------------------------------------------
-
-
-class FramedStream:
-    """A libp2p stream carrying length-prefixed frames (4-byte big-endian length).
-
-    Every read and write runs under `io_timeout_s`; a frame over `max_frame_bytes` is
-    refused before it is read. Errors become `PeerTimeout`, `PeerUnreachable` or
-    `FrameTooLarge`, all carrying the peer id.
-    """
-
-    def __init__(self, stream: Any, peer: str, settings: HostSettings) -> None:
-        self._stream = stream
-        self.peer = peer
-        self._settings = settings
-        self._buffer = bytearray()
-
-    async def send(self, data: bytes | memoryview) -> None:
-        if len(data) > self._settings.max_frame_bytes:
-            raise MessageTooLarge(
-                f"frame of {len(data)} bytes exceeds the {self._settings.max_frame_bytes} byte cap"
-            )
-        await self._io(self._stream.write(_FRAME_HEADER.pack(len(data)) + data), "write")
-
-    async def receive(self, max_bytes: int | None = None) -> bytes:
-        """Read one frame of at most `max_bytes` (default: the host's frame cap)."""
-        cap = self._settings.max_frame_bytes if max_bytes is None else max_bytes
-        header = await self._read_exactly(_FRAME_HEADER.size)
-        (size,) = _FRAME_HEADER.unpack(header)
-        if size > cap:
-            await self.reset()
-            raise FrameTooLarge(self.peer, f"announced a {size} byte frame (cap {cap})")
-        return await self._read_exactly(size)
-
-    async def expect(self, n: int) -> None:
-        """Workaround 22: let the remote send `n` more bytes (at most Yamux's largest
-        window) without waiting for credit: a reply of known size no longer starts at
-        the 256 KiB window and grows it one round trip at a time."""
-        muxed = getattr(self._stream, "muxed_stream", None)
-        if not isinstance(muxed, _libp2p_yamux.YamuxStream):
-            return
-        want = min(n, _libp2p_yamux.MAX_WINDOW_SIZE)
-        async with muxed.window_lock:
-            delta = want - muxed.recv_window
-            if delta <= 0:
-                return
-            muxed.recv_window += delta
-            muxed.target_recv_window = max(muxed.target_recv_window, want)
-        await self._io(muxed.send_window_update(delta, skip_lock=True), "write")
-
-    async def write_raw(self, data: bytes) -> None:
-        """Write bytes as they are (for protocols that are not framed, e.g. ping)."""
-        await self._io(self._stream.write(data), "write")
-
-    async def read_exactly(self, n: int) -> bytes:
-        """Read exactly `n` unframed bytes."""
-        return await self._read_exactly(n)
-
-    async def _read_exactly(self, n: int) -> bytes:
-        buf = self._buffer
-        if len(buf) >= n:
-            data = bytes(buf[:n])
-            del buf[:n]
-            return data
-        pieces, have = ([bytes(buf)] if buf else []), len(buf)
-        buf.clear()
-        while have < n:  # the pieces are joined once (a 1 MiB frame arrives in ~17)
-            chunk = await self._io(self._stream.read(max(n - have, 65536)), "read")
-            if not chunk:
-                raise PeerUnreachable(self.peer, "stream closed by the remote mid-frame")
-            pieces.append(chunk)
-            have += len(chunk)
-        data = b"".join(pieces)
-        if have > n:
-            buf += memoryview(data)[n:]
-            data = data[:n]
-        return data
-
-    async def _io(self, op: Awaitable[Any], what: str) -> Any:
-        try:
-            with trio.fail_after(self._settings.io_timeout_s):
-                return await op
-        except trio.TooSlowError:
-            raise PeerTimeout(
-                self.peer, f"stream {what} took over {self._settings.io_timeout_s:g} s"
-            ) from None
-        except (trio.Cancelled, HostError):
-            raise
-        except Exception as exc:  # the library raises many unrelated types for a dead stream
-            raise PeerUnreachable(self.peer, f"stream {what} failed: {exc!r}") from exc
-
-    async def close(self) -> None:
-        with trio.move_on_after(self._settings.close_timeout_s):
-            with contextlib.suppress(Exception):
-                await self._stream.close()
-
-    async def reset(self) -> None:
-        with trio.move_on_after(self._settings.close_timeout_s):
-            with contextlib.suppress(Exception):
-                await self._stream.reset()
-
-
 StreamHandler = Callable[[FramedStream], Awaitable[None]]
-# validator(forwarder, data, origin): the hop that handed us the message, its bytes, and the
-# gossip message's publisher (its `from`, authenticated by strict signing), all base58.
-Validator = Callable[[str, bytes, str], bool] | Callable[[str, bytes, str], Awaitable[bool]]
 
-
-# ---------------------------------------------------------------------------------------
-# The host
-# ---------------------------------------------------------------------------------------
-
-
-def explain(exc: BaseException) -> str:
-    """One line saying why a library call failed: the library wraps the real cause (a
-    refused connection, a failed handshake) several levels deep; dig it out."""
-    seen: set[int] = set()
-    causes: list[BaseException] = []
-    stack: list[BaseException] = [exc]
-    while stack and len(seen) < 32:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        causes.append(e)
-        for nested in (*getattr(e, "errors", ()), *getattr(e, "exceptions", ())):
-            if isinstance(nested, BaseException):
-                stack.append(nested)
-        for nested in (e.__cause__, e.__context__):
-            if nested is not None:
-                stack.append(nested)
-    for e in causes:
-        if isinstance(e, OSError) and e.strerror:
-            return e.strerror
-    for e in reversed(causes):
-        text = str(e).strip()
-        if text and "no addresses established" not in text and not text.startswith("Error 1"):
-            return text.splitlines()[0][:300]
-    return (str(exc) or type(exc).__name__)[:300]
 
 
 def key_pair_from_private_bytes(private_bytes: bytes) -> KeyPair:
@@ -440,346 +203,11 @@ def _seqno_start() -> int:
     return time.time_ns()
 
 
-def _reuse_addr_only(sock: Any) -> None:
-    """Workaround 16: SO_REUSEADDR (quick restarts past TIME_WAIT), never SO_REUSEPORT."""
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-
-
-def _batched_window_updates() -> bool:
-    """Workaround 19: the library's `release on read` switch, off: credit for what was
-    read goes back with the library's (half-window) batches, not after every read. (Only
-    sending at half the window, as go-yamux does, is slower here: the library's sender
-    polls every 10 ms once its window is spent.)"""
-    return False
-
-
-async def _window_update_at_half(self: Any, *, bytes_read: int = 0) -> None:
-    """Workaround 24: a stream's receive credit goes back once half the window (the
-    library's threshold) has been read, as go-yamux does. The library also sent one
-    after every read below that (crediting it twice over): a window-update frame, one
-    more Noise message each way, for every small message a stream received."""
-    async with self.window_lock:
-        buffered = len(self.conn.stream_buffers.get(self.stream_id, b""))
-        delta = self.target_recv_window - (self.recv_window + buffered)
-        if delta <= 0 or delta < self._grow_threshold():
-            return
-        total = self._grow_to_delta(buffered) + self._apply_autotune_epoch(buffered)
-    await self.send_window_update(total, skip_lock=True)
-
-
-def _buffered_tcp_read(original: Callable[..., Awaitable[bytes]]) -> Callable[..., Awaitable[bytes]]:
-    """Workaround 19: `TrioTCPStream.read(n)` served from a read-ahead buffer, so a Noise
-    message's 2-byte length and its body come from one socket read. Returns at most `n`
-    bytes, as before; one reader per connection (the muxer's), as the library has."""
-
-    async def read(self: Any, n: int | None = None) -> bytes:
-        if n == 0:
-            return b""
-        pending: memoryview | None = getattr(self, "_swarm_ahead", None)
-        if pending is None or not len(pending):
-            data = await original(self, None if n is None else max(n, TCP_READ_AHEAD))
-            if n is None or len(data) <= n:
-                return data
-            pending = memoryview(data)
-        take = len(pending) if n is None else min(n, len(pending))
-        out = bytes(pending[:take])
-        self._swarm_ahead = pending[take:]
-        return out
-
-    read._swarm_buffered = True  # type: ignore[attr-defined]
-    return read
-
-
-async def _yamux_write_batched(self: Any, data: bytes) -> None:
-    """Workaround 20: `YamuxStream.write` with the frames the send window allows built at
-    once and written with one call (the library's own checks, locks and zero-window wait
-    are kept as they are; each frame is still at most one Noise plaintext)."""
-    y = _libp2p_yamux
-    if self.send_closed:
-        raise y.MuxedStreamError("Stream is closed for sending")
-    view = memoryview(data)
-    total, sent = len(data), 0
-    payload_max = y.MAX_MESSAGE_SIZE - y.HEADER_SIZE
-    while sent < total:
-        budget = 0
-        async with self.rw_lock.write_lock():
-            if self.send_closed:
-                raise y.MuxedStreamError("Stream is closed for sending")
-            async with self.window_lock:
-                if self.closed:
-                    raise y.MuxedStreamError("Stream is closed")
-                budget = min(self.send_window, total - sent, WRITE_BATCH)
-                self.send_window -= max(budget, 0)
-        if budget <= 0:
-            self._zero_window_waits += 1
-            with trio.move_on_after(5.0) as waited:
-                while True:
-                    async with self.window_lock:
-                        if self.send_window > 0 or self.closed:
-                            break
-                    await _window_changed(self, ZERO_WINDOW_POLL_S)
-            if waited.cancelled_caught:
-                raise y.MuxedStreamError("Timed out waiting for window update after 5 seconds.")
-            continue
-        parts: list[bytes | memoryview] = []
-        end = sent + budget
-        while sent < end:
-            n = min(payload_max, end - sent)
-            parts.append(struct.pack(y.YAMUX_HEADER_FORMAT, 0, y.TYPE_DATA, 0, self.stream_id, n))
-            parts.append(view[sent : sent + n])
-            sent += n
-        await self.conn._write_frame(b"".join(parts))
-
-
-class _WindowLock:
-    """Workaround 21: a Yamux stream's `window_lock` that wakes a writer waiting for send
-    window when it is next released (the library only takes it with `async with`, and an
-    inbound WINDOW_UPDATE adds to `send_window` under it)."""
-
-    def __init__(self) -> None:
-        self._lock = trio.Lock()
-        self._released: trio.Event | None = None
-
-    async def __aenter__(self) -> None:
-        await self._lock.acquire()
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._lock.release()
-        if self._released is not None:
-            self._released.set()
-            self._released = None
-
-    async def released(self, timeout_s: float) -> None:
-        """Return at the next release, or after `timeout_s`."""
-        if self._released is None:
-            self._released = trio.Event()
-        with trio.move_on_after(timeout_s):
-            await self._released.wait()
-
-
-async def _window_changed(stream: Any, timeout_s: float) -> None:
-    lock = stream.window_lock
-    if isinstance(lock, _WindowLock):
-        await lock.released(timeout_s)
-    else:
-        await trio.sleep(timeout_s)
-
-
-def _select_pipelined(original: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Workaround 23: multistream-select's header and the one protocol proposed go out in
-    one write, then both answers are read (as go-libp2p's client does): one round trip
-    per stream opened instead of two. More than one protocol goes the library's way."""
-
-    async def select_one_of(
-        self: Any, protocols: Sequence[Any], communicator: Any,
-        negotiate_timeout: float = _libp2p_multiselect_client.DEFAULT_NEGOTIATE_TIMEOUT,
-    ) -> Any:  # fmt: skip
-        if len(protocols) != 1 or not isinstance(communicator, MultiselectCommunicator):
-            return await original(self, protocols, communicator, negotiate_timeout)
-        header = _libp2p_multiselect_client.MULTISELECT_PROTOCOL_ID
-        protocol = str(protocols[0])
-        with trio.move_on_after(negotiate_timeout):
-            try:
-                await communicator.read_writer.write(
-                    encode_delim(header.encode()) + encode_delim(protocol.encode())
-                )
-                answers = [await communicator.read(), await communicator.read()]
-            except (MultiselectCommunicatorError, IOException, AssertionError, ValueError) as exc:
-                raise MultiselectClientError(f"multistream-select failed: {exc}") from exc
-            if answers[0] != header:
-                raise MultiselectClientError(f"multistream header mismatch: {answers[0]!r}")
-            if answers[1] != protocol:
-                raise MultiselectClientError(f"protocol {protocol} refused: {answers[1]!r}")
-            return protocols[0]
-        raise MultiselectClientError(f"response timed out after {negotiate_timeout}s")
-
-    select_one_of._swarm_pipelined = True  # type: ignore[attr-defined]
-    return select_one_of
-
-
-def _yamux_stream_init(original: Callable[..., None]) -> Callable[..., None]:
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        self.window_lock = _WindowLock()
-
-    init._swarm_window_lock = True  # type: ignore[attr-defined]
-    return init
-
-
-async def _noise_write_batched(self: Any, msg: bytes, prefix_encoded: bool = False) -> None:
-    """Workaround 20: a write above one Noise plaintext goes out as the same Noise
-    messages as before (one per MAX_PLAINTEXT_LENGTH bytes, each with its 2-byte length)
-    but through one socket write."""
-    limit = _libp2p_noise_io.MAX_PLAINTEXT_LENGTH
-    if len(msg) <= limit:
-        encrypted = self.encrypt(msg)
-        if prefix_encoded:
-            encrypted = self.prefix + encrypted
-        await self.read_writer.write_msg(encrypted)
-        return
-    view = memoryview(msg)
-    out: list[bytes] = []
-    # The transport cipher takes any buffer; the connection's `encrypt` wants `bytes` (one
-    # more copy of each message). Past the handshake, as here, both do the same.
-    cipher = getattr(getattr(self.noise_state, "noise_protocol", None), "cipher_state_encrypt", None)
-    for start in range(0, len(msg), limit):
-        piece = view[start : start + limit]
-        encrypted = (
-            cipher.encrypt_with_ad(None, piece)
-            if cipher is not None and type(self) is _libp2p_noise_io.NoiseTransportReadWriter
-            else self.encrypt(bytes(piece))
-        )
-        if prefix_encoded and start == 0:
-            encrypted = self.prefix + encrypted
-        out.append(len(encrypted).to_bytes(2, "big"))
-        out.append(encrypted)
-    await self.read_writer.read_write_closer.write(b"".join(out))
-
-
-def _read_exactly_whole(original: Callable[..., Awaitable[bytes]]) -> Callable[..., Awaitable[bytes]]:
-    """Workaround 20: the library's `read_exactly`, with a first read that returned all
-    `n` bytes handed back as it is (the library copied it twice); anything shorter goes
-    on through the library's own loop and its errors."""
-
-    async def read_exactly(reader: Any, n: int, *args: Any, **kwargs: Any) -> bytes:
-        data = await reader.read(n)
-        if len(data) == n:
-            return data  # bytes, or a view of a Noise message (`_session_drain`)
-        if not data:
-            return await original(reader, n, *args, **kwargs)
-        return bytes(data) + await original(reader, n - len(data), *args, **kwargs)
-
-    read_exactly._swarm_whole = True  # type: ignore[attr-defined]
-    return read_exactly
-
-
-def _session_fill(self: Any, msg: bytes) -> None:
-    """Workaround 20: the rest of a Noise message kept as bytes (was copied into a BytesIO)."""
-    self._swarm_rest = msg
-    self.low_watermark = 0
-    self.high_watermark = len(msg)
-
-
-def _session_drain(self: Any, n: int | None) -> bytes | memoryview:
-    """Workaround 20: up to `n` bytes of what `_session_fill` kept, as a view (its readers,
-    Yamux's header and body reads, unpack it or copy it into the stream's buffer)."""
-    lo, hi = self.low_watermark, self.high_watermark
-    if lo == hi:
-        return b""
-    rest: bytes = self._swarm_rest
-    end = hi if n is None else min(hi, lo + n)
-    out = rest if lo == 0 and end == len(rest) else memoryview(rest)[lo:end]
-    self.low_watermark = end
-    if end == hi:
-        self._swarm_rest = b""
-        self.low_watermark = self.high_watermark = 0
-    return out
-
-
-def _apply_library_patches() -> None:
-    # Workaround 19: one Noise message per Yamux frame (both read at call time), window
-    # updates batched, buffered socket reads.
-    _libp2p_yamux.MAX_MESSAGE_SIZE = _libp2p_noise_io.MAX_PLAINTEXT_LENGTH
-    _libp2p_yamux._yamux_release_on_read = _batched_window_updates
-    # Workaround 20: bulk writes batched (same frames and messages, fewer syscalls).
-    _libp2p_yamux.YamuxStream.write = _yamux_write_batched
-    # Workaround 24: receive credit goes back at half the window only.
-    _libp2p_yamux.YamuxStream._auto_tune_and_send_window_update = _window_update_at_half
-    # Workaround 23: one round trip to agree on a stream's protocol.
-    client_cls = _libp2p_multiselect_client.MultiselectClient
-    if not getattr(client_cls.select_one_of, "_swarm_pipelined", False):
-        client_cls.select_one_of = _select_pipelined(client_cls.select_one_of)
-    # Workaround 21: a writer out of send window wakes at the window update, not a poll.
-    stream_cls = _libp2p_yamux.YamuxStream
-    if not getattr(stream_cls.__init__, "_swarm_window_lock", False):
-        stream_cls.__init__ = _yamux_stream_init(stream_cls.__init__)
-    _libp2p_noise_io.BaseNoiseMsgReadWriter.write_msg = _noise_write_batched
-    for module in (_libp2p_msgio, _libp2p_yamux):
-        if not getattr(module.read_exactly, "_swarm_whole", False):
-            module.read_exactly = _read_exactly_whole(module.read_exactly)
-    _libp2p_secure_session.SecureSession._fill = _session_fill
-    _libp2p_secure_session.SecureSession._drain = _session_drain
-    tcp_stream = _libp2p_io_trio.TrioTCPStream
-    if not getattr(tcp_stream.read, "_swarm_buffered", False):
-        tcp_stream.read = _buffered_tcp_read(tcp_stream.read)
-    # Workaround 6: the library reads this module constant at subscribe() time.
-    _libp2p_pubsub.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_QUEUE
-    # Workaround 16: looked up at call time by the TCP listener and the hole-punch dialer.
-    _libp2p_tcp._set_reuse_flags = _reuse_addr_only
-    # Workaround 17: identify reads this module constant when it answers.
-    _libp2p_identify.AGENT_VERSION = AGENT
-    # Workaround 18: remote garbage and ban races must not crash the host.
-    pubsub_cls = _libp2p_pubsub.Pubsub
-    if not getattr(pubsub_cls, "_swarm_guarded", False):
-        original_read = pubsub_cls.continuously_read_stream
-
-        async def _guarded_read(self: Any, stream: Any) -> None:
-            try:
-                await original_read(self, stream)
-            except _ProtobufDecodeError:
-                log.info("GossipSub RPC that is not protobuf; stream reset")
-                with contextlib.suppress(Exception):
-                    await stream.reset()
-
-        async def _safe_teardown(self: Any, peer_id: Any) -> None:
-            stream = self.peers.get(peer_id)
-            if stream is not None:
-                with contextlib.suppress(Exception):
-                    await stream.reset()
-                self.peers.pop(peer_id, None)
-            self._forget_all_subscriptions(peer_id)
-
-        pubsub_cls.continuously_read_stream = _guarded_read
-        pubsub_cls._teardown_if_connected = _safe_teardown
-        pubsub_cls._swarm_guarded = True
-
-
-def _tcp_target(addr: multiaddr.Multiaddr) -> tuple[str, int] | None:
-    """(ip, port) of an /ip4|ip6/.../tcp/... multiaddr, else None."""
-    protos = {p.name for p in addr.protocols()}
-    if "tcp" not in protos:
-        return None
-    ip = addr.value_for_protocol("ip4") if "ip4" in protos else None
-    if ip is None and "ip6" in protos:
-        ip = addr.value_for_protocol("ip6")
-    return (str(ip), int(addr.value_for_protocol("tcp"))) if ip else None
-
-
-def _listen_failures(requested: Sequence[multiaddr.Multiaddr], got: Sequence[Any]) -> list[str]:
-    """Workaround 15: each requested TCP address without a listener, with the reason
-    (found by binding a plain socket to it: the library only logs its own error)."""
-    bound = [t for t in (_tcp_target(a) for a in got) if t]
-    failures = []
-    for addr in requested:
-        want = _tcp_target(addr)
-        if want is None:
-            continue
-        ip, port = want
-        if any((ip in ("0.0.0.0", "::") or b_ip == ip) and (port == 0 or b_port == port)
-               for b_ip, b_port in bound):
-            continue
-        reason = "no listener was started"
-        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                probe.bind((ip, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                reason = f"port {port} is in use by another process"
-            elif exc.errno == errno.EADDRNOTAVAIL:
-                reason = f"{ip} is not an address of this machine (cannot assign requested address)"
-            else:
-                reason = exc.strerror or str(exc)
-        failures.append(f"cannot listen on {addr}: {reason}")
-    return failures
-
-
 @dataclass
 class _PeerState:
     connected_at: float
     last_pong: float
+    last_active: float = 0.0  # last application stream or gossip message, time.monotonic()
     rtt_s: float = math.nan
     dropping: bool = False
 
@@ -797,7 +225,7 @@ class _Notifee(INotifee):
         return None
 
     async def connected(self, network: Any, conn: Any) -> None:
-        self._host._on_connected(conn.muxed_conn.peer_id)
+        self._host._on_connected(conn.muxed_conn.peer_id, conn)
 
     async def disconnected(self, network: Any, conn: Any) -> None:
         self._host._on_disconnected(conn.muxed_conn.peer_id)
@@ -809,7 +237,7 @@ class _Notifee(INotifee):
         return None
 
 
-class SwarmHost:
+class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
     """A running peer: use `open_host()` to get one.
 
     Public surface: `peer_id`, `listen_addrs()`, `connect()`, `connect_many()`,
@@ -818,7 +246,7 @@ class SwarmHost:
     """
 
     def __init__(self, private_bytes: bytes, settings: HostSettings) -> None:
-        _apply_library_patches()
+        libp2p_patches.apply()
         self.settings = settings
         key_pair = key_pair_from_private_bytes(private_bytes)
         noise = NoiseTransport(key_pair, noise_privkey=_new_x25519_key_pair().private_key)
@@ -827,13 +255,17 @@ class SwarmHost:
             sec_opt={NOISE_PROTOCOL_ID: noise},  # workaround 1: Noise only, no plaintext
             muxer_opt=create_yamux_muxer_option(),  # workaround 2: Yamux only
             negotiate_timeout=int(math.ceil(settings.dial_timeout_s)),
-            # The library's connection manager redials every peerstore address to keep
-            # 50 connections; discovery is ours (node/discovery.py), so it is switched off.
+            # min_connections 0: no connection manager floor; its auto-connector (which
+            # dials peerstore peers all the same) is switched off below (patch 26).
+            # The library refuses at its own max_connections; ours sits below it so a
+            # newcomer past our cap gets in and the worst connection makes room
+            # (`_enforce_connection_limits`). Its pruner acts only above high_watermark,
+            # which the library's cap never lets it reach.
             connection_config=ConnectionConfig(
                 min_connections=0,
                 low_watermark=0,
-                high_watermark=settings.max_connections,
-                max_connections=settings.max_connections,
+                high_watermark=library_cap(settings),
+                max_connections=library_cap(settings),
                 dial_timeout=settings.dial_timeout_s,
                 connection_close_timeout=settings.close_timeout_s,
                 inbound_upgrade_timeout=settings.dial_timeout_s,
@@ -842,7 +274,10 @@ class SwarmHost:
                 inbound_stream_protocol_negotiation_timeout=settings.dial_timeout_s,
             ),
         )
-        self._gossipsub = GossipSub(
+        self._misbehaviour_listeners: list[Callable[[Misbehaviour], None]] = []
+        budget = new_budget(settings.gossip_limits, self._report_misbehaviour)
+        self._gossipsub = GuardedGossipSub(
+            budget=budget,
             protocols=list(GOSSIPSUB_PROTOCOLS),  # workaround 17
             degree=settings.gossip_degree,
             degree_low=settings.gossip_degree_low,
@@ -854,7 +289,7 @@ class SwarmHost:
             prune_back_off=5,
             unsubscribe_back_off=2,
         )
-        self._pubsub = Pubsub(self._lh, self._gossipsub, strict_signing=True)
+        self._pubsub = GuardedPubsub(self._lh, self._gossipsub, strict_signing=True, budget=budget)
         self._pubsub.counter = _seqno_start()  # workaround 13
         self.peer_id: str = self._lh.get_id().to_base58()
         self._peers: dict[str, _PeerState] = {}
@@ -867,6 +302,10 @@ class SwarmHost:
         self._idle.set()
         self._validators: dict[str, Validator] = {}
         self._pingers: set[str] = set()
+        self._scorer: Callable[[str], float] | None = None
+        self._inbound_gate = IpGate(settings)
+        libp2p_patches.no_auto_dials(self._lh.get_network())
+        self._lh.get_network()._swarm_inbound_gate = self._inbound_gate
 
     # -- addresses and peers -------------------------------------------------------------
 
@@ -885,6 +324,17 @@ class SwarmHost:
     def on_peer_event(self, callback: Callable[[PeerEvent], None]) -> None:
         """Register a synchronous callback for `PeerEvent`s (it must not block)."""
         self._listeners.append(callback)
+
+    def on_misbehaviour(self, callback: Callable[[Misbehaviour], None]) -> None:
+        """Register a synchronous callback for `Misbehaviour` notices: a peer exceeded a
+        GossipSub control budget or sent an oversize RPC (`node.gossip_guard`). At most
+        one per peer, reason and `gossip_limits.window_s`; the excess itself was already
+        dropped. It must not block; what to do with the peer is the caller's decision."""
+        self._misbehaviour_listeners.append(callback)
+
+    def _report_misbehaviour(self, notice: Misbehaviour) -> None:
+        for callback in list(self._misbehaviour_listeners):
+            callback(notice)
 
     def _emit(self, event: PeerEvent) -> None:
         log.info("peer %s %s %s", event.kind, _short(event.peer), event.reason)
@@ -908,7 +358,7 @@ class SwarmHost:
 
     # -- connection events ---------------------------------------------------------------
 
-    def _on_connected(self, pid: ID) -> None:
+    def _on_connected(self, pid: ID, conn: Any = None) -> None:
         if self._closing:
             return  # shutting down: the connection is closed with the network
         peer = pid.to_base58()
@@ -916,10 +366,12 @@ class SwarmHost:
             if self._nursery is not None:
                 self._nursery.start_soon(self._close_peer, peer)
             return
+        if not self._enforce_connection_limits(peer, conn):
+            return
         if peer in self._peers and not self._peers[peer].dropping:
             return
         now = time.monotonic()
-        self._peers[peer] = _PeerState(connected_at=now, last_pong=now)
+        self._peers[peer] = _PeerState(connected_at=now, last_pong=now, last_active=now)
         if self._nursery is not None and peer not in self._pingers:
             self._nursery.start_soon(self._ping_loop, peer)
         self._emit(PeerEvent("connected", peer))
@@ -1020,68 +472,6 @@ class SwarmHost:
         if self._banned.pop(peer, None) is not None:
             self._pubsub.remove_from_blacklist(ID.from_base58(peer))
 
-    # -- application heartbeat (workaround 10) -------------------------------------------
-
-    async def _handle_ping(self, stream: Any) -> None:
-        """The standard ping's answer: echo each 32 bytes (under deadlines, unlike the
-        library's own handler, which this replaces)."""
-        framed = FramedStream(stream, stream.muxed_conn.peer_id.to_base58(), self.settings)
-        deadline = self.settings.peer_dead_after_s * 3
-        try:
-            while True:
-                with trio.fail_after(deadline):
-                    nonce = await framed.read_exactly(PING_BYTES)
-                await framed.write_raw(nonce)
-        except (HostError, trio.TooSlowError):
-            pass
-        finally:
-            await framed.reset()
-
-    async def _ping_loop(self, peer: str) -> None:
-        """Ping `peer` every `heartbeat_interval_s`; drop it after `peer_dead_after_s` silent."""
-        self._pingers.add(peer)
-        s = self.settings
-        framed: FramedStream | None = None
-        try:
-            while peer in self._peers and not self._peers[peer].dropping:
-                state = self._peers[peer]
-                remaining = s.peer_dead_after_s - (time.monotonic() - state.last_pong)
-                if remaining <= 0:
-                    await self.disconnect(
-                        peer, f"no heartbeat answer for {s.peer_dead_after_s:g} s"
-                    )
-                    return
-                with trio.move_on_after(min(remaining, max(s.heartbeat_interval_s * 2, 1.0))) as scope:
-                    try:
-                        if framed is None:
-                            raw = await self._lh.new_stream(ID.from_base58(peer), [PING_PROTOCOL])
-                            framed = FramedStream(raw, peer, s)
-                        nonce = secrets.token_bytes(PING_BYTES)
-                        sent = time.monotonic()
-                        await framed.write_raw(nonce)
-                        echo = await framed.read_exactly(PING_BYTES)
-                        if echo == nonce:
-                            state.last_pong = time.monotonic()
-                            state.rtt_s = state.last_pong - sent
-                        else:  # out of step: start a fresh stream
-                            await framed.reset()
-                            framed = None
-                    except (HostError, trio.TooSlowError):
-                        framed = None
-                    except trio.Cancelled:
-                        raise
-                    except Exception:  # new_stream on a closing connection
-                        framed = None
-                if scope.cancelled_caught and framed is not None:
-                    # A late echo would arrive on this stream and put it out of step.
-                    await framed.reset()
-                    framed = None
-                await trio.sleep(s.heartbeat_interval_s)
-        finally:
-            self._pingers.discard(peer)
-            if framed is not None:
-                await framed.reset()
-
     # -- streams -------------------------------------------------------------------------
 
     def set_stream_handler(self, protocol: str, handler: StreamHandler) -> None:
@@ -1094,6 +484,7 @@ class SwarmHost:
             if self._closing or self.is_banned(peer):
                 await framed.reset()
                 return
+            self._touch(peer)
             try:
                 await handler(framed)
             except PeerError as exc:
@@ -1117,143 +508,8 @@ class SwarmHost:
             raise
         except Exception as exc:
             raise PeerUnreachable(peer, f"cannot open {protocol}: {exc}") from exc
+        self._touch(peer)
         return FramedStream(raw, peer, self.settings)
-
-    # -- gossip --------------------------------------------------------------------------
-
-    async def subscribe(
-        self, topic: str, validator: Validator | None = None
-    ) -> trio.MemoryReceiveChannel[GossipMessage]:
-        """Join `topic`; returns a channel of other peers' messages.
-
-        `validator(forwarder, data, origin) -> bool` runs before a message is delivered or
-        forwarded (GossipSub topic validation): a False stops it at this hop. `origin` is
-        the message's publisher (its `from`, whose signature GossipSub checked first). It may be a
-        coroutine function (e.g. one that stores the message before it may be forwarded);
-        GossipSub gives it 5 s, then drops the message.
-        """
-        self._check_open()
-        if validator is not None:
-            self._validators[topic] = validator
-            if inspect.iscoroutinefunction(validator):
-
-                async def check_async(forwarder: ID, msg: Any) -> bool:
-                    if forwarder == self._lh.get_id():
-                        return True
-                    origin = ID(bytes(msg.from_id)).to_base58()
-                    return bool(await validator(forwarder.to_base58(), bytes(msg.data), origin))
-
-                self._pubsub.set_topic_validator(topic, check_async, True)
-            else:
-
-                def check(forwarder: ID, msg: Any) -> bool:
-                    if forwarder == self._lh.get_id():
-                        return True
-                    origin = ID(bytes(msg.from_id)).to_base58()
-                    return bool(validator(forwarder.to_base58(), bytes(msg.data), origin))
-
-                self._pubsub.set_topic_validator(topic, check, False)
-        subscription = await self._pubsub.subscribe(topic)
-        send, receive = trio.open_memory_channel[GossipMessage](SUBSCRIPTION_QUEUE)
-        assert self._nursery is not None
-        self._nursery.start_soon(self._drain_subscription, topic, subscription, send)
-        return receive
-
-    async def _drain_subscription(
-        self, topic: str, subscription: Any, send: trio.MemorySendChannel[GossipMessage]
-    ) -> None:
-        me = self._lh.get_id().to_bytes()
-        async with send:
-            while True:
-                msg = await subscription.get()
-                if bytes(msg.from_id) == me:  # workaround 7
-                    continue
-                item = GossipMessage(
-                    topic, bytes(msg.data), ID(bytes(msg.from_id)).to_base58(), time.time()
-                )
-                try:
-                    send.send_nowait(item)
-                except trio.WouldBlock:
-                    log.warning("application is not reading topic %s; message dropped", topic)
-                except trio.BrokenResourceError:
-                    return
-
-    def topic_peers(self, topic: str) -> list[str]:
-        """Live peers that told us they subscribe to `topic`."""
-        live = set(self.connected_peers())
-        return sorted(
-            p.to_base58() for p in self._pubsub.peer_topics.get(topic, ()) if p.to_base58() in live
-        )
-
-    async def wait_for_topic_peers(self, topic: str, n: int, timeout_s: float) -> int:
-        """Wait (bounded) until at least `n` live peers subscribe to `topic`; returns the count."""
-        with trio.move_on_after(timeout_s):
-            while len(self.topic_peers(topic)) < n:
-                await trio.sleep(0.05)
-        return len(self.topic_peers(topic))
-
-    async def publish(self, topic: str, data: bytes) -> None:
-        """Publish `data` on `topic`: size-checked, mesh-waited and paced (workarounds 5, 8, 9).
-
-        Raises `MessageTooLarge` (caller error) or `HostClosed`; never drops silently on
-        our side. A peer whose queue stays full past `pace_max_wait_s` (frozen) is left
-        to the heartbeat.
-        """
-        if len(data) > self.settings.max_gossip_bytes:
-            raise MessageTooLarge(
-                f"gossip message of {len(data)} bytes exceeds the {self.settings.max_gossip_bytes} "
-                "byte limit (GossipSub drops larger ones silently); send the bulk over a stream"
-            )
-        self._check_open()
-        self._in_flight += 1
-        self._idle = trio.Event() if self._in_flight == 1 else self._idle
-        try:
-            await self._wait_for_mesh(topic)
-            await self._pace()
-            await self._pubsub.publish(topic, data)
-        finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
-
-    async def _wait_for_mesh(self, topic: str) -> None:
-        """Wait (bounded) until each recently connected peer joined our mesh for `topic`:
-        a peer whose subscription has not arrived yet would not get the message at all."""
-        s = self.settings
-        with trio.move_on_after(s.mesh_wait_s):
-            while True:
-                mesh = self._gossipsub.mesh.get(topic, set())
-                if len(mesh) >= s.gossip_degree:
-                    return
-                now = time.monotonic()
-                pending = False
-                for peer, state in list(self._peers.items()):
-                    if state.dropping or now - state.connected_at >= s.mesh_wait_s:
-                        continue
-                    if ID.from_base58(peer) not in mesh:
-                        pending = True
-                        break
-                if not pending:
-                    return
-                await trio.sleep(0.05)
-
-    async def _pace(self) -> None:
-        s = self.settings
-        with trio.move_on_after(s.pace_max_wait_s):
-            while True:
-                now = time.monotonic()
-                busy = False
-                for peer in self.connected_peers():
-                    state = self._peers.get(peer)
-                    if state is None or now - state.last_pong > 2 * s.heartbeat_interval_s + 0.5:
-                        continue  # suspect: do not let a frozen peer stall everyone
-                    queue = self._pubsub.peer_queues.get(ID.from_base58(peer))
-                    if queue is not None and len(queue) >= s.outbound_high_water:
-                        busy = True
-                        break
-                if not busy:
-                    return
-                await trio.sleep(0.005)
 
     def _check_open(self) -> None:
         if self._closing:
@@ -1267,21 +523,6 @@ class SwarmHost:
             # Give the per-peer sender tasks a moment to write what is queued.
             while any(len(q) for q in self._pubsub.peer_queues.values()):
                 await trio.sleep(0.02)
-
-
-@contextlib.asynccontextmanager
-async def _plain_listen_failed() -> AsyncIterator[None]:
-    """Raise `ListenFailed` bare, not wrapped in the library's exception group."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        match, rest = group.split(ListenFailed)
-        if match is not None and rest is None:
-            leaf: BaseException = match
-            while isinstance(leaf, BaseExceptionGroup):
-                leaf = leaf.exceptions[0]
-            raise leaf from None
-        raise
 
 
 @contextlib.asynccontextmanager
@@ -1301,9 +542,9 @@ async def open_host(
     lh = host._lh
     lh.get_network().register_notifee(_Notifee(host))
     lh.set_stream_handler(PING_PROTOCOL, host._handle_ping)
-    async with _plain_listen_failed(), lh.run(addrs):
+    async with plain_listen_failed(), lh.run(addrs):
         try:
-            failures = _listen_failures(addrs, lh.get_addrs())
+            failures = listen_failures(addrs, lh.get_addrs())
             if failures:
                 raise ListenFailed("; ".join(failures))
             async with background_trio_service(host._pubsub):
@@ -1332,6 +573,9 @@ async def open_host(
 
 
 __all__ = [
+    "GossipMessage",
+    "Validator",
+    "AGENT",
     "DialResult",
     "FrameTooLarge",
     "FramedStream",
@@ -1341,6 +585,7 @@ __all__ = [
     "HostSettings",
     "ListenFailed",
     "MessageTooLarge",
+    "Misbehaviour",
     "PeerError",
     "PeerEvent",
     "PeerTimeout",

@@ -1,0 +1,92 @@
+"""The application heartbeat of the `node.host` adapter (workaround 10): the standard
+ping `/ipfs/ping/1.0.0` to each peer every `heartbeat_interval_s`, a peer silent for
+`peer_dead_after_s` disconnected; and our answer to a remote's ping, under deadlines."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+
+from node.framed_stream import FramedStream, HostError
+
+if TYPE_CHECKING:
+    from node.host import HostSettings
+
+PING_PROTOCOL = TProtocol("/ipfs/ping/1.0.0")  # workaround 17: the standard ping
+PING_BYTES = 32
+
+
+class HeartbeatMixin:
+    """The `SwarmHost` side of liveness (the attributes are the host's)."""
+
+    settings: HostSettings
+    _lh: Any
+    _peers: dict[str, Any]
+    _pingers: set[str]
+
+    # -- application heartbeat (workaround 10) -------------------------------------------
+
+    async def _handle_ping(self, stream: Any) -> None:
+        """The standard ping's answer: echo each 32 bytes (under deadlines, unlike the
+        library's own handler, which this replaces)."""
+        framed = FramedStream(stream, stream.muxed_conn.peer_id.to_base58(), self.settings)
+        deadline = self.settings.peer_dead_after_s * 3
+        try:
+            while True:
+                with trio.fail_after(deadline):
+                    nonce = await framed.read_exactly(PING_BYTES)
+                await framed.write_raw(nonce)
+        except (HostError, trio.TooSlowError):
+            pass
+        finally:
+            await framed.reset()
+
+    async def _ping_loop(self, peer: str) -> None:
+        """Ping `peer` every `heartbeat_interval_s`; drop it after `peer_dead_after_s` silent."""
+        self._pingers.add(peer)
+        s = self.settings
+        framed: FramedStream | None = None
+        try:
+            while peer in self._peers and not self._peers[peer].dropping:
+                state = self._peers[peer]
+                remaining = s.peer_dead_after_s - (time.monotonic() - state.last_pong)
+                if remaining <= 0:
+                    await self.disconnect(
+                        peer, f"no heartbeat answer for {s.peer_dead_after_s:g} s"
+                    )
+                    return
+                with trio.move_on_after(min(remaining, max(s.heartbeat_interval_s * 2, 1.0))) as scope:
+                    try:
+                        if framed is None:
+                            raw = await self._lh.new_stream(ID.from_base58(peer), [PING_PROTOCOL])
+                            framed = FramedStream(raw, peer, s)
+                        nonce = secrets.token_bytes(PING_BYTES)
+                        sent = time.monotonic()
+                        await framed.write_raw(nonce)
+                        echo = await framed.read_exactly(PING_BYTES)
+                        if echo == nonce:
+                            state.last_pong = time.monotonic()
+                            state.rtt_s = state.last_pong - sent
+                        else:  # out of step: start a fresh stream
+                            await framed.reset()
+                            framed = None
+                    except (HostError, trio.TooSlowError):
+                        framed = None
+                    except trio.Cancelled:
+                        raise
+                    except Exception:  # new_stream on a closing connection
+                        framed = None
+                if scope.cancelled_caught and framed is not None:
+                    # A late echo would arrive on this stream and put it out of step.
+                    await framed.reset()
+                    framed = None
+                await trio.sleep(s.heartbeat_interval_s)
+        finally:
+            self._pingers.discard(peer)
+            if framed is not None:
+                await framed.reset()
