@@ -33,16 +33,15 @@ from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 
 from node.libp2p_patches import OVERSIZE_REPORT
+from protocol import penalties
 
 log = logging.getLogger("swarm.host")
 
-# The penalty each reason carries (in the units of protocol/ admission's peer score).
+# The score change each reason carries (<= 0), from the network's penalty table.
 PENALTIES: dict[str, float] = {
-    "graft_prune_flood": 2.0,
-    "ihave_flood": 1.0,
-    "iwant_flood": 2.0,
-    "too_many_topics": 1.0,
-    "oversize_rpc": 5.0,
+    o.name: o.cost
+    for o in (penalties.GRAFT_PRUNE_FLOOD, penalties.IHAVE_FLOOD, penalties.IWANT_FLOOD,
+              penalties.TOO_MANY_TOPICS, penalties.OVERSIZE_RPC)
 }
 
 

@@ -34,7 +34,7 @@ from node import rollout_exchange, shard_exchange, sync_exchange
 from node.body_puller import BodyPuller
 from node.discovery import Discovery
 from node.gossip import BATCH_TOPICS, TOPIC_KINDS, Outbox, topic_name
-from node.host import AGENT, PeerError, PeerEvent, SwarmHost, open_host
+from node.host import AGENT, Misbehaviour, PeerError, PeerEvent, SwarmHost, open_host
 from node.ledger_writer import LedgerWriter
 from node.peer_config import PeerConfig, SeqCounter
 from node.peer_services import BodyServer, CatchUpDriver, bad_request_event
@@ -173,6 +173,8 @@ class Peer:
             host.set_stream_handler(shard_exchange.protocol_id(self.run_id), self.weights.serve)
             self.on_deliver(self.weights.on_admitted)
         host.on_peer_event(self._on_peer_event)
+        host.on_misbehaviour(self._on_misbehaviour)
+        host.set_connection_scorer(lambda p: admission.scores.score(p, time.time()))
 
     # -- public ---------------------------------------------------------------------------
 
@@ -476,6 +478,10 @@ class Peer:
             self.catch_up.handle(cu.PeerLeft(event.peer, time.time()))
             if self.weights is not None:
                 self.weights.on_peer_gone(event.peer)
+
+    def _on_misbehaviour(self, m: Misbehaviour) -> None:
+        """The host counted a peer past a GossipSub control limit (and dropped the excess)."""
+        self.submit(Misbehaved(m.peer, m.penalty, m.detail, time.time(), offence=m.reason))
 
     # -- loops ----------------------------------------------------------------------------
 

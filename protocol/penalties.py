@@ -231,6 +231,20 @@ WITHHELD = Offence(
     "counters never published past its allowance (each time it passes it)",
 )
 
+# -- GossipSub control traffic, counted by the host (node/gossip_guard.py) per peer and window
+
+GRAFT_PRUNE_FLOOD = Offence(
+    "graft_prune_flood", -2.0, Payer.SENDER, "more GRAFT and PRUNE in a window than mesh upkeep needs"
+)
+IHAVE_FLOOD = Offence("ihave_flood", -1.0, Payer.SENDER, "more IHAVE ids in a window than gossip needs")
+IWANT_FLOOD = Offence("iwant_flood", -2.0, Payer.SENDER, "more IWANT ids in a window than gossip needs")
+TOO_MANY_TOPICS = Offence(
+    "too_many_topics", -1.0, Payer.SENDER, "subscribed to more topics at once than a run has"
+)
+OVERSIZE_RPC = Offence(
+    "oversize_rpc", -5.0, Payer.SENDER, "a gossip RPC over the library's 1 MiB limit (dropped there)"
+)
+
 TABLE: tuple[Offence, ...] = (
     BANNED,
     OVERSIZED,
@@ -265,6 +279,11 @@ TABLE: tuple[Offence, ...] = (
     FALSE_ACCUSATION,
     PRODUCER_WINDOW,
     WITHHELD,
+    GRAFT_PRUNE_FLOOD,
+    IHAVE_FLOOD,
+    IWANT_FLOOD,
+    TOO_MANY_TOPICS,
+    OVERSIZE_RPC,
 )
 
 BY_NAME: Mapping[str, Offence] = {o.name: o for o in TABLE}

@@ -67,7 +67,7 @@ async def test_a_graft_flood_is_reported_once() -> None:
 
     notices = await _send_rpcs([_rpc(grafts), _rpc(grafts)])
     assert [n.reason for n in notices] == ["graft_prune_flood"]
-    assert notices[0].penalty > 0 and "limit 20" in notices[0].detail
+    assert notices[0].penalty < 0 and "limit 20" in notices[0].detail
 
 
 async def test_ihave_and_iwant_floods_are_reported() -> None:
