@@ -155,6 +155,13 @@ NODE_KEYS: tuple[Key, ...] = (
         "a number in [0, 1]",
         "share of each producer's windows of 16 records audited whole (per-producer evidence)",
     ),
+    Key(
+        "store.max_bytes",
+        4 * 1024**3,
+        integer(1_000_000, 2**50),
+        "an integer of bytes in [1000000, 2^50]",
+        "the store prunes to stay under this (never our own unacknowledged work, scores, bans)",
+    ),
 )
 
 

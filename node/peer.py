@@ -38,6 +38,7 @@ from node.host import AGENT, Misbehaviour, PeerError, PeerEvent, SwarmHost, open
 from node.ledger_writer import LedgerWriter
 from node.peer_config import PeerConfig, SeqCounter
 from node.peer_services import BodyServer, CatchUpDriver, bad_request_event
+from node.peer_upkeep import Upkeep
 from node.store import RolloutRow, Store, StoreError, VerdictRow
 from node.store_writer import PendingWrite, StoreWriter
 from node.weights_store import WeightsStore
@@ -60,7 +61,6 @@ from protocol.admission import (
     Reject,
     RunRules,
     StoreFailed,
-    Tick,
     Unban,
     VersionChanged,
 )
@@ -86,12 +86,11 @@ from protocol.wire import (
 log = logging.getLogger("swarm.peer")
 
 ADMITTED_QUEUE = 4096
-SCORE_SAVE_INTERVAL_S = 15.0  # rewards; a penalty is saved with its ledger line
 ASK_NEWEST_S = 10.0  # a sender backs a future version it handed us within this
 STORE_WAIT_S = 4.0  # under py-libp2p's 5 s limit on an async topic validator
 RESTORED_PULLS = 4096  # owed pulls queued again at start
 VALIDATOR_WAITS_KEPT = 4096
-BODYLESS_CHECK_S = 5.0  # how often headers past the pull window are forgotten  # recent gossip validator waits, for the p99 in stats()
+RETENTION_EVERY_S = 60.0  # how often the store prunes (node.store_retention)  # recent gossip validator waits, for the p99 in stats()
 
 
 @dataclass
@@ -156,6 +155,7 @@ class Peer:
         self._callbacks: list[Callable[[Admitted], None]] = []
         self._late_callbacks: list[Callable[[Admitted], None]] = []
         self.ledger = LedgerWriter(store, admission.scores, ADMITTED_QUEUE)
+        self.upkeep = Upkeep(self)
         self._nursery: trio.Nursery | None = None
         self.writer = StoreWriter(store, cfg.identity.peer_id, ADMITTED_QUEUE, self.counters)
         self.puller = BodyPuller(self, cfg.pull) if cfg.pull_bodies else None
@@ -485,23 +485,6 @@ class Peer:
 
     # -- loops ----------------------------------------------------------------------------
 
-    async def _tick_loop(self) -> None:
-        last_save = last_expiry = time.monotonic()
-        window_s = self.cfg.pull.window_s
-        while True:
-            await trio.sleep(1.0)
-            now = time.time()
-            self.submit(Tick(now))
-            if time.monotonic() - last_save > SCORE_SAVE_INTERVAL_S:
-                last_save = time.monotonic()
-                await self.ledger.save_scores()
-            if time.monotonic() - last_expiry > min(BODYLESS_CHECK_S, window_s):
-                last_expiry = time.monotonic()
-                with contextlib.suppress(StoreError):
-                    # A header whose body nobody served within the pull window is forgotten.
-                    n = await trio.to_thread.run_sync(self.store.expire_bodyless, now - window_s)
-                    self.counters["bodyless_expired"] += n
-
 
 def _b58(peer: bytes | str) -> str:
     return peer if isinstance(peer, str) else peer_id_to_b58(peer)
@@ -531,7 +514,7 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
             async with trio.open_nursery() as nursery:
                 peer._nursery = nursery
                 await _subscribe(peer, nursery)
-                for loop in (peer.outbox.run, peer.writer.run, peer.ledger.run, peer._tick_loop,
+                for loop in (peer.outbox.run, peer.writer.run, peer.ledger.run, peer.upkeep.run,
                              peer.catch_up.run):
                     nursery.start_soon(loop)
                 if peer.puller is not None:

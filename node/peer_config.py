@@ -33,6 +33,7 @@ class PeerConfig:
     weights: WeightSettings = field(default_factory=WeightSettings)
     pull: bp.PullConfig = field(default_factory=bp.PullConfig)
     header_batch: int = MAX_HEADER_BATCH // 2  # headers per gossip message at most (1: no batching)
+    store_max_bytes: int | None = None  # the store prunes to stay under it (node.store_retention)
     drain_timeout_s: float = 15.0  # at stop: publish queued headers/verdicts for this long at most
 
 

@@ -12,7 +12,7 @@ Threads and trio
 A `Store` holds one connection guarded by a lock, so it may be called from any thread; calls
 serialize. A write transaction costs an fsync (about 4 ms on the dev VM's disk), so a
 trio task should call it through `await trio.to_thread.run_sync(store.put_rollout, ...)`
-(or batch with `put_rollouts`) rather than on the event loop. Reads are short indexed
+(or batch with `put_admitted_many`) rather than on the event loop. Reads are short indexed
 queries; `rollouts()` and `ledger()` take a `limit`.
 
 Public API
@@ -22,14 +22,10 @@ Public API
 Rollouts (the signed header envelope and the encoded body, kept as received):
     `put_rollout(RolloutRow) -> bool`       False when the id was already stored (idempotent;
                                             a body missing before is filled in)
-    `put_rollouts(rows) -> int`             one transaction; returns how many were new
-    `set_body(rollout_id, body) -> bool`    attach a body pulled after the header
     `get_rollout(rollout_id) -> RolloutRow | None`, `has_rollout(rollout_id) -> bool`
     `rollouts(run_id=None, min_version=None, max_version=None, producer=None,
               with_body=False, limit=1000) -> list[RolloutRow]`   oldest first
-    `recent_rollout_ids(since) -> list[bytes]`   to refill a dedup cache after a restart
     `count_rollouts(run_id=None) -> int`
-    `prune_rollouts(run_id, below_version) -> int`   drop what the staleness bound made useless
 Verdicts:
     `put_verdict(VerdictRow) -> bool`, `verdicts_for(rollout_id) -> list[VerdictRow]`
 From admission's actions (one transaction each: the row and its ledger line together):
@@ -37,15 +33,14 @@ From admission's actions (one transaction each: the row and its ledger line toge
         record, or a verdict (a verdict about a rollout `own_peer` produced also logs the
         outcome of that work); False when it was already stored
     `put_admitted_many(items, own_peer=None) -> list[bool]`   the same, one transaction
-    `log_reject(reject, now, item_id=None)`       for `Reject` actions worth keeping (the
-        node may skip penalty-0 ones such as duplicates); `log_rejects([(reject, now)])`
+    `log_rejects([(reject, now)], item_id=None)`  for charges worth keeping (`Reject`
+        with a penalty, `Penalized`)
     Batch where you can: one transaction is one fsync (a few ms), whatever it holds.
     `put_produced(row)`                            this peer's own new rollout + "produced"
     `rollout_row(item)`, `verdict_row(item)`       the rows an `Admitted` becomes
 Peers (bans survive a restart):
     `save_peer(PeerRecord)`, `save_peers(records)`, `load_peers() -> list[PeerRecord]`
     (feed to `protocol.peer_score.PeerScores(config, records)`), `active_bans(now)`
-    `forget_peer(peer)`
 Ledger (what this peer produced, and what was accepted or rejected, with reasons):
     `log(LedgerEntry)` / `log_many(entries)`
     `ledger(direction=None, outcome=None, kind=None, since=None, item_id=None, limit=1000,
@@ -53,7 +48,8 @@ Ledger (what this peer produced, and what was accepted or rejected, with reasons
     `ledger_summary(direction=None) -> dict[(direction, outcome, reason), count]`
     `produced_status(kind="rollout") -> dict` produced / accepted / rejected / pending counts
     of this peer's own work, judged by the verdicts logged against it
-    `prune_ledger(before) -> int`
+Retention (`node.store_retention`): `enforce_retention(now, below_version, keep_s,
+    max_bytes=None) -> RetentionReport`, `used_bytes() -> int`
 Catch-up and delivery (see `protocol.catch_up`):
     `held_since(since, min_version=0, producer=None, limit=1024) -> (ids, ats, more)`
         rollouts held with a body, received at or after `since`, oldest first
@@ -76,18 +72,35 @@ ledger words) raises TypeError / ValueError before anything is written.
 
 from __future__ import annotations
 
-import math
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node.errors import CommandError
-from protocol.admission import Admitted, Kind, Reject
-from protocol.peer_score import PeerId, PeerRecord
+from node.store_ledger import LedgerStore
+from node.store_retention import RetentionStore
+from node.store_schema import (
+    _ROLLOUT_COLS,
+    _VERDICT_COLS,
+    APPLICATION_ID,
+    DB_FILENAME,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    LedgerEntry,
+    RolloutRow,
+    StoreError,
+    VerdictRow,
+    _check_peer,
+    _check_time,
+    _rollout,
+    _verdict,
+    rollout_row,
+    verdict_row,
+)
+from protocol.admission import Admitted, Kind
+from protocol.peer_score import PeerId
 
 __all__ = [
     "DB_FILENAME",
@@ -101,153 +114,8 @@ __all__ = [
     "verdict_row",
 ]
 
-DB_FILENAME = "node.sqlite3"
-APPLICATION_ID = 0x53574E44  # "SWND" in the SQLite header: this file is ours
-SCHEMA_VERSION = 3
 
-# MIGRATIONS[n] takes a database at schema version n - 1 to version n. Append, never edit.
-MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (
-        """CREATE TABLE rollouts (
-            rollout_id     BLOB PRIMARY KEY,
-            run_id         TEXT NOT NULL,
-            producer       NOT NULL,          -- peer id, bytes or str
-            policy_version INTEGER NOT NULL,
-            header         BLOB NOT NULL,     -- signed header envelope, as received
-            body           BLOB,              -- encoded body; NULL until pulled
-            received_at    REAL NOT NULL,
-            source_peer                       -- who sent it; NULL when produced here
-        )""",
-        "CREATE INDEX rollouts_run_version ON rollouts(run_id, policy_version)",
-        "CREATE INDEX rollouts_received ON rollouts(received_at)",
-        "CREATE INDEX rollouts_producer ON rollouts(producer)",
-        """CREATE TABLE verdicts (
-            verdict_id  BLOB PRIMARY KEY,
-            rollout_id  BLOB NOT NULL,
-            validator   NOT NULL,
-            accepted    INTEGER NOT NULL,
-            reason      TEXT,
-            envelope    BLOB NOT NULL,
-            received_at REAL NOT NULL
-        )""",
-        "CREATE INDEX verdicts_rollout ON verdicts(rollout_id)",
-        """CREATE TABLE peers (
-            peer         PRIMARY KEY,
-            score        REAL NOT NULL,
-            updated_at   REAL NOT NULL,
-            banned_until REAL NOT NULL DEFAULT 0,
-            offences     INTEGER NOT NULL DEFAULT 0
-        )""",
-        """CREATE TABLE ledger (
-            seq       INTEGER PRIMARY KEY AUTOINCREMENT,
-            at        REAL NOT NULL,
-            direction TEXT NOT NULL CHECK (direction IN ('out', 'in')),
-            outcome   TEXT NOT NULL CHECK (outcome IN ('produced', 'accepted', 'rejected')),
-            kind      TEXT NOT NULL,
-            item_id   BLOB,
-            peer,
-            reason    TEXT,
-            detail    TEXT
-        )""",
-        "CREATE INDEX ledger_at ON ledger(at)",
-        "CREATE INDEX ledger_item ON ledger(item_id)",
-    ),
-    2: (
-        """CREATE TABLE counters (
-            name  TEXT PRIMARY KEY,
-            value INTEGER NOT NULL              -- the next unreserved number
-        )""",
-    ),
-    3: (
-        """CREATE TABLE deliveries (
-            rollout_id BLOB PRIMARY KEY,        -- one of our own rollouts
-            state      TEXT NOT NULL CHECK (state IN ('delivered', 'too_stale')),
-            peer,                               -- the trainer that holds it (delivered)
-            at         REAL NOT NULL,
-            reason     TEXT
-        )""",
-        "CREATE INDEX rollouts_missing_body ON rollouts(received_at) WHERE body IS NULL",
-    ),
-}
-assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
-
-
-class StoreError(CommandError):
-    """The database cannot be opened or used; the message names the file and what to do."""
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutRow:
-    rollout_id: bytes
-    run_id: str
-    producer: PeerId
-    policy_version: int
-    header: bytes
-    body: bytes | None
-    received_at: float
-    source_peer: PeerId | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class VerdictRow:
-    verdict_id: bytes
-    rollout_id: bytes
-    validator: PeerId
-    accepted: bool
-    envelope: bytes
-    received_at: float
-    reason: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    """One line of the ledger.
-
-    direction "out": this peer's own work: outcome "produced" when made, then "accepted" or
-    "rejected" (with the validator as `peer` and its reason) when a verdict about it arrives.
-    direction "in": what others sent us: "accepted" or "rejected" by admission (`reason` is
-    the admission reason, `peer` the sender).
-    """
-
-    at: float
-    direction: str
-    outcome: str
-    kind: str
-    item_id: bytes | None = None
-    peer: PeerId | None = None
-    reason: str | None = None
-    detail: str | None = None
-    seq: int | None = None  # set when read back
-
-
-_ROLLOUT_COLS = (
-    "rollout_id, run_id, producer, policy_version, header, body, received_at, source_peer"
-)
-_VERDICT_COLS = "verdict_id, rollout_id, validator, accepted, envelope, received_at, reason"
-_LEDGER_COLS = "at, direction, outcome, kind, item_id, peer, reason, detail, seq"
-
-
-def _rollout(row: tuple) -> RolloutRow:
-    return RolloutRow(*row)
-
-
-def _verdict(row: tuple) -> VerdictRow:
-    v = list(row)
-    v[3] = bool(v[3])
-    return VerdictRow(*v)
-
-
-def _check_peer(peer: object, what: str = "peer id") -> None:
-    if not isinstance(peer, bytes | str):
-        raise TypeError(f"{what} must be bytes or str, not {type(peer).__name__}")
-
-
-def _check_time(t: float, what: str = "time") -> None:
-    if not isinstance(t, int | float) or not math.isfinite(t):
-        raise ValueError(f"{what} must be a finite number of seconds")
-
-
-class Store:
+class Store(LedgerStore, RetentionStore):
     """The node's SQLite database (see the module docstring)."""
 
     def __init__(self, path: str | Path) -> None:
@@ -438,23 +306,6 @@ class Store:
         with self._write() as c:
             return self._insert_rollout(c, params)
 
-    def put_rollouts(self, rows: Iterable[RolloutRow]) -> int:
-        """Store many rollouts in one transaction (one fsync); returns how many were new."""
-        params = [self._rollout_params(r) for r in rows]
-        with self._write() as c:
-            return sum(self._insert_rollout(c, p) for p in params)
-
-    def set_body(self, rollout_id: bytes, body: bytes) -> bool:
-        """Attach a pulled body to a stored header; False if unknown or already set."""
-        if not isinstance(body, bytes):
-            raise TypeError("body must be bytes")
-        with self._write() as c:
-            cur = c.execute(
-                "UPDATE rollouts SET body=? WHERE rollout_id=? AND body IS NULL",
-                (body, rollout_id),
-            )
-            return cur.rowcount == 1
-
     def get_rollout(self, rollout_id: bytes) -> RolloutRow | None:
         with self._read() as c:
             row = c.execute(
@@ -511,15 +362,6 @@ class Store:
             args.append(producer)
         with self._read() as c:
             rows = c.execute(sql + " LIMIT ?", (*args, int(limit))).fetchall()
-        return [r[0] for r in rows]
-
-    def recent_rollout_ids(self, since: float, limit: int = 100_000) -> list[bytes]:
-        with self._read() as c:
-            rows = c.execute(
-                "SELECT rollout_id FROM rollouts WHERE received_at>=? "
-                "ORDER BY received_at DESC LIMIT ?",
-                (float(since), int(limit)),
-            ).fetchall()
         return [r[0] for r in rows]
 
     # -- catch-up and delivery -------------------------------------------------------
@@ -584,62 +426,6 @@ class Store:
                 (float(before),),
             ).rowcount
 
-    def mark_delivered(self, ids: Iterable[bytes], peer: PeerId, at: float) -> int:
-        """Record that `peer` (a trainer) holds these rollouts of ours; returns how many
-        were not known as delivered before."""
-        _check_peer(peer)
-        with self._write() as c:
-            n = 0
-            for rid in ids:
-                cur = c.execute(
-                    "INSERT INTO deliveries (rollout_id, state, peer, at) VALUES (?, 'delivered', ?, ?) "
-                    "ON CONFLICT(rollout_id) DO UPDATE SET state='delivered', peer=excluded.peer, "
-                    "at=excluded.at, reason=NULL WHERE state!='delivered'",
-                    (rid, peer, float(at)),
-                )
-                n += cur.rowcount
-            return n
-
-    def mark_too_stale(self, ids: Iterable[bytes], reason: str, at: float) -> int:
-        """Record that these rollouts of ours went unacknowledged past the staleness bound."""
-        with self._write() as c:
-            return sum(
-                c.execute(
-                    "INSERT OR IGNORE INTO deliveries (rollout_id, state, at, reason) "
-                    "VALUES (?, 'too_stale', ?, ?)",
-                    (rid, float(at), str(reason)),
-                ).rowcount
-                for rid in ids
-            )
-
-    def undelivered_own(self, limit: int = 100_000) -> list[tuple[bytes, int]]:
-        """Our own rollouts with no delivery state yet: (rollout_id, policy_version)."""
-        sql = """
-            SELECT r.rollout_id, r.policy_version FROM ledger p
-            JOIN rollouts r ON r.rollout_id = p.item_id
-            LEFT JOIN deliveries d ON d.rollout_id = p.item_id
-            WHERE p.direction='out' AND p.outcome='produced' AND p.kind='rollout'
-              AND d.rollout_id IS NULL
-            ORDER BY p.seq LIMIT ?"""
-        with self._read() as c:
-            return [(r[0], int(r[1])) for r in c.execute(sql, (int(limit),))]
-
-    def delivery_status(self) -> dict[str, int]:
-        """Our own rollouts: produced, delivered (a trainer holds it), too stale, pending."""
-        with self._read() as c:
-            produced = c.execute(
-                "SELECT count(DISTINCT item_id) FROM ledger WHERE direction='out' "
-                "AND outcome='produced' AND kind='rollout'"
-            ).fetchone()[0]
-            by_state = dict(c.execute("SELECT state, count(*) FROM deliveries GROUP BY state"))
-        delivered, stale = int(by_state.get("delivered", 0)), int(by_state.get("too_stale", 0))
-        return {
-            "produced": int(produced),
-            "delivered": delivered,
-            "pending": int(produced) - delivered - stale,
-            "too_stale": stale,
-        }
-
     def known_since(self, since: float, limit: int = 65_536) -> tuple[list[bytes], list[bytes], list[bytes]]:
         """Ids stored since `since` (newest first), to refill a dedup cache after a restart:
         (rollouts with a header only, rollouts with a body, verdicts)."""
@@ -675,15 +461,6 @@ class Store:
                 c.execute("SELECT count(*) FROM rollouts WHERE run_id=?", (run_id,)).fetchone()[0]
             )
 
-    def prune_rollouts(self, run_id: str, below_version: int) -> int:
-        """Delete rollouts of `run_id` with policy_version < below_version; returns the count."""
-        with self._write() as c:
-            cur = c.execute(
-                "DELETE FROM rollouts WHERE run_id=? AND policy_version<?",
-                (run_id, int(below_version)),
-            )
-            return cur.rowcount
-
     # -- verdicts ------------------------------------------------------------------
 
     def put_verdict(self, row: VerdictRow) -> bool:
@@ -717,185 +494,6 @@ class Store:
                 (rollout_id,),
             ).fetchall()
         return [_verdict(r) for r in rows]
-
-    # -- peers ---------------------------------------------------------------------
-
-    @staticmethod
-    def _peer_params(r: PeerRecord) -> tuple:
-        _check_peer(r.peer)
-        for name in ("score", "updated_at", "banned_until"):
-            _check_time(getattr(r, name), name)
-        return (r.peer, float(r.score), float(r.updated_at), float(r.banned_until), int(r.offences))
-
-    def save_peer(self, record: PeerRecord) -> None:
-        self.save_peers([record])
-
-    def save_peers(self, records: Iterable[PeerRecord]) -> None:
-        """Insert or replace peer records in one transaction."""
-        params = [self._peer_params(r) for r in records]
-        with self._write() as c:
-            c.executemany(
-                "INSERT INTO peers (peer, score, updated_at, banned_until, offences) "
-                "VALUES (?,?,?,?,?) ON CONFLICT(peer) DO UPDATE SET score=excluded.score, "
-                "updated_at=excluded.updated_at, banned_until=excluded.banned_until, "
-                "offences=excluded.offences",
-                params,
-            )
-
-    def load_peers(self) -> list[PeerRecord]:
-        with self._read() as c:
-            rows = c.execute(
-                "SELECT peer, score, updated_at, banned_until, offences FROM peers"
-            ).fetchall()
-        return [PeerRecord(*r) for r in rows]
-
-    def active_bans(self, now: float) -> list[PeerRecord]:
-        with self._read() as c:
-            rows = c.execute(
-                "SELECT peer, score, updated_at, banned_until, offences FROM peers "
-                "WHERE banned_until>? ORDER BY banned_until",
-                (float(now),),
-            ).fetchall()
-        return [PeerRecord(*r) for r in rows]
-
-    def forget_peer(self, peer: PeerId) -> None:
-        with self._write() as c:
-            c.execute("DELETE FROM peers WHERE peer=?", (peer,))
-
-    # -- ledger --------------------------------------------------------------------
-
-    @staticmethod
-    def _ledger_params(e: LedgerEntry) -> tuple:
-        if e.direction not in ("out", "in"):
-            raise ValueError(f"ledger direction must be 'out' or 'in', not {e.direction!r}")
-        if e.outcome not in ("produced", "accepted", "rejected"):
-            raise ValueError(f"ledger outcome {e.outcome!r} unknown")
-        if e.peer is not None:
-            _check_peer(e.peer)
-        _check_time(e.at, "at")
-        reason = None if e.reason is None else str(e.reason)
-        return (
-            float(e.at),
-            e.direction,
-            e.outcome,
-            str(e.kind),
-            e.item_id,
-            e.peer,
-            reason,
-            e.detail,
-        )
-
-    def log(self, entry: LedgerEntry) -> None:
-        self.log_many([entry])
-
-    def log_many(self, entries: Iterable[LedgerEntry]) -> None:
-        params = [self._ledger_params(e) for e in entries]
-        with self._write() as c:
-            self._insert_ledger(c, params)
-
-    @staticmethod
-    def _insert_ledger(c: sqlite3.Connection, params: list[tuple]) -> None:
-        c.executemany(
-            "INSERT INTO ledger (at, direction, outcome, kind, item_id, peer, reason, detail) "
-            "VALUES (?,?,?,?,?,?,?,?)",
-            params,
-        )
-
-    def ledger(
-        self,
-        direction: str | None = None,
-        outcome: str | None = None,
-        kind: str | None = None,
-        since: float | None = None,
-        item_id: bytes | None = None,
-        limit: int = 1000,
-        newest: bool = False,
-    ) -> list[LedgerEntry]:
-        """Ledger lines matching every given filter, oldest first (`newest`: the newest
-        `limit` of them, still oldest first)."""
-        where, args = [], []
-        for col, val in (
-            ("direction", direction),
-            ("outcome", outcome),
-            ("kind", kind),
-            ("item_id", item_id),
-        ):
-            if val is not None:
-                where.append(f"{col}=?")
-                args.append(val)
-        if since is not None:
-            where.append("at>=?")
-            args.append(float(since))
-        sql = f"SELECT {_LEDGER_COLS} FROM ledger"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY seq {'DESC' if newest else ''} LIMIT ?"
-        args.append(int(limit))
-        with self._read() as c:
-            rows = c.execute(sql, args).fetchall()
-        return [LedgerEntry(*r) for r in (reversed(rows) if newest else rows)]
-
-    def ledger_summary(
-        self, direction: str | None = None
-    ) -> dict[tuple[str, str, str | None], int]:
-        """Counts per (direction, outcome, reason)."""
-        sql = "SELECT direction, outcome, reason, count(*) FROM ledger"
-        args: list = []
-        if direction is not None:
-            sql += " WHERE direction=?"
-            args.append(direction)
-        sql += " GROUP BY direction, outcome, reason"
-        with self._read() as c:
-            return {(d, o, r): int(n) for d, o, r, n in c.execute(sql, args).fetchall()}
-
-    def produced_status(self, kind: str = "rollout") -> dict[str, int]:
-        """This peer's own items of `kind`: how many produced, and of those how many have
-        a verdict logged: accepted (any validator accepted and none rejected), rejected
-        (at least one rejection), or still pending."""
-        sql = """
-            SELECT
-              count(*),
-              sum(CASE WHEN rej > 0 THEN 1 ELSE 0 END),
-              sum(CASE WHEN rej = 0 AND acc > 0 THEN 1 ELSE 0 END)
-            FROM (
-              SELECT p.item_id,
-                (SELECT count(*) FROM ledger v WHERE v.item_id = p.item_id
-                   AND v.direction='out' AND v.outcome='rejected') AS rej,
-                (SELECT count(*) FROM ledger v WHERE v.item_id = p.item_id
-                   AND v.direction='out' AND v.outcome='accepted') AS acc
-              FROM ledger p
-              WHERE p.direction='out' AND p.outcome='produced' AND p.kind=?
-              GROUP BY p.item_id
-            )"""
-        with self._read() as c:
-            produced, rejected, accepted = c.execute(sql, (kind,)).fetchone()
-        produced, rejected, accepted = int(produced), int(rejected or 0), int(accepted or 0)
-        return {
-            "produced": produced,
-            "accepted": accepted,
-            "rejected": rejected,
-            "pending": produced - accepted - rejected,
-        }
-
-    def prune_ledger(self, before: float) -> int:
-        with self._write() as c:
-            return c.execute("DELETE FROM ledger WHERE at<?", (float(before),)).rowcount
-
-    # -- counters ------------------------------------------------------------------
-
-    def reserve(self, name: str, n: int = 1) -> int:
-        """Reserve `n` consecutive numbers of counter `name` (starting at 0); returns the first."""
-        if n < 1:
-            raise ValueError("reserve at least one number")
-        with self._write() as c:
-            row = c.execute("SELECT value FROM counters WHERE name=?", (name,)).fetchone()
-            first = 0 if row is None else int(row[0])
-            c.execute(
-                "INSERT INTO counters (name, value) VALUES (?, ?) "
-                "ON CONFLICT(name) DO UPDATE SET value=excluded.value",
-                (name, first + n),
-            )
-            return first
 
     # -- from admission ------------------------------------------------------------
 
@@ -964,55 +562,3 @@ class Store:
                     self._insert_ledger(c, [self._ledger_params(entry)])
                 out.append(new)
         return out
-
-    def log_reject(self, reject: Reject, now: float, item_id: bytes | None = None) -> None:
-        """Log a rejection by admission: "in/rejected" with its reason, stage and detail."""
-        self.log_rejects([(reject, now)], item_id)
-
-    def log_rejects(
-        self, rejects: Iterable[tuple[Reject, float]], item_id: bytes | None = None
-    ) -> None:
-        """`log_reject` for many (reject, time) pairs in one transaction."""
-        self.log_many(
-            LedgerEntry(
-                now,
-                "in",
-                "rejected",
-                reject.kind or "unknown",
-                item_id,
-                reject.peer,
-                str(reject.reason),
-                f"{reject.stage}: {reject.detail}"[:500],
-            )
-            for reject, now in rejects
-        )
-
-
-def rollout_row(item: Admitted) -> RolloutRow:
-    """The row an admitted rollout header or record becomes."""
-    if item.header is None:
-        raise ValueError(f"{item.kind} item carries no rollout header")
-    return RolloutRow(
-        rollout_id=item.content_id,
-        run_id=item.envelope.run_id,
-        producer=item.envelope.signer,
-        policy_version=item.envelope.policy_version,
-        header=item.header,
-        body=item.body,
-        received_at=item.received_at,
-        source_peer=item.sender,
-    )
-
-
-def verdict_row(item: Admitted) -> VerdictRow:
-    """The row an admitted verdict becomes."""
-    v = item.obj
-    return VerdictRow(
-        verdict_id=item.content_id,
-        rollout_id=v.rollout_id,
-        validator=item.envelope.signer,
-        accepted=bool(v.passed),
-        envelope=item.data,
-        received_at=item.received_at,
-        reason=v.reason,
-    )

@@ -142,7 +142,7 @@ def test_wal_and_full_sync_are_on(store):
 def test_rollouts_round_trip_and_queries(store):
     assert store.put_rollout(row(1)) is True
     assert store.put_rollout(row(1)) is False  # idempotent
-    assert store.put_rollouts([row(i, version=i) for i in range(2, 8)]) == 6
+    assert all(store.put_rollout(row(i, version=i)) for i in range(2, 8))
     assert store.get_rollout((1).to_bytes(32, "big")) == row(1)
     assert store.has_rollout((2).to_bytes(32, "big"))
     assert not store.has_rollout(b"\x00" * 32)
@@ -153,13 +153,15 @@ def test_rollouts_round_trip_and_queries(store):
         (i).to_bytes(32, "big") for i in (1, 4, 7)
     ]
     assert len(store.rollouts(limit=2)) == 2
-    assert len(store.recent_rollout_ids(since=T0 + 5)) == 3
-    assert store.prune_rollouts("run", below_version=5) == 4
-    assert store.count_rollouts() == 3
+    # Stale rows go, except our own (no source peer) that no trainer acknowledged.
+    report = store.enforce_retention(T0 + 100, below_version=5, keep_s=0)
+    assert report.rollouts_deleted == 2 and store.count_rollouts() == 5
+    assert store.has_rollout((2).to_bytes(32, "big")) and not store.has_rollout((3).to_bytes(32, "big"))
 
 
 def test_known_signers_are_the_producers_stored_since(store):
-    store.put_rollouts([row(i) for i in range(1, 7)])  # producers 0, 1, 2 (i % 3)
+    for i in range(1, 7):  # producers 0, 1, 2 (i % 3)
+        store.put_rollout(row(i))
     assert set(store.known_signers(since=T0)) == {b"producer-0", b"producer-1", b"producer-2"}
     assert store.known_signers(since=T0 + 5.5) == [b"producer-0"]  # only row 6 is that new
     assert len(store.known_signers(since=T0, limit=2)) == 2
@@ -169,8 +171,8 @@ def test_header_first_body_later(store):
     rid = (9).to_bytes(32, "big")
     assert store.put_rollout(row(9, body=None))
     assert store.rollouts(with_body=True) == []
-    assert store.set_body(rid, b"pulled") is True
-    assert store.set_body(rid, b"again") is False
+    assert store.put_rollout(row(9, body=b"pulled")) is False
+    assert store.put_rollout(row(9, body=b"again")) is False
     assert store.get_rollout(rid).body == b"pulled"
     # A record arriving for a header stored without body fills it in.
     assert store.put_rollout(row(10, body=None))
@@ -228,7 +230,7 @@ def test_ban_from_admission_survives_restart(tmp_path):
         for i in range(10):
             for action in a.handle(MessageReceived(b"evil", Kind.ROLLOUT_HEADER, b"junk", T0 + i)):
                 if isinstance(action, Reject):
-                    s.log_reject(action, T0 + i)
+                    s.log_rejects([(action, T0 + i)])
                 if isinstance(action, Ban):
                     s.save_peer(action.record)
                     ban = action
@@ -253,8 +255,6 @@ def test_peer_records_replace(store):
         PeerRecord("p", -50.0, T0 + 1, T0 + 99, 2),
         PeerRecord(b"q", 1.0, T0, 0.0, 0),
     ]
-    store.forget_peer("p")
-    assert [r.peer for r in store.load_peers()] == [b"q"]
 
 
 # -- the ledger ---------------------------------------------------------------------------
@@ -353,8 +353,12 @@ def test_ledger_of_own_work_and_admitted_items(store):
     assert [e.seq for e in store.ledger(since=T0 + 10)] == sorted(
         e.seq for e in store.ledger(since=T0 + 10)
     )
-    assert store.prune_ledger(before=T0 + 5) == 3
-    assert store.produced_status()["produced"] == 0
+    compacted = store.enforce_retention(T0 + 12 + 3600, below_version=0, keep_s=3600)
+    assert compacted.ledger_compacted == 3  # the "in" lines, now counted as totals
+    assert store.ledger(direction="in") == []
+    assert store.ledger_summary("in") == {("in", "accepted", None): 3}
+    # Our own work's lines stay: its status is unchanged.
+    assert store.produced_status() == {"produced": 3, "accepted": 1, "rejected": 1, "pending": 1}
 
 
 def test_ledger_refuses_unknown_words(store):
@@ -401,7 +405,8 @@ def test_version_1_database_is_migrated(tmp_path):
     conn.commit()
     conn.close()
     with Store.open(tmp_path) as s:
-        assert s.schema_version() == SCHEMA_VERSION == 3
+        assert s.schema_version() == SCHEMA_VERSION == 4
+        assert s.ledger_summary() == {}  # the compacted totals table exists
         assert s.delivery_status()["produced"] == 0
         assert s.has_rollout(b"r")
         assert s.reserve("seq") == 0
@@ -441,7 +446,8 @@ def test_directory_in_place_of_the_file(tmp_path):
 
 def test_damaged_pages_give_store_errors_only(tmp_path):
     with Store.open(tmp_path) as s:
-        s.put_rollouts([row(i, body=os.urandom(3000)) for i in range(200)])
+        for i in range(200):
+            s.put_rollout(row(i, body=os.urandom(3000)))
     path = tmp_path / DB_FILENAME
     size = path.stat().st_size
     assert size > 100_000

@@ -77,3 +77,18 @@ async def test_our_store_failing_costs_the_sender_nothing(tmp_path: Path) -> Non
         peer.store.put_admitted_many = real  # type: ignore[method-assign]
         del peer.store.put_admitted
         assert (await peer.admit(sender, Kind.ROLLOUT_RECORD, record)).accepted  # admitted again
+
+
+async def test_the_peers_upkeep_prunes_stale_rollouts(tmp_path: Path) -> None:
+    manifest = net_manifest("retention")  # max_staleness 2
+    producer = Identity.generate()
+    async with open_peer(_cfg(tmp_path, "t", manifest)) as peer:
+        for counter in range(5):
+            record = synthetic_record(producer, manifest, counter, n_completion=16)
+            assert (await peer.admit(producer.peer_id_b58, Kind.ROLLOUT_RECORD, record)).accepted
+        assert peer.store.count_rollouts() == 5
+        peer.set_policy_version(3)  # version 0 is now past the staleness bound
+        later = time.time() + peer.admission.config.dedup_ttl_s + 1  # past the dedup memory
+        await peer.upkeep.enforce_retention(later)
+        assert peer.store.count_rollouts() == 0
+        assert peer.counters["retention_rollouts_deleted"] == 5

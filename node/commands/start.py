@@ -259,7 +259,7 @@ async def _run(
         listen=tuple(listen), bootstrap=tuple(boot), pull_bodies=module.PULLS_BODIES or ctx.local_train is not None,
         publish_rate_per_s=cfg["network.publish_rate_per_s"], max_peers=cfg["network.max_peers"],
         header_batch=cfg["network.header_batch"],
-        host=settings, weights=_weight_settings(cfg),
+        host=settings, weights=_weight_settings(cfg), store_max_bytes=cfg["store.max_bytes"],
     )
     scrape = None
     if metrics_at is not None:  # bound before joining: a busy port fails before any network IO
