@@ -53,13 +53,18 @@ def tcp_target(addr: multiaddr.Multiaddr) -> tuple[str, int] | None:
 
 
 def listen_failures(requested: Sequence[multiaddr.Multiaddr], got: Sequence[Any]) -> list[str]:
-    """Workaround 15: each requested TCP address without a listener, with the reason
-    (found by binding a plain socket to it: the library only logs its own error)."""
+    """Each requested address without a listener, with the reason: an address that is not
+    TCP (the library skips those silently), or a TCP one the library failed to bind (found
+    by binding a plain socket to it: the library only logs its own error)."""
     bound = [t for t in (tcp_target(a) for a in got) if t]
     failures = []
     for addr in requested:
         want = tcp_target(addr)
         if want is None:
+            failures.append(
+                f"cannot listen on {addr}: the node listens on TCP only "
+                "(an address like /ip4/127.0.0.1/tcp/4001; /tcp/0 picks a free port)"
+            )
             continue
         ip, port = want
         if any((ip in ("0.0.0.0", "::") or b_ip == ip) and (port == 0 or b_port == port)
