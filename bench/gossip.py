@@ -30,8 +30,10 @@ peer has dropped each. Figures:
     store_writes_per_record  store transactions at the receivers (headers and bodies share
                           batches) / records delivered to all receivers, main phase
     validator_wait_ms_p99 time a gossip message spends in the GossipSub topic validator
-                          (admission and the store write it waits for), the largest of
-                          the receivers' p99s, main phase
+                          (admission; a message still being written is accepted `Later`),
+                          the largest of the receivers' p99s, main phase
+    forward_after_store_ms_p99  from that answer to the message being durable and handed
+                          to the mesh (the store write it waited for), largest p99
     rss_mb_max            largest resident set of any peer process
     frozen_peer_detect_s  SIGSTOP -> dropped by every live peer
     killed_peer_detect_s  SIGKILL -> dropped by every live peer
@@ -198,6 +200,7 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         main_header_lat: list[float] = []
         store_writes = 0
         validator_waits: list[float] = []
+        forward_waits: list[float] = []
         for p in receivers:
             s = await stats(p)
             main_body_lat += s["body_latency_ms"]
@@ -205,6 +208,8 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             store_writes += s["counters"].get("store_batches", 0)
             if s.get("validator_wait_ms_p99") is not None:
                 validator_waits.append(s["validator_wait_ms_p99"])
+            if s.get("forward_after_store_ms_p99") is not None:
+                forward_waits.append(s["forward_after_store_ms_p99"])
         cpu_main = _cpu_s(procs) - cpu0
         batch_means = [m for p in producers if (m := (await stats(p)).get("header_batch_mean"))]
         # CPU per record side by side: the same load in short phases, batching on and off
@@ -255,6 +260,7 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "cpu_s_per_record_main": round(cpu_main / delivered, 5) if delivered else None,
             "store_writes_per_record": round(store_writes / delivered, 4) if delivered else None,
             "validator_wait_ms_p99": max(validator_waits) if validator_waits else None,
+            "forward_after_store_ms_p99": max(forward_waits) if forward_waits else None,
             "cpu_phases": {"batched": pairs[PeerConfig.header_batch], "unbatched": pairs[1]},
             "max_full_delivery_records_per_s": saturation[PeerConfig.header_batch]["max_full"],
             "max_full_delivery_records_per_s_unbatched": saturation[1]["max_full"],

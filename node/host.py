@@ -114,7 +114,7 @@ from node.gossip_guard import (
     Misbehaviour,
     new_budget,
 )
-from node.host_gossip import GossipMessage, GossipMixin, Validator
+from node.host_gossip import GossipMessage, GossipMixin, Later, Validator
 from node.host_heartbeat import PING_PROTOCOL, HeartbeatMixin
 from node.host_limits import ConnectionLimitsMixin, IpGate, library_cap
 from node.host_listen import explain, listen_failures, plain_listen_failed
@@ -573,7 +573,7 @@ async def open_host(
 
 
 __all__ = [
-    "GossipMessage",
+    "Later",
     "Validator",
     "AGENT",
     "DialResult",

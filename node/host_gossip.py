@@ -21,9 +21,26 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("swarm.host")
 
+FORWARD_LATER_S = 30.0  # a message accepted `Later` is forwarded within this, or never
+
+
+class Later:
+    """A validator's answer for a message it accepts only once something holds (the node:
+    once the message is durable): the host drops the library's copy at once, so the
+    validator never holds GossipSub up, and forwards the message itself when `wait()`
+    returns True. Until then copies of it from other peers reach the validator again (the
+    node's admission refuses them as duplicates, at no cost to anyone)."""
+
+    def __init__(self, wait: Callable[[], Awaitable[bool]]) -> None:
+        self.wait = wait
+
+
 # validator(forwarder, data, origin): the hop that handed us the message, its bytes, and the
-# gossip message's publisher (its `from`, authenticated by strict signing), all base58.
-Validator = Callable[[str, bytes, str], bool] | Callable[[str, bytes, str], Awaitable[bool]]
+# gossip message's publisher (its `from`, authenticated by strict signing), all base58;
+# it answers True (forward), False (drop) or `Later`.
+Validator = (
+    Callable[[str, bytes, str], bool] | Callable[[str, bytes, str], Awaitable[bool | Later]]
+)
 
 
 @dataclass(frozen=True)
@@ -48,6 +65,7 @@ class GossipMixin:
     _validators: dict[str, Validator]
     _in_flight: int
     _idle: trio.Event
+    _closing: bool
 
     def connected_peers(self) -> list[str]: ...  # the host's
 
@@ -65,8 +83,8 @@ class GossipMixin:
         `validator(forwarder, data, origin) -> bool` runs before a message is delivered or
         forwarded (GossipSub topic validation): a False stops it at this hop. `origin` is
         the message's publisher (its `from`, whose signature GossipSub checked first). It may be a
-        coroutine function (e.g. one that stores the message before it may be forwarded);
-        GossipSub gives it 5 s, then drops the message.
+        coroutine function, which may answer `Later` (forwarded when its condition holds);
+        GossipSub gives a validator 5 s, then drops the message.
         """
         self._check_open()
         if validator is not None:
@@ -78,7 +96,12 @@ class GossipMixin:
                         return True
                     self._touch(forwarder.to_base58())
                     origin = ID(bytes(msg.from_id)).to_base58()
-                    return bool(await validator(forwarder.to_base58(), bytes(msg.data), origin))
+                    answer = await validator(forwarder.to_base58(), bytes(msg.data), origin)
+                    if isinstance(answer, Later):
+                        assert self._nursery is not None
+                        self._nursery.start_soon(self._forward_later, forwarder, msg, answer)
+                        return False
+                    return bool(answer)
 
                 self._pubsub.set_topic_validator(topic, check_async, True)
             else:
@@ -96,6 +119,20 @@ class GossipMixin:
         assert self._nursery is not None
         self._nursery.start_soon(self._drain_subscription, topic, subscription, send)
         return receive
+
+    async def _forward_later(self, forwarder: ID, msg: Any, later: Later) -> None:
+        """Forward a message its validator accepted `Later`, as GossipSub would have: mark it
+        seen, then hand it to the router for the mesh (never back to `forwarder`)."""
+        ok = False
+        with trio.move_on_after(FORWARD_LATER_S):
+            ok = await later.wait()
+        if not ok or self._closing:
+            return
+        self._pubsub._mark_msg_seen(msg)
+        try:
+            await self._pubsub.router.publish(forwarder, msg)
+        except Exception as exc:  # a peer gone mid-send: the mesh is the library's to mend
+            log.debug("forwarding a stored message failed: %s", exc)
 
     async def _drain_subscription(
         self, topic: str, subscription: Any, send: trio.MemorySendChannel[GossipMessage]

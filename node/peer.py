@@ -10,9 +10,11 @@ actions in the order admission returned them. A `Store` goes to the batched writ
 the roles (an admitted header queues its body pull); `Reject` reaches counters, the log
 and the ledger; `Disconnect`, `Ban` (stored first) and `Unban` reach the host.
 
-The gossip validator waits for its message's actions at most `STORE_WAIT_S` (under
-py-libp2p's 5 s limit); a slower write still completes and delivers, the message is only
-not forwarded from here. A `HeaderBatch`'s headers are submitted together, so their
+The gossip validator answers with admission's verdict at once; a message still being
+written is accepted `Later` (`node.host_gossip`): the host forwards it once it is durable,
+so the validator never waits on the disk and GossipSub's 5 s budget is never at stake (a
+write slower than `STORE_WAIT_S` still delivers, the message is only not forwarded from
+here). A `HeaderBatch`'s headers are submitted together, so their
 writes share one transaction. Bodies are pulled by `node.body_puller` (rules:
 `protocol.body_pull`); catch-up and the body server live in `node.peer_services`.
 Everything lives inside `open_peer()`; leaving it drains the outbox, saves scores and
@@ -34,7 +36,7 @@ from node import rollout_exchange, shard_exchange, sync_exchange
 from node.body_puller import BodyPuller
 from node.discovery import Discovery
 from node.gossip import BATCH_TOPICS, TOPIC_KINDS, Outbox, topic_name
-from node.host import AGENT, Misbehaviour, PeerError, PeerEvent, SwarmHost, open_host
+from node.host import AGENT, Later, Misbehaviour, PeerError, PeerEvent, SwarmHost, open_host
 from node.ledger_writer import LedgerWriter
 from node.peer_config import PeerConfig, SeqCounter
 from node.peer_services import BodyServer, CatchUpDriver, bad_request_event
@@ -87,7 +89,7 @@ log = logging.getLogger("swarm.peer")
 
 ADMITTED_QUEUE = 4096
 ASK_NEWEST_S = 10.0  # a sender backs a future version it handed us within this
-STORE_WAIT_S = 4.0  # under py-libp2p's 5 s limit on an async topic validator
+STORE_WAIT_S = 20.0  # a gossip message whose write takes longer is not forwarded from here
 RESTORED_PULLS = 4096  # owed pulls queued again at start
 VALIDATOR_WAITS_KEPT = 4096
 RETENTION_EVERY_S = 60.0  # how often the store prunes (node.store_retention)  # recent gossip validator waits, for the p99 in stats()
@@ -152,6 +154,7 @@ class Peer:
         self.started_at = time.time()
         self.delivery: dict[str, int] = {}
         self.validator_waits: deque[float] = deque(maxlen=VALIDATOR_WAITS_KEPT)
+        self.store_waits: deque[float] = deque(maxlen=VALIDATOR_WAITS_KEPT)  # accepted `Later`
         self._callbacks: list[Callable[[Admitted], None]] = []
         self._late_callbacks: list[Callable[[Admitted], None]] = []
         self.ledger = LedgerWriter(store, admission.scores, ADMITTED_QUEUE)
@@ -277,7 +280,6 @@ class Peer:
         self._nursery.start_soon(fn, *args)
 
     def stats(self) -> dict[str, object]:
-        waits = sorted(self.validator_waits)
         return {
             "peer_id": self.host.peer_id,
             "roles": list(self.cfg.roles),
@@ -294,8 +296,8 @@ class Peer:
                                   if self.outbox.stats.batches else None),
             "pull_pending": self.puller.pending() if self.puller is not None else 0,
             "store_pending": self.writer.pending(),
-            "validator_wait_ms_p99": (round(waits[int(0.99 * (len(waits) - 1))] * 1000, 2)
-                                      if waits else None),
+            "validator_wait_ms_p99": _p99_ms(self.validator_waits),
+            "forward_after_store_ms_p99": _p99_ms(self.store_waits),
             "delivery": dict(self.delivery),
             "uptime_s": round(time.time() - self.started_at, 1),
             "rtt_ms_median": self._rtt_median_ms(),
@@ -413,45 +415,59 @@ class Peer:
 
     # -- gossip validators ----------------------------------------------------------------
 
-    def _validator(self, kind: Kind) -> Callable[[str, bytes, str], Awaitable[bool]]:
-        async def check(sender: str, data: bytes, origin: str) -> bool:
+    def _validator(self, kind: Kind) -> Callable[[str, bytes, str], Awaitable[bool | Later]]:
+        """GossipSub's validator: admission's answer at once; a message whose write is
+        still pending is accepted `Later`, once it is durable (Store-then-Forward)."""
+
+        async def check(sender: str, data: bytes, origin: str) -> bool | Later:
             t0 = time.monotonic()
-            handled = await self.admit(sender, kind, data, origin, wait_s=STORE_WAIT_S)
-            self._waited(t0, [handled])
-            return handled.verdict is GossipVerdict.ACCEPT
+            self.counters[f"in_{kind}"] += 1
+            handled = self.submit(MessageReceived(sender, kind, data, time.time(), origin))
+            return self._answer(t0, [handled], lambda: handled.verdict)
 
         return check
 
-    def _batch_validator(self, kind: Kind) -> Callable[[str, bytes, str], Awaitable[bool]]:
+    def _batch_validator(self, kind: Kind) -> Callable[[str, bytes, str], Awaitable[bool | Later]]:
         """A `HeaderBatch`: each header admitted on its own, exactly as if it came alone,
-        all submitted before any is awaited (their writes share a transaction); the batch
-        gets one answer (`protocol.forwarding.batch_verdict`). Broken framing goes to
-        admission whole (it fails there as a malformed message of `kind`)."""
+        all submitted together (their writes share a transaction); the batch gets one
+        answer (`protocol.forwarding.batch_verdict`). Broken framing goes to admission
+        whole (it fails there as a malformed message of `kind`)."""
 
-        async def check(sender: str, data: bytes, origin: str) -> bool:
+        async def check(sender: str, data: bytes, origin: str) -> bool | Later:
             t0 = time.monotonic()
             try:
                 batch = decode(HeaderBatch, data)
             except RemoteProtocolError:
-                await self.admit(sender, kind, data, origin, wait_s=STORE_WAIT_S)
+                self.submit(MessageReceived(sender, kind, data, time.time(), origin))
                 return False
             self.counters["in_header_batch"] += 1
             self.counters[f"in_{kind}"] += len(batch.headers)
             now = time.time()
             handled = [self.submit(MessageReceived(sender, kind, item, now, origin))
                        for item in batch.headers]
-            with trio.move_on_after(STORE_WAIT_S):
-                for h in handled:
-                    await h.done.wait()
-            self._waited(t0, handled)
-            return batch_verdict(h.verdict for h in handled) is GossipVerdict.ACCEPT
+            return self._answer(t0, handled, lambda: batch_verdict(h.verdict for h in handled))
 
         return check
 
-    def _waited(self, t0: float, handled: list[Handled]) -> None:
+    def _answer(self, t0: float, handled: list[Handled],
+                verdict: Callable[[], GossipVerdict]) -> bool | Later:
+        """The validator's answer now, or `Later` when a write is still pending (or when any
+        of the messages will be judged bad: then the answer is False at once)."""
         self.validator_waits.append(time.monotonic() - t0)
-        if not all(h.done.is_set() for h in handled):
-            self.counters["validator_store_late"] += 1
+        if all(h.done.is_set() for h in handled) or verdict() is GossipVerdict.REJECT:
+            return verdict() is GossipVerdict.ACCEPT
+
+        async def stored() -> bool:
+            t1 = time.monotonic()
+            with trio.move_on_after(STORE_WAIT_S):
+                for h in handled:
+                    await h.done.wait()
+            self.store_waits.append(time.monotonic() - t1)
+            if not all(h.done.is_set() for h in handled):
+                self.counters["forward_store_late"] += 1
+            return verdict() is GossipVerdict.ACCEPT
+
+        return Later(stored)
 
     # -- peers ----------------------------------------------------------------------------
 
@@ -484,6 +500,11 @@ class Peer:
         self.submit(Misbehaved(m.peer, m.penalty, m.detail, time.time(), offence=m.reason))
 
     # -- loops ----------------------------------------------------------------------------
+
+
+def _p99_ms(values: deque[float]) -> float | None:
+    ordered = sorted(values)
+    return round(ordered[int(0.99 * (len(ordered) - 1))] * 1000, 2) if ordered else None
 
 
 def _b58(peer: bytes | str) -> str:
