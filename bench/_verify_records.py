@@ -4,8 +4,9 @@
 sampling, proofs, signed records), with the knobs the attacks need (another prompt, a
 temperature lie, own seeds and best-of-k picking, no proofs). A careful attacker's edits
 go through `reprove` (proofs and sampler log-probs recomputed from an honest prefill of the
-edited sequence) and `resign` (reward re-scored, record re-signed); `edit_token`,
-`truncate` and `extend` are the edits. `audit` is the verifier every case shares, timed.
+edited sequence) and `resign` (reward re-scored, record re-signed), both applied by
+`edited`; `edit_token`, `truncate` and `extend` are the edits. `audit` is the verifier
+every case shares, timed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 
 @dataclass
 class Ctx:
+    """The bench's policy, run and producer, and how many records a case makes."""
+
     model: Any
     tokenizer: Any
     manifest: Any
@@ -30,6 +33,8 @@ class Ctx:
 
 
 def canonical_bf16(model: Any) -> Any:
+    """The model's weights rounded to bf16 in place (kept in their dtype), as a network
+    ships them."""
     import torch
 
     with torch.no_grad():
@@ -46,12 +51,14 @@ def make_engine(model: Any, tok: Any, **kw: Any) -> Any:
 
 @dataclass
 class Made:
+    """One case's signed records and what making them cost."""
+
     records: list[bytes]
-    gen_seconds: float
-    proof_seconds: float
-    tokens: int
+    gen_seconds: float  # in the engine's generate calls
+    proof_seconds: float  # building the proofs, all rollouts at once
+    tokens: int  # completion tokens
     proof_bytes: int
-    chunks: int
+    chunks: int  # proofs (one per chunk of completion tokens)
 
 
 def make_records(
