@@ -60,8 +60,9 @@ differs in compute precision only.
 Edited-record attacks are made by a careful attacker: after the edit the proofs and
 log-probs are recomputed from an honest prefill of the edited sequence, the reward is
 re-scored and the record re-signed, so only the checks that matter can catch them.
-How records are made, edited and audited is `bench._verify_records`; this module holds the
-model variants, the cases and the report.
+How records are made, edited and audited is `bench._verify_records`, the changed models
+the cases generate with `bench._verify_models`; this module holds the cases, the
+sensitivity sweep and the report.
 """
 
 from __future__ import annotations
@@ -73,6 +74,16 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from bench._verify_models import (
+    bf16_copy,
+    changed_fraction,
+    dropped_layer,
+    eager,
+    int8,
+    one_training_step,
+    other_model,
+    perturbed,
+)
 from bench._verify_records import (
     Ctx,
     Made,
@@ -129,11 +140,6 @@ METRICS = (
 )
 FULL_N = 200
 QUICK_N = 8
-# "One training step" for stale_version: one AdamW step at this learning rate on the honest
-# rollouts (REINFORCE, advantages r - mean), the result rounded to bf16 as a published
-# checkpoint. At 1e-5 about 1-3 % of the bf16 weights change, the rate reported for real
-# RL steps (docs/DESIGN.md §5, "RL updates are sparse"); the bench reports the measured fraction.
-STALE_LR = 1e-5
 # The attack matrix runs once per seed (task counters SEED_COUNTER_STRIDE apart); each
 # attack reports its minimum detection over the seeds.
 SEEDS = 3
@@ -195,103 +201,6 @@ def _setup(hidden: int | None, n: int, quick: bool) -> tuple[Ctx, Any]:
 def _paired_overhead_pct(with_: list[float], without: list[float]) -> float:
     """Median over rounds of (with / without - 1), in percent."""
     return round(100 * statistics.median(w / wo - 1 for w, wo in zip(with_, without, strict=True)), 2)
-
-
-# ------------------------------------------------------------------ model variants
-
-
-def _perturbed(model: Any, rel: float, seed: int) -> Any:
-    import torch
-
-    m = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.mul_(1 + rel * torch.randn(p.shape, generator=gen))
-    return m
-
-
-def _dropped_layer(model: Any) -> Any:
-    import torch
-
-    m = copy.deepcopy(model)
-    layer = m.base_model.layers[len(m.base_model.layers) // 2]
-    with torch.no_grad():  # residual stream passes through unchanged: the layer is gone
-        layer.self_attn.o_proj.weight.zero_()
-        layer.mlp.down_proj.weight.zero_()
-        for mod in (layer.self_attn.o_proj, layer.mlp.down_proj):
-            if mod.bias is not None:
-                mod.bias.zero_()
-    return m
-
-
-def _int8(model: Any) -> Any:
-    import torch
-
-    m = copy.deepcopy(model)
-    with torch.no_grad():
-        for layer in m.base_model.layers:
-            for mod in layer.modules():
-                if isinstance(mod, torch.nn.Linear):
-                    w = mod.weight
-                    scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
-                    w.copy_((w / scale).round().clamp(-127, 127) * scale)
-    return m
-
-
-def _bf16(model: Any) -> Any:
-    import torch
-
-    return copy.deepcopy(model).to(torch.bfloat16)
-
-
-def _eager(model: Any) -> Any:
-    m = copy.deepcopy(model)
-    m.set_attn_implementation("eager")
-    return m
-
-
-def _other_model(ctx: Ctx, seed: int = 0) -> Any:
-    """A freshly initialised model of the same configuration."""
-    import torch
-
-    torch.manual_seed(12345 + seed)
-    m = type(ctx.model)(copy.deepcopy(ctx.model.config))
-    m.generation_config = copy.deepcopy(ctx.model.generation_config)
-    return canonical_bf16(m.eval())
-
-
-def _one_training_step(ctx: Ctx, opened: list[Any]) -> Any:
-    """The policy after one REINFORCE step (group-free advantages r - mean) with AdamW at
-    STALE_LR on the given rollouts: what a trainer publishes as the next version."""
-    import torch
-
-    m = copy.deepcopy(ctx.model).train()
-    opt = torch.optim.AdamW(m.parameters(), lr=STALE_LR, weight_decay=0.0)
-    rewards = torch.tensor([ro.header.reward for ro in opened])
-    adv = rewards - rewards.mean()
-    if float(adv.abs().sum()) == 0.0:
-        adv = torch.ones_like(adv)
-    loss = torch.zeros(())
-    for ro, a in zip(opened, adv, strict=True):
-        b = ro.body
-        ids = torch.tensor([list(b.prompt_ids) + list(b.completion_ids)])
-        logits = m(input_ids=ids).logits[0, len(b.prompt_ids) - 1 : -1].float()
-        lp = torch.log_softmax(logits / max(b.temperature, 1e-6), -1)
-        tok = torch.tensor(list(b.completion_ids))
-        loss = loss - a * lp[torch.arange(len(tok)), tok].sum() / len(opened)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    return canonical_bf16(m.eval())
-
-
-def _changed_fraction(a: Any, b: Any) -> float:
-    changed = total = 0
-    for p, q in zip(a.parameters(), b.parameters(), strict=True):
-        changed += int((p != q).sum())
-        total += p.numel()
-    return changed / max(1, total)
 
 
 # ------------------------------------------------------------------ calibration
@@ -376,7 +285,7 @@ def _sensitivity(ctx: Ctx, quick: bool) -> dict[str, Any]:
             for k, rel in enumerate(SENS_SIZES):
                 worker = _rank1_changed(ctx.model, name, rel, seed=k, quick=quick)
                 if precision == "bf16":
-                    worker = _bf16(worker)
+                    worker = bf16_copy(worker)
                 made = make_records(sctx, make_engine(worker, ctx.tokenizer, max_batch=64))
                 res = audit(ctx, open_records(made.records), settings=settings)[0]
                 if table[name] is None and _frac_failed(res) >= SENS_TARGET:
@@ -661,7 +570,7 @@ def _honest_cases(ctx: Ctx, cases: Cases, base: Baseline, want: Any) -> list[Any
         cases.add_honest("kv_cache_vs_prefill", base.results)
     bf16_opened = None
     if want("fp32_vs_bf16"):
-        m = _bf16(ctx.model)
+        m = bf16_copy(ctx.model)
         bf16_opened = open_records(make_records(ctx, make_engine(m, tok, max_batch=64)).records)
         cases.add_honest("fp32_vs_bf16", audit(ctx, bf16_opened, settings=replace(ctx.audit_settings, precision="bf16"))[0], "bf16")
         if want("precision_lie"):  # the same records claimed in an fp32 run
@@ -673,7 +582,7 @@ def _honest_cases(ctx: Ctx, cases: Cases, base: Baseline, want: Any) -> list[Any
     if want("threads"):
         cases.add_honest("threads", audit(ctx, open_records(make_records(ctx, make_engine(ctx.model, tok, max_batch=64, threads=1)).records))[0])
     if want("attention_impl"):
-        m = _eager(ctx.model)
+        m = eager(ctx.model)
         cases.add_honest("attention_impl", audit(ctx, open_records(make_records(ctx, make_engine(m, tok, max_batch=64)).records))[0])
     return bf16_opened
 
@@ -682,17 +591,17 @@ def _model_attacks(ctx: Ctx, cases: Cases, base_opened: list[Any], seed: int, wa
     """Rollouts generated by another model than claimed (stale_version: the claimed one is
     a training step newer)."""
     for name, make in (
-        ("other_model", lambda: _other_model(ctx, seed)),
-        ("perturbed_weights_1pct", lambda: _perturbed(ctx.model, 0.01, 3 + seed)),
-        ("dropped_layer", lambda: _dropped_layer(ctx.model)),
-        ("int8_quantized", lambda: _int8(ctx.model)),
+        ("other_model", lambda: other_model(ctx, seed)),
+        ("perturbed_weights_1pct", lambda: perturbed(ctx.model, 0.01, 3 + seed)),
+        ("dropped_layer", lambda: dropped_layer(ctx.model)),
+        ("int8_quantized", lambda: int8(ctx.model)),
     ):
         if want(name):
             eng = make_engine(make(), ctx.tokenizer, max_batch=64)
             cases.add_attack(name, audit(ctx, open_records(make_records(ctx, eng).records))[0])
     if want("stale_version"):
-        newer = _one_training_step(ctx, base_opened)
-        cases.stale_changed = _changed_fraction(ctx.model, newer)
+        newer = one_training_step(ctx, base_opened)
+        cases.stale_changed = changed_fraction(ctx.model, newer)
         _say(f"one training step changed {cases.stale_changed:.2%} of the bf16 weights")
         cases.add_attack("stale_version", audit(ctx, base_opened, model=newer)[0])
 
