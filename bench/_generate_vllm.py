@@ -38,15 +38,8 @@ def run_vllm_part(
     audits: int,
     say: Any,
 ) -> dict[str, Any]:
-    from node.local_model import load_calibration
-    from protocol.identity import Identity
-    from protocol.rollout import open_record, read_records
     from trainer.engine_hf import HFEngine
     from trainer.engine_vllm import VLLMEngine
-    from trainer.judge import make_judge
-    from trainer.produce import generate_records
-    from verify.auditor import audit_records, settings_for_run
-    from verify.toploc import build_proofs_bytes_many
 
     n = len(prompts)
     hf = HFEngine(model, tok, max_batch=n)
@@ -57,46 +50,89 @@ def run_vllm_part(
     try:
         engine.generate(prompts, settings, seeds)
         warmup_s = time.perf_counter() - t0
-
         say(f"generate: vLLM vs transformers, batch {n}, one timed call each")
-        t0 = time.perf_counter()
-        v_gens = engine.generate(prompts, settings, seeds)
-        v_dt = time.perf_counter() - t0
-        decode_s = engine.last_timing["decode_s"]
-        t0 = time.perf_counter()
-        h_gens = hf.generate(prompts, settings, seeds)
-        h_dt = time.perf_counter() - t0
-
+        speed, same = _timed_pair(engine, hf, prompts, settings, seeds)
         say(f"generate: {audits} vLLM rollouts for the transformers auditor")
-        identity = Identity.from_private_bytes(bytes(range(32)))
-        with tempfile.TemporaryDirectory(prefix="swarm-node-bench-vllm-") as tmp:
-            out = Path(tmp) / "vllm.msgpack"
-            generate_records(
-                engine=engine,
-                manifest=manifest,
-                identity=identity,
-                n=audits,
-                out=out,
-                batch_size=n,
-                build_proofs=build_proofs_bytes_many,
-                say=lambda _m: None,
-            )
-            with open(out, "rb") as fh:
-                opened = [open_record(r) for r in read_records(fh)]
+        opened = _vllm_records(engine, manifest, audits, batch_size=n)
     finally:
         engine.close()
-
     say(f"generate: auditing {len(opened)} vLLM rollouts with transformers")
-    # the limits `swarm-node audit --run` applies: the run's settings, the model's calibration
-    audit_settings, _ = load_calibration(path, settings_for_run(manifest), manifest)
-    results = audit_records(
-        opened, model, judge=make_judge(manifest, tok), settings=audit_settings
-    )
+    results = _audit_as_run(path, model, tok, manifest, opened)
     say("generate: the same rollouts from transformers, compared token for token")
-    hf_same = HFEngine(model, tok, max_batch=n)
+    differ = _completions_differing(model, tok, opened, settings, batch_size=n)
+    return {
+        **speed,
+        "vllm_warmup_s": round(warmup_s, 2),
+        "vllm_hf_same_completions": same,
+        **_cross_engine_report(results, differ),
+    }
+
+
+def _timed_pair(
+    engine: Any, hf: Any, prompts: list[list[int]], settings: Any, seeds: list[int]
+) -> tuple[dict[str, Any], int]:
+    """One timed call of each engine on the same batch: tokens/s and vLLM's decode alone;
+    and how many completions are the same."""
+    t0 = time.perf_counter()
+    v_gens = engine.generate(prompts, settings, seeds)
+    v_dt = time.perf_counter() - t0
+    decode_s = engine.last_timing["decode_s"]
+    t0 = time.perf_counter()
+    h_gens = hf.generate(prompts, settings, seeds)
+    h_dt = time.perf_counter() - t0
+    speed = {
+        "vllm_tokens_per_s": round(_tokens(v_gens) / v_dt, 1),
+        "hf_tokens_per_s": round(_tokens(h_gens) / h_dt, 1),
+        "vllm_decode_tokens_per_s": round(_tokens(v_gens) / decode_s, 1),
+    }
+    same = sum(a.completion_ids == b.completion_ids for a, b in zip(v_gens, h_gens, strict=True))
+    return speed, same
+
+
+def _vllm_records(engine: Any, manifest: Any, n: int, batch_size: int) -> list[Any]:
+    """n signed records with proofs made by `rollouts`' own code on the vLLM engine, opened."""
+    from protocol.identity import Identity
+    from protocol.rollout import open_record, read_records
+    from trainer.produce import generate_records
+    from verify.toploc import build_proofs_bytes_many
+
+    identity = Identity.from_private_bytes(bytes(range(32)))
+    with tempfile.TemporaryDirectory(prefix="swarm-node-bench-vllm-") as tmp:
+        out = Path(tmp) / "vllm.msgpack"
+        generate_records(
+            engine=engine,
+            manifest=manifest,
+            identity=identity,
+            n=n,
+            out=out,
+            batch_size=batch_size,
+            build_proofs=build_proofs_bytes_many,
+            say=lambda _m: None,
+        )
+        with open(out, "rb") as fh:
+            return [open_record(r) for r in read_records(fh)]
+
+
+def _audit_as_run(path: Path, model: Any, tok: Any, manifest: Any, opened: list[Any]) -> list[Any]:
+    """The transformers audit with the limits `swarm-node audit --run` applies: the run's
+    settings, the model's calibration, the run's judge."""
+    from node.local_model import load_calibration
+    from trainer.judge import make_judge
+    from verify.auditor import audit_records, settings_for_run
+
+    audit_settings, _ = load_calibration(path, settings_for_run(manifest), manifest)
+    return audit_records(opened, model, judge=make_judge(manifest, tok), settings=audit_settings)
+
+
+def _completions_differing(model: Any, tok: Any, opened: list[Any], settings: Any, batch_size: int) -> int:
+    """How many of the records' completions transformers samples differently from the same
+    prompt and seed."""
+    from trainer.engine_hf import HFEngine
+
+    hf_same = HFEngine(model, tok, max_batch=batch_size)
     differ = 0
-    for start in range(0, len(opened), n):
-        batch = opened[start : start + n]
+    for start in range(0, len(opened), batch_size):
+        batch = opened[start : start + batch_size]
         ref = hf_same.generate(
             [list(r.body.prompt_ids) for r in batch],
             settings,
@@ -106,18 +142,15 @@ def run_vllm_part(
         differ += sum(
             list(r.body.completion_ids) != g.completion_ids for r, g in zip(batch, ref, strict=True)
         )
+    return differ
+
+
+def _cross_engine_report(results: list[Any], differ: int) -> dict[str, Any]:
     reasons: dict[str, int] = {}
     for r in results:
         if not r.passed:
             reasons[r.reason] = reasons.get(r.reason, 0) + 1
     return {
-        "vllm_tokens_per_s": round(_tokens(v_gens) / v_dt, 1),
-        "hf_tokens_per_s": round(_tokens(h_gens) / h_dt, 1),
-        "vllm_decode_tokens_per_s": round(_tokens(v_gens) / decode_s, 1),
-        "vllm_warmup_s": round(warmup_s, 2),
-        "vllm_hf_same_completions": sum(
-            a.completion_ids == b.completion_ids for a, b in zip(v_gens, h_gens, strict=True)
-        ),
         "cross_engine_audits": len(results),
         "cross_engine_false_failures": sum(not r.passed for r in results),
         "cross_engine_failure_reasons": reasons,
@@ -127,6 +160,7 @@ def run_vllm_part(
             (r.metrics.get("sampling_margin_max", 0.0) for r in results), default=0.0
         ),
     }
+
 
 
 # Randomly initialised Qwen2 models of the built-in policy's family, growing: where does

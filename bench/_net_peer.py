@@ -28,6 +28,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -38,14 +39,11 @@ from node.peer import PeerConfig, open_peer
 from node.rollout_exchange import protocol_id
 from protocol.admission import Admitted, Kind
 from protocol.identity import Identity
+from protocol.wire import RunManifest
 
 
-async def main(args: argparse.Namespace) -> None:
-    identity = (
-        Identity.from_private_bytes(bytes.fromhex(args.key)) if args.key else Identity.generate()
-    )
-    manifest = net_manifest(args.run)
-    cfg = PeerConfig(
+def _config(args: argparse.Namespace, identity: Identity, manifest: RunManifest) -> PeerConfig:
+    return PeerConfig(
         manifest=manifest,
         identity=identity,
         data_dir=Path(args.data_dir),
@@ -57,131 +55,165 @@ async def main(args: argparse.Namespace) -> None:
         header_batch=args.header_batch,
         host=HostSettings(peer_dead_after_s=args.dead_after),
     )
-    header_lat: list[float] = []
-    body_lat: list[float] = []
 
-    def on_deliver(item: Admitted) -> None:
+
+def _proof_pool(path: str) -> list[tuple[bytes, ...]] | None:
+    """The proof lists of `--proof-pool` (None: none given, proofs are built per record)."""
+    if not path:
+        return None
+    import msgpack
+
+    return [tuple(x) for x in msgpack.unpackb(Path(path).read_bytes())]
+
+
+class Driver:
+    """The command handlers of one running peer, and the delivery latencies it records."""
+
+    def __init__(self, peer: Any, identity: Identity, manifest: RunManifest, pool: Any, nursery: trio.Nursery) -> None:
+        self.peer, self.identity, self.manifest, self.pool = peer, identity, manifest, pool
+        self.nursery = nursery
+        self.header_lat: list[float] = []  # ms, record signed -> header admitted
+        self.body_lat: list[float] = []  # ms, record signed -> body admitted and stored
+        self.production = 0  # "stop" ends the production running now; a later one may start
+        self.next_counter: int | None = None
+
+    def on_deliver(self, item: Admitted) -> None:
         lat = (item.received_at - item.envelope.timestamp_ms / 1000.0) * 1000.0
         if item.kind is Kind.ROLLOUT_HEADER:
-            header_lat.append(lat)
+            self.header_lat.append(lat)
         elif item.kind is Kind.ROLLOUT_RECORD:
-            body_lat.append(lat)
+            self.body_lat.append(lat)
 
-    with trio.move_on_after(args.max_life):
-        async with open_peer(cfg) as peer:
-            peer.on_deliver(on_deliver)
-            reply(
-                {
-                    "peer_id": peer.host.peer_id,
-                    "addrs": peer.host.listen_addrs(),
-                    "bootstrap": peer.bootstrap_results,
-                }
+    async def produce(self, n: int, rate: float, size: int, burst: int = 1) -> None:
+        """n synthetic records at `rate`/s, published `burst` at a time."""
+        start, mine = time.monotonic(), self.production
+        if self.next_counter is None:
+            status = await trio.to_thread.run_sync(self.peer.store.produced_status)
+            self.next_counter = status["produced"]  # dense, never reused across restarts
+        # Seeded by the first counter too: a second produce call must not repeat the
+        # first one's bodies (the same body twice is double work, and gets us banned).
+        rng = random.Random(os.getpid() * 1_000_003 + self.next_counter)
+        batch: list[bytes] = []
+        for i in range(n):
+            if self.production != mine:
+                return
+            counter = self.next_counter  # one per record even when produce calls overlap
+            self.next_counter = counter + 1
+            record = synthetic_record(
+                self.identity,
+                self.manifest,
+                counter,
+                n_completion=size,
+                proof_pool=self.pool,
+                rng=rng,
+                seq=self.peer.seq.next(),
             )
+            batch.append(record)
+            if len(batch) == burst or i == n - 1:  # a generation batch, published at once
+                await self.peer.produce_many(batch)
+                batch = []
+                await trio.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
 
-            pool = None
-            if args.proof_pool:
-                import msgpack
+    async def cmd_produce(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        self.nursery.start_soon(
+            self.produce, cmd["n"], cmd.get("rate", 2.0), cmd.get("size", 1024),
+            max(1, int(cmd.get("burst", 1))),
+        )
+        return {"ok": True}
 
-                pool = [tuple(x) for x in msgpack.unpackb(Path(args.proof_pool).read_bytes())]
+    async def cmd_stats(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        stored = await trio.to_thread.run_sync(self.peer.store.count_rollouts)
+        return {
+            **self.peer.stats(),
+            "stored": stored,
+            "header_latency_ms": self.header_lat,
+            "body_latency_ms": self.body_lat,
+            "connected": self.peer.host.connected_peers(),
+        }
 
-            production = [0]  # "stop" ends the production running now; a later one may start
+    async def cmd_stop(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        self.production += 1
+        return {"ok": True}
 
-            next_counter: list[int | None] = [None]
+    async def cmd_delivery(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        return await trio.to_thread.run_sync(self.peer.store.delivery_status)
 
-            async def produce(n: int, rate: float, size: int, burst: int = 1) -> None:
-                start, mine = time.monotonic(), production[0]
-                if next_counter[0] is None:
-                    status = await trio.to_thread.run_sync(peer.store.produced_status)
-                    next_counter[0] = status["produced"]  # dense, never reused across restarts
-                # Seeded by the first counter too: a second produce call must not repeat the
-                # first one's bodies (the same body twice is double work, and gets us banned).
-                rng = random.Random(os.getpid() * 1_000_003 + next_counter[0])
-                batch: list[bytes] = []
-                for i in range(n):
-                    if production[0] != mine:
-                        return
-                    counter = next_counter[0]  # one per record even when produce calls overlap
-                    next_counter[0] = counter + 1
-                    record = synthetic_record(
-                        identity,
-                        manifest,
-                        counter,
-                        n_completion=size,
-                        proof_pool=pool,
-                        rng=rng,
-                        seq=peer.seq.next(),
-                    )
-                    batch.append(record)
-                    if len(batch) == burst or i == n - 1:  # a generation batch, published at once
-                        await peer.produce_many(batch)
-                        batch = []
-                        await trio.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
+    async def cmd_ids(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        own = self.identity.peer_id if cmd.get("own") else None
+        ids = await trio.to_thread.run_sync(self.peer.store.rollout_ids_with_body, own)
+        return {"ids": [i.hex() for i in ids]}
 
-            async def evil() -> dict[str, object]:
-                topic = peer.topics["rollouts"]
-                sent = 0
-                for i in range(30):
-                    await peer.host.publish(topic, b"\xc1garbage" + i.to_bytes(2, "big"))
-                    sent += 1
-                try:
-                    await peer.host.publish(
-                        topic, b"\x00" * (peer.host.settings.max_gossip_bytes + 1)
-                    )
-                except MessageTooLarge:
-                    pass
-                # A header-sized message that is far over admission's header limit.
-                await peer.host.publish(topic, b"\x92" + os.urandom(200_000))
-                sent += 1
-                bad_requests = 0
-                for other in peer.host.connected_peers():
-                    try:
-                        stream = await peer.host.open_stream(other, protocol_id(manifest.run_id))
-                        await stream.send(b"\xff" * 64)
-                        await stream.close()
-                        bad_requests += 1
-                    except PeerError:
-                        pass
-                return {"evil_sent": sent, "bad_requests": bad_requests}
+    async def cmd_evil(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        return await _evil(self.peer, self.manifest)
 
+    async def cmd_batch(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        self.peer.outbox.set_max_batch(int(cmd["n"]))
+        return {"ok": True}
+
+    async def serve(self, lines: Any) -> None:
+        """Answers each command line until "quit" or the end of input; unknown commands
+        are ignored."""
+        handlers = {
+            "produce": self.cmd_produce,
+            "stats": self.cmd_stats,
+            "stop": self.cmd_stop,
+            "delivery": self.cmd_delivery,
+            "ids": self.cmd_ids,
+            "evil": self.cmd_evil,
+            "batch": self.cmd_batch,
+        }
+        async for cmd in lines:
+            kind = cmd.get("cmd")
+            if kind == "quit":
+                break
+            if kind in handlers:
+                reply(await handlers[kind](cmd))
+
+
+async def _evil(peer: Any, manifest: RunManifest) -> dict[str, object]:
+    """Malformed and oversized messages on the rollouts topic, and a garbage body request
+    to every connected peer."""
+    topic = peer.topics["rollouts"]
+    sent = 0
+    for i in range(30):
+        await peer.host.publish(topic, b"\xc1garbage" + i.to_bytes(2, "big"))
+        sent += 1
+    try:
+        await peer.host.publish(topic, b"\x00" * (peer.host.settings.max_gossip_bytes + 1))
+    except MessageTooLarge:
+        pass
+    # A header-sized message that is far over admission's header limit.
+    await peer.host.publish(topic, b"\x92" + os.urandom(200_000))
+    sent += 1
+    bad_requests = 0
+    for other in peer.host.connected_peers():
+        try:
+            stream = await peer.host.open_stream(other, protocol_id(manifest.run_id))
+            await stream.send(b"\xff" * 64)
+            await stream.close()
+            bad_requests += 1
+        except PeerError:
+            pass
+    return {"evil_sent": sent, "bad_requests": bad_requests}
+
+
+async def main(args: argparse.Namespace) -> None:
+    identity = (
+        Identity.from_private_bytes(bytes.fromhex(args.key)) if args.key else Identity.generate()
+    )
+    manifest = net_manifest(args.run)
+    with trio.move_on_after(args.max_life):
+        async with open_peer(_config(args, identity, manifest)) as peer:
             async with trio.open_nursery() as nursery:
-                stdin = trio.lowlevel.FdStream(os.dup(0))
-                async for cmd in json_lines(stdin):
-                    kind = cmd.get("cmd")
-                    if kind == "produce":
-                        nursery.start_soon(
-                            produce, cmd["n"], cmd.get("rate", 2.0), cmd.get("size", 1024),
-                            max(1, int(cmd.get("burst", 1))),
-                        )
-                        reply({"ok": True})
-                    elif kind == "stats":
-                        stored = await trio.to_thread.run_sync(peer.store.count_rollouts)
-                        reply(
-                            {
-                                **peer.stats(),
-                                "stored": stored,
-                                "header_latency_ms": header_lat,
-                                "body_latency_ms": body_lat,
-                                "connected": peer.host.connected_peers(),
-                            }
-                        )
-                    elif kind == "stop":
-                        production[0] += 1
-                        reply({"ok": True})
-                    elif kind == "delivery":
-                        reply(await trio.to_thread.run_sync(peer.store.delivery_status))
-                    elif kind == "ids":
-                        own = identity.peer_id if cmd.get("own") else None
-                        ids = await trio.to_thread.run_sync(peer.store.rollout_ids_with_body, own)
-                        reply({"ids": [i.hex() for i in ids]})
-                    elif kind == "evil":
-                        reply(await evil())
-                    elif kind == "batch":
-                        peer.outbox.set_max_batch(int(cmd["n"]))
-                        reply({"ok": True})
-                    elif kind == "quit":
-                        break
+                driver = Driver(peer, identity, manifest, None, nursery)
+                peer.on_deliver(driver.on_deliver)
+                reply({"peer_id": peer.host.peer_id, "addrs": peer.host.listen_addrs(),
+                       "bootstrap": peer.bootstrap_results})  # fmt: skip
+                driver.pool = _proof_pool(args.proof_pool)  # after the hello the parent waits on
+                await driver.serve(json_lines(trio.lowlevel.FdStream(os.dup(0))))
                 nursery.cancel_scope.cancel()
     reply({"closed": True})
+
 
 
 def cli() -> None:

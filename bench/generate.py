@@ -41,7 +41,7 @@ def _timed(engine: Any, prompts: list[list[int]], settings: Any, seeds: list[int
     return dt, sum(len(g.completion_ids) for g in gens)
 
 
-def run(quick: bool, args: list[str]) -> dict[str, Any]:
+def _parse(args: list[str]) -> argparse.Namespace:
     from node.errors import CommandError
 
     ap = argparse.ArgumentParser(prog="swarm-node bench generate", add_help=False)
@@ -51,63 +51,73 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     ap.add_argument("--vllm", action="store_true")
     ap.add_argument("--audits", type=int)
     try:
-        opts = ap.parse_args(args)
+        return ap.parse_args(args)
     except SystemExit:
         raise CommandError(
             f"bench generate: bad arguments {args}; allowed: --data-dir, --threads, --prompts, "
             "--vllm, --audits"
         ) from None
 
-    import torch
 
+def _policy(quick: bool, data_dir: str | None) -> tuple[Any, dict[str, Any], float | None]:
+    """The built-in policy's directory, its warm-start report and the init-model seconds
+    (quick: from the cached policy's report; full: built afresh in a temporary directory,
+    timed)."""
     from trainer import tiny_policy
-    from trainer.engine import SamplingSettings
-    from trainer.engine_hf import HFEngine
-    from trainer.model_dir import load_model_dir
-    from trainer.tasks import TaskSet, assign_task
 
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
-    t_start = time.perf_counter()
     if quick:
-        path, report, built = tiny_policy.ensure_policy(opts.data_dir, progress=_say)
-        init_seconds = report.get("init_model_seconds")
-    else:
-        with tempfile.TemporaryDirectory(prefix="swarm-node-bench-") as tmp:
-            _say("building the tiny policy from scratch (timed)")
-            t0 = time.perf_counter()
-            _, report, _ = tiny_policy.ensure_policy(tmp, progress=_say)
-            init_seconds = round(time.perf_counter() - t0, 2)
-        path, _, _ = tiny_policy.ensure_policy(opts.data_dir, progress=_say)
+        path, report, _built = tiny_policy.ensure_policy(data_dir, progress=_say)
+        return path, report, report.get("init_model_seconds")
+    with tempfile.TemporaryDirectory(prefix="swarm-node-bench-") as tmp:
+        _say("building the tiny policy from scratch (timed)")
+        t0 = time.perf_counter()
+        _, report, _ = tiny_policy.ensure_policy(tmp, progress=_say)
+        init_seconds = round(time.perf_counter() - t0, 2)
+    path, _, _ = tiny_policy.ensure_policy(data_dir, progress=_say)
+    return path, report, init_seconds
 
-    model, tok = load_model_dir(path)
+
+def _workload(tok: Any, n: int) -> tuple[Any, Any, list[list[int]], list[int]]:
+    """The built-in manifest, its sampling settings, and the prompts and sampler seeds of
+    the first n tasks assigned to one producer."""
     from node.run_file import manifest_from_table
     from protocol.identity import Identity
+    from trainer import tiny_policy
+    from trainer.engine import SamplingSettings
+    from trainer.tasks import TaskSet, assign_task
 
     manifest = manifest_from_table(tiny_policy.run_manifest_table(), source="built-in manifest")
     settings = SamplingSettings.from_manifest(manifest)
-    n = opts.prompts or (32 if quick else 64)
     producer = Identity.from_private_bytes(bytes(32)).peer_id
     tasks = TaskSet(manifest.seed)
     assigns = [assign_task(manifest, producer, 0, c) for c in range(n)]
     prompts = [tok.encode(tasks.task_for(a).prompt, add_special_tokens=False) for a in assigns]
-    seeds = [a.task_seed for a in assigns]
+    return manifest, settings, prompts, [a.task_seed for a in assigns]
 
-    batched = HFEngine(model, tok, max_batch=n)
-    _timed(batched, prompts[:4], settings, seeds[:4], True)  # warm-up
-    repeats = 3 if quick else 5
+
+def _batched_runs(engine: Any, prompts: list[list[int]], settings: Any, seeds: list[int], repeats: int) -> list[tuple[float, int]]:
+    """(seconds, tokens) of `repeats` batched calls at the real settings, after a warm-up."""
+    _timed(engine, prompts[:4], settings, seeds[:4], True)  # warm-up
     runs = []
     for r in range(repeats):
         _say(f"generate: batched, real settings, repeat {r + 1}/{repeats}")
-        runs.append(_timed(batched, prompts, settings, seeds, True))
-    tokens_per_s = max(k / dt for dt, k in runs)
+        runs.append(_timed(engine, prompts, settings, seeds, True))
+    return runs
 
-    # Overheads in steady decoding: EOS ignored, so every call makes the same number of
-    # tokens (n x max_new_tokens); paired runs in alternating order, median of the ratios.
+
+def _overhead_ratios(
+    model: Any, tok: Any, prompts: list[list[int]], settings: Any, seeds: list[int], pairs: int
+) -> tuple[list[float], list[float]]:
+    """Per pair: capture / no capture, and seeded sampler / multinomial (capture off).
+
+    In steady decoding: EOS ignored, so every call makes the same number of tokens
+    (n x max_new_tokens); paired runs in alternating order."""
+    from trainer.engine_hf import HFEngine
+
+    n = len(prompts)
     capture = HFEngine(model, tok, max_batch=n)
     plain = HFEngine(model, tok, max_batch=n, sampler="multinomial")
     capture.eos_token_ids = plain.eos_token_ids = frozenset()
-    pairs = 5 if quick else 9
     cap_ratio, seed_ratio = [], []
     for r in range(pairs):
         _say(f"generate: overhead pair {r + 1}/{pairs}")
@@ -118,7 +128,29 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
             t[which] = _timed(eng, prompts, settings, seeds, which == "cap")[0]
         cap_ratio.append(t["cap"] / t["nocap"])
         seed_ratio.append(t["nocap"] / t["plain"])
+    return cap_ratio, seed_ratio
 
+
+def run(quick: bool, args: list[str]) -> dict[str, Any]:
+    opts = _parse(args)
+
+    import torch
+
+    from trainer.engine_hf import HFEngine
+    from trainer.model_dir import load_model_dir
+
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    t_start = time.perf_counter()
+    path, report, init_seconds = _policy(quick, opts.data_dir)
+    model, tok = load_model_dir(path)
+    n = opts.prompts or (32 if quick else 64)
+    manifest, settings, prompts, seeds = _workload(tok, n)
+
+    batched = HFEngine(model, tok, max_batch=n)
+    runs = _batched_runs(batched, prompts, settings, seeds, repeats=3 if quick else 5)
+    tokens_per_s = max(k / dt for dt, k in runs)
+    cap_ratio, seed_ratio = _overhead_ratios(model, tok, prompts, settings, seeds, pairs=5 if quick else 9)
     n_unbatched = 8 if quick else 16
     unbatched = HFEngine(model, tok, max_batch=1)
     _say(f"generate: unbatched, {n_unbatched} prompts")
@@ -141,6 +173,7 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
         "params": sum(p.numel() for p in model.parameters()),
         "seconds": round(time.perf_counter() - t_start, 1),
     }
+
 
 
 VLLM_KEYS = (

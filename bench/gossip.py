@@ -59,6 +59,7 @@ import signal
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,216 +88,288 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(s[min(len(s) - 1, int(q * len(s)))], 2)
 
 
-async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    import msgpack
-    import psutil
+class Swarm:
+    """The peer processes of one run: started, watched for memory, frozen or killed, stopped."""
 
-    from bench._records import make_proof_pool
+    def __init__(self, opts: argparse.Namespace, tmp: Path, pool_path: Path) -> None:
+        self.opts, self.tmp, self.pool_path = opts, tmp, pool_path
+        self.procs: list[PeerProcess] = []
+        self.rss_max = 0.0  # MiB, largest resident set seen
+        self.excluded: set[str] = set()  # peer ids frozen or killed
 
-    pool_path = tmp / "proofs.msgpack"
-    pool_path.write_bytes(msgpack.packb([list(p) for p in make_proof_pool(8, opts.size)]))
-    procs: list[PeerProcess] = []
-    rss_max = 0.0
+    def sample_rss(self) -> None:
+        import psutil
 
-    def sample_rss() -> None:
-        nonlocal rss_max
-        for p in procs:
+        for p in self.procs:
             try:
-                rss_max = max(rss_max, psutil.Process(p.proc.pid).memory_info().rss / 2**20)
+                self.rss_max = max(self.rss_max, psutil.Process(p.proc.pid).memory_info().rss / 2**20)
             except psutil.Error:
                 pass
 
-    async def spawn(i: int, boot: str | None) -> PeerProcess:
-        args = ["--data-dir", str(tmp / f"p{i}"), "--proof-pool", str(pool_path), "--dead-after", str(DEAD_AFTER_S),
-                "--max-life", str(opts.duration + 900)]
+    async def spawn(self, i: int, boot: str | None) -> PeerProcess:
+        args = ["--data-dir", str(self.tmp / f"p{i}"), "--proof-pool", str(self.pool_path),
+                "--dead-after", str(DEAD_AFTER_S), "--max-life", str(self.opts.duration + 900)]
         if boot:
             args += ["--bootstrap", boot]
         return await PeerProcess.start(*args, module="bench._net_peer",
-                                       stderr_path=str(tmp / f"p{i}.log"), timeout=120)
+                                       stderr_path=str(self.tmp / f"p{i}.log"), timeout=120)
 
-    try:
+    async def start(self) -> None:
+        """The bootstrap peer, then the others at once, in index order in `procs`."""
         t0 = time.monotonic()
-        boot = await spawn(0, None)
-        procs.append(boot)
+        boot = await self.spawn(0, None)
+        self.procs.append(boot)
         rest: dict[int, PeerProcess] = {}
 
         async def one(i: int) -> None:
-            rest[i] = await spawn(i, boot.addrs[0])
+            rest[i] = await self.spawn(i, boot.addrs[0])
 
         async with trio.open_nursery() as nursery:
-            for i in range(1, opts.peers):
+            for i in range(1, self.opts.peers):
                 nursery.start_soon(one, i)
-        procs += [rest[i] for i in sorted(rest)]
-        _say(f"{opts.peers} peers started in {time.monotonic() - t0:.1f} s")
+        self.procs += [rest[i] for i in sorted(rest)]
+        _say(f"{self.opts.peers} peers started in {time.monotonic() - t0:.1f} s")
 
-        async def stats(p: PeerProcess) -> dict[str, Any]:
-            return await p.ask({"cmd": "stats"}, timeout=60)
-
-        want = min(opts.peers - 1, 5)
+    async def wait_connected(self) -> None:
+        """Until every peer has min(peers - 1, 5) connections (at most 45 s)."""
+        want = min(self.opts.peers - 1, 5)
         with trio.move_on_after(45):
             while True:
-                counts = [len((await stats(p))["connected"]) for p in procs]
+                counts = [len((await _stats(p))["connected"]) for p in self.procs]
                 if min(counts) >= want:
                     break
                 await trio.sleep(0.5)
         _say(f"connected: {counts}")
-        producers = procs[: opts.producers]
-        frozen = procs[-1] if opts.peers - opts.producers >= 3 else None
-        killed = procs[-2] if frozen is not None else None
-        n_each = int(opts.rate * opts.duration)
-        cpu0 = _cpu_s(procs)
-        start = time.monotonic()
-        for p in producers:
-            await p.ask({"cmd": "produce", "n": n_each, "rate": opts.rate, "size": opts.size,
-                         "burst": opts.burst})
-        _say(f"{len(producers)} producers x {n_each} records at {opts.rate}/s")
 
-        excluded: set[str] = set()
+    async def detect(self, victim: PeerProcess, sig: int) -> float | None:
+        """Sends `sig` to the victim; seconds until no other live peer lists it as
+        connected (None: not within 30 s)."""
+        os.kill(victim.proc.pid, sig)
+        at = time.monotonic()
+        self.excluded.add(victim.peer_id)
+        observers = self.live()
+        with trio.move_on_after(30):
+            while True:
+                seen = [victim.peer_id in (await _stats(p))["connected"] for p in observers]
+                if not any(seen):
+                    return round(time.monotonic() - at, 2)
+                await trio.sleep(0.25)
+        return None
 
-        async def detect(victim: PeerProcess, sig: int) -> float | None:
-            os.kill(victim.proc.pid, sig)
-            at = time.monotonic()
-            excluded.add(victim.peer_id)
-            observers = [p for p in procs if p.peer_id not in excluded]
-            with trio.move_on_after(30):
-                while True:
-                    seen = [victim.peer_id in (await stats(p))["connected"] for p in observers]
-                    if not any(seen):
-                        return round(time.monotonic() - at, 2)
-                    await trio.sleep(0.25)
-            return None
+    def live(self) -> list[PeerProcess]:
+        return [p for p in self.procs if p.peer_id not in self.excluded]
 
-        frozen_s = killed_s = None
-        while time.monotonic() - start < opts.duration:
-            sample_rss()
-            elapsed = time.monotonic() - start
-            if frozen is not None and frozen_s is None and elapsed > opts.duration / 4:
-                frozen_s = await detect(frozen, signal.SIGSTOP)
-                _say(f"frozen peer dropped by all after {frozen_s} s")
-            elif killed is not None and killed_s is None and elapsed > opts.duration / 2:
-                killed_s = await detect(killed, signal.SIGKILL)
-                _say(f"killed peer dropped by all after {killed_s} s")
-            await trio.sleep(0.5)
-        live = [p for p in procs if p.peer_id not in excluded]
-        produced_ids: set[str] = set()
-        for p in producers:
-            produced_ids |= await _ids(p)
-        _say(f"publishing done: {len(produced_ids)} records; waiting for delivery")
-        receivers = live  # producers also receive each other's records
-        settle_until = time.monotonic() + 30
-        have: dict[str, set[str]] = {}
-        while time.monotonic() < settle_until:
-            sample_rss()
-            for p in receivers:
-                have[p.peer_id] = await _ids(p) & produced_ids
-            if all(len(v) == len(produced_ids) for v in have.values()):
-                break
-            await trio.sleep(1.0)
-        delivered_at = time.monotonic()
-        delivered = sum(len(v) for v in have.values())
-        # Latencies of the main phase alone: the saturation steps below push the rate
-        # past what the peers can carry and would fill the tail with queueing delay.
-        main_body_lat: list[float] = []
-        main_header_lat: list[float] = []
-        store_writes = 0
-        validator_waits: list[float] = []
-        forward_waits: list[float] = []
-        for p in receivers:
-            s = await stats(p)
-            main_body_lat += s["body_latency_ms"]
-            main_header_lat += s["header_latency_ms"]
-            store_writes += s["counters"].get("store_batches", 0)
-            if s.get("validator_wait_ms_p99") is not None:
-                validator_waits.append(s["validator_wait_ms_p99"])
-            if s.get("forward_after_store_ms_p99") is not None:
-                forward_waits.append(s["forward_after_store_ms_p99"])
-        cpu_main = _cpu_s(procs) - cpu0
-        batch_means = [m for p in producers if (m := (await stats(p)).get("header_batch_mean"))]
-        # CPU per record side by side: the same load in short phases, batching on and off
-        # in turn (the main phase also pays for the frozen and killed peers).
-        pairs: dict[int, list[dict[str, Any]]] = {PeerConfig.header_batch: [], 1: []}
-        for _ in range(CPU_PAIRS_QUICK if opts.quick else CPU_PAIRS):
-            for batch in pairs:
-                step = await _phase(producers, receivers, opts.rate, opts.window, opts.size,
-                                    batch=batch, burst=opts.burst)  # fmt: skip
-                pairs[batch].append(step)
-                _say(f"header batch {batch}: {step}")
-        batched, unbatched = (_mean_phase(pairs[b]) for b in pairs)
-        saturation = {}
-        for batch in (PeerConfig.header_batch, 1):
-            saturation[batch] = await _saturate(producers, receivers, opts, batch)
-            _say(f"saturation with header batch {batch}: {saturation[batch]}")
-        body_lat: list[float] = []
-        rtts: list[float] = []
-        diag: dict[str, int] = {}
-        for p in receivers:
-            s = await stats(p)
-            for k in ("pull_errors", "pull_gave_up", "overloaded_drops", "store_failed"):
-                diag[k] = diag.get(k, 0) + s["counters"].get(k, 0)
-            for k, v in s["rejected"].items():
-                diag[f"rejected_{k}"] = diag.get(f"rejected_{k}", 0) + v
-            body_lat += s["body_latency_ms"]
-            if s.get("rtt_ms_median") is not None:
-                rtts.append(s["rtt_ms_median"])
-        run_s = opts.duration
-        record_bytes = _record_size(opts.size)
-        return {
-            "delivery_ratio": round(delivered / (len(produced_ids) * len(receivers)), 4) if produced_ids else None,
-            "latency_p50_ms": _pct(main_body_lat, 0.50),
-            "latency_p99_ms": _pct(main_body_lat, 0.99),
-            "header_latency_p50_ms": _pct(main_header_lat, 0.50),
-            "latency_all_phases_p50_ms": _pct(body_lat, 0.50),
-            "latency_all_phases_p99_ms": _pct(body_lat, 0.99),
-            "records_per_s": round(delivered / len(receivers) / (delivered_at - start), 2),
-            "offered_records_per_s": round(opts.rate * len(producers), 2),
-            "header_batch_mean": round(statistics.mean(batch_means), 2) if batch_means else None,
-            "cpu_s_per_record": batched["cpu_s_per_record"],
-            "records_per_s_unbatched": unbatched["records_per_s"],
-            "cpu_s_per_record_unbatched": unbatched["cpu_s_per_record"],
-            "cpu_batched_over_unbatched": (
-                round(batched["cpu_s_per_record"] / unbatched["cpu_s_per_record"], 3)
-                if batched["cpu_s_per_record"] and unbatched["cpu_s_per_record"] else None
-            ),
-            "cpu_s_per_record_main": round(cpu_main / delivered, 5) if delivered else None,
-            "store_writes_per_record": round(store_writes / delivered, 4) if delivered else None,
-            "validator_wait_ms_p99": max(validator_waits) if validator_waits else None,
-            "forward_after_store_ms_p99": max(forward_waits) if forward_waits else None,
-            "cpu_phases": {"batched": pairs[PeerConfig.header_batch], "unbatched": pairs[1]},
-            "max_full_delivery_records_per_s": saturation[PeerConfig.header_batch]["max_full"],
-            "max_full_delivery_records_per_s_unbatched": saturation[1]["max_full"],
-            "saturation": {"batched": saturation[PeerConfig.header_batch]["steps"],
-                           "unbatched": saturation[1]["steps"]},
-            "rss_mb_max": round(rss_max, 1),
-            "frozen_peer_detect_s": frozen_s,
-            "killed_peer_detect_s": killed_s,
-            "diagnostics": diag,
-            "params": {
-                "peers": opts.peers,
-                "producers": opts.producers,
-                "rate_per_producer_per_s": opts.rate,
-                "records_per_generation_batch": opts.burst,
-                "duration_s": run_s,
-                "completion_tokens": opts.size,
-                "record_bytes": record_bytes[0],
-                "header_bytes": record_bytes[1],
-                "records": len(produced_ids),
-                "live_receivers": len(receivers),
-                "heartbeat_dead_after_s": DEAD_AFTER_S,
-                "loopback_rtt_ms_median": round(statistics.median(rtts), 3) if rtts else None,
-                "transport": "tcp+noise+yamux, gossipsub headers, stream body pull",
-                "cpus": os.cpu_count(),
-            },
-        }
-    finally:
-        for p in procs:
+    async def stop(self) -> None:
+        """Frozen peers continued, then every peer stopped."""
+        for p in self.procs:
             if p.proc.poll() is None:
                 try:
                     os.kill(p.proc.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
         async with trio.open_nursery() as nursery:
-            for p in procs:
+            for p in self.procs:
                 nursery.start_soon(p.stop, 5.0)
+
+
+async def _stats(p: PeerProcess) -> dict[str, Any]:
+    return await p.ask({"cmd": "stats"}, timeout=60)
+
+
+@dataclass
+class MainPhase:
+    """The main phase: publishing at the offered rate through a freeze and a kill."""
+
+    start: float  # monotonic time of the first publish
+    frozen_s: float | None = None  # SIGSTOP -> dropped by every live peer
+    killed_s: float | None = None  # SIGKILL -> dropped by every live peer
+    produced_ids: set[str] = field(default_factory=set)
+    delivered: int = 0  # bodies stored at the receivers
+    delivered_at: float = 0.0  # monotonic time delivery ended
+
+
+async def _publish_with_faults(swarm: Swarm, producers: list[PeerProcess]) -> MainPhase:
+    """Producers publish for `duration`; a quarter in, the last peer is frozen, half-way
+    the one before it killed (with at least 3 non-producing peers)."""
+    opts = swarm.opts
+    frozen = swarm.procs[-1] if opts.peers - opts.producers >= 3 else None
+    killed = swarm.procs[-2] if frozen is not None else None
+    n_each = int(opts.rate * opts.duration)
+    main = MainPhase(start=time.monotonic())
+    for p in producers:
+        await p.ask({"cmd": "produce", "n": n_each, "rate": opts.rate, "size": opts.size,
+                     "burst": opts.burst})
+    _say(f"{len(producers)} producers x {n_each} records at {opts.rate}/s")
+    while time.monotonic() - main.start < opts.duration:
+        swarm.sample_rss()
+        elapsed = time.monotonic() - main.start
+        if frozen is not None and main.frozen_s is None and elapsed > opts.duration / 4:
+            main.frozen_s = await swarm.detect(frozen, signal.SIGSTOP)
+            _say(f"frozen peer dropped by all after {main.frozen_s} s")
+        elif killed is not None and main.killed_s is None and elapsed > opts.duration / 2:
+            main.killed_s = await swarm.detect(killed, signal.SIGKILL)
+            _say(f"killed peer dropped by all after {main.killed_s} s")
+        await trio.sleep(0.5)
+    return main
+
+
+async def _await_delivery(swarm: Swarm, main: MainPhase, producers: list[PeerProcess], receivers: list[PeerProcess]) -> None:
+    """Until every receiver holds every produced record (at most 30 s)."""
+    for p in producers:
+        main.produced_ids |= await _ids(p)
+    _say(f"publishing done: {len(main.produced_ids)} records; waiting for delivery")
+    settle_until = time.monotonic() + 30
+    have: dict[str, set[str]] = {}
+    while time.monotonic() < settle_until:
+        swarm.sample_rss()
+        for p in receivers:
+            have[p.peer_id] = await _ids(p) & main.produced_ids
+        if all(len(v) == len(main.produced_ids) for v in have.values()):
+            break
+        await trio.sleep(1.0)
+    main.delivered_at = time.monotonic()
+    main.delivered = sum(len(v) for v in have.values())
+
+
+async def _main_figures(receivers: list[PeerProcess]) -> dict[str, Any]:
+    """Latencies, store writes and validator waits of the main phase alone: the saturation
+    steps push the rate past what the peers can carry and would fill the tail with
+    queueing delay."""
+    out: dict[str, Any] = {"body_lat": [], "header_lat": [], "store_writes": 0, "validator_waits": [],
+                           "forward_waits": []}
+    for p in receivers:
+        s = await _stats(p)
+        out["body_lat"] += s["body_latency_ms"]
+        out["header_lat"] += s["header_latency_ms"]
+        out["store_writes"] += s["counters"].get("store_batches", 0)
+        if s.get("validator_wait_ms_p99") is not None:
+            out["validator_waits"].append(s["validator_wait_ms_p99"])
+        if s.get("forward_after_store_ms_p99") is not None:
+            out["forward_waits"].append(s["forward_after_store_ms_p99"])
+    return out
+
+
+async def _cpu_pairs(producers: list[PeerProcess], receivers: list[PeerProcess], opts: argparse.Namespace) -> dict[int, list[dict[str, Any]]]:
+    """CPU per record side by side: the same load in short phases, batching on and off in
+    turn (the main phase also pays for the frozen and killed peers); header batch -> phases."""
+    pairs: dict[int, list[dict[str, Any]]] = {PeerConfig.header_batch: [], 1: []}
+    for _ in range(CPU_PAIRS_QUICK if opts.quick else CPU_PAIRS):
+        for batch in pairs:
+            step = await _phase(producers, receivers, opts.rate, opts.window, opts.size,
+                                batch=batch, burst=opts.burst)  # fmt: skip
+            pairs[batch].append(step)
+            _say(f"header batch {batch}: {step}")
+    return pairs
+
+
+async def _final_figures(receivers: list[PeerProcess]) -> dict[str, Any]:
+    """Over every phase: failure counters and rejections summed, body latencies, loopback RTTs."""
+    diag: dict[str, int] = {}
+    body_lat: list[float] = []
+    rtts: list[float] = []
+    for p in receivers:
+        s = await _stats(p)
+        for k in ("pull_errors", "pull_gave_up", "overloaded_drops", "store_failed"):
+            diag[k] = diag.get(k, 0) + s["counters"].get(k, 0)
+        for k, v in s["rejected"].items():
+            diag[f"rejected_{k}"] = diag.get(f"rejected_{k}", 0) + v
+        body_lat += s["body_latency_ms"]
+        if s.get("rtt_ms_median") is not None:
+            rtts.append(s["rtt_ms_median"])
+    return {"diag": diag, "body_lat": body_lat, "rtts": rtts}
+
+
+async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    import msgpack
+
+    from bench._records import make_proof_pool
+
+    pool_path = tmp / "proofs.msgpack"
+    pool_path.write_bytes(msgpack.packb([list(p) for p in make_proof_pool(8, opts.size)]))
+    swarm = Swarm(opts, tmp, pool_path)
+    try:
+        await swarm.start()
+        await swarm.wait_connected()
+        producers = swarm.procs[: opts.producers]
+        cpu0 = _cpu_s(swarm.procs)
+        main = await _publish_with_faults(swarm, producers)
+        receivers = swarm.live()  # producers also receive each other's records
+        await _await_delivery(swarm, main, producers, receivers)
+        figures = await _main_figures(receivers)
+        cpu_main = _cpu_s(swarm.procs) - cpu0
+        batch_means = [m for p in producers if (m := (await _stats(p)).get("header_batch_mean"))]
+        pairs = await _cpu_pairs(producers, receivers, opts)
+        saturation = {}
+        for batch in (PeerConfig.header_batch, 1):
+            saturation[batch] = await _saturate(producers, receivers, opts, batch)
+            _say(f"saturation with header batch {batch}: {saturation[batch]}")
+        final = await _final_figures(receivers)
+        return _report(opts, swarm, main, producers, receivers, figures, cpu_main, batch_means,
+                       pairs, saturation, final)  # fmt: skip
+    finally:
+        await swarm.stop()
+
+
+def _report(
+    opts: argparse.Namespace, swarm: Swarm, main: MainPhase, producers: list[PeerProcess],
+    receivers: list[PeerProcess], figures: dict[str, Any], cpu_main: float, batch_means: list[float],
+    pairs: dict[int, list[dict[str, Any]]], saturation: dict[int, dict[str, Any]], final: dict[str, Any],
+) -> dict[str, Any]:
+    """The result: the figures listed in the module docstring, then the run's parameters."""
+    delivered, produced = main.delivered, main.produced_ids
+    batched, unbatched = (_mean_phase(pairs[b]) for b in pairs)
+    b_cpu, u_cpu = batched["cpu_s_per_record"], unbatched["cpu_s_per_record"]
+    return {
+        "delivery_ratio": round(delivered / (len(produced) * len(receivers)), 4) if produced else None,
+        "latency_p50_ms": _pct(figures["body_lat"], 0.50),
+        "latency_p99_ms": _pct(figures["body_lat"], 0.99),
+        "header_latency_p50_ms": _pct(figures["header_lat"], 0.50),
+        "latency_all_phases_p50_ms": _pct(final["body_lat"], 0.50),
+        "latency_all_phases_p99_ms": _pct(final["body_lat"], 0.99),
+        "records_per_s": round(delivered / len(receivers) / (main.delivered_at - main.start), 2),
+        "offered_records_per_s": round(opts.rate * len(producers), 2),
+        "header_batch_mean": round(statistics.mean(batch_means), 2) if batch_means else None,
+        "cpu_s_per_record": b_cpu,
+        "records_per_s_unbatched": unbatched["records_per_s"],
+        "cpu_s_per_record_unbatched": u_cpu,
+        "cpu_batched_over_unbatched": round(b_cpu / u_cpu, 3) if b_cpu and u_cpu else None,
+        "cpu_s_per_record_main": round(cpu_main / delivered, 5) if delivered else None,
+        "store_writes_per_record": round(figures["store_writes"] / delivered, 4) if delivered else None,
+        "validator_wait_ms_p99": max(figures["validator_waits"]) if figures["validator_waits"] else None,
+        "forward_after_store_ms_p99": max(figures["forward_waits"]) if figures["forward_waits"] else None,
+        "cpu_phases": {"batched": pairs[PeerConfig.header_batch], "unbatched": pairs[1]},
+        "max_full_delivery_records_per_s": saturation[PeerConfig.header_batch]["max_full"],
+        "max_full_delivery_records_per_s_unbatched": saturation[1]["max_full"],
+        "saturation": {"batched": saturation[PeerConfig.header_batch]["steps"],
+                       "unbatched": saturation[1]["steps"]},
+        "rss_mb_max": round(swarm.rss_max, 1),
+        "frozen_peer_detect_s": main.frozen_s,
+        "killed_peer_detect_s": main.killed_s,
+        "diagnostics": final["diag"],
+        "params": _params(opts, len(produced), len(receivers), final["rtts"]),
+    }
+
+
+def _params(opts: argparse.Namespace, records: int, live_receivers: int, rtts: list[float]) -> dict[str, Any]:
+    """The run's parameters, so the simulator can be asked to predict the figures."""
+    record_bytes = _record_size(opts.size)
+    return {
+        "peers": opts.peers,
+        "producers": opts.producers,
+        "rate_per_producer_per_s": opts.rate,
+        "records_per_generation_batch": opts.burst,
+        "duration_s": opts.duration,
+        "completion_tokens": opts.size,
+        "record_bytes": record_bytes[0],
+        "header_bytes": record_bytes[1],
+        "records": records,
+        "live_receivers": live_receivers,
+        "heartbeat_dead_after_s": DEAD_AFTER_S,
+        "loopback_rtt_ms_median": round(statistics.median(rtts), 3) if rtts else None,
+        "transport": "tcp+noise+yamux, gossipsub headers, stream body pull",
+        "cpus": os.cpu_count(),
+    }
+
 
 
 def _cpu_s(procs: list[PeerProcess]) -> float:

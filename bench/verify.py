@@ -60,6 +60,9 @@ differs in compute precision only.
 Edited-record attacks are made by a careful attacker: after the edit the proofs and
 log-probs are recomputed from an honest prefill of the edited sequence, the reward is
 re-scored and the record re-signed, so only the checks that matter can catch them.
+How records are made, edited and audited is `bench._verify_records`, the changed models
+the cases generate with `bench._verify_models`; this module holds the cases, the
+sensitivity sweep and the report.
 """
 
 from __future__ import annotations
@@ -68,9 +71,33 @@ import argparse
 import copy
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from bench._verify_models import (
+    bf16_copy,
+    changed_fraction,
+    dropped_layer,
+    eager,
+    int8,
+    one_training_step,
+    other_model,
+    perturbed,
+)
+from bench._verify_records import (
+    Ctx,
+    Made,
+    audit,
+    canonical_bf16,
+    edit_token,
+    edited,
+    extend,
+    make_engine,
+    make_records,
+    open_records,
+    resign,
+    truncate,
+)
 from node.console import sayer
 
 HONEST = {
@@ -113,11 +140,6 @@ METRICS = (
 )
 FULL_N = 200
 QUICK_N = 8
-# "One training step" for stale_version: one AdamW step at this learning rate on the honest
-# rollouts (REINFORCE, advantages r - mean), the result rounded to bf16 as a published
-# checkpoint. At 1e-5 about 1-3 % of the bf16 weights change, the rate reported for real
-# RL steps (docs/DESIGN.md §5, "RL updates are sparse"); the bench reports the measured fraction.
-STALE_LR = 1e-5
 # The attack matrix runs once per seed (task counters SEED_COUNTER_STRIDE apart); each
 # attack reports its minimum detection over the seeds.
 SEEDS = 3
@@ -127,30 +149,7 @@ SEED_COUNTER_STRIDE = 100_000
 _say = sayer("bench verify")
 
 
-@dataclass
-class Ctx:
-    model: Any
-    tokenizer: Any
-    manifest: Any
-    identity: Any
-    tasks: Any
-    judge: Any
-    audit_settings: Any
-    n: int
-    quick: bool
-    counter0: int = 0  # first task counter of the records made (one range per seed)
-
-
 # ------------------------------------------------------------------ setup
-
-
-def _canonical_bf16(model: Any) -> Any:
-    import torch
-
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(p.to(torch.bfloat16).to(p.dtype))
-    return model
 
 
 def _setup(hidden: int | None, n: int, quick: bool) -> tuple[Ctx, Any]:
@@ -181,7 +180,7 @@ def _setup(hidden: int | None, n: int, quick: bool) -> tuple[Ctx, Any]:
             num_key_value_heads=kv,
         )
         _say(f"random-init Qwen2, hidden {hidden}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params")
-    model = _canonical_bf16(model.eval())
+    model = canonical_bf16(model.eval())
     identity = Identity.from_private_bytes(content_id(b"bench-verify-identity"))
     ctx = Ctx(
         model=model,
@@ -199,244 +198,9 @@ def _setup(hidden: int | None, n: int, quick: bool) -> tuple[Ctx, Any]:
     return ctx, (path if hidden is None else None)
 
 
-# ------------------------------------------------------------------ records
-
-
-def _engine(model: Any, tok: Any, **kw: Any) -> Any:
-    from trainer.engine_hf import HFEngine
-
-    return HFEngine(model, tok, **kw)
-
-
-@dataclass
-class Made:
-    records: list[bytes]
-    gen_seconds: float
-    proof_seconds: float
-    tokens: int
-    proof_bytes: int
-    chunks: int
-
-
-def _make_records(
-    ctx: Ctx,
-    engine: Any,
-    *,
-    counter0: int | None = None,
-    proofs: bool = True,
-    gen_temperature: float | None = None,
-    prompt_offset: int | None = None,
-    seed_fn: Any = None,
-    pick_of: int = 1,
-    version: int = 0,
-) -> Made:
-    """Generate ctx.n records as a worker would (task assignment, seeded sampling, proofs,
-    signed records), with the knobs the attacks need."""
-    from protocol.rollout import make_record
-    from trainer.engine import SamplingSettings, rollout_body
-    from trainer.tasks import assign_task
-    from verify.toploc import build_proofs_bytes_many
-
-    m = ctx.manifest
-    counter0 = ctx.counter0 if counter0 is None else counter0
-    claimed = SamplingSettings.from_manifest(m)
-    used = replace(claimed, temperature=gen_temperature) if gen_temperature is not None else claimed
-    counters = list(range(counter0, counter0 + ctx.n))
-    assigns = [assign_task(m, ctx.identity.peer_id, version, c) for c in counters]
-    tasks = [ctx.tasks.task_for(a) for a in assigns]
-    if prompt_offset is not None:  # another task's prompt
-        other = [assign_task(m, ctx.identity.peer_id, version, c + prompt_offset) for c in counters]
-        gen_tasks = [ctx.tasks.task_for(a) for a in other]
-    else:
-        gen_tasks = tasks
-    prompts = [ctx.tokenizer.encode(t.prompt, add_special_tokens=False) for t in gen_tasks]
-    best: list[tuple[float, Any] | None] = [None] * ctx.n
-    gen_s = 0.0
-    for k in range(pick_of):
-        seeds = [seed_fn(a.task_seed, k) if seed_fn else a.task_seed for a in assigns]
-        t0 = time.perf_counter()
-        gens = engine.generate(prompts, used, seeds, capture_hidden=proofs)
-        gen_s += time.perf_counter() - t0
-        for i, (t, g) in enumerate(zip(gen_tasks, gens, strict=True)):
-            text = ctx.tokenizer.decode(g.completion_ids, skip_special_tokens=True)
-            r = ctx.tasks.score(t, text).reward
-            if best[i] is None or r > best[i][0]:  # type: ignore[index]
-                best[i] = (r, g)
-    t0 = time.perf_counter()
-    if proofs:  # all rollouts of the batch at once (the worker does this off the decode path)
-        proof_lists = build_proofs_bytes_many([g.hidden for _, g in best], m.proof_chunk, m.proof_topk)  # type: ignore[misc]
-    else:
-        proof_lists = [[] for _ in best]
-    proof_s = time.perf_counter() - t0
-    records = []
-    tokens = pbytes = chunks = 0
-    for a, prompt, (reward, g), pl in zip(assigns, prompts, best, proof_lists, strict=True):  # type: ignore[misc]
-        body = rollout_body(prompt, g, claimed, a.task_seed, pl)
-        tokens += len(body.completion_ids)
-        pbytes += sum(len(p) for p in pl)
-        chunks += len(pl)
-        records.append(
-            make_record(
-                ctx.identity, body, dataset=a.dataset, task_index=a.task_index, counter=a.counter,
-                task_seed=a.task_seed, reward=reward, run_id=m.run_id, policy_version=version,
-                seq=a.counter, timestamp_ms=1_700_000_000_000 + a.counter,
-            )
-        )
-    return Made(records, gen_s, proof_s, tokens, pbytes, chunks)
-
-
 def _paired_overhead_pct(with_: list[float], without: list[float]) -> float:
     """Median over rounds of (with / without - 1), in percent."""
     return round(100 * statistics.median(w / wo - 1 for w, wo in zip(with_, without, strict=True)), 2)
-
-
-def _open(records: list[bytes]) -> list[Any]:
-    from protocol.rollout import open_record
-
-    return [open_record(r) for r in records]
-
-
-def _resign(ctx: Ctx, ro: Any, body: Any) -> bytes:
-    """The attacker's own signed record for a doctored body, reward re-scored honestly."""
-    from protocol.rollout import make_record
-
-    h, env = ro.header, ro.envelope
-    task = ctx.tasks.task(h.dataset, h.task_index)
-    text = ctx.tokenizer.decode(list(body.completion_ids), skip_special_tokens=True)
-    reward = ctx.tasks.score(task, text).reward
-    return make_record(
-        ctx.identity, body, dataset=h.dataset, task_index=h.task_index, counter=h.counter,
-        task_seed=h.task_seed, reward=reward, run_id=env.run_id, policy_version=env.policy_version,
-        seq=env.seq, timestamp_ms=env.timestamp_ms,
-    )
-
-
-def _reprove(ctx: Ctx, bodies: list[Any]) -> list[Any]:
-    """Recompute proofs and sampler log-probs of doctored bodies from an honest prefill."""
-    import numpy as np
-
-    from verify import checks, toploc
-    from verify.auditor import prefill
-
-    out = []
-    pre = prefill(ctx.model, [(b.prompt_ids, b.completion_ids) for b in bodies])
-    for b, (hidden, logits) in zip(bodies, pre, strict=True):
-        rep = checks.replay(logits, b)
-        lps = np.nan_to_num(rep.logprobs, nan=-1e4).clip(-1e4, 0.0).astype(np.float32)
-        out.append(
-            replace(
-                b,
-                proofs=tuple(toploc.build_proofs_bytes(hidden, ctx.manifest.proof_chunk, ctx.manifest.proof_topk)),
-                logprobs=tuple(float(x) for x in lps),
-            )
-        )
-    return out
-
-
-def _audit(ctx: Ctx, opened: list[Any], model: Any = None, settings: Any = None) -> tuple[list[Any], float]:
-    from verify.auditor import audit_records
-
-    t0 = time.perf_counter()
-    res = audit_records(opened, model if model is not None else ctx.model, judge=ctx.judge,
-                        settings=settings or ctx.audit_settings)
-    return res, time.perf_counter() - t0
-
-
-# ------------------------------------------------------------------ model variants
-
-
-def _perturbed(model: Any, rel: float, seed: int) -> Any:
-    import torch
-
-    m = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.mul_(1 + rel * torch.randn(p.shape, generator=gen))
-    return m
-
-
-def _dropped_layer(model: Any) -> Any:
-    import torch
-
-    m = copy.deepcopy(model)
-    layer = m.base_model.layers[len(m.base_model.layers) // 2]
-    with torch.no_grad():  # residual stream passes through unchanged: the layer is gone
-        layer.self_attn.o_proj.weight.zero_()
-        layer.mlp.down_proj.weight.zero_()
-        for mod in (layer.self_attn.o_proj, layer.mlp.down_proj):
-            if mod.bias is not None:
-                mod.bias.zero_()
-    return m
-
-
-def _int8(model: Any) -> Any:
-    import torch
-
-    m = copy.deepcopy(model)
-    with torch.no_grad():
-        for layer in m.base_model.layers:
-            for mod in layer.modules():
-                if isinstance(mod, torch.nn.Linear):
-                    w = mod.weight
-                    scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
-                    w.copy_((w / scale).round().clamp(-127, 127) * scale)
-    return m
-
-
-def _bf16(model: Any) -> Any:
-    import torch
-
-    return copy.deepcopy(model).to(torch.bfloat16)
-
-
-def _eager(model: Any) -> Any:
-    m = copy.deepcopy(model)
-    m.set_attn_implementation("eager")
-    return m
-
-
-def _other_model(ctx: Ctx, seed: int = 0) -> Any:
-    """A freshly initialised model of the same configuration."""
-    import torch
-
-    torch.manual_seed(12345 + seed)
-    m = type(ctx.model)(copy.deepcopy(ctx.model.config))
-    m.generation_config = copy.deepcopy(ctx.model.generation_config)
-    return _canonical_bf16(m.eval())
-
-
-def _one_training_step(ctx: Ctx, opened: list[Any]) -> Any:
-    """The policy after one REINFORCE step (group-free advantages r - mean) with AdamW at
-    STALE_LR on the given rollouts: what a trainer publishes as the next version."""
-    import torch
-
-    m = copy.deepcopy(ctx.model).train()
-    opt = torch.optim.AdamW(m.parameters(), lr=STALE_LR, weight_decay=0.0)
-    rewards = torch.tensor([ro.header.reward for ro in opened])
-    adv = rewards - rewards.mean()
-    if float(adv.abs().sum()) == 0.0:
-        adv = torch.ones_like(adv)
-    loss = torch.zeros(())
-    for ro, a in zip(opened, adv, strict=True):
-        b = ro.body
-        ids = torch.tensor([list(b.prompt_ids) + list(b.completion_ids)])
-        logits = m(input_ids=ids).logits[0, len(b.prompt_ids) - 1 : -1].float()
-        lp = torch.log_softmax(logits / max(b.temperature, 1e-6), -1)
-        tok = torch.tensor(list(b.completion_ids))
-        loss = loss - a * lp[torch.arange(len(tok)), tok].sum() / len(opened)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    return _canonical_bf16(m.eval())
-
-
-def _changed_fraction(a: Any, b: Any) -> float:
-    changed = total = 0
-    for p, q in zip(a.parameters(), b.parameters(), strict=True):
-        changed += int((p != q).sum())
-        total += p.numel()
-    return changed / max(1, total)
 
 
 # ------------------------------------------------------------------ calibration
@@ -521,9 +285,9 @@ def _sensitivity(ctx: Ctx, quick: bool) -> dict[str, Any]:
             for k, rel in enumerate(SENS_SIZES):
                 worker = _rank1_changed(ctx.model, name, rel, seed=k, quick=quick)
                 if precision == "bf16":
-                    worker = _bf16(worker)
-                made = _make_records(sctx, _engine(worker, ctx.tokenizer, max_batch=64))
-                res = _audit(ctx, _open(made.records), settings=settings)[0]
+                    worker = bf16_copy(worker)
+                made = make_records(sctx, make_engine(worker, ctx.tokenizer, max_batch=64))
+                res = audit(ctx, open_records(made.records), settings=settings)[0]
                 if table[name] is None and _frac_failed(res) >= SENS_TARGET:
                     table[name] = rel
                 flagged = _producer_flagged(res, limit)
@@ -551,8 +315,8 @@ def _sensitivity(ctx: Ctx, quick: bool) -> dict[str, Any]:
 
 def _batch_invariance_mismatches(ctx: Ctx, opened: list[Any], settings: Any) -> int:
     """How many records get another (verdict, reason) audited alone than in one batch."""
-    together, _ = _audit(ctx, opened, settings=settings)
-    alone = [_audit(ctx, [ro], settings=settings)[0][0] for ro in opened]
+    together, _ = audit(ctx, opened, settings=settings)
+    alone = [audit(ctx, [ro], settings=settings)[0][0] for ro in opened]
     return sum((a.passed, a.reason) != (b.passed, b.reason) for a, b in zip(together, alone, strict=True))
 
 
@@ -688,268 +452,327 @@ def _parse(args: list[str], quick: bool) -> argparse.Namespace:
     return ns
 
 
-def run(quick: bool, args: list[str]) -> dict:
-    import torch
+@dataclass
+class Baseline:
+    """The honest rollouts of seed 0 and the timing rounds that made and audited them.
 
-    ns = _parse(args, quick)
-    only = set(ns.only.split(",")) if ns.only else None
-    t_start = time.perf_counter()
-    ctx, model_dir = _setup(ns.hidden, ns.n, quick)
-    tok = ctx.tokenizer
+    Timed single-threaded (generation and audit alike) and as CPU seconds: the machine is
+    shared, and busy-waiting thread pools make multi-threaded timings meaningless there.
+    Interleaved rounds, best of each."""
 
-    def want(name: str) -> bool:
-        return only is None or name in only
+    made: Made  # the last round's records with proofs
+    t_with: list[float]  # wall seconds per round: generation plus proof building
+    t_without: list[float]  # wall seconds per round: generation alone
+    c_with: list[float]  # the same as CPU seconds
+    c_without: list[float]
+    proof_s: list[float]  # proof building alone per round
+    t_audits: list[float] = field(default_factory=list)  # wall seconds per audit round
+    c_audits: list[float] = field(default_factory=list)
+    opened: list[Any] = field(default_factory=list)
+    results: list[Any] = field(default_factory=list)  # the audit's verdicts on `opened`
 
-    # ---- honest baseline: timing with and without proofs, then the audit.
-    # Timed single-threaded (generation and audit alike) and as CPU seconds: the machine is
-    # shared, and busy-waiting thread pools make multi-threaded timings meaningless there.
-    # Interleaved rounds, best of each.
-    from trainer.engine_hf import torch_threads
 
-    base_engine = _engine(ctx.model, tok, max_batch=64)
-    # Generation is timed at the worker's usual batch size (`trainer.produce.DEFAULT_BATCH_SIZE`).
+def _time_generation(ctx: Ctx, rounds: int) -> Baseline:
+    """Generation timed with and without proofs, at the worker's usual batch size
+    (`trainer.produce.DEFAULT_BATCH_SIZE`), one thread."""
     from trainer.produce import DEFAULT_BATCH_SIZE
 
-    timing_engine = _engine(ctx.model, tok, max_batch=DEFAULT_BATCH_SIZE, threads=1)
-    _make_records(replace(ctx, n=min(ctx.n, 4)), timing_engine)  # warm-up
-    rounds = 1 if quick else 9  # a run takes ~3.5 s; the machine drifts by more than 2%
-    t_without, t_with, c_without, c_with, proof_s, base = [], [], [], [], [], None
+    timing_engine = make_engine(ctx.model, ctx.tokenizer, max_batch=DEFAULT_BATCH_SIZE, threads=1)
+    make_records(replace(ctx, n=min(ctx.n, 4)), timing_engine)  # warm-up
+    t_without, t_with, c_without, c_with, proof_s, made_with = [], [], [], [], [], None
     for r in range(rounds):
         # each round is a pair, its order alternating, so a drift of the shared machine's
         # speed within a round favours neither side; the overhead is the median pair's
         for with_proofs in (r % 2 == 1, r % 2 == 0):
             c0 = time.process_time()
-            made = _make_records(ctx, timing_engine, proofs=with_proofs)
+            made = make_records(ctx, timing_engine, proofs=with_proofs)
             cpu = time.process_time() - c0
             if with_proofs:
                 t_with.append(made.gen_seconds + made.proof_seconds)
                 c_with.append(cpu)
                 proof_s.append(made.proof_seconds)
-                base = made
+                made_with = made
             else:
                 t_without.append(made.gen_seconds)
                 c_without.append(cpu)
-    assert base is not None
+    assert made_with is not None
     _say(f"generated {ctx.n} rollouts: {min(t_without):.2f}s without proofs, {min(t_with):.2f}s with")
-    base_opened = _open(base.records)
-    t_audits, c_audits = [], []
+    return Baseline(made_with, t_with, t_without, c_with, c_without, proof_s)
+
+
+def _time_audit(ctx: Ctx, base: Baseline, rounds: int) -> None:
+    """The baseline's records opened and audited `rounds` times, one thread."""
+    from trainer.engine_hf import torch_threads
+
+    base.opened = open_records(base.made.records)
     with torch_threads(1):
-        for _ in range(rounds + 1):
+        for _ in range(rounds):
             c0 = time.process_time()
-            base_res, t = _audit(ctx, base_opened)
-            c_audits.append(time.process_time() - c0)
-            t_audits.append(t)
-    t_audit = min(t_audits)
-    _say(f"audited {ctx.n} rollouts in {t_audit:.2f}s")
+            base.results, t = audit(ctx, base.opened)
+            base.c_audits.append(time.process_time() - c0)
+            base.t_audits.append(t)
+    _say(f"audited {ctx.n} rollouts in {min(base.t_audits):.2f}s")
 
-    # ---- calibration on a separate set of honest rollouts (other counters)
-    thresholds_report: dict[str, Any] = {"calibrated": not ns.no_calibrate}
-    calibration_digest = None
+
+def _thresholds(ctx: Ctx, ns: argparse.Namespace, model_dir: Any) -> tuple[dict[str, Any], str | None]:
+    """Sets ctx.audit_settings from the calibration (unless --no-calibrate); the limits
+    used, per precision, and the calibration's digest."""
+    report: dict[str, Any] = {"calibrated": not ns.no_calibrate}
+    digest = None
     if not ns.no_calibrate:
-        ctx.audit_settings, calibration_digest = _calibrate(ctx, model_dir)
-        _say(f"thresholds from calibration {calibration_digest[:16]}")
-        base_res, _ = _audit(ctx, base_opened)
+        ctx.audit_settings, digest = _calibrate(ctx, model_dir)
+        _say(f"thresholds from calibration {digest[:16]}")
     for name, th in (("fp32", ctx.audit_settings.thresholds), ("bf16", ctx.audit_settings.bf16_thresholds)):
-        thresholds_report[name] = {k: round(v, 6) for k, v in asdict(th).items()}
+        report[name] = {k: round(v, 6) for k, v in asdict(th).items()}
+    return report, digest
 
-    honest: dict[str, float] = {}
-    attacks: dict[str, float] = {}
-    stale_changed = None
-    cherry_identical = None
-    copied_skipped = None
-    calib_honest: dict[str, Any] = {}
-    calib_attack: dict[str, Any] = {}
 
-    producer_honest: dict[str, float | None] = {}
-    producer_by_seed: dict[str, list[float]] = {}
+@dataclass
+class Cases:
+    """What the honest variations and the attacks found, filled case by case."""
 
-    def honest_case(name: str, res: list[Any], precision: str = "fp32") -> None:
-        honest[name] = _frac_failed(res)
-        producer_honest[name] = _producer_flagged(res, _producer_limit(ctx.audit_settings, precision))
-        calib_honest[name] = _summary(res, attack=False)
+    settings: Any  # the audit settings; the per-producer limits come from them
+    honest: dict[str, float] = field(default_factory=dict)  # false-positive fraction
+    attacks: dict[str, float] = field(default_factory=dict)  # minimum detection over seeds
+    attacks_by_seed: dict[str, list[float]] = field(default_factory=dict)
+    producer_honest: dict[str, float | None] = field(default_factory=dict)
+    producer_by_seed: dict[str, list[float]] = field(default_factory=dict)
+    calib_honest: dict[str, Any] = field(default_factory=dict)
+    calib_attack: dict[str, Any] = field(default_factory=dict)  # the first seed's
+    stale_changed: float | None = None
+    cherry_identical: int | None = None
+    copied_skipped: int | None = None
+
+    def add_honest(self, name: str, res: list[Any], precision: str = "fp32") -> None:
+        self.honest[name] = _frac_failed(res)
+        self.producer_honest[name] = _producer_flagged(res, _producer_limit(self.settings, precision))
+        self.calib_honest[name] = _summary(res, attack=False)
         bad = [r for r in res if not r.passed]
-        _say(f"honest {name}: false positives {honest[name]}" + (f" ({bad[0].reason}: {bad[0].detail})" if bad else ""))
+        _say(f"honest {name}: false positives {self.honest[name]}" + (f" ({bad[0].reason}: {bad[0].detail})" if bad else ""))
 
-    attacks_by_seed: dict[str, list[float]] = {}
-
-    def attack_case(name: str, res: list[Any]) -> None:
+    def add_attack(self, name: str, res: list[Any]) -> None:
         frac = _frac_failed(res)
-        attacks_by_seed.setdefault(name, []).append(frac)
-        attacks[name] = min(attacks_by_seed[name])
-        flagged = _producer_flagged(res, _producer_limit(ctx.audit_settings, "fp32"))
+        self.attacks_by_seed.setdefault(name, []).append(frac)
+        self.attacks[name] = min(self.attacks_by_seed[name])
+        flagged = _producer_flagged(res, _producer_limit(self.settings, "fp32"))
         if flagged is not None:
-            producer_by_seed.setdefault(name, []).append(flagged)
-        if name not in calib_attack:
-            calib_attack[name] = _summary(res, attack=True)
-        _say(f"attack {name} (seed {len(attacks_by_seed[name]) - 1}): detected {frac}")
+            self.producer_by_seed.setdefault(name, []).append(flagged)
+        if name not in self.calib_attack:
+            self.calib_attack[name] = _summary(res, attack=True)
+        _say(f"attack {name} (seed {len(self.attacks_by_seed[name]) - 1}): detected {frac}")
 
-    # ---- honest variations
+
+def _honest_cases(ctx: Ctx, cases: Cases, base: Baseline, want: Any) -> list[Any] | None:
+    """The honest variations (and precision_lie, which reuses the bf16 records); returns
+    the bf16 worker's opened records, if made."""
+    tok = ctx.tokenizer
     if want("kv_cache_vs_prefill"):
-        honest_case("kv_cache_vs_prefill", base_res)
+        cases.add_honest("kv_cache_vs_prefill", base.results)
     bf16_opened = None
     if want("fp32_vs_bf16"):
-        m = _bf16(ctx.model)
-        bf16_opened = _open(_make_records(ctx, _engine(m, tok, max_batch=64)).records)
-        honest_case("fp32_vs_bf16", _audit(ctx, bf16_opened, settings=replace(ctx.audit_settings, precision="bf16"))[0], "bf16")
+        m = bf16_copy(ctx.model)
+        bf16_opened = open_records(make_records(ctx, make_engine(m, tok, max_batch=64)).records)
+        cases.add_honest("fp32_vs_bf16", audit(ctx, bf16_opened, settings=replace(ctx.audit_settings, precision="bf16"))[0], "bf16")
         if want("precision_lie"):  # the same records claimed in an fp32 run
-            attack_case("precision_lie", _audit(ctx, bf16_opened)[0])
+            cases.add_attack("precision_lie", audit(ctx, bf16_opened)[0])
     if want("batch_size"):
-        honest_case("batch_size", _audit(ctx, _open(_make_records(ctx, _engine(ctx.model, tok, max_batch=1)).records))[0])
+        cases.add_honest("batch_size", audit(ctx, open_records(make_records(ctx, make_engine(ctx.model, tok, max_batch=1)).records))[0])
     if want("padding_side"):
-        honest_case("padding_side", _audit(ctx, base_opened, settings=replace(ctx.audit_settings, padding_side="left"))[0])
+        cases.add_honest("padding_side", audit(ctx, base.opened, settings=replace(ctx.audit_settings, padding_side="left"))[0])
     if want("threads"):
-        honest_case("threads", _audit(ctx, _open(_make_records(ctx, _engine(ctx.model, tok, max_batch=64, threads=1)).records))[0])
+        cases.add_honest("threads", audit(ctx, open_records(make_records(ctx, make_engine(ctx.model, tok, max_batch=64, threads=1)).records))[0])
     if want("attention_impl"):
-        m = _eager(ctx.model)
-        honest_case("attention_impl", _audit(ctx, _open(_make_records(ctx, _engine(m, tok, max_batch=64)).records))[0])
+        m = eager(ctx.model)
+        cases.add_honest("attention_impl", audit(ctx, open_records(make_records(ctx, make_engine(m, tok, max_batch=64)).records))[0])
+    return bf16_opened
 
-    # ---- the attack matrix, repeated over SEEDS (other tasks, sampler seeds, perturbation
-    # and initialisation seeds); `attacks` reports the minimum detection per attack
-    base_by_seed = base_opened
-    for seed in range(ns.seeds):
+
+def _model_attacks(ctx: Ctx, cases: Cases, base_opened: list[Any], seed: int, want: Any) -> None:
+    """Rollouts generated by another model than claimed (stale_version: the claimed one is
+    a training step newer)."""
+    for name, make in (
+        ("other_model", lambda: other_model(ctx, seed)),
+        ("perturbed_weights_1pct", lambda: perturbed(ctx.model, 0.01, 3 + seed)),
+        ("dropped_layer", lambda: dropped_layer(ctx.model)),
+        ("int8_quantized", lambda: int8(ctx.model)),
+    ):
+        if want(name):
+            eng = make_engine(make(), ctx.tokenizer, max_batch=64)
+            cases.add_attack(name, audit(ctx, open_records(make_records(ctx, eng).records))[0])
+    if want("stale_version"):
+        newer = one_training_step(ctx, base_opened)
+        cases.stale_changed = changed_fraction(ctx.model, newer)
+        _say(f"one training step changed {cases.stale_changed:.2%} of the bf16 weights")
+        cases.add_attack("stale_version", audit(ctx, base_opened, model=newer)[0])
+
+
+def _own_seed(s: int, k: int) -> int:
+    """The cherry-picking worker's k-th own sampler seed for assigned seed s."""
+    return (s * 6364136223846793005 + 1442695040888963407 * (k + 1)) % 2**64
+
+
+def _sampling_attacks(ctx: Ctx, cases: Cases, base_opened: list[Any], engine: Any, want: Any) -> None:
+    """Lies about the prompt, the temperature and the sampler seed."""
+    if want("prompt_changed"):
+        cases.add_attack("prompt_changed", audit(ctx, open_records(make_records(ctx, engine, prompt_offset=10**6).records))[0])
+    if want("temperature_lie"):
+        cases.add_attack("temperature_lie", audit(ctx, open_records(make_records(ctx, engine, gen_temperature=0.7).records))[0])
+    if want("cherry_pick"):
+        picked = open_records(make_records(ctx, engine, seed_fn=_own_seed, pick_of=4).records)
+        # a pick equal to the assigned seed's own sample is no cheat (and cannot be seen)
+        altered = [p for p, b in zip(picked, base_opened, strict=True)
+                   if p.body.completion_ids != b.body.completion_ids]
+        cases.cherry_identical = len(picked) - len(altered)
+        cases.add_attack("cherry_pick", audit(ctx, altered)[0] if altered else [])
+
+
+def _edit_attacks(ctx: Ctx, cases: Cases, base_opened: list[Any], engine: Any, seed: int, want: Any) -> None:
+    """Edited records (careful attacker: re-proved, re-scored, re-signed)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(5 + seed)  # shared by the edits, in this order
+    eos = set(engine.eos_token_ids)
+    non_eos = [t for t in range(engine.vocab_size) if t not in eos]
+    if want("token_edited"):
+        cases.add_attack("token_edited", audit(ctx, edited(ctx, base_opened, lambda b: edit_token(b, non_eos, gen)))[0])
+    if want("truncated"):
+        cases.add_attack("truncated", audit(ctx, edited(ctx, base_opened, truncate))[0])
+    if want("extended"):
+        cases.add_attack("extended", audit(ctx, edited(ctx, base_opened, lambda b: extend(b, non_eos, gen)))[0])
+
+
+def _copied_proofs(ctx: Ctx, opened: list[Any]) -> list[bytes]:
+    """Each record re-signed with the proofs of the next rollout whose proofs differ (a
+    group shares prompts, and a confident policy often its completions, hence its proofs
+    too); records with no such donor are left out."""
+    bodies = [ro.body for ro in opened]
+    copied = []
+    for i, ro in enumerate(opened):
+        need = len(ro.body.proofs)
+        for d in range(1, len(bodies)):
+            donor = bodies[(i + d) % len(bodies)]
+            pr = tuple((list(donor.proofs) * need)[:need])
+            if pr != ro.body.proofs:
+                copied.append(resign(ctx, ro, replace(ro.body, proofs=pr)))
+                break
+    return copied
+
+
+def _proof_attacks(ctx: Ctx, cases: Cases, base_opened: list[Any], want: Any) -> None:
+    """Proofs copied from another rollout, or all zero."""
+    if want("proof_copied"):
+        copied = _copied_proofs(ctx, base_opened)
+        cases.copied_skipped = len(base_opened) - len(copied)
+        cases.add_attack("proof_copied", audit(ctx, open_records(copied))[0] if copied else [])
+    if want("zero_proofs"):
+        zeroed = [resign(ctx, ro, replace(ro.body, proofs=tuple(bytes(len(p)) for p in ro.body.proofs)))
+                  for ro in base_opened]
+        cases.add_attack("zero_proofs", audit(ctx, open_records(zeroed))[0])
+
+
+def _attack_matrix(ctx: Ctx, cases: Cases, base: Baseline, seeds: int, want: Any) -> None:
+    """The attack matrix, repeated over `seeds` (other tasks, sampler seeds, perturbation
+    and initialisation seeds); `attacks` reports the minimum detection per attack."""
+    engine = make_engine(ctx.model, ctx.tokenizer, max_batch=64)
+    for seed in range(seeds):
         ctx.counter0 = seed * SEED_COUNTER_STRIDE
-        base_opened = base_by_seed if seed == 0 else _open(_make_records(ctx, base_engine).records)
-        # ---- attacks with another model
-        for name, make in (
-            ("other_model", lambda seed=seed: _other_model(ctx, seed)),
-            ("perturbed_weights_1pct", lambda seed=seed: _perturbed(ctx.model, 0.01, 3 + seed)),
-            ("dropped_layer", lambda: _dropped_layer(ctx.model)),
-            ("int8_quantized", lambda: _int8(ctx.model)),
-        ):
-            if want(name):
-                eng = _engine(make(), tok, max_batch=64)
-                attack_case(name, _audit(ctx, _open(_make_records(ctx, eng).records))[0])
-        if want("stale_version"):
-            newer = _one_training_step(ctx, base_opened)
-            stale_changed = _changed_fraction(ctx.model, newer)
-            _say(f"one training step changed {stale_changed:.2%} of the bf16 weights")
-            attack_case("stale_version", _audit(ctx, base_opened, model=newer)[0])
-
-        # ---- attacks on sampling and the task
-        if want("prompt_changed"):
-            attack_case("prompt_changed", _audit(ctx, _open(_make_records(ctx, base_engine, prompt_offset=10**6).records))[0])
-        if want("temperature_lie"):
-            attack_case("temperature_lie", _audit(ctx, _open(_make_records(ctx, base_engine, gen_temperature=0.7).records))[0])
-        if want("cherry_pick"):
-            own = lambda s, k: (s * 6364136223846793005 + 1442695040888963407 * (k + 1)) % 2**64  # noqa: E731
-            made = _make_records(ctx, base_engine, seed_fn=own, pick_of=4)
-            picked = _open(made.records)
-            # a pick equal to the assigned seed's own sample is no cheat (and cannot be seen)
-            altered = [p for p, b in zip(picked, base_opened, strict=True)
-                       if p.body.completion_ids != b.body.completion_ids]
-            cherry_identical = len(picked) - len(altered)
-            attack_case("cherry_pick", _audit(ctx, altered)[0] if altered else [])
-
-        # ---- edited records (careful attacker: re-proved, re-scored, re-signed)
-        gen = torch.Generator().manual_seed(5 + seed)
-        eos = set(base_engine.eos_token_ids)
-        vocab = base_engine.vocab_size
-        non_eos = [t for t in range(vocab) if t not in eos]
-
-        def edited(fn: Any, opened: list[Any] = base_opened) -> list[Any]:
-            bodies = [fn(ro.body) for ro in opened]
-            bodies = _reprove(ctx, bodies)
-            return _open([_resign(ctx, ro, b) for ro, b in zip(opened, bodies, strict=True)])
-
-        def edit_token(b: Any, non_eos: list[int] = non_eos, gen: Any = gen) -> Any:
-            ids = list(b.completion_ids)
-            i = len(ids) // 2
-            choice = [t for t in non_eos if t != ids[i]]
-            ids[i] = choice[int(torch.randint(len(choice), (1,), generator=gen))]
-            return replace(b, completion_ids=tuple(ids))
-
-        def truncate(b: Any) -> Any:
-            k = max(1, len(b.completion_ids) // 2)
-            if k == len(b.completion_ids):  # a one-token completion: drop its last (only) EOS
-                return replace(b, completion_ids=b.completion_ids, finish_reason="length" if b.finish_reason == "eos" else "eos")
-            return replace(b, completion_ids=b.completion_ids[:k], logprobs=b.logprobs[:k])
-
-        def extend(b: Any, non_eos: list[int] = non_eos, gen: Any = gen) -> Any:
-            extra = tuple(non_eos[int(torch.randint(len(non_eos), (1,), generator=gen))] for _ in range(4))
-            return replace(b, completion_ids=b.completion_ids + extra, logprobs=b.logprobs + (-1.0,) * 4)
-
-        if want("token_edited"):
-            attack_case("token_edited", _audit(ctx, edited(edit_token))[0])
-        if want("truncated"):
-            attack_case("truncated", _audit(ctx, edited(truncate))[0])
-        if want("extended"):
-            attack_case("extended", _audit(ctx, edited(extend))[0])
-        if want("proof_copied"):
-            bodies = [ro.body for ro in base_opened]
-            copied = []
-            for i, ro in enumerate(base_opened):
-                need = len(ro.body.proofs)
-                # the next rollout whose proofs differ (a group shares prompts, and a
-                # confident policy often its completions, hence its proofs too)
-                for d in range(1, len(bodies)):
-                    donor = bodies[(i + d) % len(bodies)]
-                    pr = tuple((list(donor.proofs) * need)[:need])
-                    if pr != ro.body.proofs:
-                        copied.append(_resign(ctx, ro, replace(ro.body, proofs=pr)))
-                        break
-            copied_skipped = len(base_opened) - len(copied)
-            attack_case("proof_copied", _audit(ctx, _open(copied))[0] if copied else [])
-        if want("zero_proofs"):
-            zeroed = [_resign(ctx, ro, replace(ro.body, proofs=tuple(bytes(len(p)) for p in ro.body.proofs)))
-                      for ro in base_opened]
-            attack_case("zero_proofs", _audit(ctx, _open(zeroed))[0])
-
+        opened = base.opened if seed == 0 else open_records(make_records(ctx, engine).records)
+        _model_attacks(ctx, cases, opened, seed, want)
+        _sampling_attacks(ctx, cases, opened, engine, want)
+        _edit_attacks(ctx, cases, opened, engine, seed, want)
+        _proof_attacks(ctx, cases, opened, want)
     ctx.counter0 = 0
-    base_opened = base_by_seed
 
-    # ---- batch invariance: each record's verdict and reason, audited together vs alone
-    invariance_sets = [(base_opened, ctx.audit_settings)]
+
+def _invariance(ctx: Ctx, base: Baseline, bf16_opened: list[Any] | None) -> int:
+    """Batch invariance: records whose verdict and reason differ audited together vs alone."""
+    invariance_sets = [(base.opened, ctx.audit_settings)]
     if bf16_opened is not None:
         invariance_sets.append((bf16_opened, replace(ctx.audit_settings, precision="bf16")))
     mismatches = sum(_batch_invariance_mismatches(ctx, o, st) for o, st in invariance_sets)
     _say(f"batch invariance: {mismatches} verdicts differ between together and alone")
-    streams_ok, stream_cases = _stream_cases(ctx, model_dir, base.records)
-    _say(f"stream cases failed correctly: {streams_ok}/{len(stream_cases)} {stream_cases}")
+    return mismatches
 
-    sensitivity = _sensitivity(ctx, quick) if not ns.no_sensitivity else None
 
-    chunk = ctx.manifest.proof_chunk
-    gen_time = min(t_with)
-    result: dict[str, Any] = {
-        "model": "builtin:tiny" if ns.hidden is None else f"random-init hidden {ns.hidden}",
-        "hidden_size": int(ctx.model.config.hidden_size),
-        "rollouts_per_case": ctx.n,
-        "completion_tokens": base.tokens,
-        "proof_bytes_per_token": round(base.proof_bytes / max(1, base.chunks * chunk), 4),
-        "proof_bytes_per_generated_token": round(base.proof_bytes / max(1, base.tokens), 4),
-        "proof_build_overhead_pct": _paired_overhead_pct(t_with, t_without),
-        "proof_build_seconds": round(statistics.median(proof_s), 4),
-        "proof_build_pct_of_generation": round(100 * statistics.median(proof_s) / min(t_without), 2),
+def _timing_report(ctx: Ctx, base: Baseline) -> dict[str, Any]:
+    """Proof sizes and the timing ratios of the baseline."""
+    made, chunk = base.made, ctx.manifest.proof_chunk
+    gen_time, t_audit = min(base.t_with), min(base.t_audits)
+    return {
+        "completion_tokens": made.tokens,
+        "proof_bytes_per_token": round(made.proof_bytes / max(1, made.chunks * chunk), 4),
+        "proof_bytes_per_generated_token": round(made.proof_bytes / max(1, made.tokens), 4),
+        "proof_build_overhead_pct": _paired_overhead_pct(base.t_with, base.t_without),
+        "proof_build_seconds": round(statistics.median(base.proof_s), 4),
+        "proof_build_pct_of_generation": round(100 * statistics.median(base.proof_s) / min(base.t_without), 2),
         "generation_seconds": round(gen_time, 3),
         "audit_seconds": round(t_audit, 3),
         "verify_speedup": round(gen_time / t_audit, 2),
-        "proof_build_overhead_cpu_pct": _paired_overhead_pct(c_with, c_without),
-        "verify_speedup_cpu": round(min(c_with) / min(c_audits), 2),
-        "stale_weights_changed_frac": None if stale_changed is None else round(stale_changed, 5),
-        "cherry_pick_identical_to_honest": cherry_identical,
-        "proof_copied_no_distinct_donor": copied_skipped,
+        "proof_build_overhead_cpu_pct": _paired_overhead_pct(base.c_with, base.c_without),
+        "verify_speedup_cpu": round(min(base.c_with) / min(base.c_audits), 2),
+    }
+
+
+def _producer_report(ctx: Ctx, cases: Cases) -> dict[str, Any]:
+    return {
+        "window": _producer_window(),
+        "statistic": "logprob_err_mean",
+        "limits": {p: _producer_limit(ctx.audit_settings, p) for p in ("fp32", "bf16")},
+        "attacks": {k: min(v) for k, v in cases.producer_by_seed.items()},
+        "attacks_by_seed": cases.producer_by_seed,
+        "honest_flagged": cases.producer_honest,
+    }
+
+
+def run(quick: bool, args: list[str]) -> dict:
+    import torch
+
+    from trainer.produce import DEFAULT_BATCH_SIZE
+
+    ns = _parse(args, quick)
+    only = set(ns.only.split(",")) if ns.only else None
+    t_start = time.perf_counter()
+    ctx, model_dir = _setup(ns.hidden, ns.n, quick)
+
+    def want(name: str) -> bool:
+        return only is None or name in only
+
+    rounds = 1 if quick else 9  # a run takes ~3.5 s; the machine drifts by more than 2%
+    base = _time_generation(ctx, rounds)
+    _time_audit(ctx, base, rounds + 1)
+    # calibration on a separate set of honest rollouts (other counters)
+    thresholds_report, calibration_digest = _thresholds(ctx, ns, model_dir)
+    if not ns.no_calibrate:
+        base.results, _ = audit(ctx, base.opened)
+    cases = Cases(ctx.audit_settings)
+    bf16_opened = _honest_cases(ctx, cases, base, want)
+    _attack_matrix(ctx, cases, base, ns.seeds, want)
+    mismatches = _invariance(ctx, base, bf16_opened)
+    streams_ok, stream_cases = _stream_cases(ctx, model_dir, base.made.records)
+    _say(f"stream cases failed correctly: {streams_ok}/{len(stream_cases)} {stream_cases}")
+    sensitivity = _sensitivity(ctx, quick) if not ns.no_sensitivity else None
+    return {
+        "model": "builtin:tiny" if ns.hidden is None else f"random-init hidden {ns.hidden}",
+        "hidden_size": int(ctx.model.config.hidden_size),
+        "rollouts_per_case": ctx.n,
+        **_timing_report(ctx, base),
+        "stale_weights_changed_frac": None if cases.stale_changed is None else round(cases.stale_changed, 5),
+        "cherry_pick_identical_to_honest": cases.cherry_identical,
+        "proof_copied_no_distinct_donor": cases.copied_skipped,
         "thresholds": thresholds_report,
         "calibration_digest": calibration_digest,
-        "attacks": attacks,
+        "attacks": cases.attacks,
         "sensitivity": sensitivity,
         "batch_invariance_mismatches": mismatches,
         "stream_cases_failed_correctly": streams_ok,
         "stream_cases": stream_cases,
         "attack_seeds": ns.seeds,
-        "attacks_by_seed": attacks_by_seed,
-        "honest": honest,
-        "producer": {
-            "window": _producer_window(),
-            "statistic": "logprob_err_mean",
-            "limits": {p: _producer_limit(ctx.audit_settings, p) for p in ("fp32", "bf16")},
-            "attacks": {k: min(v) for k, v in producer_by_seed.items()},
-            "attacks_by_seed": producer_by_seed,
-            "honest_flagged": producer_honest,
-        },
+        "attacks_by_seed": cases.attacks_by_seed,
+        "honest": cases.honest,
+        "producer": _producer_report(ctx, cases),
         "timing_threads": 1,
         "generation_batch": DEFAULT_BATCH_SIZE,
         "threads": torch.get_num_threads(),
         "seconds": round(time.perf_counter() - t_start, 1),
-        "calibration": {"honest": calib_honest, "attacks": calib_attack},
+        "calibration": {"honest": cases.calib_honest, "attacks": cases.calib_attack},
     }
-    return result

@@ -11,9 +11,11 @@ batch at a time, read back and gossiped); benchmarks time it at `DEFAULT_BATCH_S
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,20 @@ ProofBuilder = Callable[..., list[list[bytes]]]
 
 def _quiet(_msg: str) -> None:
     pass
+
+
+# One generated rollout waiting for its proofs: (assignment, prompt ids, generation, reward)
+Item = tuple[Any, list[int], Any, float]
+
+
+@dataclass
+class _Tally:
+    """What the rollouts generated so far add up to."""
+
+    rewards: list[float] = field(default_factory=list)
+    finish: dict[str, int] = field(default_factory=lambda: {"eos": 0, "length": 0})
+    tokens: int = 0  # completion tokens generated
+    gen_seconds: float = 0.0  # in the engine's generate calls
 
 
 def generate_records(
@@ -48,48 +64,15 @@ def generate_records(
     summary. `build_proofs` is `verify.toploc.build_proofs_bytes_many` or None (no proofs:
     records carry none and no hidden states are captured). Raises `TaskError` when a task
     cannot be derived and `OSError` when `out` cannot be written."""
-
     settings = SamplingSettings.from_manifest(manifest)
-    tokenizer = engine.tokenizer
     tasks = TaskSet(manifest.seed)
     credit = PartialCreditLog()
-    rewards: list[float] = []
-    finish = {"eos": 0, "length": 0}
-    gen_tokens = 0
-    gen_seconds = 0.0
+    tally = _Tally()
     t_start = time.perf_counter()
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proofs")
-    pending: list[tuple[Future[Any] | None, list[Any]]] = []
-    written = 0
-
-    def flush(fh: Any, upto_all: bool) -> None:
-        nonlocal written
-        while pending and (upto_all or len(pending) > 1):
-            fut, items = pending.pop(0)
-            proof_lists = fut.result() if fut is not None else [[] for _ in items]
-            records = []
-            for (assignment, prompt_ids, g, reward), pl in zip(items, proof_lists, strict=True):
-                body = rollout_body(prompt_ids, g, settings, assignment.task_seed, pl)
-                records.append(
-                    make_record(
-                        identity,
-                        body,
-                        dataset=assignment.dataset,
-                        task_index=assignment.task_index,
-                        counter=assignment.counter,
-                        task_seed=assignment.task_seed,
-                        reward=reward,
-                        run_id=manifest.run_id,
-                        policy_version=policy_version,
-                        seq=assignment.counter,
-                        timestamp_ms=int(time.time() * 1000),
-                    )
-                )
-            written += write_records(fh, records)
-
-    def proofs_for(hiddens: list[Any]) -> list[list[bytes]]:
-        return build_proofs(hiddens, chunk=manifest.proof_chunk, topk=manifest.proof_topk)
-
+    sign = functools.partial(
+        _sign, identity=identity, manifest=manifest, settings=settings, policy_version=policy_version
+    )
+    writer = _RecordWriter(build_proofs, manifest, sign)
     try:
         with open(out, "wb") as fh:
             for start in range(start_counter, start_counter + n, batch_size):
@@ -97,55 +80,130 @@ def generate_records(
                 assignments = [
                     assign_task(manifest, identity.peer_id, policy_version, c) for c in counters
                 ]
-                batch_tasks = [tasks.task_for(a) for a in assignments]
-                prompts = [
-                    tokenizer.encode(t.prompt, add_special_tokens=False) for t in batch_tasks
-                ]
-                t0 = time.perf_counter()
-                gens = engine.generate(
-                    prompts,
-                    settings,
-                    [a.task_seed for a in assignments],
-                    capture_hidden=build_proofs is not None,
+                gens, items = _generate_batch(
+                    engine, tasks, credit, assignments, settings, build_proofs is not None, tally
                 )
-                gen_seconds += time.perf_counter() - t0
-                items = []
-                for a, t, p, g in zip(assignments, batch_tasks, prompts, gens, strict=True):
-                    text = tokenizer.decode(g.completion_ids, skip_special_tokens=True)
-                    score = tasks.score(t, text, credit)
-                    rewards.append(score.reward)
-                    finish[g.finish_reason] += 1
-                    gen_tokens += len(g.completion_ids)
-                    items.append((a, p, g, score.reward))
-                fut = None
-                if build_proofs is not None:
-                    fut = pool.submit(proofs_for, [g.hidden for g in gens])
-                    for g in gens:
-                        g.hidden = None  # owned by the proof job now
-                pending.append((fut, items))
-                flush(fh, upto_all=False)
-                done = len(rewards)
-                elapsed = time.perf_counter() - t_start
-                eta = elapsed / done * (n - done)
-                say(
-                    f"rollouts {done}/{n}  reward mean {sum(rewards) / done:.3f}  "
-                    f"{gen_tokens / max(gen_seconds, 1e-9):.0f} tok/s  ETA {eta:.0f}s"
-                )
-            flush(fh, upto_all=True)
+                writer.add(fh, gens, items)
+                say(_progress(tally, n, time.perf_counter() - t_start))
+            writer.flush(fh, upto_all=True)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    total = time.perf_counter() - t_start
+        writer.close()
     return {
-        "n": written,
+        "n": writer.written,
         "out": str(out),
-        "reward_mean": round(sum(rewards) / len(rewards), 4),
-        "solve_rate": round(sum(r >= 1.0 for r in rewards) / len(rewards), 4),
-        "tokens": gen_tokens,
-        "tokens_per_s": round(gen_tokens / max(gen_seconds, 1e-9), 1),
-        "seconds": round(total, 2),
-        "finish": finish,
+        "reward_mean": round(sum(tally.rewards) / len(tally.rewards), 4),
+        "solve_rate": round(sum(r >= 1.0 for r in tally.rewards) / len(tally.rewards), 4),
+        "tokens": tally.tokens,
+        "tokens_per_s": round(tally.tokens / max(tally.gen_seconds, 1e-9), 1),
+        "seconds": round(time.perf_counter() - t_start, 2),
+        "finish": tally.finish,
         "proofs": build_proofs is not None,
         "partial_credit": credit.summary(),
         "policy_version": policy_version,
         "counters": [start_counter, start_counter + n - 1],
     }
+
+
+def _generate_batch(
+    engine: Any,
+    tasks: TaskSet,
+    credit: PartialCreditLog,
+    assignments: list[Any],
+    settings: SamplingSettings,
+    capture_hidden: bool,
+    tally: _Tally,
+) -> tuple[list[Any], list[Item]]:
+    """One batch: each assignment's prompt generated with its task seed, then scored."""
+    tokenizer = engine.tokenizer
+    batch_tasks = [tasks.task_for(a) for a in assignments]
+    prompts = [tokenizer.encode(t.prompt, add_special_tokens=False) for t in batch_tasks]
+    t0 = time.perf_counter()
+    gens = engine.generate(
+        prompts, settings, [a.task_seed for a in assignments], capture_hidden=capture_hidden
+    )
+    tally.gen_seconds += time.perf_counter() - t0
+    items = []
+    for a, t, p, g in zip(assignments, batch_tasks, prompts, gens, strict=True):
+        text = tokenizer.decode(g.completion_ids, skip_special_tokens=True)
+        score = tasks.score(t, text, credit)
+        tally.rewards.append(score.reward)
+        tally.finish[g.finish_reason] += 1
+        tally.tokens += len(g.completion_ids)
+        items.append((a, p, g, score.reward))
+    return gens, items
+
+
+def _sign(
+    items: list[Item],
+    proof_lists: list[list[bytes]],
+    *,
+    identity: Any,
+    manifest: Any,
+    settings: SamplingSettings,
+    policy_version: int,
+) -> list[bytes]:
+    """The signed records of one batch, each with its proofs."""
+    records = []
+    for (assignment, prompt_ids, g, reward), pl in zip(items, proof_lists, strict=True):
+        body = rollout_body(prompt_ids, g, settings, assignment.task_seed, pl)
+        records.append(
+            make_record(
+                identity,
+                body,
+                dataset=assignment.dataset,
+                task_index=assignment.task_index,
+                counter=assignment.counter,
+                task_seed=assignment.task_seed,
+                reward=reward,
+                run_id=manifest.run_id,
+                policy_version=policy_version,
+                seq=assignment.counter,
+                timestamp_ms=int(time.time() * 1000),
+            )
+        )
+    return records
+
+
+class _RecordWriter:
+    """Builds each batch's proofs in a background thread while the next batch generates,
+    then signs and writes its records, in batch order: at most one batch waits."""
+
+    def __init__(self, build_proofs: ProofBuilder | None, manifest: Any, sign: Callable[..., list[bytes]]) -> None:
+        self.build_proofs, self.manifest, self.sign = build_proofs, manifest, sign
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proofs")
+        self.pending: list[tuple[Future[Any] | None, list[Item]]] = []
+        self.written = 0  # records written to the file
+
+    def add(self, fh: Any, gens: list[Any], items: list[Item]) -> None:
+        """Queues a batch's proof job (none without a builder), then writes the batch
+        before it, if its proofs are done waiting for."""
+        fut = None
+        if self.build_proofs is not None:
+            fut = self.pool.submit(self._proofs_for, [g.hidden for g in gens])
+            for g in gens:
+                g.hidden = None  # owned by the proof job now
+        self.pending.append((fut, items))
+        self.flush(fh, upto_all=False)
+
+    def _proofs_for(self, hiddens: list[Any]) -> list[list[bytes]]:
+        assert self.build_proofs is not None
+        return self.build_proofs(hiddens, chunk=self.manifest.proof_chunk, topk=self.manifest.proof_topk)
+
+    def flush(self, fh: Any, upto_all: bool) -> None:
+        """Writes the queued batches, all of them or all but the newest."""
+        while self.pending and (upto_all or len(self.pending) > 1):
+            fut, items = self.pending.pop(0)
+            proof_lists = fut.result() if fut is not None else [[] for _ in items]
+            self.written += write_records(fh, self.sign(items, proof_lists))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _progress(tally: _Tally, n: int, elapsed: float) -> str:
+    done = len(tally.rewards)
+    eta = elapsed / done * (n - done)
+    return (
+        f"rollouts {done}/{n}  reward mean {sum(tally.rewards) / done:.3f}  "
+        f"{tally.tokens / max(tally.gen_seconds, 1e-9):.0f} tok/s  ETA {eta:.0f}s"
+    )

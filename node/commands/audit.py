@@ -36,8 +36,11 @@ from typing import Any
 from node.errors import CommandError
 from protocol.wire import WORKER_PRECISIONS as PRECISIONS
 
+# One item of the input files: (file, index, record bytes or None, problem, detail)
+Item = tuple[str, int, bytes | None, str, str]
 
-def _load_records(files: Sequence[Path]) -> list[tuple[str, int, bytes | None, str, str]]:
+
+def _load_records(files: Sequence[Path]) -> list[Item]:
     """(file, index, record bytes or None, problem, detail) for every item of every file:
     a stream problem (`protocol.rollout.scan_records`) is an item of its own that fails,
     and the records around it are still audited."""
@@ -110,18 +113,10 @@ def main(
 ) -> int:
     """Run the audit; returns the exit status (0 all passed, 1 any failed). Usage and IO
     problems raise `CommandError` (exit status 2)."""
-    from node.local_model import load_calibration
-    from protocol.errors import RemoteProtocolError
-    from protocol.rollout import open_record
-    from trainer.judge import make_judge
-    from verify.auditor import AuditSettings, audit_versions, settings_for_run
+    from verify.auditor import audit_versions
 
     out = out or sys.stdout
-    if precision is not None and manifest is not None:
-        raise CommandError("--precision is for audits without --run: the run manifest states it")
-    precision = precision or "fp32"
-    if precision not in PRECISIONS:
-        raise CommandError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    precision = _precision(precision, manifest)
     if not files:
         raise CommandError("audit needs at least one record file")
     records = _load_records([Path(f) for f in files])
@@ -131,6 +126,35 @@ def main(
 
         run = load_run_manifest(Path(manifest))
     lm, tokenizer, model_path = _load_model(model, data_dir)
+    settings, judge = _settings(run, precision, tokenizer, model_path)
+    opened, lines = _open_records(records)
+    model_for = _version_models(lm, model_version, versions)
+    results = audit_versions([ro for _, ro in opened], model_for, judge=judge, settings=settings)
+    for (k, ro), res in zip(opened, results, strict=True):
+        lines[k] = _result_line(records[k], ro, res)
+    failed = _write_lines(lines, as_json, out)
+    if not as_json:
+        print(f"swarm-node audit: {len(lines) - failed}/{len(lines)} passed", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _precision(precision: str | None, manifest: str | Path | None) -> str:
+    """The workers' precision without a run manifest (`--precision`, default fp32)."""
+    if precision is not None and manifest is not None:
+        raise CommandError("--precision is for audits without --run: the run manifest states it")
+    precision = precision or "fp32"
+    if precision not in PRECISIONS:
+        raise CommandError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return precision
+
+
+def _settings(run: Any, precision: str, tokenizer: Any, model_path: Path) -> tuple[Any, Any]:
+    """The audit settings (the run's, or defaults at `precision`) with the model's
+    calibrated limits, and the run's judge (None without a run); says both on stderr."""
+    from node.local_model import load_calibration
+    from trainer.judge import make_judge
+    from verify.auditor import AuditSettings, settings_for_run
+
     settings = AuditSettings(precision=precision)
     judge = None
     if run is not None:
@@ -140,6 +164,14 @@ def main(
         print("swarm-node audit: no --run: task, reward and run settings not checked", file=sys.stderr)
     settings, note = load_calibration(model_path, settings, run)
     print(f"swarm-node audit: {settings.precision} workers; {note}", file=sys.stderr)
+    return settings, judge
+
+
+def _open_records(records: list[Item]) -> tuple[list[tuple[int, Any]], list[dict[str, Any] | None]]:
+    """(item position, opened record) of each record that opens; the output lines with the
+    failed line of each stream problem and record that does not open filled in."""
+    from protocol.errors import RemoteProtocolError
+    from protocol.rollout import open_record
 
     opened: list[tuple[int, Any]] = []
     lines: list[dict[str, Any] | None] = [None] * len(records)
@@ -153,24 +185,31 @@ def main(
         except RemoteProtocolError as exc:
             lines[k] = {"file": name, "index": i, "rollout_id": None, "passed": False,
                         "reason": "bad-record", "detail": str(exc) or type(exc).__name__}
-    model_for = _version_models(lm, model_version, versions)
-    results = audit_versions([ro for _, ro in opened], model_for, judge=judge, settings=settings)
-    for (k, ro), res in zip(opened, results, strict=True):
-        name, i = records[k][:2]
-        lines[k] = {
-            "file": name,
-            "index": i,
-            "rollout_id": ro.rollout_id.hex(),
-            "producer": ro.envelope.signer.hex(),
-            "policy_version": ro.envelope.policy_version,
-            "passed": res.passed,
-            "reason": res.reason,
-            "detail": res.detail,
-            "failures": list(res.failures),
-            "reward_claimed": ro.header.reward,
-            "reward_rescored": res.reward_rescored,
-            "metrics": {k2: round(v, 6) for k2, v in sorted(res.metrics.items())},
-        }
+    return opened, lines
+
+
+def _result_line(item: Item, ro: Any, res: Any) -> dict[str, Any]:
+    """The output line of one audited record."""
+    name, i = item[:2]
+    return {
+        "file": name,
+        "index": i,
+        "rollout_id": ro.rollout_id.hex(),
+        "producer": ro.envelope.signer.hex(),
+        "policy_version": ro.envelope.policy_version,
+        "passed": res.passed,
+        "reason": res.reason,
+        "detail": res.detail,
+        "failures": list(res.failures),
+        "reward_claimed": ro.header.reward,
+        "reward_rescored": res.reward_rescored,
+        "metrics": {k: round(v, 6) for k, v in sorted(res.metrics.items())},
+    }
+
+
+def _write_lines(lines: list[dict[str, Any] | None], as_json: bool, out: Any) -> int:
+    """Writes one line per item (JSON, or `PASS|FAIL file#index id reason: detail`);
+    returns how many failed."""
     failed = 0
     for line in lines:
         assert line is not None
@@ -184,6 +223,4 @@ def main(
             if line.get("detail"):
                 text += f": {line['detail']}"
             out.write(text + "\n")
-    if not as_json:
-        print(f"swarm-node audit: {len(lines) - failed}/{len(lines)} passed", file=sys.stderr)
-    return 1 if failed else 0
+    return failed
