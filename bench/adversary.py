@@ -40,9 +40,12 @@ from typing import Any
 
 import trio
 
+from bench._adv_peer import manifest
 from bench._attacks import ATTACKS
+from bench._conn_attacks import CONN_ATTACKS, conn_attack, honest_probe
 from bench._gossip_peer import PeerProcess
 from node.console import sayer
+from node.gossip import topic_name
 from protocol.identity import Identity
 
 MODULE = "bench._adv_peer"
@@ -63,7 +66,7 @@ def _throughput(window: tuple[float, float], verified: set[str], sampled: list[l
     return sum(rid in verified for rid in picked) / len(picked)
 
 
-async def _run(window_s: float, rate: float, settle_s: float) -> dict[str, Any]:
+async def _run(window_s: float, rate: float, settle_s: float, opts: argparse.Namespace) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="bench-adversary-"))
     keys = {name: Identity.generate() for name in ("trainer", "validator", "w1", "w2")}
     validator = keys["validator"].peer_id_b58
@@ -71,9 +74,10 @@ async def _run(window_s: float, rate: float, settle_s: float) -> dict[str, Any]:
 
     async def spawn(name: str, role: str, boot: list[str]) -> PeerProcess:
         key = ["--key", keys[name].private_bytes().hex()] if name in keys else []
+        cap = ["--max-connections", str(opts.trainer_cap)] if name == "trainer" else []
         return await PeerProcess.start(
             "--data-dir", str(root / name), "--role", role, "--validator", validator,
-            *key, *(["--bootstrap", *boot] if boot else []),
+            *key, *cap, *(["--bootstrap", *boot] if boot else []),
             module=MODULE, timeout=90.0, stderr_path=str(root / f"{name}.log"),
         )
 
@@ -96,7 +100,7 @@ async def _run(window_s: float, rate: float, settle_s: float) -> dict[str, Any]:
         baseline = (t0, time.time())
         runs: dict[str, dict[str, Any]] = {}
         targets = [procs[n].addrs[0] for n in ("trainer", "validator", "w1", "w2")]
-        for name in ATTACKS:
+        for name in [a for a in ATTACKS if a in opts.attacks]:
             start = time.time()
             answer = await procs["attacker"].ask(
                 {"cmd": "attack", "name": name, "seconds": window_s, "targets": targets,
@@ -104,6 +108,10 @@ async def _run(window_s: float, rate: float, settle_s: float) -> dict[str, Any]:
             )
             runs[name] = {**answer, "window": (start, time.time())}
             _say(f"{name}: sent {answer.get('sent')}")
+        conn: dict[str, Any] = {}
+        for name in [a for a in CONN_ATTACKS if a in opts.attacks]:
+            conn[name] = await _conn_case(name, procs, keys, validator, opts)
+            _say(f"{name}: {conn[name]}")
         for w in ("w1", "w2"):
             await procs[w].ask({"cmd": "stop"})
         await trio.sleep(settle_s)  # the last verdicts reach the trainer
@@ -115,14 +123,78 @@ async def _run(window_s: float, rate: float, settle_s: float) -> dict[str, Any]:
                   for w in ("w1", "w2", "attacker")]
         rss = [t_rep["rss_mb"], v_rep["rss_mb"], *(o["rss_mb"] for o in others)]
         views = [t_rep, v_rep, *others[:2]]  # the honest peers' views of everyone
-        (root / "reports.json").write_text(json.dumps({"runs": runs, "views": views}))
+        (root / "reports.json").write_text(json.dumps({"runs": runs, "views": views, "conn": conn}))
         _say(f"raw reports in {root / 'reports.json'}")
     finally:
         with trio.move_on_after(30) as cleanup:
             cleanup.shield = True
             for p in procs.values():
                 await p.stop()
-    return _figures(runs, t_rep, v_rep, views, keys, baseline, max(rss))
+    out = _figures(runs, t_rep, v_rep, views, keys, baseline, max(rss))
+    if conn:
+        out["connection_attacks"] = {k: v["figures"] for k, v in conn.items()}
+        out["connection_details"] = {k: v["details"] for k, v in conn.items()}
+        out["connection_targets_met"] = all(
+            f["honest_connect_after"] and f["attacker_penalized"] and not f["honest_banned"]
+            and f["rss_mb_growth"] <= 50.0
+            for k, f in out["connection_attacks"].items() if k != "relay_copy_quota"
+        ) and all(f["signer_penalty"] == 0.0 and f["honest_connect_after"] and not f["honest_banned"]
+                  for k, f in out["connection_attacks"].items() if k == "relay_copy_quota")
+    return out
+
+
+async def _conn_case(name: str, procs: dict[str, PeerProcess], keys: dict[str, Identity],
+                     validator: str, opts: argparse.Namespace) -> dict[str, Any]:
+    """One connection case against the trainer: before/after looks at it, the attack,
+    then a fresh honest peer, then every honest peer's view of the honest ones."""
+    trainer = procs["trainer"]
+    m = manifest("adversary", validator)
+
+    async def probe(ids: list[str]) -> dict[str, Any]:
+        return await trainer.ask({"cmd": "probe", "ids": ids}, timeout=30)
+
+    before = await probe([])
+    cmd = {"name": name, "target": trainer.addrs[0], "count": opts.churn,
+           "topics": opts.topics, "graft_prune": opts.graft_prune, "ihave": opts.ihave}
+    if name == "connection_flood":
+        cmd["count"] = opts.flood
+    start = time.monotonic()
+    ans = await conn_attack(cmd, m, probe)
+    took = time.monotonic() - start
+    await trio.sleep(2.0)  # closes and charges land
+    after = await probe(ans["ids"])
+    hp = await honest_probe(trainer.addrs[0], topic_name(m.run_id, "rollouts"))
+    honest = [k.peer_id_b58 for k in keys.values()]
+    views = [await procs[n].ask({"cmd": "probe", "ids": honest}, timeout=30)
+             for n in ("trainer", "validator", "w1", "w2")]
+    sent = max(1, int(ans["sent"]))
+    if name == "connection_churn":
+        held = max(0, after["connections"] - before["connections"])
+        rejected = sent - min(sent, held)
+        penalized = held <= 2  # every churned connection released (none to charge)
+    elif name == "connection_flood":
+        rejected = int(ans["rejected"])
+        penalized = ans["kept"] + before["connections"] <= opts.trainer_cap + 2
+    else:
+        rejected = int(ans["rejected"])
+        penalized = any(after["scores"].get(p, 0.0) < 0 or after["banned"].get(p) for p in ans["ids"])
+    figures: dict[str, Any] = {
+        "honest_connect_after": bool(hp["ok"]),
+        "rejected_fraction": round(max(0.0, min(1.0, rejected / sent)), 4),
+        "attacker_penalized": bool(penalized),
+        "honest_banned": any(v["banned"].get(h) for v in views for h in honest),
+        "rss_mb_growth": round(after["rss_mb_now"] - before["rss_mb_now"], 1),
+        "sent": int(ans["sent"]),
+    }
+    details = {k: v for k, v in ans.items() if k not in ("ids", "signer")}
+    details.update(target_connections_before=before["connections"],
+                   target_connections_after=after["connections"], attack_s=round(took, 1),
+                   attacker_scores={p[:16]: round(after["scores"].get(p, 0.0), 3) for p in ans["ids"]},
+                   attacker_banned=any(after["banned"].get(p) for p in ans["ids"]), honest_probe=hp)
+    if name == "relay_copy_quota":
+        figures["signer_penalty"] = round(
+            min(0.0, ans["signer_score_after_own"] - ans["signer_score_before_own"]), 3)
+    return {"figures": figures, "details": details}
 
 
 def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict[str, Any],
@@ -172,5 +244,20 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     parser.add_argument("--window", type=float, default=2.5 if quick else 10.0)
     parser.add_argument("--rate", type=float, default=2.0)
     parser.add_argument("--settle", type=float, default=12.0 if quick else 20.0)
+    parser.add_argument("--attacks", default="",
+                        help="comma-separated case names (default: all, the connection cases last)")
+    parser.add_argument("--churn", type=int, default=200 if quick else 1000)
+    parser.add_argument("--flood", type=int, default=100 if quick else 300)
+    parser.add_argument("--trainer-cap", type=int, default=60 if quick else 200,
+                        help="the trainer's max_connections (quick: below the flood)")
+    parser.add_argument("--topics", type=int, default=10_000 if quick else 100_000)
+    parser.add_argument("--graft-prune", type=int, default=2_000 if quick else 12_000)
+    parser.add_argument("--ihave", type=int, default=50 if quick else 300,
+                        help="IHAVE messages of 5,000 ids each")
     opts = parser.parse_args(args)
-    return trio.run(_run, opts.window, opts.rate, opts.settle)
+    names = [a for a in opts.attacks.split(",") if a]
+    unknown = set(names) - set(ATTACKS) - set(CONN_ATTACKS)
+    if unknown:
+        parser.error(f"unknown attack(s): {sorted(unknown)}")
+    opts.attacks = set(names) or set(ATTACKS) | set(CONN_ATTACKS)
+    return trio.run(_run, opts.window, opts.rate, opts.settle, opts)
