@@ -128,11 +128,20 @@ async def _one_connection(info: Any, hold: trio.Event | None, result: dict[str, 
 async def _connection_churn(cmd: dict[str, Any], _m: Any) -> dict[str, Any]:
     info = info_from_p2p_addr(multiaddr.Multiaddr(cmd["target"]))
     n = int(cmd["count"])
+    lanes = max(1, min(n, int(cmd.get("lanes", 8))))
     result = {"accepted": 0, "refused": 0, "kept": 0, "closed_by_target": 0}
     start = time.monotonic()
-    for _ in range(n):
-        await _one_connection(info, None, result)
-    return {"sent": n, "rejected": result["refused"], "ids": [], **result,
+
+    async def lane(k: int) -> None:
+        # py-libp2p's dialer spends ~0.45 s per connection in fixed sleeps (dial and
+        # close), so the sequence runs in a few lanes: at most `lanes` open at once.
+        for _ in range(k):
+            await _one_connection(info, None, result)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(lanes):
+            nursery.start_soon(lane, n // lanes + (i < n % lanes))
+    return {"sent": n, "rejected": result["refused"], "ids": [], **result, "lanes": lanes,
             "elapsed_s": round(time.monotonic() - start, 1)}
 
 
@@ -200,6 +209,7 @@ async def _relay_copy_quota(cmd: dict[str, Any], m: Any) -> dict[str, Any]:
         w_stream = await _gossip_stream(w_host, info, topic)
         r_stream = await _gossip_stream(r_host, info, topic)
         await trio.sleep(0.5)
+        before = await probe([s])
         rpc = rpc_pb2.RPC()
         rpc.publish.extend(drain)
         await r_stream.write(_frame(rpc))  # W's headers by the relay: W over its quota
@@ -219,6 +229,8 @@ async def _relay_copy_quota(cmd: dict[str, Any], m: Any) -> dict[str, Any]:
         await w_stream.write(_frame(rpc))
         await trio.sleep(1.0)
         after_own = await probe([s])
+    out["refusals_relay_phase"] = _delta(before["refused"], after_relay["refused"])
+    out["refusals_own_phase"] = _delta(after_relay["refused"], after_own["refused"])
     out.update(
         relay_forwarded=n_drain + n_copies,
         relay_admitted=relay_admitted,
@@ -300,7 +312,7 @@ async def _oversize_library_drop(cmd: dict[str, Any], m: Any) -> dict[str, Any]:
     new GossipSub stream (the library drops the stream with the RPC)."""
     info = info_from_p2p_addr(multiaddr.Multiaddr(cmd["target"]))
     topic = topic_name(m.run_id, "rollouts")
-    n = int(cmd.get("count", 3))
+    n = int(cmd.get("oversize", 3))
     keys = create_new_key_pair()
     rejected = 0
     async with _plain(keys) as host:
@@ -320,6 +332,10 @@ async def _oversize_library_drop(cmd: dict[str, Any], m: Any) -> dict[str, Any]:
             rejected += 1  # a 1.5 MB message never passes the library's 1 MiB limit
             await trio.sleep(0.2)
     return {"sent": n, "rejected": rejected, "ids": [ident]}
+
+
+def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {r: n - before.get(r, 0) for r, n in sorted(after.items()) if n > before.get(r, 0)}
 
 
 CONN_ATTACKS = {

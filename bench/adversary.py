@@ -24,8 +24,61 @@ plus `shopping_reward_gain` (the reward the trainer's work ledger credits the co
 shopper per produced counter, withheld ones counting 0 and a refused producer 0, divided by
 the honest workers' mean) and `rss_mb_max` (peak RSS of any process).
 
-`--quick`: 2.5 s per attack window (about a minute here). Full: 10 s windows.
-Options after the name: `--window S`, `--rate R` (honest records per second per worker).
+Connection cases (issue 33), in the sibling dict `connection_attacks[name]`, run after
+the attacks above by this driver process from plain py-libp2p hosts (`bench._conn_attacks`)
+against the trainer process, each followed by a fresh honest peer. Per case:
+    honest_connect_after   a fresh honest peer (the node's own host, new key) connects to the
+                           trainer, pings it (`/ipfs/ping/1.0.0`) and sees it in the GossipSub
+                           peers of the rollouts topic, within 10 s
+    rejected_fraction      share of the attack's connections or messages without effect (below)
+    attacker_penalized     what counts, per case (below)
+    honest_banned          the trainer, validator or a worker banned any of those four
+    rss_mb_growth          the trainer's RSS (VmRSS) after the case minus before, MB
+`relay_copy_quota` adds `signer_penalty` (the honest signer's score change over its own
+copies, capped at 0: 0.0 means it paid nothing). `connection_details[name]` has the raw
+counts, the trainer's connections and refusals (ledger lines by reason) before and after,
+the attackers' scores, and the honest probe. `connection_targets_met` is true when every
+case meets the issue's targets (honest_connect_after, attacker_penalized (except
+relay_copy_quota: signer_penalty 0.0 instead), not honest_banned, rss_mb_growth <= 50).
+
+    connection_churn       `--churn` connections (quick 200, full 1,000), each from a fresh
+                           identity, opened and closed at once, in 8 lanes of sequential
+                           connections (at most 8 open at a time: py-libp2p's dialer sleeps
+                           ~0.45 s per connection). rejected: the connections the trainer no
+                           longer holds afterwards (closed and released), so ~1.0 means no
+                           leak. penalized (no identity to charge, and no excess at any
+                           moment): the trainer released every one (it holds at most 2 more
+                           connections after than before).
+    connection_flood       `--flood` connections at once (quick 100, full 300) from fresh
+                           identities, held 3 s. The trainer's `max_connections` is
+                           `--trainer-cap` (quick 60, full the default 200) so the flood
+                           exceeds it. rejected: refused at connect or closed by the
+                           trainer while held. penalized: the trainer closed or refused the
+                           excess (the flood's connections still open after the hold plus
+                           the trainer's others at most its cap + 2).
+    relay_copy_quota       a relay (fresh identity) forwards 140 of an honest worker W's
+                           headers as W published them (origin W, signed by W) then copies of
+                           W's next 10 while W is over its signer quota at the trainer;
+                           3 s later W's own copies of those 10 arrive on W's connection.
+                           rejected: the relay's messages the trainer did not admit.
+                           penalized: the relay scored below 0 or banned (false by design:
+                           forwarding honest headers is not punishable).
+    gossip_control_abuse   one fresh identity on one GossipSub stream: `--topics` junk
+                           subscriptions (quick 10,000, full 100,000), `--graft-prune`
+                           GRAFT/PRUNE (2,000 / 12,000), `--ihave` IHAVEs of 5,000 ids (50 /
+                           300), interleaved. rejected: what the control budgets
+                           (`node.gossip_guard.ControlLimits` defaults) drop at least, plus
+                           writes that failed. penalized: scored below 0 or banned at the
+                           trainer (`too_many_topics`, `graft_prune_flood`, `ihave_flood`).
+    oversize_library_drop  `--oversize` 1.5 MB gossip RPCs (quick 3, full 10), each on a new
+                           GossipSub stream from one fresh identity. rejected: every one
+                           (over the library's 1 MiB limit). penalized: scored below 0 or
+                           banned at the trainer (`oversize_rpc`).
+
+`--quick`: 2.5 s per attack window and the connection cases' quick counts (about two
+minutes here). Full: 10 s windows and the issue's counts. Options after the name:
+`--window S`, `--rate R` (honest records per second per worker), `--attacks A,B` (only
+these cases), `--settle S`, and the connection cases' counts above.
 """
 
 from __future__ import annotations
@@ -143,6 +196,11 @@ async def _run(window_s: float, rate: float, settle_s: float, opts: argparse.Nam
     return out
 
 
+def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """Refusals (ledger lines by reason) the target wrote between two looks."""
+    return {r: n - before.get(r, 0) for r, n in sorted(after.items()) if n > before.get(r, 0)}
+
+
 async def _conn_case(name: str, procs: dict[str, PeerProcess], keys: dict[str, Identity],
                      validator: str, opts: argparse.Namespace) -> dict[str, Any]:
     """One connection case against the trainer: before/after looks at it, the attack,
@@ -155,7 +213,8 @@ async def _conn_case(name: str, procs: dict[str, PeerProcess], keys: dict[str, I
 
     before = await probe([])
     cmd = {"name": name, "target": trainer.addrs[0], "count": opts.churn,
-           "topics": opts.topics, "graft_prune": opts.graft_prune, "ihave": opts.ihave}
+           "topics": opts.topics, "graft_prune": opts.graft_prune, "ihave": opts.ihave,
+           "oversize": opts.oversize}
     if name == "connection_flood":
         cmd["count"] = opts.flood
     start = time.monotonic()
@@ -190,7 +249,8 @@ async def _conn_case(name: str, procs: dict[str, PeerProcess], keys: dict[str, I
     details.update(target_connections_before=before["connections"],
                    target_connections_after=after["connections"], attack_s=round(took, 1),
                    attacker_scores={p[:16]: round(after["scores"].get(p, 0.0), 3) for p in ans["ids"]},
-                   attacker_banned=any(after["banned"].get(p) for p in ans["ids"]), honest_probe=hp)
+                   attacker_banned=any(after["banned"].get(p) for p in ans["ids"]), honest_probe=hp,
+                   target_refusals=_delta(before["refused"], after["refused"]))
     if name == "relay_copy_quota":
         figures["signer_penalty"] = round(
             min(0.0, ans["signer_score_after_own"] - ans["signer_score_before_own"]), 3)
@@ -254,6 +314,8 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     parser.add_argument("--graft-prune", type=int, default=2_000 if quick else 12_000)
     parser.add_argument("--ihave", type=int, default=50 if quick else 300,
                         help="IHAVE messages of 5,000 ids each")
+    parser.add_argument("--oversize", type=int, default=3 if quick else 10,
+                        help="1.5 MB gossip RPCs, each on its own stream")
     opts = parser.parse_args(args)
     names = [a for a in opts.attacks.split(",") if a]
     unknown = set(names) - set(ATTACKS) - set(CONN_ATTACKS)
