@@ -75,8 +75,8 @@ relay_copy_quota: signer_penalty 0.0 instead), not honest_banned, rss_mb_growth 
                            (over the library's 1 MiB limit). penalized: scored below 0 or
                            banned at the trainer (`oversize_rpc`).
 
-`--quick`: 2.5 s per attack window and the connection cases' quick counts (about two
-minutes here). Full: 10 s windows and the issue's counts. Options after the name:
+`--quick`: 2.5 s per attack window and the connection cases' quick counts (about three
+minutes on 2 shared cores, the connection cases ~45 s of it). Full: 10 s windows and the issue's counts. Options after the name:
 `--window S`, `--rate R` (honest records per second per worker), `--attacks A,B` (only
 these cases), `--settle S`, and the connection cases' counts above.
 """
