@@ -13,6 +13,8 @@ answer per line:
     {"cmd": "produce", "rate": R}      worker: honest records at R/s until "stop"
     {"cmd": "stop"}
     {"cmd": "report", "ids": [...]}    trainer/validator: what it counted, scores of `ids`
+    {"cmd": "probe", "ids": [...]}     any role: RSS now, connections, scores/banned of `ids`
+                                        (and, at the trainer, admitted messages per signer)
     {"cmd": "attack", "name": N, "seconds": S, "targets": [ADDR...], "validator": ID}
                                         attacker: run attack N with a fresh identity
     {"cmd": "quit"}
@@ -39,6 +41,7 @@ from node.peer import PeerConfig, open_peer
 from node.roles.trainer import Collector
 from protocol.accounting import WorkLedger
 from protocol.admission import Admitted, Kind
+from protocol.assignment import task_seed
 from protocol.audit_sample import sample_ticket, sampled
 from protocol.codec import decode, encode
 from protocol.content_id import content_id
@@ -67,13 +70,16 @@ def honest_record(ident: Identity, m: Any, counter: int, seq: int, *, lie: bool 
     """A synthetic record claiming its true reward (or lying: claiming the opposite)."""
     base = synthetic_record(ident, m, counter, n_prompt=16, n_completion=64, seq=seq, rng=rng)
     rec = decode(RolloutRecord, base)
-    body = decode(RolloutBody, rec.body)
+    # The task seed derives from the run, the version, the counter and the signer's key
+    # (admission refuses any other as `not_bound`), and the body was sampled with it.
+    seed = task_seed(m.seed, version, counter, ident.peer_id)
+    body = dataclasses.replace(decode(RolloutBody, rec.body), sampling_seed=seed)
     reward = true_reward(body)
     if lie:
         reward = 1.0 - reward
     return make_record(
         ident, body, dataset=m.datasets[0].name, task_index=counter, counter=counter,
-        task_seed=body.sampling_seed, reward=reward, run_id=run_id or m.run_id,
+        task_seed=seed, reward=reward, run_id=run_id or m.run_id,
         policy_version=version, seq=seq, timestamp_ms=int(time.time() * 1000),
     )
 
@@ -128,11 +134,31 @@ class _Counting:
         }
 
 
-def _rss_mb() -> float:
+def _probe(peer: Any, counting: _Counting | None, ids: list[str]) -> dict[str, Any]:
+    """What `bench adversary`'s connection cases look at in a target, now."""
+    now = time.time()
+    sc = peer.admission.scores
+    host = peer.host
+    try:
+        connections = len(host._lh.get_network().get_connections())
+    except Exception:  # noqa: BLE001 - a bench figure, not the peer's business
+        connections = -1
+    return {
+        "rss_mb_now": _rss_mb("VmRSS:"), "connections": connections,
+        "peers": host.connected_peers(),
+        "scores": {p: sc.score(p, now) for p in ids},
+        "banned": {p: sc.is_banned(p, now) for p in ids},
+        "admitted": {p: counting.admitted_by_signer[p] if counting else 0 for p in ids},
+        "refused": {r or "": n for (_d, o, r), n in peer.store.ledger_summary("in").items()
+                    if o == "rejected"},
+    }
+
+
+def _rss_mb(field: str = "VmHWM:") -> float:
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
@@ -159,7 +185,8 @@ async def main(args: argparse.Namespace) -> None:
     cfg = PeerConfig(
         manifest=m, identity=ident, data_dir=Path(args.data_dir), roles=(args.role,),
         bootstrap=tuple(args.bootstrap), pull_bodies=args.role in ("trainer", "validator"),
-        policy_version=VERSION, host=HostSettings(peer_dead_after_s=6.0),
+        policy_version=VERSION,
+        host=HostSettings(peer_dead_after_s=6.0, max_connections=args.max_connections),
     )
     with trio.move_on_after(args.max_life):
         async with open_peer(cfg) as peer, trio.open_nursery() as nursery:
@@ -191,6 +218,8 @@ async def main(args: argparse.Namespace) -> None:
                         sc = peer.admission.scores
                         reply({"banned": {p: sc.is_banned(p, now) for p in ids}, "rss_mb": _rss_mb(),
                               "scores": {p: sc.score(p, now) for p in ids}, "sampled": sampled_at})
+                elif kind == "probe":
+                    reply(_probe(peer, counting, cmd.get("ids", [])))
                 elif kind == "attack":
                     from bench._attacks import attack
 
@@ -239,6 +268,7 @@ def cli() -> None:
     parser.add_argument("--validator", default="", help="the run's validator key (base58)")
     parser.add_argument("--bootstrap", nargs="*", default=[])
     parser.add_argument("--max-life", type=float, default=900.0)
+    parser.add_argument("--max-connections", type=int, default=HostSettings.max_connections)
     args = parser.parse_args()
     sys.setrecursionlimit(10_000)
     trio.run(main, args)

@@ -24,8 +24,61 @@ plus `shopping_reward_gain` (the reward the trainer's work ledger credits the co
 shopper per produced counter, withheld ones counting 0 and a refused producer 0, divided by
 the honest workers' mean) and `rss_mb_max` (peak RSS of any process).
 
-`--quick`: 2.5 s per attack window (about a minute here). Full: 10 s windows.
-Options after the name: `--window S`, `--rate R` (honest records per second per worker).
+Connection cases (issue 33), in the sibling dict `connection_attacks[name]`, run after
+the attacks above by this driver process from plain py-libp2p hosts (`bench._conn_attacks`)
+against the trainer process, each followed by a fresh honest peer. Per case:
+    honest_connect_after   a fresh honest peer (the node's own host, new key) connects to the
+                           trainer, pings it (`/ipfs/ping/1.0.0`) and sees it in the GossipSub
+                           peers of the rollouts topic, within 10 s
+    rejected_fraction      share of the attack's connections or messages without effect (below)
+    attacker_penalized     what counts, per case (below)
+    honest_banned          the trainer, validator or a worker banned any of those four
+    rss_mb_growth          the trainer's RSS (VmRSS) after the case minus before, MB
+`relay_copy_quota` adds `signer_penalty` (the honest signer's score change over its own
+copies, capped at 0: 0.0 means it paid nothing). `connection_details[name]` has the raw
+counts, the trainer's connections and refusals (ledger lines by reason) before and after,
+the attackers' scores, and the honest probe. `connection_targets_met` is true when every
+case meets the issue's targets (honest_connect_after, attacker_penalized (except
+relay_copy_quota: signer_penalty 0.0 instead), not honest_banned, rss_mb_growth <= 50).
+
+    connection_churn       `--churn` connections (quick 200, full 1,000), each from a fresh
+                           identity, opened and closed at once, in 8 lanes of sequential
+                           connections (at most 8 open at a time: py-libp2p's dialer sleeps
+                           ~0.45 s per connection). rejected: the connections the trainer no
+                           longer holds afterwards (closed and released), so ~1.0 means no
+                           leak. penalized (no identity to charge, and no excess at any
+                           moment): the trainer released every one (it holds at most 2 more
+                           connections after than before).
+    connection_flood       `--flood` connections at once (quick 100, full 300) from fresh
+                           identities, held 3 s. The trainer's `max_connections` is
+                           `--trainer-cap` (quick 60, full the default 200) so the flood
+                           exceeds it. rejected: refused at connect or closed by the
+                           trainer while held. penalized: the trainer closed or refused the
+                           excess (the flood's connections still open after the hold plus
+                           the trainer's others at most its cap + 2).
+    relay_copy_quota       a relay (fresh identity) forwards 140 of an honest worker W's
+                           headers as W published them (origin W, signed by W) then copies of
+                           W's next 10 while W is over its signer quota at the trainer;
+                           3 s later W's own copies of those 10 arrive on W's connection.
+                           rejected: the relay's messages the trainer did not admit.
+                           penalized: the relay scored below 0 or banned (false by design:
+                           forwarding honest headers is not punishable).
+    gossip_control_abuse   one fresh identity on one GossipSub stream: `--topics` junk
+                           subscriptions (quick 10,000, full 100,000), `--graft-prune`
+                           GRAFT/PRUNE (2,000 / 12,000), `--ihave` IHAVEs of 5,000 ids (50 /
+                           300), interleaved. rejected: what the control budgets
+                           (`node.gossip_guard.ControlLimits` defaults) drop at least, plus
+                           writes that failed. penalized: scored below 0 or banned at the
+                           trainer (`too_many_topics`, `graft_prune_flood`, `ihave_flood`).
+    oversize_library_drop  `--oversize` 1.5 MB gossip RPCs (quick 3, full 10), each on a new
+                           GossipSub stream from one fresh identity. rejected: every one
+                           (over the library's 1 MiB limit). penalized: scored below 0 or
+                           banned at the trainer (`oversize_rpc`).
+
+`--quick`: 2.5 s per attack window and the connection cases' quick counts (about three
+minutes on 2 shared cores, the connection cases ~45 s of it). Full: 10 s windows and the issue's counts. Options after the name:
+`--window S`, `--rate R` (honest records per second per worker), `--attacks A,B` (only
+these cases), `--settle S`, and the connection cases' counts above.
 """
 
 from __future__ import annotations
@@ -40,9 +93,12 @@ from typing import Any
 
 import trio
 
+from bench._adv_peer import manifest
 from bench._attacks import ATTACKS
+from bench._conn_attacks import CONN_ATTACKS, conn_attack, honest_probe
 from bench._gossip_peer import PeerProcess
 from node.console import sayer
+from node.gossip import topic_name
 from protocol.identity import Identity
 
 MODULE = "bench._adv_peer"
@@ -63,7 +119,7 @@ def _throughput(window: tuple[float, float], verified: set[str], sampled: list[l
     return sum(rid in verified for rid in picked) / len(picked)
 
 
-async def _run(window_s: float, rate: float, settle_s: float) -> dict[str, Any]:
+async def _run(window_s: float, rate: float, settle_s: float, opts: argparse.Namespace) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="bench-adversary-"))
     keys = {name: Identity.generate() for name in ("trainer", "validator", "w1", "w2")}
     validator = keys["validator"].peer_id_b58
@@ -71,9 +127,10 @@ async def _run(window_s: float, rate: float, settle_s: float) -> dict[str, Any]:
 
     async def spawn(name: str, role: str, boot: list[str]) -> PeerProcess:
         key = ["--key", keys[name].private_bytes().hex()] if name in keys else []
+        cap = ["--max-connections", str(opts.trainer_cap)] if name == "trainer" else []
         return await PeerProcess.start(
             "--data-dir", str(root / name), "--role", role, "--validator", validator,
-            *key, *(["--bootstrap", *boot] if boot else []),
+            *key, *cap, *(["--bootstrap", *boot] if boot else []),
             module=MODULE, timeout=90.0, stderr_path=str(root / f"{name}.log"),
         )
 
@@ -96,7 +153,7 @@ async def _run(window_s: float, rate: float, settle_s: float) -> dict[str, Any]:
         baseline = (t0, time.time())
         runs: dict[str, dict[str, Any]] = {}
         targets = [procs[n].addrs[0] for n in ("trainer", "validator", "w1", "w2")]
-        for name in ATTACKS:
+        for name in [a for a in ATTACKS if a in opts.attacks]:
             start = time.time()
             answer = await procs["attacker"].ask(
                 {"cmd": "attack", "name": name, "seconds": window_s, "targets": targets,
@@ -104,6 +161,10 @@ async def _run(window_s: float, rate: float, settle_s: float) -> dict[str, Any]:
             )
             runs[name] = {**answer, "window": (start, time.time())}
             _say(f"{name}: sent {answer.get('sent')}")
+        conn: dict[str, Any] = {}
+        for name in [a for a in CONN_ATTACKS if a in opts.attacks]:
+            conn[name] = await _conn_case(name, procs, keys, validator, opts)
+            _say(f"{name}: {conn[name]}")
         for w in ("w1", "w2"):
             await procs[w].ask({"cmd": "stop"})
         await trio.sleep(settle_s)  # the last verdicts reach the trainer
@@ -115,14 +176,85 @@ async def _run(window_s: float, rate: float, settle_s: float) -> dict[str, Any]:
                   for w in ("w1", "w2", "attacker")]
         rss = [t_rep["rss_mb"], v_rep["rss_mb"], *(o["rss_mb"] for o in others)]
         views = [t_rep, v_rep, *others[:2]]  # the honest peers' views of everyone
-        (root / "reports.json").write_text(json.dumps({"runs": runs, "views": views}))
+        (root / "reports.json").write_text(json.dumps({"runs": runs, "views": views, "conn": conn}))
         _say(f"raw reports in {root / 'reports.json'}")
     finally:
         with trio.move_on_after(30) as cleanup:
             cleanup.shield = True
             for p in procs.values():
                 await p.stop()
-    return _figures(runs, t_rep, v_rep, views, keys, baseline, max(rss))
+    out = _figures(runs, t_rep, v_rep, views, keys, baseline, max(rss))
+    if conn:
+        out["connection_attacks"] = {k: v["figures"] for k, v in conn.items()}
+        out["connection_details"] = {k: v["details"] for k, v in conn.items()}
+        out["connection_targets_met"] = all(
+            f["honest_connect_after"] and f["attacker_penalized"] and not f["honest_banned"]
+            and f["rss_mb_growth"] <= 50.0
+            for k, f in out["connection_attacks"].items() if k != "relay_copy_quota"
+        ) and all(f["signer_penalty"] == 0.0 and f["honest_connect_after"] and not f["honest_banned"]
+                  for k, f in out["connection_attacks"].items() if k == "relay_copy_quota")
+    return out
+
+
+def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """Refusals (ledger lines by reason) the target wrote between two looks."""
+    return {r: n - before.get(r, 0) for r, n in sorted(after.items()) if n > before.get(r, 0)}
+
+
+async def _conn_case(name: str, procs: dict[str, PeerProcess], keys: dict[str, Identity],
+                     validator: str, opts: argparse.Namespace) -> dict[str, Any]:
+    """One connection case against the trainer: before/after looks at it, the attack,
+    then a fresh honest peer, then every honest peer's view of the honest ones."""
+    trainer = procs["trainer"]
+    m = manifest("adversary", validator)
+
+    async def probe(ids: list[str]) -> dict[str, Any]:
+        return await trainer.ask({"cmd": "probe", "ids": ids}, timeout=30)
+
+    before = await probe([])
+    cmd = {"name": name, "target": trainer.addrs[0], "count": opts.churn,
+           "topics": opts.topics, "graft_prune": opts.graft_prune, "ihave": opts.ihave,
+           "oversize": opts.oversize}
+    if name == "connection_flood":
+        cmd["count"] = opts.flood
+    start = time.monotonic()
+    ans = await conn_attack(cmd, m, probe)
+    took = time.monotonic() - start
+    await trio.sleep(2.0)  # closes and charges land
+    after = await probe(ans["ids"])
+    hp = await honest_probe(trainer.addrs[0], topic_name(m.run_id, "rollouts"))
+    honest = [k.peer_id_b58 for k in keys.values()]
+    views = [await procs[n].ask({"cmd": "probe", "ids": honest}, timeout=30)
+             for n in ("trainer", "validator", "w1", "w2")]
+    sent = max(1, int(ans["sent"]))
+    if name == "connection_churn":
+        held = max(0, after["connections"] - before["connections"])
+        rejected = sent - min(sent, held)
+        penalized = held <= 2  # every churned connection released (none to charge)
+    elif name == "connection_flood":
+        rejected = int(ans["rejected"])
+        penalized = ans["kept"] + before["connections"] <= opts.trainer_cap + 2
+    else:
+        rejected = int(ans["rejected"])
+        penalized = any(after["scores"].get(p, 0.0) < 0 or after["banned"].get(p) for p in ans["ids"])
+    figures: dict[str, Any] = {
+        "honest_connect_after": bool(hp["ok"]),
+        "rejected_fraction": round(max(0.0, min(1.0, rejected / sent)), 4),
+        "attacker_penalized": bool(penalized),
+        "honest_banned": any(v["banned"].get(h) for v in views for h in honest),
+        "rss_mb_growth": round(after["rss_mb_now"] - before["rss_mb_now"], 1),
+        "sent": int(ans["sent"]),
+    }
+    details = {k: v for k, v in ans.items() if k not in ("ids", "signer")}
+    details.update(target_connections_before=before["connections"],
+                   target_connections_after=after["connections"], attack_s=round(took, 1),
+                   attacker_scores={p[:16]: round(after["scores"].get(p, 0.0), 3) for p in ans["ids"]},
+                   attacker_banned=any(after["banned"].get(p) for p in ans["ids"]), honest_probe=hp,
+                   target_refusals=_delta(before["refused"], after["refused"]))
+    if name == "relay_copy_quota":
+        figures["signer_penalty"] = round(
+            min(0.0, ans["signer_score_after_own"] - ans["signer_score_before_own"]), 3)
+    return {"figures": figures, "details": details}
 
 
 def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict[str, Any],
@@ -172,5 +304,22 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     parser.add_argument("--window", type=float, default=2.5 if quick else 10.0)
     parser.add_argument("--rate", type=float, default=2.0)
     parser.add_argument("--settle", type=float, default=12.0 if quick else 20.0)
+    parser.add_argument("--attacks", default="",
+                        help="comma-separated case names (default: all, the connection cases last)")
+    parser.add_argument("--churn", type=int, default=200 if quick else 1000)
+    parser.add_argument("--flood", type=int, default=100 if quick else 300)
+    parser.add_argument("--trainer-cap", type=int, default=60 if quick else 200,
+                        help="the trainer's max_connections (quick: below the flood)")
+    parser.add_argument("--topics", type=int, default=10_000 if quick else 100_000)
+    parser.add_argument("--graft-prune", type=int, default=2_000 if quick else 12_000)
+    parser.add_argument("--ihave", type=int, default=50 if quick else 300,
+                        help="IHAVE messages of 5,000 ids each")
+    parser.add_argument("--oversize", type=int, default=3 if quick else 10,
+                        help="1.5 MB gossip RPCs, each on its own stream")
     opts = parser.parse_args(args)
-    return trio.run(_run, opts.window, opts.rate, opts.settle)
+    names = [a for a in opts.attacks.split(",") if a]
+    unknown = set(names) - set(ATTACKS) - set(CONN_ATTACKS)
+    if unknown:
+        parser.error(f"unknown attack(s): {sorted(unknown)}")
+    opts.attacks = set(names) or set(ATTACKS) | set(CONN_ATTACKS)
+    return trio.run(_run, opts.window, opts.rate, opts.settle, opts)
