@@ -444,11 +444,15 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
 
     async def disconnect(self, peer: str, reason: str = "") -> None:
         """Close every connection to `peer` (bounded by `close_timeout_s`)."""
+        self._mark_dropping(peer, reason)
+        await self._close_peer(peer)
+
+    def _mark_dropping(self, peer: str, reason: str) -> None:
+        """From now on `peer` counts as gone (its connections close in the background)."""
         state = self._peers.get(peer)
         if state is not None and not state.dropping:
             state.dropping = True
             self._emit(PeerEvent("dropped", peer, reason))
-        await self._close_peer(peer)
 
     async def _close_peer(self, peer: str) -> None:
         pid = ID.from_base58(peer)

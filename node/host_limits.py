@@ -90,6 +90,8 @@ class ConnectionLimitsMixin:
 
     async def disconnect(self, peer: str, reason: str = "") -> None: ...  # the host's
 
+    def _mark_dropping(self, peer: str, reason: str) -> None: ...  # the host's
+
     def set_connection_scorer(self, scorer: Callable[[str], float] | None) -> None:
         """`scorer(peer) -> float` (higher is better, synchronous, cheap): at the connection
         cap the lowest-scored peer is disconnected first, then the least recently active.
@@ -128,7 +130,11 @@ class ConnectionLimitsMixin:
                 nursery.start_soon(self._close_conn, c)
             if conn is not None and any(c is conn for c in extra):
                 return False
-        over = len(network.get_connections()) - s.max_connections
+        # Connections of peers already on their way out do not count: otherwise every
+        # newcomer arriving while earlier evictions are still closing evicts again.
+        closing = sum(len(network.get_connections(ID.from_base58(p)))
+                      for p, st in self._peers.items() if st.dropping)
+        over = len(network.get_connections()) - closing - s.max_connections
         if over <= 0:
             return True
         ranked = sorted(
@@ -137,12 +143,12 @@ class ConnectionLimitsMixin:
         )
         if self._score(peer) < min((self._score(p) for p in ranked[:1]), default=math.inf):
             log.info("refusing %s: at the connection cap and scored lowest", _short(peer))
+            self._mark_dropping(peer, "connection cap: scored lowest")
             nursery.start_soon(self._close_peer, peer)
             return False
         for victim in ranked[:over]:
-            nursery.start_soon(
-                self.disconnect, victim, f"connection cap ({s.max_connections}): making room"
-            )
+            self._mark_dropping(victim, f"connection cap ({s.max_connections}): making room")
+            nursery.start_soon(self._close_peer, victim)
         return True
 
     async def _close_conn(self, conn: Any) -> None:

@@ -946,9 +946,9 @@ class _Repeats:
 
     def __init__(self, window_s: float, max_keys: int) -> None:
         self.window_s, self.max_keys = window_s, max_keys
-        self._last: OrderedDict[tuple[PeerId, Reason], tuple[int, float]] = OrderedDict()
+        self._last: OrderedDict[tuple[PeerId, str], tuple[int, float]] = OrderedDict()
 
-    def count(self, peer: PeerId, reason: Reason, now: float) -> int:
+    def count(self, peer: PeerId, reason: str, now: float) -> int:
         """Offences before this one; records this one."""
         key = (peer, reason)
         n, at = self._last.pop(key, (0, -math.inf))
@@ -1110,7 +1110,10 @@ class Admission:
         name = ev.offence or str(Reason.MISBEHAVED)
         if name not in offences.BY_NAME:
             raise LocalProtocolError(f"Misbehaved.offence {name!r} is not in protocol.penalties")
-        return self._charge(ev.peer, ev.penalty, name, "role", ev.reason, ev.now)
+        penalty = ev.penalty
+        if penalty < 0 and offences.BY_NAME[name].repeats:
+            penalty = offences.repeat_cost(penalty, self._repeats.count(ev.peer, name, ev.now))
+        return self._charge(ev.peer, penalty, name, "role", ev.reason, ev.now)
 
     def _charge(
         self,

@@ -166,6 +166,22 @@ async def test_at_the_cap_the_lowest_scored_peer_makes_room() -> None:
                     assert d.peer_id in host.connected_peers()
 
 
+@pytest.mark.slow
+async def test_a_flood_at_the_cap_evicts_only_the_excess() -> None:
+    """60 connections at once against a cap of 20: the host ends near its cap, not far
+    below it (an eviction still closing must not count again for the next newcomer)."""
+    settings = HostSettings(max_connections=20)
+    async with open_host(_key(), settings=settings) as host:
+        addr = host.listen_addrs()[0]
+        async with trio.open_nursery() as nursery:
+            for _ in range(60):
+                nursery.start_soon(_visit, addr, 4.0)
+            await trio.sleep(3.0)  # every visitor connected and stays 4 s
+            held = len(host.connected_peers())
+        assert 15 <= held <= 20, held
+        assert await _honest_peer_connects(addr)
+
+
 async def test_at_the_cap_the_least_active_peer_makes_room() -> None:
     settings = HostSettings(max_connections=2)
     async with open_host(_key(), settings=settings) as host:

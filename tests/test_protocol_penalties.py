@@ -45,3 +45,23 @@ def test_costs_are_score_changes_and_repeats_double_up_to_a_cap():
     assert [penalties.repeat_cost(-2.0, n) for n in range(4)] == [-2.0, -4.0, -8.0, -16.0]
     cap = penalties.MAX_DOUBLINGS
     assert penalties.repeat_cost(-2.0, cap + 10) == penalties.repeat_cost(-2.0, cap)
+
+
+def test_a_gossip_control_flood_reported_window_after_window_reaches_a_ban():
+    from protocol.admission import Admission, Ban, Misbehaved, RunRules
+
+    a = Admission(RunRules("run", 2))
+    banned_at = None
+    for window in range(12):  # the host reports a sustained flood once per 10 s window
+        acts = a.handle(Misbehaved("flooder", penalties.IHAVE_FLOOD.cost, "ihave ids", 10.0 * window,
+                                   offence=penalties.IHAVE_FLOOD.name))
+        if any(isinstance(x, Ban) for x in acts):
+            banned_at = window
+            break
+    assert banned_at is not None and banned_at <= 8
+    # A single report now and then costs only its base price.
+    b = Admission(RunRules("run", 2))
+    for hour in range(3):
+        b.handle(Misbehaved("rare", penalties.IHAVE_FLOOD.cost, "ihave ids", 3600.0 * hour,
+                            offence=penalties.IHAVE_FLOOD.name))
+    assert b.scores.score("rare", 7200.0) >= 3 * penalties.IHAVE_FLOOD.cost
