@@ -197,9 +197,14 @@ def start(**kwargs: Any) -> None:
 @_one_line_errors
 def devnet(no_live: bool, **kwargs: Any) -> None:
     """Run a local swarm of real processes on loopback with the built-in tiny policy."""
+    import signal
+
     from node.commands import devnet as cmd
 
-    cmd.main(live=not no_live, **kwargs)
+    report = cmd.main(live=not no_live, **kwargs)
+    if report.get("stopped_by"):
+        # stopped by a signal: the report is written, the exit status says which signal
+        sys.exit(128 + int(signal.Signals[report["stopped_by"]]))
 
 
 @cli.command()
