@@ -96,6 +96,7 @@ from protocol.wire import (
 log = logging.getLogger("swarm.peer")
 
 ADMITTED_QUEUE = 4096
+PACE_MARGIN = 0.8  # share of the peers' per-producer rate and burst a node publishes at
 SCORE_SAVE_INTERVAL_S = 15.0  # rewards; a penalty is saved with its ledger line
 ASK_NEWEST_S = 10.0  # a sender backs a future version it handed us within this
 STORE_WAIT_S = 4.0  # under py-libp2p's 5 s limit on an async topic validator
@@ -189,10 +190,15 @@ class Peer:
         self.admission = admission
         self.policy_version = cfg.policy_version
         self.seq = SeqCounter()
+        # Peers admit at most `signer_rate` items a second from one producer (their
+        # admission settings, assumed to be ours): publish a margin below it.
+        limits = admission.config
         self.outbox = Outbox(
             host, cfg.publish_rate_per_s, max_batch=cfg.header_batch,
             batch_topics={topic_name(self.run_id, t): topic_name(self.run_id, b)
                           for t, b in BATCH_TOPICS.items()},
+            item_rate_per_s=PACE_MARGIN * min(limits.signer_rate, limits.sender_rate),
+            item_burst=PACE_MARGIN * min(limits.signer_burst, limits.sender_burst),
         )
         self.counters: Counter[str] = Counter()
         self.rejects: Counter[str] = Counter()
