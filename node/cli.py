@@ -54,7 +54,35 @@ def _first_command_error(group: BaseExceptionGroup) -> CommandError | None:
     return None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _command_path(ctx: click.Context | None) -> str:
+    """`swarm-node <command>` for a context, whatever name the program was started by."""
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(["swarm-node", *reversed(names)])
+
+
+class _Cli(click.Group):
+    """The command group; a usage error is one line on stderr (exit 2), as every other error."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)
+        except click.UsageError as exc:
+            click.echo(f"swarm-node: error: {exc.format_message()} "
+                       f"(see '{_command_path(exc.ctx)} --help')", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"swarm-node: error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("swarm-node: interrupted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="swarm-node")
 def cli() -> None:
     """swarm-node: a peer of a decentralized RL training network."""
@@ -411,7 +439,7 @@ def rollouts(no_proofs: bool, **kwargs: Any) -> None:
 
 
 def main() -> None:
-    cli()
+    sys.exit(cli())
 
 
 if __name__ == "__main__":
