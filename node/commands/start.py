@@ -236,6 +236,9 @@ def main(
     manifest = load_run_manifest(required_path(None, cfg["node.run"], "--run", "node.run"))
     identity = read_key(required_path(None, cfg["node.key"], "--key", "node.key"))
     ddir = node_dir(cfg["node.data_dir"], identity.peer_id_b58, role)
+    if role == "trainer" and identity.peer_id not in manifest.trainer_keys:
+        _say("  trainer: this key is not in the run's trainer_keys: training, but no peer "
+             "will accept the versions it publishes (add its peer id to the run file)")
     from node.roles import RoleContext, check_local
 
     ctx = RoleContext(
