@@ -122,3 +122,14 @@ def test_a_killed_devnet_leaves_no_node_running(small_run: Path, tmp_path: Path)
     for p in alive:
         os.kill(p, signal.SIGKILL)
     assert not alive, "node processes outlived a killed devnet"
+
+
+def test_the_version_summary_says_what_happened() -> None:
+    from node.commands.devnet import version_line
+
+    done = {"version": 3, "published_at": 100.0, "workers": 3, "workers_reached": 3, "spread_s": 1.5,
+            "per_worker_s": {}}
+    assert version_line(done, 200.0) == "devnet: version 3: all 3 workers generating with it within 1.5 s of its publication"
+    late = {**done, "version": 16, "workers_reached": 0, "spread_s": None}
+    line = version_line(late, 104.0)
+    assert "None" not in line and "0/3 workers" in line and "when the swarm stopped, 4 s after" in line

@@ -384,6 +384,16 @@ def version_spread(nodes: list[NodeProc]) -> list[dict[str, Any]]:
     return out
 
 
+def version_line(v: dict[str, Any], stopped_at: float) -> str:
+    """One summary line for an entry of `version_spread`."""
+    head = f"devnet: version {v['version']}: "
+    if v["spread_s"] is not None:
+        return f"{head}all {v['workers']} workers generating with it within {v['spread_s']:g} s of its publication"
+    before = max(0.0, stopped_at - v["published_at"])
+    return (f"{head}{v['workers_reached']}/{v['workers']} workers generating with it when the "
+            f"swarm stopped, {before:.0f} s after its publication")
+
+
 def _learning(out: Path, nodes: list[NodeProc]) -> dict[str, Any]:
     """The trainer's held-out evaluations (one at the start, one per published version),
     summarised, and `learning.png`."""
@@ -560,6 +570,7 @@ def main(
         _stop_all(nodes, signals.hurry)
     for n in nodes:
         n.read_status()
+    stopped_at = time.time()
     totals = _totals(nodes)
     report = {
         "parameters": {
@@ -605,10 +616,7 @@ def main(
     )
     bad = [n.name for n in nodes if n.exit_code not in (0, None)]
     for v in report["versions"]:
-        console.print(
-            f"devnet: version {v['version']}: {v['workers_reached']}/{v['workers']} workers "
-            f"generating with it, spread {v['spread_s']} s"
-        )
+        console.print(version_line(v, stopped_at))
     if bad:
         console.print(f"devnet: nodes that did not stop cleanly: {', '.join(bad)} (see their logs)")
     for sig, handler in previous.items():
