@@ -41,6 +41,7 @@ import trio
 from node import rollout_exchange, shard_exchange, sync_exchange
 from node.body_puller import BodyPuller
 from node.discovery import Discovery
+from node.dropped_by import DroppedBy
 from node.gossip import BATCH_TOPICS, TOPIC_KINDS, Outbox, topic_name
 from node.host import AGENT, HostSettings, PeerError, PeerEvent, SwarmHost, open_host
 from node.peer_services import BodyServer, CatchUpDriver, bad_request_event
@@ -202,6 +203,7 @@ class Peer:
         )
         self.counters: Counter[str] = Counter()
         self.rejects: Counter[str] = Counter()
+        self.dropped_by = DroppedBy()  # peers that keep closing our connections
         self.bootstrap_results: list[tuple[str, bool, str]] = []
         self.drained = 0  # queued messages published while stopping
         self.started_at = time.time()
@@ -339,6 +341,7 @@ class Peer:
             "peers": len(self.host.connected_peers()),
             "known_peers": len(self.discovery.book),
             "banned": self.host.banned_count(),
+            "dropped_by": self.dropped_by.status(time.time()),
             "counters": dict(self.counters),
             "rejected": dict(self.rejects),
             "outbox_pending": self.outbox.pending(),
@@ -522,6 +525,15 @@ class Peer:
 
     def _on_peer_event(self, event: PeerEvent) -> None:
         self.counters[f"peer_{event.kind}"] += 1
+        if event.kind == "disconnected":  # the remote closed it (ours are "dropped")
+            if self.dropped_by.closed(event.peer, time.time(), event.reason):
+                log.warning(
+                    "peer %s keeps closing our connections (%d in %g s; last: %s): it may "
+                    "have banned us or find us over its limits", event.peer,
+                    self.dropped_by.threshold, self.dropped_by.window_s, event.reason or "-",
+                )
+        elif event.kind == "banned":
+            self.dropped_by.forget(event.peer)
         if event.kind == "connected":
             self.submit(PeerConnected(event.peer, time.time()))
             self.catch_up.handle(cu.PeerJoined(event.peer, time.time()))

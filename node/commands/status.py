@@ -175,6 +175,12 @@ def main(data_dir: Path | None, as_json: bool) -> None:
         )
     if w.get("error"):
         click.echo(f"weights error   {w['error']}")
+    for peer, d in ((live or {}).get("dropped_by") or {}).items():
+        until = time.strftime("%H:%M:%S", time.localtime(d["until"]))
+        click.echo(
+            f"dropped by      {peer}: closed our connections {d['closes']} times (last: {d['reason'] or '-'}); "
+            f"it may have banned us or find us over its limits (reported until {until} if it stops)"
+        )
     click.echo(f"peers scored    {status['peers_scored']}, banned now {len(status['banned'])}")
     for ban in status["banned"]:
         click.echo(
