@@ -333,9 +333,10 @@ def train(files: tuple[Path, ...], **kwargs: Any) -> None:
 @click.option(
     "--data-dir",
     type=click.Path(path_type=Path),
-    help="The node's directory (default: the one node under <data root>/nodes/).",
+    help="The node's data directory, a devnet node folder or a devnet report folder "
+    "(every node) (default: the one node under <data root>/nodes/).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (one a node).")
 @_one_line_errors
 def status(data_dir: Path | None, as_json: bool) -> None:
     """Show a node's store: rollouts, its own work's verdicts, rejections, bans."""

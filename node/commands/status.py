@@ -113,12 +113,35 @@ def _peer_text(peer: bytes | str) -> str:
     return peer
 
 
+def node_dirs(given: Path) -> list[Path]:
+    """The node data directories a folder names: a data directory itself, a devnet node
+    folder (`<name>/data`), or a devnet report folder (`nodes/<name>/data` each). A folder
+    holding none is returned as is (the caller says no store is there)."""
+    from node.store import DB_FILENAME
+
+    given = Path(given).expanduser()
+    if (given / DB_FILENAME).is_file():
+        return [given]
+    if (given / "data" / DB_FILENAME).is_file():
+        return [given / "data"]
+    nodes = given / "nodes"
+    found = sorted(p / "data" for p in nodes.iterdir() if (p / "data" / DB_FILENAME).is_file()) if nodes.is_dir() else []
+    return found or [given]
+
+
 def _find(data_dir: Path | None) -> Path:
-    """The node directory to show: the one given, else the only one under the data root."""
+    """The node directory to show: the one given (or the one node under a devnet folder),
+    else the only one under the data root."""
     from node.paths import data_root, find_node_dirs
 
     if data_dir:
-        return Path(data_dir).expanduser()
+        found = node_dirs(data_dir)
+        if len(found) > 1:
+            raise CommandError(
+                f"{len(found)} nodes under {data_dir}; give one with --data-dir: "
+                + ", ".join(str(p.parent) for p in found)
+            )
+        return found[0]
     root = data_root()
     found = find_node_dirs(root)
     if len(found) == 1:
@@ -132,11 +155,25 @@ def _find(data_dir: Path | None) -> Path:
 
 
 def main(data_dir: Path | None, as_json: bool) -> None:
-    data_dir = _find(data_dir)
-    status = collect(data_dir)
-    if as_json:
-        click.echo(json.dumps(status))
+    many = node_dirs(data_dir) if data_dir else []
+    if len(many) > 1:  # a devnet report folder: every node in turn
+        for d in many:
+            if as_json:
+                click.echo(json.dumps({"node": d.parent.name, **collect(d)}))
+            else:
+                click.echo(f"== {d.parent.name} ==")
+                _show(d)
         return
+    data_dir = _find(data_dir)
+    if as_json:
+        click.echo(json.dumps(collect(data_dir)))
+        return
+    _show(data_dir)
+
+
+def _show(data_dir: Path) -> None:
+    """The status of one node as text."""
+    status = collect(data_dir)
     own = status["own_rollouts"]
     live = status["live"]
     if live:
