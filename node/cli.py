@@ -190,9 +190,21 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
 @_one_line_errors
 def start(**kwargs: Any) -> None:
     """Join a training run as one role (inference, trainer, validator, relay)."""
+    import signal
+
+    # Until the node runs (it then handles both signals itself and exits 0 once stopped),
+    # SIGTERM stops start-up as SIGINT does; either way the exit status is 0.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     from node.commands import start as cmd
 
-    cmd.main(**kwargs)
+    try:
+        cmd.main(**kwargs)
+    except KeyboardInterrupt:
+        click.echo("swarm-node: stopped before it was running", err=True)
+    except BaseExceptionGroup as group:  # raised inside a trio nursery
+        if group.split(KeyboardInterrupt)[1] is not None:
+            raise
+        click.echo("swarm-node: stopped before it was running", err=True)
 
 
 @cli.command()
