@@ -91,7 +91,7 @@ def _assert_stopped(proc: subprocess.Popen[bytes], pids: list[int], code: int, o
     report = json.loads((out / "report.json").read_text())
     assert report["interrupted"] is True
     assert len(report["nodes"]) == NODES
-    assert "report in" in output, output[-3000:]
+    assert f"report in {out}" in output, output[-3000:]  # piped output is not wrapped
 
 
 def test_sigterm_stops_every_node_and_writes_the_report(small_run: Path, tmp_path: Path) -> None:

@@ -466,6 +466,7 @@ def main(
 
     console = Console(stderr=True)
     live = live and console.is_terminal  # a pipe or a file gets plain progress lines
+    console.soft_wrap = not console.is_terminal  # ... unwrapped: one line each
     # Everything local first: the run file, then the report directory.
     if run is not None:
         manifest = load_run_manifest(Path(run))
