@@ -133,3 +133,16 @@ def test_the_version_summary_says_what_happened() -> None:
     late = {**done, "version": 16, "workers_reached": 0, "spread_s": None}
     line = version_line(late, 104.0)
     assert "None" not in line and "0/3 workers" in line and "when the swarm stopped, 4 s after" in line
+
+
+def test_the_learning_plot_zooms_to_the_data_with_intervals(tmp_path: Path) -> None:
+    from node.commands.devnet import NodeProc, _learning, solve_rate_ci95
+
+    series = [{"t": 10.0 * i, "version": i, "solve_rate": 0.2 + 0.02 * i, "reward_mean": 0.25, "steps": i}
+              for i in range(4)]
+    trainer = NodeProc("trainer", "trainer", tmp_path, None, tmp_path / "log",  # type: ignore[arg-type]
+                       status={"role_status": {"learning": series}})
+    summary = _learning(tmp_path, [trainer])
+    assert summary["plot"] == "learning.png" and (tmp_path / "learning.png").stat().st_size > 1000
+    lo, hi = summary["solve_rate_ci95"][0]
+    assert lo < 0.2 < hi and abs((hi - lo) / 2 - solve_rate_ci95(0.2, summary["heldout_tasks"])) < 1e-3

@@ -27,6 +27,7 @@ import contextlib
 import ctypes
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -394,6 +395,11 @@ def version_line(v: dict[str, Any], stopped_at: float) -> str:
             f"swarm stopped, {before:.0f} s after its publication")
 
 
+def solve_rate_ci95(rate: float, tasks: int) -> float:
+    """Half-width of the normal-approximation 95% interval of a solve rate over `tasks`."""
+    return 1.96 * math.sqrt(max(rate * (1 - rate), 0.25 / tasks) / tasks) if tasks > 0 else 0.0
+
+
 def _learning(out: Path, nodes: list[NodeProc]) -> dict[str, Any]:
     """The trainer's held-out evaluations (one at the start, one per published version),
     summarised, and `learning.png`."""
@@ -414,17 +420,29 @@ def _learning(out: Path, nodes: list[NodeProc]) -> dict[str, Any]:
         return summary
     if not series:
         return summary
+    from matplotlib.ticker import MaxNLocator
+
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     versions = [p["version"] for p in series]
     ts = [p["t"] for p in series]
+    rates = [p["solve_rate"] for p in series]
     rewards = [p["reward_mean"] if p["reward_mean"] is not None else float("nan") for p in series]
+    half = [solve_rate_ci95(r, summary["heldout_tasks"]) for r in rates]
+    summary["solve_rate_ci95"] = [[round(r - h, 4), round(r + h, 4)] for r, h in zip(rates, half, strict=True)]
+    shown = [v for v in (*(r - h for r, h in zip(rates, half, strict=True)),
+                         *(r + h for r, h in zip(rates, half, strict=True)),
+                         *(x for x in rewards if x == x)) if v == v]  # fmt: skip
+    low, high = max(0.0, min(shown) - 0.05), min(1.0, max(shown) + 0.05)
     for ax, x, label in ((a1, versions, "policy version"), (a2, ts, "seconds since the trainer started")):
-        ax.plot(x, [p["solve_rate"] for p in series], "o-", label="held-out solve rate")
+        ax.errorbar(x, rates, yerr=half, fmt="o-", capsize=3,
+                    label=f"held-out solve rate (95% interval, {summary['heldout_tasks']} tasks)")
         ax.plot(x, rewards, "s--", label="mean reward (last training batch)")
-        ax.axhline(series[0]["solve_rate"], color="grey", linestyle=":", label="warm start")
+        ax.axhline(series[0]["solve_rate"], color="grey", linestyle=":", label="warm-start solve rate")
         ax.set_xlabel(label)
-        ax.set_ylim(0, 1)
+        ax.set_ylabel("solve rate / reward")
+        ax.set_ylim(low, high)
         ax.legend(fontsize=8)
+    a1.xaxis.set_major_locator(MaxNLocator(integer=True))
     a1.set_title("devnet learning")
     fig.tight_layout()
     fig.savefig(out / "learning.png", dpi=100)
