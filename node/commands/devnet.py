@@ -342,13 +342,17 @@ def _plots(out: Path, series: list[dict[str, Any]], nodes: list[NodeProc]) -> li
     if panels:
         fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 1, 4), squeeze=False)
         for ax, (title, names, xlabel, bars, ylabel) in zip(axes[0], panels, strict=True):
+            tops = [0.0] * len(names)
             for label, values, bottom in bars:
                 ax.bar(names, values, bottom=bottom, label=label)
+                tops = [t + v for t, v in zip(tops, values, strict=True)]
             ax.set_title(title)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             ax.tick_params(axis="x", labelrotation=30)
-            ax.legend(loc="lower right", fontsize="small")
+            if len(bars) > 1:  # headroom above the bars for the legend
+                ax.set_ylim(0, max(max(tops), 1) * 1.35)
+                ax.legend(loc="upper right", fontsize="small")
         fig.tight_layout()
         fig.savefig(out / "workers.png", dpi=100)
         plt.close(fig)
