@@ -56,7 +56,35 @@ def _first_command_error(group: BaseExceptionGroup) -> CommandError | None:
     return None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _command_path(ctx: click.Context | None) -> str:
+    """`swarm-node <command>` for a context, whatever name the program was started by."""
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(["swarm-node", *reversed(names)])
+
+
+class _Cli(click.Group):
+    """The command group; a usage error is one line on stderr (exit 2), as every other error."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)
+        except click.UsageError as exc:
+            click.echo(f"swarm-node: error: {exc.format_message()} "
+                       f"(see '{_command_path(exc.ctx)} --help')", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"swarm-node: error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("swarm-node: interrupted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="swarm-node")
 def cli() -> None:
     """swarm-node: a peer of a decentralized RL training network."""
@@ -170,9 +198,21 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
 @_one_line_errors
 def start(**kwargs: Any) -> None:
     """Join a training run as one role (inference, trainer, validator, relay)."""
+    import signal
+
+    # Until the node runs (it then handles both signals itself and exits 0 once stopped),
+    # SIGTERM stops start-up as SIGINT does; either way the exit status is 0.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     from node.commands import start as cmd
 
-    cmd.main(**kwargs)
+    try:
+        cmd.main(**kwargs)
+    except KeyboardInterrupt:
+        click.echo("swarm-node: stopped before it was running", err=True)
+    except BaseExceptionGroup as group:  # raised inside a trio nursery
+        if group.split(KeyboardInterrupt)[1] is not None:
+            raise
+        click.echo("swarm-node: stopped before it was running", err=True)
 
 
 @cli.command()
@@ -205,9 +245,14 @@ def start(**kwargs: Any) -> None:
 @_one_line_errors
 def devnet(no_live: bool, **kwargs: Any) -> None:
     """Run a local swarm of real processes on loopback with the built-in tiny policy."""
+    import signal
+
     from node.commands import devnet as cmd
 
-    cmd.main(live=not no_live, **kwargs)
+    report = cmd.main(live=not no_live, **kwargs)
+    if report.get("stopped_by"):
+        # stopped by a signal: the report is written, the exit status says which signal
+        sys.exit(128 + int(signal.Signals[report["stopped_by"]]))
 
 
 @cli.command()
@@ -308,9 +353,10 @@ def train(files: tuple[Path, ...], **kwargs: Any) -> None:
 @click.option(
     "--data-dir",
     type=click.Path(path_type=Path),
-    help="The node's directory (default: the one node under <data root>/nodes/).",
+    help="The node's data directory, a devnet node folder or a devnet report folder "
+    "(every node) (default: the one node under <data root>/nodes/).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (one a node).")
 @_one_line_errors
 def status(data_dir: Path | None, as_json: bool) -> None:
     """Show a node's store: rollouts, its own work's verdicts, rejections, bans."""
@@ -414,7 +460,7 @@ def rollouts(no_proofs: bool, **kwargs: Any) -> None:
 
 
 def main() -> None:
-    cli()
+    sys.exit(cli())
 
 
 if __name__ == "__main__":

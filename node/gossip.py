@@ -17,15 +17,16 @@ several, each admitted on its own); the receiving side runs it through
 delivered nor forwarded (a batch is forwarded only when every header in it was admitted).
 
 Pacing: receivers rate-limit each signer (`AdmissionConfig.signer_rate`, 20/s) and each
-sender; a busy worker must stay below that or its own messages get refused. The
-`Outbox` is a bounded queue per topic drained by one task at `rate_per_s` (token bucket
-with a small burst); a full queue (32 by default: a few seconds of backlog) makes `put()`
+sender, dropping (free) what is over. The `Outbox` is a bounded queue per topic drained by
+one task at `rate_per_s` messages (token bucket with a small burst) and `item_rate_per_s`
+items (a batch of n headers counts n; the peer sets it below the signer rate); a full queue (32 by default: a few seconds of backlog) makes `put()`
 wait, so a producer slows down to what the network takes instead of anything being dropped
 or announced late.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -90,15 +91,23 @@ class Outbox:
     def __init__(
         self, host: SwarmHost, rate_per_s: float, burst: int = 4, capacity: int = 32,
         batch_topics: dict[str, str] | None = None, max_batch: int = 1,
+        item_rate_per_s: float = math.inf, item_burst: float = math.inf,
     ) -> None:
-        if rate_per_s <= 0:
-            raise ValueError("rate_per_s must be positive")
+        """`rate_per_s`/`burst` pace gossip messages; `item_rate_per_s`/`item_burst` pace
+        the items inside them (a batch of n headers counts n), to stay within what peers
+        admit from one producer (their `signer_rate`)."""
+        if rate_per_s <= 0 or item_rate_per_s <= 0:
+            raise ValueError("rate_per_s and item_rate_per_s must be positive")
         if not 1 <= max_batch <= MAX_HEADER_BATCH:
             raise ValueError(f"max_batch must be in [1, {MAX_HEADER_BATCH}]")
         self._host = host
         self.rate_per_s = rate_per_s
         self.burst = max(1, burst)
         self.max_batch = max_batch
+        self.item_rate_per_s = item_rate_per_s
+        self.item_burst = max(float(max_batch), item_burst)
+        self._item_tokens = self.item_burst
+        self._item_last: float | None = None
         self._batch_topics = dict(batch_topics or {})
         self._send, self._receive = trio.open_memory_channel[tuple[str, bytes]](capacity)
         self._held: deque[tuple[str, bytes]] = deque()  # taken while batching, sent next
@@ -158,8 +167,23 @@ class Outbox:
         self._held.extendleft(reversed(others))
         return batch_topic, encode(HeaderBatch(headers=tuple(items))), len(items)
 
+    async def _pace_items(self, n: int) -> None:
+        """Wait until `n` items fit the item bucket, then take them."""
+        if math.isinf(self.item_rate_per_s):
+            return
+        now = trio.current_time()
+        if self._item_last is not None:
+            self._item_tokens = min(self.item_burst,
+                                    self._item_tokens + (now - self._item_last) * self.item_rate_per_s)
+        self._item_last = now
+        if self._item_tokens < n:
+            await trio.sleep((n - self._item_tokens) / self.item_rate_per_s)
+            self._item_tokens, self._item_last = float(n), trio.current_time()
+        self._item_tokens -= n
+
     async def _publish(self, first: tuple[str, bytes]) -> int:
         topic, payload, n = self._message(first)
+        await self._pace_items(n)
         await self._host.publish(topic, payload)
         self.stats.published += n
         if topic in self._batch_topics.values():

@@ -14,7 +14,7 @@ peer events...), `rejected_total{reason}`, `delivery{state}` (own rollouts produ
 delivered, pending, too stale), `role{field}` (the role's numbers: rollouts produced,
 audits passed and failed, verified...), `weights_installed_versions`,
 `weights_uploaded_bytes_total`, `weights_events_total{event}` (bytes downloaded, shards
-served and verified...), `peers_banned`.
+served and verified...), `peers_banned`, `dropped_by_peers`.
 """
 
 from __future__ import annotations
@@ -83,6 +83,8 @@ def render(status: dict[str, Any]) -> str:
     series("weights_events_total", "counter", "weight exchange events by kind",
            [({"event": k}, v) for k, v in sorted((weights.get("counters") or {}).items())])
     series("peers_banned", "gauge", "peers banned now", [({}, status.get("banned"))])
+    series("dropped_by_peers", "gauge", "peers that keep closing our connections (node.dropped_by)",
+           [({}, len(status.get("dropped_by") or {}))])  # fmt: skip
     return "\n".join(out) + "\n"
 
 

@@ -81,11 +81,34 @@ def find_node_dirs(root: Path) -> list[Path]:
     return sorted(p for p in nodes.iterdir() if (p / DB_FILENAME).is_file())
 
 
+def node_dirs(given: Path) -> list[Path]:
+    """The node data directories a folder names: a data directory itself, a devnet node
+    folder (`<name>/data`), or a devnet report folder (`nodes/<name>/data` each). A folder
+    holding none is returned as is (the caller says no store is there)."""
+    from node.store import DB_FILENAME
+
+    given = Path(given).expanduser()
+    if (given / DB_FILENAME).is_file():
+        return [given]
+    if (given / "data" / DB_FILENAME).is_file():
+        return [given / "data"]
+    nodes = given / "nodes"
+    found = sorted(p / "data" for p in nodes.iterdir() if (p / "data" / DB_FILENAME).is_file()) if nodes.is_dir() else []
+    return found or [given]
+
+
 def find_node_dir(data_dir: str | Path | None) -> Path:
-    """The node directory a command reads (`status`, `ledger`): the one given, else the only
-    one under the data root."""
+    """The node directory a command reads (`status`, `ledger`): the one the given folder
+    names (a data directory, a devnet node or report folder holding one node), else the
+    only one under the data root."""
     if data_dir:
-        return Path(data_dir).expanduser()
+        found = node_dirs(Path(data_dir))
+        if len(found) > 1:
+            raise CommandError(
+                f"{len(found)} nodes under {data_dir}; give one with --data-dir: "
+                + ", ".join(str(p.parent) for p in found)
+            )
+        return found[0]
     root = data_root()
     found = find_node_dirs(root)
     if len(found) == 1:

@@ -35,11 +35,12 @@ import trio
 from node import rollout_exchange, shard_exchange, sync_exchange
 from node.body_puller import BodyPuller
 from node.discovery import Discovery
+from node.dropped_by import DroppedBy
 from node.gossip import BATCH_TOPICS, TOPIC_KINDS, Outbox, topic_name
-from node.host import AGENT, Later, Misbehaviour, PeerError, PeerEvent, SwarmHost, open_host
+from node.host import AGENT, Later, Misbehaviour, PeerEvent, SwarmHost, open_host
 from node.ledger_writer import LedgerWriter
 from node.peer_config import PeerConfig, SeqCounter
-from node.peer_services import BodyServer, CatchUpDriver, bad_request_event
+from node.peer_services import BodyServer, CatchUpDriver, ask_newest, bad_request_event
 from node.peer_upkeep import Upkeep
 from node.store import RolloutRow, Store, StoreError, VerdictRow
 from node.store_writer import PendingWrite, StoreWriter
@@ -58,7 +59,6 @@ from protocol.admission import (
     Known,
     MessageReceived,
     Misbehaved,
-    NewestShown,
     PeerConnected,
     Reject,
     RunRules,
@@ -88,7 +88,7 @@ from protocol.wire import (
 log = logging.getLogger("swarm.peer")
 
 ADMITTED_QUEUE = 4096
-ASK_NEWEST_S = 10.0  # a sender backs a future version it handed us within this
+PACE_MARGIN = 0.8  # share of the peers' per-producer rate and burst a node publishes at
 STORE_WAIT_S = 20.0  # a gossip message whose write takes longer is not forwarded from here
 RESTORED_PULLS = 4096  # owed pulls queued again at start
 VALIDATOR_WAITS_KEPT = 4096
@@ -142,13 +142,19 @@ class Peer:
         self.admission = admission
         self.policy_version = cfg.policy_version
         self.seq = SeqCounter()
+        # Peers admit at most `signer_rate` items a second from one producer (their
+        # admission settings, assumed to be ours): publish a margin below it.
+        limits = admission.config
         self.outbox = Outbox(
             host, cfg.publish_rate_per_s, max_batch=cfg.header_batch,
             batch_topics={topic_name(self.run_id, t): topic_name(self.run_id, b)
                           for t, b in BATCH_TOPICS.items()},
+            item_rate_per_s=PACE_MARGIN * min(limits.signer_rate, limits.sender_rate),
+            item_burst=PACE_MARGIN * min(limits.signer_burst, limits.sender_burst),
         )
         self.counters: Counter[str] = Counter()
         self.rejects: Counter[str] = Counter()
+        self.dropped_by = DroppedBy()  # peers that keep closing our connections
         self.bootstrap_results: list[tuple[str, bool, str]] = []
         self.drained = 0  # queued messages published while stopping
         self.started_at = time.time()
@@ -288,6 +294,7 @@ class Peer:
             "peers": len(self.host.connected_peers()),
             "known_peers": len(self.discovery.book),
             "banned": self.host.banned_count(),
+            "dropped_by": self.dropped_by.status(time.time()),
             "counters": dict(self.counters),
             "rejected": dict(self.rejects),
             "outbox_pending": self.outbox.pending(),
@@ -367,7 +374,7 @@ class Peer:
         elif isinstance(action, Unban):
             self.host.unban(str(action.peer))
         elif isinstance(action, AskNewest):
-            self.spawn(self._ask_newest, action)
+            self.spawn(ask_newest, self, action)
         else:
             raise AssertionError(f"no executor for {type(action).__name__}")
 
@@ -396,22 +403,6 @@ class Peer:
         with contextlib.suppress(StoreError):
             await trio.to_thread.run_sync(self.store.save_peer, action.record)
         await self.host.ban(str(action.peer), max(1.0, action.until - time.time()), "score below threshold")
-
-    async def _ask_newest(self, ask: AskNewest) -> None:
-        """Ask a peer that claimed a version we do not know to back it with its newest
-        manifest (`protocol.version_claims`); a backed claim sends the weights after it."""
-        peer, env, answered = str(ask.peer), None, False
-        with trio.move_on_after(ASK_NEWEST_S):
-            try:
-                env = await shard_exchange.fetch_newest(self.host, peer, self.run_id)
-                answered = True
-            except PeerError as exc:
-                log.debug("peer: %s did not back its version claim: %s", peer[:12], exc)
-        handled = self.submit(NewestShown(ask.peer, env, time.time(), answered))
-        # Only a backing manifest goes on to the weights (an unbacked answer was charged
-        # once already, and is not opened a second time).
-        if env is not None and self.weights is not None and not handled.actions:
-            await self.admit(peer, Kind.WEIGHT_MANIFEST, env)
 
     # -- gossip validators ----------------------------------------------------------------
 
@@ -487,6 +478,7 @@ class Peer:
 
     def _on_peer_event(self, event: PeerEvent) -> None:
         self.counters[f"peer_{event.kind}"] += 1
+        self.dropped_by.on_event(event.kind, event.peer, event.reason, time.time())
         if event.kind == "connected":
             self.submit(PeerConnected(event.peer, time.time()))
             self.catch_up.handle(cu.PeerJoined(event.peer, time.time()))

@@ -1,6 +1,7 @@
 """What a peer serves and asks besides gossip: rollout bodies to pullers, catch-up
-(`protocol.catch_up`: which rollouts a neighbour holds, receipts for a worker's own work)
-and the worker's delivery accounting. IO only; the rules live in `protocol.catch_up`.
+(`protocol.catch_up`: which rollouts a neighbour holds, receipts for a worker's own work),
+the worker's delivery accounting, and asking a peer to back a version it claimed
+(`protocol.version_claims`). IO only; the rules live in `protocol/`.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from node import rollout_exchange, sync_exchange
+from node import rollout_exchange, shard_exchange, sync_exchange
 from node.host import PeerError
 from node.store import StoreError
 from protocol import catch_up as cu
 from protocol import penalties
-from protocol.admission import Misbehaved
+from protocol.admission import Kind, Misbehaved, NewestShown
 from protocol.codec import encode
+from protocol.version_claims import AskNewest
 from protocol.wire import RolloutRecord
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ log = logging.getLogger("swarm.peer")
 MAX_SERVE_STREAMS_PER_PEER = 4
 CATCH_UP_TICK_S = 1.0
 DELIVERY_CHECK_S = 5.0
+ASK_NEWEST_S = 10.0  # a sender backs a future version it handed us within this
 
 
 class BodyServer:
@@ -157,3 +160,20 @@ class CatchUpDriver:
 
 def bad_request_event(peer: str, reason: str) -> Misbehaved:
     return Misbehaved(peer, penalties.BAD_REQUEST.cost, reason, time.time(), offence=penalties.BAD_REQUEST.name)
+
+
+async def ask_newest(peer: Peer, ask: AskNewest) -> None:
+    """Ask a peer that claimed a version we do not know to back it with its newest
+    manifest (`protocol.version_claims`); a backed claim sends the weights after it."""
+    who, env, answered = str(ask.peer), None, False
+    with trio.move_on_after(ASK_NEWEST_S):
+        try:
+            env = await shard_exchange.fetch_newest(peer.host, who, peer.run_id)
+            answered = True
+        except PeerError as exc:
+            log.debug("peer: %s did not back its version claim: %s", who[:12], exc)
+    handled = peer.submit(NewestShown(ask.peer, env, time.time(), answered))
+    # Only a backing manifest goes on to the weights (an unbacked answer was charged
+    # once already, and is not opened a second time).
+    if env is not None and peer.weights is not None and not handled.actions:
+        await peer.admit(who, Kind.WEIGHT_MANIFEST, env)

@@ -1421,9 +1421,9 @@ class Admission:
             raise _Refused(Stage.QUOTA, Reason.NEW_IDENTITIES, "too many new signers at once",
                            AUTHORED_NEW_IDENTITY_PENALTY if authored else None)  # fmt: skip
         if not self._signer_rate.allow(signer, m.now):
-            # The signer published too much; its relays are not to blame.
-            pen = 0.0 if _relaying(m.peer, m.origin, signer) else None
-            raise _Refused(Stage.QUOTA, Reason.RATE_LIMITED, "signer over its rate", pen)
+            # Dropped, never charged: an honest producer may be faster than we accept (a
+            # flood still pays at the per-sender stage), and its relays are not to blame.
+            raise _Refused(Stage.QUOTA, Reason.RATE_LIMITED, "signer over its rate", 0.0)
 
     def _stage_unique(self, m: _Msg) -> None:
         """One rollout per (producer, counter, version) and per body digest."""

@@ -6,7 +6,8 @@ publishes, forwards, answers a pull, or runs a heartbeat; the honest peers facin
 run only the real rules (`protocol.admission`, `protocol.peer_score`).
 
     SPAM       publishes its own validly signed headers at `spam_rate` per second to every
-               connected peer (admission's signer rate limit penalises it, as signer)
+               connected peer (over admission's signer rate they are dropped free; past
+               the per-sender rate and its overrun allowance the connection pays)
     INVALID    sends forged headers (bad signature) at `invalid_rate` to every peer
     DUPLICATE  republishes one unit of work (same body digest) under fresh headers
     REPLAY     re-sends other peers' old messages to its neighbours, as a relay

@@ -95,14 +95,6 @@ def test_start_on_a_non_local_address_names_it(setup):
     one_line_error(res, addr, "not an address of this machine")
 
 
-@pytest.mark.parametrize("addr", ["/ip4/127.0.0.1/udp/52010/quic-v1", "/ip4/127.0.0.1"])
-def test_start_on_an_address_it_cannot_listen_on_exits_2(setup, addr):
-    res = _start(setup, "--role", "relay", "--listen", addr)
-    assert res.returncode == 2, (res.returncode, res.stderr)
-    one_line_error(res, addr, "TCP only")
-    assert "listening on" not in res.stdout
-
-
 @pytest.mark.slow
 def test_a_worker_without_peers_waits_instead_of_piling_up_work(setup):
     """A lone worker makes at most one batch, says it waits for peers, and stops cleanly."""

@@ -108,9 +108,20 @@ def test_network_drops_a_message_whose_receiver_left_on_the_way():
     assert net.c.bytes_dropped == 1000
 
 
-def test_a_spammer_is_scored_out_of_meshes():
-    wl = Workload(peers=40, duration_s=120, publish_interval_s=20)
+def test_a_fast_signer_is_dropped_free_and_never_banned():
+    """Over its signer rate a producer's headers are dropped, never charged: a fast honest
+    worker looks the same to its peers."""
+    wl = Workload(peers=40, duration_s=60, publish_interval_s=20)
     sw = Swarm(wl, adversary=AdversaryConfig(fractions={"spam": 0.05}, spam_rate=60), seed=4)
+    sw.run()
+    assert sw.m.rejects["rate_limited"] > 0
+    assert sw.m.bans == 0 and sw.m.honest_penalized == 0
+
+
+def test_a_flooder_is_scored_out_of_meshes():
+    """Past the per-connection rate and its overrun allowance a sender pays."""
+    wl = Workload(peers=40, duration_s=120, publish_interval_s=20)
+    sw = Swarm(wl, adversary=AdversaryConfig(fractions={"spam": 0.05}, spam_rate=200), seed=4)
     spammers = {p for p in range(sw.n) if sw.behaviour[p] == Behaviour.SPAM}
     assert len(spammers) == 2
     sw.run()

@@ -7,8 +7,10 @@ and data directory under the report directory; they find each other through the 
 and peer exchange. Workers generate 16 rollouts a batch (4 groups; at 4 a batch
 they made a third as many on 2 cores) and the validator audits all of them, newest policy
 version first (a group trains only when its members are verified). The terminal shows live progress (rich); after `--duration` seconds, or
-on Ctrl-C, every process gets SIGTERM (then SIGKILL after a grace period) and the report
-directory receives:
+on Ctrl-C or SIGTERM (once or twice), every process gets SIGTERM (then SIGKILL after a
+grace period, at once on a second signal), the report of what ran is written and the exit
+status is 128 + the signal's number; a node whose devnet dies anyway gets SIGTERM from the
+kernel (Linux). The report directory receives:
 
     report.json      parameters, per-node final status, totals, time series
     progress.png     rollouts produced / received by the trainer / verified over time
@@ -22,12 +24,15 @@ directory receives:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +93,45 @@ def _node_key(root: Path, name: str) -> Identity:
     return read_key(key)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup(nice: int, parent: int) -> Any:
+    """The function a node process runs between fork and exec: a lower CPU priority for
+    workers, and (Linux) SIGTERM to the node when the devnet process dies, however it
+    dies, so that no node outlives its devnet."""
+    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+    def setup() -> None:
+        if nice:
+            os.nice(nice)
+        if libc is not None:
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+            if os.getppid() != parent:  # the devnet died before the request took effect
+                os._exit(1)
+
+    return setup
+
+
+@dataclass
+class _Signals:
+    """SIGINT / SIGTERM received by the devnet. The first one raises KeyboardInterrupt
+    (unless the devnet is already stopping); every later one is only counted, and makes
+    the stop SIGKILL what is still running instead of waiting the grace period."""
+
+    received: list[int] = field(default_factory=list)
+    stopping: bool = False
+
+    def handler(self, signum: int, _frame: Any) -> None:
+        self.received.append(signum)
+        if len(self.received) == 1 and not self.stopping:
+            self.stopping = True
+            raise KeyboardInterrupt
+
+    def hurry(self) -> bool:
+        return len(self.received) >= 2
+
+
 def _spawn(name: str, role: str, root: Path, run: Path, extra: list[str]) -> NodeProc:
     d = root / "nodes" / name
     _node_key(root, name)
@@ -103,8 +147,10 @@ def _spawn(name: str, role: str, root: Path, run: Path, extra: list[str]) -> Nod
     # Workers generate flat out; on one machine they would starve the trainer and validator
     # (on separate machines they do not), so they run at a lower CPU priority.
     nice = INFERENCE_NICE if role == "inference" else 0
+    # Each node runs in its own session: a Ctrl-C in the terminal reaches only the devnet,
+    # which stops the nodes in order and writes the report.
     proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                            preexec_fn=(lambda: os.nice(nice)) if nice else None)  # noqa: PLW1509
+                            preexec_fn=_child_setup(nice, os.getpid()))  # noqa: PLW1509
     fh.close()
     return NodeProc(name, role, d, proc, log)
 
@@ -122,21 +168,21 @@ def _wait_banner(node: NodeProc, timeout: float) -> None:
     raise CommandError(f"{node.name} did not start listening within {timeout:g} s (log: {node.log})")
 
 
-def _stop_all(nodes: list[NodeProc]) -> None:
-    """SIGTERM everyone, wait up to STOP_GRACE_S, then SIGKILL the rest."""
+def _stop_all(nodes: list[NodeProc], hurry: Any = lambda: False) -> None:
+    """SIGTERM everyone, wait up to STOP_GRACE_S (or until `hurry()` says so), then
+    SIGKILL the rest."""
     for n in nodes:
         if n.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 n.proc.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
     deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline and not hurry() and any(n.proc.poll() is None for n in nodes):
+        time.sleep(0.1)
     for n in nodes:
-        try:
-            n.exit_code = n.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            n.proc.kill()
-            n.exit_code = n.proc.wait(timeout=5)
+        if n.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                n.proc.kill()
+        n.exit_code = n.proc.wait(timeout=5)
 
 
 def _totals(nodes: list[NodeProc]) -> dict[str, Any]:
@@ -296,13 +342,17 @@ def _plots(out: Path, series: list[dict[str, Any]], nodes: list[NodeProc]) -> li
     if panels:
         fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 1, 4), squeeze=False)
         for ax, (title, names, xlabel, bars, ylabel) in zip(axes[0], panels, strict=True):
+            tops = [0.0] * len(names)
             for label, values, bottom in bars:
                 ax.bar(names, values, bottom=bottom, label=label)
+                tops = [t + v for t, v in zip(tops, values, strict=True)]
             ax.set_title(title)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             ax.tick_params(axis="x", labelrotation=30)
-            ax.legend(loc="lower right", fontsize="small")
+            if len(bars) > 1:  # headroom above the bars for the legend
+                ax.set_ylim(0, max(max(tops), 1) * 1.35)
+                ax.legend(loc="upper right", fontsize="small")
         fig.tight_layout()
         fig.savefig(out / "workers.png", dpi=100)
         plt.close(fig)
@@ -339,6 +389,21 @@ def version_spread(nodes: list[NodeProc]) -> list[dict[str, Any]]:
     return out
 
 
+def version_line(v: dict[str, Any], stopped_at: float) -> str:
+    """One summary line for an entry of `version_spread`."""
+    head = f"devnet: version {v['version']}: "
+    if v["spread_s"] is not None:
+        return f"{head}all {v['workers']} workers generating with it within {v['spread_s']:g} s of its publication"
+    before = max(0.0, stopped_at - v["published_at"])
+    return (f"{head}{v['workers_reached']}/{v['workers']} workers generating with it when the "
+            f"swarm stopped, {before:.0f} s after its publication")
+
+
+def solve_rate_ci95(rate: float, tasks: int) -> float:
+    """Half-width of the normal-approximation 95% interval of a solve rate over `tasks`."""
+    return 1.96 * math.sqrt(max(rate * (1 - rate), 0.25 / tasks) / tasks) if tasks > 0 else 0.0
+
+
 def _learning(out: Path, nodes: list[NodeProc]) -> dict[str, Any]:
     """The trainer's held-out evaluations (one at the start, one per published version),
     summarised, and `learning.png`."""
@@ -359,17 +424,29 @@ def _learning(out: Path, nodes: list[NodeProc]) -> dict[str, Any]:
         return summary
     if not series:
         return summary
+    from matplotlib.ticker import MaxNLocator
+
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     versions = [p["version"] for p in series]
     ts = [p["t"] for p in series]
+    rates = [p["solve_rate"] for p in series]
     rewards = [p["reward_mean"] if p["reward_mean"] is not None else float("nan") for p in series]
+    half = [solve_rate_ci95(r, summary["heldout_tasks"]) for r in rates]
+    summary["solve_rate_ci95"] = [[round(r - h, 4), round(r + h, 4)] for r, h in zip(rates, half, strict=True)]
+    shown = [v for v in (*(r - h for r, h in zip(rates, half, strict=True)),
+                         *(r + h for r, h in zip(rates, half, strict=True)),
+                         *(x for x in rewards if x == x)) if v == v]  # fmt: skip
+    low, high = max(0.0, min(shown) - 0.05), min(1.0, max(shown) + 0.05)
     for ax, x, label in ((a1, versions, "policy version"), (a2, ts, "seconds since the trainer started")):
-        ax.plot(x, [p["solve_rate"] for p in series], "o-", label="held-out solve rate")
+        ax.errorbar(x, rates, yerr=half, fmt="o-", capsize=3,
+                    label=f"held-out solve rate (95% interval, {summary['heldout_tasks']} tasks)")
         ax.plot(x, rewards, "s--", label="mean reward (last training batch)")
-        ax.axhline(series[0]["solve_rate"], color="grey", linestyle=":", label="warm start")
+        ax.axhline(series[0]["solve_rate"], color="grey", linestyle=":", label="warm-start solve rate")
         ax.set_xlabel(label)
-        ax.set_ylim(0, 1)
+        ax.set_ylabel("solve rate / reward")
+        ax.set_ylim(low, high)
         ax.legend(fontsize=8)
+    a1.xaxis.set_major_locator(MaxNLocator(integer=True))
     a1.set_title("devnet learning")
     fig.tight_layout()
     fig.savefig(out / "learning.png", dpi=100)
@@ -411,6 +488,7 @@ def main(
 
     console = Console(stderr=True)
     live = live and console.is_terminal  # a pipe or a file gets plain progress lines
+    console.soft_wrap = not console.is_terminal  # ... unwrapped: one line each
     # Everything local first: the run file, then the report directory.
     if run is not None:
         manifest = load_run_manifest(Path(run))
@@ -452,6 +530,13 @@ def main(
     interrupted = False
     drained_s = 0.0
     started = time.monotonic()
+    # SIGTERM (`timeout`, a service manager) stops the devnet as Ctrl-C does: the nodes are
+    # stopped and the report of what ran is written; a second signal only hurries the stop.
+    signals = _Signals()
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, signals.handler)
     try:
         pub = ["--publish-every", str(publish_every)] if publish_every > 0 else []
         boot = _spawn("trainer", "trainer", root, run_path, [*common, *pub])
@@ -501,11 +586,14 @@ def main(
         series.append({"t": round(time.monotonic() - started, 1), **_totals(nodes), "phase": "drain"})
     except KeyboardInterrupt:
         interrupted = True
-        console.print("devnet: Ctrl-C: stopping every node ...")
+        name = signal.Signals(signals.received[0]).name if signals.received else "SIGINT"
+        console.print(f"devnet: {name}: stopping every node, then writing the report ...")
     finally:
-        _stop_all(nodes)
+        signals.stopping = True
+        _stop_all(nodes, signals.hurry)
     for n in nodes:
         n.read_status()
+    stopped_at = time.time()
     totals = _totals(nodes)
     report = {
         "parameters": {
@@ -514,6 +602,7 @@ def main(
             "run_id": manifest.run_id, "model": manifest.model, "policy_version": 0,
         },
         "interrupted": interrupted,
+        "stopped_by": signal.Signals(signals.received[0]).name if signals.received else None,
         "elapsed_s": round(time.monotonic() - started, 1),
         "drain_s": drained_s,
         "totals": totals,
@@ -550,10 +639,9 @@ def main(
     )
     bad = [n.name for n in nodes if n.exit_code not in (0, None)]
     for v in report["versions"]:
-        console.print(
-            f"devnet: version {v['version']}: {v['workers_reached']}/{v['workers']} workers "
-            f"generating with it, spread {v['spread_s']} s"
-        )
+        console.print(version_line(v, stopped_at))
     if bad:
         console.print(f"devnet: nodes that did not stop cleanly: {', '.join(bad)} (see their logs)")
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
     return report

@@ -20,7 +20,11 @@ import click
 from node.errors import CommandError
 from node.paths import find_node_dir
 from node.store import DB_FILENAME, LedgerEntry, Store
+from protocol.admission import Kind
 from protocol.identity import peer_text
+
+# what a ledger line can be about: a rollout this node produced, or a message kind received
+KINDS = ("rollout", *(k.value for k in Kind))
 
 
 def entries(
@@ -33,6 +37,8 @@ def entries(
         raise CommandError(f"no node store at {path} (has a node run with --data-dir {data_dir}?)")
     if last < 1:
         raise CommandError(f"--last: expected a positive number of lines, got {last}")
+    if kind is not None and kind not in KINDS:
+        raise CommandError(f"--kind {kind!r}: not a ledger kind; one of {', '.join(KINDS)}")
     with Store(path) as store:
         return store.ledger(
             direction, "rejected" if rejected else None, kind, limit=last, newest=True

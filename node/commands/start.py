@@ -62,6 +62,30 @@ def _check_addrs(addrs: Sequence[str], what: str, need_peer: bool) -> list[str]:
     return out
 
 
+def _check_listen(addrs: Sequence[str]) -> list[str]:
+    """Listen addresses the node can bind: `/ip4/<address>/tcp/<port>` or
+    `/ip6/<address>/tcp/<port>` (port 0: any free port), nothing after the port; the node
+    listens on TCP only."""
+    import ipaddress
+
+    out = []
+    for a in _check_addrs(addrs, "--listen", need_peer=False):
+        parts = a.strip("/").split("/")
+        ok = len(parts) == 4 and parts[0] in ("ip4", "ip6") and parts[2] == "tcp" and parts[3].isdigit()
+        if ok:
+            try:
+                ipaddress.ip_address(parts[1])
+            except ValueError:
+                ok = False
+        if not ok or not 0 <= int(parts[3]) <= 65535:
+            raise CommandError(
+                f"--listen {a!r}: cannot listen there; give /ip4/<address>/tcp/<port> or "
+                "/ip6/<address>/tcp/<port> (port 0: any free port; the node listens on TCP only)"
+            )
+        out.append(a)
+    return out
+
+
 def _lock(data_dir: Path) -> Any:
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -207,11 +231,14 @@ def main(
     # matplotlib (imported for plots) logs building its font cache at INFO on a fresh machine
     logging.getLogger("matplotlib").setLevel(max(logging.WARNING, logging.getLogger().level))
     metrics_at = _metrics_addr(cfg["node.metrics"])
-    listen_addrs = _check_addrs(cfg["node.listen"], "--listen", need_peer=False)
+    listen_addrs = _check_listen(cfg["node.listen"])
     boot = _check_addrs(cfg["node.bootstrap"], "--bootstrap", need_peer=True)
     manifest = load_run_manifest(required_path(None, cfg["node.run"], "--run", "node.run"))
     identity = read_key(required_path(None, cfg["node.key"], "--key", "node.key"))
     ddir = node_dir(cfg["node.data_dir"], identity.peer_id_b58, role)
+    if role == "trainer" and identity.peer_id not in manifest.trainer_keys:
+        _say("  trainer: this key is not in the run's trainer_keys: training, but no peer "
+             "will accept the versions it publishes (add its peer id to the run file)")
     from node.roles import RoleContext, check_local
 
     ctx = RoleContext(

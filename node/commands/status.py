@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from node.errors import CommandError
-from node.paths import find_node_dir
+from node.paths import find_node_dir, node_dirs
 from node.store import DB_FILENAME, Store
 from protocol.identity import peer_text
 
@@ -108,11 +108,25 @@ def _read_live(data_dir: Path) -> dict[str, Any] | None:
 
 
 def main(data_dir: Path | None, as_json: bool) -> None:
-    data_dir = find_node_dir(data_dir)
-    status = collect(data_dir)
-    if as_json:
-        click.echo(json.dumps(status))
+    many = node_dirs(Path(data_dir)) if data_dir else []
+    if len(many) > 1:  # a devnet report folder: every node in turn
+        for d in many:
+            if as_json:
+                click.echo(json.dumps({"node": d.parent.name, **collect(d)}))
+            else:
+                click.echo(f"== {d.parent.name} ==")
+                _show(d)
         return
+    data_dir = find_node_dir(data_dir)
+    if as_json:
+        click.echo(json.dumps(collect(data_dir)))
+        return
+    _show(data_dir)
+
+
+def _show(data_dir: Path) -> None:
+    """The status of one node as text."""
+    status = collect(data_dir)
     own = status["own_rollouts"]
     live = status["live"]
     if live:
@@ -151,6 +165,12 @@ def main(data_dir: Path | None, as_json: bool) -> None:
         )
     if w.get("error"):
         click.echo(f"weights error   {w['error']}")
+    for peer, d in ((live or {}).get("dropped_by") or {}).items():
+        until = time.strftime("%H:%M:%S", time.localtime(d["until"]))
+        click.echo(
+            f"dropped by      {peer}: closed our connections {d['closes']} times (last: {d['reason'] or '-'}); "
+            f"it may have banned us or find us over its limits (reported until {until} if it stops)"
+        )
     click.echo(f"peers scored    {status['peers_scored']}, banned now {len(status['banned'])}")
     for ban in status["banned"]:
         click.echo(
