@@ -184,10 +184,6 @@ def main(
     """Run a node until SIGINT/SIGTERM or `duration` seconds; see the module docstring.
     Flags override the config file; paths resolve as `node.paths` says."""
     from node.config import ROLES, load_config
-    from node.keyfile import read_key
-    from node.log_format import configure as configure_logging
-    from node.paths import node_dir, required_path
-    from node.run_file import load_run_manifest
 
     if role is not None and role not in ROLES:
         raise CommandError(f"--role must be one of {', '.join(ROLES)}, got {role!r}")
@@ -212,42 +208,16 @@ def main(
         },
     )
     role = cfg["node.role"]
-    if duration is not None and not duration > 0:
-        raise CommandError(f"--duration must be positive, got {duration}")
-    if max_rollouts is not None and max_rollouts < 1:
-        raise CommandError(f"--max-rollouts must be >= 1, got {max_rollouts}")
+    _check_limits(duration, max_rollouts)
     split = parse_local_train(local_train, role)
-    configure_logging(cfg["node.log_level"], cfg["node.log_format"])
-    # py-libp2p logs every failed dial at ERROR; our own lines already say what failed.
-    # (Import it first: importing libp2p resets its loggers' levels.)
-    import node.host  # noqa: F401
-
-    quiet = logging.DEBUG if cfg["node.log_level"] == "debug" else logging.CRITICAL
-    for noisy in ("libp2p", "multiaddr", "async_service"):
-        logging.getLogger(noisy).setLevel(quiet)
-        # py-libp2p detaches its logger (no handler, no propagation): at debug its lines
-        # went out bare through logging's last resort; ours carry them in our format
-        logging.getLogger(noisy).propagate = quiet == logging.DEBUG
-    # matplotlib (imported for plots) logs building its font cache at INFO on a fresh machine
-    logging.getLogger("matplotlib").setLevel(max(logging.WARNING, logging.getLogger().level))
+    _configure_logging(cfg)
     metrics_at = _metrics_addr(cfg["node.metrics"])
     listen_addrs = _check_listen(cfg["node.listen"])
     boot = _check_addrs(cfg["node.bootstrap"], "--bootstrap", need_peer=True)
-    manifest = load_run_manifest(required_path(None, cfg["node.run"], "--run", "node.run"))
-    identity = read_key(required_path(None, cfg["node.key"], "--key", "node.key"))
-    ddir = node_dir(cfg["node.data_dir"], identity.peer_id_b58, role)
-    if role == "trainer" and identity.peer_id not in manifest.trainer_keys:
-        _say("  trainer: this key is not in the run's trainer_keys: training, but no peer "
-             "will accept the versions it publishes (add its peer id to the run file)")
-    from node.roles import RoleContext, check_local
+    manifest, identity, ddir = _run_key_and_dir(cfg, role)
+    ctx = _role_context(cfg, ddir, threads, max_rollouts, split)
+    from node.roles import check_local
 
-    ctx = RoleContext(
-        model=cfg["node.model"] or None, models_dir=str(ddir), batch_size=cfg["inference.batch_size"],
-        engine=cfg["inference.engine"], threads=threads,
-        audit_fraction=cfg["validator.audit_fraction"], max_rollouts=max_rollouts,
-        producer_window_fraction=cfg["validator.producer_window_fraction"],
-        local_train=split, data_dir=ddir, say=lambda m: _say(f"  {m}"),
-    )
     model_dir = check_local(role, ctx, manifest)  # model and datasets: before the network
     base = _base_weights(model_dir, manifest) if model_dir is not None else None
     ctx.publish_every_s = cfg["trainer.publish_every_s"]
@@ -261,6 +231,62 @@ def main(
         lock.close()
 
 
+def _check_limits(duration: float | None, max_rollouts: int | None) -> None:
+    if duration is not None and not duration > 0:
+        raise CommandError(f"--duration must be positive, got {duration}")
+    if max_rollouts is not None and max_rollouts < 1:
+        raise CommandError(f"--max-rollouts must be >= 1, got {max_rollouts}")
+
+
+def _configure_logging(cfg: Any) -> None:
+    """Our log level and format, py-libp2p's loggers quiet unless at debug, matplotlib's
+    font-cache lines hidden."""
+    from node.log_format import configure
+
+    configure(cfg["node.log_level"], cfg["node.log_format"])
+    # py-libp2p logs every failed dial at ERROR; our own lines already say what failed.
+    # (Import it first: importing libp2p resets its loggers' levels.)
+    import node.host  # noqa: F401
+
+    quiet = logging.DEBUG if cfg["node.log_level"] == "debug" else logging.CRITICAL
+    for noisy in ("libp2p", "multiaddr", "async_service"):
+        logging.getLogger(noisy).setLevel(quiet)
+        # py-libp2p detaches its logger (no handler, no propagation): at debug its lines
+        # went out bare through logging's last resort; ours carry them in our format
+        logging.getLogger(noisy).propagate = quiet == logging.DEBUG
+    # matplotlib (imported for plots) logs building its font cache at INFO on a fresh machine
+    logging.getLogger("matplotlib").setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def _run_key_and_dir(cfg: Any, role: str) -> tuple[Any, Any, Path]:
+    """(run manifest, identity, data directory); says so when a trainer's key is not one
+    of the run's trainer keys."""
+    from node.keyfile import read_key
+    from node.paths import node_dir, required_path
+    from node.run_file import load_run_manifest
+
+    manifest = load_run_manifest(required_path(None, cfg["node.run"], "--run", "node.run"))
+    identity = read_key(required_path(None, cfg["node.key"], "--key", "node.key"))
+    ddir = node_dir(cfg["node.data_dir"], identity.peer_id_b58, role)
+    if role == "trainer" and identity.peer_id not in manifest.trainer_keys:
+        _say("  trainer: this key is not in the run's trainer_keys: training, but no peer "
+             "will accept the versions it publishes (add its peer id to the run file)")
+    return manifest, identity, ddir
+
+
+def _role_context(cfg: Any, ddir: Path, threads: int | None, max_rollouts: int | None,
+                  split: tuple[int, int] | None) -> Any:
+    from node.roles import RoleContext
+
+    return RoleContext(
+        model=cfg["node.model"] or None, models_dir=str(ddir), batch_size=cfg["inference.batch_size"],
+        engine=cfg["inference.engine"], threads=threads,
+        audit_fraction=cfg["validator.audit_fraction"], max_rollouts=max_rollouts,
+        producer_window_fraction=cfg["validator.producer_window_fraction"],
+        local_train=split, data_dir=ddir, say=lambda m: _say(f"  {m}"),
+    )
+
+
 async def _run(
     role: str, manifest: Any, identity: Any, data_dir: Path, listen: list[str], boot: list[str],
     ctx: Any, cfg: Any, duration: float | None, base: bytes | None = None,
@@ -268,84 +294,20 @@ async def _run(
 ) -> None:
     import trio
 
-    from node import metrics
-    from node.host import HostSettings, ListenFailed
-    from node.peer import PeerConfig, open_peer
+    from node.host import ListenFailed
+    from node.peer import open_peer
     from node.roles import role_module
 
     module = role_module(role)
-    settings = HostSettings(
-        dial_timeout_s=cfg["network.dial_timeout_s"],
-        io_timeout_s=cfg["network.io_timeout_s"],
-        heartbeat_interval_s=cfg["network.heartbeat_interval_s"],
-        peer_dead_after_s=cfg["network.heartbeat_timeout_s"],
-        max_gossip_bytes=cfg["network.max_message_bytes"],
-    )
-    pcfg = PeerConfig(
-        manifest=manifest, identity=identity, data_dir=data_dir, roles=(role,),
-        listen=tuple(listen), bootstrap=tuple(boot), pull_bodies=module.PULLS_BODIES or ctx.local_train is not None,
-        publish_rate_per_s=cfg["network.publish_rate_per_s"], max_peers=cfg["network.max_peers"],
-        header_batch=cfg["network.header_batch"],
-        host=settings, weights=_weight_settings(cfg), store_max_bytes=cfg["store.max_bytes"],
-    )
-    scrape = None
-    if metrics_at is not None:  # bound before joining: a busy port fails before any network IO
-        try:
-            [scrape] = (await trio.open_tcp_listeners(metrics_at[1], host=metrics_at[0]))[:1]
-        except OSError as exc:
-            raise CommandError(
-                f"cannot serve metrics on {metrics_at[0]}:{metrics_at[1]}: {exc.strerror or exc}"
-            ) from None
+    pcfg = _peer_config(role, manifest, identity, data_dir, listen, boot, ctx, cfg, module)
+    scrape = await _bind_metrics(metrics_at)  # before joining: a busy port fails before any network IO
     try:
         async with open_peer(pcfg) as peer:
             if base is not None and peer.weights is not None:
                 await peer.weights.adopt_base(base)  # version 0: the model directory
-            _say(f"swarm-node: peer {peer.host.peer_id}")
-            _say(f"  role {role}, run {manifest.run_id!r} at policy version {peer.policy_version}, data {data_dir}")
-            for a in peer.host.listen_addrs():
-                _say(f"  listening on {a}")
-            if boot:
-                ok = sum(1 for _, good, _ in peer.bootstrap_results if good)
-                _say(f"  bootstrap: {ok}/{len(boot)} reached")
-                for addr, good, err in peer.bootstrap_results:
-                    if not good:
-                        _say(f"  bootstrap FAILED {addr}: {err} (retrying with backoff)")
-            _say(f"  peers reached: {len(peer.host.connected_peers())}")
-            if scrape is not None:
-                _say(f"  metrics at http://{metrics_at[0]}:{metrics_at[1]}/metrics")
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
-                async with trio.open_nursery() as nursery:
-
-                    async def stop_on_signal() -> None:
-                        async for sig in signals:
-                            if sig == signal.SIGUSR1:
-                                _say("swarm-node: SIGUSR1: no new work; still serving what we have")
-                                ctx.producing = False
-                                continue
-                            _say(f"swarm-node: {signal.Signals(sig).name}: stopping")
-                            nursery.cancel_scope.cancel()
-                            return
-
-                    def now_status() -> dict[str, Any]:
-                        return {**peer.stats(), "role_status": ctx.status, "pid": os.getpid(),
-                                "time": time.time()}
-
-                    async def status_loop() -> None:
-                        while True:
-                            write_status(data_dir, now_status())
-                            await trio.sleep(1.0)
-
-                    nursery.start_soon(stop_on_signal)
-                    nursery.start_soon(status_loop)
-                    if scrape is not None:
-                        nursery.start_soon(metrics.serve, scrape, now_status)
-                    nursery.start_soon(module.run, peer, ctx)
-                    if duration is not None:
-                        await trio.sleep(duration)
-                        _say(f"swarm-node: --duration {duration:g} s reached: stopping")
-                        nursery.cancel_scope.cancel()
-            write_status(data_dir, {**peer.stats(), "role_status": ctx.status, "pid": os.getpid(),
-                                    "time": time.time(), "stopped": True})
+            _say_started(peer, role, manifest, data_dir, boot, metrics_at if scrape is not None else None)
+            await _serve(peer, module, ctx, data_dir, scrape, duration)
+            write_status(data_dir, {**_status(peer, ctx), "stopped": True})
     except ListenFailed as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:
@@ -353,6 +315,111 @@ async def _run(
     finally:
         if scrape is not None:
             await trio.aclose_forcefully(scrape)
+    _say_stopped(peer, data_dir)
+
+
+def _peer_config(role: str, manifest: Any, identity: Any, data_dir: Path, listen: list[str],
+                 boot: list[str], ctx: Any, cfg: Any, module: Any) -> Any:
+    from node.host import HostSettings
+    from node.peer import PeerConfig
+
+    settings = HostSettings(
+        dial_timeout_s=cfg["network.dial_timeout_s"],
+        io_timeout_s=cfg["network.io_timeout_s"],
+        heartbeat_interval_s=cfg["network.heartbeat_interval_s"],
+        peer_dead_after_s=cfg["network.heartbeat_timeout_s"],
+        max_gossip_bytes=cfg["network.max_message_bytes"],
+    )
+    return PeerConfig(
+        manifest=manifest, identity=identity, data_dir=data_dir, roles=(role,),
+        listen=tuple(listen), bootstrap=tuple(boot), pull_bodies=module.PULLS_BODIES or ctx.local_train is not None,
+        publish_rate_per_s=cfg["network.publish_rate_per_s"], max_peers=cfg["network.max_peers"],
+        header_batch=cfg["network.header_batch"],
+        host=settings, weights=_weight_settings(cfg), store_max_bytes=cfg["store.max_bytes"],
+    )
+
+
+async def _bind_metrics(metrics_at: tuple[str, int] | None) -> Any:
+    """The metrics endpoint's TCP listener, or None without `--metrics`."""
+    import trio
+
+    if metrics_at is None:
+        return None
+    try:
+        [scrape] = (await trio.open_tcp_listeners(metrics_at[1], host=metrics_at[0]))[:1]
+    except OSError as exc:
+        raise CommandError(
+            f"cannot serve metrics on {metrics_at[0]}:{metrics_at[1]}: {exc.strerror or exc}"
+        ) from None
+    return scrape
+
+
+def _say_started(peer: Any, role: str, manifest: Any, data_dir: Path, boot: list[str],
+                 metrics_at: tuple[str, int] | None) -> None:
+    """The start-up lines: peer id, run, listen addresses, bootstrap results, peers, and
+    the metrics endpoint when one is served."""
+    _say(f"swarm-node: peer {peer.host.peer_id}")
+    _say(f"  role {role}, run {manifest.run_id!r} at policy version {peer.policy_version}, data {data_dir}")
+    for a in peer.host.listen_addrs():
+        _say(f"  listening on {a}")
+    if boot:
+        ok = sum(1 for _, good, _ in peer.bootstrap_results if good)
+        _say(f"  bootstrap: {ok}/{len(boot)} reached")
+        for addr, good, err in peer.bootstrap_results:
+            if not good:
+                _say(f"  bootstrap FAILED {addr}: {err} (retrying with backoff)")
+    _say(f"  peers reached: {len(peer.host.connected_peers())}")
+    if metrics_at is not None:
+        _say(f"  metrics at http://{metrics_at[0]}:{metrics_at[1]}/metrics")
+
+
+def _status(peer: Any, ctx: Any) -> dict[str, Any]:
+    """What `status.json` and the metrics endpoint report now."""
+    return {**peer.stats(), "role_status": ctx.status, "pid": os.getpid(), "time": time.time()}
+
+
+async def _serve(peer: Any, module: Any, ctx: Any, data_dir: Path, scrape: Any,
+                 duration: float | None) -> None:
+    """Run the role, `status.json` once a second and the metrics endpoint until SIGINT,
+    SIGTERM or `duration` seconds."""
+    import trio
+
+    from node import metrics
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signal, signals, ctx, nursery.cancel_scope)
+            nursery.start_soon(_status_loop, peer, ctx, data_dir)
+            if scrape is not None:
+                nursery.start_soon(metrics.serve, scrape, lambda: _status(peer, ctx))
+            nursery.start_soon(module.run, peer, ctx)
+            if duration is not None:
+                await trio.sleep(duration)
+                _say(f"swarm-node: --duration {duration:g} s reached: stopping")
+                nursery.cancel_scope.cancel()
+
+
+async def _stop_on_signal(signals: Any, ctx: Any, scope: Any) -> None:
+    """SIGUSR1: no new work from now on; SIGINT or SIGTERM: cancel `scope`."""
+    async for sig in signals:
+        if sig == signal.SIGUSR1:
+            _say("swarm-node: SIGUSR1: no new work; still serving what we have")
+            ctx.producing = False
+            continue
+        _say(f"swarm-node: {signal.Signals(sig).name}: stopping")
+        scope.cancel()
+        return
+
+
+async def _status_loop(peer: Any, ctx: Any, data_dir: Path) -> None:
+    import trio
+
+    while True:
+        write_status(data_dir, _status(peer, ctx))
+        await trio.sleep(1.0)
+
+
+def _say_stopped(peer: Any, data_dir: Path) -> None:
     left = peer.outbox.pending()
     with contextlib.suppress(Exception):  # stdout may be gone (a closed pipe)
         _say(f"swarm-node: published {peer.drained} queued messages while stopping"
