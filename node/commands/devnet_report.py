@@ -1,0 +1,270 @@
+"""The devnet's report: totals read from the nodes' status files, `report.json`, the
+plots (progress.png, workers.png, learning.png) and the summary lines printed at the end.
+Reads what the nodes wrote; starts, signals and stops nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from node.commands.devnet import NodeProc
+
+
+def node_totals(nodes: list[NodeProc]) -> dict[str, Any]:
+    """The swarm's totals, from each node's last status read."""
+    produced = sum(n.status.get("role_status", {}).get("produced", 0) for n in nodes if n.role == "inference")
+    trainer = next((n for n in nodes if n.role == "trainer"), None)
+    tstat = trainer.status.get("role_status", {}) if trainer else {}
+    validators = [n.status.get("role_status", {}) for n in nodes if n.role == "validator"]
+    inference_rewards = [
+        (n.status.get("role_status", {}).get("reward_mean"), n.status.get("role_status", {}).get("produced", 0))
+        for n in nodes if n.role == "inference"
+    ]
+    weighted = [(r * k, k) for r, k in inference_rewards if r is not None and k]
+    # Rollouts the trainer refused as beyond the staleness bound, as the workers' receipts
+    # account them: they were delivered too late to use, not lost.
+    too_stale = sum(
+        n.status.get("delivery", {}).get("too_stale", 0) for n in nodes if n.role == "inference"
+    )
+    return {
+        "produced": produced,
+        "too_stale": too_stale,
+        "trainer_bodies": (trainer.status.get("counters", {}).get("stored_rollout_record", 0)
+                           if trainer else 0),
+        "trainer_verified": tstat.get("verified", 0),
+        "trainer_rejected": tstat.get("rejected", 0),
+        "trainer_usable": tstat.get("usable_at_version", 0),
+        "audited": sum(v.get("passed", 0) + v.get("failed", 0) for v in validators),
+        "audits_passed": sum(v.get("passed", 0) for v in validators),
+        "audits_failed": sum(v.get("failed", 0) for v in validators),
+        "reward_mean": round(sum(a for a, _ in weighted) / sum(k for _, k in weighted), 4) if weighted else None,
+        "peers_min": min((n.status.get("peers", 0) for n in nodes), default=0),
+    }
+
+
+def _plots(out: Path, series: list[dict[str, Any]], nodes: list[NodeProc]) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    if series:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ts = [p["t"] for p in series]
+        for key, label in (("produced", "produced (workers)"), ("trainer_bodies", "received by trainer"),
+                           ("audited", "audited (validators)"), ("trainer_verified", "verified at trainer")):
+            ax.plot(ts, [p[key] for p in series], label=label)
+        drain = next((p["t"] for p in series if p.get("phase") == "drain"), None)
+        if drain is not None:
+            ax.axvline(drain, color="grey", linestyle=":", label="workers paused (drain)")
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("rollouts")
+        ax.set_title("devnet progress")
+        ax.legend(loc="upper left", fontsize="small")
+        fig.tight_layout()
+        fig.savefig(out / "progress.png", dpi=100)
+        plt.close(fig)
+        written.append("progress.png")
+    panels = []  # (title, x labels, x title, [(label, values, bottom)], y label)
+
+    def figures(role: str, *keys: str) -> tuple[list[str], list[list[int]]]:
+        these = [n for n in nodes if n.role == role]
+        return [n.name for n in these], [
+            [n.status.get("role_status", {}).get(k, 0) or 0 for n in these] for k in keys
+        ]
+
+    names, (made,) = figures("inference", "produced")
+    if names:
+        panels.append(("workers", names, "node", [("produced", made, None)], "rollouts"))
+    names, (passed, failed) = figures("validator", "passed", "failed")
+    if names:
+        panels.append(("validators", names, "node",
+                       [("passed", passed, None), ("failed", failed, passed)], "audits"))
+    trainer = [n for n in nodes if n.role == "trainer"]
+    if trainer:
+        t = trainer[0]
+        got = t.status.get("counters", {}).get("stored_rollout_record", 0)
+        verified = t.status.get("role_status", {}).get("verified", 0) or 0
+        panels.append(("trainer", ["received", "verified"], t.name,
+                       [("rollouts", [got, verified], None)], "rollouts"))
+    if panels:
+        fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 1, 4), squeeze=False)
+        for ax, (title, names, xlabel, bars, ylabel) in zip(axes[0], panels, strict=True):
+            tops = [0.0] * len(names)
+            for label, values, bottom in bars:
+                ax.bar(names, values, bottom=bottom, label=label)
+                tops = [t + v for t, v in zip(tops, values, strict=True)]
+            ax.set_title(title)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.tick_params(axis="x", labelrotation=30)
+            if len(bars) > 1:  # headroom above the bars for the legend
+                ax.set_ylim(0, max(max(tops), 1) * 1.35)
+                ax.legend(loc="upper right", fontsize="small")
+        fig.tight_layout()
+        fig.savefig(out / "workers.png", dpi=100)
+        plt.close(fig)
+        written.append("workers.png")
+    return written
+
+
+def version_spread(nodes: list[NodeProc]) -> list[dict[str, Any]]:
+    """Per published version: when the trainer published it, and how long until each
+    inference worker first generated with it or a newer one (its hot swap; a worker may
+    skip a version it received together with the next); `spread_s` is the time to the last
+    worker, None while some worker never got there."""
+    trainer = next((n for n in nodes if n.role == "trainer"), None)
+    if trainer is None:
+        return []
+    published = (trainer.status.get("weights") or {}).get("published_at") or {}
+    workers = [n for n in nodes if n.role == "inference"]
+    out = []
+    for v, t in sorted(published.items(), key=lambda kv: int(kv[0])):
+        reached = {}
+        for n in workers:
+            swaps = (n.status.get("role_status") or {}).get("swaps") or {}
+            times = [s for sv, s in swaps.items() if int(sv) >= int(v)]  # v or a newer one
+            if times:
+                reached[n.name] = round(min(times) - t, 2)
+        out.append({
+            "version": int(v),
+            "published_at": t,
+            "workers_reached": len(reached),
+            "workers": len(workers),
+            "per_worker_s": reached,
+            "spread_s": max(reached.values()) if len(reached) == len(workers) and reached else None,
+        })
+    return out
+
+
+def version_line(v: dict[str, Any], stopped_at: float) -> str:
+    """One summary line for an entry of `version_spread`."""
+    head = f"devnet: version {v['version']}: "
+    if v["spread_s"] is not None:
+        return f"{head}all {v['workers']} workers generating with it within {v['spread_s']:g} s of its publication"
+    before = max(0.0, stopped_at - v["published_at"])
+    return (f"{head}{v['workers_reached']}/{v['workers']} workers generating with it when the "
+            f"swarm stopped, {before:.0f} s after its publication")
+
+
+def solve_rate_ci95(rate: float, tasks: int) -> float:
+    """Half-width of the normal-approximation 95% interval of a solve rate over `tasks`."""
+    return 1.96 * math.sqrt(max(rate * (1 - rate), 0.25 / tasks) / tasks) if tasks > 0 else 0.0
+
+
+def _learning(out: Path, nodes: list[NodeProc]) -> dict[str, Any]:
+    """The trainer's held-out evaluations (one at the start, one per published version),
+    summarised, and `learning.png`."""
+    trainer = next((n for n in nodes if n.role == "trainer"), None)
+    series = (trainer.status.get("role_status", {}).get("learning") or []) if trainer else []
+    summary: dict[str, Any] = {"series": series}
+    if series:
+        summary.update(
+            warm_start_solve_rate=series[0]["solve_rate"], final_solve_rate=series[-1]["solve_rate"],
+            final_version=series[-1]["version"], heldout_tasks=trainer_eval_tasks(),
+        )  # fmt: skip
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return summary
+    if not series:
+        return summary
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    versions = [p["version"] for p in series]
+    ts = [p["t"] for p in series]
+    rates = [p["solve_rate"] for p in series]
+    rewards = [p["reward_mean"] if p["reward_mean"] is not None else float("nan") for p in series]
+    half = [solve_rate_ci95(r, summary["heldout_tasks"]) for r in rates]
+    summary["solve_rate_ci95"] = [[round(r - h, 4), round(r + h, 4)] for r, h in zip(rates, half, strict=True)]
+    shown = [v for v in (*(r - h for r, h in zip(rates, half, strict=True)),
+                         *(r + h for r, h in zip(rates, half, strict=True)),
+                         *(x for x in rewards if x == x)) if v == v]  # fmt: skip
+    low, high = max(0.0, min(shown) - 0.05), min(1.0, max(shown) + 0.05)
+    for ax, x, label in ((a1, versions, "policy version"), (a2, ts, "seconds since the trainer started")):
+        ax.errorbar(x, rates, yerr=half, fmt="o-", capsize=3,
+                    label=f"held-out solve rate (95% interval, {summary['heldout_tasks']} tasks)")
+        ax.plot(x, rewards, "s--", label="mean reward (last training batch)")
+        ax.axhline(series[0]["solve_rate"], color="grey", linestyle=":", label="warm-start solve rate")
+        ax.set_xlabel(label)
+        ax.set_ylabel("solve rate / reward")
+        ax.set_ylim(low, high)
+        ax.legend(fontsize=8)
+    a1.xaxis.set_major_locator(MaxNLocator(integer=True))
+    a1.set_title("devnet learning")
+    fig.tight_layout()
+    fig.savefig(out / "learning.png", dpi=100)
+    plt.close(fig)
+    summary["plot"] = "learning.png"
+    return summary
+
+
+def trainer_eval_tasks() -> int:
+    from node.roles.trainer import LEARN_EVAL_TASKS
+
+    return LEARN_EVAL_TASKS
+
+
+def write_report(root: Path, head: dict[str, Any], nodes: list[NodeProc],
+                 series: list[dict[str, Any]]) -> dict[str, Any]:
+    """`head` (parameters, how and when the run stopped) followed by the totals, the
+    nodes, the time series, the versions and the plots, written to `root/report.json`
+    with the plots beside it; returns the report."""
+    totals = node_totals(nodes)
+    report = {
+        **head,
+        "totals": totals,
+        # delivered / (produced - too stale): the definition of `bench churn`
+        "delivery_to_trainer": (
+            round(totals["trainer_bodies"] / (totals["produced"] - totals["too_stale"]), 4)
+            if totals["produced"] > totals["too_stale"] else None
+        ),
+        "nodes": [
+            {"name": n.name, "role": n.role, "peer_id": n.peer_id, "exit_code": n.exit_code,
+             "log": str(n.log.relative_to(root)), "status": n.status}
+            for n in nodes
+        ],
+        "series": series,
+        "versions": version_spread(nodes),
+    }
+    report["plots"] = _plots(root, series, nodes)
+    report["learning"] = _learning(root, nodes)
+    if "plot" in report["learning"]:
+        report["plots"].append(report["learning"]["plot"])
+    (root / "report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def say_summary(console: Any, report: dict[str, Any], nodes: list[NodeProc], root: Path,
+                stopped_at: float) -> None:
+    """The closing lines: totals, audits, each version's spread, nodes that did not stop
+    cleanly."""
+    totals = report["totals"]
+    console.print(
+        f"devnet: {totals['produced']} rollouts produced, {totals['trainer_bodies']} at the trainer, "
+        f"{totals['audits_passed']} audits passed / {totals['audits_failed']} failed; report in {root}"
+    )
+    sampled = sum(n.status.get("role_status", {}).get("sampled", 0) for n in nodes if n.role == "validator")
+    audited = totals["audits_passed"] + totals["audits_failed"]
+    console.print(
+        f"devnet: audits: {sampled} rollouts sampled, {audited} audited, "
+        f"{max(0, sampled - audited)} still queued when the swarm stopped; the trainer counted "
+        f"{totals['trainer_verified']} verified ({max(0, totals['audits_passed'] - totals['trainer_verified'])}"
+        f" passing verdicts it had not counted when it stopped: in flight, or about rollouts "
+        f"it did not hold); {totals['too_stale']} rollouts reached it too stale to use"
+    )
+    bad = [n.name for n in nodes if n.exit_code not in (0, None)]
+    for v in report["versions"]:
+        console.print(version_line(v, stopped_at))
+    if bad:
+        console.print(f"devnet: nodes that did not stop cleanly: {', '.join(bad)} (see their logs)")
