@@ -360,19 +360,21 @@ def main(
     finally:
         signals.stopping = True
         _stop_all(swarm.nodes, signals.hurry)
-    for n in swarm.nodes:
-        n.read_status()
-    stopped_at = time.time()
-    head = {
-        "parameters": plan.parameters(manifest),
-        "interrupted": interrupted,
-        "stopped_by": signals.first(),
-        "elapsed_s": round(time.monotonic() - swarm.started, 1),
-        "drain_s": swarm.drained_s,
-    }
-    report = write_report(root, head, swarm.nodes, swarm.series)
-    say_summary(console, report, swarm.nodes, root, stopped_at)
-    _restore_signals(previous)
+    try:
+        for n in swarm.nodes:
+            n.read_status()
+        stopped_at = time.time()
+        head = {
+            "parameters": plan.parameters(manifest),
+            "interrupted": interrupted,
+            "stopped_by": signals.first(),
+            "elapsed_s": round(time.monotonic() - swarm.started, 1),
+            "drain_s": swarm.drained_s,
+        }
+        report = write_report(root, head, swarm.nodes, swarm.series)
+        say_summary(console, report, swarm.nodes, root, stopped_at)
+    finally:
+        _restore_signals(previous)  # also when the run or its report failed
     return report
 
 
