@@ -1,4 +1,4 @@
-"""The connection and GossipSub-control attacks of `bench adversary` (issue 33), run by
+"""The connection and GossipSub-control attacks of `bench adversary`, run by
 the bench's driver process against one real peer process (the trainer) from plain
 py-libp2p hosts (the driver can look at the target between an attack's phases).
 

@@ -24,7 +24,7 @@ plus `shopping_reward_gain` (the reward the trainer's work ledger credits the co
 shopper per produced counter, withheld ones counting 0 and a refused producer 0, divided by
 the honest workers' mean) and `rss_mb_max` (peak RSS of any process).
 
-Connection cases (issue 33), in the sibling dict `connection_attacks[name]`, run after
+Connection cases, in the sibling dict `connection_attacks[name]`, run after
 the attacks above by this driver process from plain py-libp2p hosts (`bench._conn_attacks`)
 against the trainer process, each followed by a fresh honest peer. Per case:
     honest_connect_after   a fresh honest peer (the node's own host, new key) connects to the

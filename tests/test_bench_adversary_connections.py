@@ -1,4 +1,4 @@
-"""`bench adversary`'s connection cases (issue 33), reduced, through the bench's own code:
+"""`bench adversary`'s connection cases, reduced, through the bench's own code:
 real peer processes on loopback, the attacks from plain py-libp2p hosts against the
 trainer, then a fresh honest peer. The issue's targets: an honest peer connects after
 every case, the attacker is penalized where it can be (the relay of `relay_copy_quota`
