@@ -34,6 +34,7 @@ from pathlib import Path
 
 import trio
 
+from bench._gossip_peer import json_lines
 from bench._records import net_manifest
 from node import shard_exchange
 from node.host import HostSettings
@@ -46,20 +47,6 @@ from trainer.checkpoint import weights_digest
 
 def _out(obj: dict) -> None:  # type: ignore[type-arg]
     print(json.dumps(obj), flush=True)
-
-
-async def _lines() -> object:
-    stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
-    buf = b""
-    while True:
-        chunk = await stdin.receive_some(65536)
-        if not chunk:
-            return
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            if line.strip():
-                yield json.loads(line)
 
 
 async def main(a: argparse.Namespace) -> None:
@@ -141,7 +128,7 @@ async def _trace(peer: object, w: object, path: str) -> None:
 
 
 async def _commands(peer: object, w: object, checkpoint: bytes, served_bad: dict) -> None:  # type: ignore[type-arg]
-    async for cmd in _lines():
+    async for cmd in json_lines(trio.lowlevel.FdStream(sys.stdin.fileno())):
         c = cmd["cmd"]
         if c == "quit":
             break

@@ -14,6 +14,7 @@ import time
 import trio
 
 from node.store import Store, StoreError
+from node.store_writer import receive_batch
 from protocol.admission import Penalized, Reject
 from protocol.peer_score import PeerScores
 
@@ -36,12 +37,7 @@ class LedgerWriter:
 
     async def run(self) -> None:
         while True:
-            batch = [await self._recv.receive()]
-            while len(batch) < BATCH:
-                try:
-                    batch.append(self._recv.receive_nowait())
-                except trio.WouldBlock:
-                    break
+            batch = await receive_batch(self._recv, BATCH)
             await self.save_scores()
             with contextlib.suppress(StoreError):
                 await trio.to_thread.run_sync(self.store.log_rejects, batch)

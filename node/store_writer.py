@@ -14,11 +14,26 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import trio
 
 from node.store import Store, StoreError
 from protocol.admission import Admitted
+
+T = TypeVar("T")
+
+
+async def receive_batch(recv: trio.MemoryReceiveChannel[T], most: int) -> list[T]:
+    """Wait for one item, then take what else is already queued, up to `most` in all."""
+    batch = [await recv.receive()]
+    while len(batch) < most:
+        try:
+            batch.append(recv.receive_nowait())
+        except trio.WouldBlock:
+            break
+    return batch
+
 
 log = logging.getLogger("swarm.peer")
 
@@ -55,12 +70,7 @@ class StoreWriter:
 
     async def run(self) -> None:
         while True:
-            batch = [await self._recv.receive()]
-            while len(batch) < BATCH:
-                try:
-                    batch.append(self._recv.receive_nowait())
-                except trio.WouldBlock:
-                    break
+            batch = await receive_batch(self._recv, BATCH)
             results = await trio.to_thread.run_sync(self._write, [w.item for w in batch])
             self.counters["store_batches"] += 1
             for w, ok in zip(batch, results, strict=True):
