@@ -30,7 +30,7 @@ from protocol.codec import decode, encode
 from protocol.envelope import open_envelope, seal
 from protocol.errors import DecodeError, LocalProtocolError, SignatureError
 from protocol.identity import Identity, peer_id_to_b58
-from protocol.wire import RunManifest, RunRelease
+from protocol.wire import Envelope, RunManifest, RunRelease
 
 __all__ = [
     "BAD_SIGNATURE",
@@ -42,9 +42,11 @@ __all__ = [
     "Adopt",
     "Pin",
     "Refuse",
+    "assemble",
     "check",
     "choose_pin",
     "encode_unsigned",
+    "parts",
     "seal_release",
 ]
 
@@ -93,6 +95,28 @@ def seal_release(
         authority, release, run_id=manifest.run_id, policy_version=0, seq=manifest_version,
         timestamp_ms=timestamp_ms,
     )
+
+
+def assemble(
+    manifest: RunManifest, manifest_version: int, authority: bytes, timestamp_ms: int,
+    signature: bytes,
+) -> bytes:
+    """The envelope bytes of a release kept in parts (a run file keeps the manifest as
+    TOML and only the version, authority, time and signature beside it). Unchecked: pass
+    the result to `check`. Raises `LocalProtocolError` for parts out of shape."""
+    release = RunRelease(manifest=manifest, manifest_version=manifest_version, authority=authority)
+    env = Envelope(
+        kind=RunRelease.KIND, signer=authority, run_id=manifest.run_id, policy_version=0,
+        seq=manifest_version, timestamp_ms=timestamp_ms, payload=encode(release),
+        signature=signature,
+    )
+    return encode(env)
+
+
+def parts(data: bytes) -> tuple[int, bytes, int, bytes]:
+    """(manifest version, authority, timestamp_ms, signature) of release envelope bytes."""
+    env = decode(Envelope, data)
+    return env.seq, env.signer, env.timestamp_ms, env.signature
 
 
 def _open(data: bytes) -> RunRelease | Refuse:

@@ -135,3 +135,12 @@ def test_after_first_use_a_different_key_is_refused():
     pin = rm.choose_pin(None, first.release.authority)
     later = rm.check(release(1, by=MALLORY), pin.authority, None)
     assert isinstance(later, rm.Refuse) and later.reason == rm.FOREIGN
+
+
+def test_a_release_kept_in_parts_reassembles_to_the_same_bytes():
+    data = release(4)
+    version, authority, ts, sig = rm.parts(data)
+    assert rm.assemble(manifest(), version, authority, ts, sig) == data
+    edited = rm.assemble(manifest(seed=5), version, authority, ts, sig)
+    verdict = rm.check(edited, AUTHORITY.peer_id, None)
+    assert isinstance(verdict, rm.Refuse) and verdict.reason == rm.BAD_SIGNATURE
