@@ -121,9 +121,10 @@ class Choice:
     refusals: dict[str, str]
 
 
-def choose(answers: list[Answer], pin: bytes | None, run_id: str | None = None) -> Choice:
+def choose(answers: list[Answer], pin: bytes | None, run_id: str | None = None,
+           held: RunRelease | None = None) -> Choice:
     """The newest release among the answers that `check` adopts under `pin` (TOFU: the
-    first adopted one pins the rest); `run_id` keeps only that run."""
+    first adopted one pins the rest) and newer than `held`; `run_id` keeps only that run."""
     best: tuple[bytes, RunRelease, bool, str] | None = None
     refusals: dict[str, str] = {}
     for a in answers:
@@ -136,11 +137,11 @@ def choose(answers: list[Answer], pin: bytes | None, run_id: str | None = None) 
             refusals[a.addr] = f"{NOT_SERVED}: it serves {names}, not {run_id!r}"
             continue
         for r in served:
-            current = best[1] if best else None
+            current = best[1] if best else held
             verdict = rm.check(r.release, pin or (current.authority if current else None), current)
             if isinstance(verdict, rm.Adopt):
                 best = (r.release, verdict.release, best[2] if best else verdict.first_use, a.addr)
-            elif not (verdict.reason == rm.NOT_NEWER and best is not None):
+            elif not (verdict.reason == rm.NOT_NEWER and best is not None and r.release == best[0]):
                 refusals[a.addr] = str(verdict)
     if best is None:
         return Choice(None, None, False, "", refusals)

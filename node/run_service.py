@@ -37,6 +37,9 @@ log = logging.getLogger("swarm.run")
 RELEASE_FILE = "run_release.bin"
 AUTHORITY_FILE = "run_authority"
 PULL_TIMEOUT_S = 10.0
+# A peer that just connected may not serve its run yet (it starts serving once its own
+# bootstrap dials are done): ask after a moment, and once more a little later.
+PULL_DELAYS_S = (1.0, 3.0)
 ASK_AGAIN_S = 300.0  # ask one peer for its release at most this often
 MAX_PULLS = 4  # pulls at once
 MAX_ASKED = 4096  # peers remembered as asked
@@ -106,6 +109,8 @@ class RunService:
         self._pulls = 0
         peer.host.set_stream_handler(run_exchange.PROTOCOL_ID, self.serve)
         peer.host.on_peer_event(self._on_peer_event)
+        for other in peer.host.connected_peers():  # connected before this service started
+            self._on_peer_event(PeerEvent("connected", other))
 
     def summary(self) -> dict[str, Any]:
         """What `swarm-node runs` shows for this peer's run."""
@@ -143,17 +148,28 @@ class RunService:
     async def _pull(self, who: str) -> None:
         self._pulls += 1
         try:
+            for delay in PULL_DELAYS_S:
+                await trio.sleep(delay)
+                if await self._pull_once(who):
+                    return
+        finally:
+            self._pulls -= 1
+
+    async def _pull_once(self, who: str) -> bool:
+        """Ask `who` for its release once; whether it answered."""
+        try:
             with trio.move_on_after(PULL_TIMEOUT_S):
                 runs = await run_exchange.fetch_runs(self.peer.host, who)
                 for served in runs:
                     if served.summary["run"] == self.peer.run_id:
                         self.consider(served.release, who)
+                return True
         except run_exchange.BadAnswer as exc:
             self.peer.bad_request(who, f"bad run directory answer: {exc}")
+            return True
         except PeerError as exc:
             log.debug("run: %s did not answer for its run release: %s", who[:12], exc)
-        finally:
-            self._pulls -= 1
+        return False
 
     def consider(self, data: bytes, source: str) -> rm.Adopt | rm.Refuse:
         """Check a release `source` holds; adopt it if `check` says so, else log why not."""

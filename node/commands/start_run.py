@@ -9,6 +9,7 @@ than what the run file or the bootstrap peers offer.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,7 @@ def from_network(addrs: list[str], ddir: Path, flag: bytes | None, settings: Any
         load_saved_release,
         newest_release,
         read_pin,
+        save_release,
         write_pin,
     )
 
@@ -90,19 +92,23 @@ def from_network(addrs: list[str], ddir: Path, flag: bytes | None, settings: Any
     except LocalProtocolError as exc:
         raise CommandError(f"{ddir / AUTHORITY_FILE}: {exc}") from None
     pin = _pin(flag, remembered, ddir)
-    choice = trio.run(_fetch, addrs, pin, settings)
-    saved = newest_release([load_saved_release(ddir)], pin) if pin else None
-    if choice.release is None and saved is None:
-        why = "; ".join(f"{a}: {r}" for a, r in choice.refusals.items()) or "no answer"
-        raise CommandError(f"--join: no bootstrap peer served a run this node can trust ({why})")
+    saved = newest_release([load_saved_release(ddir)], pin)
+    if saved is not None and pin is None:
+        pin = saved[1].authority  # a release this node adopted before: its authority is trusted
+    choice = trio.run(_fetch, addrs, pin, settings, saved[1] if saved else None)
     for addr, reason in choice.refusals.items():
         _say(f"  join: {addr}: {reason}")
-    if choice.data is None or (saved and saved[1].manifest_version > choice.release.manifest_version):
-        assert saved is not None
+    if choice.release is None:
+        untrusted = (rm.FOREIGN, rm.UNSIGNED, rm.BAD_SIGNATURE, rm.MALFORMED, rm.OTHER_RUN)
+        if saved is None or any(r.startswith(untrusted) for r in choice.refusals.values()):
+            why = "; ".join(f"{a}: {r}" for a, r in choice.refusals.items()) or "no answer"
+            raise CommandError(f"--join: no bootstrap peer served a run this node can trust ({why})")
         _say(f"  join: using the run manifest version {saved[1].manifest_version} adopted earlier")
         return RunChoice(saved[1].manifest, saved[0], saved[1].authority)
     release = choice.release
     assert release is not None
+    with contextlib.suppress(OSError):
+        save_release(ddir, choice.data)
     if choice.first_use:
         path = write_pin(ddir, release.authority)
         _say("  !! TRUST ON FIRST USE: nothing pinned this run's authority, so this node now trusts")
@@ -115,7 +121,7 @@ def from_network(addrs: list[str], ddir: Path, flag: bytes | None, settings: Any
     return RunChoice(release.manifest, choice.data, release.authority)
 
 
-async def _fetch(addrs: list[str], pin: bytes | None, settings: Any) -> Any:
+async def _fetch(addrs: list[str], pin: bytes | None, settings: Any, held: Any) -> Any:
     """Ask each bootstrap address from a short-lived host of a throwaway identity."""
     import trio
 
@@ -128,4 +134,4 @@ async def _fetch(addrs: list[str], pin: bytes | None, settings: Any) -> Any:
         async with open_host(Identity.generate().private_bytes(), ["/ip4/127.0.0.1/tcp/0"], settings) as host:
             for addr in addrs:
                 answers.append(await join.ask(host, addr))
-    return join.choose(answers, pin)
+    return join.choose(answers, pin, held=held)
