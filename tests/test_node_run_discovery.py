@@ -214,3 +214,44 @@ def test_peers_adopt_a_newer_release_and_refuse_older_and_foreign(tmp_path: Path
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"join: {stale_addr}: not newer: version 1, we hold 2" in r.stdout, r.stdout
     assert "using the run manifest version 2 adopted earlier" in r.stdout
+
+
+def test_a_worker_joins_with_only_join_and_its_rollout_is_admitted(tmp_path: Path) -> None:
+    from node.run_file import manifest_from_table
+    from trainer.model_dir import save_model_dir
+    from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
+
+    tok = build_tokenizer(seed=0)
+    model = build_model(tok, seed=2, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2)
+    table = run_manifest_table(run_id="join-test", seed=3)
+    table["run"]["model"] = str(save_model_dir(model, tok, tmp_path / "model"))
+    table["sampling"]["max_new_tokens"] = 8
+    run = tmp_path / "run.toml"
+    run.write_text(manifest_to_toml(manifest_from_table(table)))
+    authority = _key(tmp_path, "authority")
+    assert run_cli("run", "sign", str(run), "--key", str(authority)).returncode == 0
+
+    trainer, trainer_addr = _start(tmp_path, "trainer", "--run", str(run), "--duration", "150", role="trainer")
+    worker = None
+    try:
+        _wait_status(tmp_path, "trainer", timeout=90)
+        listed = run_cli("runs", trainer_addr)
+        assert listed.returncode == 0, listed.stderr
+        assert "run 'join-test'" in listed.stdout and "trainer 1" in listed.stdout, listed.stdout
+        assert f"authority {_peer_id(authority)} (signature good)" in listed.stdout
+
+        worker, _ = _start(tmp_path, "worker", "--join", trainer_addr, "--max-rollouts", "4",
+                           "--batch-size", "2", "--duration", "120", role="inference")
+        deadline = time.monotonic() + 120
+        admitted = 0
+        while time.monotonic() < deadline and not admitted and worker.poll() is None:
+            time.sleep(1)
+            status = _wait_status(tmp_path, "trainer")
+            admitted = status["counters"].get("stored_rollout_record", 0)
+        assert admitted > 0, "the trainer admitted no rollout of the joined worker"
+    finally:
+        _stop(*(p for p in (worker, trainer) if p is not None))
+    out = worker.stdout.read() if worker.stdout else ""
+    assert "TRUST ON FIRST USE" in out and "run 'join-test'" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
