@@ -255,3 +255,18 @@ def test_a_worker_joins_with_only_join_and_its_rollout_is_admitted(tmp_path: Pat
     out = worker.stdout.read() if worker.stdout else ""
     assert "TRUST ON FIRST USE" in out and "run 'join-test'" in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
+
+
+def test_doctor_names_a_protocol_mismatch() -> None:
+    import trio
+
+    from node.host import open_host
+
+    async def main() -> object:
+        async with open_host(Identity.generate().private_bytes(), ["/ip4/127.0.0.1/tcp/0"]) as host:
+            addr = host.listen_addrs()[0]  # a libp2p peer that serves no run directory
+            return addr, await trio.to_thread.run_sync(lambda: run_cli("doctor", "--join", addr))
+
+    addr, r = trio.run(main)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"FAIL bootstrap {addr}: protocol mismatch" in r.stdout, r.stdout
