@@ -1,24 +1,16 @@
 """What a node can tell about how others reach it: the addresses peers observe it at
 (libp2p identify), whether it is publicly reachable, the relay it uses.
 
-`observed_addr(host, peer)` asks one connected peer over identify; `describe(...)` turns
-what is known into plain lines for `swarm-node doctor`. Today a node learns its observed
-addresses only; reachability checks by dial-back and relays add their facts to
-`Reachability` and their lines to `describe`.
+`node.host_identify.observed_addr(host, peer)` asks one connected peer over identify;
+`describe(...)` turns what is known into plain lines for `swarm-node doctor`. Today a node
+learns its observed addresses only; reachability checks by dial-back and relays add their
+facts to `Reachability` and their lines to `describe`.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-
-import multiaddr
-import trio
-
-from node.host import SwarmHost
-
-IDENTIFY_TIMEOUT_S = 5.0
-MAX_IDENTIFY_BYTES = 64 * 1024
 
 
 @dataclass
@@ -28,37 +20,6 @@ class Reachability:
     listen: list[str]
     observed: dict[str, str] = field(default_factory=dict)  # peer -> our address as it sees it
     relay: str | None = None  # the relay in use, None: none configured
-
-
-async def observed_addr(host: SwarmHost, peer: str) -> str | None:
-    """Our address as `peer` observed it (identify), or None when it did not say."""
-    from libp2p.identity.identify.identify import ID as IDENTIFY
-    from libp2p.identity.identify.identify import parse_identify_response
-    from libp2p.peer.id import ID
-
-    with trio.move_on_after(IDENTIFY_TIMEOUT_S):
-        try:
-            stream = await host._lh.new_stream(ID.from_base58(peer), [IDENTIFY])
-        except Exception:  # the library raises several types; no identify is the answer
-            return None
-        data = b""
-        try:
-            while len(data) < MAX_IDENTIFY_BYTES:
-                chunk = await stream.read(MAX_IDENTIFY_BYTES)
-                if not chunk:
-                    break
-                data += chunk
-        except Exception:  # a closed or reset stream ends the answer
-            pass
-        finally:
-            with trio.move_on_after(1):
-                await stream.close()
-        try:
-            raw = parse_identify_response(data).observed_addr
-            return str(multiaddr.Multiaddr(raw)) if raw else None
-        except Exception:  # a malformed answer says nothing
-            return None
-    return None
 
 
 def _is_public(addr: str) -> bool | None:

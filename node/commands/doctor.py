@@ -110,7 +110,8 @@ async def _network_checks(report: Report, listen: list[str], addrs: list[str], s
 
     from node import join
     from node.host import ListenFailed, open_host
-    from node.reachability import Reachability, describe, observed_addr
+    from node.host_identify import observed_addr
+    from node.reachability import Reachability, describe
     from protocol.identity import Identity
 
     answers: list[join.Answer] = []
