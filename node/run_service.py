@@ -7,8 +7,9 @@ Files beside the node's data (one node, one run):
     run_release.bin   the newest release this node adopted (envelope bytes)
     run_authority     the authority's peer id this node trusts (pinned on first use)
 
-An adopted release is served from then on, so an update spreads peer by peer; the
-settings it changes take effect when a node starts (the running rules stay as they are).
+An adopted release is served from then on, so an update spreads peer by peer; its trainer
+and validator keys apply at once (who may publish and judge), the other settings it
+changes when the node next starts.
 """
 
 from __future__ import annotations
@@ -182,9 +183,12 @@ class RunService:
             return verdict
         self.release, self.data = verdict.release, data
         self.counters["run_release_adopted"] += 1
+        manifest = verdict.release.manifest
+        self.peer.admission.set_run_keys(frozenset(manifest.trainer_keys), frozenset(manifest.validator_keys))
         with contextlib.suppress(OSError):
             save_release(self.peer.cfg.data_dir, data)
-        log.warning("run: adopted run manifest version %d of %r from %s (authority %s); changed "
-                    "settings take effect at the next start", verdict.release.manifest_version,
-                    verdict.release.manifest.run_id, source[:12], peer_id_to_b58(verdict.release.authority))
+        log.warning("run: adopted run manifest version %d of %r from %s (authority %s); its trainer "
+                    "and validator keys apply now, other changed settings at the next start",
+                    verdict.release.manifest_version, manifest.run_id, source[:12],
+                    peer_id_to_b58(verdict.release.authority))
         return verdict
