@@ -44,6 +44,7 @@ PULL_DELAYS_S = (1.0, 3.0)
 ASK_AGAIN_S = 300.0  # ask one peer for its release at most this often
 MAX_PULLS = 4  # pulls at once
 MAX_ASKED = 4096  # peers remembered as asked
+MAX_SERVE_STREAMS_PER_PEER = 2
 
 
 def read_pin(data_dir: Path) -> bytes | None:
@@ -108,6 +109,7 @@ class RunService:
         self.counters: Counter[str] = Counter()
         self._asked: OrderedDict[str, float] = OrderedDict()
         self._pulls = 0
+        self._serving: Counter[str] = Counter()  # peer -> run directory streams we answer
         peer.host.set_stream_handler(run_exchange.PROTOCOL_ID, self.serve)
         peer.host.on_peer_event(self._on_peer_event)
         for other in peer.host.connected_peers():  # connected before this service started
@@ -128,11 +130,20 @@ class RunService:
         }  # fmt: skip
 
     async def serve(self, stream: Any) -> None:
+        if self._serving[stream.peer] >= MAX_SERVE_STREAMS_PER_PEER:
+            self.counters["run_directory_refused"] += 1
+            await stream.reset()  # one question at a time is all an honest peer asks
+            return
+        self._serving[stream.peer] += 1
         try:
             await run_exchange.serve(stream, [run_exchange.ServedRun(self.data, self.summary())])
         except run_exchange.BadRequest:
             self.peer.bad_request(stream.peer, "bad run directory request")
             raise
+        finally:
+            self._serving[stream.peer] -= 1
+            if self._serving[stream.peer] <= 0:
+                del self._serving[stream.peer]
 
     def _on_peer_event(self, event: PeerEvent) -> None:
         if event.kind != "connected" or self.release is None or self._pulls >= MAX_PULLS:

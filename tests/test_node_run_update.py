@@ -49,3 +49,22 @@ async def test_a_newer_release_is_adopted_live_and_an_older_one_refused(
                 assert service.release.manifest_version == 2 and service.data == v2
             await trio.sleep(0)
     assert "not newer: version 1, we hold 2" in caplog.text and "foreign-signed" in caplog.text
+
+
+async def test_a_garbage_run_directory_request_costs_its_sender_and_breaks_nothing(tmp_path: Path) -> None:
+    from node import run_exchange
+
+    authority = Identity.generate()
+    manifest = net_manifest("garbage")
+    release = rm.seal_release(authority, manifest, 1, 1_700_000_000_000)
+    async with open_peer(relay_config(tmp_path, "server", manifest)) as server:
+        RunService(server, release, authority.peer_id)
+        async with open_peer(relay_config(tmp_path, "client", manifest)) as client:
+            result = await client.host.connect(server.host.listen_addrs()[0])
+            assert result.ok
+            stream = await client.host.open_stream(server.host.peer_id, run_exchange.PROTOCOL_ID)
+            await stream.send(b"\xc1garbage")
+            await until("the server charges the bad request", lambda: server.rejects["bad_request"] >= 1)
+            # an honest question on a new stream is still answered
+            [served] = await run_exchange.fetch_runs(client.host, server.host.peer_id)
+            assert served.release == release and served.summary["run"] == "garbage"
