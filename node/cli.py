@@ -186,6 +186,10 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
     "--engine", type=click.Choice(["hf", "vllm"]), help="Inference: generation engine (default hf)."
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--join", multiple=True, metavar="MULTIADDR",
+              help="Find the run at this peer instead of --run (repeatable; also a bootstrap peer).")
+@click.option("--authority", metavar="PEER_ID",
+              help="With --join: the run authority to trust (default: trust on first use).")
 @click.option(
     "--metrics", metavar="HOST:PORT",
     help="Serve Prometheus metrics at http://HOST:PORT/metrics (or node.metrics).",
@@ -457,6 +461,11 @@ def rollouts(no_proofs: bool, **kwargs: Any) -> None:
     from node.commands import rollouts as cmd
 
     cmd.main(proofs=not no_proofs, **kwargs)
+
+
+from node.cli_runs import register  # noqa: E402 - its commands need the helpers above
+
+register(cli, _one_line_errors)
 
 
 def main() -> None:

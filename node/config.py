@@ -90,7 +90,7 @@ def default_data_dir() -> str:
 NODE_KEYS: tuple[Key, ...] = (
     Key("node.role", "inference", choice(*ROLES), " | ".join(ROLES), "what this process does"),
     Key("node.key", "", text, "a path", "identity key file (swarm-node keygen); required"),
-    Key("node.run", "", text, "a path", "run manifest TOML; required"),
+    Key("node.run", "", text, "a path", "run manifest TOML; required unless --join"),
     Key("node.data_dir", "", text, "a path", "this node's directory (see node.paths)"),
     Key("node.model", "", text, "a path or empty", "model directory (default: the run's)"),
     Key(

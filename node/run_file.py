@@ -41,7 +41,16 @@ calibration_digest = ""     # optional: 64 hex chars, the content id of the mode
 [[datasets]]
 name = "basic_arithmetic"
 weight = 1
+
+[release]                   # written by `swarm-node run sign`: the run authority's signature
+version = 1                 # each update of the run gets a higher one
+authority = "12D3KooW..."   # the authority's peer id (its key signs every release)
+signed_at_ms = 1700000000000
+signature = "..."           # 128 hex chars over the manifest above and these fields
 ```
+
+A run file with a `[release]` section is a signed release (`load_run_release`): editing
+the manifest after signing breaks the signature, and the file is refused until signed again.
 
 Errors are one line and name the TOML key (`sampling.top_p: 1.5 out of range [0.0, 1.0]`).
 Which datasets a run may use (refusing gameable scorers) is the task adapter's rule in
@@ -92,7 +101,8 @@ FIELDS: dict[str, tuple[str, str, Any]] = {
 }
 FLOAT_FIELDS = {"temperature", "top_p", "rl_clip_low", "rl_clip_high", "rl_is_bound"}
 FLOAT_FIELDS |= {"rl_kl_coef", "rl_lr"}
-SECTIONS = {"run", "sampling", "proofs", "rl", "verification", "datasets"}
+SECTIONS = {"run", "sampling", "proofs", "rl", "verification", "datasets", "release"}
+RELEASE_KEYS = {"version": int, "authority": str, "signed_at_ms": int, "signature": str}
 
 
 def _key_of(field: str) -> str:
@@ -177,6 +187,44 @@ def _problem(exc: Exception) -> str:
 def load_run_manifest(path: Path) -> RunManifest:
     """Read and validate a run manifest TOML file."""
     return manifest_from_table(read_toml(path, "run manifest"), source=str(path))
+
+
+def load_run_release(path: Path) -> tuple[RunManifest, bytes | None]:
+    """A run file's manifest and, when it has a `[release]` section, the signed release
+    envelope (checked: a release that does not verify is a one-line `CommandError`)."""
+    from protocol import run_manifest as rm
+
+    table = read_toml(path, "run manifest")
+    manifest = manifest_from_table(table, source=str(path))
+    section = table.get("release")
+    if section is None:
+        return manifest, None
+    if not isinstance(section, dict) or set(section) != set(RELEASE_KEYS) or not all(
+        type(section[k]) is kind for k, kind in RELEASE_KEYS.items()
+    ):
+        raise CommandError(f"{path}: [release] needs exactly {', '.join(RELEASE_KEYS)}; "
+                           "sign the file again with `swarm-node run sign`")
+    try:
+        data = rm.assemble(manifest, section["version"], peer_id_from_b58(section["authority"]),
+                           section["signed_at_ms"], bytes.fromhex(section["signature"]))
+    except (LocalProtocolError, ValueError) as exc:
+        raise CommandError(f"{path}: [release]: {_problem(exc)}") from None
+    verdict = rm.check(data, None, None)
+    if isinstance(verdict, rm.Refuse):
+        raise CommandError(f"{path}: the run authority's signature does not verify ({verdict}): "
+                           "was the file edited after signing? sign it again with `swarm-node run sign`")
+    return manifest, data
+
+
+def release_to_toml(data: bytes) -> str:
+    """The `[release]` section of a signed release's envelope bytes."""
+    from protocol import run_manifest as rm
+
+    version, authority, signed_at_ms, signature = rm.parts(data)
+    return "\n".join([
+        "[release]", f"version = {version}", f'authority = "{peer_id_to_b58(authority)}"',
+        f"signed_at_ms = {signed_at_ms}", f'signature = "{signature.hex()}"',
+    ]) + "\n"  # fmt: skip
 
 
 def manifest_to_toml(m: RunManifest) -> str:

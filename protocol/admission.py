@@ -1061,6 +1061,13 @@ class Admission:
             NewestShown: self._on_newest_shown,
         }
 
+    def set_run_keys(self, trainer_keys: frozenset[bytes], validator_keys: frozenset[bytes]) -> None:
+        """A newer release of the run (`protocol.run_manifest`) names these trainer and
+        validator keys: who may publish versions and judge rollouts from now on."""
+        self.run = RunRules(self.run.run_id, self.run.max_staleness, frozenset(trainer_keys),
+                            frozenset(validator_keys), self.run.verdict_quorum, self.run.run_seed)
+        self.authority.set_keys(validator_keys, trainer_keys)
+
     # -- entry point ---------------------------------------------------------------
 
     def handle(self, event: Event) -> list[Action]:

@@ -15,6 +15,7 @@ Public API
         (must be a trainer key, else `PermissionError`); `order` is `(timestamp_ms, seq)`;
         returns whether it changed the table (False for an older or equal one)
     `.may_delegate(key) -> bool`
+    `.set_keys(validator_keys, trainer_keys)`   a newer run release's keys
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ class Authority:
         self.max_delegations = max_delegations
         # validator key -> (order of the newest delegation, granted)
         self._delegations: OrderedDict[bytes, tuple[tuple[int, int], bool]] = OrderedDict()
+
+    def set_keys(self, validator_keys: Iterable[bytes], trainer_keys: Iterable[bytes]) -> None:
+        """A newer release of the run names these keys (`protocol.run_manifest`); the
+        delegations held stay, each still the newest word on its key."""
+        self.validator_keys = frozenset(validator_keys)
+        self.trainer_keys = frozenset(trainer_keys)
 
     def may_delegate(self, key: bytes) -> bool:
         return key in self.trainer_keys

@@ -2,7 +2,7 @@
 
 Each declares its kind (the domain-separation tag when signed), its schema version and its
 byte limit; `protocol.codec` encodes them canonically. Which objects travel signed inside an
-`Envelope` (see `protocol.envelope`): RunManifest (by the run authority), RolloutHeader,
+`Envelope` (see `protocol.envelope`): RunManifest and RunRelease (by the run authority), RolloutHeader,
 Verdict, FraudEvidence, WeightManifest (by a trainer key) and PeerHello. RolloutBody travels
 beside its signed header, bound to it by `RolloutHeader.body_digest`; shard bytes are bound
 by the per-shard digests of the signed WeightManifest.
@@ -96,6 +96,17 @@ class RunManifest(WireObject):
     worker_precision: str = spec(Str(8, choices=WORKER_PRECISIONS), default="fp32")
     # content id of the model's calibration file (verify.calibration); b"" = not pinned
     calibration_digest: bytes = spec(OPTIONAL_DIGEST, default=b"")
+
+
+@wire("run_release", schema=1, max_bytes=64 * KiB)
+class RunRelease(WireObject):
+    """A run manifest as its run authority released it: each update has a higher
+    `manifest_version`; `authority` is the key that signs every release of the run
+    (`protocol.run_manifest` has the rules)."""
+
+    manifest: RunManifest = spec(Nested(RunManifest))
+    manifest_version: int = spec(Int(1, 2**63 - 1))
+    authority: bytes = spec(PeerId())
 
 
 @wire("rollout_header", schema=1, max_bytes=2 * KiB)
@@ -284,6 +295,7 @@ SIGNED_KINDS: dict[str, type[WireObject]] = {
     cls.KIND: cls
     for cls in (
         RunManifest,
+        RunRelease,
         RolloutHeader,
         Verdict,
         Delegation,
@@ -297,6 +309,7 @@ SIGNED_KINDS: dict[str, type[WireObject]] = {
 ALL_OBJECTS: tuple[type[WireObject], ...] = (
     DatasetSpec,
     RunManifest,
+    RunRelease,
     RolloutHeader,
     RolloutBody,
     RolloutRecord,

@@ -19,6 +19,7 @@ NOT_SIMULATED = {
     "protocol.catch_up": "simulated peers keep no store, so a rejoining peer has nothing to catch up from",
     "protocol.audit_queue": "the simulator runs no model: no audits, no audit queue",
     "protocol.fraud": "the simulator runs no model: no audits, so no fraud evidence",
+    "protocol.run_manifest": "simulated peers share one run from the start: no releases to find, check or adopt",
     "protocol.producer_cases": "the simulator runs no model: no per-producer audit windows",
     "protocol.verified": "the simulator has no trainer loop that waits for verdicts",
     "protocol.weights_plan": "versions are adopted as one download (swarm_sim.broadcast runs the shard rules)",

@@ -18,7 +18,8 @@ kernel (Linux). The report directory receives:
     learning.png     the trainer's held-out solve rate and mean reward against policy
                      version and time, the warm-start level marked (`learning` in report.json)
     nodes/<name>/    each node's key, data directory (SQLite store) and log
-    run.toml         the run manifest every node joined
+    run.toml         the run manifest every node joined, signed by the devnet's run authority
+    authority.key    that authority's key (`swarm-node run sign` it again after editing run.toml)
 """
 
 from __future__ import annotations
@@ -409,10 +410,27 @@ def _write_run(run: Path | str | None, root: Path, validators: int) -> tuple[Any
     run_path = root / "run.toml"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        run_path.write_text(run_text)
+        run_path.write_text(_signed(run_text, manifest, root))
     except OSError as exc:
         raise CommandError(f"--out {root}: cannot write the report directory ({exc.strerror or exc})") from None
     return manifest, run_path
+
+
+def _signed(run_text: str, manifest: Any, root: Path) -> str:
+    """The devnet's run file released by the devnet's own run authority (`root/authority.key`),
+    so its peers serve a signed manifest that `swarm-node runs` and `start --join` accept."""
+    import time
+
+    from node.commands.run_sign import without_release
+    from node.keyfile import read_key, write_key
+    from node.run_file import release_to_toml
+    from protocol.run_manifest import seal_release
+
+    key = root / "authority.key"
+    if not key.exists():
+        write_key(key, Identity.generate())
+    release = seal_release(read_key(key), manifest, 1, int(time.time() * 1000))
+    return f"{without_release(run_text)}\n{release_to_toml(release)}"
 
 
 def _prepare_policy(manifest: Any, console: Any) -> None:

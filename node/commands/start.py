@@ -3,6 +3,11 @@
     swarm-node start --role inference --run RUN.toml --key KEY \\
         --listen /ip4/0.0.0.0/tcp/4001 --bootstrap /ip4/1.2.3.4/tcp/4001/p2p/12D3KooW... \\
         --data-dir DIR [--model DIR]
+    swarm-node start --role inference --join MULTIADDR [--authority PEER_ID] --key KEY
+
+`--join` finds the run on the network instead of a run file: the bootstrap peer serves the
+run's signed manifest, checked against `--authority` (or trusted on first use and pinned
+beside the node's data; `node.commands.start_run`).
 
 Start-up prints the peer id, the listen addresses, the run joined and how many peers were
 reached; when a bootstrap peer does not answer it says which address failed and why (and
@@ -180,6 +185,8 @@ def main(
     publish_every: float | None = None,
     upload_limit: float | None = None,
     engine: str | None = None,
+    join: Sequence[str] = (),
+    authority: str | None = None,
 ) -> None:
     """Run a node until SIGINT/SIGTERM or `duration` seconds; see the module docstring.
     Flags override the config file; paths resolve as `node.paths` says."""
@@ -214,7 +221,10 @@ def main(
     metrics_at = _metrics_addr(cfg["node.metrics"])
     listen_addrs = _check_listen(cfg["node.listen"])
     boot = _check_addrs(cfg["node.bootstrap"], "--bootstrap", need_peer=True)
-    manifest, identity, ddir = _run_key_and_dir(cfg, role)
+    join_addrs = _check_addrs(join, "--join", need_peer=True)
+    boot += [a for a in join_addrs if a not in boot]
+    run_choice, identity, ddir = _run_key_and_dir(cfg, role, join_addrs, authority)
+    manifest = run_choice.manifest
     ctx = _role_context(cfg, ddir, threads, max_rollouts, split)
     from node.roles import check_local
 
@@ -226,7 +236,7 @@ def main(
         import trio
 
         trio.run(_run, role, manifest, identity, ddir, listen_addrs, boot, ctx, cfg, duration, base,
-                 metrics_at)
+                 metrics_at, run_choice)
     finally:
         lock.close()
 
@@ -258,20 +268,29 @@ def _configure_logging(cfg: Any) -> None:
     logging.getLogger("matplotlib").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-def _run_key_and_dir(cfg: Any, role: str) -> tuple[Any, Any, Path]:
-    """(run manifest, identity, data directory); says so when a trainer's key is not one
-    of the run's trainer keys."""
+def _run_key_and_dir(cfg: Any, role: str, join: list[str], authority: str | None) -> tuple[Any, Any, Path]:
+    """(`node.commands.start_run.RunChoice`, identity, data directory): the run from the
+    run file, or found through `--join`; says so when a trainer's key is not one of the
+    run's trainer keys."""
+    from node.commands import start_run
     from node.keyfile import read_key
     from node.paths import node_dir, required_path
-    from node.run_file import load_run_manifest
 
-    manifest = load_run_manifest(required_path(None, cfg["node.run"], "--run", "node.run"))
+    flag = start_run.parse_authority(authority)
+    if join and cfg["node.run"]:
+        raise CommandError("give --run RUN.toml or --join MULTIADDR, not both")
+    run_path = None if join else required_path(None, cfg["node.run"], "--run", "node.run")
     identity = read_key(required_path(None, cfg["node.key"], "--key", "node.key"))
     ddir = node_dir(cfg["node.data_dir"], identity.peer_id_b58, role)
+    if run_path is not None:
+        choice = start_run.from_run_file(run_path, ddir, flag)
+    else:
+        choice = start_run.from_network(join, ddir, flag, _host_settings(cfg))
+    manifest = choice.manifest
     if role == "trainer" and identity.peer_id not in manifest.trainer_keys:
         _say("  trainer: this key is not in the run's trainer_keys: training, but no peer "
              "will accept the versions it publishes (add its peer id to the run file)")
-    return manifest, identity, ddir
+    return choice, identity, ddir
 
 
 def _role_context(cfg: Any, ddir: Path, threads: int | None, max_rollouts: int | None,
@@ -290,7 +309,7 @@ def _role_context(cfg: Any, ddir: Path, threads: int | None, max_rollouts: int |
 async def _run(
     role: str, manifest: Any, identity: Any, data_dir: Path, listen: list[str], boot: list[str],
     ctx: Any, cfg: Any, duration: float | None, base: bytes | None = None,
-    metrics_at: tuple[str, int] | None = None,
+    metrics_at: tuple[str, int] | None = None, run_choice: Any = None,
 ) -> None:
     import trio
 
@@ -303,6 +322,10 @@ async def _run(
     scrape = await _bind_metrics(metrics_at)  # before joining: a busy port fails before any network IO
     try:
         async with open_peer(pcfg) as peer:
+            if run_choice is not None:
+                from node.run_service import RunService
+
+                RunService(peer, run_choice.release, run_choice.pin)  # serves until the host closes
             if base is not None and peer.weights is not None:
                 await peer.weights.adopt_base(base)  # version 0: the model directory
             _say_started(peer, role, manifest, data_dir, boot, metrics_at if scrape is not None else None)
@@ -320,22 +343,27 @@ async def _run(
 
 def _peer_config(role: str, manifest: Any, identity: Any, data_dir: Path, listen: list[str],
                  boot: list[str], ctx: Any, cfg: Any, module: Any) -> Any:
-    from node.host import HostSettings
     from node.peer import PeerConfig
 
-    settings = HostSettings(
-        dial_timeout_s=cfg["network.dial_timeout_s"],
-        io_timeout_s=cfg["network.io_timeout_s"],
-        heartbeat_interval_s=cfg["network.heartbeat_interval_s"],
-        peer_dead_after_s=cfg["network.heartbeat_timeout_s"],
-        max_gossip_bytes=cfg["network.max_message_bytes"],
-    )
+    settings = _host_settings(cfg)
     return PeerConfig(
         manifest=manifest, identity=identity, data_dir=data_dir, roles=(role,),
         listen=tuple(listen), bootstrap=tuple(boot), pull_bodies=module.PULLS_BODIES or ctx.local_train is not None,
         publish_rate_per_s=cfg["network.publish_rate_per_s"], max_peers=cfg["network.max_peers"],
         header_batch=cfg["network.header_batch"],
         host=settings, weights=_weight_settings(cfg), store_max_bytes=cfg["store.max_bytes"],
+    )
+
+
+def _host_settings(cfg: Any) -> Any:
+    from node.host import HostSettings
+
+    return HostSettings(
+        dial_timeout_s=cfg["network.dial_timeout_s"],
+        io_timeout_s=cfg["network.io_timeout_s"],
+        heartbeat_interval_s=cfg["network.heartbeat_interval_s"],
+        peer_dead_after_s=cfg["network.heartbeat_timeout_s"],
+        max_gossip_bytes=cfg["network.max_message_bytes"],
     )
 
 

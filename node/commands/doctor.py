@@ -1,0 +1,236 @@
+"""`swarm-node doctor [--join MULTIADDR... | --run RUN.toml [--bootstrap MULTIADDR...]]`:
+can this machine join the run? One plain line per check, each starting with `ok`, `warn`,
+`FAIL` or `info`:
+
+    listen and observed addresses; each bootstrap peer answered or why not (refused or
+    closed port, timed out, wrong peer id, protocol mismatch, run not served);
+    reachability and the relay in use (`node.reachability`); clock skew against the
+    peers; free disk, memory and CPUs for the role; the manifest's authority and version.
+
+The last line says whether the node could join, and if not why. Exit 0 when it could, 1
+when not, 2 on usage errors. The check runs a short-lived host of a throwaway identity on
+the node's listen addresses; it changes nothing (it pins no authority).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from node.errors import CommandError
+
+CHECK_TIMEOUT_S = 60.0
+MAX_SKEW_MS = 120_000  # what admission tolerates on envelope timestamps (max_skew_s)
+WARN_SKEW_MS = 10_000
+GiB = 2**30
+# role -> (free disk GiB, available memory GiB, CPUs) below which the role cannot work well
+NEEDS = {"inference": (1.0, 1.0, 1), "validator": (1.0, 1.0, 1), "trainer": (2.0, 2.0, 2),
+         "relay": (0.2, 0.25, 1)}
+
+
+@dataclass
+class Report:
+    lines: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def ok(self, text: str) -> None:
+        self.lines.append(f"ok   {text}")
+
+    def info(self, text: str) -> None:
+        self.lines.append(f"info {text}")
+
+    def warn(self, text: str) -> None:
+        self.lines.append(f"warn {text}")
+
+    def fail(self, text: str, why: str | None = None) -> None:
+        self.lines.append(f"FAIL {text}")
+        self.problems.append(why or text)
+
+
+def main(*, join: tuple[str, ...] = (), run: Path | None = None, bootstrap: tuple[str, ...] = (),
+         role: str = "inference", authority: str | None = None, listen: tuple[str, ...] = (),
+         data_dir: Path | None = None, config: Path | None = None) -> int:
+    """Run the checks, print the lines; returns the exit status (see the module docstring)."""
+    import trio
+
+    from node.commands.start import _check_addrs, _check_listen, _host_settings
+    from node.commands.start_run import parse_authority
+    from node.config import load_config
+    from node.join import quiet_library_logs
+
+    if bool(join) == bool(run):
+        raise CommandError("give --join MULTIADDR or --run RUN.toml (one of them)")
+    if join and bootstrap:
+        raise CommandError("--bootstrap goes with --run; with --join the join addresses are the bootstrap")
+    cfg = load_config(config, {"node.listen": list(listen) or None, "node.bootstrap": list(bootstrap) or None,
+                               "node.data_dir": str(data_dir) if data_dir else None})
+    addrs = _check_addrs(join or cfg["node.bootstrap"], "--join" if join else "--bootstrap", need_peer=True)
+    listen_addrs = _check_listen(cfg["node.listen"])
+    flag = parse_authority(authority)
+    report = Report()
+    quiet_library_logs()
+    local = _local_manifest(run, report) if run else None
+    trio.run(_network_checks, report, listen_addrs, addrs, _host_settings(cfg), local, flag,
+             Path(cfg["node.data_dir"]).expanduser() if cfg["node.data_dir"] else None, bool(join))
+    _resources(report, role, Path(cfg["node.data_dir"]).expanduser() if cfg["node.data_dir"] else Path.cwd())
+    for line in report.lines:
+        click.echo(line)
+    if report.problems:
+        click.echo(f"doctor: this node could NOT join: {'; '.join(report.problems)}")
+        return 1
+    click.echo("doctor: this node could join")
+    return 0
+
+
+def _local_manifest(run: Path, report: Report) -> Any:
+    """The run file's manifest (and release), with its line."""
+    from node.run_file import load_run_release
+    from protocol import run_manifest as rm
+    from protocol.identity import peer_id_to_b58
+
+    manifest, release = load_run_release(run)
+    if release is None:
+        report.warn(f"manifest: {run} is unsigned: peers joining with --join refuse it "
+                    "(sign it with `swarm-node run sign`)")
+    else:
+        version, authority, _, _ = rm.parts(release)
+        report.ok(f"manifest: run {manifest.run_id!r} version {version}, authority "
+                  f"{peer_id_to_b58(authority)} (from {run})")
+    return manifest
+
+
+async def _network_checks(report: Report, listen: list[str], addrs: list[str], settings: Any,
+                          local: Any, flag: bytes | None, data_dir: Path | None, joining: bool) -> None:
+    import trio
+
+    from node import join
+    from node.host import ListenFailed, open_host
+    from node.host_identify import observed_addr
+    from node.reachability import Reachability, describe
+    from protocol.identity import Identity
+
+    answers: list[join.Answer] = []
+    reach = Reachability(listen=[])
+    try:
+        with trio.move_on_after(CHECK_TIMEOUT_S):
+            async with open_host(Identity.generate().private_bytes(), listen, settings) as host:
+                reach.listen = host.listen_addrs()
+                report.ok(f"listen: {', '.join(reach.listen)}")
+                for addr in addrs:
+                    answer = await join.ask(host, addr)
+                    answers.append(answer)
+                    if answer.peer and answer.cause not in (join.WRONG_PEER, join.REFUSED, join.TIMED_OUT):
+                        seen = await observed_addr(host, answer.peer)
+                        if seen:
+                            reach.observed[answer.peer] = seen
+    except (ListenFailed, OSError) as exc:
+        report.fail(f"listen: cannot listen on {', '.join(listen)}: {exc}", "cannot listen")
+        return
+    _bootstrap_lines(report, addrs, answers, local)
+    for line in describe(reach):
+        report.info(line)
+    _clock_lines(report, answers)
+    if joining:
+        _joined_manifest(report, answers, flag, data_dir)
+
+
+def _bootstrap_lines(report: Report, addrs: list[str], answers: list[Any], local: Any) -> None:
+    from node import join
+
+    if not addrs:
+        report.info("bootstrap: none given: this node would start the network alone")
+        return
+    for a in answers:
+        if a.answered and local is not None and all(r.summary["run"] != local.run_id for r in a.runs):
+            names = ", ".join(repr(r.summary["run"]) for r in a.runs)
+            a.cause, a.detail = join.NOT_SERVED, f"it serves {names}, not {local.run_id!r}"
+        if a.answered:
+            runs = ", ".join(f"{r.summary['run']!r}" for r in a.runs)
+            report.ok(f"bootstrap {a.addr}: answered in {a.rtt_ms:.0f} ms, serves run {runs}")
+        else:
+            report.fail(f"bootstrap {a.addr}: {a.why()}", f"{a.cause} at {a.addr}")
+    for addr in addrs[len(answers):]:
+        report.fail(f"bootstrap {addr}: {join.TIMED_OUT}: not checked within {CHECK_TIMEOUT_S:g} s",
+                    f"bootstrap {join.TIMED_OUT}")
+    if len(answers) > 1 and not any(a.answered for a in answers):
+        report.problems.append("no bootstrap peer answered")
+
+
+def _clock_lines(report: Report, answers: list[Any]) -> None:
+    offsets = [(a.addr, a.clock_offset_ms) for a in answers if a.clock_offset_ms is not None]
+    if not offsets:
+        report.info("clock: no peer to compare with")
+    for addr, off in offsets:
+        text = f"clock: {off:+.0f} ms against {addr.rsplit('/', 1)[-1][:12]}..."
+        if abs(off) > MAX_SKEW_MS:
+            report.fail(f"{text}: peers refuse messages over ±{MAX_SKEW_MS // 1000} s off; set the clock (NTP)",
+                        "clock skew")
+        elif abs(off) > WARN_SKEW_MS:
+            report.warn(f"{text}: large; set the clock (NTP)")
+        else:
+            report.ok(text)
+
+
+def _joined_manifest(report: Report, answers: list[Any], flag: bytes | None, data_dir: Path | None) -> None:
+    from node import join
+    from node.run_service import read_pin
+    from protocol import run_manifest as rm
+    from protocol.identity import peer_id_to_b58
+
+    if not any(a.answered for a in answers):
+        report.lines.append("FAIL manifest: not fetched: no bootstrap peer answered")
+        return
+    remembered = read_pin(data_dir) if data_dir else None
+    pin = rm.choose_pin(flag, remembered)
+    if isinstance(pin, rm.Refuse):
+        report.fail(f"manifest: {pin}", "authority differs from the pinned one")
+        return
+    choice = join.choose([a for a in answers if a.answered], pin.authority)
+    if choice.release is None:
+        reasons = "; ".join(f"{a}: {r}" for a, r in choice.refusals.items()) or "no peer served one"
+        first = next(iter(choice.refusals.values()), "none served").split(":")[0]
+        report.fail(f"manifest: none this node can trust ({reasons})", f"manifest {first}")
+        return
+    for addr, reason in choice.refusals.items():
+        report.warn(f"manifest from {addr} refused: {reason}")
+    how = ("pinned by --authority" if flag else "pinned before" if remembered
+           else "would be trusted on first use: check it with the run's operator")
+    r = choice.release
+    report.ok(f"manifest: run {r.manifest.run_id!r} version {r.manifest_version}, authority "
+              f"{peer_id_to_b58(r.authority)} ({how})")
+
+
+def _resources(report: Report, role: str, where: Path) -> None:
+    disk_need, mem_need, cpu_need = NEEDS[role]
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free / GiB
+    mem = _available_memory() / GiB
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    text = f"resources for {role}: {free:.1f} GiB free disk at {probe}, {mem:.1f} GiB memory available, {cpus} CPUs"
+    short = [what for what, have, need in (("disk", free, disk_need), ("memory", mem, mem_need))
+             if have < need]
+    if short:
+        report.fail(f"{text}; needs {disk_need:g} GiB disk, {mem_need:g} GiB memory",
+                    f"not enough {' and '.join(short)}")
+    elif cpus < cpu_need:
+        report.warn(f"{text}; {cpu_need} CPUs advised")
+    else:
+        report.ok(text)
+
+
+def _available_memory() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))

@@ -1,0 +1,61 @@
+"""`swarm-node run sign RUN.toml --key AUTHORITY.key [--version N] [--out FILE]`: release a
+run manifest signed by its run authority.
+
+Writes the run file (in place, or to `--out`) with a `[release]` section: the version
+(default: one above the file's current release, or 1), the authority's peer id, the time
+and the signature (`node.run_file` reads it back, `protocol.run_manifest` has the rules).
+Peers adopt a release only from the authority they trust and only when its version is
+higher than the one they hold, so every update needs the same key and a higher version.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from node.config import read_toml
+from node.errors import CommandError
+from node.keyfile import read_key
+from node.run_file import manifest_from_table, release_to_toml
+from protocol import run_manifest as rm
+from protocol.identity import peer_id_to_b58
+
+
+def without_release(text: str) -> str:
+    """`text` with its `[release]` section (header to the next table or the end) removed."""
+    out, skipping = [], False
+    for line in text.splitlines():
+        header = line.strip()
+        if header.startswith("["):
+            skipping = header.split("#")[0].strip() == "[release]"
+        if not skipping:
+            out.append(line)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(path: Path, key: Path, version: int | None = None, out: Path | None = None) -> None:
+    authority = read_key(key)
+    table = read_toml(path, "run manifest")
+    manifest = manifest_from_table(table, source=str(path))
+    old = table.get("release") if isinstance(table.get("release"), dict) else {}
+    old_version = old.get("version") if type(old.get("version")) is int else 0
+    old_authority = old.get("authority")
+    if old_authority and old_authority != authority.peer_id_b58:
+        raise CommandError(
+            f"{path} was released by {old_authority}; {key} is {authority.peer_id_b58}: peers "
+            "refuse a release signed by another key (remove [release] to start a new run)"
+        )
+    version = old_version + 1 if version is None else version
+    if version < 1 or version <= old_version:
+        raise CommandError(f"--version must be above the file's current release {old_version}, got {version}")
+    data = rm.seal_release(authority, manifest, version, int(time.time() * 1000))
+    target = out or path
+    try:
+        text = without_release(path.read_text())
+        target.write_text(f"{text}\n{release_to_toml(data)}")
+    except OSError as exc:
+        raise CommandError(f"cannot write {target}: {exc.strerror or exc}") from None
+    click.echo(f"released run {manifest.run_id!r} version {version} signed by "
+               f"{peer_id_to_b58(authority.peer_id)} -> {target}")

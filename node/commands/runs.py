@@ -1,0 +1,82 @@
+"""`swarm-node runs MULTIADDR...`: the runs that bootstrap peers serve.
+
+    run 'demo'  model builtin:tiny  policy version 3  manifest version 2
+      authority 12D3KooW... (signature good)
+      peers: trainer 1, validator 1, inference 4
+      served by /ip4/1.2.3.4/tcp/4001/p2p/12D3KooW...
+
+A release whose signature does not check is shown with the reason (unsigned, bad signature);
+nothing here decides whom to trust: `start --join` does. Exit 1 when no peer answered.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from node.commands.start import _check_addrs
+from node.errors import CommandError
+from protocol import run_manifest as rm
+
+ASK_TIMEOUT_S = 30.0
+
+
+def main(addrs: list[str], *, as_json: bool = False) -> None:
+    import trio
+
+    from node import join
+
+    addrs = _check_addrs(addrs, "MULTIADDR", need_peer=True)
+    join.quiet_library_logs()
+    answers = trio.run(_ask_all, addrs)
+    rows = [_row(a, r) for a in answers if a.answered for r in a.runs]
+    if as_json:
+        failed = {a.addr: a.why() for a in answers if not a.answered}
+        click.echo(json.dumps({"runs": rows, "failed": failed}))
+    else:
+        for row in rows:
+            _print(row)
+        for a in answers:
+            if not a.answered:
+                click.echo(f"{a.addr}: no run: {a.why()}")
+    if not any(a.answered for a in answers):
+        raise CommandError("no peer answered with a run", exit_code=1)
+
+
+async def _ask_all(addrs: list[str]) -> list[Any]:
+    import trio
+
+    from node import join
+    from node.host import open_host
+    from protocol.identity import Identity
+
+    out: list[join.Answer] = []
+    with trio.move_on_after(ASK_TIMEOUT_S):
+        async with open_host(Identity.generate().private_bytes(), ["/ip4/127.0.0.1/tcp/0"]) as host:
+            for addr in addrs:
+                out.append(await join.ask(host, addr))
+    out += [join.Answer(a, cause=join.TIMED_OUT, detail=f"not asked within {ASK_TIMEOUT_S:g} s")
+            for a in addrs[len(out):]]
+    return out
+
+
+def _row(answer: Any, served: Any) -> dict[str, Any]:
+    verdict = rm.check(served.release, None, None)
+    s = served.summary
+    return {
+        "run": s["run"], "model": s["model"], "policy_version": s["policy_version"],
+        "manifest_version": s["manifest_version"], "authority": s["authority"],
+        "signature": "good" if isinstance(verdict, rm.Adopt) else str(verdict),
+        "peers": s["peers"], "served_by": answer.addr,
+    }  # fmt: skip
+
+
+def _print(row: dict[str, Any]) -> None:
+    click.echo(f"run {row['run']!r}  model {row['model']}  policy version {row['policy_version']}"
+               f"  manifest version {row['manifest_version']}")
+    click.echo(f"  authority {row['authority'] or '(none)'} (signature {row['signature']})")
+    peers = ", ".join(f"{role} {n}" for role, n in sorted(row["peers"].items())) or "none known"
+    click.echo(f"  peers: {peers}")
+    click.echo(f"  served by {row['served_by']}")

@@ -1,0 +1,148 @@
+"""Asking bootstrap peers which run they serve, and saying in plain words why one did not
+answer: what `swarm-node start --join`, `swarm-node runs` and `swarm-node doctor` share.
+
+`ask(host, addr)` dials one multiaddr and asks it over `node.run_exchange`; the answer
+(`Answer`) holds the runs served, the round trip, the peer's clock offset, or the cause of
+the failure (`dial_cause`, `stream_cause`). `choose(answers, pin, current)` picks the
+release to join with `protocol.run_manifest.check`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+from node import run_exchange
+from node.host import PeerError, SwarmHost
+from protocol import run_manifest as rm
+from protocol.wire import RunRelease
+
+WRONG_PEER = "wrong peer id"
+REFUSED = "refused"
+TIMED_OUT = "timed out"
+PROTOCOL_MISMATCH = "protocol mismatch"
+NOT_SERVED = "run not served"
+
+
+def quiet_library_logs() -> None:
+    """py-libp2p logs every failed dial at ERROR; a command that explains failures in its
+    own words keeps those lines off the terminal."""
+    import logging
+
+    for noisy in ("libp2p", "multiaddr", "async_service"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
+        logging.getLogger(noisy).propagate = False
+
+
+@dataclass
+class Answer:
+    """What one bootstrap address said (or why it said nothing)."""
+
+    addr: str
+    peer: str | None = None
+    runs: list[run_exchange.ServedRun] = field(default_factory=list)
+    cause: str | None = None  # None: it answered
+    detail: str = ""
+    rtt_ms: float | None = None
+    clock_offset_ms: float | None = None  # its clock minus ours, at the answer's midpoint
+
+    @property
+    def answered(self) -> bool:
+        return self.cause is None
+
+    def why(self) -> str:
+        return f"{self.cause}: {self.detail}" if self.detail else str(self.cause)
+
+
+def dial_cause(error: str, timeout_s: float) -> tuple[str, str]:
+    """(cause, plain detail) of a failed dial, from the host's one-line error."""
+    text = error.lower()
+    if "does not correspond" in text or ("peer id" in text and "pubkey" in text):
+        found = re.search(r"remote_peer_id_from_pubkey=(\w+)", error)
+        who = f" (the host there is {found.group(1)})" if found else ""
+        return WRONG_PEER, f"the address answers with another key than its /p2p/ id{who}"
+    if "refused" in text:
+        return REFUSED, "connection refused: nothing listens on that port (closed port or a rejecting firewall)"
+    if "no answer within" in text or "timed out" in text or "timeout" in text:
+        return TIMED_OUT, (f"no answer within {timeout_s:g} s (no route, a firewall dropping "
+                           "packets, or the host is down)")
+    if "unreachable" in text or "no route" in text:
+        return TIMED_OUT, f"no route to the host ({error})"
+    return REFUSED, error
+
+
+def stream_cause(exc: PeerError) -> tuple[str, str]:
+    """(cause, detail) of a failed run directory question on a live connection."""
+    chain, e = [], exc.__cause__
+    while e is not None and len(chain) < 16:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    if any(type(c).__name__ == "MultiselectClientError" for c in chain):
+        return PROTOCOL_MISMATCH, (f"it does not speak {run_exchange.PROTOCOL_ID} (not a swarm-node "
+                                   "peer, or one too old to serve runs)")
+    if isinstance(exc, run_exchange.BadAnswer):
+        return PROTOCOL_MISMATCH, f"its run directory answer is malformed ({exc})"
+    if "took over" in str(exc) or "deadline" in str(exc).lower():
+        return TIMED_OUT, str(exc)
+    return REFUSED, str(exc)
+
+
+async def ask(host: SwarmHost, addr: str) -> Answer:
+    """Dial `addr` and ask which runs it serves; never raises for a remote failure."""
+    result = await host.connect(addr)
+    if not result.ok:
+        cause, detail = dial_cause(result.error or "", host.settings.dial_timeout_s)
+        return Answer(addr, result.peer, cause=cause, detail=detail)
+    assert result.peer is not None
+    sent = time.time()
+    try:
+        runs = await run_exchange.fetch_runs(host, result.peer)
+    except PeerError as exc:
+        cause, detail = stream_cause(exc)
+        return Answer(addr, result.peer, cause=cause, detail=detail)
+    got = time.time()
+    answer = Answer(addr, result.peer, runs, rtt_ms=(got - sent) * 1000)
+    if runs:
+        answer.clock_offset_ms = runs[0].summary["time_ms"] - (sent + got) / 2 * 1000
+    else:
+        answer.cause, answer.detail = NOT_SERVED, "it answers but serves no run"
+    return answer
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The release to join with, or why there is none (`refusals`: addr -> reason)."""
+
+    data: bytes | None
+    release: RunRelease | None
+    first_use: bool
+    source: str
+    refusals: dict[str, str]
+
+
+def choose(answers: list[Answer], pin: bytes | None, run_id: str | None = None,
+           held: RunRelease | None = None) -> Choice:
+    """The newest release among the answers that `check` adopts under `pin` (TOFU: the
+    first adopted one pins the rest) and newer than `held`; `run_id` keeps only that run."""
+    best: tuple[bytes, RunRelease, bool, str] | None = None
+    refusals: dict[str, str] = {}
+    for a in answers:
+        if not a.answered:
+            refusals[a.addr] = a.why()
+            continue
+        served = [r for r in a.runs if run_id is None or r.summary["run"] == run_id]
+        if not served:
+            names = ", ".join(repr(r.summary["run"]) for r in a.runs)
+            refusals[a.addr] = f"{NOT_SERVED}: it serves {names}, not {run_id!r}"
+            continue
+        for r in served:
+            current = best[1] if best else held
+            verdict = rm.check(r.release, pin or (current.authority if current else None), current)
+            if isinstance(verdict, rm.Adopt):
+                best = (r.release, verdict.release, best[2] if best else verdict.first_use, a.addr)
+            elif not (verdict.reason == rm.NOT_NEWER and best is not None and r.release == best[0]):
+                refusals[a.addr] = str(verdict)
+    if best is None:
+        return Choice(None, None, False, "", refusals)
+    return Choice(best[0], best[1], best[2] and pin is None, best[3], refusals)
