@@ -113,6 +113,7 @@ class Trainer:
         self.refused: Counter[str] = Counter()
         self.steps = 0
         self.groups_trained = 0
+        self.rollouts_trained = 0  # members of the groups trained on, flat groups included
         self.groups_flat = 0
         self.groups_since_publish = 0
         self.tokens_trained = 0
@@ -238,6 +239,7 @@ class Trainer:
             self.tokens_trained += int(mask.sum())
             stats.update(loss_stats, loss=float(loss.detach()), grad_norm=float(grad_norm))
         self.groups_trained += len(groups)
+        self.rollouts_trained += sum(len(g) for g in groups)
         self.train_seconds += time.perf_counter() - t0
         self.last_stats = stats
         return stats

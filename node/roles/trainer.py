@@ -35,6 +35,7 @@ from typing import Any
 import trio
 
 from node.roles import RoleContext
+from node.roles.rollout_fates import Fates
 from node.weights_store import WeightsError
 from protocol import penalties
 from protocol.accounting import WITHHELD_PENALTY, GapCharges, WorkLedger
@@ -189,13 +190,16 @@ def _heldout(model: Any, tokenizer: Any, manifest: Any, threads: int | None) -> 
 
 
 def _pick(
-    collector: Collector, waiting: OrderedDict[bytes, Any], version: int, s: int, now: float
+    collector: Collector, waiting: OrderedDict[bytes, Any], version: int, s: int, now: float,
+    fates: Fates,
 ) -> list[Any]:
     """Take the verified rollouts out of `waiting`; drop rejected and stale ones."""
     ready = []
     for rid in list(waiting):
         t = collector.tracks.get(rid)
         if t is None or version - waiting[rid].envelope.policy_version > s:
+            if t is not None:  # refused for staleness (an untracked one is no such refusal)
+                fates.stale_waiting += 1
             del waiting[rid]
             continue
         st = collector.status(t)
@@ -219,6 +223,7 @@ class TrainerRole:
             peer.admission.authority, VerifiedRule(quorum=self.manifest.verdict_quorum)
         )
         self.waiting: OrderedDict[bytes, Any] = OrderedDict()
+        self.fates = Fates()  # what became of the rollouts heard of (status: `fates`)
         self.model: Any = None
         self.tokenizer: Any = None
         self.trainer: Any = None
@@ -237,8 +242,10 @@ class TrainerRole:
             self.waiting[item.content_id] = item.obj
             if len(self.waiting) > MAX_WAITING:
                 self.waiting.popitem(last=False)
+                self.fates.unverified_dropped += 1
 
     def on_late(self, item: Admitted) -> None:
+        self.fates.on_late(item.content_id)
         for bad in self.collector.on_late(item):
             self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name)
 
@@ -300,7 +307,7 @@ class TrainerRole:
         """Train on the verified rollouts waiting; returns the steps taken."""
         ready = _pick(
             self.collector, self.waiting, self.trainer.version, self.manifest.max_staleness,
-            time.time(),
+            time.time(), self.fates,
         )  # fmt: skip
         return await trio.to_thread.run_sync(
             _train, self.trainer, self.rescorer, ready, self.ctx.threads, time.monotonic()
@@ -334,6 +341,7 @@ class TrainerRole:
             summary, **trainer.status(), published=self.published, waiting=len(self.waiting)
         )
         ctx.status["publish_error"] = self.publish_error
+        ctx.status["fates"] = self.fates.counts(trainer, self.waiting)
         ctx.status["updated_at"] = time.time()
         if trio.current_time() - self.last_print >= PRINT_EVERY_S:
             self.last_print = trio.current_time()
