@@ -65,17 +65,15 @@ import argparse
 import copy
 import random
 import statistics
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
+from bench import _learn_swarm
 from node.console import say as _say
 from trainer.tiny_policy import RL_LR
 
 GROUP = 4
-DEVNET_SAMPLES = 2  # samples per held-out task before and after the devnet (narrows the CI)
 GROUPS_PER_ROUND = 8
 PROBE = 16
 # The built-in run's rate. At 1e-3 the probe reward halves in 12 rounds (0.318 per round
@@ -90,12 +88,14 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     ap.add_argument("--data-dir")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--steps", type=int)
+    ap.add_argument("--seconds", type=float)
     ap.add_argument("--no-devnet", action="store_true")
     try:
         opts = ap.parse_args(args)
     except SystemExit:
         raise CommandError(
-            f"bench learn: bad arguments {args}; allowed: --data-dir, --rounds, --steps, --no-devnet"
+            f"bench learn: bad arguments {args}; allowed: --data-dir, --rounds, --steps, "
+            "--seconds, --no-devnet"
         ) from None
     import torch
 
@@ -110,9 +110,10 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     with torch_threads(1):
         sapo = _sapo(base, tok, quick, opts.rounds)
         asy, trainer_status = _async(base, tok, quick, opts.steps)
-    devnet = None if quick or opts.no_devnet else _devnet(base, tok)
+    efficiency, devnet = _learn_swarm.efficiency(base, tok, quick, opts.seconds, not opts.no_devnet)
     return {
         "quick": quick,
+        "efficiency": efficiency,
         "sapo": sapo,
         "async": asy,
         "devnet": devnet,
@@ -142,7 +143,7 @@ def _settings() -> Any:
 # ------------------------------------------------------------------------------- sapo
 def _sapo(base: Any, tok: Any, quick: bool, rounds: int | None) -> dict[str, Any]:
     configs = [(8, 0), (4, 4)] if quick else [(8, 0), (6, 2), (4, 4), (2, 6)]
-    peers = 4 if quick else 8
+    peers = 2 if quick else 8
     seeds = [0] if quick else [0, 1, 2]
     rounds = rounds or (2 if quick else 12)
     runs = [(i, j, 2.0) for i, j in configs] + [(4, 4, 0.0)]
@@ -363,46 +364,3 @@ def _async_run(model: Any, tok: Any, trainer: Any, steps: int, lag: int) -> None
                 nxt = box.pop(k + 1)
             else:
                 nxt = make(k + 1)
-
-
-# ----------------------------------------------------------------------------- devnet
-def _devnet(base: Any, tok: Any) -> dict[str, Any]:
-    import torch
-
-    from node.commands import devnet
-    from trainer.engine_hf import HFEngine
-    from trainer.groups import heldout_items, heldout_solved, paired_ci95
-    from trainer.tiny_policy import DEFAULT_MAX_NEW_TOKENS, TASK_MIX
-    from trainer.train_loop import CKPT_FILE
-
-    items = heldout_items([n for n, w in TASK_MIX for _ in range(w)], 512)
-
-    def solved(model: Any) -> list[float]:
-        """Per task, the share of its `DEVNET_SAMPLES` samples that solved it."""
-        engine = HFEngine(model, tok, max_batch=128)
-        runs = [heldout_solved(engine, tok, items, DEFAULT_MAX_NEW_TOKENS, seed=7 + k)
-                for k in range(DEVNET_SAMPLES)]  # fmt: skip
-        return [sum(r) / DEVNET_SAMPLES for r in zip(*runs, strict=True)]
-
-    before = solved(base)
-    with tempfile.TemporaryDirectory() as d:
-        report = devnet.main(out=Path(d) / "report", live=False)
-        ckpts = list(Path(d).rglob(CKPT_FILE))
-        after_model = copy.deepcopy(base)
-        version = 0
-        if ckpts:
-            state = torch.load(ckpts[0], map_location="cpu", weights_only=True)
-            after_model.load_state_dict(state["model"])
-            version = int(state["version"])
-    after = solved(after_model)
-    lo, hi = paired_ci95(before, after)
-    return {
-        "solve_rate_before": round(sum(before) / len(before), 4),
-        "solve_rate_after": round(sum(after) / len(after), 4),
-        "ci95_low": round(lo, 4),
-        "ci95_high": round(hi, 4),
-        "heldout_tasks": len(items),
-        "samples_per_task": DEVNET_SAMPLES,
-        "trainer_version": version,
-        "duration_s": report.get("elapsed_s"),
-    }
