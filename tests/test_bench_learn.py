@@ -52,13 +52,14 @@ def test_summary_no_gain_ratio_when_training_alone_gained_nothing_or_noise():
     assert noisy["4/4"]["gain_ratio_vs_isolated_no_is"] is None
 
 
-def test_untrained_control_probes_what_the_peers_probe(monkeypatch):
+def _by_text(self, task, text, log=None):
     # An untrained tiny model solves nothing, so score by the text itself: a reward that
-    # (solved or not, as the trainer counts it) that differs between completions makes "same cumulative reward" mean "same completions".
-    def by_text(self, task, text, log=None):
-        return Score(reward=float(zlib.crc32(text.encode()) % 2), answer=None, partial=False)
+    # differs between completions makes "same cumulative reward" mean "same completions".
+    return Score(reward=float(zlib.crc32(text.encode()) % 2), answer=None, partial=False)
 
-    monkeypatch.setattr(TaskSet, "score", by_text)
+
+def test_untrained_control_probes_what_the_peers_probe(monkeypatch):
+    monkeypatch.setattr(TaskSet, "score", _by_text)
     tok = tp.build_tokenizer(0)
     model = tp.build_model(tok, seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
     model.eval()
@@ -67,3 +68,21 @@ def test_untrained_control_probes_what_the_peers_probe(monkeypatch):
     assert control > 0.0
     assert per_peer == [control, control]  # round 0 is probed before any training
     assert learn._untrained(model, tok, 1, seed=4) != control  # the seed picks the probes
+
+
+@pytest.mark.slow
+def test_rounds_until_training_alone_gains_stop_on_budget_or_cap_and_match_fixed_rounds(monkeypatch):
+    from bench import _learn_sapo as sapo
+
+    monkeypatch.setattr(TaskSet, "score", _by_text)
+    tok = tp.build_tokenizer(0)
+    model = tp.build_model(tok, seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    model.eval()
+    # round 1 is probed before any training: no gain yet, so a spent budget stops it there
+    r, cum, untrained, _w, stop = sapo.isolated_until_gain(model, tok, 2, [3], 5, deadline=0.0)
+    assert (r, stop) == (1, "budget")
+    assert cum == [untrained[0], untrained[0]] and untrained[0] == learn._untrained(model, tok, 1, seed=3)
+    r, cum, untrained, _w, stop = sapo.isolated_until_gain(model, tok, 2, [3], 2, deadline=None)
+    assert r == 2 and stop in ("gain", "max_rounds")
+    assert cum == learn._sapo_run(model, tok, 2, 2, 8, 0, 2.0, seed=3)[0]  # the fixed-rounds path
+    assert untrained == [learn._untrained(model, tok, 2, seed=3)]
