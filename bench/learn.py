@@ -1,6 +1,12 @@
 """`swarm-node bench learn`: does training make the built-in policy better, and what helps.
 
-- `sapo`: P peers (8; `--quick` 4), each training its own copy locally for R rounds on
+- `efficiency` (`bench._learn_swarm`): what a default devnet learns in T seconds against
+  what the single-process reference (`trainer.single`, plain on-policy GRPO) learns in the
+  same T on the same machine, on the same held-out tasks: `single_gain`, `swarm_gain` with
+  paired 95% intervals, `swarm_over_single`, and the swarm's produced rollouts by fate at
+  the trainer (`trained`, `stale`, `unverified`, `incomplete_group`, `other`). T: `--seconds`,
+  else the devnet's default duration (`--quick`: 8 s, 64 held-out tasks, one worker).
+- `sapo` (`bench._learn_sapo`): P peers (8; `--quick` 2), each training its own copy locally for R rounds on
   I own + J foreign groups per round (I + J = 8 groups of G = 4: the same number of
   training samples in every configuration), I/J in 8/0, 6/2, 4/4, 2/6 (`--quick`: 8/0,
   4/4), over seeds (3; `--quick` 1). Identical peers on one task mix gain nothing from
@@ -49,14 +55,18 @@
   versions behind, S in {0, 2, 8}. For S > 0 the next batch is generated in a second
   thread while the trainer steps (what asynchrony buys on two cores). `final_solve_rate`
   on N held-out tasks (512; `--quick` 64) and `wall_s` per S.
-- `devnet` (full run only; `--quick` reports null): held-out solve rate of the built-in
-  policy and of the devnet trainer's last checkpoint after a default `swarm-node devnet`,
-  on the same 512 held-out tasks, two seeded samples each (a task's score is its share
-  solved): `solve_rate_before`, `solve_rate_after`, and a paired 95% interval of the
-  difference over the tasks (`ci95_low`, `ci95_high`).
+- `devnet`: the efficiency run's swarm on its own: held-out solve rate of the built-in
+  policy and of the devnet trainer's last checkpoint, on the same held-out tasks, two
+  seeded samples each (a task's score is its share solved): `solve_rate_before`,
+  `solve_rate_after`, and a paired 95% interval of the difference over the tasks
+  (`ci95_low`, `ci95_high`).
 - `train_tokens_per_s`, `trainer_rss_mb`: the S = 0 trainer's completion tokens trained
   per second of training time, and this process's peak RSS.
-Extra arguments: `--data-dir DIR`, `--rounds R`, `--steps K`, `--no-devnet`.
+Extra arguments: `--data-dir DIR`, `--seconds T`, `--rounds R` (sapo; without it the full
+grid runs as many rounds as training alone needs to gain more than two standard errors),
+`--steps K` (async), `--no-devnet` (efficiency without the swarm), `--only PARTS`
+(efficiency,sapo,async), `--sapo-budget-s S`, and for a GPU `--device cuda --policy
+qwen2-24m --only sapo` (a 24M-parameter Qwen2 built from its config, warm-started here).
 """
 
 from __future__ import annotations
