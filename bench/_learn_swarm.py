@@ -123,9 +123,13 @@ def _swarm(base: Any, tok: Any, t_s: float,
     trainer = next((n for n in report["nodes"] if n["role"] == "trainer"), {})
     counts = (trainer.get("status") or {}).get("role_status", {}).get("fates") or {}
     produced = int(report["totals"]["produced"])
-    split = shares(produced, counts)
-    fates = {"swarm_rollouts_produced": produced, "swarm_rollout_counts": split["counts"],
-             **{k: split[k] for k in split["counts"]}}  # fmt: skip
+    fates: dict[str, Any] = {"swarm_rollouts_produced": produced}
+    try:
+        split = shares(produced, counts)
+    except ValueError as exc:  # a node's last status lagged (one killed at the stop): say so
+        fates["swarm_rollout_counts"] = {**counts, "error": str(exc)}
+    else:
+        fates.update(swarm_rollout_counts=split["counts"], **{k: split[k] for k in split["counts"]})
     figures = {"workers": report["parameters"]["inference"], "trainer_version": version, "duration_s": report.get("elapsed_s"),
                "drain_s": report.get("drain_s")}  # fmt: skip
     return after, figures, fates

@@ -86,3 +86,22 @@ def test_rounds_until_training_alone_gains_stop_on_budget_or_cap_and_match_fixed
     assert r == 2 and stop in ("gain", "max_rounds")
     assert cum == learn._sapo_run(model, tok, 2, 2, 8, 0, 2.0, seed=3)[0]  # the fixed-rounds path
     assert untrained == [learn._untrained(model, tok, 2, seed=3)]
+
+
+@pytest.mark.slow
+def test_efficiency_scores_the_reference_on_the_held_out_tasks(monkeypatch):
+    from bench import _learn_swarm
+
+    monkeypatch.setattr(TaskSet, "score", _by_text)
+    monkeypatch.setattr(_learn_swarm, "QUICK_TASKS", 24)
+    tok = tp.build_tokenizer(0)
+    model = tp.build_model(tok, seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    model.eval()
+    out, devnet = _learn_swarm.efficiency(model, tok, quick=True, seconds=0.5, swarm=False)
+    assert devnet is None and out["T_s"] == 0.5 and out["heldout_tasks"] == _learn_swarm.QUICK_TASKS
+    assert out["single"]["rollouts"] >= 16 and out["single"]["steps"] >= 1  # it trained
+    gain = out["single_gain"]
+    assert gain == pytest.approx(out["single_solve_rate"] - out["solve_rate_before"], abs=2e-4)
+    lo, hi = out["single_ci95"]
+    assert lo <= gain <= hi and hi > lo  # paired over tasks whose scores moved
+    assert all(out[k] is None for k in _learn_swarm.SWARM_KEYS)
