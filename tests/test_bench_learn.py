@@ -6,6 +6,7 @@ from __future__ import annotations
 import zlib
 
 import pytest
+import torch
 
 from bench import learn
 from trainer import tiny_policy as tp
@@ -105,3 +106,28 @@ def test_efficiency_scores_the_reference_on_the_held_out_tasks(monkeypatch):
     lo, hi = out["single_ci95"]
     assert lo <= gain <= hi and hi > lo  # paired over tasks whose scores moved
     assert all(out[k] is None for k in _learn_swarm.SWARM_KEYS)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_sapo_grid_and_a_training_step_run_on_cuda(monkeypatch):  # pragma: no cover - GPU only
+    import copy
+
+    from bench import _learn_sapo as sapo
+    from trainer.engine_hf import HFEngine
+    from trainer.groups import generate_groups
+
+    monkeypatch.setattr(TaskSet, "score", _by_text)
+    tok = tp.build_tokenizer(0)
+    model = tp.build_model(tok, seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    model.eval()
+    groups = generate_groups(HFEngine(model, tok), tok, TaskSet(5), [("tiny-products", k) for k in range(8)],
+                             group_size=4, settings=sapo.sampling(), seed=1)  # fmt: skip
+    on_cpu = sapo.trainer_for(copy.deepcopy(model), tok).train_on(groups)
+    on_gpu = sapo.trainer_for(copy.deepcopy(model).to("cuda"), tok).train_on(groups)
+    assert on_gpu["samples"] == on_cpu["samples"] > 0
+    assert on_gpu["loss"] == pytest.approx(on_cpu["loss"], abs=1e-4)
+    assert on_gpu["grad_norm"] == pytest.approx(on_cpu["grad_norm"], rel=1e-3)
+    out = sapo.sapo(copy.deepcopy(model).to("cuda"), tok, quick=True, rounds=2)
+    assert out["device"].startswith("cuda") and out["rounds"] == 2
+    assert out["4/4"]["cumulative_reward_mean"] >= 0.0
