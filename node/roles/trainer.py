@@ -22,7 +22,8 @@ Error handling: a rollout that cannot be re-scored is counted under its refusal 
 dropped; a failed publish is logged in `status` and retried at the next cadence point.
 
 Shape: `Collector` keeps what the trainer heard; `TrainerRole` holds the rollouts waiting
-for verdicts, the model and its trainer, and runs the train / publish / report turns.
+for verdicts, the model and its trainer, and runs the train / publish / report turns; its
+status counts what became of the rollouts (`fates`, `node.roles.rollout_fates`).
 """
 
 from __future__ import annotations
