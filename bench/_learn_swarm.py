@@ -16,12 +16,14 @@ swarm's produced rollouts are split by what became of them at its trainer
 from __future__ import annotations
 
 import copy
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from node.console import say as _say
 
+SINGLE_THREADS = 1  # as each devnet node runs (`--threads`); the swarm's nodes share all cores
 DEVNET_SAMPLES = 2  # samples per held-out task (narrows the intervals)
 QUICK_T_S = 8.0  # --quick: long enough to run every part, too short to learn
 QUICK_TASKS = 64
@@ -94,8 +96,8 @@ def _gain(who: str, before: list[float], after: list[float]) -> dict[str, Any]:
 def _single(model: Any, tok: Any, manifest: Any, t_s: float) -> dict[str, Any]:
     from trainer.single import SingleLearner
 
-    learner = SingleLearner(model, tok, manifest, threads=1)
-    run = learner.run_for(t_s)
+    learner = SingleLearner(model, tok, manifest, threads=SINGLE_THREADS)
+    run = {**learner.run_for(t_s), "threads": SINGLE_THREADS, "cores": len(os.sched_getaffinity(0))}
     _say(f"efficiency: single process: {run}")
     return run
 
