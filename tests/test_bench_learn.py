@@ -131,3 +131,15 @@ def test_sapo_grid_and_a_training_step_run_on_cuda(monkeypatch):  # pragma: no c
     out = sapo.sapo(copy.deepcopy(model).to("cuda"), tok, quick=True, rounds=2)
     assert out["device"].startswith("cuda") and out["rounds"] == 2
     assert out["4/4"]["cumulative_reward_mean"] >= 0.0
+
+
+def test_options_refuse_what_the_bench_cannot_run():
+    from node.errors import CommandError
+
+    for args, says in ((["--device", "cuda"], "--only sapo"), (["--policy", "qwen2-24m"], "built-in policy"),
+                       (["--only", "sapo,foo"], "--only takes"), (["--rounds", "0"], ">= 1"),
+                       (["--bogus"], "bad arguments")):  # fmt: skip
+        with pytest.raises(CommandError, match=says):
+            learn._options(args)
+    opts = learn._options(["--only", "sapo", "--device", "cuda", "--policy", "qwen2-24m", "--sapo-budget-s", "300"])
+    assert (opts.device, opts.policy, opts.sapo_budget_s) == ("cuda", "qwen2-24m", 300.0)
