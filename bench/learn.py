@@ -1,6 +1,12 @@
 """`swarm-node bench learn`: does training make the built-in policy better, and what helps.
 
-- `sapo`: P peers (8; `--quick` 4), each training its own copy locally for R rounds on
+- `efficiency` (`bench._learn_swarm`): what a default devnet learns in T seconds against
+  what the single-process reference (`trainer.single`, plain on-policy GRPO) learns in the
+  same T on the same machine, on the same held-out tasks: `single_gain`, `swarm_gain` with
+  paired 95% intervals, `swarm_over_single`, and the swarm's produced rollouts by fate at
+  the trainer (`trained`, `stale`, `unverified`, `incomplete_group`, `other`). T: `--seconds`,
+  else the devnet's default duration (`--quick`: 8 s, 64 held-out tasks, one worker).
+- `sapo` (`bench._learn_sapo`): P peers (8; `--quick` 2), each training its own copy locally for R rounds on
   I own + J foreign groups per round (I + J = 8 groups of G = 4: the same number of
   training samples in every configuration), I/J in 8/0, 6/2, 4/4, 2/6 (`--quick`: 8/0,
   4/4), over seeds (3; `--quick` 1). Identical peers on one task mix gain nothing from
@@ -49,248 +55,122 @@
   versions behind, S in {0, 2, 8}. For S > 0 the next batch is generated in a second
   thread while the trainer steps (what asynchrony buys on two cores). `final_solve_rate`
   on N held-out tasks (512; `--quick` 64) and `wall_s` per S.
-- `devnet` (full run only; `--quick` reports null): held-out solve rate of the built-in
-  policy and of the devnet trainer's last checkpoint after a default `swarm-node devnet`,
-  on the same 512 held-out tasks, two seeded samples each (a task's score is its share
-  solved): `solve_rate_before`, `solve_rate_after`, and a paired 95% interval of the
-  difference over the tasks (`ci95_low`, `ci95_high`).
+- `devnet`: the efficiency run's swarm on its own: held-out solve rate of the built-in
+  policy and of the devnet trainer's last checkpoint, on the same held-out tasks, two
+  seeded samples each (a task's score is its share solved): `solve_rate_before`,
+  `solve_rate_after`, and a paired 95% interval of the difference over the tasks
+  (`ci95_low`, `ci95_high`).
 - `train_tokens_per_s`, `trainer_rss_mb`: the S = 0 trainer's completion tokens trained
   per second of training time, and this process's peak RSS.
-Extra arguments: `--data-dir DIR`, `--rounds R`, `--steps K`, `--no-devnet`.
+Extra arguments: `--data-dir DIR`, `--seconds T`, `--rounds R` (sapo; without it the full
+grid runs as many rounds as training alone needs to gain more than two standard errors),
+`--steps K` (async), `--no-devnet` (efficiency without the swarm), `--only PARTS`
+(efficiency,sapo,async), `--sapo-budget-s S`, and for a GPU `--device cuda --policy
+qwen2-24m --only sapo` (a 24M-parameter Qwen2 built from its config, warm-started here).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import random
-import statistics
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
+from bench import _learn_sapo, _learn_swarm
+from bench._learn_sapo import GROUP, GROUPS_PER_ROUND, sampling, trainer_for
+from bench._learn_sapo import _sapo_run as _sapo_run  # (tests import these from here)
+from bench._learn_sapo import _untrained as _untrained
+from bench._learn_sapo import sapo_summary as sapo_summary
 from node.console import say as _say
-from trainer.tiny_policy import RL_LR
 
-GROUP = 4
-DEVNET_SAMPLES = 2  # samples per held-out task before and after the devnet (narrows the CI)
-GROUPS_PER_ROUND = 8
-PROBE = 16
-# The built-in run's rate. At 1e-3 the probe reward halves in 12 rounds (0.318 per round
-# untrained, 0.158 trained): every configuration would measure collapse, not learning.
-LR = RL_LR
+PARTS = ("efficiency", "sapo", "async")
+# --policy qwen2-24m: a Qwen2 built here from its config, 8x the built-in policy's width x
+# depth, warm-started as the built-in one is (for --device cuda; nothing is downloaded)
+QWEN2_24M = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                 num_attention_heads=8, num_key_value_heads=2)  # fmt: skip
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:
+    opts = _options(args)
+    import torch
+
+    from trainer.engine_hf import torch_threads
+
+    torch.set_num_threads(1)
+    base, tok = _policy(opts.policy, opts.device, opts.data_dir)
+    parts = set(opts.only.split(",")) if opts.only else set(PARTS)
+    t0 = time.perf_counter()
+    sapo = asy = efficiency = devnet = None
+    status: dict[str, Any] = {}
+    with torch_threads(1):
+        if "sapo" in parts:
+            sapo = _learn_sapo.sapo(base, tok, quick, opts.rounds, opts.sapo_budget_s)
+        if "async" in parts:
+            asy, status = _async(base.to("cpu"), tok, quick, opts.steps)
+    if "efficiency" in parts:
+        efficiency, devnet = _learn_swarm.efficiency(base.to("cpu"), tok, quick, opts.seconds, not opts.no_devnet)
+    return {
+        "quick": quick,
+        "policy": opts.policy,
+        "efficiency": efficiency,
+        "sapo": sapo,
+        "async": asy,
+        "devnet": devnet,
+        "train_tokens_per_s": status.get("train_tokens_per_s"),
+        "trainer_rss_mb": status.get("trainer_rss_mb"),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def _options(args: list[str]) -> argparse.Namespace:
     from node.errors import CommandError
 
     ap = argparse.ArgumentParser(prog="swarm-node bench learn", add_help=False)
     ap.add_argument("--data-dir")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--steps", type=int)
+    ap.add_argument("--seconds", type=float)
     ap.add_argument("--no-devnet", action="store_true")
+    ap.add_argument("--only")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--policy", default="builtin", choices=("builtin", "qwen2-24m"))
+    ap.add_argument("--sapo-budget-s", type=float)
     try:
         opts = ap.parse_args(args)
     except SystemExit:
         raise CommandError(
-            f"bench learn: bad arguments {args}; allowed: --data-dir, --rounds, --steps, --no-devnet"
+            f"bench learn: bad arguments {args}; allowed: --data-dir, --rounds, --steps, --seconds, "
+            "--no-devnet, --only PARTS, --device, --policy builtin|qwen2-24m, --sapo-budget-s"
         ) from None
-    import torch
+    unknown = set(opts.only.split(",")) - set(PARTS) if opts.only else set()
+    if unknown:
+        raise CommandError(f"bench learn: --only takes {','.join(PARTS)}, got {opts.only!r}")
+    if opts.rounds is not None and opts.rounds < 1:
+        raise CommandError(f"bench learn: --rounds must be >= 1, got {opts.rounds}")
+    if opts.policy != "builtin" and (not opts.only or "efficiency" in opts.only):
+        raise CommandError("bench learn: the devnet runs the built-in policy: --policy qwen2-24m needs --only sapo or async")
+    if opts.device != "cpu" and opts.only != "sapo":
+        raise CommandError("bench learn: --device other than cpu runs the sapo grid only: add --only sapo")
+    return opts
 
+
+def _policy(name: str, device: str, data_dir: str | None) -> tuple[Any, Any]:
+    """(model on `device`, tokenizer): the cached built-in policy, or a Qwen2 built here
+    from `QWEN2_24M` and warm-started on `device` as the built-in one is."""
     from trainer import tiny_policy
-    from trainer.engine_hf import torch_threads
     from trainer.model_dir import load_model_dir
 
-    torch.set_num_threads(1)
-    path, _report, _built = tiny_policy.ensure_policy(opts.data_dir, progress=_say)
-    base, tok = load_model_dir(path)
-    t0 = time.perf_counter()
-    with torch_threads(1):
-        sapo = _sapo(base, tok, quick, opts.rounds)
-        asy, trainer_status = _async(base, tok, quick, opts.steps)
-    devnet = None if quick or opts.no_devnet else _devnet(base, tok)
-    return {
-        "quick": quick,
-        "sapo": sapo,
-        "async": asy,
-        "devnet": devnet,
-        "train_tokens_per_s": trainer_status["train_tokens_per_s"],
-        "trainer_rss_mb": trainer_status["trainer_rss_mb"],
-        "seconds": round(time.perf_counter() - t0, 1),
-    }
-
-
-def _trainer(model: Any, tok: Any, *, is_bound: float = 2.0, lr: float = LR) -> Any:
-    from trainer.loss import LossSettings
-    from trainer.train_loop import Trainer
-
-    return Trainer(
-        model, tok, group_size=GROUP, max_staleness=None, loss=LossSettings(is_bound=is_bound),
-        lr=lr, groups_per_step=GROUPS_PER_ROUND, publish_every=10**9,
-    )  # fmt: skip
-
-
-def _settings() -> Any:
-    from trainer.engine import SamplingSettings
-    from trainer.tiny_policy import DEFAULT_MAX_NEW_TOKENS
-
-    return SamplingSettings(temperature=1.0, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
-
-
-# ------------------------------------------------------------------------------- sapo
-def _sapo(base: Any, tok: Any, quick: bool, rounds: int | None) -> dict[str, Any]:
-    configs = [(8, 0), (4, 4)] if quick else [(8, 0), (6, 2), (4, 4), (2, 6)]
-    peers = 4 if quick else 8
-    seeds = [0] if quick else [0, 1, 2]
-    rounds = rounds or (2 if quick else 12)
-    runs = [(i, j, 2.0) for i, j in configs] + [(4, 4, 0.0)]
-    totals: dict[tuple[int, int, float], list[float]] = {}
-    is_weights: dict[tuple[int, int, float], list[float]] = {}
-    untrained: list[float] = []
-    for seed in seeds:
-        untrained.append(_untrained(base, tok, rounds, seed))
-    for i, j, c in runs:
-        vals: list[float] = []
-        for seed in seeds:
-            t = time.perf_counter()
-            got, w = _sapo_run(base, tok, peers, rounds, i, j, c, seed)
-            vals += got
-            is_weights.setdefault((i, j, c), []).append(w)
-            _say(
-                f"sapo {i}/{j} C={c} seed {seed}: {statistics.mean(vals):.2f} ({time.perf_counter() - t:.0f}s)"
-            )
-        totals[(i, j, c)] = vals
-    out: dict[str, Any] = {"peers": peers, "rounds": rounds, "seeds": len(seeds)}
-    per_peer = [u for u in untrained for _ in range(peers)]  # the order _sapo_run's lists add up in
-    out.update(sapo_summary(totals, per_peer, configs))
-    for key, ws in is_weights.items():
-        if key[2] > 0:
-            out[f"{key[0]}/{key[1]}"]["is_weight_mean"] = round(statistics.mean(ws), 3)
-    return out
-
-
-def sapo_summary(
-    totals: dict[tuple[int, int, float], list[float]],
-    untrained: list[float],
-    configs: list[tuple[int, int]],
-) -> dict[str, Any]:
-    """The `sapo` figures from per-peer cumulative rewards, keyed (I, J, C); C = 0 is the
-    run without importance correction (4/4 only). `untrained[k]` is the cumulative probe
-    reward of the untrained policy on the probes of the peer behind `totals[...][k]` (its
-    seed): what that peer would have earned by not training. `gain_vs_untrained` is what
-    training added (mean over peers x seeds, with its standard error);
-    `gain_ratio_vs_isolated` compares gains, and is None unless training alone gained more
-    than two standard errors (a ratio over a gain lost in noise means nothing)."""
-    base = statistics.mean(untrained)
-    out: dict[str, Any] = {"untrained_cumulative_reward": round(base, 3)}
-
-    def gains(v: list[float]) -> tuple[float, float]:
-        g = [c - u for c, u in zip(v, untrained, strict=True)]
-        se = statistics.stdev(g) / len(g) ** 0.5 if len(g) > 1 else 0.0
-        return statistics.mean(g), se
-
-    isolated = statistics.mean(totals[(8, 0, 2.0)])
-    iso_gain, iso_se = gains(totals[(8, 0, 2.0)])
-    gain_known = iso_gain > 0 and iso_gain > 2 * iso_se
-
-    def ratios(v: list[float]) -> tuple[float | None, float | None]:
-        r = round(statistics.mean(v) / isolated, 3) if isolated else None
-        g = round(gains(v)[0] / iso_gain, 3) if gain_known else None
-        return r, g
-
-    for i, j in configs:
-        v = totals[(i, j, 2.0)]
-        ratio, gain_ratio = ratios(v)
-        gain, se = gains(v)
-        out[f"{i}/{j}"] = {
-            "cumulative_reward_mean": round(statistics.mean(v), 3),
-            "cumulative_reward_sd": round(statistics.stdev(v), 3) if len(v) > 1 else 0.0,
-            "ratio_vs_isolated": ratio,
-            "gain_vs_untrained": round(gain, 3),
-            "gain_se": round(se, 3),
-            "gain_ratio_vs_isolated": gain_ratio,
-        }
-    v = totals[(4, 4, 0.0)]
-    ratio, gain_ratio = ratios(v)
-    out["4/4"]["ratio_vs_isolated_no_is"] = ratio
-    out["4/4"]["cumulative_reward_mean_no_is"] = round(statistics.mean(v), 3)
-    out["4/4"]["gain_ratio_vs_isolated_no_is"] = gain_ratio
-    return out
-
-
-def _probe_items(r: int) -> list[tuple[str, int]]:
-    from trainer.tiny_policy import TASK_MIX
-
-    names = [n for n, _ in TASK_MIX]
-    return [(names[k % len(names)], r * PROBE + k) for k in range(PROBE)]
-
-
-def _probe(engine: Any, tok: Any, tasks: Any, r: int, seed: int) -> float:
-    """Mean reward over round r's probe: PROBE tasks of the full mix, one sample each,
-    with the round's sampler seed (the same for every peer and for the untrained policy)."""
-    from trainer.groups import generate_groups
-
-    probed = generate_groups(engine, tok, tasks, _probe_items(r), group_size=1,
-                             settings=_settings(), seed=seed * 31 + r)  # fmt: skip
-    return sum(g[0].reward for g in probed) / PROBE
-
-
-def _untrained(base: Any, tok: Any, rounds: int, seed: int) -> float:
-    """The cumulative probe reward of the policy every peer starts from, never trained."""
-    from trainer.engine_hf import HFEngine
-    from trainer.tasks import TaskSet
-
-    engine = HFEngine(base, tok, max_batch=64)
-    tasks = TaskSet(2000 + seed)
-    return sum(_probe(engine, tok, tasks, r, seed) for r in range(rounds))
-
-
-def _sapo_run(
-    base: Any,
-    tok: Any,
-    n_peers: int,
-    rounds: int,
-    own: int,
-    foreign: int,
-    is_bound: float,
-    seed: int,
-) -> tuple[list[float], float]:
-    """Per peer: the sum of its probe rewards over the rounds; and the mean importance
-    weight of the trained tokens (own and foreign) over all steps."""
-    from trainer.engine_hf import HFEngine
-    from trainer.groups import generate_groups
-    from trainer.tasks import TaskSet
-    from trainer.tiny_policy import TASK_MIX
-
-    names = [n for n, _ in TASK_MIX]
-    rng = random.Random(seed)
-    models = [copy.deepcopy(base) for _ in range(n_peers)]
-    trainers = [_trainer(m, tok, is_bound=is_bound) for m in models]
-    engines = [HFEngine(m, tok, max_batch=64) for m in models]
-    tasks = TaskSet(1000 + seed)
-    probe_tasks = TaskSet(2000 + seed)
-    settings = _settings()
-    cumulative = [0.0] * n_peers
-    weights: list[float] = []
-    for r in range(rounds):
-        made = []
-        for p in range(n_peers):
-            name = names[p % len(names)]  # the peer's specialty
-            items = [(name, (r * n_peers + p) * 64 + k) for k in range(own)]
-            made.append(
-                generate_groups(engines[p], tok, tasks, items, group_size=GROUP, settings=settings,
-                                seed=seed * 7919 + r * 131 + p, producer=b"p%d" % p)
-            )  # fmt: skip
-            cumulative[p] += _probe(engines[p], tok, probe_tasks, r, seed)
-        for p in range(n_peers):
-            pool = [g for q in range(n_peers) if q != p for g in made[q]]
-            taken = rng.sample(pool, min(foreign, len(pool)))
-            stats = trainers[p].train_on(made[p][:own] + taken)
-            if "is_weight_mean" in stats:
-                weights.append(stats["is_weight_mean"])
-    return cumulative, (statistics.mean(weights) if weights else 1.0)
+    if name == "builtin":
+        path, _report, _built = tiny_policy.ensure_policy(data_dir, progress=_say)
+        base, tok = load_model_dir(path)
+        return base.to(device), tok
+    tok = tiny_policy.build_tokenizer(0)
+    model = tiny_policy.build_model(tok, seed=0, **QWEN2_24M).to(device)
+    _say(f"policy {name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {device}")
+    report = tiny_policy.warm_start(model, tok, seed=0, progress=_say)
+    _say(f"policy {name}: warm start solve rate {report.solve_rate:.3f} after {report.steps} steps")
+    return model.eval(), tok
 
 
 # ------------------------------------------------------------------------------ async
@@ -306,7 +186,7 @@ def _async(base: Any, tok: Any, quick: bool, steps: int | None) -> tuple[dict[st
     status0: dict[str, Any] = {}
     for s in (0, 2, 8):
         model = copy.deepcopy(base)
-        trainer = _trainer(model, tok)
+        trainer = trainer_for(model, tok)
         t = time.perf_counter()
         _async_run(model, tok, trainer, steps, s)
         wall = time.perf_counter() - t
@@ -333,7 +213,7 @@ def _async_run(model: Any, tok: Any, trainer: Any, steps: int, lag: int) -> None
 
     names = [n for n, w in TASK_MIX for _ in range(w)]
     tasks = TaskSet(3000)
-    settings = _settings()
+    settings = sampling()
     history = [copy.deepcopy(model.state_dict())]  # weights after each step
     sampler = copy.deepcopy(model)
     engine = HFEngine(sampler, tok, max_batch=64)
@@ -363,46 +243,3 @@ def _async_run(model: Any, tok: Any, trainer: Any, steps: int, lag: int) -> None
                 nxt = box.pop(k + 1)
             else:
                 nxt = make(k + 1)
-
-
-# ----------------------------------------------------------------------------- devnet
-def _devnet(base: Any, tok: Any) -> dict[str, Any]:
-    import torch
-
-    from node.commands import devnet
-    from trainer.engine_hf import HFEngine
-    from trainer.groups import heldout_items, heldout_solved, paired_ci95
-    from trainer.tiny_policy import DEFAULT_MAX_NEW_TOKENS, TASK_MIX
-    from trainer.train_loop import CKPT_FILE
-
-    items = heldout_items([n for n, w in TASK_MIX for _ in range(w)], 512)
-
-    def solved(model: Any) -> list[float]:
-        """Per task, the share of its `DEVNET_SAMPLES` samples that solved it."""
-        engine = HFEngine(model, tok, max_batch=128)
-        runs = [heldout_solved(engine, tok, items, DEFAULT_MAX_NEW_TOKENS, seed=7 + k)
-                for k in range(DEVNET_SAMPLES)]  # fmt: skip
-        return [sum(r) / DEVNET_SAMPLES for r in zip(*runs, strict=True)]
-
-    before = solved(base)
-    with tempfile.TemporaryDirectory() as d:
-        report = devnet.main(out=Path(d) / "report", live=False)
-        ckpts = list(Path(d).rglob(CKPT_FILE))
-        after_model = copy.deepcopy(base)
-        version = 0
-        if ckpts:
-            state = torch.load(ckpts[0], map_location="cpu", weights_only=True)
-            after_model.load_state_dict(state["model"])
-            version = int(state["version"])
-    after = solved(after_model)
-    lo, hi = paired_ci95(before, after)
-    return {
-        "solve_rate_before": round(sum(before) / len(before), 4),
-        "solve_rate_after": round(sum(after) / len(after), 4),
-        "ci95_low": round(lo, 4),
-        "ci95_high": round(hi, 4),
-        "heldout_tasks": len(items),
-        "samples_per_task": DEVNET_SAMPLES,
-        "trainer_version": version,
-        "duration_s": report.get("elapsed_s"),
-    }

@@ -97,6 +97,7 @@ class HFEngine(Engine):
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self._dtype = next(model.parameters()).dtype
+        self._device = next(model.parameters()).device  # inputs go where the weights are
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike[str], **kwargs: Any) -> HFEngine:
@@ -192,6 +193,8 @@ class HFEngine(Engine):
             ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
             mask[i, width - len(p) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        dev = self._device
+        ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
 
         tokens: list[list[int]] = [[] for _ in range(b)]
         logps: list[list[float]] = [[] for _ in range(b)]
@@ -219,14 +222,14 @@ class HFEngine(Engine):
             if step + 1 == settings.max_new_tokens or not keep_rows:
                 break
             if len(keep_rows) < len(alive):
-                sel = torch.tensor(keep_rows, dtype=torch.long)
+                sel = torch.tensor(keep_rows, dtype=torch.long, device=dev)
                 cache = _select_rows(cache, sel)
                 mask = mask[sel]
                 alive = [alive[r] for r in keep_rows]
                 tok = tok[keep_rows]
-            new_ids = torch.as_tensor(np.asarray(tok, dtype=np.int64)).view(-1, 1)
-            mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=torch.long)], dim=1)
-            step_pos = next_pos[alive].view(-1, 1)
+            new_ids = torch.as_tensor(np.asarray(tok, dtype=np.int64)).view(-1, 1).to(dev)
+            mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=torch.long, device=dev)], dim=1)
+            step_pos = next_pos[alive].view(-1, 1).to(dev)
             next_pos[alive] += 1
             logits, h, cache = self._forward(new_ids, mask, step_pos, cache)
 

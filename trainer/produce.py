@@ -5,8 +5,9 @@ Rollout `counter` (start, start + 1, ...) gets its task from `trainer.tasks.assi
 same derivation, so any peer can re-derive and replay it. Activation proofs are built from
 the captured hidden states in a background thread while the next batch generates.
 
-Used by `swarm-node rollouts` (a file for people and tests) and the inference role (one
-batch at a time, read back and gossiped); benchmarks time it at `DEFAULT_BATCH_SIZE`.
+Used by `swarm-node rollouts` (a file for people and tests), the inference role (one
+batch at a time, read back and gossiped) and, through `generate_batch`, the single-process
+reference learner (`trainer.single`); benchmarks time it at `DEFAULT_BATCH_SIZE`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ Item = tuple[Any, list[int], Any, float]
 
 
 @dataclass
-class _Tally:
+class Tally:
     """What the rollouts generated so far add up to."""
 
     rewards: list[float] = field(default_factory=list)
@@ -67,7 +68,7 @@ def generate_records(
     settings = SamplingSettings.from_manifest(manifest)
     tasks = TaskSet(manifest.seed)
     credit = PartialCreditLog()
-    tally = _Tally()
+    tally = Tally()
     t_start = time.perf_counter()
     sign = functools.partial(
         _sign, identity=identity, manifest=manifest, settings=settings, policy_version=policy_version
@@ -80,7 +81,7 @@ def generate_records(
                 assignments = [
                     assign_task(manifest, identity.peer_id, policy_version, c) for c in counters
                 ]
-                gens, items = _generate_batch(
+                gens, items = generate_batch(
                     engine, tasks, credit, assignments, settings, build_proofs is not None, tally
                 )
                 writer.add(fh, gens, items)
@@ -104,14 +105,14 @@ def generate_records(
     }
 
 
-def _generate_batch(
+def generate_batch(
     engine: Any,
     tasks: TaskSet,
     credit: PartialCreditLog,
     assignments: list[Any],
     settings: SamplingSettings,
     capture_hidden: bool,
-    tally: _Tally,
+    tally: Tally,
 ) -> tuple[list[Any], list[Item]]:
     """One batch: each assignment's prompt generated with its task seed, then scored."""
     tokenizer = engine.tokenizer
@@ -200,7 +201,7 @@ class _RecordWriter:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _progress(tally: _Tally, n: int, elapsed: float) -> str:
+def _progress(tally: Tally, n: int, elapsed: float) -> str:
     done = len(tally.rewards)
     eta = elapsed / done * (n - done)
     return (

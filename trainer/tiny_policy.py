@@ -264,10 +264,11 @@ def _loss(model: Any, ids: Any, labels: Any) -> Any:
     """Next-token cross-entropy: position t predicts token t+1, scored where labelled."""
     import torch
 
-    logits = model(input_ids=ids).logits  # (B, T, V)
+    dev = next(model.parameters()).device
+    logits = model(input_ids=ids.to(dev)).logits  # (B, T, V)
     return torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-        labels[:, 1:].reshape(-1),
+        labels[:, 1:].reshape(-1).to(dev),
         ignore_index=-100,
     )
 

@@ -60,7 +60,8 @@ def completion_logprobs(
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.tensor(s)
         attn[i, : len(s)] = 1
-    logits = model(input_ids=ids, attention_mask=attn).logits.float()  # (B, L, V)
+    dev = next(model.parameters()).device
+    logits = model(input_ids=ids.to(dev), attention_mask=attn.to(dev)).logits.float()  # (B, L, V)
     rows = torch.zeros((b, t_max), dtype=torch.long)
     targets = torch.zeros((b, t_max), dtype=torch.long)
     mask = torch.zeros((b, t_max))
@@ -71,6 +72,8 @@ def completion_logprobs(
         targets[i, :n_c] = torch.tensor(s.completion_ids)
         mask[i, :n_c] = 1.0
         temps[i] = s.temperature if s.temperature > 0 else 1.0
+    dev = logits.device
+    rows, targets, mask, temps = rows.to(dev), targets.to(dev), mask.to(dev), temps.to(dev)
     picked = torch.gather(logits, 1, rows[:, :, None].expand(-1, -1, logits.shape[-1]))  # (B, T, V)
     logp = torch.log_softmax(picked / temps, dim=-1)
     return torch.gather(logp, 2, targets[:, :, None]).squeeze(-1), mask  # (B, T)
@@ -113,6 +116,7 @@ class Trainer:
         self.refused: Counter[str] = Counter()
         self.steps = 0
         self.groups_trained = 0
+        self.rollouts_trained = 0  # members of the groups trained on, flat groups included
         self.groups_flat = 0
         self.groups_since_publish = 0
         self.tokens_trained = 0
@@ -223,12 +227,13 @@ class Trainer:
             self.model.train()
             logp, mask = completion_logprobs(self.model, samples, self.pad_id)
             t = logp.shape[1]
-            sampler = torch.zeros_like(logp)
+            sampler = torch.zeros(logp.shape)
             for i, s in enumerate(samples):
                 sampler[i, : len(s.sampler_logprobs)] = torch.tensor(s.sampler_logprobs[:t])
             loss, loss_stats = policy_loss(
-                logp, logp.detach(), sampler, torch.tensor(advs), mask, self.loss
-            )
+                logp, logp.detach(), sampler.to(logp.device), torch.tensor(advs, device=logp.device),
+                mask, self.loss,
+            )  # fmt: skip
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
@@ -238,6 +243,7 @@ class Trainer:
             self.tokens_trained += int(mask.sum())
             stats.update(loss_stats, loss=float(loss.detach()), grad_norm=float(grad_norm))
         self.groups_trained += len(groups)
+        self.rollouts_trained += sum(len(g) for g in groups)
         self.train_seconds += time.perf_counter() - t0
         self.last_stats = stats
         return stats

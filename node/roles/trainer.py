@@ -22,7 +22,8 @@ Error handling: a rollout that cannot be re-scored is counted under its refusal 
 dropped; a failed publish is logged in `status` and retried at the next cadence point.
 
 Shape: `Collector` keeps what the trainer heard; `TrainerRole` holds the rollouts waiting
-for verdicts, the model and its trainer, and runs the train / publish / report turns.
+for verdicts, the model and its trainer, and runs the train / publish / report turns; its
+status counts what became of the rollouts (`fates`, `node.roles.rollout_fates`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 import trio
 
 from node.roles import RoleContext
+from node.roles.rollout_fates import Fates
 from node.weights_store import WeightsError
 from protocol import penalties
 from protocol.accounting import WITHHELD_PENALTY, GapCharges, WorkLedger
@@ -189,13 +191,16 @@ def _heldout(model: Any, tokenizer: Any, manifest: Any, threads: int | None) -> 
 
 
 def _pick(
-    collector: Collector, waiting: OrderedDict[bytes, Any], version: int, s: int, now: float
+    collector: Collector, waiting: OrderedDict[bytes, Any], version: int, s: int, now: float,
+    fates: Fates,
 ) -> list[Any]:
     """Take the verified rollouts out of `waiting`; drop rejected and stale ones."""
     ready = []
     for rid in list(waiting):
         t = collector.tracks.get(rid)
         if t is None or version - waiting[rid].envelope.policy_version > s:
+            if t is not None:  # refused for staleness (an untracked one is no such refusal)
+                fates.stale_waiting += 1
             del waiting[rid]
             continue
         st = collector.status(t)
@@ -219,6 +224,7 @@ class TrainerRole:
             peer.admission.authority, VerifiedRule(quorum=self.manifest.verdict_quorum)
         )
         self.waiting: OrderedDict[bytes, Any] = OrderedDict()
+        self.fates = Fates()  # what became of the rollouts heard of (status: `fates`)
         self.model: Any = None
         self.tokenizer: Any = None
         self.trainer: Any = None
@@ -237,8 +243,10 @@ class TrainerRole:
             self.waiting[item.content_id] = item.obj
             if len(self.waiting) > MAX_WAITING:
                 self.waiting.popitem(last=False)
+                self.fates.unverified_dropped += 1
 
     def on_late(self, item: Admitted) -> None:
+        self.fates.on_late(item.content_id)
         for bad in self.collector.on_late(item):
             self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name)
 
@@ -300,7 +308,7 @@ class TrainerRole:
         """Train on the verified rollouts waiting; returns the steps taken."""
         ready = _pick(
             self.collector, self.waiting, self.trainer.version, self.manifest.max_staleness,
-            time.time(),
+            time.time(), self.fates,
         )  # fmt: skip
         return await trio.to_thread.run_sync(
             _train, self.trainer, self.rescorer, ready, self.ctx.threads, time.monotonic()
@@ -334,6 +342,7 @@ class TrainerRole:
             summary, **trainer.status(), published=self.published, waiting=len(self.waiting)
         )
         ctx.status["publish_error"] = self.publish_error
+        ctx.status["fates"] = self.fates.counts(trainer, self.waiting)
         ctx.status["updated_at"] = time.time()
         if trio.current_time() - self.last_print >= PRINT_EVERY_S:
             self.last_print = trio.current_time()

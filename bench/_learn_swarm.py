@@ -1,0 +1,137 @@
+"""`bench learn`'s `efficiency` and `devnet`: what a swarm learns in T seconds against
+what one process learns in the same T on the same machine.
+
+The reference (`trainer.single.SingleLearner`): plain on-policy GRPO in this process with
+the devnet's run manifest (same loss, engine, task stream, batch size, learning rate,
+groups per step; one torch thread, as every node runs), generating and training in turn
+for T seconds. The swarm: a default `swarm-node devnet` for T seconds (its nodes share the
+machine's cores; start-up after listening counts in T, the drain after it does not), then
+the weights of the last version its trainer published. Both, and the policy they started
+from, are scored on the same held-out tasks (`DEVNET_SAMPLES` seeded samples each, a
+task's score its share solved); gains are paired differences with 95% intervals. The
+swarm's produced rollouts are split by what became of them at its trainer
+(`node.roles.rollout_fates`).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from node.console import say as _say
+
+SINGLE_THREADS = 1  # as each devnet node runs (`--threads`); the swarm's nodes share all cores
+DEVNET_SAMPLES = 2  # samples per held-out task (narrows the intervals)
+QUICK_T_S = 8.0  # --quick: long enough to run every part, too short to learn
+QUICK_TASKS = 64
+QUICK_WORKERS = 1  # --quick: a devnet of one worker starts sooner
+SWARM_KEYS = ("swarm_solve_rate", "swarm_gain", "swarm_ci95", "swarm_over_single",
+              "swarm_rollouts_produced", "swarm_rollout_counts", "trained", "stale", "unverified",
+              "incomplete_group", "other")  # fmt: skip
+FULL_TASKS = 512
+
+
+def efficiency(base: Any, tok: Any, quick: bool, seconds: float | None,
+               swarm: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(`efficiency`, `devnet`): the comparison, and the swarm's run on its own (None
+    without the swarm)."""
+    from node.commands.devnet import DEFAULT_DURATION_S
+    from node.run_file import manifest_from_table
+    from trainer import tiny_policy
+    from trainer.groups import heldout_items
+
+    t_s = float(seconds or (QUICK_T_S if quick else DEFAULT_DURATION_S))
+    manifest = manifest_from_table(tiny_policy.run_manifest_table("devnet"))
+    names = [d.name for d in manifest.datasets for _ in range(d.weight)]
+    items = heldout_items(names, QUICK_TASKS if quick else FULL_TASKS)
+    before = _solved(base, tok, items, manifest.max_new_tokens)
+    single = copy.deepcopy(base)
+    run = _single(single, tok, manifest, t_s)
+    out: dict[str, Any] = {"T_s": t_s, "heldout_tasks": len(items), "samples_per_task": DEVNET_SAMPLES,
+                           "single": run}  # fmt: skip
+    out.update(_gain("single", before, _solved(single, tok, items, manifest.max_new_tokens)))
+    out.update(dict.fromkeys(SWARM_KEYS))
+    devnet = None
+    if swarm:
+        after, devnet, fates = _swarm(base, tok, t_s, {"inference": QUICK_WORKERS} if quick else {})
+        scored = _solved(after, tok, items, manifest.max_new_tokens)
+        out.update(_gain("swarm", before, scored))
+        devnet["solve_rate_before"], devnet["solve_rate_after"] = out["solve_rate_before"], out["swarm_solve_rate"]
+        devnet["ci95_low"], devnet["ci95_high"] = out["swarm_ci95"]
+        devnet.update(heldout_tasks=len(items), samples_per_task=DEVNET_SAMPLES)
+        out["swarm_over_single"] = (
+            round(out["swarm_gain"] / out["single_gain"], 3) if out["single_gain"] > 0 else None
+        )
+        out.update(fates)
+    _say(f"efficiency: {out}")
+    return out, devnet
+
+
+def _solved(model: Any, tok: Any, items: list[tuple[str, int]], max_new_tokens: int) -> list[float]:
+    """Per held-out task, the share of its `DEVNET_SAMPLES` seeded samples that solved it."""
+    from trainer.engine_hf import HFEngine
+    from trainer.groups import heldout_solved
+
+    engine = HFEngine(model, tok, max_batch=128)
+    runs = [heldout_solved(engine, tok, items, max_new_tokens, seed=7 + k) for k in range(DEVNET_SAMPLES)]
+    return [sum(r) / DEVNET_SAMPLES for r in zip(*runs, strict=True)]
+
+
+def _gain(who: str, before: list[float], after: list[float]) -> dict[str, Any]:
+    from trainer.groups import paired_ci95
+
+    lo, hi = paired_ci95(before, after)
+    n = len(before)
+    return {
+        "solve_rate_before": round(sum(before) / n, 4),
+        f"{who}_solve_rate": round(sum(after) / n, 4),
+        f"{who}_gain": round((sum(after) - sum(before)) / n, 4),
+        f"{who}_ci95": [round(lo, 4), round(hi, 4)],
+    }
+
+
+def _single(model: Any, tok: Any, manifest: Any, t_s: float) -> dict[str, Any]:
+    from trainer.single import SingleLearner
+
+    learner = SingleLearner(model, tok, manifest, threads=SINGLE_THREADS)
+    run = {**learner.run_for(t_s), "threads": SINGLE_THREADS, "cores": len(os.sched_getaffinity(0))}
+    _say(f"efficiency: single process: {run}")
+    return run
+
+
+def _swarm(base: Any, tok: Any, t_s: float,
+           settings: dict[str, Any]) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """A devnet for `t_s` seconds, default but for `settings` (`devnet.main`'s keywords):
+    (the weights its trainer last published, the `devnet` figures so far, the rollout
+    shares)."""
+    import torch
+
+    from node.commands import devnet
+    from node.roles.rollout_fates import shares
+    from trainer.train_loop import CKPT_FILE
+
+    after = copy.deepcopy(base)
+    version = 0
+    with tempfile.TemporaryDirectory() as d:
+        report = devnet.main(out=Path(d) / "report", live=False, duration=t_s, **settings)
+        ckpts = list(Path(d).rglob(CKPT_FILE))
+        if ckpts:
+            state = torch.load(ckpts[0], map_location="cpu", weights_only=True)
+            after.load_state_dict(state["model"])
+            version = int(state["version"])
+    trainer = next((n for n in report["nodes"] if n["role"] == "trainer"), {})
+    counts = (trainer.get("status") or {}).get("role_status", {}).get("fates") or {}
+    produced = int(report["totals"]["produced"])
+    fates: dict[str, Any] = {"swarm_rollouts_produced": produced}
+    try:
+        split = shares(produced, counts)
+    except ValueError as exc:  # a node's last status lagged (one killed at the stop): say so
+        fates["swarm_rollout_counts"] = {**counts, "error": str(exc)}
+    else:
+        fates.update(swarm_rollout_counts=split["counts"], **{k: split[k] for k in split["counts"]})
+    figures = {"workers": report["parameters"]["inference"], "trainer_version": version, "duration_s": report.get("elapsed_s"),
+               "drain_s": report.get("drain_s")}  # fmt: skip
+    return after, figures, fates
