@@ -32,30 +32,44 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from protocol.producer_cases import PRODUCER_WINDOW, window_median
+from protocol.producer_cases import MISSING, PRODUCER_WINDOW, window_failed, window_statistic
 
 WINDOW = PRODUCER_WINDOW
 STAT = "logprob_err_mean"
+# A window whose first record or header arrived this long ago is judged with what it holds,
+# each header whose body never arrived counting as a failed record (`MISSING`).
+CLOSE_AFTER_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
 class ProducerFinding:
-    """A full window of `producer`'s audited records whose median is over `limit`."""
+    """A window of `producer`'s audited records whose statistic is over `limit`;
+    `missing` of its records' bodies never arrived (counted as failed)."""
 
     producer: bytes
     rollout_ids: tuple[bytes, ...]
-    median: float
+    statistic: float
     limit: float
+    missing: int = 0
+
+
+@dataclass
+class _Window:
+    opened_at: float
+    values: dict[int, tuple[bytes, float]] = field(default_factory=dict)  # counter -> audited
+    expected: dict[int, bytes] = field(default_factory=dict)  # counter -> header's rollout id
 
 
 class ProducerTally:
-    """Per (producer, window), the statistic of its audited records; at most
-    `max_windows` windows open (the least recently added to is forgotten first)."""
+    """Per (producer, window), the statistic of its audited records and the headers of
+    records expected in it; at most `max_windows` windows open (the least recently added
+    to is forgotten first)."""
 
     def __init__(
-        self, limit: float, *, window: int = WINDOW, stat: str = STAT, max_windows: int = 4096
+        self, limit: float, *, window: int = WINDOW, stat: str = STAT, max_windows: int = 4096,
+        close_after_s: float = CLOSE_AFTER_S,
     ) -> None:
         if window < 1 or max_windows < 1:
             raise ValueError("ProducerTally: window and max_windows must be >= 1")
@@ -65,35 +79,67 @@ class ProducerTally:
         self.window = window
         self.stat = stat
         self.max_windows = max_windows
-        self.judged = 0  # full windows whose median was taken
-        self._open: OrderedDict[tuple[bytes, int], dict[int, tuple[bytes, float]]] = OrderedDict()
+        self.close_after_s = close_after_s
+        self.judged = 0  # windows whose statistic was taken
+        self._open: OrderedDict[tuple[bytes, int], _Window] = OrderedDict()
 
-    def add(
-        self, producer: bytes, counter: int, rollout_id: bytes, metrics: Mapping[str, float]
-    ) -> ProducerFinding | None:
-        """One audited record's metrics (its producer's task `counter` places it in a
-        window). A record without the statistic (an audit that stopped at a cheap check,
-        before the model) is not counted; its window never fills."""
-        value = metrics.get(self.stat)
-        if value is None:
-            return None
+    def _get(self, producer: bytes, counter: int, now: float) -> _Window:
         key = (producer, counter // self.window)
         held = self._open.pop(key, None)
         if held is None:
-            held = {}
+            held = _Window(now)
             while len(self._open) >= self.max_windows:
                 self._open.popitem(last=False)
-        held[counter] = (rollout_id, float(value))
-        if len(held) < self.window:
-            self._open[key] = held
+        self._open[key] = held
+        return held
+
+    def expect(self, producer: bytes, counter: int, rollout_id: bytes, now: float) -> None:
+        """A header of a record whose window we audit: if its body never arrives, the
+        window is judged with it failed once `close_after_s` passed."""
+        self._get(producer, counter, now).expected.setdefault(counter, rollout_id)
+
+    def add(
+        self, producer: bytes, counter: int, rollout_id: bytes, metrics: Mapping[str, float],
+        now: float = 0.0,
+    ) -> ProducerFinding | None:
+        """One audited record's metrics (its producer's task `counter` places it in a
+        window). A record without the statistic (an audit that stopped at a cheap check,
+        before the model) is not counted; its window is judged when it closes."""
+        value = metrics.get(self.stat)
+        if value is None:
             return None
+        held = self._get(producer, counter, now)
+        held.values[counter] = (rollout_id, float(value))
+        if len(held.values) < self.window:
+            return None
+        del self._open[(producer, counter // self.window)]
+        return self._judge(producer, held)
+
+    def close(self, now: float) -> list[ProducerFinding]:
+        """Judge the windows open for more than `close_after_s` with what they hold: the
+        audited records, and each expected record whose body never arrived as failed."""
+        out = []
+        for key, held in list(self._open.items()):
+            if now - held.opened_at <= self.close_after_s:
+                continue
+            del self._open[key]
+            if held.values:
+                found = self._judge(key[0], held)
+                if found is not None:
+                    out.append(found)
+        return out
+
+    def _judge(self, producer: bytes, held: _Window) -> ProducerFinding | None:
         self.judged += 1
-        median = window_median([v for _, v in held.values()])
-        if median <= self.limit:
+        missing = {c: rid for c, rid in held.expected.items() if c not in held.values}
+        values = [v for _, v in held.values.values()] + [MISSING] * len(missing)
+        if not window_failed(values, self.limit):
             return None
-        ids = tuple(held[c][0] for c in sorted(held))
-        return ProducerFinding(producer, ids, median, self.limit)
+        ids = tuple(held.values[c][0] for c in sorted(held.values))
+        stat = window_statistic(values)
+        return ProducerFinding(producer, ids, stat, self.limit, len(missing))
 
     def held(self, producer: bytes, counter: int) -> int:
-        """How many records the window of `producer`'s `counter` holds so far."""
-        return len(self._open.get((producer, counter // self.window), {}))
+        """How many audited records the window of `producer`'s `counter` holds so far."""
+        held = self._open.get((producer, counter // self.window))
+        return 0 if held is None else len(held.values)
