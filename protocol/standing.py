@@ -132,7 +132,7 @@ class StandingBook:
         rec = self._book.get(producer)
         if rec is not None and rec.banned:
             return State.BANNED
-        if rec is None or rec.passed < self.probation_passes:
+        if (0 if rec is None else rec.passed) < self.probation_passes:
             return State.PROBATION
         return State.GOOD
 

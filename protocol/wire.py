@@ -185,7 +185,8 @@ MAX_CLAIM_RECORDS = 64
 
 @wire("producer_claim", schema=1, max_bytes=4 * KiB)
 class ProducerClaim(WireObject):
-    """A validator's signed claim that `producer`'s window of audited records has a median
+    """A validator's signed claim that `producer`'s window of audited records has a window
+    statistic (`protocol.producer_cases.window_statistic`, carried in `median`)
     `statistic` over `limit` (`verify.producer`). The evidence is the records themselves,
     which the producer signed and any peer pulls by id: a re-check audits every one of
     them and takes the median itself, against its own copy of the run's limit."""

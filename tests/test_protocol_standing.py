@@ -103,6 +103,8 @@ def test_fresh_keys_are_on_probation_and_pay_for_it_in_audits() -> None:
     assert book.credit_weight(keys[0]) == 0.0
     assert book.decide(keys[0], True, arrived_at=0.0, now=1e9) is Decision.DROP
     assert book.audit_fraction(keys[0], FRACTION) == 1.0
+    # a run (or a test) that wants no probation
+    assert StandingBook(probation_passes=0).state(b"fresh") is State.GOOD
 
 
 def _run(producer: Identity, n: int, changed_from: int, changed_share: float, seed: int,

@@ -21,12 +21,19 @@ Per producer (`verify.producer`): every audited record's `logprob_err_mean` join
 producer's window (an aligned block of its task counters). Records sampled one by one
 almost never fill a window, so a window whose own ticket is sampled
 (`producer_window_fraction`, `protocol.audit_sample.window_ticket`) is audited whole; its
-records that no record ticket sampled publish no verdict (`window_audited`). A full
-window (`producer_windows` counts them) whose median is over the calibrated limit costs the producer `PRODUCER_PENALTY` here and is gossiped as a
-signed `ProducerClaim`. Another validator's claim is re-checked like a failed verdict
+records that no record ticket sampled publish no verdict (`window_audited`). A window
+is judged when it is full or `verify.producer.CLOSE_AFTER_S` after it opened, each header
+of an audited window whose body never came counting as a failed record (`producer_windows`
+counts them); one with at least `WINDOW_OVER` records over the calibrated limit costs the
+producer `PRODUCER_PENALTY` here and, when every body was held, is gossiped as a signed
+`ProducerClaim`. Another validator's claim is re-checked like a failed verdict
 (`protocol.producer_cases`): we take every record of the window, audit each ourselves,
-and the producer or the accuser pays by our median (`producer_findings`,
+and the producer or the accuser pays by our own statistic (`producer_findings`,
 `producer_findings_last`, `producer_claims` in status).
+
+Standing (`protocol.standing.StandingBook`, from our own audits): a producer on probation
+(a fresh key, or one that failed) has every record audited and its windows judged whole;
+one in good standing is sampled at `audit_fraction`.
 
 Shape: `ValidatorRole` holds all of the above; `run` loads the model in a worker thread,
 hands the peer's admitted items to `ValidatorRole.on_deliver` and runs its
@@ -53,6 +60,7 @@ from protocol.fraud import Audit, FraudCases, NeedRecord, Punish
 from protocol.identity import Identity
 from protocol.producer_cases import PRODUCER_PENALTY, ProducerCases
 from protocol.rollout import open_record
+from protocol.standing import StandingBook, State
 from protocol.wire import ProducerClaim, RolloutRecord
 from verify.producer import ProducerTally
 
@@ -60,6 +68,7 @@ PULLS_BODIES = True
 NEEDS_MODEL = True
 FAILED_AUDIT_PENALTY = penalties.FAILED_AUDIT.cost
 QUEUE = 1024
+CLOSE_EVERY_S = 10.0  # how often windows past their time are judged
 
 # Queued for a window audit only (`protocol.audit_sample.window_ticket`): the record's own
 # ticket did not sample it, so its verdict counts here and is not published.
@@ -109,6 +118,8 @@ class ValidatorRole:
         self.producers = ProducerTally(th.producer_logprob_err_median)
         self.claims = ProducerCases(th.producer_logprob_err_median)
         self.findings: list[dict[str, Any]] = []
+        self.standing = StandingBook()
+        self.last_close = time.time()
         self.held = HeldVersions(model)
         self.nursery: trio.Nursery | None = None  # set by `run`: record lookups start in it
 
@@ -169,6 +180,7 @@ class ValidatorRole:
             Kind.VERDICT: self.on_verdict,
             Kind.PRODUCER_CLAIM: self.on_claim,
             Kind.ROLLOUT_RECORD: self.on_record,
+            Kind.ROLLOUT_HEADER: self.on_header,
         }.get(item.kind)
         if handler is not None:
             handler(item)
@@ -191,22 +203,45 @@ class ValidatorRole:
         self.claims.tick(now)
         self.carry_out(self.claims.claimed(c.producer, c.rollout_ids, item.envelope.signer, now))
 
+    def window_audited(self, producer: bytes, counter: int) -> bool:
+        """Whether `producer`'s window of `counter` is audited whole: its window ticket
+        is sampled, or the producer is not in good standing with us."""
+        if self.standing.state(producer) is not State.GOOD:
+            return True
+        window = counter // self.producers.window
+        ticket = window_ticket(self.peer.identity, self.peer.run_id, producer, window)
+        return sampled(ticket, self.ctx.producer_window_fraction)
+
+    def on_header(self, item: Admitted) -> None:
+        """A header: if its window is audited whole, its body is expected (a body that
+        never comes counts as a failed record of the window)."""
+        now = time.time()
+        if self.window_audited(item.envelope.signer, item.obj.counter):
+            self.producers.expect(item.envelope.signer, item.obj.counter, item.content_id, now)
+        if now - self.last_close >= CLOSE_EVERY_S and self.nursery is not None:
+            self.last_close = now
+            self.nursery.start_soon(self.close_windows, now)
+
+    async def close_windows(self, now: float) -> None:
+        authorized = self.peer.admission.authority.may_judge(self.peer.identity.peer_id)
+        for found in self.producers.close(now):
+            await self.on_finding(found, authorized)
+
     def on_record(self, item: Admitted) -> None:
-        """A rollout record: for an open case, sampled by its own ticket, or queued for the
-        audit of its producer's window."""
+        """A rollout record: for an open case, sampled by its own ticket (every record of
+        a producer on probation), or queued for the audit of its producer's window."""
         peer, ctx = self.peer, self.ctx
         if self.wanted(item.content_id):
             self.record_here(item.obj)
         self.counts["seen"] += 1
-        ticket = selected(peer.identity, peer.run_id, item.content_id, ctx.audit_fraction)
+        ro = item.obj
+        fraction = self.standing.audit_fraction(ro.envelope.signer, ctx.audit_fraction)
+        ticket = selected(peer.identity, peer.run_id, item.content_id, fraction)
         if ticket is not None:
-            self.enqueue(item.obj, ticket)
+            self.enqueue(ro, ticket)
             self.counts["sampled"] += 1
             return
-        ro = item.obj
-        window = ro.header.counter // self.producers.window
-        if sampled(window_ticket(peer.identity, peer.run_id, ro.envelope.signer, window),
-                   ctx.producer_window_fraction):  # fmt: skip
+        if self.window_audited(ro.envelope.signer, ro.header.counter):
             self.enqueue(ro, WINDOW_ONLY)
 
     # -- auditing ------------------------------------------------------------------------
@@ -296,7 +331,8 @@ class ValidatorRole:
         self.carry_out(self.claims.audited(ro.rollout_id, metrics.get(self.producers.stat), now))
         if ticket is None:
             return  # a re-check: the case's outcome is all it decides
-        found = self.producers.add(ro.envelope.signer, ro.header.counter, ro.rollout_id, metrics)
+        self.standing.audited(ro.envelope.signer, verdict.passed, verdict.reason)
+        found = self.producers.add(ro.envelope.signer, ro.header.counter, ro.rollout_id, metrics, now)
         if found is not None:
             await self.on_finding(found, authorized)
         if ticket == WINDOW_ONLY:
@@ -316,18 +352,21 @@ class ValidatorRole:
             )
 
     async def on_finding(self, found: Any, authorized: bool) -> None:
-        """A producer's full window over the limit: it pays here, and the claim is gossiped."""
+        """A producer's window over the limit: it pays here, loses its standing with us, and
+        the claim is gossiped when others can re-check it (every body of the window held)."""
         self.counts["producer_findings"] += 1
+        self.standing.ban(found.producer, "producer window over the limit")
         self.peer.report(found.producer, PRODUCER_PENALTY,
-                         f"producer median {found.median:.3g} over {found.limit:.3g}",
+                         f"producer window statistic {found.statistic:.3g} over {found.limit:.3g}",
                          penalties.PRODUCER_WINDOW.name)  # fmt: skip
-        self.findings.append({"producer": found.producer.hex()[-12:], "median": found.median,
-                              "limit": found.limit, "records": len(found.rollout_ids)})  # fmt: skip
+        self.findings.append({"producer": found.producer.hex()[-12:], "statistic": found.statistic,
+                              "limit": found.limit, "records": len(found.rollout_ids),
+                              "missing": found.missing})  # fmt: skip
         del self.findings[:-8]
-        if authorized:
+        if authorized and not found.missing:
             await self.peer.publish_producer_claim(ProducerClaim(
                 producer=found.producer, rollout_ids=found.rollout_ids,
-                statistic=self.producers.stat, median=found.median, limit=found.limit,
+                statistic=self.producers.stat, median=found.statistic, limit=found.limit,
             ))  # fmt: skip
 
     def publish_status(self, started: float, audited: int) -> None:
