@@ -136,6 +136,10 @@ class StandingBook:
             return State.PROBATION
         return State.GOOD
 
+    def count(self, state: State) -> int:
+        """How many producers of the book are in `state` (probation: those heard of)."""
+        return sum(self.state(p) is state for p in self._book)
+
     def audit_fraction(self, producer: bytes, base: float) -> float:
         """The share of `producer`'s records a validator audits: all of a key on probation
         (or banned: its records are evidence), `base` of one in good standing."""

@@ -166,3 +166,51 @@ def test_a_changed_model_cheater_is_cut_off_within_32_trained_records() -> None:
         # honest through its probation, then a quarter of its records changed
         _honest, changed, _n = _run(ident, 800, 2 * 2 * PRODUCER_WINDOW, 0.25, seed)
         assert changed <= 32, (seed, changed)
+
+
+def test_the_trainer_trains_a_good_producers_unaudited_records_and_drops_a_banned_ones() -> None:
+    """The trainer's wiring (`node.roles.trainer`): verdicts of the run's validator move
+    the producer's standing; once its probation passed, its unaudited records train after
+    the hold; a failed verdict bans it and its waiting records never train."""
+    from collections import OrderedDict
+
+    from node.roles.trainer import Collector, _pick, judged
+    from protocol.admission import Deliver, Kind
+    from protocol.verified import VerifiedRule
+    from tests.test_protocol_admission import ALICE, RELAY, header
+    from tests.test_protocol_trust import VALIDATOR as RUN_VALIDATOR
+    from tests.test_protocol_trust import machine, msg, rollout, verdict
+
+    a = machine(signer_burst=1000.0, sender_burst=1000.0)
+    c, book = Collector(a.authority, VerifiedRule(quorum=1)), StandingBook()
+    waiting: OrderedDict = OrderedDict()
+    probation = book.probation_passes
+    t0 = 1000.0
+    rids = []
+    for seq in range(1, probation + 9):
+        rec = rollout(seq=seq)
+        (item,) = [x.item for x in a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec)) if isinstance(x, Deliver)]
+        c.on_deliver(item)
+        waiting[item.content_id] = (item.obj, t0)
+        rids.append(content_id(header(rec)))
+    # the probation's records get pass verdicts; the rest none
+    for k, rid in enumerate(rids[:probation]):
+        (item,) = [x.item for x in a.handle(msg(RELAY, Kind.VERDICT, verdict(RUN_VALIDATOR, rid, ALICE.peer_id, seq=k + 1)))
+                   if isinstance(x, Deliver)]  # fmt: skip
+        c.on_deliver(item)
+        assert judged(book, a.authority, item) == []
+    assert book.state(ALICE.peer_id) is State.GOOD
+    ready, unaudited = _pick(c, book, waiting, 10, 2, t0 + 1)
+    assert (len(ready), unaudited) == (probation, 0)  # verified: at once
+    assert _pick(c, book, waiting, 10, 2, t0 + HOLD_S - 1) == ([], 0)  # the rest wait the hold
+    ready, unaudited = _pick(c, book, waiting, 10, 2, t0 + HOLD_S)
+    assert (len(ready), unaudited) == (8, 8)
+    # a failed verdict bans: what waits of it is dropped, nothing more trains
+    rec = rollout(seq=probation + 20)
+    (item,) = [x.item for x in a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec)) if isinstance(x, Deliver)]
+    c.on_deliver(item)
+    waiting[item.content_id] = (item.obj, t0)
+    bad = verdict(RUN_VALIDATOR, rids[-1], ALICE.peer_id, passed=False, seq=probation + 1)
+    (item,) = [x.item for x in a.handle(msg(RELAY, Kind.VERDICT, bad)) if isinstance(x, Deliver)]
+    assert judged(book, a.authority, item) == [Banned(ALICE.peer_id, "bad_proof")]
+    assert _pick(c, book, waiting, 10, 2, t0 + 10 * HOLD_S) == ([], 0) and not waiting
