@@ -214,3 +214,15 @@ def test_the_trainer_trains_a_good_producers_unaudited_records_and_drops_a_banne
     (item,) = [x.item for x in a.handle(msg(RELAY, Kind.VERDICT, bad)) if isinstance(x, Deliver)]
     assert judged(book, a.authority, item) == [Banned(ALICE.peer_id, "bad_proof")]
     assert _pick(c, book, waiting, 10, 2, t0 + 10 * HOLD_S) == ([], 0) and not waiting
+
+
+def test_a_closed_window_names_its_withheld_records_and_a_late_audit_is_not_missing() -> None:
+    tally = ProducerTally(LIMIT)
+    for c in range(W):
+        tally.expect(P, c, _rid(c), now=0.0)
+    tally.body_held(P, 0)  # held, its audit still queued at the close: not missing, not counted
+    for c in range(1, W - 1):
+        tally.add(P, c, _rid(c), {"logprob_err_mean": CHANGED if c < WINDOW_OVER else HONEST})
+    (finding,) = tally.close(now=CLOSE_AFTER_S + 1)
+    assert finding.missing == 1  # counter W - 1's body never came
+    assert finding.rollout_ids == tuple(_rid(c) for c in range(1, W))

@@ -40,13 +40,13 @@ WINDOW = PRODUCER_WINDOW
 STAT = "logprob_err_mean"
 # A window whose first record or header arrived this long ago is judged with what it holds,
 # each header whose body never arrived counting as a failed record (`MISSING`).
-CLOSE_AFTER_S = 300.0
+CLOSE_AFTER_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
 class ProducerFinding:
-    """A window of `producer`'s audited records whose statistic is over `limit`;
-    `missing` of its records' bodies never arrived (counted as failed)."""
+    """A window of `producer`'s records whose statistic is over `limit`, named in counter
+    order; `missing` of them are headers whose bodies never arrived (counted as failed)."""
 
     producer: bytes
     rollout_ids: tuple[bytes, ...]
@@ -94,9 +94,17 @@ class ProducerTally:
         return held
 
     def expect(self, producer: bytes, counter: int, rollout_id: bytes, now: float) -> None:
-        """A header of a record whose window we audit: if its body never arrives, the
-        window is judged with it failed once `close_after_s` passed."""
-        self._get(producer, counter, now).expected.setdefault(counter, rollout_id)
+        """A header of a record whose window we audit: if its body never arrives
+        (`body_held`), the window is judged with it failed once `close_after_s` passed."""
+        held = self._get(producer, counter, now)
+        if counter not in held.values:
+            held.expected.setdefault(counter, rollout_id)
+
+    def body_held(self, producer: bytes, counter: int) -> None:
+        """The body of an expected record is here (audited or about to be): not missing."""
+        held = self._open.get((producer, counter // self.window))
+        if held is not None:
+            held.expected.pop(counter, None)
 
     def add(
         self, producer: bytes, counter: int, rollout_id: bytes, metrics: Mapping[str, float],
@@ -110,6 +118,7 @@ class ProducerTally:
             return None
         held = self._get(producer, counter, now)
         held.values[counter] = (rollout_id, float(value))
+        held.expected.pop(counter, None)
         if len(held.values) < self.window:
             return None
         del self._open[(producer, counter // self.window)]
@@ -135,7 +144,8 @@ class ProducerTally:
         values = [v for _, v in held.values.values()] + [MISSING] * len(missing)
         if not window_failed(values, self.limit):
             return None
-        ids = tuple(held.values[c][0] for c in sorted(held.values))
+        ids = tuple({**missing, **{c: rid for c, (rid, _v) in held.values.items()}}[c]
+                    for c in sorted({*missing, *held.values}))  # fmt: skip
         stat = window_statistic(values)
         return ProducerFinding(producer, ids, stat, self.limit, len(missing))
 

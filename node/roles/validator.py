@@ -25,15 +25,17 @@ records that no record ticket sampled publish no verdict (`window_audited`). A w
 is judged when it is full or `verify.producer.CLOSE_AFTER_S` after it opened, each header
 of an audited window whose body never came counting as a failed record (`producer_windows`
 counts them); one with at least `WINDOW_OVER` records over the calibrated limit costs the
-producer `PRODUCER_PENALTY` here and, when every body was held, is gossiped as a signed
-`ProducerClaim`. Another validator's claim is re-checked like a failed verdict
+producer `PRODUCER_PENALTY` here and, when it names a whole window, is gossiped as a
+signed `ProducerClaim`. Another validator's claim is re-checked like a failed verdict
 (`protocol.producer_cases`): we take every record of the window, audit each ourselves,
 and the producer or the accuser pays by our own statistic (`producer_findings`,
 `producer_findings_last`, `producer_claims` in status).
 
 Standing (`protocol.standing.StandingBook`, from our own audits): a producer on probation
 (a fresh key, or one that failed) has every record audited and its windows judged whole;
-one in good standing is sampled at `audit_fraction`.
+one in good standing is sampled at `audit_fraction`. We publish no pass verdict for a
+producer we banned (`withheld_passes`): a record that passes alone says nothing of a
+producer whose window failed, and a trainer would train on it.
 
 Shape: `ValidatorRole` holds all of the above; `run` loads the model in a worker thread,
 hands the peer's admitted items to `ValidatorRole.on_deliver` and runs its
@@ -235,6 +237,7 @@ class ValidatorRole:
             self.record_here(item.obj)
         self.counts["seen"] += 1
         ro = item.obj
+        self.producers.body_held(ro.envelope.signer, ro.header.counter)
         fraction = self.standing.audit_fraction(ro.envelope.signer, ctx.audit_fraction)
         ticket = selected(peer.identity, peer.run_id, item.content_id, fraction)
         if ticket is not None:
@@ -337,6 +340,8 @@ class ValidatorRole:
             await self.on_finding(found, authorized)
         if ticket == WINDOW_ONLY:
             self.counts["window_audited"] += 1  # no ticket samples it: nothing to publish
+        elif self.standing.state(ro.envelope.signer) is State.BANNED and verdict.passed:
+            self.counts["withheld_passes"] = self.counts.get("withheld_passes", 0) + 1
         elif authorized:
             await self.peer.publish_verdict(dataclasses.replace(verdict, sample_ticket=ticket))
         else:
@@ -353,7 +358,8 @@ class ValidatorRole:
 
     async def on_finding(self, found: Any, authorized: bool) -> None:
         """A producer's window over the limit: it pays here, loses its standing with us, and
-        the claim is gossiped when others can re-check it (every body of the window held)."""
+        the claim is gossiped when it names a whole window (a peer re-checking it that cannot
+        pull a withheld body drops the case, nobody pays; a trainer bans on it)."""
         self.counts["producer_findings"] += 1
         self.standing.ban(found.producer, "producer window over the limit")
         self.peer.report(found.producer, PRODUCER_PENALTY,
@@ -363,7 +369,7 @@ class ValidatorRole:
                               "limit": found.limit, "records": len(found.rollout_ids),
                               "missing": found.missing})  # fmt: skip
         del self.findings[:-8]
-        if authorized and not found.missing:
+        if authorized and len(found.rollout_ids) == self.producers.window:
             await self.peer.publish_producer_claim(ProducerClaim(
                 producer=found.producer, rollout_ids=found.rollout_ids,
                 statistic=self.producers.stat, median=found.statistic, limit=found.limit,
