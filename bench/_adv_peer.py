@@ -55,7 +55,7 @@ from protocol.content_id import content_id
 from protocol.identity import Identity, peer_id_from_b58, peer_id_to_b58
 from protocol.producer_cases import PRODUCER_PENALTY
 from protocol.rollout import make_record, open_record
-from protocol.standing import HOLD_S, StandingBook, State
+from protocol.standing import HOLD_S, HeldPasses, StandingBook, State
 from protocol.verified import Status, VerifiedRule
 from protocol.wire import Metric, ProducerClaim, RolloutBody, RolloutRecord, Verdict
 from verify.producer import CLOSE_AFTER_S, STAT, ProducerTally
@@ -223,6 +223,7 @@ class _Validator:
         self.peer, self.send = peer, send
         self.standing = StandingBook()
         self.tally = ProducerTally(STAT_LIMIT, close_after_s=close_after_s)
+        self.held = HeldPasses()
 
     def window_audited(self, producer: bytes, counter: int) -> bool:
         if self.standing.state(producer) is not State.GOOD:
@@ -259,12 +260,17 @@ class _Validator:
             v = Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer, passed=passed, reason=reason,
                         reward_rescored=true_reward(ro.body), metrics=(Metric(name=STAT, value=value),),
                         sample_ticket=ticket)  # fmt: skip
-            self.standing.audited(ro.envelope.signer, passed, reason)
-            found = self.tally.add(ro.envelope.signer, ro.header.counter, ro.rollout_id, {STAT: value})
+            signer = ro.envelope.signer
+            probation = self.standing.state(signer) is State.PROBATION
+            self.standing.audited(signer, passed, reason)
+            if ticket and passed and probation:  # published once its window is judged clean
+                self.held.hold(signer, ro.header.counter // self.tally.window, v)
+            found = self.tally.add(signer, ro.header.counter, ro.rollout_id, {STAT: value})
             if found is not None:
                 await self.on_finding(found)
-            if ticket and not (passed and self.standing.state(ro.envelope.signer) is State.BANNED):
+            if ticket and not (passed and probation) and not (passed and self.standing.state(signer) is State.BANNED):
                 await self.peer.publish_verdict(v)
+            await self.publish_cleared()
             if not passed:
                 self.peer.report(ro.envelope.signer, -20.0, f"failed audit: {reason}")
 
@@ -273,9 +279,16 @@ class _Validator:
             await trio.sleep(1.0)
             for found in self.tally.close(time.time()):
                 await self.on_finding(found)
+            await self.publish_cleared()
+
+    async def publish_cleared(self) -> None:
+        for producer, window in self.tally.take_cleared():
+            for v in self.held.cleared(producer, window):
+                await self.peer.publish_verdict(v)
 
     async def on_finding(self, found: Any) -> None:
         self.standing.ban(found.producer, "producer window over the limit")
+        self.held.failed(found.producer)
         self.peer.report(found.producer, PRODUCER_PENALTY, "producer window over the limit")
         if len(found.rollout_ids) == self.tally.window:
             await self.peer.publish_producer_claim(ProducerClaim(

@@ -34,6 +34,10 @@ probation and all since) plus the key's probation. Cheating pays only if what it
 those 1 / (f c) records exceeds that: `g / (f c) > C`, g the gain per changed record and C
 the credit at stake; the README gives the default numbers.
 
+A validator holds the pass verdicts of a producer on probation (`HeldPasses`) until the
+window of the record is judged: a slightly changed model whose records pass one by one
+gets none of them trained before its windows are judged, however it splits or withholds.
+
 Time is passed in; nothing here does I/O. The book is bounded (`max_producers`; a producer
 forgotten starts again on probation, which costs it, never an honest peer).
 """
@@ -43,6 +47,7 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from protocol.producer_cases import (
     MISSING,
@@ -54,7 +59,7 @@ from protocol.producer_cases import (
 
 __all__ = [
     "MISSING", "PROBATION_AUDIT_FRACTION", "PROBATION_CREDIT", "PROBATION_WINDOWS", "WINDOW_OVER",
-    "Banned", "Decision", "State", "StandingBook", "window_failed", "window_statistic",
+    "Banned", "Decision", "HeldPasses", "State", "StandingBook", "window_failed", "window_statistic",
 ]
 
 # Windows of audits a fresh key passes before its unaudited records train.
@@ -160,3 +165,39 @@ class StandingBook:
         if state is State.GOOD and now - arrived_at >= self.hold_s:
             return Decision.TRAIN
         return Decision.WAIT
+
+
+class HeldPasses:
+    """A validator's pass verdicts on records of producers on probation, held per
+    (producer, window) until the window is judged: `cleared` hands them out to publish,
+    `failed` drops every one of the producer's. At most `max_held` (oldest dropped)."""
+
+    def __init__(self, max_held: int = 65_536) -> None:
+        if max_held < 1:
+            raise ValueError("HeldPasses: max_held must be >= 1")
+        self.max_held = max_held
+        self._held: OrderedDict[tuple[bytes, int], list[Any]] = OrderedDict()
+        self._count = 0
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def hold(self, producer: bytes, window: int, verdict: Any) -> None:
+        self._held.setdefault((producer, window), []).append(verdict)
+        self._count += 1
+        while self._count > self.max_held:
+            _key, old = self._held.popitem(last=False)
+            self._count -= len(old)
+            self.dropped += len(old)
+
+    def cleared(self, producer: bytes, window: int) -> list[Any]:
+        out = self._held.pop((producer, window), [])
+        self._count -= len(out)
+        return out
+
+    def failed(self, producer: bytes) -> int:
+        keys = [k for k in self._held if k[0] == producer]
+        n = sum(len(self._held.pop(k)) for k in keys)
+        self._count -= n
+        return n

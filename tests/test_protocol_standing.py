@@ -21,6 +21,7 @@ from protocol.standing import (
     WINDOW_OVER,
     Banned,
     Decision,
+    HeldPasses,
     StandingBook,
     State,
     window_failed,
@@ -226,3 +227,30 @@ def test_a_closed_window_names_its_withheld_records_and_a_late_audit_is_not_miss
     (finding,) = tally.close(now=CLOSE_AFTER_S + 1)
     assert finding.missing == 1  # counter W - 1's body never came
     assert finding.rollout_ids == tuple(_rid(c) for c in range(1, W))
+
+
+def test_a_sybils_passes_are_held_until_its_window_is_judged_and_never_published() -> None:
+    """Many keys, half a window each, every record passing alone: the validator holds the
+    passes of keys on probation until their window is judged (`HeldPasses`); a Sybil's
+    windows close over the limit and none of its passes is ever published, an honest
+    key's are published once its window is judged clean."""
+    tally, held, book = ProducerTally(LIMIT), HeldPasses(), StandingBook()
+    published: list[bytes] = []
+    keys = {b"sybil%d" % k: CHANGED for k in range(6)} | {b"honest": HONEST}
+    for key, value in keys.items():
+        for c in range(W // 2):
+            rid = key + bytes([c])
+            tally.expect(key, c, rid, now=0.0)
+            assert book.state(key) is State.PROBATION
+            book.audited(key, True)
+            held.hold(key, 0, rid)
+            assert tally.add(key, c, rid, {"logprob_err_mean": value}) is None
+    assert len(held) == 7 * (W // 2) and published == []
+    for found in tally.close(now=CLOSE_AFTER_S + 1):
+        book.ban(found.producer, "window")
+        held.failed(found.producer)
+    for producer, window in tally.take_cleared():
+        published += held.cleared(producer, window)
+    assert published == [b"honest" + bytes([c]) for c in range(W // 2)]
+    assert len(held) == 0
+    assert all(book.state(k) is State.BANNED for k in keys if k != b"honest")

@@ -81,6 +81,7 @@ class ProducerTally:
         self.max_windows = max_windows
         self.close_after_s = close_after_s
         self.judged = 0  # windows whose statistic was taken
+        self._cleared: list[tuple[bytes, int]] = []  # (producer, window index) judged clean
         self._open: OrderedDict[tuple[bytes, int], _Window] = OrderedDict()
 
     def _get(self, producer: bytes, counter: int, now: float) -> _Window:
@@ -122,7 +123,7 @@ class ProducerTally:
         if len(held.values) < self.window:
             return None
         del self._open[(producer, counter // self.window)]
-        return self._judge(producer, held)
+        return self._judge(producer, counter // self.window, held)
 
     def close(self, now: float) -> list[ProducerFinding]:
         """Judge the windows open for more than `close_after_s` with what they hold: the
@@ -133,16 +134,23 @@ class ProducerTally:
                 continue
             del self._open[key]
             if held.values:
-                found = self._judge(key[0], held)
+                found = self._judge(key[0], key[1], held)
                 if found is not None:
                     out.append(found)
         return out
 
-    def _judge(self, producer: bytes, held: _Window) -> ProducerFinding | None:
+    def take_cleared(self) -> list[tuple[bytes, int]]:
+        """The (producer, window index) judged and found clean since the last call."""
+        out, self._cleared = self._cleared, []
+        return out
+
+    def _judge(self, producer: bytes, index: int, held: _Window) -> ProducerFinding | None:
         self.judged += 1
         missing = {c: rid for c, rid in held.expected.items() if c not in held.values}
         values = [v for _, v in held.values.values()] + [MISSING] * len(missing)
         if not window_failed(values, self.limit):
+            self._cleared.append((producer, index))
+            del self._cleared[: -self.max_windows]
             return None
         ids = tuple({**missing, **{c: rid for c, (rid, _v) in held.values.items()}}[c]
                     for c in sorted({*missing, *held.values}))  # fmt: skip

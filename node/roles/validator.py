@@ -33,9 +33,11 @@ and the producer or the accuser pays by our own statistic (`producer_findings`,
 
 Standing (`protocol.standing.StandingBook`, from our own audits): a producer on probation
 (a fresh key, or one that failed) has every record audited and its windows judged whole;
-one in good standing is sampled at `audit_fraction`. We publish no pass verdict for a
-producer we banned (`withheld_passes`): a record that passes alone says nothing of a
-producer whose window failed, and a trainer would train on it.
+one in good standing is sampled at `audit_fraction`. The pass verdicts of a producer on
+probation are held (`protocol.standing.HeldPasses`) until the record's window is judged
+clean, and dropped if it is not; we publish no pass verdict for a producer we banned
+(`withheld_passes`): a record that passes alone says nothing of a producer whose window
+failed, and a trainer would train on it.
 
 Shape: `ValidatorRole` holds all of the above; `run` loads the model in a worker thread,
 hands the peer's admitted items to `ValidatorRole.on_deliver` and runs its
@@ -62,7 +64,7 @@ from protocol.fraud import Audit, FraudCases, NeedRecord, Punish
 from protocol.identity import Identity
 from protocol.producer_cases import PRODUCER_PENALTY, ProducerCases
 from protocol.rollout import open_record
-from protocol.standing import StandingBook, State
+from protocol.standing import HeldPasses, StandingBook, State
 from protocol.wire import ProducerClaim, RolloutRecord
 from verify.producer import ProducerTally
 
@@ -121,6 +123,7 @@ class ValidatorRole:
         self.claims = ProducerCases(th.producer_logprob_err_median)
         self.findings: list[dict[str, Any]] = []
         self.standing = StandingBook()
+        self.held_passes = HeldPasses()
         self.last_close = time.time()
         self.held = HeldVersions(model)
         self.nursery: trio.Nursery | None = None  # set by `run`: record lookups start in it
@@ -228,6 +231,13 @@ class ValidatorRole:
         authorized = self.peer.admission.authority.may_judge(self.peer.identity.peer_id)
         for found in self.producers.close(now):
             await self.on_finding(found, authorized)
+        await self.publish_cleared()
+
+    async def publish_cleared(self) -> None:
+        """Publish the held pass verdicts of the windows judged clean."""
+        for producer, window in self.producers.take_cleared():
+            for verdict in self.held_passes.cleared(producer, window):
+                await self.peer.publish_verdict(verdict)
 
     def on_record(self, item: Admitted) -> None:
         """A rollout record: for an open case, sampled by its own ticket (every record of
@@ -334,18 +344,27 @@ class ValidatorRole:
         self.carry_out(self.claims.audited(ro.rollout_id, metrics.get(self.producers.stat), now))
         if ticket is None:
             return  # a re-check: the case's outcome is all it decides
-        self.standing.audited(ro.envelope.signer, verdict.passed, verdict.reason)
-        found = self.producers.add(ro.envelope.signer, ro.header.counter, ro.rollout_id, metrics, now)
-        if found is not None:
-            await self.on_finding(found, authorized)
+        signer = ro.envelope.signer
+        probation = self.standing.state(signer) is State.PROBATION
+        self.standing.audited(signer, verdict.passed, verdict.reason)
+        now_verdict = None
         if ticket == WINDOW_ONLY:
             self.counts["window_audited"] += 1  # no ticket samples it: nothing to publish
-        elif self.standing.state(ro.envelope.signer) is State.BANNED and verdict.passed:
-            self.counts["withheld_passes"] = self.counts.get("withheld_passes", 0) + 1
-        elif authorized:
-            await self.peer.publish_verdict(dataclasses.replace(verdict, sample_ticket=ticket))
-        else:
+        elif not authorized:
             self.counts["unauthorized"] += 1
+        elif verdict.passed and probation:  # published once its window is judged clean
+            window = ro.header.counter // self.producers.window
+            self.held_passes.hold(signer, window, dataclasses.replace(verdict, sample_ticket=ticket))
+        else:
+            now_verdict = dataclasses.replace(verdict, sample_ticket=ticket)
+        found = self.producers.add(signer, ro.header.counter, ro.rollout_id, metrics, now)
+        if found is not None:
+            await self.on_finding(found, authorized)
+        if now_verdict is not None and now_verdict.passed and self.standing.state(signer) is State.BANNED:
+            self.counts["withheld_passes"] = self.counts.get("withheld_passes", 0) + 1
+        elif now_verdict is not None:
+            await self.peer.publish_verdict(now_verdict)
+        await self.publish_cleared()
         if verdict.passed:
             self.counts["passed"] += 1
         else:
@@ -362,6 +381,7 @@ class ValidatorRole:
         pull a withheld body drops the case, nobody pays; a trainer bans on it)."""
         self.counts["producer_findings"] += 1
         self.standing.ban(found.producer, "producer window over the limit")
+        self.held_passes.failed(found.producer)
         self.peer.report(found.producer, PRODUCER_PENALTY,
                          f"producer window statistic {found.statistic:.3g} over {found.limit:.3g}",
                          penalties.PRODUCER_WINDOW.name)  # fmt: skip
