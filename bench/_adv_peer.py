@@ -240,7 +240,6 @@ class _Validator:
         if item.kind is not Kind.ROLLOUT_RECORD:
             return
         ro = item.obj
-        self.tally.body_held(signer, ro.header.counter)
         ticket = sample_ticket(self.peer.identity, self.peer.run_id, item.content_id)
         if sampled(ticket, self.standing.audit_fraction(signer, AUDIT_FRACTION)):
             sampled_at.append((ro.rollout_id.hex(), ro.envelope.timestamp_ms / 1000.0, peer_id_to_b58(signer)))
@@ -248,6 +247,7 @@ class _Validator:
             ticket = b""  # audited for its window only: no verdict published
         else:
             return
+        self.tally.body_held(signer, ro.header.counter, time.time())
         with contextlib.suppress(trio.WouldBlock):
             self.send.send_nowait((ro, ticket))
 

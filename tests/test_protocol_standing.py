@@ -221,7 +221,7 @@ def test_a_closed_window_names_its_withheld_records_and_a_late_audit_is_not_miss
     tally = ProducerTally(LIMIT)
     for c in range(W):
         tally.expect(P, c, _rid(c), now=0.0)
-    tally.body_held(P, 0)  # held, its audit still queued at the close: not missing, not counted
+    tally.body_held(P, 0, now=0.0)  # held, its audit still queued at the close: not missing, not counted
     for c in range(1, W - 1):
         tally.add(P, c, _rid(c), {"logprob_err_mean": CHANGED if c < WINDOW_OVER else HONEST})
     (finding,) = tally.close(now=CLOSE_AFTER_S + 1)

@@ -38,8 +38,8 @@ from protocol.producer_cases import MISSING, PRODUCER_WINDOW, window_failed, win
 
 WINDOW = PRODUCER_WINDOW
 STAT = "logprob_err_mean"
-# A window whose first record or header arrived this long ago is judged with what it holds,
-# each header whose body never arrived counting as a failed record (`MISSING`).
+# A window that heard nothing (no header, body or audit of it) for this long is judged with
+# what it holds, each header whose body never arrived counting as a failed record (`MISSING`).
 CLOSE_AFTER_S = 30.0
 
 
@@ -57,9 +57,10 @@ class ProducerFinding:
 
 @dataclass
 class _Window:
-    opened_at: float
+    last_at: float  # when it last heard of a header, body or audit
     values: dict[int, tuple[bytes, float]] = field(default_factory=dict)  # counter -> audited
     expected: dict[int, bytes] = field(default_factory=dict)  # counter -> header's rollout id
+    bodies: set[int] = field(default_factory=set)  # counters whose body is here
 
 
 class ProducerTally:
@@ -91,6 +92,7 @@ class ProducerTally:
             held = _Window(now)
             while len(self._open) >= self.max_windows:
                 self._open.popitem(last=False)
+        held.last_at = max(held.last_at, now)
         self._open[key] = held
         return held
 
@@ -98,14 +100,14 @@ class ProducerTally:
         """A header of a record whose window we audit: if its body never arrives
         (`body_held`), the window is judged with it failed once `close_after_s` passed."""
         held = self._get(producer, counter, now)
-        if counter not in held.values:
+        if counter not in held.values and counter not in held.bodies:
             held.expected.setdefault(counter, rollout_id)
 
-    def body_held(self, producer: bytes, counter: int) -> None:
-        """The body of an expected record is here (audited or about to be): not missing."""
-        held = self._open.get((producer, counter // self.window))
-        if held is not None:
-            held.expected.pop(counter, None)
+    def body_held(self, producer: bytes, counter: int, now: float) -> None:
+        """The body of a record is here (audited or about to be): never missing."""
+        held = self._get(producer, counter, now)
+        held.bodies.add(counter)
+        held.expected.pop(counter, None)
 
     def add(
         self, producer: bytes, counter: int, rollout_id: bytes, metrics: Mapping[str, float],
@@ -126,11 +128,12 @@ class ProducerTally:
         return self._judge(producer, counter // self.window, held)
 
     def close(self, now: float) -> list[ProducerFinding]:
-        """Judge the windows open for more than `close_after_s` with what they hold: the
-        audited records, and each expected record whose body never arrived as failed."""
+        """Judge the windows that heard nothing for more than `close_after_s` with what
+        they hold: the audited records, and each expected record whose body never arrived
+        as failed."""
         out = []
         for key, held in list(self._open.items()):
-            if now - held.opened_at <= self.close_after_s:
+            if now - held.last_at <= self.close_after_s:
                 continue
             del self._open[key]
             if held.values:

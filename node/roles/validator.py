@@ -247,15 +247,14 @@ class ValidatorRole:
             self.record_here(item.obj)
         self.counts["seen"] += 1
         ro = item.obj
-        self.producers.body_held(ro.envelope.signer, ro.header.counter)
-        fraction = self.standing.audit_fraction(ro.envelope.signer, ctx.audit_fraction)
+        signer, counter = ro.envelope.signer, ro.header.counter
+        fraction = self.standing.audit_fraction(signer, ctx.audit_fraction)
         ticket = selected(peer.identity, peer.run_id, item.content_id, fraction)
-        if ticket is not None:
-            self.enqueue(ro, ticket)
-            self.counts["sampled"] += 1
+        if ticket is None and not self.window_audited(signer, counter):
             return
-        if self.window_audited(ro.envelope.signer, ro.header.counter):
-            self.enqueue(ro, WINDOW_ONLY)
+        self.producers.body_held(signer, counter, time.time())
+        self.enqueue(ro, WINDOW_ONLY if ticket is None else ticket)
+        self.counts["sampled"] += ticket is not None
 
     # -- auditing ------------------------------------------------------------------------
 
