@@ -262,7 +262,8 @@ class _Validator:
                         sample_ticket=ticket)  # fmt: skip
             signer = ro.envelope.signer
             probation = self.standing.state(signer) is State.PROBATION
-            self.standing.audited(signer, passed, reason)
+            if not (passed and probation):  # a held pass counts once its window is clean
+                self.standing.audited(signer, passed, reason)
             if ticket and passed and probation:  # published once its window is judged clean
                 self.held.hold(signer, ro.header.counter // self.tally.window, v)
             found = self.tally.add(signer, ro.header.counter, ro.rollout_id, {STAT: value})
@@ -284,6 +285,7 @@ class _Validator:
     async def publish_cleared(self) -> None:
         for producer, window in self.tally.take_cleared():
             for v in self.held.cleared(producer, window):
+                self.standing.audited(producer, True)
                 await self.peer.publish_verdict(v)
 
     async def on_finding(self, found: Any) -> None:

@@ -237,6 +237,7 @@ class ValidatorRole:
         """Publish the held pass verdicts of the windows judged clean."""
         for producer, window in self.producers.take_cleared():
             for verdict in self.held_passes.cleared(producer, window):
+                self.standing.audited(producer, True)
                 await self.peer.publish_verdict(verdict)
 
     def on_record(self, item: Admitted) -> None:
@@ -345,13 +346,14 @@ class ValidatorRole:
             return  # a re-check: the case's outcome is all it decides
         signer = ro.envelope.signer
         probation = self.standing.state(signer) is State.PROBATION
-        self.standing.audited(signer, verdict.passed, verdict.reason)
+        if not (verdict.passed and probation):  # a held pass counts once its window is clean
+            self.standing.audited(signer, verdict.passed, verdict.reason)
         now_verdict = None
         if ticket == WINDOW_ONLY:
             self.counts["window_audited"] += 1  # no ticket samples it: nothing to publish
         elif not authorized:
             self.counts["unauthorized"] += 1
-        elif verdict.passed and probation:  # published once its window is judged clean
+        elif verdict.passed and probation:  # published (and counted) once its window is clean
             window = ro.header.counter // self.producers.window
             self.held_passes.hold(signer, window, dataclasses.replace(verdict, sample_ticket=ticket))
         else:
