@@ -4,8 +4,8 @@
 the run's calibrated limits), N honest records and N records of a worker with a rank-1
 change of 0.3% to the middle layer's MLP down projection are audited; then windows of
 `PRODUCER_WINDOW` records with m changed ones (m = 0..16, drawn 2,000 times each from the
-audited values) are judged by the median (the old statistic) and by
-`protocol.standing.window_failed`. Prints one JSON line: per m, the share of windows each
+audited values) are judged by the median and by
+`protocol.producer_cases.window_failed`. Prints one JSON line: per m, the share of windows each
 statistic flags.
 """
 
@@ -26,8 +26,7 @@ def _values(results: list[Any], stat: str) -> list[float]:
 def main(n: int = 64, draws: int = 2000) -> dict[str, Any]:
     from bench._verify_records import audit, make_engine, make_records, open_records
     from bench.verify import _calibrate, _producer_limit, _rank1_changed, _setup
-    from protocol.producer_cases import PRODUCER_WINDOW, window_median
-    from protocol.standing import window_failed
+    from protocol.producer_cases import PRODUCER_WINDOW, window_failed, window_median
     from verify.producer import STAT
 
     ctx, model_dir = _setup(None, n, quick=False)
