@@ -60,7 +60,9 @@ class _Claim:
 
 # A window fails when at least this many of its records are over the limit ...
 WINDOW_OVER = 4
-# ... a record whose body never arrived counting as over any limit.
+# ... a record whose body never arrived counting as over any limit, but at most
+# WINDOW_OVER - 1 of them: bodies that never came (our own pull may have failed) never
+# fail a window alone, and can no longer hide a changed record either.
 MISSING = math.inf
 
 
@@ -74,9 +76,10 @@ def window_statistic(values: Iterable[float], over: int = WINDOW_OVER) -> float:
     return vals[min(over, len(vals)) - 1]
 
 
-def window_failed(values: Iterable[float], limit: float, over: int = WINDOW_OVER) -> bool:
-    """Whether a window of record statistics (`MISSING` for a withheld body) fails."""
-    return window_statistic(values, over) > limit
+def window_failed(values: Iterable[float], limit: float, missing: int = 0, over: int = WINDOW_OVER) -> bool:
+    """Whether a window of audited record statistics, and `missing` records whose bodies
+    never arrived, fails."""
+    return window_statistic([*values, *[MISSING] * min(missing, over - 1)], over) > limit
 
 
 def window_median(values: Iterable[float]) -> float:

@@ -7,7 +7,8 @@ worth, and both peers that care apply them to what they saw themselves:
 The window statistic (`window_failed`). A producer's records are judged in windows of its
 task counters (`protocol.producer_cases`); a window fails when at least `WINDOW_OVER` of
 its records are over the limit (the largest statistic an honest record reached in
-calibration), a record whose body never arrived counting as over (`MISSING`). Not the
+calibration), a record whose body never arrived counting as over (`MISSING`; at most
+`WINDOW_OVER` - 1 of them, so missing bodies alone never fail a window). Not the
 median: a worker that changes only a minority of each window keeps the median honest, but
 not the count of records over the limit; and one withheld body per window no longer keeps
 the window from being judged.

@@ -59,9 +59,13 @@ def test_a_window_with_a_withheld_body_is_judged_with_that_record_failed() -> No
         if c != W + 2:
             tally.add(P, c, _rid(c), {"logprob_err_mean": HONEST})
     assert tally.close(now=10.0 + CLOSE_AFTER_S + 1) == []
-    assert window_failed([HONEST] * (W - 1) + [MISSING], LIMIT) is False
-    over = [MISSING] + [CHANGED] * (WINDOW_OVER - 1)
-    assert window_failed([HONEST] * (W - WINDOW_OVER) + over, LIMIT) is True
+    assert window_failed([HONEST] * (W - 1), LIMIT, missing=1) is False
+    assert window_failed([HONEST] * (W - WINDOW_OVER) + [CHANGED] * (WINDOW_OVER - 1), LIMIT, missing=1) is True
+    # bodies that never came never fail a window alone (our own pulls may have failed) ...
+    assert window_failed([HONEST] * 8, LIMIT, missing=8) is False
+    # ... but they hide no changed record either
+    assert window_failed([HONEST] * 7 + [CHANGED], LIMIT, missing=8) is True
+    assert MISSING > CHANGED
 
 
 def test_a_window_with_a_minority_of_changed_records_is_caught() -> None:

@@ -34,7 +34,13 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from protocol.producer_cases import MISSING, PRODUCER_WINDOW, window_failed, window_statistic
+from protocol.producer_cases import (
+    MISSING,
+    PRODUCER_WINDOW,
+    WINDOW_OVER,
+    window_failed,
+    window_statistic,
+)
 
 WINDOW = PRODUCER_WINDOW
 STAT = "logprob_err_mean"
@@ -150,14 +156,14 @@ class ProducerTally:
     def _judge(self, producer: bytes, index: int, held: _Window) -> ProducerFinding | None:
         self.judged += 1
         missing = {c: rid for c, rid in held.expected.items() if c not in held.values}
-        values = [v for _, v in held.values.values()] + [MISSING] * len(missing)
-        if not window_failed(values, self.limit):
+        values = [v for _, v in held.values.values()]
+        if not window_failed(values, self.limit, len(missing)):
             self._cleared.append((producer, index))
             del self._cleared[: -self.max_windows]
             return None
         ids = tuple({**missing, **{c: rid for c, (rid, _v) in held.values.items()}}[c]
                     for c in sorted({*missing, *held.values}))  # fmt: skip
-        stat = window_statistic(values)
+        stat = window_statistic(values + [MISSING] * min(len(missing), WINDOW_OVER - 1))
         return ProducerFinding(producer, ids, stat, self.limit, len(missing))
 
     def held(self, producer: bytes, counter: int) -> int:
