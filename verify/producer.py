@@ -1,31 +1,34 @@
-"""Per-producer evidence: a worker judged by the median error of its audited records.
+"""Per-producer evidence: a worker judged by how many of a window's records are off.
 
 A record's audit measures how far the verifier's recomputation is from what the worker
 recorded (`verify.auditor`). Honest noise (kernels, batch shapes, KV cache against
 prefill) spreads that error over records, so a per-record limit has to sit above the
 honest tail, and a small systematic change can hide under it in part of a worker's
 records: weights one training step old, or a 1% rank-1 change to one matrix (`bench verify`'s
-`stale_version` and `sensitivity`). Such a change is in every record of that worker,
-though, while honest noise is not: the median over a window of a worker's records
-exceeds the largest error any single honest record showed in calibration only when at
-least half of the window does.
+`stale_version` and `sensitivity`). Such a change shows in the records it made, though,
+while honest noise does not: the producer limit is the largest error any single honest
+record showed in calibration, and a window fails when `WINDOW_OVER` of its records are
+over it (`protocol.producer_cases.window_failed`), so a worker that changes only a
+minority of each window is caught as well (the median would stay honest).
 
-Measured on the built-in policy (64 records a case, two seeds, fp32 worker and audit, the
-statistic `logprob_err_mean`): honest records over four variations reach 8.8e-7 one by
-one, their windows' medians at most 2.6e-7; a rank-1 change of 0.3% to a middle-layer
-MLP matrix, of which a third to two thirds of the records fail alone, gives windows with
-medians of at least 4.7e-6, and weights one training step old at least 4.4e-5. In bf16
-the rule finds nothing at 10%: honest windows reach medians of 2.6e-3 against 0.3-2.7e-3
-for the changed workers, whose own rounding is as large as the change.
+Measured on the built-in policy (fp32 worker and audit, the statistic `logprob_err_mean`):
+honest records over four variations reach 8.8e-7 one by one; of the records of a rank-1
+change of 0.3% to a middle-layer MLP matrix, a third to two thirds fail alone and most are
+over the producer limit; weights one training step old give at least 4.4e-5. Windows
+with a quarter of such changed records: docs/BENCHMARKS.md (`bench._window_statistic`).
+In bf16 the rule finds nothing at 10%: a worker's own rounding is as large as the change.
 
 What lives here, pure (no model, no IO): `ProducerTally` collects, per producer, the
 statistic of its audited records (passed or failed: a failed record is as much the
-producer's work) in windows, and returns a `ProducerFinding` when a full window's median
-is over the limit. The rule itself (`window_median`, the blocks) lives in
-`protocol.producer_cases`, which a peer re-checking a finding applies to its own audits
-of the same records. A window is an aligned block of the producer's task counters, `[k * WINDOW, (k + 1) * WINDOW)`, not any WINDOW records: a
-validator that could choose the records could pick the noisiest of an honest worker's
-many. `protocol.producer_cases` re-checks the node's signed claims of a finding.
+producer's work) in windows, and the headers of the windows it audits whole; it returns a
+`ProducerFinding` when a window fails, judged when full or `close_after_s` after it last
+heard anything (a header whose body never came counting as failed). The rule itself
+(`window_failed`, the blocks) lives in `protocol.producer_cases`, which a peer
+re-checking a finding applies to its own audits of the same records. A window is an
+aligned block of the producer's task counters, `[k * WINDOW, (k + 1) * WINDOW)`, not any
+WINDOW records: a validator that could choose the records could pick the noisiest of an
+honest worker's many. `protocol.producer_cases` re-checks the node's signed claims of a
+finding.
 """
 
 from __future__ import annotations
