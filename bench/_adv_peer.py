@@ -5,8 +5,13 @@ records instead of model output. What stands in for the model (said plainly, bec
 benchmark measures the network's rules, not the audit): a record's true reward is
 `true_reward(body)` (1.0 for about 23% of bodies, by their digest, else 0.0); honest
 workers claim it, and the validator's "audit" re-scores it and fails any record whose
-claim differs. Sampling, verdicts, authority, accounting and every admission rule are the
-real ones (`protocol.*`, `node.roles.trainer.Collector`).
+claim differs. What model made a record stands in its first log-prob (`model_change`):
+a changed model's record fails its audit, a slightly changed one passes alone but its
+statistic is over the producer limit. Sampling (at the default `audit_fraction`, with
+probation), verdicts, authority, accounting, standing, the window rule and every
+admission rule are the real ones (`protocol.*`, `verify.producer.ProducerTally`,
+`node.roles.trainer.Collector`, `_pick` and `judged`); the trainer "trains" (counts) what
+`_pick` hands it and its re-score (`true_reward`) accepts.
 
 Start-up prints `{"peer_id", "addrs"}`; then one JSON command per stdin line, one JSON
 answer per line:
@@ -23,6 +28,7 @@ answer per line:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import random
@@ -38,20 +44,36 @@ from bench._gossip_peer import json_lines, reply
 from bench._records import net_manifest, synthetic_record
 from node.host import HostSettings
 from node.peer import PeerConfig, open_peer
-from node.roles.trainer import Collector
+from node.roles import RoleContext
+from node.roles.trainer import Collector, _pick, judged
 from protocol.accounting import WorkLedger
 from protocol.admission import Admitted, Kind
 from protocol.assignment import task_seed
-from protocol.audit_sample import sample_ticket, sampled
+from protocol.audit_sample import sample_ticket, sampled, window_ticket
 from protocol.codec import decode, encode
 from protocol.content_id import content_id
 from protocol.identity import Identity, peer_id_from_b58, peer_id_to_b58
+from protocol.producer_cases import PRODUCER_PENALTY
 from protocol.rollout import make_record, open_record
+from protocol.standing import HOLD_S, HeldPasses, StandingBook, State
 from protocol.verified import Status, VerifiedRule
-from protocol.wire import RolloutBody, RolloutRecord, Verdict
+from protocol.wire import Metric, ProducerClaim, RolloutBody, RolloutRecord, Verdict
+from verify.producer import CLOSE_AFTER_S, STAT, ProducerTally
 
 VERSION = 5  # everyone runs at this policy version (S = 2: version 2 and below is stale)
-AUDIT_FRACTION = 0.5
+AUDIT_FRACTION = RoleContext.audit_fraction  # the node's default
+WINDOW_FRACTION = RoleContext.producer_window_fraction
+# The stand-in model audit: a record's first log-prob says what model made it (an honest
+# one is in [-5, 0]): SLIGHT_MARK a slightly changed model, CHANGED_MARK a changed one.
+SLIGHT_MARK, CHANGED_MARK = -150.0, -300.0
+STAT_LIMIT = 1e-6  # the producer limit; honest records' statistic HONEST_STAT, slight SLIGHT_STAT
+HONEST_STAT, SLIGHT_STAT = 1e-7, 5e-6
+
+
+def model_change(body: RolloutBody) -> str:
+    """"honest", "slight" (passes alone, over the producer limit) or "changed" (fails)."""
+    first = body.logprobs[0] if body.logprobs else 0.0
+    return "honest" if first > -100.0 else "slight" if first > -200.0 else "changed"
 
 
 def true_reward(body: RolloutBody) -> float:
@@ -66,14 +88,18 @@ def manifest(run: str, validator: str) -> Any:
 
 
 def honest_record(ident: Identity, m: Any, counter: int, seq: int, *, lie: bool = False,
-                  version: int = VERSION, run_id: str | None = None, rng: random.Random) -> bytes:
-    """A synthetic record claiming its true reward (or lying: claiming the opposite)."""
+                  version: int = VERSION, run_id: str | None = None, rng: random.Random,
+                  change: float = 0.0) -> bytes:
+    """A synthetic record claiming its true reward (or lying: claiming the opposite);
+    `change` (SLIGHT_MARK, CHANGED_MARK) makes it a changed model's (`model_change`)."""
     base = synthetic_record(ident, m, counter, n_prompt=16, n_completion=64, seq=seq, rng=rng)
     rec = decode(RolloutRecord, base)
     # The task seed derives from the run, the version, the counter and the signer's key
     # (admission refuses any other as `not_bound`), and the body was sampled with it.
     seed = task_seed(m.seed, version, counter, ident.peer_id)
     body = dataclasses.replace(decode(RolloutBody, rec.body), sampling_seed=seed)
+    if change:
+        body = dataclasses.replace(body, logprobs=(change, *body.logprobs[1:]))
     reward = true_reward(body)
     if lie:
         reward = 1.0 - reward
@@ -85,18 +111,36 @@ def honest_record(ident: Identity, m: Any, counter: int, seq: int, *, lie: bool 
 
 
 class _Counting:
-    """The trainer's view: the real Collector plus when each rollout was made."""
+    """The trainer's view: the real Collector plus when each rollout was made, and the
+    trainer's standing rule picking what trains (`train_loop`)."""
 
-    def __init__(self, peer: Any) -> None:
+    def __init__(self, peer: Any, hold_s: float = HOLD_S) -> None:
         self.peer = peer
         self.collector = Collector(peer.admission.authority, VerifiedRule(quorum=1), WorkLedger())
         self.made: dict[bytes, tuple[str, float, int, bytes]] = {}  # rid -> producer, t, counter, digest
         self.admitted_by_signer: Counter[str] = Counter()
+        self.standing = StandingBook(hold_s=hold_s)
+        self.waiting: dict[bytes, tuple[Any, float]] = {}
+        self.trained: dict[str, list[str]] = {}  # producer -> rollout ids trained on
+
+    async def train_loop(self) -> None:
+        while True:
+            ready, _unaudited = _pick(self.collector, self.standing, self.waiting, VERSION, 2, time.time())
+            for ro in ready:
+                if ro.header.reward == true_reward(ro.body):  # the trainer's re-score
+                    self.trained.setdefault(peer_id_to_b58(ro.envelope.signer), []).append(ro.rollout_id.hex())
+            await trio.sleep(0.5)
 
     def on_deliver(self, item: Admitted) -> None:
         self.admitted_by_signer[peer_id_to_b58(item.envelope.signer)] += 1
         for bad in self.collector.on_deliver(item):
             self.peer.report(bad, -20.0, "withheld assignment counters")
+        if item.kind is Kind.ROLLOUT_RECORD and len(self.waiting) < 65_536:
+            self.waiting[item.content_id] = (item.obj, time.time())
+        elif item.kind in (Kind.VERDICT, Kind.PRODUCER_CLAIM):
+            for ban in judged(self.standing, self.peer.admission.authority, item):
+                for rid in [r for r, (ro, _t) in self.waiting.items() if ro.envelope.signer == ban.producer]:
+                    del self.waiting[rid]
         if item.kind in (Kind.ROLLOUT_HEADER, Kind.ROLLOUT_RECORD):
             h = item.obj.header if item.kind is Kind.ROLLOUT_RECORD else item.obj
             self.made[item.content_id] = (
@@ -130,6 +174,10 @@ class _Counting:
             "scores": {p: scores.score(p, now) for p in ids},
             "banned": {p: scores.is_banned(p, now) for p in ids},
             "counted_reward": reward,
+            "trained": self.trained,
+            "made": {rid.hex(): (producer, t) for rid, (producer, t, _c, _d) in self.made.items()},
+            "banned_producers": sorted(
+                p for p in ids if self.standing.state(peer_id_from_b58(p)) is State.BANNED),
             "rss_mb": _rss_mb(),
         }
 
@@ -168,15 +216,86 @@ def _rss_mb(field: str = "VmHWM:") -> float:
 sampled_at: list[tuple[str, float, str]] = []  # validator: (rollout id, made at, producer)
 
 
-async def _audit_loop(peer: Any, receive: Any) -> None:
-    async for ro, ticket in receive:
-        passed = ro.header.reward == true_reward(ro.body)
-        v = Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer, passed=passed,
-                    reason="ok" if passed else "reward_mismatch",
-                    reward_rescored=true_reward(ro.body), metrics=(), sample_ticket=ticket)
-        await peer.publish_verdict(v)
-        if not passed:
-            peer.report(ro.envelope.signer, -20.0, "failed audit: reward_mismatch")
+class _Validator:
+    """The validator's sampling, standing and window rule around the stand-in audit."""
+
+    def __init__(self, peer: Any, send: Any, close_after_s: float) -> None:
+        self.peer, self.send = peer, send
+        self.standing = StandingBook()
+        self.tally = ProducerTally(STAT_LIMIT, close_after_s=close_after_s)
+        self.held = HeldPasses()
+
+    def window_audited(self, producer: bytes, counter: int) -> bool:
+        if self.standing.state(producer) is not State.GOOD:
+            return True
+        ticket = window_ticket(self.peer.identity, self.peer.run_id, producer, counter // self.tally.window)
+        return sampled(ticket, WINDOW_FRACTION)
+
+    def on_deliver(self, item: Admitted) -> None:
+        signer = item.envelope.signer
+        if item.kind is Kind.ROLLOUT_HEADER:
+            if self.window_audited(signer, item.obj.counter):
+                self.tally.expect(signer, item.obj.counter, item.content_id, time.time())
+            return
+        if item.kind is not Kind.ROLLOUT_RECORD:
+            return
+        ro = item.obj
+        ticket = sample_ticket(self.peer.identity, self.peer.run_id, item.content_id)
+        if sampled(ticket, self.standing.audit_fraction(signer, AUDIT_FRACTION)):
+            sampled_at.append((ro.rollout_id.hex(), ro.envelope.timestamp_ms / 1000.0, peer_id_to_b58(signer)))
+        elif self.window_audited(signer, ro.header.counter):
+            ticket = b""  # audited for its window only: no verdict published
+        else:
+            return
+        self.tally.body_held(signer, ro.header.counter, time.time())
+        with contextlib.suppress(trio.WouldBlock):
+            self.send.send_nowait((ro, ticket))
+
+    async def audit_loop(self, receive: Any) -> None:
+        async for ro, ticket in receive:
+            change = model_change(ro.body)
+            passed = ro.header.reward == true_reward(ro.body) and change != "changed"
+            reason = "ok" if passed else "changed_model" if change == "changed" else "reward_mismatch"
+            value = HONEST_STAT if change == "honest" else SLIGHT_STAT
+            v = Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer, passed=passed, reason=reason,
+                        reward_rescored=true_reward(ro.body), metrics=(Metric(name=STAT, value=value),),
+                        sample_ticket=ticket)  # fmt: skip
+            signer = ro.envelope.signer
+            probation = self.standing.state(signer) is State.PROBATION
+            if not (passed and probation):  # a held pass counts once its window is clean
+                self.standing.audited(signer, passed, reason)
+            if ticket and passed and probation:  # published once its window is judged clean
+                self.held.hold(signer, ro.header.counter // self.tally.window, v)
+            found = self.tally.add(signer, ro.header.counter, ro.rollout_id, {STAT: value})
+            if found is not None:
+                await self.on_finding(found)
+            if ticket and not (passed and probation) and not (passed and self.standing.state(signer) is State.BANNED):
+                await self.peer.publish_verdict(v)
+            await self.publish_cleared()
+            if not passed:
+                self.peer.report(ro.envelope.signer, -20.0, f"failed audit: {reason}")
+
+    async def close_loop(self) -> None:
+        while True:
+            await trio.sleep(1.0)
+            for found in self.tally.close(time.time()):
+                await self.on_finding(found)
+            await self.publish_cleared()
+
+    async def publish_cleared(self) -> None:
+        for producer, window in self.tally.take_cleared():
+            for v in self.held.cleared(producer, window):
+                self.standing.audited(producer, True)
+                await self.peer.publish_verdict(v)
+
+    async def on_finding(self, found: Any) -> None:
+        self.standing.ban(found.producer, "producer window over the limit")
+        self.held.failed(found.producer)
+        self.peer.report(found.producer, PRODUCER_PENALTY, "producer window over the limit")
+        if len(found.rollout_ids) == self.tally.window:
+            await self.peer.publish_producer_claim(ProducerClaim(
+                producer=found.producer, rollout_ids=found.rollout_ids, statistic=STAT,
+                median=min(found.statistic, 1e6), limit=found.limit))  # fmt: skip
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -190,13 +309,16 @@ async def main(args: argparse.Namespace) -> None:
     )
     with trio.move_on_after(args.max_life):
         async with open_peer(cfg) as peer, trio.open_nursery() as nursery:
-            counting = _Counting(peer) if args.role == "trainer" else None
+            counting = _Counting(peer, args.hold) if args.role == "trainer" else None
             if counting is not None:
                 peer.on_deliver(counting.on_deliver)
+                nursery.start_soon(counting.train_loop)
             if args.role == "validator":
                 send, receive = trio.open_memory_channel[Any](4096)
-                peer.on_deliver(lambda item: _validate_sync(peer, send, item))
-                nursery.start_soon(_audit_loop, peer, receive)
+                val = _Validator(peer, send, args.close)
+                peer.on_deliver(val.on_deliver)
+                nursery.start_soon(val.audit_loop, receive)
+                nursery.start_soon(val.close_loop)
             reply({"peer_id": peer.host.peer_id, "addrs": peer.host.listen_addrs()})
             stopping = trio.Event()
             stdin = trio.lowlevel.FdStream(os.dup(0))
@@ -217,7 +339,10 @@ async def main(args: argparse.Namespace) -> None:
                         now = time.time()
                         sc = peer.admission.scores
                         reply({"banned": {p: sc.is_banned(p, now) for p in ids}, "rss_mb": _rss_mb(),
-                              "scores": {p: sc.score(p, now) for p in ids}, "sampled": sampled_at})
+                              "scores": {p: sc.score(p, now) for p in ids}, "sampled": sampled_at,
+                              "standing_banned": sorted(
+                                  p for p in ids if args.role == "validator"
+                                  and val.standing.state(peer_id_from_b58(p)) is State.BANNED)})
                 elif kind == "probe":
                     reply(_probe(peer, counting, cmd.get("ids", [])))
                 elif kind == "attack":
@@ -228,20 +353,6 @@ async def main(args: argparse.Namespace) -> None:
                     break
             nursery.cancel_scope.cancel()
     reply({"closed": True})
-
-
-def _validate_sync(peer: Any, send: Any, item: Admitted) -> None:
-    if item.kind is not Kind.ROLLOUT_RECORD:
-        return
-    ticket = sample_ticket(peer.identity, peer.run_id, item.content_id)
-    if sampled(ticket, AUDIT_FRACTION):
-        ro = item.obj
-        sampled_at.append((ro.rollout_id.hex(), ro.envelope.timestamp_ms / 1000.0,
-                           peer_id_to_b58(ro.envelope.signer)))
-        try:
-            send.send_nowait((item.obj, ticket))
-        except trio.WouldBlock:
-            pass
 
 
 async def _produce(peer: Any, m: Any, rate: float, stopping: trio.Event) -> None:
@@ -269,6 +380,8 @@ def cli() -> None:
     parser.add_argument("--bootstrap", nargs="*", default=[])
     parser.add_argument("--max-life", type=float, default=900.0)
     parser.add_argument("--max-connections", type=int, default=HostSettings.max_connections)
+    parser.add_argument("--hold", type=float, default=HOLD_S, help="trainer: the standing's hold, s")
+    parser.add_argument("--close", type=float, default=CLOSE_AFTER_S, help="validator: window close, s")
     args = parser.parse_args()
     sys.setrecursionlimit(10_000)
     trio.run(main, args)

@@ -6,7 +6,12 @@ honest peers (`cmd["targets"]`), performs attack `cmd["name"]` for about `cmd["s
 attacker's peer id, the identities that signed them, and how the driver decides whether
 each had an effect at the trainer ("admitted": admitted at all; "verified": counted as
 verified work; "usable": verified and not refused by the work ledger; "double": the same
-unit of work counted twice). Every loop is bounded in count and time.
+unit of work counted twice; "trained": records of its signers that the trainer trained
+on). Every loop is bounded in count and time.
+
+The cases of the per-producer window rule and of standing use the stand-in models of
+`bench._adv_peer.model_change` (SLIGHT_CHANGE: passes alone, over the producer limit;
+FAILING_CHANGE: fails its audit) and publish at `WINDOW_RATE` records a second.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 
 import trio
 
-from bench._adv_peer import VERSION, honest_record
+from bench._adv_peer import CHANGED_MARK, SLIGHT_MARK, VERSION, honest_record
 from node.host import HostSettings, MessageTooLarge, PeerError
 from node.peer import PeerConfig, open_peer
 from node.store import RolloutRow
@@ -29,10 +34,15 @@ from protocol.codec import decode, encode
 from protocol.content_id import content_id
 from protocol.envelope import seal
 from protocol.identity import Identity, peer_id_from_b58
+from protocol.producer_cases import PRODUCER_WINDOW, WINDOW_OVER
 from protocol.rollout import make_record, open_record
 from protocol.wire import Envelope, RolloutRecord, Verdict
 
 MAX_MESSAGES = 2000
+SLIGHT_CHANGE, FAILING_CHANGE = SLIGHT_MARK, CHANGED_MARK
+WINDOW_RATE = 12.0  # records a second (the signer quota is 20)
+CHEATER_HONEST = 48  # the changed-model cheater's honest records first (its probation: 32)
+CHEATER_CHANGED = 128  # then its changed model's, a quarter of them failing alone
 
 
 async def attack(cmd: dict[str, Any], manifest: Any, data_dir: Path) -> dict[str, Any]:
@@ -231,6 +241,62 @@ async def _header_without_body(c: _Ctx, out: dict[str, Any]) -> None:
         await c.publish("rollouts", _header(c.record()), out)  # the body is never stored
 
 
+async def _paced(c: _Ctx, out: dict[str, Any], record: bytes, header_only: bool = False) -> str:
+    """Publish one record (only its header: its body is never served) at WINDOW_RATE."""
+    if header_only:
+        await c.publish("rollouts", _header(record), out)
+        rid = content_id(_header(record))
+    else:
+        rid = await c.store_and_publish(record, out)
+    await trio.sleep(1.0 / WINDOW_RATE)
+    return rid.hex()
+
+
+async def _window_withheld_body(c: _Ctx, out: dict[str, Any]) -> None:
+    """A slightly changed model, WINDOW_OVER - 1 of its records per window, and the body of
+    one other record per window withheld, so that the window never fills."""
+    out["measure"] = "trained"
+    c.counter = PRODUCER_WINDOW - 1  # the next record opens a window
+    for _ in range(3 * PRODUCER_WINDOW):
+        k = (c.counter + 1) % PRODUCER_WINDOW
+        rec = c.record(change=SLIGHT_CHANGE if 1 <= k < WINDOW_OVER else 0.0)
+        await _paced(c, out, rec, header_only=k == PRODUCER_WINDOW - 1)
+
+
+async def _window_many_keys(c: _Ctx, out: dict[str, Any]) -> None:
+    """A slightly changed model spread over 6 keys, half a window each: no window fills."""
+    out["measure"] = "trained"
+    keys = [Identity.generate() for _ in range(6)]
+    out["signers"] = [k.peer_id_b58 for k in keys]
+    for key in keys:
+        c.counter = PRODUCER_WINDOW - 1
+        for _ in range(PRODUCER_WINDOW // 2):
+            await _paced(c, out, c.record(ident=key, change=SLIGHT_CHANGE))
+
+
+async def _window_minority_changed(c: _Ctx, out: dict[str, Any]) -> None:
+    """A slightly changed model in WINDOW_OVER records of every window, the rest honest:
+    the window's median stays honest."""
+    out["measure"] = "trained"
+    c.counter = PRODUCER_WINDOW - 1
+    for _ in range(3 * PRODUCER_WINDOW):
+        k = (c.counter + 1) % PRODUCER_WINDOW
+        await _paced(c, out, c.record(change=SLIGHT_CHANGE if k in (2, 5, 9, 13)[:WINDOW_OVER] else 0.0))
+
+
+async def _changed_model(c: _Ctx, out: dict[str, Any]) -> None:
+    """Honest through its probation, then a changed model whose records fail their audit a
+    quarter of the time; `changed_ids` are the changed model's records."""
+    out["measure"] = "trained"
+    for _ in range(CHEATER_HONEST):
+        await _paced(c, out, c.record())
+    rng = random.Random(7)
+    out["changed_ids"] = [
+        await _paced(c, out, c.record(change=FAILING_CHANGE if rng.random() < 0.25 else 0.0))
+        for _ in range(CHEATER_CHANGED)
+    ]
+
+
 async def _fresh_identity_flood(c: _Ctx, out: dict[str, Any]) -> None:
     out["measure"] = "verified"
     fresh = [Identity.generate() for _ in range(300)]
@@ -254,6 +320,10 @@ ATTACKS = {
     "sybil_fail_verdicts": _sybil_fails,
     "sampled_audit_dodging": _audit_dodging,
     "header_without_body": _header_without_body,
+    "window_withheld_body": _window_withheld_body,
+    "window_many_keys": _window_many_keys,
+    "window_minority_changed": _window_minority_changed,
+    "changed_model": _changed_model,
     "fresh_identity_flood": _fresh_identity_flood,
 }
 

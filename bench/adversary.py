@@ -20,9 +20,25 @@ Per attack (`attacks[name]`):
     honest_throughput_ratio  honest rollouts verified at the trainer per rollout the
                            validator sampled, made during the attack, divided by the same
                            during a window of the same run without an attacker
+    honest_trained_fraction  honest rollouts made during the attack that the trainer trained
+                           on (`node.roles.trainer._pick`: its own pass verdict, or a producer
+                           in good standing and the hold waited) per honest rollout made then
+    signers_cut_off        share of the attack's signers that the trainer or the validator
+                           banned in its standing (`protocol.standing`)
 plus `shopping_reward_gain` (the reward the trainer's work ledger credits the counter
 shopper per produced counter, withheld ones counting 0 and a refused producer 0, divided by
-the honest workers' mean) and `rss_mb_max` (peak RSS of any process).
+the honest workers' mean), `rss_mb_max` (peak RSS of any process),
+`honest_trained_fraction` (as above, in a window without an attacker, at least 10 s, one
+validator at the default `audit_fraction`) and `cheater_records_trained` (records of
+`changed_model`'s changed model trained on before it was cut off; it passes its probation
+honestly, then a quarter of its records fail their audit).
+
+Cases of the window rule and standing (`bench._attacks`): `window_withheld_body`,
+`window_many_keys` and `window_minority_changed` (a slightly changed model hiding from
+the window rule: a body withheld per window, six keys of half a window each, four changed
+records a window), and `changed_model` (above). The trainer's hold is `--hold` (quick 5 s,
+full `protocol.standing.HOLD_S`) and the validator closes windows after `--close` s
+(quick 5, full `verify.producer.CLOSE_AFTER_S`).
 
 Connection cases, in the sibling dict `connection_attacks[name]`, run after
 the attacks above by this driver process from plain py-libp2p hosts (`bench._conn_attacks`)
@@ -100,6 +116,8 @@ from bench._gossip_peer import PeerProcess
 from node.console import sayer
 from node.gossip import topic_name
 from protocol.identity import Identity
+from protocol.standing import HOLD_S
+from verify.producer import CLOSE_AFTER_S
 
 MODULE = "bench._adv_peer"
 
@@ -128,6 +146,8 @@ async def _run(window_s: float, rate: float, settle_s: float, opts: argparse.Nam
     async def spawn(name: str, role: str, boot: list[str]) -> PeerProcess:
         key = ["--key", keys[name].private_bytes().hex()] if name in keys else []
         cap = ["--max-connections", str(opts.trainer_cap)] if name == "trainer" else []
+        cap += ["--hold", str(opts.hold)] if name == "trainer" else []
+        cap += ["--close", str(opts.close)] if name == "validator" else []
         return await PeerProcess.start(
             "--data-dir", str(root / name), "--role", role, "--validator", validator,
             *key, *cap, *(["--bootstrap", *boot] if boot else []),
@@ -148,12 +168,13 @@ async def _run(window_s: float, rate: float, settle_s: float, opts: argparse.Nam
         for w in ("w1", "w2"):
             await procs[w].ask({"cmd": "produce", "rate": rate})
         await trio.sleep(2.0)
+        record_cases = [a for a in ATTACKS if a in opts.attacks]
         t0 = time.time()
-        await trio.sleep(window_s)
+        await trio.sleep(max(window_s, 10.0) if record_cases else window_s)
         baseline = (t0, time.time())
         runs: dict[str, dict[str, Any]] = {}
         targets = [procs[n].addrs[0] for n in ("trainer", "validator", "w1", "w2")]
-        for name in [a for a in ATTACKS if a in opts.attacks]:
+        for name in record_cases:
             start = time.time()
             answer = await procs["attacker"].ask(
                 {"cmd": "attack", "name": name, "seconds": window_s, "targets": targets,
@@ -167,7 +188,7 @@ async def _run(window_s: float, rate: float, settle_s: float, opts: argparse.Nam
             _say(f"{name}: {conn[name]}")
         for w in ("w1", "w2"):
             await procs[w].ask({"cmd": "stop"})
-        await trio.sleep(settle_s)  # the last verdicts reach the trainer
+        await trio.sleep(max(settle_s, opts.hold + 5.0) if record_cases else settle_s)  # verdicts, holds
         honest = {k.peer_id_b58 for k in keys.values()}
         ids = sorted(honest | {p for r in runs.values() for p in [r.get("attacker", ""), *r["signers"]] if p})
         t_rep = await procs["trainer"].ask({"cmd": "report", "ids": ids}, timeout=60)
@@ -257,10 +278,18 @@ async def _conn_case(name: str, procs: dict[str, PeerProcess], keys: dict[str, I
     return {"figures": figures, "details": details}
 
 
+def _trained_fraction(window: tuple[float, float], t_rep: dict[str, Any], workers: set[str]) -> float | None:
+    """Honest rollouts made in `window` that the trainer trained on, per one made."""
+    trained = {rid for p in workers for rid in t_rep["trained"].get(p, [])}
+    made = [rid for rid, (producer, t) in t_rep["made"].items() if producer in workers and _in(window, t)]
+    return round(sum(rid in trained for rid in made) / len(made), 4) if made else None
+
+
 def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict[str, Any],
              views: list[dict[str, Any]], keys: dict[str, Identity], baseline: tuple[float, float],
              rss: float) -> dict[str, Any]:
     workers = {keys["w1"].peer_id_b58, keys["w2"].peer_id_b58}
+    cut_off = set(t_rep["banned_producers"]) | set(v_rep.get("standing_banned", []))
     honest_all = {k.peer_id_b58 for k in keys.values()}
     verified = {rid for p in workers for rid, _t in t_rep["verified"].get(p, [])}
     base = _throughput(baseline, verified, v_rep["sampled"], workers) or 1.0
@@ -272,6 +301,8 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
             effect = sum(t_rep["admitted_by_signer"].get(s, 0) for s in signers)
         elif measure == "verified":
             effect = sum(len(t_rep["verified"].get(s, [])) for s in signers)
+        elif measure == "trained":
+            effect = sum(len(t_rep["trained"].get(s, [])) for s in signers)
         elif measure == "usable":
             effect = sum(t_rep["usable"].get(s, 0) for s in signers)
         else:  # "double": a unit of work counted twice anywhere
@@ -285,6 +316,8 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
             "attacker_penalized": bool(penalized),
             "honest_banned": bool(banned),
             "honest_throughput_ratio": round(ratio / base, 3) if ratio is not None else None,
+            "honest_trained_fraction": _trained_fraction(r["window"], t_rep, workers),
+            "signers_cut_off": round(sum(s in cut_off for s in signers) / len(signers), 3) if signers else None,
             "sent": int(r["sent"]),
             "measure": measure,
         }
@@ -296,7 +329,14 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
     gain = None
     if honest_reward:
         gain = round((shop or 0.0) / honest_reward, 3)
-    return {"attacks": attacks, "shopping_reward_gain": gain, "rss_mb_max": round(rss, 1)}
+    cheater = runs.get("changed_model")
+    cheated = None
+    if cheater is not None:
+        trained = {rid for s in cheater["signers"] for rid in t_rep["trained"].get(s, [])}
+        cheated = sum(rid in trained for rid in cheater.get("changed_ids", []))
+    return {"attacks": attacks, "shopping_reward_gain": gain, "rss_mb_max": round(rss, 1),
+            "honest_trained_fraction": _trained_fraction(baseline, t_rep, workers),
+            "cheater_records_trained": cheated}
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:
@@ -304,6 +344,10 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     parser.add_argument("--window", type=float, default=2.5 if quick else 10.0)
     parser.add_argument("--rate", type=float, default=2.0)
     parser.add_argument("--settle", type=float, default=12.0 if quick else 20.0)
+    parser.add_argument("--hold", type=float, default=5.0 if quick else HOLD_S,
+                        help="the trainer's hold of a good producer's unaudited rollouts, s")
+    parser.add_argument("--close", type=float, default=5.0 if quick else CLOSE_AFTER_S,
+                        help="the validator's window close, s")
     parser.add_argument("--attacks", default="",
                         help="comma-separated case names (default: all, the connection cases last)")
     parser.add_argument("--churn", type=int, default=200 if quick else 1000)

@@ -235,7 +235,7 @@ def start(**kwargs: Any) -> None:
     type=click.Path(path_type=Path),
     help="Run manifest (default: the built-in tiny run).",
 )
-@click.option("--audit-fraction", default=1.0, show_default=True, help="Validator audit share.")
+@click.option("--audit-fraction", default=0.25, show_default=True, help="Validator audit share.")
 @click.option(
     "--batch-size", default=16, show_default=True, help="Inference and audit batch size."
 )

@@ -2,16 +2,17 @@
 
 A `ProducerClaim` (signed by a key that may judge; admission has checked that) names a
 producer and the rollout ids of one window of its records, the producer's task counters
-`[k * PRODUCER_WINDOW, (k + 1) * PRODUCER_WINDOW)`, whose median audit statistic the
-accuser found over the limit (`verify.producer`). Windows are fixed blocks so that an
+`[k * PRODUCER_WINDOW, (k + 1) * PRODUCER_WINDOW)`, whose window statistic (at least
+`WINDOW_OVER` records over the limit: `window_statistic`) the accuser found over the limit
+(`verify.producer`). Windows are fixed blocks so that an
 accuser cannot pick the noisiest of an honest worker's records. The evidence is the
 records: the producer signed each, and any peer pulls them by id. A peer that can audit
 re-runs the audit of every record of the window with its own model of each claimed
-version, takes the median of the statistic itself and compares it with its own copy of
+version, takes the window statistic itself and compares it with its own copy of
 the run's limit (the calibration the run manifest pins), never the numbers the claim
 carries:
 
-    the median is over the limit   -> the producer pays `PRODUCER_PENALTY`
+    the statistic is over the limit -> the producer pays `PRODUCER_PENALTY`
     it is not                      -> the accuser pays `FALSE_ACCUSATION`
     not one window of the producer (a size other than PRODUCER_WINDOW, a record of
     another signer, counters outside one block or repeated)
@@ -30,6 +31,7 @@ open, `max_open_per_accuser` per accusing key, a window of at most
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -56,9 +58,33 @@ class _Claim:
     values: dict[bytes, float] = field(default_factory=dict)
 
 
+# A window fails when at least this many of its records are over the limit ...
+WINDOW_OVER = 4
+# ... a record whose body never arrived counting as over any limit, but at most
+# WINDOW_OVER - 1 of them: bodies that never came (our own pull may have failed) never
+# fail a window alone, and can no longer hide a changed record either.
+MISSING = math.inf
+
+
+def window_statistic(values: Iterable[float], over: int = WINDOW_OVER) -> float:
+    """The rule's statistic: the `over`-th largest value of a window, over the limit
+    exactly when at least `over` records are (the validator's tally and the re-check of
+    a claim both apply it)."""
+    vals = sorted(values, reverse=True)
+    if not vals:
+        raise ValueError("window_statistic: no values")
+    return vals[min(over, len(vals)) - 1]
+
+
+def window_failed(values: Iterable[float], limit: float, missing: int = 0, over: int = WINDOW_OVER) -> bool:
+    """Whether a window of audited record statistics, and `missing` records whose bodies
+    never arrived, fails."""
+    return window_statistic([*values, *[MISSING] * min(missing, over - 1)], over) > limit
+
+
 def window_median(values: Iterable[float]) -> float:
-    """The rule's statistic: the median of a window's values (the validator's tally and
-    the re-check of a claim both apply it)."""
+    """The median of a window's values: not the rule (a minority of changed records
+    keeps it honest); `bench._window_statistic` compares the two."""
     vals = list(values)
     if not vals:
         raise ValueError("window_median: no values")
@@ -186,15 +212,15 @@ class ProducerCases:
 
     def _judge(self, cid: bytes, case: _Claim) -> list[Action]:
         self._drop(cid)
-        median = window_median(case.values.values())
-        convicted = median > self.limit
+        stat = window_statistic(case.values.values())
+        convicted = stat > self.limit
         self._remember(cid, convicted)
         if convicted:
             self.counts["convicted"] += 1
-            why = f"producer claim reproduced: median {median:.3g} over {self.limit:.3g}"
+            why = f"producer claim reproduced: window statistic {stat:.3g} over {self.limit:.3g}"
             return [Punish(case.producer, PRODUCER_PENALTY, why, "producer_window")]
         self.counts["acquitted"] += 1
-        why = f"false producer claim: our median {median:.3g} is within {self.limit:.3g}"
+        why = f"false producer claim: our window statistic {stat:.3g} is within {self.limit:.3g}"
         return [Punish(case.accuser, FALSE_ACCUSATION, why, "false_accusation")]
 
     def _remember(self, cid: bytes, convicted: bool) -> None:

@@ -196,10 +196,11 @@ MAX_CLAIM_RECORDS = 64
 
 @wire("producer_claim", schema=1, max_bytes=4 * KiB)
 class ProducerClaim(WireObject):
-    """A validator's signed claim that `producer`'s window of audited records has a median
+    """A validator's signed claim that `producer`'s window of audited records has a window
+    statistic (`protocol.producer_cases.window_statistic`, carried in `median`)
     `statistic` over `limit` (`verify.producer`). The evidence is the records themselves,
     which the producer signed and any peer pulls by id: a re-check audits every one of
-    them and takes the median itself, against its own copy of the run's limit."""
+    them and takes the window statistic itself, against its own copy of the run's limit."""
 
     producer: bytes = spec(PeerId())
     rollout_ids: tuple[bytes, ...] = spec(ListOf(DIGEST, MAX_CLAIM_RECORDS, min_len=1))

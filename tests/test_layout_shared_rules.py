@@ -21,6 +21,7 @@ NOT_SIMULATED = {
     "protocol.fraud": "the simulator runs no model: no audits, so no fraud evidence",
     "protocol.run_manifest": "simulated peers share one run from the start: no releases to find, check or adopt",
     "protocol.producer_cases": "the simulator runs no model: no per-producer audit windows",
+    "protocol.standing": "the simulator runs no model: no audits, so no standing earned or lost by them",
     "protocol.verified": "the simulator has no trainer loop that waits for verdicts",
     "protocol.weights_plan": "versions are adopted as one download (swarm_sim.broadcast runs the shard rules)",
     "protocol.forwarding": "simulated headers travel one per message: no HeaderBatch, and a Forward action is what is forwarded",

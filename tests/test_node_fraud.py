@@ -26,8 +26,9 @@ from protocol.codec import decode
 from protocol.content_id import content_id
 from protocol.envelope import seal
 from protocol.identity import Identity
-from protocol.producer_cases import PRODUCER_PENALTY
+from protocol.producer_cases import PRODUCER_PENALTY, WINDOW_OVER
 from protocol.rollout import open_header
+from protocol.standing import StandingBook
 from protocol.wire import Metric, ProducerClaim, RolloutRecord, Verdict
 from tests.support.polling import until
 from verify.auditor import AuditSettings
@@ -66,11 +67,14 @@ def _manifest(run_id: str, *validators: Identity):  # type: ignore[no-untyped-de
 
 @contextlib.asynccontextmanager
 async def _validator(tmp_path: Path, monkeypatch, manifest, me: Identity, audit, fraction: float,
-                     window_fraction: float = 0.0):  # type: ignore[no-untyped-def]
+                     window_fraction: float = 0.0, probation: bool = False):  # type: ignore[no-untyped-def]
     """A real peer running the validator role, its audit replaced by `audit`; yields the
     peer and the role's context (whose `status` the role updates). `window_fraction`: the
-    share of producers' windows audited whole (0 here unless a test says)."""
+    share of producers' windows audited whole (0 here unless a test says). Fresh keys
+    start in good standing unless `probation` (then their records are all sampled)."""
     monkeypatch.setattr(validator_role, "load", lambda ctx, m: (object(), None, AuditSettings(), frozenset()))
+    if not probation:
+        monkeypatch.setattr(validator_role, "StandingBook", lambda: StandingBook(probation_passes=0))
     monkeypatch.setattr("verify.auditor.audit_many", audit)
     cfg = PeerConfig(manifest=manifest, identity=me, data_dir=tmp_path / "v",
                      roles=("validator",), pull_bodies=False)  # fmt: skip
@@ -132,13 +136,13 @@ async def test_failed_verdicts_are_rechecked_before_anyone_pays(
         assert ctx.status["fraud"]["acquitted"] == 2
 
 
-async def test_a_producer_whose_window_median_is_over_the_limit_pays(
+async def test_a_producer_whose_window_statistic_is_over_the_limit_pays(
     tmp_path: Path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
-    """Every record of a slightly-off worker passes alone; the median of its
-    window of WINDOW audited records is over the calibrated limit, so it pays, once per
-    window. An honest worker whose records spike one by one (below half the window) does
-    not."""
+    """Every record of a slightly-off worker passes alone; its window of WINDOW audited
+    records has WINDOW_OVER or more over the calibrated limit, so it pays, once per
+    window. An honest worker whose records spike one by one (fewer than WINDOW_OVER a
+    window) does not."""
     me, honest, drifty = Identity.generate(), Identity.generate(), Identity.generate()
     manifest = _manifest("producer", me)
     limit = AuditSettings().thresholds.producer_logprob_err_median
@@ -148,8 +152,8 @@ async def test_a_producer_whose_window_median_is_over_the_limit_pays(
         out = []
         for ro in rollouts:
             if ro.envelope.signer == honest.peer_id:
-                counter[honest.peer_id] += 1  # every third record of the honest one spikes
-                value = 3 * limit if counter[honest.peer_id] % 3 == 0 else limit / 10
+                counter[honest.peer_id] += 1  # a few records of the honest one spike
+                value = 3 * limit if counter[honest.peer_id] % (WINDOW // (WINDOW_OVER - 1)) == 0 else limit / 10
             else:
                 value = 2 * limit  # each record passes (the per-record limit is higher)
             out.append(Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer, passed=True,
@@ -171,7 +175,7 @@ async def test_a_producer_whose_window_median_is_over_the_limit_pays(
         assert scores.score(honest.peer_id_b58, time.time()) >= 0
         last = ctx.status["producer_findings_last"]
         assert [f["producer"] for f in last] == [drifty.peer_id.hex()[-12:]] * 2
-        assert all(f["records"] == WINDOW and f["median"] > f["limit"] for f in last)
+        assert all(f["records"] == WINDOW and f["statistic"] > f["limit"] for f in last)
 
 
 async def test_windows_are_audited_whole_when_single_records_are_sampled_rarely(
@@ -180,9 +184,10 @@ async def test_windows_are_audited_whole_when_single_records_are_sampled_rarely(
     """With records sampled one by one (`audit_fraction`, 0.25 by default) a window of
     WINDOW records would be all audited with probability 0.25**16, so the per-producer
     rule would never judge one. A window whose own ticket is sampled
-    (`producer_window_fraction`) is audited whole: here no record is sampled alone and
-    every window whole, so the slightly-off worker pays and no verdict is published (no
-    record's ticket samples it)."""
+    (`producer_window_fraction`) is audited whole: here no record of a producer in good
+    standing is sampled alone and every window whole. A fresh key is on probation: its
+    first two windows are all sampled (and published); once it has passed them, its
+    slightly-off window is audited whole, it pays and no verdict is published for it."""
     me, drifty = Identity.generate(), Identity.generate()
     manifest = _manifest("windows", me)
     limit = AuditSettings().thresholds.producer_logprob_err_median
@@ -190,19 +195,25 @@ async def test_windows_are_audited_whole_when_single_records_are_sampled_rarely(
     def audit(rollouts, model, **_kw):  # type: ignore[no-untyped-def]
         return [Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer, passed=True,
                         reason="ok", reward_rescored=0.0,
-                        metrics=(Metric(name="logprob_err_mean", value=2 * limit),))
+                        metrics=(Metric(name="logprob_err_mean",
+                                        value=2 * limit if ro.header.counter >= 2 * WINDOW else limit / 10),))
                 for ro in rollouts]  # fmt: skip
 
     published: list[object] = []
-    async with _validator(tmp_path, monkeypatch, manifest, me, audit, 0.0, window_fraction=1.0) as (peer, ctx):
+    async with _validator(tmp_path, monkeypatch, manifest, me, audit, 0.0, window_fraction=1.0,
+                          probation=True) as (peer, ctx):
         monkeypatch.setattr(peer, "publish_verdict", lambda v: published.append(v) or trio.sleep(0))
         sender = Identity.generate().peer_id_b58
-        for i in range(WINDOW):
+        for i in range(2 * WINDOW):  # its probation: every record sampled
+            assert (await peer.admit(sender, Kind.ROLLOUT_RECORD, _record(drifty, manifest, i, cheat=False))).accepted
+        await until("the probation's windows judged", lambda: ctx.status.get("producer_windows") == 2)
+        assert ctx.status["sampled"] == 2 * WINDOW and len(published) == 2 * WINDOW
+        for i in range(2 * WINDOW, 3 * WINDOW):
             assert (await peer.admit(sender, Kind.ROLLOUT_RECORD, _record(drifty, manifest, i, cheat=False))).accepted
         await until("the window judged", lambda: ctx.status.get("producer_findings") == 1)
-        assert ctx.status["producer_windows"] == 1
-        assert ctx.status["window_audited"] == WINDOW and ctx.status["sampled"] == 0
-        assert published == []
+        assert ctx.status["producer_windows"] == 3
+        assert ctx.status["window_audited"] == WINDOW and ctx.status["sampled"] == 2 * WINDOW
+        assert len(published) == 2 * WINDOW
         assert peer.admission.scores.score(drifty.peer_id_b58, time.time()) <= PRODUCER_PENALTY + 5
 
 

@@ -14,6 +14,7 @@ from node.run_file import manifest_from_table
 from protocol.authority import Authority
 from protocol.identity import Identity
 from protocol.rollout import open_record, read_records
+from protocol.standing import StandingBook
 from protocol.verified import VerifiedRule, Vote
 from trainer import tiny_policy as tp
 from trainer.engine_hf import HFEngine
@@ -52,13 +53,13 @@ def test_stale_means_refused_for_staleness_and_the_shares_add_up(tok, tmp_path):
         t.producer, t.body, t.version = ro.envelope.signer, True, ro.envelope.policy_version
         if ro not in unverified:
             t.votes.append(Vote(validator.peer_id, ro.envelope.signer, True))
-        waiting[ro.rollout_id] = ro
+        waiting[ro.rollout_id] = (ro, now)
 
     trainer = Trainer.from_manifest(model, tok, manifest)
     trainer.version = version
     rescorer = Rescorer(manifest, tok)
     fates = Fates()
-    ready = _pick(collector, waiting, version, s, now, fates)
+    ready, _unaudited = _pick(collector, StandingBook(), waiting, version, s, now, fates)
     assert sorted(r.rollout_id for r in ready) == sorted(r.rollout_id for r in full + partial)
     assert _train(trainer, rescorer, ready, 1, now) == 1
     refusals = [trainer.add(rescorer.sample(ro), now) for ro in stale_queued]

@@ -1,7 +1,7 @@
 """Producer claims (protocol.producer_cases): re-checked by our own audits of the window."""
 
 from protocol.fraud import FALSE_ACCUSATION, Audit, NeedRecord, Punish
-from protocol.producer_cases import PRODUCER_PENALTY, PRODUCER_WINDOW, ProducerCases
+from protocol.producer_cases import PRODUCER_PENALTY, PRODUCER_WINDOW, WINDOW_OVER, ProducerCases
 
 LIMIT = 1e-6
 W = PRODUCER_WINDOW
@@ -29,7 +29,7 @@ def test_a_reproduced_claim_costs_the_producer_and_a_false_one_the_accuser() -> 
     done = hold_and_audit(cases, [3e-6] * (W // 2 + 1) + [1e-8] * (W // 2 - 1))
     assert [(a.peer, a.penalty) for a in done] == [(P, PRODUCER_PENALTY)]
     cases.claimed(P, ids(1), ACC, now=0.0)
-    done = hold_and_audit(cases, [3e-6] * (W // 2 - 1) + [1e-8] * (W // 2 + 1), block=1)
+    done = hold_and_audit(cases, [3e-6] * (WINDOW_OVER - 1) + [1e-8] * (W - WINDOW_OVER + 1), block=1)
     assert [(a.peer, a.penalty) for a in done] == [(ACC, FALSE_ACCUSATION)]
     assert cases.counts["convicted"] == cases.counts["acquitted"] == 1
     # judged once: the same false claim again costs at once, a reproduced one nothing

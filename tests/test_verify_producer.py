@@ -1,10 +1,11 @@
-"""Per-producer evidence (verify.producer): the median rule over a worker's window."""
+"""Per-producer evidence (verify.producer): the count of records over the limit in a worker's window."""
 
 import random
 
 import pytest
 
-from verify.producer import ProducerTally, window_median
+from protocol.producer_cases import WINDOW_OVER, window_statistic
+from verify.producer import ProducerTally
 
 LIMIT = 1e-6
 
@@ -21,19 +22,19 @@ def feed(tally: ProducerTally, producer: bytes, values: list[float], counter0: i
 
 def test_an_honest_window_with_a_few_spikes_is_no_finding() -> None:
     tally = ProducerTally(LIMIT, window=16)
-    # 7 of 16 records above the limit: single records may be noisy, the median is not
-    values = [5e-6] * 7 + [3e-7] * 9
+    # fewer than WINDOW_OVER of 16 records above the limit: a rare honest outlier is no finding
+    values = [5e-6] * (WINDOW_OVER - 1) + [3e-7] * (17 - WINDOW_OVER)
     assert feed(tally, b"honest", values * 4) == []
 
 
-def test_a_window_whose_median_is_over_the_limit_is_a_finding_naming_its_records() -> None:
+def test_a_window_with_enough_records_over_the_limit_is_a_finding_naming_its_records() -> None:
     tally = ProducerTally(LIMIT, window=16)
-    values = [2e-6] * 8 + [1e-7] * 8  # half above: the median is their mean, 1.05e-6
+    values = [2e-6] * WINDOW_OVER + [1e-7] * (16 - WINDOW_OVER)  # a minority above
     found = feed(tally, b"stale", values)
     assert len(found) == 1
     f = found[0]
     assert f.producer == b"stale" and f.limit == LIMIT
-    assert f.median == pytest.approx(window_median(values))
+    assert f.statistic == pytest.approx(window_statistic(values)) == 2e-6
     assert f.rollout_ids == tuple(b"stale" + i.to_bytes(4, "big") for i in range(16))
     # the next window is the next block of counters
     assert tally.held(b"stale", 16) == 0
@@ -83,7 +84,7 @@ def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError):
         ProducerTally(LIMIT, window=0)
     with pytest.raises(ValueError):
-        window_median([])
+        window_statistic([])
 
 
 def test_calibration_sets_the_producer_limit_at_the_largest_honest_record() -> None:

@@ -1,61 +1,85 @@
-"""Per-producer evidence: a worker judged by the median error of its audited records.
+"""Per-producer evidence: a worker judged by how many of a window's records are off.
 
 A record's audit measures how far the verifier's recomputation is from what the worker
 recorded (`verify.auditor`). Honest noise (kernels, batch shapes, KV cache against
 prefill) spreads that error over records, so a per-record limit has to sit above the
 honest tail, and a small systematic change can hide under it in part of a worker's
 records: weights one training step old, or a 1% rank-1 change to one matrix (`bench verify`'s
-`stale_version` and `sensitivity`). Such a change is in every record of that worker,
-though, while honest noise is not: the median over a window of a worker's records
-exceeds the largest error any single honest record showed in calibration only when at
-least half of the window does.
+`stale_version` and `sensitivity`). Such a change shows in the records it made, though,
+while honest noise does not: the producer limit is the largest error any single honest
+record showed in calibration, and a window fails when `WINDOW_OVER` of its records are
+over it (`protocol.producer_cases.window_failed`), so a worker that changes only a
+minority of each window is caught as well (the median would stay honest).
 
-Measured on the built-in policy (64 records a case, two seeds, fp32 worker and audit, the
-statistic `logprob_err_mean`): honest records over four variations reach 8.8e-7 one by
-one, their windows' medians at most 2.6e-7; a rank-1 change of 0.3% to a middle-layer
-MLP matrix, of which a third to two thirds of the records fail alone, gives windows with
-medians of at least 4.7e-6, and weights one training step old at least 4.4e-5. In bf16
-the rule finds nothing at 10%: honest windows reach medians of 2.6e-3 against 0.3-2.7e-3
-for the changed workers, whose own rounding is as large as the change.
+Measured on the built-in policy (fp32 worker and audit, the statistic `logprob_err_mean`):
+honest records over four variations reach 8.8e-7 one by one; of the records of a rank-1
+change of 0.3% to a middle-layer MLP matrix, a third to two thirds fail alone and most are
+over the producer limit; weights one training step old give at least 4.4e-5. Windows
+with a quarter of such changed records: docs/BENCHMARKS.md (`bench._window_statistic`).
+In bf16 the rule finds nothing at 10%: a worker's own rounding is as large as the change.
 
 What lives here, pure (no model, no IO): `ProducerTally` collects, per producer, the
 statistic of its audited records (passed or failed: a failed record is as much the
-producer's work) in windows, and returns a `ProducerFinding` when a full window's median
-is over the limit. The rule itself (`window_median`, the blocks) lives in
-`protocol.producer_cases`, which a peer re-checking a finding applies to its own audits
-of the same records. A window is an aligned block of the producer's task counters, `[k * WINDOW, (k + 1) * WINDOW)`, not any WINDOW records: a
-validator that could choose the records could pick the noisiest of an honest worker's
-many. `protocol.producer_cases` re-checks the node's signed claims of a finding.
+producer's work) in windows, and the headers of the windows it audits whole; it returns a
+`ProducerFinding` when a window fails, judged when full or `close_after_s` after it last
+heard anything (a header whose body never came counting as failed). The rule itself
+(`window_failed`, the blocks) lives in `protocol.producer_cases`, which a peer
+re-checking a finding applies to its own audits of the same records. A window is an
+aligned block of the producer's task counters, `[k * WINDOW, (k + 1) * WINDOW)`, not any
+WINDOW records: a validator that could choose the records could pick the noisiest of an
+honest worker's many. `protocol.producer_cases` re-checks the node's signed claims of a
+finding.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from protocol.producer_cases import PRODUCER_WINDOW, window_median
+from protocol.producer_cases import (
+    MISSING,
+    PRODUCER_WINDOW,
+    WINDOW_OVER,
+    window_failed,
+    window_statistic,
+)
 
 WINDOW = PRODUCER_WINDOW
 STAT = "logprob_err_mean"
+# A window that heard nothing (no header, body or audit of it) for this long is judged with
+# what it holds, each header whose body never arrived counting as a failed record (`MISSING`).
+CLOSE_AFTER_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
 class ProducerFinding:
-    """A full window of `producer`'s audited records whose median is over `limit`."""
+    """A window of `producer`'s records whose statistic is over `limit`, named in counter
+    order; `missing` of them are headers whose bodies never arrived (counted as failed)."""
 
     producer: bytes
     rollout_ids: tuple[bytes, ...]
-    median: float
+    statistic: float
     limit: float
+    missing: int = 0
+
+
+@dataclass
+class _Window:
+    last_at: float  # when it last heard of a header, body or audit
+    values: dict[int, tuple[bytes, float]] = field(default_factory=dict)  # counter -> audited
+    expected: dict[int, bytes] = field(default_factory=dict)  # counter -> header's rollout id
+    bodies: set[int] = field(default_factory=set)  # counters whose body is here
 
 
 class ProducerTally:
-    """Per (producer, window), the statistic of its audited records; at most
-    `max_windows` windows open (the least recently added to is forgotten first)."""
+    """Per (producer, window), the statistic of its audited records and the headers of
+    records expected in it; at most `max_windows` windows open (the least recently added
+    to is forgotten first)."""
 
     def __init__(
-        self, limit: float, *, window: int = WINDOW, stat: str = STAT, max_windows: int = 4096
+        self, limit: float, *, window: int = WINDOW, stat: str = STAT, max_windows: int = 4096,
+        close_after_s: float = CLOSE_AFTER_S,
     ) -> None:
         if window < 1 or max_windows < 1:
             raise ValueError("ProducerTally: window and max_windows must be >= 1")
@@ -65,35 +89,87 @@ class ProducerTally:
         self.window = window
         self.stat = stat
         self.max_windows = max_windows
-        self.judged = 0  # full windows whose median was taken
-        self._open: OrderedDict[tuple[bytes, int], dict[int, tuple[bytes, float]]] = OrderedDict()
+        self.close_after_s = close_after_s
+        self.judged = 0  # windows whose statistic was taken
+        self._cleared: list[tuple[bytes, int]] = []  # (producer, window index) judged clean
+        self._open: OrderedDict[tuple[bytes, int], _Window] = OrderedDict()
 
-    def add(
-        self, producer: bytes, counter: int, rollout_id: bytes, metrics: Mapping[str, float]
-    ) -> ProducerFinding | None:
-        """One audited record's metrics (its producer's task `counter` places it in a
-        window). A record without the statistic (an audit that stopped at a cheap check,
-        before the model) is not counted; its window never fills."""
-        value = metrics.get(self.stat)
-        if value is None:
-            return None
+    def _get(self, producer: bytes, counter: int, now: float) -> _Window:
         key = (producer, counter // self.window)
         held = self._open.pop(key, None)
         if held is None:
-            held = {}
+            held = _Window(now)
             while len(self._open) >= self.max_windows:
                 self._open.popitem(last=False)
-        held[counter] = (rollout_id, float(value))
-        if len(held) < self.window:
-            self._open[key] = held
+        held.last_at = max(held.last_at, now)
+        self._open[key] = held
+        return held
+
+    def expect(self, producer: bytes, counter: int, rollout_id: bytes, now: float) -> None:
+        """A header of a record whose window we audit: if its body never arrives
+        (`body_held`), the window is judged with it failed once `close_after_s` passed."""
+        held = self._get(producer, counter, now)
+        if counter not in held.values and counter not in held.bodies:
+            held.expected.setdefault(counter, rollout_id)
+
+    def body_held(self, producer: bytes, counter: int, now: float) -> None:
+        """The body of a record is here (audited or about to be): never missing."""
+        held = self._get(producer, counter, now)
+        held.bodies.add(counter)
+        held.expected.pop(counter, None)
+
+    def add(
+        self, producer: bytes, counter: int, rollout_id: bytes, metrics: Mapping[str, float],
+        now: float = 0.0,
+    ) -> ProducerFinding | None:
+        """One audited record's metrics (its producer's task `counter` places it in a
+        window). A record without the statistic (an audit that stopped at a cheap check,
+        before the model) is not counted; its window is judged when it closes."""
+        value = metrics.get(self.stat)
+        if value is None:
             return None
+        held = self._get(producer, counter, now)
+        held.values[counter] = (rollout_id, float(value))
+        held.expected.pop(counter, None)
+        if len(held.values) < self.window:
+            return None
+        del self._open[(producer, counter // self.window)]
+        return self._judge(producer, counter // self.window, held)
+
+    def close(self, now: float) -> list[ProducerFinding]:
+        """Judge the windows that heard nothing for more than `close_after_s` with what
+        they hold: the audited records, and each expected record whose body never arrived
+        as failed."""
+        out = []
+        for key, held in list(self._open.items()):
+            if now - held.last_at <= self.close_after_s:
+                continue
+            del self._open[key]
+            if held.values:
+                found = self._judge(key[0], key[1], held)
+                if found is not None:
+                    out.append(found)
+        return out
+
+    def take_cleared(self) -> list[tuple[bytes, int]]:
+        """The (producer, window index) judged and found clean since the last call."""
+        out, self._cleared = self._cleared, []
+        return out
+
+    def _judge(self, producer: bytes, index: int, held: _Window) -> ProducerFinding | None:
         self.judged += 1
-        median = window_median([v for _, v in held.values()])
-        if median <= self.limit:
+        missing = {c: rid for c, rid in held.expected.items() if c not in held.values}
+        values = [v for _, v in held.values.values()]
+        if not window_failed(values, self.limit, len(missing)):
+            self._cleared.append((producer, index))
+            del self._cleared[: -self.max_windows]
             return None
-        ids = tuple(held[c][0] for c in sorted(held))
-        return ProducerFinding(producer, ids, median, self.limit)
+        ids = tuple({**missing, **{c: rid for c, (rid, _v) in held.values.items()}}[c]
+                    for c in sorted({*missing, *held.values}))  # fmt: skip
+        stat = window_statistic(values + [MISSING] * min(len(missing), WINDOW_OVER - 1))
+        return ProducerFinding(producer, ids, stat, self.limit, len(missing))
 
     def held(self, producer: bytes, counter: int) -> int:
-        """How many records the window of `producer`'s `counter` holds so far."""
-        return len(self._open.get((producer, counter // self.window), {}))
+        """How many audited records the window of `producer`'s `counter` holds so far."""
+        held = self._open.get((producer, counter // self.window))
+        return 0 if held is None else len(held.values)

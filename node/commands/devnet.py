@@ -5,8 +5,10 @@ validator, on the built-in tiny policy and task mix (built on first use, cached)
 trainer trains and publishes policy versions. Each node is a separate `swarm-node start` process with its own key
 and data directory under the report directory; they find each other through the trainer
 and peer exchange. Workers generate 16 rollouts a batch (4 groups; at 4 a batch
-they made a third as many on 2 cores) and the validator audits all of them, newest policy
-version first (a group trains only when its members are verified). The terminal shows live progress (rich); after `--duration` seconds, or
+they made a third as many on 2 cores) and the validator audits the node's default share
+of them (`--audit-fraction`, 0.25; every record of a worker on probation), newest policy
+version first; the trainer trains verified rollouts and, from workers in good standing,
+unaudited ones after a hold (`protocol.standing`). The terminal shows live progress (rich); after `--duration` seconds, or
 on Ctrl-C or SIGTERM (once or twice), every process gets SIGTERM (then SIGKILL after a
 grace period, at once on a second signal), the report of what ran is written and the exit
 status is 128 + the signal's number; a node whose devnet dies anyway gets SIGTERM from the
@@ -328,7 +330,7 @@ def main(
     duration: float = DEFAULT_DURATION_S,
     out: Path | str | None = None,
     run: Path | str | None = None,
-    audit_fraction: float = 1.0,
+    audit_fraction: float = 0.25,
     batch_size: int = 16,
     live: bool = True,
     publish_every: float = 0.0,

@@ -1,10 +1,16 @@
-"""The trainer role: train on verified rollouts and publish policy versions.
+"""The trainer role: train on checked rollouts and publish policy versions.
 
 Which rollouts count is the run's rule, not this module's: `protocol.verified.judge` (only
 verdicts of keys that may judge, never the producer's own, naming the right producer, with
 the manifest's quorum) and `protocol.accounting.WorkLedger` (dense counters: a producer
 that withholds counters past its allowance is refused and scored down, and withheld work
-counts as reward 0). A verified rollout is then re-scored from its task
+counts as reward 0). Which of them train is `protocol.standing.StandingBook`'s rule, kept
+from the verdicts heard: a rollout with a pass verdict of its own; or, from a producer in
+good standing (its probation's audits passed, none failed), an unaudited one that waited
+`standing.HOLD_S` for an audit to land. A failed verdict or a producer claim of a key that
+may judge bans the producer here: its waiting rollouts are dropped and nothing of it trains
+again (`trained_verified`, `trained_unaudited`, `producers_banned`, `producers_probation`
+in status). A rollout picked is then re-scored from its task
 (`trainer.samples.Rescorer`: a claimed reward that differs is never trained on), queued in
 `trainer.train_loop.Trainer` (staleness bound S from the manifest) and trained on in
 groups; every `rl.publish_every` groups the trainer checkpoints and publishes the next
@@ -42,6 +48,7 @@ from protocol import penalties
 from protocol.accounting import WITHHELD_PENALTY, GapCharges, WorkLedger
 from protocol.admission import Admitted, Kind
 from protocol.authority import Authority
+from protocol.standing import Banned, Decision, StandingBook, State
 from protocol.verified import Status, VerifiedRule, Vote, judge
 
 PULLS_BODIES = True
@@ -190,26 +197,48 @@ def _heldout(model: Any, tokenizer: Any, manifest: Any, threads: int | None) -> 
     return round(sum(solved) / len(solved), 4)
 
 
+def judged(standing: StandingBook, authority: Authority, item: Admitted) -> list[Banned]:
+    """A verdict or a producer claim moves its producer's standing when its signer may
+    judge and is not the producer itself: a pass counts towards the probation, a failure
+    or a claim bans."""
+    signer, producer = item.envelope.signer, item.obj.producer
+    if signer == producer or not authority.may_judge(signer):
+        return []
+    if item.kind is Kind.VERDICT:
+        return standing.audited(producer, item.obj.passed, item.obj.reason)
+    return standing.ban(producer, "producer window over the limit")
+
+
+_VERDICT = {Status.VERIFIED: True, Status.REJECTED: False, Status.PENDING: None}
+
+
 def _pick(
-    collector: Collector, waiting: OrderedDict[bytes, Any], version: int, s: int, now: float,
-    fates: Fates,
-) -> list[Any]:
-    """Take the verified rollouts out of `waiting`; drop rejected and stale ones."""
-    ready = []
+    collector: Collector, standing: StandingBook, waiting: OrderedDict[bytes, tuple[Any, float]],
+    version: int, s: int, now: float, fates: Fates,
+) -> tuple[list[Any], int]:
+    """Take the rollouts that train now out of `waiting` (`StandingBook.decide` on each
+    one's verdict, producer and arrival); drop rejected, banned and stale ones. Returns
+    them and how many of them had no verdict of their own."""
+    ready, unaudited = [], 0
     for rid in list(waiting):
+        ro, arrived_at = waiting[rid]
         t = collector.tracks.get(rid)
-        if t is None or version - waiting[rid].envelope.policy_version > s:
+        if t is None or version - ro.envelope.policy_version > s:
             if t is not None:  # refused for staleness (an untracked one is no such refusal)
                 fates.stale_waiting += 1
             del waiting[rid]
             continue
-        st = collector.status(t)
-        allowed = collector.ledger.allowed(t.producer, now)
-        if st is Status.VERIFIED and allowed:
-            ready.append(waiting.pop(rid))
-        elif st is Status.REJECTED or not allowed:
+        if not collector.ledger.allowed(t.producer, now):
             del waiting[rid]
-    return ready
+            continue
+        verdict = _VERDICT[collector.status(t)]
+        decision = standing.decide(t.producer, verdict, arrived_at, now)
+        if decision is Decision.TRAIN:
+            ready.append(waiting.pop(rid)[0])
+            unaudited += verdict is None
+        elif decision is Decision.DROP:
+            del waiting[rid]
+    return ready, unaudited
 
 
 class TrainerRole:
@@ -223,7 +252,9 @@ class TrainerRole:
         self.collector = Collector(
             peer.admission.authority, VerifiedRule(quorum=self.manifest.verdict_quorum)
         )
-        self.waiting: OrderedDict[bytes, Any] = OrderedDict()
+        self.waiting: OrderedDict[bytes, tuple[Any, float]] = OrderedDict()  # rid -> (record, arrived)
+        self.standing = StandingBook()
+        self.trained = {"trained_verified": 0, "trained_unaudited": 0}
         self.fates = Fates()  # what became of the rollouts heard of (status: `fates`)
         self.model: Any = None
         self.tokenizer: Any = None
@@ -240,10 +271,18 @@ class TrainerRole:
         for bad in self.collector.on_deliver(item):
             self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name)
         if item.kind is Kind.ROLLOUT_RECORD:
-            self.waiting[item.content_id] = item.obj
+            self.waiting[item.content_id] = (item.obj, time.time())
             if len(self.waiting) > MAX_WAITING:
                 self.waiting.popitem(last=False)
                 self.fates.unverified_dropped += 1
+        elif item.kind in (Kind.VERDICT, Kind.PRODUCER_CLAIM):
+            self.on_judgement(item)
+
+    def on_judgement(self, item: Admitted) -> None:
+        """A verdict or a producer claim (`judged`); a ban drops the producer's waiting rollouts."""
+        for ban in judged(self.standing, self.peer.admission.authority, item):
+            for rid in [r for r, (ro, _t) in self.waiting.items() if ro.envelope.signer == ban.producer]:
+                del self.waiting[rid]
 
     def on_late(self, item: Admitted) -> None:
         self.fates.on_late(item.content_id)
@@ -305,11 +344,13 @@ class TrainerRole:
                 await trio.sleep(STEP_POLL_S)
 
     async def train(self) -> int:
-        """Train on the verified rollouts waiting; returns the steps taken."""
-        ready = _pick(
-            self.collector, self.waiting, self.trainer.version, self.manifest.max_staleness,
-            time.time(), self.fates,
+        """Train on the rollouts waiting that may train now; returns the steps taken."""
+        ready, unaudited = _pick(
+            self.collector, self.standing, self.waiting, self.trainer.version,
+            self.manifest.max_staleness, time.time(), self.fates,
         )  # fmt: skip
+        self.trained["trained_unaudited"] += unaudited
+        self.trained["trained_verified"] += len(ready) - unaudited
         return await trio.to_thread.run_sync(
             _train, self.trainer, self.rescorer, ready, self.ctx.threads, time.monotonic()
         )
@@ -338,9 +379,12 @@ class TrainerRole:
         summary = self.collector.summarize(
             trainer.version, self.manifest.max_staleness, time.time()
         )
+        states = [self.standing.state(p) for p in {ro.envelope.signer for ro, _t in self.waiting.values()}]
         ctx.status.update(
-            summary, **trainer.status(), published=self.published, waiting=len(self.waiting)
-        )
+            summary, **trainer.status(), **self.trained, published=self.published,
+            waiting=len(self.waiting), producers_banned=self.standing.count(State.BANNED),
+            producers_probation=sum(s is State.PROBATION for s in states),
+        )  # fmt: skip
         ctx.status["publish_error"] = self.publish_error
         ctx.status["fates"] = self.fates.counts(trainer, self.waiting)
         ctx.status["updated_at"] = time.time()

@@ -21,12 +21,23 @@ Per producer (`verify.producer`): every audited record's `logprob_err_mean` join
 producer's window (an aligned block of its task counters). Records sampled one by one
 almost never fill a window, so a window whose own ticket is sampled
 (`producer_window_fraction`, `protocol.audit_sample.window_ticket`) is audited whole; its
-records that no record ticket sampled publish no verdict (`window_audited`). A full
-window (`producer_windows` counts them) whose median is over the calibrated limit costs the producer `PRODUCER_PENALTY` here and is gossiped as a
+records that no record ticket sampled publish no verdict (`window_audited`). A window
+is judged when it is full or `verify.producer.CLOSE_AFTER_S` after it opened, each header
+of an audited window whose body never came counting as a failed record (`producer_windows`
+counts them); one with at least `WINDOW_OVER` records over the calibrated limit costs the
+producer `PRODUCER_PENALTY` here and, when it names a whole window, is gossiped as a
 signed `ProducerClaim`. Another validator's claim is re-checked like a failed verdict
 (`protocol.producer_cases`): we take every record of the window, audit each ourselves,
-and the producer or the accuser pays by our median (`producer_findings`,
+and the producer or the accuser pays by our own statistic (`producer_findings`,
 `producer_findings_last`, `producer_claims` in status).
+
+Standing (`protocol.standing.StandingBook`, from our own audits): a producer on probation
+(a fresh key, or one that failed) has every record audited and its windows judged whole;
+one in good standing is sampled at `audit_fraction`. The pass verdicts of a producer on
+probation are held (`protocol.standing.HeldPasses`) until the record's window is judged
+clean, and dropped if it is not; we publish no pass verdict for a producer we banned
+(`withheld_passes`): a record that passes alone says nothing of a producer whose window
+failed, and a trainer would train on it.
 
 Shape: `ValidatorRole` holds all of the above; `run` loads the model in a worker thread,
 hands the peer's admitted items to `ValidatorRole.on_deliver` and runs its
@@ -53,6 +64,7 @@ from protocol.fraud import Audit, FraudCases, NeedRecord, Punish
 from protocol.identity import Identity
 from protocol.producer_cases import PRODUCER_PENALTY, ProducerCases
 from protocol.rollout import open_record
+from protocol.standing import HeldPasses, StandingBook, State
 from protocol.wire import ProducerClaim, RolloutRecord
 from verify.producer import ProducerTally
 
@@ -60,6 +72,7 @@ PULLS_BODIES = True
 NEEDS_MODEL = True
 FAILED_AUDIT_PENALTY = penalties.FAILED_AUDIT.cost
 QUEUE = 1024
+CLOSE_EVERY_S = 10.0  # how often windows past their time are judged
 
 # Queued for a window audit only (`protocol.audit_sample.window_ticket`): the record's own
 # ticket did not sample it, so its verdict counts here and is not published.
@@ -109,6 +122,9 @@ class ValidatorRole:
         self.producers = ProducerTally(th.producer_logprob_err_median)
         self.claims = ProducerCases(th.producer_logprob_err_median)
         self.findings: list[dict[str, Any]] = []
+        self.standing = StandingBook()
+        self.held_passes = HeldPasses()
+        self.last_close = time.time()
         self.held = HeldVersions(model)
         self.nursery: trio.Nursery | None = None  # set by `run`: record lookups start in it
 
@@ -169,6 +185,7 @@ class ValidatorRole:
             Kind.VERDICT: self.on_verdict,
             Kind.PRODUCER_CLAIM: self.on_claim,
             Kind.ROLLOUT_RECORD: self.on_record,
+            Kind.ROLLOUT_HEADER: self.on_header,
         }.get(item.kind)
         if handler is not None:
             handler(item)
@@ -191,23 +208,54 @@ class ValidatorRole:
         self.claims.tick(now)
         self.carry_out(self.claims.claimed(c.producer, c.rollout_ids, item.envelope.signer, now))
 
+    def window_audited(self, producer: bytes, counter: int) -> bool:
+        """Whether `producer`'s window of `counter` is audited whole: its window ticket
+        is sampled, or the producer is not in good standing with us."""
+        if self.standing.state(producer) is not State.GOOD:
+            return True
+        window = counter // self.producers.window
+        ticket = window_ticket(self.peer.identity, self.peer.run_id, producer, window)
+        return sampled(ticket, self.ctx.producer_window_fraction)
+
+    def on_header(self, item: Admitted) -> None:
+        """A header: if its window is audited whole, its body is expected (a body that
+        never comes counts as a failed record of the window)."""
+        now = time.time()
+        if self.window_audited(item.envelope.signer, item.obj.counter):
+            self.producers.expect(item.envelope.signer, item.obj.counter, item.content_id, now)
+        if now - self.last_close >= CLOSE_EVERY_S and self.nursery is not None:
+            self.last_close = now
+            self.nursery.start_soon(self.close_windows, now)
+
+    async def close_windows(self, now: float) -> None:
+        authorized = self.peer.admission.authority.may_judge(self.peer.identity.peer_id)
+        for found in self.producers.close(now):
+            await self.on_finding(found, authorized)
+        await self.publish_cleared()
+
+    async def publish_cleared(self) -> None:
+        """Publish the held pass verdicts of the windows judged clean."""
+        for producer, window in self.producers.take_cleared():
+            for verdict in self.held_passes.cleared(producer, window):
+                self.standing.audited(producer, True)
+                await self.peer.publish_verdict(verdict)
+
     def on_record(self, item: Admitted) -> None:
-        """A rollout record: for an open case, sampled by its own ticket, or queued for the
-        audit of its producer's window."""
+        """A rollout record: for an open case, sampled by its own ticket (every record of
+        a producer on probation), or queued for the audit of its producer's window."""
         peer, ctx = self.peer, self.ctx
         if self.wanted(item.content_id):
             self.record_here(item.obj)
         self.counts["seen"] += 1
-        ticket = selected(peer.identity, peer.run_id, item.content_id, ctx.audit_fraction)
-        if ticket is not None:
-            self.enqueue(item.obj, ticket)
-            self.counts["sampled"] += 1
-            return
         ro = item.obj
-        window = ro.header.counter // self.producers.window
-        if sampled(window_ticket(peer.identity, peer.run_id, ro.envelope.signer, window),
-                   ctx.producer_window_fraction):  # fmt: skip
-            self.enqueue(ro, WINDOW_ONLY)
+        signer, counter = ro.envelope.signer, ro.header.counter
+        fraction = self.standing.audit_fraction(signer, ctx.audit_fraction)
+        ticket = selected(peer.identity, peer.run_id, item.content_id, fraction)
+        if ticket is None and not self.window_audited(signer, counter):
+            return
+        self.producers.body_held(signer, counter, time.time())
+        self.enqueue(ro, WINDOW_ONLY if ticket is None else ticket)
+        self.counts["sampled"] += ticket is not None
 
     # -- auditing ------------------------------------------------------------------------
 
@@ -296,15 +344,28 @@ class ValidatorRole:
         self.carry_out(self.claims.audited(ro.rollout_id, metrics.get(self.producers.stat), now))
         if ticket is None:
             return  # a re-check: the case's outcome is all it decides
-        found = self.producers.add(ro.envelope.signer, ro.header.counter, ro.rollout_id, metrics)
-        if found is not None:
-            await self.on_finding(found, authorized)
+        signer = ro.envelope.signer
+        probation = self.standing.state(signer) is State.PROBATION
+        if not (verdict.passed and probation):  # a held pass counts once its window is clean
+            self.standing.audited(signer, verdict.passed, verdict.reason)
+        now_verdict = None
         if ticket == WINDOW_ONLY:
             self.counts["window_audited"] += 1  # no ticket samples it: nothing to publish
-        elif authorized:
-            await self.peer.publish_verdict(dataclasses.replace(verdict, sample_ticket=ticket))
-        else:
+        elif not authorized:
             self.counts["unauthorized"] += 1
+        elif verdict.passed and probation:  # published (and counted) once its window is clean
+            window = ro.header.counter // self.producers.window
+            self.held_passes.hold(signer, window, dataclasses.replace(verdict, sample_ticket=ticket))
+        else:
+            now_verdict = dataclasses.replace(verdict, sample_ticket=ticket)
+        found = self.producers.add(signer, ro.header.counter, ro.rollout_id, metrics, now)
+        if found is not None:
+            await self.on_finding(found, authorized)
+        if now_verdict is not None and now_verdict.passed and self.standing.state(signer) is State.BANNED:
+            self.counts["withheld_passes"] = self.counts.get("withheld_passes", 0) + 1
+        elif now_verdict is not None:
+            await self.peer.publish_verdict(now_verdict)
+        await self.publish_cleared()
         if verdict.passed:
             self.counts["passed"] += 1
         else:
@@ -316,18 +377,23 @@ class ValidatorRole:
             )
 
     async def on_finding(self, found: Any, authorized: bool) -> None:
-        """A producer's full window over the limit: it pays here, and the claim is gossiped."""
+        """A producer's window over the limit: it pays here, loses its standing with us, and
+        the claim is gossiped when it names a whole window (a peer re-checking it that cannot
+        pull a withheld body drops the case, nobody pays; a trainer bans on it)."""
         self.counts["producer_findings"] += 1
+        self.standing.ban(found.producer, "producer window over the limit")
+        self.held_passes.failed(found.producer)
         self.peer.report(found.producer, PRODUCER_PENALTY,
-                         f"producer median {found.median:.3g} over {found.limit:.3g}",
+                         f"producer window statistic {found.statistic:.3g} over {found.limit:.3g}",
                          penalties.PRODUCER_WINDOW.name)  # fmt: skip
-        self.findings.append({"producer": found.producer.hex()[-12:], "median": found.median,
-                              "limit": found.limit, "records": len(found.rollout_ids)})  # fmt: skip
+        self.findings.append({"producer": found.producer.hex()[-12:], "statistic": found.statistic,
+                              "limit": found.limit, "records": len(found.rollout_ids),
+                              "missing": found.missing})  # fmt: skip
         del self.findings[:-8]
-        if authorized:
+        if authorized and len(found.rollout_ids) == self.producers.window:
             await self.peer.publish_producer_claim(ProducerClaim(
                 producer=found.producer, rollout_ids=found.rollout_ids,
-                statistic=self.producers.stat, median=found.median, limit=found.limit,
+                statistic=self.producers.stat, median=found.statistic, limit=found.limit,
             ))  # fmt: skip
 
     def publish_status(self, started: float, audited: int) -> None:
