@@ -36,6 +36,8 @@ _FIGURES_IN_REPORT = (
     "body_latency_p99_ms",
     "pulls_failed",
     "bans",
+    "bans_honest",
+    "bans_attackers",
     "honest_penalized",
     "stale_at_trainer",
     "used_at_trainer",

@@ -133,6 +133,8 @@ def test_a_flooder_is_scored_out_of_meshes():
             assert not (sw.routers[p].mesh & spammers)
     assert sw.m.bans >= len(spammers)
     assert sw.m.rejects["rate_limited"] > 0
+    fig = sw.summary()
+    assert fig["bans_honest"] == 0 and fig["bans_attackers"] == sw.m.bans
 
 
 def test_forged_messages_get_their_sender_banned_and_are_never_delivered():
@@ -142,6 +144,7 @@ def test_forged_messages_get_their_sender_banned_and_are_never_delivered():
     assert sw.m.bans > 0
     assert sw.m.honest_penalized == 0
     assert sw.summary()["delivery_ratio"] == 1.0
+    assert sw.m.bans_honest == 0
 
 
 def test_scenarios_parse_and_refuse_unknown_keys():

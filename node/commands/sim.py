@@ -1,7 +1,7 @@
 """`swarm-node sim SCENARIO|FILE --out DIR [--seed N]`: run the swarm simulator.
 
 Loads a built-in scenario or a TOML file (`swarm_sim.scenario`), runs it with progress and
-an ETA on stderr, and writes `results.json`, PNG plots and `report.md` into DIR
+an ETA on stderr (`--quiet`: a line at each quarter only), and writes `results.json`, PNG plots and `report.md` into DIR
 (`swarm_sim.report`). A bad scenario is one line on stderr and exit status 2.
 """
 
@@ -24,7 +24,8 @@ def main(scenario: str, out: Path, seed: int, quiet: bool = False) -> None:
     total = scn.workload.duration_s if scn.kind == "gossip" else 0.0
     if not quiet:
         print(f"sim: {scn.name} (seed {seed}) -> {out}", file=sys.stderr, flush=True)
-    progress = None if quiet or scn.kind != "gossip" else progress_printer(total)
+    # quiet: no banner and a progress line only at each quarter of the run
+    progress = None if scn.kind != "gossip" else progress_printer(total, every_fraction=0.25 if quiet else 0.0)
     results, info = run_scenario(scn, seed, progress)
     try:
         files = write_outputs(out, results, info)
