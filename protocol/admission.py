@@ -362,6 +362,12 @@ class AdmissionConfig:
     new_signer_burst: float = 16.0
     new_signer_rate_all: float = 2.0  # ... and all senders together
     new_signer_burst_all: float = 64.0
+    # A young view (ours started empty: a cold start, or a node joining for the first
+    # time) may take this many new signers in its first `young_view_s` besides the rates
+    # above, at most `young_view_per_sender` from one sender. 0 turns it off.
+    young_view_signers: int = 4096
+    young_view_per_sender: int = 512
+    young_view_s: float = 600.0
     body_missing_sender: float = offences.BODY_MISSING_RELAYED.cost  # its forwarder
     repeat_window_s: float = offences.REPEAT_WINDOW_S  # a repeat within it costs double
     penalties: Mapping[Reason, float] = field(default_factory=lambda: dict(PENALTIES))
@@ -379,6 +385,7 @@ class AdmissionConfig:
             "new_signer_burst",
             "new_signer_rate_all",
             "new_signer_burst_all",
+            "young_view_s",
             "dedup_ttl_s",
             "max_skew_s",
             "repeat_window_s",
@@ -397,6 +404,8 @@ class AdmissionConfig:
         ):
             if getattr(self, name) < 1:
                 raise LocalProtocolError(f"AdmissionConfig.{name} must be >= 1")
+        if self.young_view_signers < 0 or self.young_view_per_sender < 0:
+            raise LocalProtocolError("AdmissionConfig.young_view_* counts must be >= 0")
         if self.max_future_versions < 0:
             raise LocalProtocolError("AdmissionConfig.max_future_versions must be >= 0")
         if not (math.isfinite(self.admit_reward) and self.admit_reward >= 0):
@@ -959,6 +968,40 @@ class _Repeats:
         return before
 
 
+class _YoungView:
+    """The new-signer allowance of a view that started empty (see `AdmissionConfig`).
+
+    Why it is safe: the rates of new signers protect a running view from a flood of fresh
+    keys (each would shed a bad key's record and get its own signer rate). A view that
+    restored its signers (`Known`) is never young, so a restart opens nothing; a young view
+    has no records to shed yet, and what it admits is bounded in count, per sender and in
+    time. Headers a sender authored for another key never draw on it."""
+
+    def __init__(self, signers: int, per_sender: int, window_s: float) -> None:
+        self.left, self.per_sender, self.window_s = signers, per_sender, window_s
+        self.started: float | None = None
+        self.by_sender: dict[Any, int] = {}  # at most `signers` keys: each took one
+
+    def close(self) -> None:
+        self.left = 0
+        self.by_sender.clear()
+
+    def take(self, sender: Any, now: float) -> bool:
+        if self.left <= 0:
+            return False
+        if self.started is None:
+            self.started = now
+        if now - self.started > self.window_s:
+            self.close()
+            return False
+        n = self.by_sender.get(sender, 0)
+        if n >= self.per_sender:
+            return False
+        self.by_sender[sender] = n + 1
+        self.left -= 1
+        return True
+
+
 @dataclass(slots=True)
 class _Msg:
     """A message on its way through the stages."""
@@ -1026,6 +1069,7 @@ class Admission:
             cfg.new_signer_rate_all, cfg.new_signer_burst_all, cfg.new_signer_burst_all, -math.inf
         )
         self._known_signers: OrderedDict[bytes, None] = OrderedDict()
+        self._young = _YoungView(cfg.young_view_signers, cfg.young_view_per_sender, cfg.young_view_s)
         self.work = WorkIndex(cfg.work_entries)
         self._replay = ReplayGuard(
             run.run_id,
@@ -1208,6 +1252,8 @@ class Admission:
             self._dedup.add((kind, bytes(cid)), ev.now)
         for signer in ev.signers:
             self._know_signer(bytes(signer))
+        if ev.signers:
+            self._young.close()  # a view restored from our store is not young
         return []
 
     def _plan(self, kind: Kind) -> tuple[tuple[Callable[[_Msg], None], ...], tuple[Any, ...]]:
@@ -1408,16 +1454,18 @@ class Admission:
         """What one signer may publish, counted only for fresh, unique messages: copies
         and replays sent by a third party never reach this stage, so never cost it.
         Fresh identities earn their place slowly: each sender may introduce only a few
-        signers we have never admitted before (and all senders together a few more)."""
+        signers we have never admitted before (and all senders together a few more),
+        except in a young view (`_YoungView`: at a cold start every signer is new)."""
         assert m.opened is not None
         signer = m.opened.envelope.signer
+        authored = m.origin == m.peer and not _same_peer(m.peer, signer)
         if signer not in self._known_signers and not (
-            self._new_signers.allow(m.peer, m.now) and self._new_signers_all.take(m.now)
+            (not authored and self._young.take(m.peer, m.now))
+            or (self._new_signers.allow(m.peer, m.now) and self._new_signers_all.take(m.now))
         ):
             # Free for a relay (it may know these signers; we do not yet). But an honest
             # node publishes only what it signed itself, so a sender that is the gossip
             # origin of another signer's message is no relay: it pays for the refusal.
-            authored = m.origin == m.peer and not _same_peer(m.peer, signer)
             raise _Refused(Stage.QUOTA, Reason.NEW_IDENTITIES, "too many new signers at once",
                            AUTHORED_NEW_IDENTITY_PENALTY if authored else None)  # fmt: skip
         if not self._signer_rate.allow(signer, m.now):

@@ -13,8 +13,8 @@ module only turns their actions into scheduled sends:
                     -> Ban         count it (the ban itself lives in PeerScores)
 
 `warm_start`: every peer's admission first learns all keys as signers it stored before
-(`Known`, as the node's restart does); without it a swarm starts cold and its admissions
-refuse headers of more new signers than `new_signer_rate(_all)` allow.
+(`Known`, as the node's restart does); without it a swarm starts cold: every view is young
+and takes the new signers within `young_view_signers` (`protocol.admission`).
 
 Header gossip + body pull, as the real node does: headers travel through the mesh;
 peers with a puller role (validators, the trainer) pull the body by the node's own

@@ -36,6 +36,7 @@ def test_sim_writes_identical_results_plots_and_report(tmp_path):
     first = sim(str(scn), "--out", str(a), "--seed", "5")
     assert first.returncode == 0, first.stderr
     assert "sim: done" in first.stderr
+    assert "sim: cold start: every peer meets every other for the first time" in first.stderr
     second = sim(str(scn), "--out", str(b), "--seed", "5", "--quiet")
     assert second.returncode == 0, second.stderr
     assert second.stderr == ""
@@ -45,6 +46,7 @@ def test_sim_writes_identical_results_plots_and_report(tmp_path):
         assert (a / png).stat().st_size > 1000
         assert f"]({png})" in report
     assert "delivery_ratio" in report
+    assert "Cold start: every peer meets every other" in report
 
 
 def test_sim_bad_scenario_file_is_one_line(tmp_path):

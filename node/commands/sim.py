@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from node.errors import CommandError
-from swarm_sim.report import write_outputs
+from swarm_sim.report import start_note, write_outputs
 from swarm_sim.runner import progress_printer, run_scenario
 from swarm_sim.scenario import ScenarioError, load
 
@@ -31,6 +31,9 @@ def main(scenario: str, out: Path, seed: int, quiet: bool = False) -> None:
         files = write_outputs(out, results, info)
     except OSError as exc:
         raise CommandError(f"cannot write to {out}: {exc}") from None
+    note = start_note(results)
+    if note is not None and not quiet:
+        print(f"sim: {note}", file=sys.stderr)
     if not quiet:
         print(
             f"sim: done in {info.wall_s:,.1f} s wall, {info.events:,} events;"
