@@ -214,7 +214,8 @@ def _table(nodes: list[NodeProc], elapsed: float, duration: float) -> Any:
         if n.role == "inference":
             work = f"{rs.get('produced', 0)} made r={rs.get('reward_mean', 0) or 0:.2f}"
         elif n.role == "validator":
-            work = f"{rs.get('passed', 0)} ok {rs.get('failed', 0)} bad /{rs.get('sampled', 0)}"
+            work = (f"{rs.get('passed', 0)} ok {rs.get('failed', 0)} bad /{rs.get('sampled', 0)}"
+                    f" q{rs.get('queued', 0)}")
         elif n.role == "trainer":
             work = f"{rs.get('verified', 0)} verified"
         else:
