@@ -417,13 +417,18 @@ def _write_run(run: Path | str | None, root: Path, validators: int) -> tuple[Any
 
 
 def _prepare_policy(manifest: Any, console: Any) -> None:
-    """Build (first time) or find the built-in policy when the run names it."""
+    """Build (first time) or find the built-in policy when the run names it, and its audit
+    limits (`calibration.json` beside it, measured once as `init-model` does), so the
+    validator audits with calibrated limits from the first run on."""
+    from node.commands.calibrate import ensure_calibration
     from trainer import tiny_policy
 
     if manifest.model.startswith("builtin:"):
         console.print("devnet: preparing the built-in policy (first run builds and caches it) ...")
         path, _report, built = tiny_policy.ensure_policy(progress=lambda m: console.print(f"  {m}"))
         console.print(f"devnet: policy {'built' if built else 'cached'} at {path}")
+        digest = ensure_calibration(path, force=built, say=lambda m: console.print(f"  {m}"))
+        console.print(f"devnet: audit limits calibrated ({digest[:16]})")
 
 
 def _restore_signals(previous: dict[int, Any]) -> None:
