@@ -26,7 +26,9 @@ The pipeline (legal steps as data: `PIPELINE`, and per kind `KIND_RULES`)
                (OUTDATED only for gossiped announcements: a pulled manifest of an older
                version is what a joiner or a lagging peer asks for)
     RATE       token bucket per sender (dropped free; the sender  -> RATE_LIMITED
-               pays only past `sender_overrun_rate` more), and per signer (QUOTA)
+               pays only past `sender_overrun_rate` more), and per signer (QUOTA:
+               dropped free; scaled by the signer's verified standing, passing verdicts
+               of the run's validators, `signer_rate_factor`)
     DEDUP      content id admitted before (bounded LRU + TTL) -> DUPLICATE
     REPLAY     (signer, kind, seq) used before (`ReplayGuard`) -> REPLAY
     STORE      -> Store(item)       (kinds with `store`)
@@ -78,6 +80,7 @@ Public API
 `Admission(run, config=AdmissionConfig(), *, version=0, scores=None, rules=KIND_RULES)`
     `.handle(event) -> list[Action]`     the only way in
     `.scores` (`PeerScores`), `.version`, `.rules`
+    `.signer_rate_factor(signer)`  how many times `signer_rate` peers admit from it
 Events (frozen dataclasses, `now` in seconds, wall-clock in the node so that envelope
 timestamps and ban ends mean the same across peers and restarts):
     `MessageReceived(peer, kind, data, now)`   bytes from `peer` (gossip or a stream)
@@ -344,6 +347,12 @@ class AdmissionConfig:
     sender_overrun_rate: float = 100.0
     signer_rate: float = 20.0  # what one producer may publish, whoever relays it
     signer_burst: float = 100.0
+    # A producer's verified standing raises its signer rate and burst: each
+    # `standing_passes_per_step` passing verdicts of authorized validators about its work
+    # (admitted here) add one more `signer_rate`, up to `signer_rate_max_factor` times it;
+    # a failing verdict puts it back to 1x.
+    signer_rate_max_factor: float = 4.0
+    standing_passes_per_step: float = 50.0
     max_rate_keys: int = 100_000  # buckets kept; an evicted one restarts full
     dedup_entries: int = 65_536
     dedup_ttl_s: float = 900.0
@@ -386,6 +395,7 @@ class AdmissionConfig:
             "new_signer_rate_all",
             "new_signer_burst_all",
             "young_view_s",
+            "standing_passes_per_step",
             "dedup_ttl_s",
             "max_skew_s",
             "repeat_window_s",
@@ -404,6 +414,8 @@ class AdmissionConfig:
         ):
             if getattr(self, name) < 1:
                 raise LocalProtocolError(f"AdmissionConfig.{name} must be >= 1")
+        if not (math.isfinite(self.signer_rate_max_factor) and self.signer_rate_max_factor >= 1):
+            raise LocalProtocolError("AdmissionConfig.signer_rate_max_factor must be >= 1")
         if self.young_view_signers < 0 or self.young_view_per_sender < 0:
             raise LocalProtocolError("AdmissionConfig.young_view_* counts must be >= 0")
         if self.max_future_versions < 0:
@@ -811,7 +823,8 @@ class RateLimiter:
     def __len__(self) -> int:
         return len(self._buckets)
 
-    def allow(self, key: Any, now: float) -> bool:
+    def allow(self, key: Any, now: float, scale: float = 1.0) -> bool:
+        """Take a token of `key`'s bucket; `scale` multiplies its rate and burst."""
         b = self._buckets.get(key)
         if b is None:
             b = self._buckets[key] = TokenBucket(self.rate, self.burst, self.burst, now)
@@ -819,6 +832,8 @@ class RateLimiter:
                 self._buckets.popitem(last=False)
         else:
             self._buckets.move_to_end(key)
+        if scale != 1.0 or b.rate != self.rate:
+            b.rate, b.burst = self.rate * scale, self.burst * scale
         return b.take(now)
 
 
@@ -1069,6 +1084,7 @@ class Admission:
             cfg.new_signer_rate_all, cfg.new_signer_burst_all, cfg.new_signer_burst_all, -math.inf
         )
         self._known_signers: OrderedDict[bytes, None] = OrderedDict()
+        self._standing: OrderedDict[bytes, int] = OrderedDict()  # producer -> passes
         self._young = _YoungView(cfg.young_view_signers, cfg.young_view_per_sender, cfg.young_view_s)
         self.work = WorkIndex(cfg.work_entries)
         self._replay = ReplayGuard(
@@ -1306,6 +1322,8 @@ class Admission:
         if rule.work:
             self.work.add(op.envelope.signer, _work_key(op), op.content_id)
         self._know_signer(op.envelope.signer)
+        if kind is Kind.VERDICT:
+            self._note_verdict(op.obj.producer, op.obj.passed)
         if rule.delegation:
             env = op.envelope
             self.authority.apply(
@@ -1325,6 +1343,24 @@ class Admission:
         env = m.opened.envelope
         self._retry.pop((env.signer, env.kind, env.seq), None)
         self._replay.remember(env)
+
+    def signer_rate_factor(self, signer: bytes) -> float:
+        """How many times `signer_rate` (and burst) this producer may publish: 1 plus one per
+        `standing_passes_per_step` passing verdicts about its work, at most
+        `signer_rate_max_factor`. A worker paces itself by its own view of this."""
+        cfg = self.config
+        passes = self._standing.get(bytes(signer), 0)
+        return min(cfg.signer_rate_max_factor, 1.0 + passes // cfg.standing_passes_per_step)
+
+    def _note_verdict(self, producer: bytes, passed: bool) -> None:
+        """An authorized validator's admitted verdict: a pass adds to the producer's
+        standing, a fail takes it back to none."""
+        standing = self._standing
+        producer = bytes(producer)
+        standing[producer] = standing.get(producer, 0) + 1 if passed else 0
+        standing.move_to_end(producer)
+        if len(standing) > self.config.max_rate_keys:
+            standing.popitem(last=False)
 
     def _know_signer(self, signer: bytes) -> None:
         self._known_signers[signer] = None
@@ -1468,7 +1504,7 @@ class Admission:
             # origin of another signer's message is no relay: it pays for the refusal.
             raise _Refused(Stage.QUOTA, Reason.NEW_IDENTITIES, "too many new signers at once",
                            AUTHORED_NEW_IDENTITY_PENALTY if authored else None)  # fmt: skip
-        if not self._signer_rate.allow(signer, m.now):
+        if not self._signer_rate.allow(signer, m.now, self.signer_rate_factor(signer)):
             # Dropped, never charged: an honest producer may be faster than we accept (a
             # flood still pays at the per-sender stage), and its relays are not to blame.
             raise _Refused(Stage.QUOTA, Reason.RATE_LIMITED, "signer over its rate", 0.0)
