@@ -5,8 +5,9 @@ validator, on the built-in tiny policy and task mix (built on first use, cached)
 trainer trains and publishes policy versions. Each node is a separate `swarm-node start` process with its own key
 and data directory under the report directory; they find each other through the trainer
 and peer exchange. Workers generate 16 rollouts a batch (4 groups; at 4 a batch
-they made a third as many on 2 cores) and the validator audits all of them, newest policy
-version first (a group trains only when its members are verified). The terminal shows live progress (rich); after `--duration` seconds, or
+they made a third as many on 2 cores) and the validator audits `--audit-fraction` of them
+(all by default) from a bounded queue, newest policy version first (a group trains only when
+its members are verified); the report shows the audit backlog and every penalty charged. The terminal shows live progress (rich); after `--duration` seconds, or
 on Ctrl-C or SIGTERM (once or twice), every process gets SIGTERM (then SIGKILL after a
 grace period, at once on a second signal), the report of what ran is written and the exit
 status is 128 + the signal's number; a node whose devnet dies anyway gets SIGTERM from the
