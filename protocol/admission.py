@@ -372,8 +372,9 @@ class AdmissionConfig:
     new_signer_rate_all: float = 2.0  # ... and all senders together
     new_signer_burst_all: float = 64.0
     # A young view (ours started empty: a cold start, or a node joining for the first
-    # time) may take this many new signers in its first `young_view_s` besides the rates
-    # above, at most `young_view_per_sender` from one sender. 0 turns it off.
+    # time) may take this many new signers besides the rates above, within `young_view_s`
+    # of the first one it met, at most `young_view_per_sender` from one sender. 0 turns it
+    # off; a view restored by `Known` is never young.
     young_view_signers: int = 4096
     young_view_per_sender: int = 512
     young_view_s: float = 600.0
