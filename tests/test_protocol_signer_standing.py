@@ -66,10 +66,10 @@ def test_the_worker_paces_to_what_its_standing_lets_peers_admit() -> None:
 
     a = _m()
     cfg = a.config
-    before = pace_for(cfg, a.signer_rate_factor(ALICE.peer_id), max_batch=1)
+    before = pace_for(cfg, a.signer_rate_factor(ALICE.peer_id))
     _verdicts(a, VALIDATOR, PER_STEP)
-    after = pace_for(cfg, a.signer_rate_factor(ALICE.peer_id), max_batch=1)
+    after = pace_for(cfg, a.signer_rate_factor(ALICE.peer_id))
     assert before == (PACE_MARGIN * RATE, PACE_MARGIN * RATE)
     assert after == (2 * PACE_MARGIN * RATE, 2 * PACE_MARGIN * RATE)
     # never past what one connection may send
-    assert pace_for(cfg, 1e9, max_batch=1)[0] == PACE_MARGIN * cfg.sender_rate
+    assert pace_for(cfg, 1e9)[0] == PACE_MARGIN * cfg.sender_rate

@@ -160,7 +160,7 @@ def child_pids() -> list[int]:
     return out
 
 
-def pace_for(config: Any, factor: float, max_batch: int) -> tuple[float, float]:
+def pace_for(config: Any, factor: float) -> tuple[float, float]:
     """(headers a second, burst) a worker publishes at: `PACE_MARGIN` of what its peers
     admit from it (`signer_rate` and `signer_burst` scaled by its verified standing,
     `factor`, within the per-connection `sender_rate`/`sender_burst`)."""
@@ -168,16 +168,20 @@ def pace_for(config: Any, factor: float, max_batch: int) -> tuple[float, float]:
 
     rate = PACE_MARGIN * min(config.signer_rate * factor, config.sender_rate)
     burst = PACE_MARGIN * min(config.signer_burst * factor, config.sender_burst)
-    return rate, max(float(max_batch), burst)
+    return rate, max(1.0, burst)
 
 
 def _pace(peer: Any, ctx: RoleContext) -> None:
     """Follow what peers admit from us now: our own admission hears the same verdicts
-    about our work as theirs, so it scales our signer rate as they do."""
+    about our work as theirs, so it scales our signer rate as they do. A header batch never
+    holds more than that burst (a full batch over it would be dropped in part)."""
     outbox = peer.outbox
     factor = peer.admission.signer_rate_factor(peer.identity.peer_id)
-    outbox.item_rate_per_s, outbox.item_burst = pace_for(peer.admission.config, factor, outbox.max_batch)
-    ctx.status.update(pace_per_s=round(outbox.item_rate_per_s, 2), standing_factor=factor)
+    rate, burst = pace_for(peer.admission.config, factor)
+    batch = max(1, min(peer.cfg.header_batch, int(burst)))
+    outbox.set_max_batch(batch)
+    outbox.item_rate_per_s, outbox.item_burst = rate, max(float(batch), burst)
+    ctx.status.update(pace_per_s=round(rate, 2), standing_factor=factor)
 
 
 async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
