@@ -229,9 +229,9 @@ def cli() -> None:
     parser.add_argument("--publish-rate", type=float, default=8.0)
     parser.add_argument("--header-batch", type=int, default=PeerConfig.header_batch)
     parser.add_argument("--dead-after", type=float, default=4.0)
-    parser.add_argument("--signer-rate", type=float, default=AdmissionConfig.signer_rate,
+    parser.add_argument("--signer-rate", type=float, default=AdmissionConfig().signer_rate,
                         help="admission: what one producer may publish a second (it paces to it too)")
-    parser.add_argument("--signer-burst", type=float, default=AdmissionConfig.signer_burst)
+    parser.add_argument("--signer-burst", type=float, default=AdmissionConfig().signer_burst)
     parser.add_argument("--max-life", type=float, default=300.0)
     parser.add_argument("--proof-pool", default="", help="msgpack file of real proof lists")
     args = parser.parse_args()
