@@ -25,7 +25,7 @@ from protocol.codec import decode
 from protocol.identity import Identity
 from protocol.wire import RolloutRecord
 
-pytestmark = [pytest.mark.network]
+pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 
 def _cfg(tmp: Path, name: str, manifest, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
