@@ -37,7 +37,7 @@ from bench._records import net_manifest, synthetic_record
 from node.host import HostSettings, MessageTooLarge, PeerError
 from node.peer import PeerConfig, open_peer
 from node.rollout_exchange import protocol_id
-from protocol.admission import Admitted, Kind
+from protocol.admission import AdmissionConfig, Admitted, Kind
 from protocol.identity import Identity
 from protocol.wire import RunManifest
 
@@ -54,6 +54,7 @@ def _config(args: argparse.Namespace, identity: Identity, manifest: RunManifest)
         publish_rate_per_s=args.publish_rate,
         header_batch=args.header_batch,
         host=HostSettings(peer_dead_after_s=args.dead_after),
+        admission=AdmissionConfig(signer_rate=args.signer_rate, signer_burst=args.signer_burst),
     )
 
 
@@ -228,6 +229,9 @@ def cli() -> None:
     parser.add_argument("--publish-rate", type=float, default=8.0)
     parser.add_argument("--header-batch", type=int, default=PeerConfig.header_batch)
     parser.add_argument("--dead-after", type=float, default=4.0)
+    parser.add_argument("--signer-rate", type=float, default=AdmissionConfig().signer_rate,
+                        help="admission: what one producer may publish a second (it paces to it too)")
+    parser.add_argument("--signer-burst", type=float, default=AdmissionConfig().signer_burst)
     parser.add_argument("--max-life", type=float, default=300.0)
     parser.add_argument("--proof-pool", default="", help="msgpack file of real proof lists")
     args = parser.parse_args()

@@ -265,7 +265,7 @@ def devnet(no_live: bool, **kwargs: Any) -> None:
 @click.option(
     "--seed", default=0, show_default=True, type=int, help="Seed (same seed, same results)."
 )
-@click.option("--quiet", is_flag=True, help="No progress output.")
+@click.option("--quiet", is_flag=True, help="Less output: a progress line at each quarter of the run.")
 @_one_line_errors
 def sim(scenario: str, out: Path, seed: int, quiet: bool) -> None:
     """Simulate a swarm: SCENARIO is a built-in (gossip-1k, churn, byzantine, broadcast, run)

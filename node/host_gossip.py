@@ -1,5 +1,11 @@
 """Gossip of the `node.host` adapter: subscribe with validators, publish size-checked,
-mesh-waited and paced (workarounds 5, 7, 8, 9 of `node.host`)."""
+mesh-waited and paced (workarounds 5, 7, 8, 9 of `node.host`).
+
+A message our validator refused, ignored or accepted `Later` is marked seen, as go-libp2p
+marks every message it validated: py-libp2p marks only accepted ones and remembers failed
+validations in a cache of 1,000 messages, which a busy peer turns over in seconds, so each
+IHAVE for such a message drew an IWANT and its copy came back through admission, charging
+the peer that answered for handing over a copy again (`tests/test_node_gossip_seen.py`)."""
 
 from __future__ import annotations
 
@@ -100,8 +106,9 @@ class GossipMixin:
                     if isinstance(answer, Later):
                         assert self._nursery is not None
                         self._nursery.start_soon(self._forward_later, forwarder, msg, answer)
-                        return False
-                    return bool(answer)
+                    if answer is not True:
+                        self._pubsub._mark_msg_seen(msg)  # never asked for again
+                    return answer is True
 
                 self._pubsub.set_topic_validator(topic, check_async, True)
             else:
@@ -111,7 +118,10 @@ class GossipMixin:
                         return True
                     self._touch(forwarder.to_base58())
                     origin = ID(bytes(msg.from_id)).to_base58()
-                    return bool(validator(forwarder.to_base58(), bytes(msg.data), origin))
+                    if validator(forwarder.to_base58(), bytes(msg.data), origin):
+                        return True
+                    self._pubsub._mark_msg_seen(msg)  # never asked for again
+                    return False
 
                 self._pubsub.set_topic_validator(topic, check, False)
         subscription = await self._pubsub.subscribe(topic)

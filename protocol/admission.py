@@ -26,7 +26,9 @@ The pipeline (legal steps as data: `PIPELINE`, and per kind `KIND_RULES`)
                (OUTDATED only for gossiped announcements: a pulled manifest of an older
                version is what a joiner or a lagging peer asks for)
     RATE       token bucket per sender (dropped free; the sender  -> RATE_LIMITED
-               pays only past `sender_overrun_rate` more), and per signer (QUOTA)
+               pays only past `sender_overrun_rate` more), and per signer (QUOTA:
+               dropped free; scaled by the signer's verified standing, passing verdicts
+               of the run's validators, `signer_rate_factor`)
     DEDUP      content id admitted before (bounded LRU + TTL) -> DUPLICATE
     REPLAY     (signer, kind, seq) used before (`ReplayGuard`) -> REPLAY
     STORE      -> Store(item)       (kinds with `store`)
@@ -78,6 +80,7 @@ Public API
 `Admission(run, config=AdmissionConfig(), *, version=0, scores=None, rules=KIND_RULES)`
     `.handle(event) -> list[Action]`     the only way in
     `.scores` (`PeerScores`), `.version`, `.rules`
+    `.signer_rate_factor(signer)`  how many times `signer_rate` peers admit from it
 Events (frozen dataclasses, `now` in seconds, wall-clock in the node so that envelope
 timestamps and ban ends mean the same across peers and restarts):
     `MessageReceived(peer, kind, data, now)`   bytes from `peer` (gossip or a stream)
@@ -344,6 +347,12 @@ class AdmissionConfig:
     sender_overrun_rate: float = 100.0
     signer_rate: float = 20.0  # what one producer may publish, whoever relays it
     signer_burst: float = 100.0
+    # A producer's verified standing raises its signer rate and burst: each
+    # `standing_passes_per_step` passing verdicts of authorized validators about its work
+    # (admitted here) add one more `signer_rate`, up to `signer_rate_max_factor` times it;
+    # a failing verdict puts it back to 1x.
+    signer_rate_max_factor: float = 4.0
+    standing_passes_per_step: float = 50.0
     max_rate_keys: int = 100_000  # buckets kept; an evicted one restarts full
     dedup_entries: int = 65_536
     dedup_ttl_s: float = 900.0
@@ -362,6 +371,13 @@ class AdmissionConfig:
     new_signer_burst: float = 16.0
     new_signer_rate_all: float = 2.0  # ... and all senders together
     new_signer_burst_all: float = 64.0
+    # A young view (ours started empty: a cold start, or a node joining for the first
+    # time) may take this many new signers besides the rates above, within `young_view_s`
+    # of the first one it met, at most `young_view_per_sender` from one sender. 0 turns it
+    # off; a view restored by `Known` is never young.
+    young_view_signers: int = 4096
+    young_view_per_sender: int = 512
+    young_view_s: float = 600.0
     body_missing_sender: float = offences.BODY_MISSING_RELAYED.cost  # its forwarder
     repeat_window_s: float = offences.REPEAT_WINDOW_S  # a repeat within it costs double
     penalties: Mapping[Reason, float] = field(default_factory=lambda: dict(PENALTIES))
@@ -379,6 +395,8 @@ class AdmissionConfig:
             "new_signer_burst",
             "new_signer_rate_all",
             "new_signer_burst_all",
+            "young_view_s",
+            "standing_passes_per_step",
             "dedup_ttl_s",
             "max_skew_s",
             "repeat_window_s",
@@ -397,6 +415,10 @@ class AdmissionConfig:
         ):
             if getattr(self, name) < 1:
                 raise LocalProtocolError(f"AdmissionConfig.{name} must be >= 1")
+        if not (math.isfinite(self.signer_rate_max_factor) and self.signer_rate_max_factor >= 1):
+            raise LocalProtocolError("AdmissionConfig.signer_rate_max_factor must be >= 1")
+        if self.young_view_signers < 0 or self.young_view_per_sender < 0:
+            raise LocalProtocolError("AdmissionConfig.young_view_* counts must be >= 0")
         if self.max_future_versions < 0:
             raise LocalProtocolError("AdmissionConfig.max_future_versions must be >= 0")
         if not (math.isfinite(self.admit_reward) and self.admit_reward >= 0):
@@ -802,7 +824,8 @@ class RateLimiter:
     def __len__(self) -> int:
         return len(self._buckets)
 
-    def allow(self, key: Any, now: float) -> bool:
+    def allow(self, key: Any, now: float, scale: float = 1.0) -> bool:
+        """Take a token of `key`'s bucket; `scale` multiplies its rate and burst."""
         b = self._buckets.get(key)
         if b is None:
             b = self._buckets[key] = TokenBucket(self.rate, self.burst, self.burst, now)
@@ -810,6 +833,8 @@ class RateLimiter:
                 self._buckets.popitem(last=False)
         else:
             self._buckets.move_to_end(key)
+        if scale != 1.0 or b.rate != self.rate:
+            b.rate, b.burst = self.rate * scale, self.burst * scale
         return b.take(now)
 
 
@@ -959,6 +984,40 @@ class _Repeats:
         return before
 
 
+class _YoungView:
+    """The new-signer allowance of a view that started empty (see `AdmissionConfig`).
+
+    Why it is safe: the rates of new signers protect a running view from a flood of fresh
+    keys (each would shed a bad key's record and get its own signer rate). A view that
+    restored its signers (`Known`) is never young, so a restart opens nothing; a young view
+    has no records to shed yet, and what it admits is bounded in count, per sender and in
+    time. Headers a sender authored for another key never draw on it."""
+
+    def __init__(self, signers: int, per_sender: int, window_s: float) -> None:
+        self.left, self.per_sender, self.window_s = signers, per_sender, window_s
+        self.started: float | None = None
+        self.by_sender: dict[Any, int] = {}  # at most `signers` keys: each took one
+
+    def close(self) -> None:
+        self.left = 0
+        self.by_sender.clear()
+
+    def take(self, sender: Any, now: float) -> bool:
+        if self.left <= 0:
+            return False
+        if self.started is None:
+            self.started = now
+        if now - self.started > self.window_s:
+            self.close()
+            return False
+        n = self.by_sender.get(sender, 0)
+        if n >= self.per_sender:
+            return False
+        self.by_sender[sender] = n + 1
+        self.left -= 1
+        return True
+
+
 @dataclass(slots=True)
 class _Msg:
     """A message on its way through the stages."""
@@ -1026,6 +1085,8 @@ class Admission:
             cfg.new_signer_rate_all, cfg.new_signer_burst_all, cfg.new_signer_burst_all, -math.inf
         )
         self._known_signers: OrderedDict[bytes, None] = OrderedDict()
+        self._standing: OrderedDict[bytes, int] = OrderedDict()  # producer -> passes
+        self._young = _YoungView(cfg.young_view_signers, cfg.young_view_per_sender, cfg.young_view_s)
         self.work = WorkIndex(cfg.work_entries)
         self._replay = ReplayGuard(
             run.run_id,
@@ -1215,6 +1276,8 @@ class Admission:
             self._dedup.add((kind, bytes(cid)), ev.now)
         for signer in ev.signers:
             self._know_signer(bytes(signer))
+        if ev.signers:
+            self._young.close()  # a view restored from our store is not young
         return []
 
     def _plan(self, kind: Kind) -> tuple[tuple[Callable[[_Msg], None], ...], tuple[Any, ...]]:
@@ -1267,6 +1330,8 @@ class Admission:
         if rule.work:
             self.work.add(op.envelope.signer, _work_key(op), op.content_id)
         self._know_signer(op.envelope.signer)
+        if kind is Kind.VERDICT:
+            self._note_verdict(op.obj.producer, op.obj.passed)
         if rule.delegation:
             env = op.envelope
             self.authority.apply(
@@ -1286,6 +1351,24 @@ class Admission:
         env = m.opened.envelope
         self._retry.pop((env.signer, env.kind, env.seq), None)
         self._replay.remember(env)
+
+    def signer_rate_factor(self, signer: bytes) -> float:
+        """How many times `signer_rate` (and burst) this producer may publish: 1 plus one per
+        `standing_passes_per_step` passing verdicts about its work, at most
+        `signer_rate_max_factor`. A worker paces itself by its own view of this."""
+        cfg = self.config
+        passes = self._standing.get(bytes(signer), 0)
+        return min(cfg.signer_rate_max_factor, 1.0 + passes // cfg.standing_passes_per_step)
+
+    def _note_verdict(self, producer: bytes, passed: bool) -> None:
+        """An authorized validator's admitted verdict: a pass adds to the producer's
+        standing, a fail takes it back to none."""
+        standing = self._standing
+        producer = bytes(producer)
+        standing[producer] = standing.get(producer, 0) + 1 if passed else 0
+        standing.move_to_end(producer)
+        if len(standing) > self.config.max_rate_keys:
+            standing.popitem(last=False)
 
     def _know_signer(self, signer: bytes) -> None:
         self._known_signers[signer] = None
@@ -1415,19 +1498,21 @@ class Admission:
         """What one signer may publish, counted only for fresh, unique messages: copies
         and replays sent by a third party never reach this stage, so never cost it.
         Fresh identities earn their place slowly: each sender may introduce only a few
-        signers we have never admitted before (and all senders together a few more)."""
+        signers we have never admitted before (and all senders together a few more),
+        except in a young view (`_YoungView`: at a cold start every signer is new)."""
         assert m.opened is not None
         signer = m.opened.envelope.signer
+        authored = m.origin == m.peer and not _same_peer(m.peer, signer)
         if signer not in self._known_signers and not (
-            self._new_signers.allow(m.peer, m.now) and self._new_signers_all.take(m.now)
+            (not authored and self._young.take(m.peer, m.now))
+            or (self._new_signers.allow(m.peer, m.now) and self._new_signers_all.take(m.now))
         ):
             # Free for a relay (it may know these signers; we do not yet). But an honest
             # node publishes only what it signed itself, so a sender that is the gossip
             # origin of another signer's message is no relay: it pays for the refusal.
-            authored = m.origin == m.peer and not _same_peer(m.peer, signer)
             raise _Refused(Stage.QUOTA, Reason.NEW_IDENTITIES, "too many new signers at once",
                            AUTHORED_NEW_IDENTITY_PENALTY if authored else None)  # fmt: skip
-        if not self._signer_rate.allow(signer, m.now):
+        if not self._signer_rate.allow(signer, m.now, self.signer_rate_factor(signer)):
             # Dropped, never charged: an honest producer may be faster than we accept (a
             # flood still pays at the per-sender stage), and its relays are not to blame.
             raise _Refused(Stage.QUOTA, Reason.RATE_LIMITED, "signer over its rate", 0.0)

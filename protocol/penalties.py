@@ -136,7 +136,7 @@ RATE_LIMITED = Offence(
     "rate_limited",
     -0.5,
     Payer.SENDER,
-    "past its rate and a second allowance; a signer past its own rate when it sent itself",
+    "a connection past its rate and a second allowance (a signer over its own rate: dropped free)",
 )
 DUPLICATE = Offence(
     "duplicate", 0.0, Payer.SENDER, "a copy of what we hold: gossip delivers copies"

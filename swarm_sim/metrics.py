@@ -53,6 +53,7 @@ class Metrics:
     grafts: int = 0
     prunes: int = 0
     bans: int = 0
+    bans_honest: int = 0  # of them, bans of honest peers (the rest: attackers)
     adversary_mesh: list[tuple[float, int]] = field(default_factory=list)  # (t, slots)
     version_spread: list[tuple[float, int, int, int]] = field(default_factory=list)
     stale_at_trainer: int = 0
@@ -112,6 +113,8 @@ class Metrics:
             "grafts": self.grafts,
             "prunes": self.prunes,
             "bans": self.bans,
+            "bans_honest": self.bans_honest,
+            "bans_attackers": self.bans - self.bans_honest,
             "honest_penalized": self.honest_penalized,
             "honest_penalized_reasons": dict(sorted(self.honest_penalized_reasons.items())),
             "rejects": dict(sorted(self.rejects.items())),

@@ -20,7 +20,7 @@ from typing import Any
 
 from swarm_sim.runner import RunInfo
 
-__all__ = ["write_outputs"]
+__all__ = ["start_note", "write_outputs"]
 
 _FIGURES_IN_REPORT = (
     "peers",
@@ -36,6 +36,8 @@ _FIGURES_IN_REPORT = (
     "body_latency_p99_ms",
     "pulls_failed",
     "bans",
+    "bans_honest",
+    "bans_attackers",
     "honest_penalized",
     "stale_at_trainer",
     "used_at_trainer",
@@ -121,6 +123,20 @@ def _plots(out: Path, results: dict[str, Any]) -> list[tuple[str, str]]:
     return made
 
 
+def start_note(results: dict[str, Any]) -> str | None:
+    """What the swarm knew when it started (gossip runs): a cold start, or a warm one."""
+    workload = results["settings"].get("workload")
+    if workload is None:
+        return None
+    if workload.get("warm_start"):
+        return "warm start: every peer knows every signer (a swarm that has run before)"
+    refused = results["figures"].get("rejects", {}).get("new_identities", 0)
+    return (
+        "cold start: every peer meets every other for the first time (no signer known);"
+        f" {refused:,} headers refused as new identities"
+    )
+
+
 def write_outputs(out_dir: Path, results: dict[str, Any], info: RunInfo) -> list[Path]:
     """Write results.json, the plots and report.md into `out_dir`; returns the files."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +153,9 @@ def write_outputs(out_dir: Path, results: dict[str, Any], info: RunInfo) -> list
         "| figure | value |",
         "|---|---|",
     ]
+    note = start_note(results)
+    if note is not None:
+        lines[3:3] = [note[0].upper() + note[1:] + ".", ""]
     lines += [f"| {k} | {fig[k]} |" for k in _FIGURES_IN_REPORT if fig.get(k) is not None]
     if fig.get("rejects"):
         lines += [

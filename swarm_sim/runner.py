@@ -12,6 +12,7 @@ import dataclasses
 import math
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,17 +35,43 @@ class RunInfo:
         return self.events / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def progress_printer(total_s: float, label: str = "sim") -> Callable[[float, int], None]:
-    """A progress callback printing virtual time, events and an ETA to stderr."""
+ETA_WINDOW_S = 30.0  # the ETA extrapolates the pace of the last this many wall seconds
+
+
+def progress_printer(
+    total_s: float, label: str = "sim", every_fraction: float = 0.0
+) -> Callable[[float, int], None]:
+    """A progress callback printing virtual time, events and an ETA to stderr.
+
+    The ETA extrapolates the recent pace (virtual seconds per wall second over the last
+    `ETA_WINDOW_S`), not the pace since the start: a run's first minutes (peers still
+    meeting, little traffic yet) go faster than the rest. Before 2% of the run it says
+    "ETA estimating". With `every_fraction` > 0 only a line each time the run passes
+    another such fraction (a quiet run: 25% steps) is printed."""
     start = time.monotonic()
+    samples: deque[tuple[float, float]] = deque([(0.0, 0.0)])  # (wall, virtual)
+    next_step = every_fraction
 
     def show(now: float, events: int) -> None:
+        nonlocal next_step
         wall = time.monotonic() - start
+        samples.append((wall, now))
+        while len(samples) > 2 and wall - samples[1][0] >= ETA_WINDOW_S:
+            samples.popleft()
         frac = min(1.0, now / total_s) if total_s > 0 else 1.0
-        eta = wall * (1 - frac) / frac if frac > 0 else math.inf
+        if every_fraction > 0:
+            if frac < next_step:
+                return
+            next_step = (math.floor(frac / every_fraction) + 1) * every_fraction
+        w0, v0 = samples[0]
+        pace = (now - v0) / (wall - w0) if wall > w0 else 0.0
+        if frac < 0.02 or pace <= 0:
+            eta = "ETA estimating"
+        else:
+            eta = f"ETA {max(0.0, total_s - now) / pace:,.0f} s"
         print(
             f"{label}: {100 * frac:5.1f}%  virtual {now:,.0f}/{total_s:,.0f} s"
-            f"  {events:,} events  wall {wall:,.0f} s  ETA {eta:,.0f} s",
+            f"  {events:,} events  wall {wall:,.0f} s  {eta}",
             file=sys.stderr,
             flush=True,
         )

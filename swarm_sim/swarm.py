@@ -13,8 +13,8 @@ module only turns their actions into scheduled sends:
                     -> Ban         count it (the ban itself lives in PeerScores)
 
 `warm_start`: every peer's admission first learns all keys as signers it stored before
-(`Known`, as the node's restart does); without it a swarm starts cold and its admissions
-refuse headers of more new signers than `new_signer_rate(_all)` allow.
+(`Known`, as the node's restart does); without it a swarm starts cold: every view is young
+and takes the new signers within `young_view_signers` (`protocol.admission`).
 
 Header gossip + body pull, as the real node does: headers travel through the mesh;
 peers with a puller role (validators, the trainer) pull the body by the node's own
@@ -396,7 +396,7 @@ class Swarm:
             elif t is Disconnect:
                 self._drop_link(b, a)
             elif t is Ban:
-                self.m.bans += 1
+                self._banned(act.peer)
 
     def _delivered(self, b: int, a: int, msg: SimMessage, now: float) -> None:
         if msg.got is None:
@@ -422,7 +422,14 @@ class Swarm:
                 if type(act) is Disconnect and q in self.net.conns[0]:
                     self._drop_link(0, q)
                 elif type(act) is Ban:
-                    self.m.bans += 1
+                    self._banned(act.peer)
+
+    def _banned(self, peer_id: bytes) -> None:
+        """Count a ban, apart for honest peers and attackers."""
+        self.m.bans += 1
+        q = self.index.get(peer_id)
+        if q is not None and self.behaviour[q] == HONEST:
+            self.m.bans_honest += 1
 
     def _rejected(self, b: int, a: int, act: Reject) -> None:
         self.m.rejects[str(act.reason)] += 1
@@ -527,7 +534,7 @@ class Swarm:
             if type(act) is Disconnect:
                 self._drop_link(b, peer)
             elif type(act) is Ban:
-                self.m.bans += 1
+                self._banned(act.peer)
         self.routers[b].dirty = True
         self.routers[b].suspect.add(peer)
         if self.behaviour[peer] == HONEST and self.behaviour[b] == HONEST:
@@ -547,7 +554,7 @@ class Swarm:
                 if q is not None:
                     self._drop_link(b, q)
             elif type(act) is Ban:
-                self.m.bans += 1
+                self._banned(act.peer)
         if answered <= 0:
             return  # no evidence: nobody paid
         self.routers[b].dirty = True

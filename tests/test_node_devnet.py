@@ -51,6 +51,13 @@ def test_devnet_runs_workers_validator_trainer_and_writes_a_report(
     assert report["delivery_to_trainer"] >= 0.95, report["totals"]
     assert totals["audited"] > 0, report
     assert totals["audits_failed"] == 0, report  # honest workers pass their audits
+    # the audit backlog is bounded and reported
+    assert 0 < totals["audit_queue_capacity"] and totals["audit_queued"] <= totals["audit_queue_capacity"], totals
+    assert "still queued when the swarm stopped (queue bound " in err, err[-3000:]
+    # every penalty is listed with its reason, and none is against an honest (devnet) node
+    assert "devnet: penalties: " in err, err[-3000:]
+    honest = [g for g in report["penalties"] if g["honest"]]
+    assert honest == [], honest
     # The trainer published versions; the first reached every worker, and rollouts made
     # with a published version passed audits run with that version's weights.
     first = report["versions"][0]

@@ -604,7 +604,9 @@ def test_gap_charges_is_the_rule_the_trainer_and_the_simulator_share():
 
 
 def test_a_flood_of_fresh_identities_from_one_sender_is_refused_and_costs_it():
+    # a running view (restored from the store: not young, `tests/test_protocol_young_view.py`)
     a = machine()
+    a.handle(adm.Known(Kind.ROLLOUT_HEADER, (), T0, signers=(BOB.peer_id,)))
     results = []
     for i in range(500):  # 1,000 a second: far past what a busy honest relay sends
         fresh = Identity.from_private_bytes(i.to_bytes(2, "big") * 16)
@@ -823,7 +825,7 @@ def test_a_relayed_copy_refused_over_the_signers_rate_leaves_the_producers_own_c
 
 
 def test_a_relayed_copy_refused_as_a_new_identity_leaves_the_producers_own_copy_free():
-    a = machine(new_signer_burst=1.0)
+    a = machine(new_signer_burst=1.0, young_view_signers=0)
     assert isinstance(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, header(rollout(BOB, seq=1))))[-1], Deliver)
     h = header(rollout(ALICE, seq=1, seed=77))
     r = reject(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, h)))

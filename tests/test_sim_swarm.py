@@ -133,6 +133,8 @@ def test_a_flooder_is_scored_out_of_meshes():
             assert not (sw.routers[p].mesh & spammers)
     assert sw.m.bans >= len(spammers)
     assert sw.m.rejects["rate_limited"] > 0
+    fig = sw.summary()
+    assert fig["bans_honest"] == 0 and fig["bans_attackers"] == sw.m.bans
 
 
 def test_forged_messages_get_their_sender_banned_and_are_never_delivered():
@@ -142,6 +144,7 @@ def test_forged_messages_get_their_sender_banned_and_are_never_delivered():
     assert sw.m.bans > 0
     assert sw.m.honest_penalized == 0
     assert sw.summary()["delivery_ratio"] == 1.0
+    assert sw.m.bans_honest == 0
 
 
 def test_scenarios_parse_and_refuse_unknown_keys():
@@ -198,19 +201,25 @@ def test_counter_shoppers_are_charged_by_the_trainers_rule_and_honest_workers_ar
     assert out["honest_charged"] == 0 and out["others_charged"] == 0
 
 
-def test_a_warm_swarm_refuses_no_header_as_a_new_identity_and_a_cold_one_does():
-    """At a cold start every signer is new to every peer and admission's new-identity
-    allowance refuses some headers; peers that restored the signers they knew (the node's
-    restart path) deliver them all."""
+def test_a_cold_swarm_delivers_every_header_and_so_does_a_warm_one():
+    """At a cold start every signer is new to every peer; a young view takes them all
+    (`AdmissionConfig.young_view_signers`), and peers that restored the signers they knew
+    (the node's restart path) need no allowance. With the young allowance off, the running
+    view's new-identity rates refuse some."""
     wl = Workload(peers=60, duration_s=40, publish_interval_s=10, warm_start=False)
     cold = Swarm(wl, seed=3)
     cold_fig = cold.run()
     warm = Swarm(dataclasses.replace(wl, warm_start=True), seed=3)
     warm_fig = warm.run()
-    assert cold.m.rejects.get("new_identities", 0) > 0
-    assert cold_fig["delivery_ratio"] < 1.0
+    no_young = dataclasses.replace(wl.admission, young_view_signers=0)
+    closed = Swarm(dataclasses.replace(wl, admission=no_young), seed=3)
+    closed_fig = closed.run()
+    assert cold.m.rejects.get("new_identities", 0) == 0
+    assert cold_fig["delivery_ratio"] == 1.0
     assert warm.m.rejects.get("new_identities", 0) == 0
     assert warm_fig["delivery_ratio"] == 1.0
+    assert closed.m.rejects.get("new_identities", 0) > 0
+    assert closed_fig["delivery_ratio"] < 1.0
 
 
 def test_a_replayer_is_the_author_of_its_replays_and_pays_for_them():

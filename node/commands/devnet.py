@@ -6,9 +6,10 @@ trainer trains and publishes policy versions. Each node is a separate `swarm-nod
 and data directory under the report directory; they find each other through the trainer
 and peer exchange. Workers generate 16 rollouts a batch (4 groups; at 4 a batch
 they made a third as many on 2 cores) and the validator audits the node's default share
-of them (`--audit-fraction`, 0.25; every record of a worker on probation), newest policy
-version first; the trainer trains verified rollouts and, from workers in good standing,
-unaudited ones after a hold (`protocol.standing`). The terminal shows live progress (rich); after `--duration` seconds, or
+of them (`--audit-fraction`, 0.25; every record of a worker on probation) from a bounded
+queue, newest policy version first; the trainer trains verified rollouts and, from workers in
+good standing, unaudited ones after a hold (`protocol.standing`); the report shows the audit
+backlog and every penalty charged. The terminal shows live progress (rich); after `--duration` seconds, or
 on Ctrl-C or SIGTERM (once or twice), every process gets SIGTERM (then SIGKILL after a
 grace period, at once on a second signal), the report of what ran is written and the exit
 status is 128 + the signal's number; a node whose devnet dies anyway gets SIGTERM from the
@@ -217,7 +218,8 @@ def _table(nodes: list[NodeProc], elapsed: float, duration: float) -> Any:
         if n.role == "inference":
             work = f"{rs.get('produced', 0)} made r={rs.get('reward_mean', 0) or 0:.2f}"
         elif n.role == "validator":
-            work = f"{rs.get('passed', 0)} ok {rs.get('failed', 0)} bad /{rs.get('sampled', 0)}"
+            work = (f"{rs.get('passed', 0)} ok {rs.get('failed', 0)} bad /{rs.get('sampled', 0)}"
+                    f" q{rs.get('queued', 0)}")
         elif n.role == "trainer":
             work = f"{rs.get('verified', 0)} verified"
         else:
@@ -436,13 +438,18 @@ def _signed(run_text: str, manifest: Any, root: Path) -> str:
 
 
 def _prepare_policy(manifest: Any, console: Any) -> None:
-    """Build (first time) or find the built-in policy when the run names it."""
+    """Build (first time) or find the built-in policy when the run names it, and its audit
+    limits (`calibration.json` beside it, measured once as `init-model` does), so the
+    validator audits with calibrated limits from the first run on."""
+    from node.commands.calibrate import ensure_calibration
     from trainer import tiny_policy
 
     if manifest.model.startswith("builtin:"):
         console.print("devnet: preparing the built-in policy (first run builds and caches it) ...")
         path, _report, built = tiny_policy.ensure_policy(progress=lambda m: console.print(f"  {m}"))
         console.print(f"devnet: policy {'built' if built else 'cached'} at {path}")
+        digest = ensure_calibration(path, force=built, say=lambda m: console.print(f"  {m}"))
+        console.print(f"devnet: audit limits calibrated ({digest[:16]})")
 
 
 def _restore_signals(previous: dict[int, Any]) -> None:

@@ -40,8 +40,22 @@ def node_totals(nodes: list[NodeProc]) -> dict[str, Any]:
         "audited": sum(v.get("passed", 0) + v.get("failed", 0) for v in validators),
         "audits_passed": sum(v.get("passed", 0) for v in validators),
         "audits_failed": sum(v.get("failed", 0) for v in validators),
+        **audit_backlog(validators),
         "reward_mean": round(sum(a for a, _ in weighted) / sum(k for _, k in weighted), 4) if weighted else None,
         "peers_min": min((n.status.get("peers", 0) for n in nodes), default=0),
+    }
+
+
+def audit_backlog(validators: list[dict[str, Any]]) -> dict[str, int]:
+    """The validators' audit backlog: sampled rollouts still queued (the queue is bounded:
+    `audit_queue_capacity` in all), and those dropped unaudited because the queue was full
+    or because the trainer could no longer use them."""
+    return {
+        "audits_sampled": sum(v.get("sampled", 0) for v in validators),
+        "audit_queued": sum(v.get("queued", 0) for v in validators),
+        "audit_queue_capacity": sum(v.get("queue_capacity", 0) for v in validators),
+        "audit_dropped_full": sum(v.get("queue_full", 0) for v in validators),
+        "audit_dropped_stale": sum(v.get("dropped_stale", 0) for v in validators),
     }
 
 
@@ -236,6 +250,7 @@ def write_report(root: Path, head: dict[str, Any], nodes: list[NodeProc],
         ],
         "series": series,
         "versions": version_spread(nodes),
+        "penalties": penalties(nodes),
     }
     report["plots"] = _plots(root, series, nodes)
     report["learning"] = _learning(root, nodes)
@@ -243,6 +258,61 @@ def write_report(root: Path, head: dict[str, Any], nodes: list[NodeProc],
         report["plots"].append(report["learning"]["plot"])
     (root / "report.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+MAX_PENALTY_LINES = 100_000  # ledger lines read per node
+
+
+def penalties(nodes: list[NodeProc]) -> list[dict[str, Any]]:
+    """Every penalty a node's admission or role charged (its store's ledger: charges only),
+    grouped by (node, peer charged, reason), with the peer named when it is one of ours
+    (`honest`: every devnet node is) and the first line's detail."""
+    from node.store import DB_FILENAME, Store, StoreError
+    from protocol.identity import peer_text
+
+    names = {n.peer_id: n.name for n in nodes if n.peer_id}
+    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for n in nodes:
+        path = n.dir / "data" / DB_FILENAME
+        if not path.is_file():
+            continue
+        try:
+            with Store(path) as store:
+                lines = store.ledger(direction="in", outcome="rejected", limit=MAX_PENALTY_LINES)
+        except StoreError:
+            continue
+        for e in lines:
+            peer = peer_text(e.peer) if e.peer is not None else "-"
+            key = (n.name, peer, e.reason or "-")
+            g = groups.setdefault(key, {
+                "by": n.name, "peer": names.get(peer, peer), "honest": peer in names,
+                "reason": e.reason or "-", "kind": e.kind, "count": 0, "detail": e.detail,
+            })  # fmt: skip
+            g["count"] += 1
+    return sorted(groups.values(), key=lambda g: (-g["count"], g["by"], g["peer"]))
+
+
+def penalty_lines(found: list[dict[str, Any]]) -> list[str]:
+    """The penalties in a few lines: how many against our own (honest) nodes, then each."""
+    honest = sum(g["count"] for g in found if g["honest"])
+    out = [f"devnet: penalties: {sum(g['count'] for g in found)} charged, {honest} of them "
+           "against the devnet's own (honest) nodes"]
+    out += [f"devnet:   {g['by']} charged {g['peer']} {g['count']}x {g['reason']} ({g['kind']}: "
+            f"{g['detail']})" for g in found[:20]]
+    return out
+
+
+def audit_line(totals: dict[str, Any]) -> str:
+    """The audit backlog in one line (see `audit_backlog`)."""
+    capacity = totals.get("audit_queue_capacity", 0)
+    return (
+        f"devnet: audits: {totals.get('audits_sampled', 0)} rollouts sampled, "
+        f"{totals['audits_passed'] + totals['audits_failed']} audited, "
+        f"{totals.get('audit_queued', 0)} still queued when the swarm stopped"
+        f"{f' (queue bound {capacity})' if capacity else ''}, "
+        f"{totals.get('audit_dropped_full', 0)} dropped unaudited as the queue was full, "
+        f"{totals.get('audit_dropped_stale', 0)} as too stale for the trainer"
+    )
 
 
 def say_summary(console: Any, report: dict[str, Any], nodes: list[NodeProc], root: Path,
@@ -254,15 +324,15 @@ def say_summary(console: Any, report: dict[str, Any], nodes: list[NodeProc], roo
         f"devnet: {totals['produced']} rollouts produced, {totals['trainer_bodies']} at the trainer, "
         f"{totals['audits_passed']} audits passed / {totals['audits_failed']} failed; report in {root}"
     )
-    sampled = sum(n.status.get("role_status", {}).get("sampled", 0) for n in nodes if n.role == "validator")
-    audited = totals["audits_passed"] + totals["audits_failed"]
+    console.print(audit_line(totals))
     console.print(
-        f"devnet: audits: {sampled} rollouts sampled, {audited} audited, "
-        f"{max(0, sampled - audited)} still queued when the swarm stopped; the trainer counted "
+        "devnet: the trainer counted "
         f"{totals['trainer_verified']} verified ({max(0, totals['audits_passed'] - totals['trainer_verified'])}"
         f" passing verdicts it had not counted when it stopped: in flight, or about rollouts "
         f"it did not hold); {totals['too_stale']} rollouts reached it too stale to use"
     )
+    for line in penalty_lines(report.get("penalties", [])):
+        console.print(line)
     bad = [n.name for n in nodes if n.exit_code not in (0, None)]
     for v in report["versions"]:
         console.print(version_line(v, stopped_at))

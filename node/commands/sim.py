@@ -1,7 +1,7 @@
 """`swarm-node sim SCENARIO|FILE --out DIR [--seed N]`: run the swarm simulator.
 
 Loads a built-in scenario or a TOML file (`swarm_sim.scenario`), runs it with progress and
-an ETA on stderr, and writes `results.json`, PNG plots and `report.md` into DIR
+an ETA on stderr (`--quiet`: a line at each quarter only), and writes `results.json`, PNG plots and `report.md` into DIR
 (`swarm_sim.report`). A bad scenario is one line on stderr and exit status 2.
 """
 
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from node.errors import CommandError
-from swarm_sim.report import write_outputs
+from swarm_sim.report import start_note, write_outputs
 from swarm_sim.runner import progress_printer, run_scenario
 from swarm_sim.scenario import ScenarioError, load
 
@@ -24,12 +24,16 @@ def main(scenario: str, out: Path, seed: int, quiet: bool = False) -> None:
     total = scn.workload.duration_s if scn.kind == "gossip" else 0.0
     if not quiet:
         print(f"sim: {scn.name} (seed {seed}) -> {out}", file=sys.stderr, flush=True)
-    progress = None if quiet or scn.kind != "gossip" else progress_printer(total)
+    # quiet: no banner and a progress line only at each quarter of the run
+    progress = None if scn.kind != "gossip" else progress_printer(total, every_fraction=0.25 if quiet else 0.0)
     results, info = run_scenario(scn, seed, progress)
     try:
         files = write_outputs(out, results, info)
     except OSError as exc:
         raise CommandError(f"cannot write to {out}: {exc}") from None
+    note = start_note(results)
+    if note is not None and not quiet:
+        print(f"sim: {note}", file=sys.stderr)
     if not quiet:
         print(
             f"sim: done in {info.wall_s:,.1f} s wall, {info.events:,} events;"

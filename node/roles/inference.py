@@ -1,4 +1,6 @@
-"""The inference role: generate rollouts with the run's policy, store them, gossip headers.
+"""The inference role: generate rollouts with the run's policy, store them, gossip headers
+paced to what peers admit from this worker (`pace_for`: its signer rate, scaled by its
+verified standing).
 
 Each batch: task assignments from (run seed, our peer id, policy version, counter) via
 `trainer.tasks`, generation and activation proofs through the same code as
@@ -158,6 +160,30 @@ def child_pids() -> list[int]:
     return out
 
 
+def pace_for(config: Any, factor: float) -> tuple[float, float]:
+    """(headers a second, burst) a worker publishes at: `PACE_MARGIN` of what its peers
+    admit from it (`signer_rate` and `signer_burst` scaled by its verified standing,
+    `factor`, within the per-connection `sender_rate`/`sender_burst`)."""
+    from node.peer import PACE_MARGIN
+
+    rate = PACE_MARGIN * min(config.signer_rate * factor, config.sender_rate)
+    burst = PACE_MARGIN * min(config.signer_burst * factor, config.sender_burst)
+    return rate, max(1.0, burst)
+
+
+def _pace(peer: Any, ctx: RoleContext) -> None:
+    """Follow what peers admit from us now: our own admission hears the same verdicts
+    about our work as theirs, so it scales our signer rate as they do. A header batch never
+    holds more than that burst (a full batch over it would be dropped in part)."""
+    outbox = peer.outbox
+    factor = peer.admission.signer_rate_factor(peer.identity.peer_id)
+    rate, burst = pace_for(peer.admission.config, factor)
+    batch = max(1, min(peer.cfg.header_batch, int(burst)))
+    outbox.set_max_batch(batch)
+    outbox.item_rate_per_s, outbox.item_burst = rate, max(float(batch), burst)
+    ctx.status.update(pace_per_s=round(rate, 2), standing_factor=factor)
+
+
 async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
     from protocol.rollout import read_records
     from trainer.produce import generate_records
@@ -199,6 +225,7 @@ async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
         with open(out, "rb") as fh:
             records = list(read_records(fh))
         out.unlink(missing_ok=True)
+        _pace(peer, ctx)
         await peer.produce_many(records)
         if local is not None:
             local.own(records)

@@ -390,12 +390,22 @@ class TrainerRole:
         ctx.status["updated_at"] = time.time()
         if trio.current_time() - self.last_print >= PRINT_EVERY_S:
             self.last_print = trio.current_time()
-            last = trainer.last_stats
-            ctx.say(
-                f"trainer: version {trainer.version}, {trainer.steps} steps, "
-                f"{summary['verified']} verified, reward mean {last.get('reward_mean', 0):.3f}, "
-                f"{trainer.status()['train_tokens_per_s']} tokens/s, refused {dict(trainer.refused)}"
-            )
+            ctx.say(progress_line(trainer.version, trainer.steps, summary, trainer.status()))
+
+
+def _mean(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def progress_line(version: int, steps: int, summary: dict[str, Any], status: dict[str, Any]) -> str:
+    """The trainer's progress line: the same reward figures `status` shows (the mean over
+    usable verified rollouts, and that of the last training batch), "n/a" before any."""
+    return (
+        f"trainer: version {version}, {steps} steps, {summary['verified']} verified, "
+        f"reward mean {_mean(summary.get('usable_reward_mean'))} "
+        f"(last batch {_mean(status['last'].get('reward_mean'))}), "
+        f"{status['train_tokens_per_s']} tokens/s, refused {status['refused']}"
+    )
 
 
 async def run(peer: Any, ctx: RoleContext) -> None:

@@ -147,6 +147,7 @@ class ValidatorRole:
             self.counts["queue_full"] += 1
             if old_ticket is None:
                 self.cannot_judge(old_ro.rollout_id)
+        self.ctx.status["queued"] = len(self.queue)
         with contextlib.suppress(trio.WouldBlock):
             self.kick_send.send_nowait(None)
 
@@ -284,6 +285,7 @@ class ValidatorRole:
             self.queue.set_newest(newest)
         batch = self.queue.take(self.ctx.batch_size)
         self.counts["dropped_stale"] = self.queue.dropped["stale"]
+        self.ctx.status.update(queued=len(self.queue), queue_capacity=self.queue.capacity)
         return batch
 
     async def judgeable(self, batch: list[Any]) -> list[Any]:
