@@ -72,7 +72,7 @@ def honest_record(ident: Identity, m: Any, counter: int, seq: int, *, lie: bool 
     rec = decode(RolloutRecord, base)
     # The task seed derives from the run, the version, the counter and the signer's key
     # (admission refuses any other as `not_bound`), and the body was sampled with it.
-    seed = task_seed(m.seed, version, counter, ident.peer_id)
+    seed = task_seed(m.seed, counter, ident.peer_id)
     body = dataclasses.replace(decode(RolloutBody, rec.body), sampling_seed=seed)
     reward = true_reward(body)
     if lie:

@@ -133,7 +133,7 @@ def _records(tok, manifest, ident, n_groups, lie_every=0):
     tasks = TaskSet(manifest.seed)
     out = []
     for counter in range(n_groups * manifest.group_size):
-        a = assign_task(manifest, ident.peer_id, 0, counter)
+        a = assign_task(manifest, ident.peer_id, counter)
         task = tasks.task_for(a)
         text = tp.worked_solution(task) if counter % 2 == 0 else "<answer>nope</answer>"
         c = tuple(tok.encode(text, add_special_tokens=False)) + (tok.eos_token_id,)

@@ -322,6 +322,7 @@ def _peer_config(role: str, manifest: Any, identity: Any, data_dir: Path, listen
                  boot: list[str], ctx: Any, cfg: Any, module: Any) -> Any:
     from node.host import HostSettings
     from node.peer import PeerConfig
+    from protocol.admission import AdmissionConfig
 
     settings = HostSettings(
         dial_timeout_s=cfg["network.dial_timeout_s"],
@@ -335,6 +336,8 @@ def _peer_config(role: str, manifest: Any, identity: Any, data_dir: Path, listen
         listen=tuple(listen), bootstrap=tuple(boot), pull_bodies=module.PULLS_BODIES or ctx.local_train is not None,
         publish_rate_per_s=cfg["network.publish_rate_per_s"], max_peers=cfg["network.max_peers"],
         header_batch=cfg["network.header_batch"],
+        # The trainer knows which versions exist: a rollout of any other costs its signer.
+        admission=AdmissionConfig(publishes_versions=role == "trainer"),
         host=settings, weights=_weight_settings(cfg), store_max_bytes=cfg["store.max_bytes"],
     )
 

@@ -1,6 +1,6 @@
 """The inference role: generate rollouts with the run's policy, store them, gossip headers.
 
-Each batch: task assignments from (run seed, our peer id, policy version, counter) via
+Each batch: task assignments from (run seed, our peer id, counter) via
 `trainer.tasks`, generation and activation proofs through the same code as
 `swarm-node rollouts` (`trainer.produce.generate_records`), run in a worker thread.
 The counter resumes from the store's ledger after a restart, so a task is never assigned

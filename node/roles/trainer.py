@@ -21,6 +21,14 @@ verdict are bounded (`MAX_WAITING`, oldest dropped) and so are tracked rollouts.
 Error handling: a rollout that cannot be re-scored is counted under its refusal reason and
 dropped; a failed publish is logged in `status` and retried at the next cadence point.
 
+Credit (`protocol.credit.CreditBook`): a producer is credited the reward the trainer
+re-scores from each body it holds (every held body is re-scored at the next train turn,
+verified or not), counted once a judge passed or failed the record at its version; a
+header whose body never arrives within the body pull window is a skipped counter (reward
+0), and a header whose claimed reward differs from the re-score costs its producer
+`penalties.FALSE_CLAIM`. The trainer's admission refuses rollouts of versions it has not
+published (`AdmissionConfig.publishes_versions`).
+
 Shape: `Collector` keeps what the trainer heard; `TrainerRole` holds the rollouts waiting
 for verdicts, the model and its trainer, and runs the train / publish / report turns.
 """
@@ -40,6 +48,8 @@ from protocol import penalties
 from protocol.accounting import WITHHELD_PENALTY, GapCharges, WorkLedger
 from protocol.admission import Admitted, Kind
 from protocol.authority import Authority
+from protocol.body_pull import PullConfig
+from protocol.credit import CreditBook
 from protocol.verified import Status, VerifiedRule, Vote, judge
 
 PULLS_BODIES = True
@@ -58,12 +68,14 @@ PRINT_EVERY_S = 30.0
 
 
 class _Track:
-    __slots__ = ("body", "producer", "reward", "task", "version", "votes")
+    __slots__ = ("body", "counter", "judge_score", "producer", "reward", "task", "version", "votes")
 
     def __init__(self) -> None:
         self.body = False
         self.producer = b""
+        self.counter = 0
         self.reward = 0.0
+        self.judge_score = 0.0  # the re-score in the first passing verdict
         self.version = 0
         self.task: tuple[str, int] | None = None
         self.votes: list[Vote] = []
@@ -77,6 +89,7 @@ class Collector:
         self.gaps = GapCharges(ledger)
         self.ledger = self.gaps.ledger
         self.tracks: OrderedDict[bytes, _Track] = OrderedDict()
+        self.credit = CreditBook(pull_window_s=PullConfig().window_s)
 
     def track(self, rid: bytes) -> _Track:
         t = self.tracks.get(rid)
@@ -96,14 +109,50 @@ class Collector:
             t.producer = item.envelope.signer
             t.reward = header.reward
             t.version = item.envelope.policy_version
+            t.counter = header.counter
             t.task = (header.dataset, header.task_index)
             t.body = t.body or item.kind is Kind.ROLLOUT_RECORD
+            self.credit.on_header(t.producer, t.counter, t.version, t.reward, now)
+            self._judged(t, now)
             return self.gaps.on_rollout(t.producer, header.counter, header.reward, now)
         if item.kind is Kind.VERDICT:
             t = self.track(item.obj.rollout_id)
             if len(t.votes) < MAX_VOTES:
                 t.votes.append(Vote(item.envelope.signer, item.obj.producer, item.obj.passed))
+                if item.obj.passed and not any(v.passed for v in t.votes[:-1]):
+                    t.judge_score = float(item.obj.reward_rescored)
+            self._judged(t, now)
+        return self.on_time(now)
+
+    def on_rescored(self, rid: bytes, reward: float, now: float) -> list[bytes]:
+        """We re-scored the body of `rid` at `reward`; returns its producer if its header
+        claimed another reward (charge it `penalties.FALSE_CLAIM`)."""
+        t = self.tracks.get(rid)
+        if t is None or not t.producer:
+            return []
+        false = self.credit.on_body(t.producer, t.counter, t.version, t.reward, reward, now)
+        self._judged(t, now)
+        return [t.producer] if false is not None else []
+
+    def _judged(self, t: _Track, now: float) -> None:
+        if not t.producer:
+            return
+        st = self.status(t)
+        if st is not Status.PENDING:
+            passed = st is Status.VERIFIED
+            self.credit.on_judged(t.producer, t.counter, t.version, passed, t.judge_score, now)
+
+    def on_time(self, now: float) -> list[bytes]:
+        """Time passed: pull windows close (skipped counters) and gaps are judged; returns
+        the producers that just went past their allowance."""
+        self.credit.on_time(now)
         return self.gaps.on_time(now)
+
+    def credited_reward(self, producer: bytes, now: float = math.inf) -> float | None:
+        """The producer's credit: re-scored rewards of its judged bodies, with skipped
+        and withheld counters at 0 (`protocol.credit`)."""
+        s = self.ledger.standing(producer, now)
+        return self.credit.credited_reward(producer, s.withheld if s is not None else 0)
 
     def on_late(self, item: Admitted) -> list[bytes]:
         """A rollout admission refused as too stale (`Reject.late`): its producer published
@@ -128,6 +177,7 @@ class Collector:
         ]
         producers = {t.producer for t in self.tracks.values() if t.producer}
         refused = sorted(p for p in producers if not self.ledger.allowed(p, now))
+        credit = [s for p in producers if (s := self.credit.standing(p))]
         return {
             "bodies": len(statuses),
             "verified": len(verified),
@@ -140,6 +190,8 @@ class Collector:
             else None,
             "producers_refused": len(refused),
             "withheld": sum(s.withheld for p in producers if (s := self.ledger.standing(p))),
+            "skipped": sum(s.skipped for s in credit),
+            "false_claims": sum(s.false_claims for s in credit),
         }
 
 
@@ -173,6 +225,20 @@ def _train(trainer: Any, rescorer: Any, ready: list[Any], threads: int | None, n
         while trainer.version == version and trainer.step() is not None:
             steps += 1
     return steps
+
+
+def _rescore(rescorer: Any, bodies: list[Any]) -> list[tuple[bytes, float]]:
+    """(rollout id, re-scored reward) of each body of its assigned task (worker thread);
+    a body that is not of its task is left out (admission and audits deal with it)."""
+    from trainer.samples import Refused
+
+    out = []
+    for ro in bodies:
+        try:
+            out.append((ro.rollout_id, rescorer.rescore(ro)))
+        except Refused:
+            pass
+    return out
 
 
 def _heldout(model: Any, tokenizer: Any, manifest: Any, threads: int | None) -> float:
@@ -219,6 +285,7 @@ class TrainerRole:
             peer.admission.authority, VerifiedRule(quorum=self.manifest.verdict_quorum)
         )
         self.waiting: OrderedDict[bytes, Any] = OrderedDict()
+        self.unscored: list[Any] = []  # held bodies not re-scored yet (at most MAX_WAITING)
         self.model: Any = None
         self.tokenizer: Any = None
         self.trainer: Any = None
@@ -234,6 +301,8 @@ class TrainerRole:
         for bad in self.collector.on_deliver(item):
             self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name)
         if item.kind is Kind.ROLLOUT_RECORD:
+            if len(self.unscored) < MAX_WAITING:
+                self.unscored.append(item.obj)
             self.waiting[item.content_id] = item.obj
             if len(self.waiting) > MAX_WAITING:
                 self.waiting.popitem(last=False)
@@ -296,8 +365,22 @@ class TrainerRole:
             if steps == 0:
                 await trio.sleep(STEP_POLL_S)
 
+    async def rescore(self) -> None:
+        """Re-score the bodies that arrived since the last turn: the credit of their
+        producers, and `penalties.FALSE_CLAIM` for each header that claimed otherwise."""
+        bodies, self.unscored = self.unscored, []
+        scored = await trio.to_thread.run_sync(_rescore, self.rescorer, bodies)
+        now = time.time()
+        for rid, reward in scored:
+            for bad in self.collector.on_rescored(rid, reward, now):
+                self.peer.report(bad, penalties.FALSE_CLAIM.cost, "claimed a reward its body does not earn",
+                                 penalties.FALSE_CLAIM.name)  # fmt: skip
+        for bad in self.collector.on_time(now):
+            self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name)
+
     async def train(self) -> int:
         """Train on the verified rollouts waiting; returns the steps taken."""
+        await self.rescore()
         ready = _pick(
             self.collector, self.waiting, self.trainer.version, self.manifest.max_staleness,
             time.time(),

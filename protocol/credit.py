@@ -1,0 +1,201 @@
+"""Credit: what a producer's work is worth, from bodies someone holds, never from headers.
+
+A header claims a reward; it proves nothing. A producer's credit for a counter is the
+reward *re-scored* from a body the trainer holds (or that a validator re-scored in its
+verdict), counted once the record was judged against the weights of the version it
+claims (a verdict: a validator holds those weights). Per counter, in order:
+
+    header heard        open: it claims (version, reward); nothing is credited yet
+    body re-scored      held: its re-score is known; a claim that differs from it by more
+                        than `tolerance` is a `FalseClaim` (its producer pays
+                        `penalties.FALSE_CLAIM`, once per counter)
+    judged              a held body is settled: credited our re-score if the record passed,
+                        0 if it failed
+    pull window closes  a header still without a held body is settled at the judge's
+    (`pull_window_s`)   re-score if a judge passed it (the judge holds the body), else it
+                        is *skipped*: reward 0 (a body nobody could pull is work nobody can
+                        check, so a claim never served is worth nothing)
+
+A body held but never judged stays held and counts for nothing either way (it is neither
+credit nor a skip: with sampled audits most honest records wait here, and the credited
+mean is taken over the judged ones). `credited_reward(producer, withheld)` is the mean
+over settled counters plus `withheld` counters the producer never published
+(`protocol.accounting.WorkLedger`): a worker that publishes only what solved and serves
+only solved bodies is credited its true rate.
+
+The first header or body heard for (producer, counter) fixes its claim; a later one that
+names another version is not this claim and changes nothing (admission refuses it as double
+work). Pure and bounded: no IO, time passed in; at most `max_open` claims not yet settled
+(oldest settled as skipped first) and `max_producers` producers.
+
+Public API
+----------
+`CreditBook(pull_window_s=300.0, tolerance=1e-4, max_open=262_144, max_producers=100_000)`
+    `.on_header(producer, counter, version, claimed, now)`
+    `.on_body(producer, counter, version, claimed, rescored, now) -> FalseClaim | None`
+    `.on_judged(producer, counter, version, passed, rescored, now)`
+    `.on_time(now)`                        close the pull windows that ended by `now`
+    `.standing(producer) -> CreditStanding | None`
+    `.credited_reward(producer, withheld=0) -> float | None`
+`FalseClaim(producer, counter, claimed, rescored)`; `CreditStanding(settled, skipped,
+false_claims, reward_sum)`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from protocol.errors import LocalProtocolError
+
+__all__ = ["CreditBook", "CreditStanding", "FalseClaim"]
+
+
+@dataclass(frozen=True, slots=True)
+class FalseClaim:
+    """Action: `producer` signed a header claiming `claimed` for a body we re-scored at
+    `rescored`; charge it `penalties.FALSE_CLAIM`."""
+
+    producer: bytes
+    counter: int
+    claimed: float
+    rescored: float
+
+
+@dataclass(slots=True)
+class CreditStanding:
+    settled: int = 0  # judged or skipped counters
+    skipped: int = 0  # headers whose body never came within the pull window
+    false_claims: int = 0
+    reward_sum: float = 0.0
+
+
+class _Claim:
+    __slots__ = ("claimed", "heard_at", "judge_score", "passed", "rescored", "version")
+
+    def __init__(self, version: int, claimed: float, now: float) -> None:
+        self.version, self.claimed, self.heard_at = version, claimed, now
+        self.rescored: float | None = None  # our own re-score of the body we hold
+        self.passed: bool | None = None  # the judgement, once heard
+        self.judge_score = 0.0  # the judge's re-score
+
+
+class CreditBook:
+    """Claims, held bodies and judgements per (producer, counter) (module docstring)."""
+
+    def __init__(
+        self, *, pull_window_s: float = 300.0, tolerance: float = 1e-4,
+        max_open: int = 262_144, max_producers: int = 100_000,
+    ) -> None:  # fmt: skip
+        if not (math.isfinite(pull_window_s) and pull_window_s > 0) or tolerance < 0:
+            raise LocalProtocolError("CreditBook: pull_window_s > 0 and tolerance >= 0")
+        if max_open < 1 or max_producers < 1:
+            raise LocalProtocolError("CreditBook: max_open and max_producers >= 1")
+        self.pull_window_s, self.tolerance = pull_window_s, tolerance
+        self.max_open, self.max_producers = max_open, max_producers
+        self._open: OrderedDict[tuple[bytes, int], _Claim] = OrderedDict()  # no body yet
+        self._held: OrderedDict[tuple[bytes, int], _Claim] = OrderedDict()  # body, no verdict
+        self._settled: OrderedDict[tuple[bytes, int], None] = OrderedDict()
+        self._producers: OrderedDict[bytes, CreditStanding] = OrderedDict()
+
+    def _claim(self, producer: bytes, counter: int, version: int, claimed: float,
+               now: float) -> _Claim | None:  # fmt: skip
+        """The claim of (producer, counter), opened if new; None if settled or if it names
+        another version than the claim heard first."""
+        key = (producer, counter)
+        if key in self._settled:
+            return None
+        c = self._open.get(key) or self._held.get(key)
+        if c is None:
+            c = self._open[key] = _Claim(version, float(claimed), now)
+            if len(self._open) + len(self._held) > self.max_open:
+                self._evict()
+        return c if c.version == version else None
+
+    def _evict(self) -> None:
+        if self._held:  # held and never judged: dropped, credited nothing
+            self._held.popitem(last=False)
+        else:
+            key, _ = self._open.popitem(last=False)
+            self._settle(*key, 0.0, skipped=True)
+
+    def on_header(self, producer: bytes, counter: int, version: int, claimed: float, now: float) -> None:
+        """A header (or a record's header) heard at `now`."""
+        self._claim(producer, counter, version, claimed, now)
+
+    def on_body(self, producer: bytes, counter: int, version: int, claimed: float,
+                rescored: float, now: float) -> FalseClaim | None:  # fmt: skip
+        """We hold the body of (producer, counter) and re-scored it at `rescored`; the
+        `FalseClaim` to charge if its claim differs (once per counter)."""
+        key = (producer, counter)
+        c = self._claim(producer, counter, version, claimed, now)
+        if c is None or c.rescored is not None:
+            return None
+        c.rescored = float(rescored)
+        del self._open[key]
+        if c.passed is None:
+            self._held[key] = c
+        else:
+            self._settle(producer, counter, c.rescored if c.passed else 0.0)
+        if abs(c.claimed - c.rescored) > self.tolerance:
+            self._standing(producer).false_claims += 1
+            return FalseClaim(producer, counter, c.claimed, c.rescored)
+        return None
+
+    def on_judged(self, producer: bytes, counter: int, version: int, passed: bool,
+                  rescored: float, now: float) -> None:  # fmt: skip
+        """A judgement of (producer, counter) at `version`: passed or not, and the judge's
+        re-score. Settles the counter if we hold its body (our re-score is credited);
+        otherwise the judge's re-score is, when the pull window closes without the body."""
+        key = (producer, counter)
+        c = self._claim(producer, counter, version, rescored, now)
+        if c is None or c.passed is not None:
+            return
+        c.passed, c.judge_score = bool(passed), float(rescored)
+        if c.rescored is not None:
+            del self._held[key]
+            self._settle(producer, counter, c.rescored if passed else 0.0)
+
+    def on_time(self, now: float) -> None:
+        """Close the pull windows that ended by `now`: a header with no body held is
+        settled at its judge's re-score if judged (and passed), else skipped (reward 0)."""
+        while self._open:
+            key, c = next(iter(self._open.items()))
+            if now - c.heard_at < self.pull_window_s:
+                break
+            del self._open[key]
+            if c.passed is None:
+                self._settle(*key, 0.0, skipped=True)
+            else:
+                self._settle(*key, c.judge_score if c.passed else 0.0)
+
+    def _standing(self, producer: bytes) -> CreditStanding:
+        s = self._producers.get(producer)
+        if s is None:
+            s = self._producers[producer] = CreditStanding()
+            if len(self._producers) > self.max_producers:
+                self._producers.popitem(last=False)
+        else:
+            self._producers.move_to_end(producer)
+        return s
+
+    def _settle(self, producer: bytes, counter: int, reward: float, *, skipped: bool = False) -> None:
+        s = self._standing(producer)
+        s.settled += 1
+        s.skipped += skipped
+        s.reward_sum += reward
+        self._settled[(producer, counter)] = None
+        while len(self._settled) > self.max_open:
+            self._settled.popitem(last=False)
+
+    def standing(self, producer: bytes) -> CreditStanding | None:
+        return self._producers.get(producer)
+
+    def credited_reward(self, producer: bytes, withheld: int = 0) -> float | None:
+        """Mean credit over the producer's settled counters and `withheld` unpublished ones
+        (reward 0); None before anything of it was settled."""
+        s = self._producers.get(producer)
+        if s is None or s.settled + withheld == 0:
+            return None
+        return s.reward_sum / (s.settled + withheld)
