@@ -5,8 +5,12 @@ records instead of model output. What stands in for the model (said plainly, bec
 benchmark measures the network's rules, not the audit): a record's true reward is
 `true_reward(body)` (1.0 for about 23% of bodies, by their digest, else 0.0); honest
 workers claim it, and the validator's "audit" re-scores it and fails any record whose
-claim differs. Sampling, verdicts, authority, accounting and every admission rule are the
-real ones (`protocol.*`, `node.roles.trainer.Collector`).
+claim differs; the trainer credits each body it holds at `true_reward` (its stand-in
+re-score) and charges `false_claim` for a header that claimed otherwise. Sampling,
+verdicts, authority, accounting, credit and every admission rule are the real ones
+(`protocol.*`, `node.roles.trainer.Collector`); the trainer's admission refuses versions
+above its own (`publishes_versions`), and its body pull window is `CREDIT_WINDOW_S` so that
+headers whose bodies never come are settled as skipped within a run.
 
 Start-up prints `{"peer_id", "addrs"}`; then one JSON command per stdin line, one JSON
 answer per line:
@@ -39,10 +43,12 @@ from bench._records import net_manifest, synthetic_record
 from node.host import HostSettings
 from node.peer import PeerConfig, open_peer
 from node.roles.trainer import Collector
+from protocol import penalties
 from protocol.accounting import WorkLedger
-from protocol.admission import Admitted, Kind
+from protocol.admission import AdmissionConfig, Admitted, Kind
 from protocol.assignment import task_seed
 from protocol.audit_sample import sample_ticket, sampled
+from protocol.body_pull import PullConfig
 from protocol.codec import decode, encode
 from protocol.content_id import content_id
 from protocol.identity import Identity, peer_id_from_b58, peer_id_to_b58
@@ -52,6 +58,7 @@ from protocol.wire import RolloutBody, RolloutRecord, Verdict
 
 VERSION = 5  # everyone runs at this policy version (S = 2: version 2 and below is stale)
 AUDIT_FRACTION = 0.5
+CREDIT_WINDOW_S = 6.0  # the trainer's body pull window: a header unserved this long is skipped
 
 
 def true_reward(body: RolloutBody) -> float:
@@ -66,17 +73,21 @@ def manifest(run: str, validator: str) -> Any:
 
 
 def honest_record(ident: Identity, m: Any, counter: int, seq: int, *, lie: bool = False,
-                  version: int = VERSION, run_id: str | None = None, rng: random.Random) -> bytes:
-    """A synthetic record claiming its true reward (or lying: claiming the opposite)."""
+                  version: int = VERSION, run_id: str | None = None, rng: random.Random,
+                  claim: float | None = None) -> bytes:
+    """A synthetic record claiming its true reward (or lying: claiming the opposite, or
+    `claim` whatever the truth)."""
     base = synthetic_record(ident, m, counter, n_prompt=16, n_completion=64, seq=seq, rng=rng)
     rec = decode(RolloutRecord, base)
-    # The task seed derives from the run, the version, the counter and the signer's key
+    # The task seed derives from the run, the counter and the signer's key
     # (admission refuses any other as `not_bound`), and the body was sampled with it.
     seed = task_seed(m.seed, counter, ident.peer_id)
     body = dataclasses.replace(decode(RolloutBody, rec.body), sampling_seed=seed)
     reward = true_reward(body)
     if lie:
         reward = 1.0 - reward
+    if claim is not None:
+        reward = claim
     return make_record(
         ident, body, dataset=m.datasets[0].name, task_index=counter, counter=counter,
         task_seed=seed, reward=reward, run_id=run_id or m.run_id,
@@ -89,14 +100,23 @@ class _Counting:
 
     def __init__(self, peer: Any) -> None:
         self.peer = peer
-        self.collector = Collector(peer.admission.authority, VerifiedRule(quorum=1), WorkLedger())
+        self.collector = Collector(peer.admission.authority, VerifiedRule(quorum=1), WorkLedger(),
+                                   pull_window_s=CREDIT_WINDOW_S)  # fmt: skip
         self.made: dict[bytes, tuple[str, float, int, bytes]] = {}  # rid -> producer, t, counter, digest
         self.admitted_by_signer: Counter[str] = Counter()
+        self.admitted_ahead: Counter[str] = Counter()  # rollouts of versions above ours
 
     def on_deliver(self, item: Admitted) -> None:
-        self.admitted_by_signer[peer_id_to_b58(item.envelope.signer)] += 1
+        signer = peer_id_to_b58(item.envelope.signer)
+        self.admitted_by_signer[signer] += 1
         for bad in self.collector.on_deliver(item):
             self.peer.report(bad, -20.0, "withheld assignment counters")
+        if item.kind is Kind.ROLLOUT_RECORD:
+            for bad in self.collector.on_rescored(item.content_id, true_reward(item.obj.body), item.received_at):
+                self.peer.report(bad, penalties.FALSE_CLAIM.cost, "claimed reward differs from the re-score",
+                                 penalties.FALSE_CLAIM.name)  # fmt: skip
+        if item.kind in (Kind.ROLLOUT_HEADER, Kind.ROLLOUT_RECORD):
+            self.admitted_ahead[signer] += item.envelope.policy_version > self.peer.admission.version
         if item.kind in (Kind.ROLLOUT_HEADER, Kind.ROLLOUT_RECORD):
             h = item.obj.header if item.kind is Kind.ROLLOUT_RECORD else item.obj
             self.made[item.content_id] = (
@@ -123,6 +143,12 @@ class _Counting:
         scores = self.peer.admission.scores
         # The ledger's final account (every gap judged, as it is once the grace has passed).
         reward = {p: self.collector.ledger.counted_reward(peer_id_from_b58(p)) for p in ids}
+        self.collector.on_time(now)  # pull windows that ended are settled as skipped
+        credit = {}
+        for p in ids:
+            s = self.collector.credit.standing(peer_id_from_b58(p))
+            credit[p] = {"credited": self.collector.credited_reward(peer_id_from_b58(p)),
+                         **(dataclasses.asdict(s) if s is not None else {})}
         return {
             "verified": verified, "headers": headers, "usable": dict(usable),
             "double_counted": sum(n - 1 for n in units.values()) + sum(n - 1 for n in bodies.values()),
@@ -130,6 +156,8 @@ class _Counting:
             "scores": {p: scores.score(p, now) for p in ids},
             "banned": {p: scores.is_banned(p, now) for p in ids},
             "counted_reward": reward,
+            "credit": credit,
+            "admitted_ahead": {p: self.admitted_ahead[p] for p in ids},
             "rss_mb": _rss_mb(),
         }
 
@@ -187,6 +215,8 @@ async def main(args: argparse.Namespace) -> None:
         bootstrap=tuple(args.bootstrap), pull_bodies=args.role in ("trainer", "validator"),
         policy_version=VERSION,
         host=HostSettings(peer_dead_after_s=6.0, max_connections=args.max_connections),
+        admission=AdmissionConfig(publishes_versions=args.role == "trainer"),
+        pull=PullConfig(window_s=CREDIT_WINDOW_S) if args.role == "trainer" else PullConfig(),
     )
     with trio.move_on_after(args.max_life):
         async with open_peer(cfg) as peer, trio.open_nursery() as nursery:

@@ -6,7 +6,10 @@ honest peers (`cmd["targets"]`), performs attack `cmd["name"]` for about `cmd["s
 attacker's peer id, the identities that signed them, and how the driver decides whether
 each had an effect at the trainer ("admitted": admitted at all; "verified": counted as
 verified work; "usable": verified and not refused by the work ledger; "double": the same
-unit of work counted twice). Every loop is bounded in count and time.
+unit of work counted twice; "credit": reward credited beyond the attacker's true rewards;
+"ahead": rollouts of versions the trainer has not published, admitted there). The credit
+cases also answer `produced` and `true_sum`: the counters the attacker made and the sum of
+their true (re-scored) rewards, for `credit_gain`. Every loop is bounded in count and time.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 import trio
 
-from bench._adv_peer import VERSION, honest_record
+from bench._adv_peer import VERSION, honest_record, true_reward
 from node.host import HostSettings, MessageTooLarge, PeerError
 from node.peer import PeerConfig, open_peer
 from node.store import RolloutRow
@@ -33,6 +36,7 @@ from protocol.rollout import make_record, open_record
 from protocol.wire import Envelope, RolloutRecord, Verdict
 
 MAX_MESSAGES = 2000
+CREDIT_RATE = 15.0  # counters a second in the credit cases: under every receiver's signer rate
 
 
 async def attack(cmd: dict[str, Any], manifest: Any, data_dir: Path) -> dict[str, Any]:
@@ -169,11 +173,50 @@ async def _resigned_copy(c: _Ctx, out: dict[str, Any]) -> None:
 
 
 async def _counter_shopping(c: _Ctx, out: dict[str, Any]) -> None:
-    out["measure"] = "usable"
+    out.update(measure="usable", produced=0, true_sum=0.0)
     for _ in range(min(400, int(c.seconds * 40))):
         rec = c.record()
+        out["produced"] += 1
+        out["true_sum"] += _truth(rec)
         if open_record(rec).header.reward == 1.0:  # publish only what it solved
             await c.store_and_publish(rec, out)
+
+
+def _truth(record: bytes) -> float:
+    return true_reward(open_record(record).body)
+
+
+async def _claimed_reward_lie(c: _Ctx, out: dict[str, Any]) -> None:
+    """Claims reward 1 in every header; stores (so serves) only the bodies that solved."""
+    out.update(measure="credit", produced=0, true_sum=0.0, lies=0)
+    for _ in range(max(60, int(c.seconds * 20))):
+        rec = c.record(claim=1.0)
+        solved = _truth(rec)
+        out["produced"] += 1
+        out["true_sum"] += solved
+        if solved:
+            await c.store_and_publish(rec, out)
+        else:
+            out["lies"] += 1
+            await c.publish("rollouts", _header(rec), out)  # its body is never served
+        await trio.sleep(1.0 / CREDIT_RATE)
+
+
+async def _version_shopping(c: _Ctx, out: dict[str, Any]) -> None:
+    """Per counter, samples the task under versions V, V+1 and V+2 (the trainer has
+    published V) and publishes whichever solved it (V when none did)."""
+    out.update(measure="ahead", produced=0, true_sum=0.0, shopped=0)
+    for _ in range(max(60, int(c.seconds * 20))):
+        c.counter += 1
+        tries = [honest_record(c.ident, c.manifest, c.counter, c.peer.seq.next(), rng=c.rng,
+                               version=VERSION + k) for k in range(3)]  # fmt: skip
+        solved = [_truth(r) for r in tries]
+        pick = solved.index(1.0) if 1.0 in solved else 0
+        out["produced"] += 1
+        out["true_sum"] += solved[0]  # what it earns at the version it holds
+        out["shopped"] += pick > 0
+        await c.store_and_publish(tries[pick], out)
+        await trio.sleep(1.0 / CREDIT_RATE)
 
 
 async def _lying_rollouts(c: _Ctx, out: dict[str, Any], n: int) -> list[bytes]:
@@ -255,5 +298,7 @@ ATTACKS = {
     "sampled_audit_dodging": _audit_dodging,
     "header_without_body": _header_without_body,
     "fresh_identity_flood": _fresh_identity_flood,
+    "claimed_reward_lie": _claimed_reward_lie,
+    "version_shopping": _version_shopping,
 }
 

@@ -20,6 +20,15 @@ Per attack (`attacks[name]`):
     honest_throughput_ratio  honest rollouts verified at the trainer per rollout the
                            validator sampled, made during the attack, divided by the same
                            during a window of the same run without an attacker
+    credit_gain            (`claimed_reward_lie`, `version_shopping`, `counter_shopping`) the
+                           attacker's credited mean reward at the trainer (`protocol.credit`:
+                           re-scored judged bodies, skipped and withheld counters at 0)
+                           divided by the mean true reward of the counters it made
+`claimed_reward_lie`: every header claims reward 1, only solved bodies are served;
+rejected counts reward credited beyond the attacker's true rewards, per lie.
+`version_shopping`: per counter the task sampled under V, V+1, V+2 (the trainer published
+V) and whichever solved published; rejected counts shopped rollouts (V+1, V+2) the trainer
+admitted.
 plus `shopping_reward_gain` (the reward the trainer's work ledger credits the counter
 shopper per produced counter, withheld ones counting 0 and a refused producer 0, divided by
 the honest workers' mean) and `rss_mb_max` (peak RSS of any process).
@@ -274,6 +283,13 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
             effect = sum(len(t_rep["verified"].get(s, [])) for s in signers)
         elif measure == "usable":
             effect = sum(t_rep["usable"].get(s, 0) for s in signers)
+        elif measure == "credit":  # reward credited beyond its true rewards
+            effect = sum(max(0.0, (t_rep["credit"].get(s) or {}).get("reward_sum", 0.0) - r["true_sum"])
+                         for s in signers)  # fmt: skip
+            sent = max(1, int(r["lies"]))
+        elif measure == "ahead":  # rollouts of unpublished versions admitted by the trainer
+            effect = sum(t_rep["admitted_ahead"].get(s, 0) for s in signers)
+            sent = max(1, int(r["shopped"]))
         else:  # "double": a unit of work counted twice anywhere
             effect = t_rep["double_counted"]
         attacker = r.get("attacker", "")
@@ -288,6 +304,8 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
             "sent": int(r["sent"]),
             "measure": measure,
         }
+        if "true_sum" in r:
+            attacks[name]["credit_gain"] = _credit_gain(r, t_rep["credit"].get(attacker) or {})
     shopper = runs.get("counter_shopping", {}).get("attacker", "")
     rewards = [t_rep["counted_reward"].get(w) for w in workers]
     honest_reward = statistics.mean(x for x in rewards if x is not None) if any(
@@ -297,6 +315,14 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
     if honest_reward:
         gain = round((shop or 0.0) / honest_reward, 3)
     return {"attacks": attacks, "shopping_reward_gain": gain, "rss_mb_max": round(rss, 1)}
+
+
+def _credit_gain(r: dict[str, Any], credit: dict[str, Any]) -> float | None:
+    """The attacker's credited mean reward at the trainer over its true mean reward."""
+    true_mean = r["true_sum"] / max(1, r["produced"])
+    if not true_mean:
+        return None
+    return round((credit.get("credited") or 0.0) / true_mean, 3)
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:

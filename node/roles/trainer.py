@@ -84,12 +84,13 @@ class _Track:
 class Collector:
     """What the trainer heard: rollouts, votes and counters (driven by `on_deliver`)."""
 
-    def __init__(self, authority: Authority, rule: VerifiedRule, ledger: WorkLedger | None = None):
+    def __init__(self, authority: Authority, rule: VerifiedRule, ledger: WorkLedger | None = None,
+                 pull_window_s: float = PullConfig().window_s):  # fmt: skip
         self.authority, self.rule = authority, rule
         self.gaps = GapCharges(ledger)
         self.ledger = self.gaps.ledger
         self.tracks: OrderedDict[bytes, _Track] = OrderedDict()
-        self.credit = CreditBook(pull_window_s=PullConfig().window_s)
+        self.credit = CreditBook(pull_window_s=pull_window_s)  # the body puller's window
 
     def track(self, rid: bytes) -> _Track:
         t = self.tracks.get(rid)
