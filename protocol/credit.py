@@ -74,8 +74,8 @@ class CreditStanding:
 class _Claim:
     __slots__ = ("claimed", "heard_at", "judge_score", "passed", "rescored", "version")
 
-    def __init__(self, version: int, claimed: float, now: float) -> None:
-        self.version, self.claimed, self.heard_at = version, claimed, now
+    def __init__(self, version: int, claimed: float | None, now: float) -> None:
+        self.version, self.claimed, self.heard_at = version, claimed, now  # claimed: the header's
         self.rescored: float | None = None  # our own re-score of the body we hold
         self.passed: bool | None = None  # the judgement, once heard
         self.judge_score = 0.0  # the judge's re-score
@@ -99,19 +99,24 @@ class CreditBook:
         self._settled: OrderedDict[tuple[bytes, int], None] = OrderedDict()
         self._producers: OrderedDict[bytes, CreditStanding] = OrderedDict()
 
-    def _claim(self, producer: bytes, counter: int, version: int, claimed: float,
+    def _claim(self, producer: bytes, counter: int, version: int, claimed: float | None,
                now: float) -> _Claim | None:  # fmt: skip
         """The claim of (producer, counter), opened if new; None if settled or if it names
-        another version than the claim heard first."""
+        another version than the claim heard first. `claimed`: the header's reward, None
+        when what we heard was not the header (a verdict)."""
         key = (producer, counter)
         if key in self._settled:
             return None
         c = self._open.get(key) or self._held.get(key)
         if c is None:
-            c = self._open[key] = _Claim(version, float(claimed), now)
+            c = self._open[key] = _Claim(version, claimed, now)
             if len(self._open) + len(self._held) > self.max_open:
                 self._evict()
-        return c if c.version == version else None
+        if c.version != version:
+            return None
+        if c.claimed is None and claimed is not None:
+            c.claimed = float(claimed)
+        return c
 
     def _evict(self) -> None:
         if self._held:  # held and never judged: dropped, credited nothing
@@ -138,7 +143,7 @@ class CreditBook:
             self._held[key] = c
         else:
             self._settle(producer, counter, c.rescored if c.passed else 0.0)
-        if abs(c.claimed - c.rescored) > self.tolerance:
+        if c.claimed is not None and abs(c.claimed - c.rescored) > self.tolerance:
             self._standing(producer).false_claims += 1
             return FalseClaim(producer, counter, c.claimed, c.rescored)
         return None
@@ -149,7 +154,7 @@ class CreditBook:
         re-score. Settles the counter if we hold its body (our re-score is credited);
         otherwise the judge's re-score is, when the pull window closes without the body."""
         key = (producer, counter)
-        c = self._claim(producer, counter, version, rescored, now)
+        c = self._claim(producer, counter, version, None, now)
         if c is None or c.passed is not None:
             return
         c.passed, c.judge_score = bool(passed), float(rescored)

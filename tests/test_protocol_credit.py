@@ -268,3 +268,30 @@ def test_a_version_shopper_is_credited_its_true_rate_and_pays() -> None:
     true_mean = sum(truth[:heard]) / heard
     credited = c.credited_reward(ALICE.peer_id, end)
     assert credited <= 1.02 * true_mean, (credited, true_mean)
+
+
+def test_credit_book_orders_of_arrival_and_bounds() -> None:
+    from protocol.credit import CreditBook
+
+    book = CreditBook(pull_window_s=WINDOW_S, max_open=4)
+    # A verdict before the header and the body: the header's claim is still the one checked.
+    book.on_judged(b"p", 0, 10, True, 1.0, T0)
+    book.on_header(b"p", 0, 10, 1.0, T0)
+    assert book.on_body(b"p", 0, 10, 1.0, 0.0, T0 + 1) is not None  # claimed 1, re-scored 0
+    assert book.credited_reward(b"p") == 0.0  # our re-score, not the judge's
+    # A body judged by a validator that we never hold: the judge's re-score once the
+    # window closes; a failed judgement: 0; a body of another version than claimed: nothing.
+    book.on_header(b"p", 1, 10, 1.0, T0)
+    book.on_judged(b"p", 1, 10, True, 1.0, T0 + 1)
+    book.on_header(b"p", 2, 10, 1.0, T0)
+    book.on_body(b"p", 2, 10, 1.0, 1.0, T0 + 1)
+    book.on_judged(b"p", 2, 10, False, 1.0, T0 + 2)
+    assert book.on_body(b"p", 3, 10, 0.0, 0.0, T0) is None
+    assert book.on_body(b"p", 3, 11, 1.0, 0.0, T0) is None  # not this claim: no charge
+    book.on_time(T0 + WINDOW_S)
+    s = book.standing(b"p")
+    assert (s.settled, s.skipped, s.false_claims, s.reward_sum) == (3, 0, 1, 1.0)
+    # Bounded: claims past `max_open` settle the oldest open one as skipped.
+    for counter in range(10, 20):
+        book.on_header(b"q", counter, 10, 1.0, T0 + WINDOW_S)
+    assert book.standing(b"q").skipped >= 6
