@@ -120,7 +120,8 @@ class Collector:
             t = self.track(item.obj.rollout_id)
             if len(t.votes) < MAX_VOTES:
                 t.votes.append(Vote(item.envelope.signer, item.obj.producer, item.obj.passed))
-                if item.obj.passed and not any(v.passed for v in t.votes[:-1]):
+                first_pass = item.obj.passed and not any(v.passed for v in t.votes[:-1])
+                if first_pass and item.obj.producer == (t.producer or item.obj.producer):
                     t.judge_score = float(item.obj.reward_rescored)
             self._judged(t, now)
         return self.on_time(now)
