@@ -181,6 +181,21 @@ def test_a_claimed_reward_that_differs_is_never_trained_on(tok):
     assert err.value.reason == "claimed-reward-mismatch"
 
 
+def test_every_held_body_is_re_scored_for_credit_whatever_it_claims(tok):
+    """The trainer's credit path (`node.roles.trainer._rescore`): the reward of each body
+    from its task, not from its header."""
+    from node.roles.trainer import _rescore
+
+    manifest = _manifest()
+    recs = [open_record(r) for r in _records(tok, manifest, Identity.generate(), 2, lie_every=2)]
+    scored = dict(_rescore(Rescorer(manifest, tok), recs))
+    assert len(scored) == 4
+    for r in recs:
+        solved = r.header.counter % 2 == 0
+        assert (scored[r.rollout_id] >= 1.0) == solved
+    assert recs[1].header.reward == 1.0 and scored[recs[1].rollout_id] < 1.0  # the lie
+
+
 def test_offline_train_command(tok, tmp_path, monkeypatch):
     from node.commands import train
     from trainer.model_dir import save_model_dir

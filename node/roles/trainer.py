@@ -359,6 +359,7 @@ class TrainerRole:
     async def train_forever(self) -> None:
         while True:
             steps = 0
+            await self.rescore()  # credit, even while training waits
             if self.publish_error is None:  # never train past a version the swarm has not got
                 steps = await self.train()
             if self.peer.weights is not None and self.trainer.version > self.published:
@@ -382,7 +383,6 @@ class TrainerRole:
 
     async def train(self) -> int:
         """Train on the verified rollouts waiting; returns the steps taken."""
-        await self.rescore()
         ready = _pick(
             self.collector, self.waiting, self.trainer.version, self.manifest.max_staleness,
             time.time(),
