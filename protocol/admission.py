@@ -17,7 +17,7 @@ The pipeline (legal steps as data: `PIPELINE`, and per kind `KIND_RULES`)
     DECODE     not a canonical encoding / wrong kind          -> MALFORMED (error's penalty)
     SIGNATURE  signature does not verify; body != digest      -> BAD_SIGNATURE / BODY_MISMATCH
     CONTEXT    other run; version older than t - S            -> WRONG_RUN / STALE
-               a rollout newer than t at the trainer            -> UNPUBLISHED_VERSION
+               a rollout newer than t, at the trainer         -> UNPUBLISHED_VERSION
                (`AdmissionConfig.publishes_versions`: the trainer knows which
                versions exist; its signer pays, a relay does not)
                version newer than t + max_future_versions     -> FUTURE_VERSION
