@@ -25,20 +25,33 @@ only solved bodies is credited its true rate.
 
 The first header or body heard for (producer, counter) fixes its claim; a later one that
 names another version is not this claim and changes nothing (admission refuses it as double
-work). Pure and bounded: no IO, time passed in; at most `max_open` claims not yet settled
+work).
+
+Versions go forward. A worker makes its counters in order and moves to a newer version
+when it installs one, so of two of its claims, the one with the higher counter never names
+the lower version. A claim that would (a version below one it claimed at a lower counter,
+or above one it claimed at a higher counter) is *out of order*: settled at 0 at once and
+never trained on (`out_of_order`). That is what is left to a worker holding several
+published versions that samples one task under each and publishes whichever solved it:
+once it has published a counter at the newest version, the older ones earn nothing. It is
+free (no penalty): an honest worker that restarts may make one batch with its base model
+before it has loaded its newest weights. Per producer the counter span of each of its
+`max_versions` newest versions is kept; the first claim heard keeps its place. Pure and bounded: no IO, time passed in; at most `max_open` claims not yet settled
 (oldest settled as skipped first) and `max_producers` producers.
 
 Public API
 ----------
-`CreditBook(pull_window_s=300.0, tolerance=1e-4, max_open=262_144, max_producers=100_000)`
+`CreditBook(pull_window_s=300.0, tolerance=1e-4, max_open=262_144, max_producers=100_000,
+max_versions=8)`
     `.on_header(producer, counter, version, claimed, now)`
     `.on_body(producer, counter, version, claimed, rescored, now) -> FalseClaim | None`
     `.on_judged(producer, counter, version, passed, rescored, now)`
     `.on_time(now)`                        close the pull windows that ended by `now`
     `.standing(producer) -> CreditStanding | None`
+    `.out_of_order(producer, counter) -> bool`  settled as out of order (not to be trained on)
     `.credited_reward(producer, withheld=0) -> float | None`
 `FalseClaim(producer, counter, claimed, rescored)`; `CreditStanding(settled, skipped,
-false_claims, reward_sum)`.
+false_claims, reward_sum, out_of_order)`.
 """
 
 from __future__ import annotations
@@ -69,6 +82,7 @@ class CreditStanding:
     skipped: int = 0  # headers whose body never came within the pull window
     false_claims: int = 0
     reward_sum: float = 0.0
+    out_of_order: int = 0  # claims of a version behind one of a lower counter, or ahead of a higher
 
 
 class _Claim:
@@ -86,17 +100,19 @@ class CreditBook:
 
     def __init__(
         self, *, pull_window_s: float = 300.0, tolerance: float = 1e-4,
-        max_open: int = 262_144, max_producers: int = 100_000,
+        max_open: int = 262_144, max_producers: int = 100_000, max_versions: int = 8,
     ) -> None:  # fmt: skip
         if not (math.isfinite(pull_window_s) and pull_window_s > 0) or tolerance < 0:
             raise LocalProtocolError("CreditBook: pull_window_s > 0 and tolerance >= 0")
-        if max_open < 1 or max_producers < 1:
-            raise LocalProtocolError("CreditBook: max_open and max_producers >= 1")
+        if max_open < 1 or max_producers < 1 or max_versions < 1:
+            raise LocalProtocolError("CreditBook: max_open, max_producers, max_versions >= 1")
         self.pull_window_s, self.tolerance = pull_window_s, tolerance
-        self.max_open, self.max_producers = max_open, max_producers
+        self.max_open, self.max_producers, self.max_versions = max_open, max_producers, max_versions
+        # producer -> version -> (lowest, highest) counter claimed at it
+        self._spans: OrderedDict[bytes, dict[int, tuple[int, int]]] = OrderedDict()
         self._open: OrderedDict[tuple[bytes, int], _Claim] = OrderedDict()  # no body yet
         self._held: OrderedDict[tuple[bytes, int], _Claim] = OrderedDict()  # body, no verdict
-        self._settled: OrderedDict[tuple[bytes, int], None] = OrderedDict()
+        self._settled: OrderedDict[tuple[bytes, int], bool] = OrderedDict()  # -> out of order
         self._producers: OrderedDict[bytes, CreditStanding] = OrderedDict()
 
     def _claim(self, producer: bytes, counter: int, version: int, claimed: float | None,
@@ -109,6 +125,10 @@ class CreditBook:
             return None
         c = self._open.get(key) or self._held.get(key)
         if c is None:
+            if not self._in_order(producer, counter, version):
+                self._standing(producer).out_of_order += 1
+                self._settle(producer, counter, 0.0, out_of_order=True)
+                return None
             c = self._open[key] = _Claim(version, claimed, now)
             if len(self._open) + len(self._held) > self.max_open:
                 self._evict()
@@ -117,6 +137,28 @@ class CreditBook:
         if c.claimed is None and claimed is not None:
             c.claimed = float(claimed)
         return c
+
+    def _in_order(self, producer: bytes, counter: int, version: int) -> bool:
+        """Whether a claim of `version` at `counter` keeps the producer's versions going
+        forward; if so its counter joins the version's span."""
+        spans = self._spans.get(producer)
+        if spans is None:
+            spans = self._spans[producer] = {}
+            if len(self._spans) > self.max_producers:
+                self._spans.popitem(last=False)
+        else:
+            self._spans.move_to_end(producer)
+        for v, (lo, hi) in spans.items():
+            if (v > version and lo < counter) or (v < version and hi > counter):
+                return False
+        lo, hi = spans.get(version, (counter, counter))
+        spans[version] = (min(lo, counter), max(hi, counter))
+        while len(spans) > self.max_versions:
+            del spans[min(spans)]
+        return True
+
+    def out_of_order(self, producer: bytes, counter: int) -> bool:
+        return self._settled.get((producer, counter), False)
 
     def _evict(self) -> None:
         if self._held:  # held and never judged: dropped, credited nothing
@@ -185,12 +227,13 @@ class CreditBook:
             self._producers.move_to_end(producer)
         return s
 
-    def _settle(self, producer: bytes, counter: int, reward: float, *, skipped: bool = False) -> None:
+    def _settle(self, producer: bytes, counter: int, reward: float, *, skipped: bool = False,
+                out_of_order: bool = False) -> None:  # fmt: skip
         s = self._standing(producer)
         s.settled += 1
         s.skipped += skipped
         s.reward_sum += reward
-        self._settled[(producer, counter)] = None
+        self._settled[(producer, counter)] = out_of_order
         while len(self._settled) > self.max_open:
             self._settled.popitem(last=False)
 

@@ -295,3 +295,52 @@ def test_credit_book_orders_of_arrival_and_bounds() -> None:
     for counter in range(10, 20):
         book.on_header(b"q", counter, 10, 1.0, T0 + WINDOW_S)
     assert book.standing(b"q").skipped >= 6
+
+
+def test_a_shopper_across_published_versions_earns_nothing_for_going_back() -> None:
+    """The trainer has published v10, v11 and v12 (all within S): per counter the shopper
+    publishes whichever of them solved its task. Once it published a counter at a newer
+    version, its claims at older ones are out of order: credited 0, never trained on."""
+    from node.roles.trainer import Collector, _pick
+    from protocol.verified import VerifiedRule
+
+    a = judged_machine(version=12, publishes_versions=True)
+    c = Collector(a.authority, VerifiedRule(quorum=1))
+    t, truth, waiting = T0, [], {}
+    for counter in range(200):
+        t += 0.5
+        outcomes = [solved(counter, salt) for salt in range(3)]
+        truth.append(1.0 if outcomes[2] else 0.0)  # an honest worker holds the newest
+        pick = outcomes.index(True) if any(outcomes) else 2
+        rec = claimed_record(ALICE, counter, float(outcomes[pick]), version=10 + pick, at=t, salt=pick)
+        for item in delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, rec, t):
+            c.on_deliver(item)
+            waiting[item.content_id] = item.obj
+            c.on_rescored(item.content_id, float(outcomes[pick]), t)
+            v = pass_verdict(item.content_id, ALICE.peer_id, float(outcomes[pick]), counter + 1, t)
+            for vi in delivered(a, RELAY, Kind.VERDICT, v, t):
+                c.on_deliver(vi)
+    true_mean = sum(truth) / len(truth)
+    credited = c.credited_reward(ALICE.peer_id, t)
+    # At most one counter gained per step up to a newer version (two steps here).
+    assert credited <= true_mean + 2 / len(truth), (credited, true_mean)
+    assert c.credit.standing(ALICE.peer_id).out_of_order > 50
+    from collections import OrderedDict
+
+    ready = _pick(c, OrderedDict(waiting), 12, 2, t)
+    back = [ro for ro in ready if ro.header.counter > 2 and ro.envelope.policy_version < 12]
+    assert len(ready) > 100 and back == []  # after reaching v12 at counter 2, none gone back
+    assert a.scores.score(ALICE.peer_id, t) > 0  # free: an honest restart may go back once
+
+
+def test_an_honest_worker_moving_forward_is_never_out_of_order() -> None:
+    from protocol.credit import CreditBook
+
+    book = CreditBook(pull_window_s=WINDOW_S)
+    heard = [(c, 10 + c // 50) for c in range(200)]  # a new version every 50 counters
+    heard = heard[1::2] + heard[0::2]  # gossip reorders
+    for counter, version in heard:
+        book.on_header(b"p", counter, version, 0.0, T0)
+    book.on_time(T0 + WINDOW_S)
+    s = book.standing(b"p")
+    assert (s.out_of_order, s.skipped) == (0, 200)

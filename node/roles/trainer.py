@@ -259,7 +259,8 @@ def _heldout(model: Any, tokenizer: Any, manifest: Any, threads: int | None) -> 
 def _pick(
     collector: Collector, waiting: OrderedDict[bytes, Any], version: int, s: int, now: float
 ) -> list[Any]:
-    """Take the verified rollouts out of `waiting`; drop rejected and stale ones."""
+    """Take the verified rollouts out of `waiting`; drop rejected, stale and out-of-order
+    (`protocol.credit`) ones."""
     ready = []
     for rid in list(waiting):
         t = collector.tracks.get(rid)
@@ -268,7 +269,9 @@ def _pick(
             continue
         st = collector.status(t)
         allowed = collector.ledger.allowed(t.producer, now)
-        if st is Status.VERIFIED and allowed:
+        if collector.credit.out_of_order(t.producer, t.counter):  # a version shopped backwards
+            del waiting[rid]
+        elif st is Status.VERIFIED and allowed:
             ready.append(waiting.pop(rid))
         elif st is Status.REJECTED or not allowed:
             del waiting[rid]
