@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from bench._adv_peer import VERSION, honest_record, true_reward
+from bench._adv_peer import CREDIT_WINDOW_S, VERSION, honest_record, true_reward
 from node.host import HostSettings, MessageTooLarge, PeerError
 from node.peer import PeerConfig, open_peer
 from node.store import RolloutRow
@@ -200,23 +200,38 @@ async def _claimed_reward_lie(c: _Ctx, out: dict[str, Any]) -> None:
             out["lies"] += 1
             await c.publish("rollouts", _header(rec), out)  # its body is never served
         await trio.sleep(1.0 / CREDIT_RATE)
+    await trio.sleep(CREDIT_WINDOW_S)  # serve what it stored until the trainer's pulls end
 
 
-async def _version_shopping(c: _Ctx, out: dict[str, Any]) -> None:
-    """Per counter, samples the task under versions V, V+1 and V+2 (the trainer has
-    published V) and publishes whichever solved it (V when none did)."""
-    out.update(measure="ahead", produced=0, true_sum=0.0, shopped=0)
+async def _shop_versions(c: _Ctx, out: dict[str, Any], versions: list[int]) -> None:
+    """Per counter, samples the task under each of `versions` and publishes whichever
+    solved it (the first when none did)."""
+    out.update(produced=0, true_sum=0.0, shopped=0, lies=0)
     for _ in range(max(60, int(c.seconds * 20))):
         c.counter += 1
         tries = [honest_record(c.ident, c.manifest, c.counter, c.peer.seq.next(), rng=c.rng,
-                               version=VERSION + k) for k in range(3)]  # fmt: skip
+                               version=v) for v in versions]  # fmt: skip
         solved = [_truth(r) for r in tries]
         pick = solved.index(1.0) if 1.0 in solved else 0
         out["produced"] += 1
         out["true_sum"] += solved[0]  # what it earns at the version it holds
         out["shopped"] += pick > 0
+        out["lies"] += pick > 0
         await c.store_and_publish(tries[pick], out)
         await trio.sleep(1.0 / CREDIT_RATE)
+    await trio.sleep(CREDIT_WINDOW_S)  # serve what it stored until the trainer's pulls end
+
+
+async def _version_shopping(c: _Ctx, out: dict[str, Any]) -> None:
+    """Shops V, V+1, V+2 where the trainer has published V."""
+    out["measure"] = "ahead"
+    await _shop_versions(c, out, [VERSION, VERSION + 1, VERSION + 2])
+
+
+async def _published_version_shopping(c: _Ctx, out: dict[str, Any]) -> None:
+    """Shops V, V-1, V-2: all published, all within the staleness bound."""
+    out["measure"] = "credit"
+    await _shop_versions(c, out, [VERSION, VERSION - 1, VERSION - 2])
 
 
 async def _lying_rollouts(c: _Ctx, out: dict[str, Any], n: int) -> list[bytes]:
@@ -300,5 +315,6 @@ ATTACKS = {
     "fresh_identity_flood": _fresh_identity_flood,
     "claimed_reward_lie": _claimed_reward_lie,
     "version_shopping": _version_shopping,
+    "published_version_shopping": _published_version_shopping,
 }
 

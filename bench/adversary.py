@@ -20,7 +20,7 @@ Per attack (`attacks[name]`):
     honest_throughput_ratio  honest rollouts verified at the trainer per rollout the
                            validator sampled, made during the attack, divided by the same
                            during a window of the same run without an attacker
-    credit_gain            (`claimed_reward_lie`, `version_shopping`, `counter_shopping`) the
+    credit_gain            (the credit cases below and `counter_shopping`) the
                            attacker's credited mean reward at the trainer (`protocol.credit`:
                            re-scored judged bodies, skipped and withheld counters at 0)
                            divided by the mean true reward of the counters it made
@@ -28,7 +28,8 @@ Per attack (`attacks[name]`):
 rejected counts reward credited beyond the attacker's true rewards, per lie.
 `version_shopping`: per counter the task sampled under V, V+1, V+2 (the trainer published
 V) and whichever solved published; rejected counts shopped rollouts (V+1, V+2) the trainer
-admitted.
+admitted. `published_version_shopping`: the same over V, V-1, V-2 (all published, within
+S; the true reward is V's); rejected as for `claimed_reward_lie`, per shopped counter.
 plus `shopping_reward_gain` (the reward the trainer's work ledger credits the counter
 shopper per produced counter, withheld ones counting 0 and a refused producer 0, divided by
 the honest workers' mean) and `rss_mb_max` (peak RSS of any process).

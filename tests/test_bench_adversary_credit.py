@@ -1,8 +1,9 @@
 """`bench adversary`'s credit cases through the bench's own code: real peer processes on
 loopback, the attacker a peer. A worker that claims reward 1 in every header and serves
-only solved bodies, and one that shops each counter across versions the trainer has not
-published, are credited at most their true mean reward (`credit_gain` <= 1.02), every
-attack message is without effect, the attacker is penalized and no honest peer banned."""
+only solved bodies, and ones that shop each counter across versions (unpublished ones, or
+published ones within S), are credited at most their true mean reward (`credit_gain` <=
+1.02), every attack message is without effect, no honest peer is banned, and the attacker
+is penalized except for going back to a published version (free by design)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.network]
 
 
 def test_credit_cases_meet_the_issue_targets() -> None:
-    out = adversary.run(True, ["--attacks", "claimed_reward_lie,version_shopping", "--window", "2",
-                               "--settle", "8"])  # fmt: skip
+    names = ["claimed_reward_lie", "version_shopping", "published_version_shopping"]
+    out = adversary.run(True, ["--attacks", ",".join(names), "--window", "2", "--settle", "8"])
     cases = out["attacks"]
-    assert set(cases) == {"claimed_reward_lie", "version_shopping"}
+    assert set(cases) == set(names)
     for name, c in cases.items():
         assert c["rejected_fraction"] == 1.0, (name, c)
-        assert c["attacker_penalized"] and not c["honest_banned"], (name, c)
+        assert not c["honest_banned"], (name, c)
         assert c["credit_gain"] is not None and c["credit_gain"] <= 1.02, (name, c)
+        # Going back to a published version is free (an honest restart may): it earns 0.
+        assert c["attacker_penalized"] or name == "published_version_shopping", (name, c)
