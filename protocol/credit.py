@@ -16,12 +16,18 @@ claims (a verdict: a validator holds those weights). Per counter, in order:
                         is *skipped*: reward 0 (a body nobody could pull is work nobody can
                         check, so a claim never served is worth nothing)
 
-A body held but never judged stays held and counts for nothing either way (it is neither
-credit nor a skip: with sampled audits most honest records wait here, and the credited
-mean is taken over the judged ones). `credited_reward(producer, withheld)` is the mean
-over settled counters plus `withheld` counters the producer never published
-(`protocol.accounting.WorkLedger`): a worker that publishes only what solved and serves
-only solved bodies is credited its true rate.
+With sampled audits most held bodies are never judged, so the credited mean reward is an
+estimate that counts every counter once:
+
+    credited = (reward over judged counters / judged) * held / (held + skipped
+               + out_of_order + withheld)
+
+`held`: counters whose body we re-scored or a judge judged; `withheld`: counters the
+producer never published (`protocol.accounting.WorkLedger`). The judged ones are a sample
+of the held ones (the audit ticket is the validator's, not the producer's choice), and every
+counter not held is worth 0: a worker that publishes only what solved, or serves only the
+bodies that solved, is credited its true rate; an honest one its true rate whatever the
+audit fraction.
 
 The first header or body heard for (producer, counter) fixes its claim; a later one that
 names another version is not this claim and changes nothing (admission refuses it as double
@@ -36,8 +42,10 @@ published versions that samples one task under each and publishes whichever solv
 once it has published a counter at the newest version, the older ones earn nothing. It is
 free (no penalty): an honest worker that restarts may make one batch with its base model
 before it has loaded its newest weights. Per producer the counter span of each of its
-`max_versions` newest versions is kept; the first claim heard keeps its place. Pure and bounded: no IO, time passed in; at most `max_open` claims not yet settled
-(oldest settled as skipped first) and `max_producers` producers.
+`max_versions` newest versions is kept; the first claim heard keeps its place.
+
+Pure and bounded: no IO, time passed in; at most `max_open` claims not yet settled (oldest
+settled as skipped first) and `max_producers` producers.
 
 Public API
 ----------
@@ -50,7 +58,7 @@ max_versions=8)`
     `.standing(producer) -> CreditStanding | None`
     `.out_of_order(producer, counter) -> bool`  settled as out of order (not to be trained on)
     `.credited_reward(producer, withheld=0) -> float | None`
-`FalseClaim(producer, counter, claimed, rescored)`; `CreditStanding(settled, skipped,
+`FalseClaim(producer, counter, claimed, rescored)`; `CreditStanding(held, judged, skipped,
 false_claims, reward_sum, out_of_order)`.
 """
 
@@ -78,7 +86,8 @@ class FalseClaim:
 
 @dataclass(slots=True)
 class CreditStanding:
-    settled: int = 0  # judged or skipped counters
+    held: int = 0  # counters whose body we re-scored or a judge judged
+    judged: int = 0  # ... of which judged (reward_sum is theirs)
     skipped: int = 0  # headers whose body never came within the pull window
     false_claims: int = 0
     reward_sum: float = 0.0
@@ -127,7 +136,7 @@ class CreditBook:
         if c is None:
             if not self._in_order(producer, counter, version):
                 self._standing(producer).out_of_order += 1
-                self._settle(producer, counter, 0.0, out_of_order=True)
+                self._settle(producer, counter, None, out_of_order=True)
                 return None
             c = self._open[key] = _Claim(version, claimed, now)
             if len(self._open) + len(self._held) > self.max_open:
@@ -165,7 +174,7 @@ class CreditBook:
             self._held.popitem(last=False)
         else:
             key, _ = self._open.popitem(last=False)
-            self._settle(*key, 0.0, skipped=True)
+            self._settle(*key, None, skipped=True)
 
     def on_header(self, producer: bytes, counter: int, version: int, claimed: float, now: float) -> None:
         """A header (or a record's header) heard at `now`."""
@@ -181,6 +190,7 @@ class CreditBook:
             return None
         c.rescored = float(rescored)
         del self._open[key]
+        self._standing(producer).held += 1
         if c.passed is None:
             self._held[key] = c
         else:
@@ -213,8 +223,9 @@ class CreditBook:
                 break
             del self._open[key]
             if c.passed is None:
-                self._settle(*key, 0.0, skipped=True)
-            else:
+                self._settle(*key, None, skipped=True)
+            else:  # the judge held the body
+                self._standing(key[0]).held += 1
                 self._settle(*key, c.judge_score if c.passed else 0.0)
 
     def _standing(self, producer: bytes) -> CreditStanding:
@@ -227,12 +238,14 @@ class CreditBook:
             self._producers.move_to_end(producer)
         return s
 
-    def _settle(self, producer: bytes, counter: int, reward: float, *, skipped: bool = False,
+    def _settle(self, producer: bytes, counter: int, reward: float | None, *, skipped: bool = False,
                 out_of_order: bool = False) -> None:  # fmt: skip
+        """Settle a counter: judged (`reward`), skipped or out of order (`reward` None)."""
         s = self._standing(producer)
-        s.settled += 1
+        if reward is not None:
+            s.judged += 1
+            s.reward_sum += reward
         s.skipped += skipped
-        s.reward_sum += reward
         self._settled[(producer, counter)] = out_of_order
         while len(self._settled) > self.max_open:
             self._settled.popitem(last=False)
@@ -241,9 +254,12 @@ class CreditBook:
         return self._producers.get(producer)
 
     def credited_reward(self, producer: bytes, withheld: int = 0) -> float | None:
-        """Mean credit over the producer's settled counters and `withheld` unpublished ones
-        (reward 0); None before anything of it was settled."""
-        s = self._producers.get(producer)
-        if s is None or s.settled + withheld == 0:
+        """The credited mean reward (module docstring); None while nothing of the producer
+        is known or it has held bodies none of which is judged yet."""
+        s = self._producers.get(producer) or CreditStanding()
+        total = s.held + s.skipped + s.out_of_order + withheld
+        if total == 0 or (s.held and not s.judged):
             return None
-        return s.reward_sum / (s.settled + withheld)
+        if not s.held:
+            return 0.0
+        return s.reward_sum / s.judged * s.held / total

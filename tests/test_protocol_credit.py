@@ -290,7 +290,8 @@ def test_credit_book_orders_of_arrival_and_bounds() -> None:
     assert book.on_body(b"p", 3, 11, 1.0, 0.0, T0) is None  # not this claim: no charge
     book.on_time(T0 + WINDOW_S)
     s = book.standing(b"p")
-    assert (s.settled, s.skipped, s.false_claims, s.reward_sum) == (3, 0, 1, 1.0)
+    assert (s.held, s.judged, s.skipped, s.false_claims, s.reward_sum) == (4, 3, 0, 1, 1.0)
+    assert book.credited_reward(b"p") == 1.0 / 3  # counter 3 is held, not judged
     # Bounded: claims past `max_open` settle the oldest open one as skipped.
     for counter in range(10, 20):
         book.on_header(b"q", counter, 10, 1.0, T0 + WINDOW_S)
@@ -344,3 +345,32 @@ def test_an_honest_worker_moving_forward_is_never_out_of_order() -> None:
     book.on_time(T0 + WINDOW_S)
     s = book.standing(b"p")
     assert (s.out_of_order, s.skipped) == (0, 200)
+
+
+def test_sampled_audits_credit_an_honest_worker_and_a_liar_their_true_rates() -> None:
+    """A quarter of the held bodies is judged (the validator's sample): the honest worker
+    that lost a few bodies and the liar that serves only its solved ones are each credited
+    about their true rate, not less for the lost bodies and not more for the lies."""
+    import hashlib
+
+    from protocol.credit import CreditBook
+
+    def audited(producer: bytes, counter: int) -> bool:
+        return hashlib.sha256(producer + counter.to_bytes(4, "big")).digest()[0] < 64
+
+    book = CreditBook(pull_window_s=WINDOW_S)
+    n = 2000
+    for counter in range(n):
+        ok = solved(counter)
+        for who, lie in ((b"honest", False), (b"liar", True)):
+            book.on_header(who, counter, 10, 1.0 if lie else float(ok), T0)
+            lost = not lie and counter % 50 == 7  # 2% of honest bodies never arrive
+            if lost or (lie and not ok):
+                continue
+            book.on_body(who, counter, 10, 1.0 if lie else float(ok), float(ok), T0)
+            if audited(who, counter):
+                book.on_judged(who, counter, 10, True, float(ok), T0)
+    book.on_time(T0 + WINDOW_S)
+    true_rate = sum(solved(c) for c in range(n)) / n
+    assert book.credited_reward(b"honest") == pytest.approx(true_rate * 0.98, rel=0.1)
+    assert book.credited_reward(b"liar") == pytest.approx(true_rate, rel=0.1)

@@ -23,10 +23,10 @@ dropped; a failed publish is logged in `status` and retried at the next cadence 
 
 Credit (`protocol.credit.CreditBook`): a producer is credited the reward the trainer
 re-scores from each body it holds (every held body is re-scored at the next train turn,
-verified or not), counted once a judge passed or failed the record at its version; a
+verified or not), estimated from the records a judge passed or failed at their version; a
 header whose body never arrives within the body pull window is a skipped counter (reward
-0), and a header whose claimed reward differs from the re-score costs its producer
-`penalties.FALSE_CLAIM`. The trainer's admission refuses rollouts of versions it has not
+0), a claim whose version goes back is out of order (0, never trained on), and a header
+whose claimed reward differs from the re-score costs its producer `penalties.FALSE_CLAIM`. The trainer's admission refuses rollouts of versions it has not
 published (`AdmissionConfig.publishes_versions`).
 
 Shape: `Collector` keeps what the trainer heard; `TrainerRole` holds the rollouts waiting
