@@ -57,7 +57,7 @@ from protocol.verified import Status, VerifiedRule
 from protocol.wire import RolloutBody, RolloutRecord, Verdict
 
 VERSION = 5  # everyone runs at this policy version (S = 2: version 2 and below is stale)
-AUDIT_FRACTION = 0.5
+AUDIT_FRACTION = 0.5  # the validator's default (`--audit-fraction`)
 CREDIT_WINDOW_S = 6.0  # the trainer's body pull window: a header unserved this long is skipped
 
 
@@ -225,7 +225,7 @@ async def main(args: argparse.Namespace) -> None:
                 peer.on_deliver(counting.on_deliver)
             if args.role == "validator":
                 send, receive = trio.open_memory_channel[Any](4096)
-                peer.on_deliver(lambda item: _validate_sync(peer, send, item))
+                peer.on_deliver(lambda item: _validate_sync(peer, send, item, args.audit_fraction))
                 nursery.start_soon(_audit_loop, peer, receive)
             reply({"peer_id": peer.host.peer_id, "addrs": peer.host.listen_addrs()})
             stopping = trio.Event()
@@ -260,11 +260,11 @@ async def main(args: argparse.Namespace) -> None:
     reply({"closed": True})
 
 
-def _validate_sync(peer: Any, send: Any, item: Admitted) -> None:
+def _validate_sync(peer: Any, send: Any, item: Admitted, fraction: float) -> None:
     if item.kind is not Kind.ROLLOUT_RECORD:
         return
     ticket = sample_ticket(peer.identity, peer.run_id, item.content_id)
-    if sampled(ticket, AUDIT_FRACTION):
+    if sampled(ticket, fraction):
         ro = item.obj
         sampled_at.append((ro.rollout_id.hex(), ro.envelope.timestamp_ms / 1000.0,
                            peer_id_to_b58(ro.envelope.signer)))
@@ -299,6 +299,7 @@ def cli() -> None:
     parser.add_argument("--bootstrap", nargs="*", default=[])
     parser.add_argument("--max-life", type=float, default=900.0)
     parser.add_argument("--max-connections", type=int, default=HostSettings.max_connections)
+    parser.add_argument("--audit-fraction", type=float, default=AUDIT_FRACTION)
     args = parser.parse_args()
     sys.setrecursionlimit(10_000)
     trio.run(main, args)

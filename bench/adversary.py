@@ -32,7 +32,9 @@ admitted. `published_version_shopping`: the same over V, V-1, V-2 (all published
 S; the true reward is V's); rejected as for `claimed_reward_lie`, per shopped counter.
 plus `shopping_reward_gain` (the reward the trainer's work ledger credits the counter
 shopper per produced counter, withheld ones counting 0 and a refused producer 0, divided by
-the honest workers' mean) and `rss_mb_max` (peak RSS of any process).
+the honest workers' mean), `honest_credit_ratio` (the honest workers' credited mean reward
+over the mean reward their headers claim, which is their true one: 1.0 means credit costs
+honest work nothing) and `rss_mb_max` (peak RSS of any process).
 
 Connection cases, in the sibling dict `connection_attacks[name]`, run after
 the attacks above by this driver process from plain py-libp2p hosts (`bench._conn_attacks`)
@@ -88,7 +90,10 @@ relay_copy_quota: signer_penalty 0.0 instead), not honest_banned, rss_mb_growth 
 `--quick`: 2.5 s per attack window and the connection cases' quick counts (about three
 minutes on 2 shared cores, the connection cases ~45 s of it). Full: 10 s windows and the issue's counts. Options after the name:
 `--window S`, `--rate R` (honest records per second per worker), `--attacks A,B` (only
-these cases), `--settle S`, and the connection cases' counts above.
+these cases), `--settle S`, `--audit-fraction F` (the validator's, 0.5: credit is
+estimated from the audited records, so at 0.5 and the quick counts `credit_gain` and
+`honest_credit_ratio` carry sampling noise of about ±25%; at 1.0 none), and the connection
+cases' counts above.
 """
 
 from __future__ import annotations
@@ -140,7 +145,7 @@ async def _run(window_s: float, rate: float, settle_s: float, opts: argparse.Nam
         cap = ["--max-connections", str(opts.trainer_cap)] if name == "trainer" else []
         return await PeerProcess.start(
             "--data-dir", str(root / name), "--role", role, "--validator", validator,
-            *key, *cap, *(["--bootstrap", *boot] if boot else []),
+            "--audit-fraction", str(opts.audit_fraction), *key, *cap, *(["--bootstrap", *boot] if boot else []),
             module=MODULE, timeout=90.0, stderr_path=str(root / f"{name}.log"),
         )
 
@@ -315,7 +320,12 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
     gain = None
     if honest_reward:
         gain = round((shop or 0.0) / honest_reward, 3)
-    return {"attacks": attacks, "shopping_reward_gain": gain, "rss_mb_max": round(rss, 1)}
+    ratios = [c / r for w in workers
+              if (c := (t_rep["credit"].get(w) or {}).get("credited")) is not None
+              and (r := t_rep["counted_reward"].get(w))]  # fmt: skip
+    honest_credit = round(statistics.mean(ratios), 3) if ratios else None
+    return {"attacks": attacks, "shopping_reward_gain": gain, "honest_credit_ratio": honest_credit,
+            "rss_mb_max": round(rss, 1)}
 
 
 def _credit_gain(r: dict[str, Any], credit: dict[str, Any]) -> float | None:
@@ -330,6 +340,8 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="swarm-node bench adversary")
     parser.add_argument("--window", type=float, default=2.5 if quick else 10.0)
     parser.add_argument("--rate", type=float, default=2.0)
+    parser.add_argument("--audit-fraction", type=float, default=0.5,
+                        help="the validator's audited share (credit is estimated from it)")
     parser.add_argument("--settle", type=float, default=12.0 if quick else 20.0)
     parser.add_argument("--attacks", default="",
                         help="comma-separated case names (default: all, the connection cases last)")

@@ -16,7 +16,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.network]
 
 def test_credit_cases_meet_the_issue_targets() -> None:
     names = ["claimed_reward_lie", "version_shopping", "published_version_shopping"]
-    out = adversary.run(True, ["--attacks", ",".join(names), "--window", "2", "--settle", "8"])
+    # Every record audited: the credit estimate carries no sampling noise.
+    out = adversary.run(True, ["--attacks", ",".join(names), "--window", "2", "--settle", "8",
+                               "--audit-fraction", "1.0"])  # fmt: skip
     cases = out["attacks"]
     assert set(cases) == set(names)
     for name, c in cases.items():
@@ -25,3 +27,4 @@ def test_credit_cases_meet_the_issue_targets() -> None:
         assert c["credit_gain"] is not None and c["credit_gain"] <= 1.02, (name, c)
         # Going back to a published version is free (an honest restart may): it earns 0.
         assert c["attacker_penalized"] or name == "published_version_shopping", (name, c)
+    assert out["honest_credit_ratio"] >= 0.95, out  # honest work keeps its credit
