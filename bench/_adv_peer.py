@@ -58,7 +58,7 @@ from protocol.wire import RolloutBody, RolloutRecord, Verdict
 
 VERSION = 5  # everyone runs at this policy version (S = 2: version 2 and below is stale)
 AUDIT_FRACTION = 0.5  # the validator's default (`--audit-fraction`)
-CREDIT_WINDOW_S = 6.0  # the trainer's body pull window: a header unserved this long is skipped
+CREDIT_WINDOW_S = 12.0  # the trainer's body pull window: a header unserved this long is skipped
 
 
 def true_reward(body: RolloutBody) -> float:
@@ -147,7 +147,9 @@ class _Counting:
         credit = {}
         for p in ids:
             s = self.collector.credit.standing(peer_id_from_b58(p))
+            span = self.collector.ledger.standing(peer_id_from_b58(p))
             credit[p] = {"credited": self.collector.credited_reward(peer_id_from_b58(p)),
+                         "first": span.first if span else None, "last": span.last if span else None,
                          **(dataclasses.asdict(s) if s is not None else {})}
         return {
             "verified": verified, "headers": headers, "usable": dict(usable),

@@ -8,8 +8,8 @@ each had an effect at the trainer ("admitted": admitted at all; "verified": coun
 verified work; "usable": verified and not refused by the work ledger; "double": the same
 unit of work counted twice; "credit": reward credited beyond the attacker's true rewards;
 "ahead": rollouts of versions the trainer has not published, admitted there). The credit
-cases also answer `produced` and `true_sum`: the counters the attacker made and the sum of
-their true (re-scored) rewards, for `credit_gain`. Every loop is bounded in count and time.
+cases also answer `produced`, `true_sum` and `truth` (counter -> true reward): the counters the
+attacker made and their true (re-scored) rewards, for `credit_gain`. Every loop is bounded in count and time.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from bench._adv_peer import CREDIT_WINDOW_S, VERSION, honest_record, true_reward
+from bench._adv_peer import VERSION, honest_record, true_reward
 from node.host import HostSettings, MessageTooLarge, PeerError
 from node.peer import PeerConfig, open_peer
 from node.store import RolloutRow
@@ -37,6 +37,7 @@ from protocol.wire import Envelope, RolloutRecord, Verdict
 
 MAX_MESSAGES = 2000
 CREDIT_RATE = 15.0  # counters a second in the credit cases: under every receiver's signer rate
+SERVE_S = 6.0  # a credit attacker serves what it stored this long after its last counter
 
 
 async def attack(cmd: dict[str, Any], manifest: Any, data_dir: Path) -> dict[str, Any]:
@@ -173,11 +174,12 @@ async def _resigned_copy(c: _Ctx, out: dict[str, Any]) -> None:
 
 
 async def _counter_shopping(c: _Ctx, out: dict[str, Any]) -> None:
-    out.update(measure="usable", produced=0, true_sum=0.0)
+    out.update(measure="usable", produced=0, true_sum=0.0, truth={})
     for _ in range(min(400, int(c.seconds * 40))):
         rec = c.record()
         out["produced"] += 1
         out["true_sum"] += _truth(rec)
+        out["truth"][c.counter] = _truth(rec)
         if open_record(rec).header.reward == 1.0:  # publish only what it solved
             await c.store_and_publish(rec, out)
 
@@ -188,25 +190,26 @@ def _truth(record: bytes) -> float:
 
 async def _claimed_reward_lie(c: _Ctx, out: dict[str, Any]) -> None:
     """Claims reward 1 in every header; stores (so serves) only the bodies that solved."""
-    out.update(measure="credit", produced=0, true_sum=0.0, lies=0)
+    out.update(measure="credit", produced=0, true_sum=0.0, lies=0, truth={})
     for _ in range(max(60, int(c.seconds * 20))):
         rec = c.record(claim=1.0)
         solved = _truth(rec)
         out["produced"] += 1
         out["true_sum"] += solved
+        out["truth"][c.counter] = solved
         if solved:
             await c.store_and_publish(rec, out)
         else:
             out["lies"] += 1
             await c.publish("rollouts", _header(rec), out)  # its body is never served
         await trio.sleep(1.0 / CREDIT_RATE)
-    await trio.sleep(CREDIT_WINDOW_S)  # serve what it stored until the trainer's pulls end
+    await trio.sleep(SERVE_S)  # serve what it stored while the trainer pulls
 
 
 async def _shop_versions(c: _Ctx, out: dict[str, Any], versions: list[int]) -> None:
     """Per counter, samples the task under each of `versions` and publishes whichever
     solved it (the first when none did)."""
-    out.update(produced=0, true_sum=0.0, shopped=0, lies=0)
+    out.update(produced=0, true_sum=0.0, shopped=0, lies=0, truth={})
     for _ in range(max(60, int(c.seconds * 20))):
         c.counter += 1
         tries = [honest_record(c.ident, c.manifest, c.counter, c.peer.seq.next(), rng=c.rng,
@@ -215,11 +218,12 @@ async def _shop_versions(c: _Ctx, out: dict[str, Any], versions: list[int]) -> N
         pick = solved.index(1.0) if 1.0 in solved else 0
         out["produced"] += 1
         out["true_sum"] += solved[0]  # what it earns at the version it holds
+        out["truth"][c.counter] = solved[0]
         out["shopped"] += pick > 0
         out["lies"] += pick > 0
         await c.store_and_publish(tries[pick], out)
         await trio.sleep(1.0 / CREDIT_RATE)
-    await trio.sleep(CREDIT_WINDOW_S)  # serve what it stored until the trainer's pulls end
+    await trio.sleep(SERVE_S)  # serve what it stored while the trainer pulls
 
 
 async def _version_shopping(c: _Ctx, out: dict[str, Any]) -> None:

@@ -23,7 +23,8 @@ Per attack (`attacks[name]`):
     credit_gain            (the credit cases below and `counter_shopping`) the
                            attacker's credited mean reward at the trainer (`protocol.credit`:
                            re-scored judged bodies, skipped and withheld counters at 0)
-                           divided by the mean true reward of the counters it made
+                           divided by the mean true reward of the counters it made that the
+                           trainer accounts for (its first to its last counter heard)
 `claimed_reward_lie`: every header claims reward 1, only solved bodies are served;
 rejected counts reward credited beyond the attacker's true rewards, per lie.
 `version_shopping`: per counter the task sampled under V, V+1, V+2 (the trainer published
@@ -312,6 +313,9 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
         }
         if "true_sum" in r:
             attacks[name]["credit_gain"] = _credit_gain(r, t_rep["credit"].get(attacker) or {})
+            attacks[name]["true_solved"] = int(r["true_sum"])
+        if "lies" in r:
+            attacks[name]["lies"] = int(r["lies"])  # headers that lie, or counters shopped
     shopper = runs.get("counter_shopping", {}).get("attacker", "")
     rewards = [t_rep["counted_reward"].get(w) for w in workers]
     honest_reward = statistics.mean(x for x in rewards if x is not None) if any(
@@ -329,8 +333,16 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
 
 
 def _credit_gain(r: dict[str, Any], credit: dict[str, Any]) -> float | None:
-    """The attacker's credited mean reward at the trainer over its true mean reward."""
-    true_mean = r["true_sum"] / max(1, r["produced"])
+    """The attacker's credited mean reward at the trainer over its true mean reward, over
+    the counters the trainer accounts for (from the first it heard to the last: one it
+    never heard of, before or after, is in no account)."""
+    truth = {int(k): v for k, v in (r.get("truth") or {}).items()}
+    first, last = credit.get("first"), credit.get("last")
+    if truth and first is not None:
+        seen = [v for k, v in truth.items() if first <= k <= last]
+        true_mean = sum(seen) / len(seen) if seen else 0.0
+    else:
+        true_mean = r["true_sum"] / max(1, r["produced"])
     if not true_mean:
         return None
     return round((credit.get("credited") or 0.0) / true_mean, 3)
