@@ -11,7 +11,11 @@ statistic is over the producer limit. Sampling (at the default `audit_fraction`,
 probation), verdicts, authority, accounting, standing, the window rule and every
 admission rule are the real ones (`protocol.*`, `verify.producer.ProducerTally`,
 `node.roles.trainer.Collector`, `_pick` and `judged`); the trainer "trains" (counts) what
-`_pick` hands it and its re-score (`true_reward`) accepts.
+`_pick` hands it and its re-score (`true_reward`) accepts. The trainer credits each body it
+holds at `true_reward` and charges `false_claim` for a header that claimed otherwise
+(`protocol.credit`); its admission
+refuses versions above its own (`publishes_versions`), and its body pull window is
+`CREDIT_WINDOW_S` so that headers whose bodies never come are settled as skipped within a run.
 
 Start-up prints `{"peer_id", "addrs"}`; then one JSON command per stdin line, one JSON
 answer per line:
@@ -45,11 +49,14 @@ from bench._records import net_manifest, synthetic_record
 from node.host import HostSettings
 from node.peer import PeerConfig, open_peer
 from node.roles import RoleContext
+from node.roles.rollout_fates import Fates
 from node.roles.trainer import Collector, _pick, judged
+from protocol import penalties
 from protocol.accounting import WorkLedger
-from protocol.admission import Admitted, Kind
+from protocol.admission import AdmissionConfig, Admitted, Kind
 from protocol.assignment import task_seed
 from protocol.audit_sample import sample_ticket, sampled, window_ticket
+from protocol.body_pull import PullConfig
 from protocol.codec import decode, encode
 from protocol.content_id import content_id
 from protocol.identity import Identity, peer_id_from_b58, peer_id_to_b58
@@ -61,7 +68,7 @@ from protocol.wire import Metric, ProducerClaim, RolloutBody, RolloutRecord, Ver
 from verify.producer import CLOSE_AFTER_S, STAT, ProducerTally
 
 VERSION = 5  # everyone runs at this policy version (S = 2: version 2 and below is stale)
-AUDIT_FRACTION = RoleContext.audit_fraction  # the node's default
+AUDIT_FRACTION = RoleContext.audit_fraction  # the node's default (`--audit-fraction`)
 WINDOW_FRACTION = RoleContext.producer_window_fraction
 # The stand-in model audit: a record's first log-prob says what model made it (an honest
 # one is in [-5, 0]): SLIGHT_MARK a slightly changed model, CHANGED_MARK a changed one.
@@ -74,6 +81,7 @@ def model_change(body: RolloutBody) -> str:
     """"honest", "slight" (passes alone, over the producer limit) or "changed" (fails)."""
     first = body.logprobs[0] if body.logprobs else 0.0
     return "honest" if first > -100.0 else "slight" if first > -200.0 else "changed"
+CREDIT_WINDOW_S = 12.0  # the trainer's body pull window: a header unserved this long is skipped
 
 
 def true_reward(body: RolloutBody) -> float:
@@ -89,20 +97,23 @@ def manifest(run: str, validator: str) -> Any:
 
 def honest_record(ident: Identity, m: Any, counter: int, seq: int, *, lie: bool = False,
                   version: int = VERSION, run_id: str | None = None, rng: random.Random,
-                  change: float = 0.0) -> bytes:
-    """A synthetic record claiming its true reward (or lying: claiming the opposite);
-    `change` (SLIGHT_MARK, CHANGED_MARK) makes it a changed model's (`model_change`)."""
+                  change: float = 0.0, claim: float | None = None) -> bytes:
+    """A synthetic record claiming its true reward (or lying: claiming the opposite, or
+    `claim` whatever the truth); `change` (SLIGHT_MARK, CHANGED_MARK) makes it a changed
+    model's (`model_change`)."""
     base = synthetic_record(ident, m, counter, n_prompt=16, n_completion=64, seq=seq, rng=rng)
     rec = decode(RolloutRecord, base)
-    # The task seed derives from the run, the version, the counter and the signer's key
+    # The task seed derives from the run, the counter and the signer's key
     # (admission refuses any other as `not_bound`), and the body was sampled with it.
-    seed = task_seed(m.seed, version, counter, ident.peer_id)
+    seed = task_seed(m.seed, counter, ident.peer_id)
     body = dataclasses.replace(decode(RolloutBody, rec.body), sampling_seed=seed)
     if change:
         body = dataclasses.replace(body, logprobs=(change, *body.logprobs[1:]))
     reward = true_reward(body)
     if lie:
         reward = 1.0 - reward
+    if claim is not None:
+        reward = claim
     return make_record(
         ident, body, dataset=m.datasets[0].name, task_index=counter, counter=counter,
         task_seed=seed, reward=reward, run_id=run_id or m.run_id,
@@ -116,31 +127,40 @@ class _Counting:
 
     def __init__(self, peer: Any, hold_s: float = HOLD_S) -> None:
         self.peer = peer
-        self.collector = Collector(peer.admission.authority, VerifiedRule(quorum=1), WorkLedger())
+        self.collector = Collector(peer.admission.authority, VerifiedRule(quorum=1), WorkLedger(),
+                                   pull_window_s=CREDIT_WINDOW_S)  # fmt: skip
         self.made: dict[bytes, tuple[str, float, int, bytes]] = {}  # rid -> producer, t, counter, digest
         self.admitted_by_signer: Counter[str] = Counter()
         self.standing = StandingBook(hold_s=hold_s)
         self.waiting: dict[bytes, tuple[Any, float]] = {}
         self.trained: dict[str, list[str]] = {}  # producer -> rollout ids trained on
+        self.admitted_ahead: Counter[str] = Counter()  # rollouts of versions above ours
 
     async def train_loop(self) -> None:
         while True:
-            ready, _unaudited = _pick(self.collector, self.standing, self.waiting, VERSION, 2, time.time())
+            ready, _unaudited = _pick(self.collector, self.standing, self.waiting, VERSION, 2, time.time(), Fates())
             for ro in ready:
                 if ro.header.reward == true_reward(ro.body):  # the trainer's re-score
                     self.trained.setdefault(peer_id_to_b58(ro.envelope.signer), []).append(ro.rollout_id.hex())
             await trio.sleep(0.5)
 
     def on_deliver(self, item: Admitted) -> None:
-        self.admitted_by_signer[peer_id_to_b58(item.envelope.signer)] += 1
+        signer = peer_id_to_b58(item.envelope.signer)
+        self.admitted_by_signer[signer] += 1
         for bad in self.collector.on_deliver(item):
             self.peer.report(bad, -20.0, "withheld assignment counters")
-        if item.kind is Kind.ROLLOUT_RECORD and len(self.waiting) < 65_536:
-            self.waiting[item.content_id] = (item.obj, time.time())
+        if item.kind is Kind.ROLLOUT_RECORD:
+            for bad in self.collector.on_rescored(item.content_id, true_reward(item.obj.body), item.received_at):
+                self.peer.report(bad, penalties.FALSE_CLAIM.cost, "claimed reward differs from the re-score",
+                                 penalties.FALSE_CLAIM.name)  # fmt: skip
+            if len(self.waiting) < 65_536:
+                self.waiting[item.content_id] = (item.obj, time.time())
         elif item.kind in (Kind.VERDICT, Kind.PRODUCER_CLAIM):
             for ban in judged(self.standing, self.peer.admission.authority, item):
                 for rid in [r for r, (ro, _t) in self.waiting.items() if ro.envelope.signer == ban.producer]:
                     del self.waiting[rid]
+        if item.kind in (Kind.ROLLOUT_HEADER, Kind.ROLLOUT_RECORD):
+            self.admitted_ahead[signer] += item.envelope.policy_version > self.peer.admission.version
         if item.kind in (Kind.ROLLOUT_HEADER, Kind.ROLLOUT_RECORD):
             h = item.obj.header if item.kind is Kind.ROLLOUT_RECORD else item.obj
             self.made[item.content_id] = (
@@ -167,6 +187,14 @@ class _Counting:
         scores = self.peer.admission.scores
         # The ledger's final account (every gap judged, as it is once the grace has passed).
         reward = {p: self.collector.ledger.counted_reward(peer_id_from_b58(p)) for p in ids}
+        self.collector.on_time(now)  # pull windows that ended are settled as skipped
+        credit = {}
+        for p in ids:
+            s = self.collector.credit.standing(peer_id_from_b58(p))
+            span = self.collector.ledger.standing(peer_id_from_b58(p))
+            credit[p] = {"credited": self.collector.credited_reward(peer_id_from_b58(p)),
+                         "first": span.first if span else None, "last": span.last if span else None,
+                         **(dataclasses.asdict(s) if s is not None else {})}
         return {
             "verified": verified, "headers": headers, "usable": dict(usable),
             "double_counted": sum(n - 1 for n in units.values()) + sum(n - 1 for n in bodies.values()),
@@ -178,6 +206,8 @@ class _Counting:
             "made": {rid.hex(): (producer, t) for rid, (producer, t, _c, _d) in self.made.items()},
             "banned_producers": sorted(
                 p for p in ids if self.standing.state(peer_id_from_b58(p)) is State.BANNED),
+            "credit": credit,
+            "admitted_ahead": {p: self.admitted_ahead[p] for p in ids},
             "rss_mb": _rss_mb(),
         }
 
@@ -219,8 +249,8 @@ sampled_at: list[tuple[str, float, str]] = []  # validator: (rollout id, made at
 class _Validator:
     """The validator's sampling, standing and window rule around the stand-in audit."""
 
-    def __init__(self, peer: Any, send: Any, close_after_s: float) -> None:
-        self.peer, self.send = peer, send
+    def __init__(self, peer: Any, send: Any, close_after_s: float, fraction: float = AUDIT_FRACTION) -> None:
+        self.peer, self.send, self.fraction = peer, send, fraction
         self.standing = StandingBook()
         self.tally = ProducerTally(STAT_LIMIT, close_after_s=close_after_s)
         self.held = HeldPasses()
@@ -241,7 +271,7 @@ class _Validator:
             return
         ro = item.obj
         ticket = sample_ticket(self.peer.identity, self.peer.run_id, item.content_id)
-        if sampled(ticket, self.standing.audit_fraction(signer, AUDIT_FRACTION)):
+        if sampled(ticket, self.standing.audit_fraction(signer, self.fraction)):
             sampled_at.append((ro.rollout_id.hex(), ro.envelope.timestamp_ms / 1000.0, peer_id_to_b58(signer)))
         elif self.window_audited(signer, ro.header.counter):
             ticket = b""  # audited for its window only: no verdict published
@@ -306,6 +336,8 @@ async def main(args: argparse.Namespace) -> None:
         bootstrap=tuple(args.bootstrap), pull_bodies=args.role in ("trainer", "validator"),
         policy_version=VERSION,
         host=HostSettings(peer_dead_after_s=6.0, max_connections=args.max_connections),
+        admission=AdmissionConfig(publishes_versions=args.role == "trainer"),
+        pull=PullConfig(window_s=CREDIT_WINDOW_S) if args.role == "trainer" else PullConfig(),
     )
     with trio.move_on_after(args.max_life):
         async with open_peer(cfg) as peer, trio.open_nursery() as nursery:
@@ -315,7 +347,7 @@ async def main(args: argparse.Namespace) -> None:
                 nursery.start_soon(counting.train_loop)
             if args.role == "validator":
                 send, receive = trio.open_memory_channel[Any](4096)
-                val = _Validator(peer, send, args.close)
+                val = _Validator(peer, send, args.close, args.audit_fraction)
                 peer.on_deliver(val.on_deliver)
                 nursery.start_soon(val.audit_loop, receive)
                 nursery.start_soon(val.close_loop)
@@ -382,6 +414,7 @@ def cli() -> None:
     parser.add_argument("--max-connections", type=int, default=HostSettings.max_connections)
     parser.add_argument("--hold", type=float, default=HOLD_S, help="trainer: the standing's hold, s")
     parser.add_argument("--close", type=float, default=CLOSE_AFTER_S, help="validator: window close, s")
+    parser.add_argument("--audit-fraction", type=float, default=AUDIT_FRACTION)
     args = parser.parse_args()
     sys.setrecursionlimit(10_000)
     trio.run(main, args)

@@ -6,8 +6,12 @@ honest peers (`cmd["targets"]`), performs attack `cmd["name"]` for about `cmd["s
 attacker's peer id, the identities that signed them, and how the driver decides whether
 each had an effect at the trainer ("admitted": admitted at all; "verified": counted as
 verified work; "usable": verified and not refused by the work ledger; "double": the same
-unit of work counted twice; "trained": records of its signers that the trainer trained
-on). Every loop is bounded in count and time.
+unit of work counted twice; "credit": reward credited beyond the attacker's true rewards;
+"ahead": rollouts of versions the trainer has not published, admitted there; "trained":
+records of its signers that the trainer trained on). The credit
+cases also answer `produced`, `true_sum` and `truth` (counter -> true reward): the counters the
+attacker made and their true (re-scored) rewards, for `credit_gain`.
+Every loop is bounded in count and time.
 
 The cases of the per-producer window rule and of standing use the stand-in models of
 `bench._adv_peer.model_change` (SLIGHT_CHANGE: passes alone, over the producer limit;
@@ -25,7 +29,7 @@ from typing import Any
 
 import trio
 
-from bench._adv_peer import CHANGED_MARK, SLIGHT_MARK, VERSION, honest_record
+from bench._adv_peer import CHANGED_MARK, SLIGHT_MARK, VERSION, honest_record, true_reward
 from node.host import HostSettings, MessageTooLarge, PeerError
 from node.peer import PeerConfig, open_peer
 from node.store import RolloutRow
@@ -43,6 +47,8 @@ SLIGHT_CHANGE, FAILING_CHANGE = SLIGHT_MARK, CHANGED_MARK
 WINDOW_RATE = 12.0  # records a second (the signer quota is 20)
 CHEATER_HONEST = 48  # the changed-model cheater's honest records first (its probation: 32)
 CHEATER_CHANGED = 128  # then its changed model's, a quarter of them failing alone
+CREDIT_RATE = 15.0  # counters a second in the credit cases: under every receiver's signer rate
+SERVE_S = 6.0  # a credit attacker serves what it stored this long after its last counter
 
 
 async def attack(cmd: dict[str, Any], manifest: Any, data_dir: Path) -> dict[str, Any]:
@@ -179,11 +185,68 @@ async def _resigned_copy(c: _Ctx, out: dict[str, Any]) -> None:
 
 
 async def _counter_shopping(c: _Ctx, out: dict[str, Any]) -> None:
-    out["measure"] = "usable"
+    out.update(measure="usable", produced=0, true_sum=0.0, truth={})
     for _ in range(min(400, int(c.seconds * 40))):
         rec = c.record()
+        out["produced"] += 1
+        out["true_sum"] += _truth(rec)
+        out["truth"][c.counter] = _truth(rec)
         if open_record(rec).header.reward == 1.0:  # publish only what it solved
             await c.store_and_publish(rec, out)
+
+
+def _truth(record: bytes) -> float:
+    return true_reward(open_record(record).body)
+
+
+async def _claimed_reward_lie(c: _Ctx, out: dict[str, Any]) -> None:
+    """Claims reward 1 in every header; stores (so serves) only the bodies that solved."""
+    out.update(measure="credit", produced=0, true_sum=0.0, lies=0, truth={})
+    for _ in range(max(60, int(c.seconds * 20))):
+        rec = c.record(claim=1.0)
+        solved = _truth(rec)
+        out["produced"] += 1
+        out["true_sum"] += solved
+        out["truth"][c.counter] = solved
+        if solved:
+            await c.store_and_publish(rec, out)
+        else:
+            out["lies"] += 1
+            await c.publish("rollouts", _header(rec), out)  # its body is never served
+        await trio.sleep(1.0 / CREDIT_RATE)
+    await trio.sleep(SERVE_S)  # serve what it stored while the trainer pulls
+
+
+async def _shop_versions(c: _Ctx, out: dict[str, Any], versions: list[int]) -> None:
+    """Per counter, samples the task under each of `versions` and publishes whichever
+    solved it (the first when none did)."""
+    out.update(produced=0, true_sum=0.0, shopped=0, lies=0, truth={})
+    for _ in range(max(60, int(c.seconds * 20))):
+        c.counter += 1
+        tries = [honest_record(c.ident, c.manifest, c.counter, c.peer.seq.next(), rng=c.rng,
+                               version=v) for v in versions]  # fmt: skip
+        solved = [_truth(r) for r in tries]
+        pick = solved.index(1.0) if 1.0 in solved else 0
+        out["produced"] += 1
+        out["true_sum"] += solved[0]  # what it earns at the version it holds
+        out["truth"][c.counter] = solved[0]
+        out["shopped"] += pick > 0
+        out["lies"] += pick > 0
+        await c.store_and_publish(tries[pick], out)
+        await trio.sleep(1.0 / CREDIT_RATE)
+    await trio.sleep(SERVE_S)  # serve what it stored while the trainer pulls
+
+
+async def _version_shopping(c: _Ctx, out: dict[str, Any]) -> None:
+    """Shops V, V+1, V+2 where the trainer has published V."""
+    out["measure"] = "ahead"
+    await _shop_versions(c, out, [VERSION, VERSION + 1, VERSION + 2])
+
+
+async def _published_version_shopping(c: _Ctx, out: dict[str, Any]) -> None:
+    """Shops V, V-1, V-2: all published, all within the staleness bound."""
+    out["measure"] = "credit"
+    await _shop_versions(c, out, [VERSION, VERSION - 1, VERSION - 2])
 
 
 async def _lying_rollouts(c: _Ctx, out: dict[str, Any], n: int) -> list[bytes]:
@@ -325,5 +388,8 @@ ATTACKS = {
     "window_minority_changed": _window_minority_changed,
     "changed_model": _changed_model,
     "fresh_identity_flood": _fresh_identity_flood,
+    "claimed_reward_lie": _claimed_reward_lie,
+    "version_shopping": _version_shopping,
+    "published_version_shopping": _published_version_shopping,
 }
 

@@ -67,7 +67,7 @@ def synthetic_record(
         dataset=manifest.datasets[0].name,
         task_index=counter,
         counter=counter,
-        task_seed=task_seed(manifest.seed, policy_version, counter, identity.peer_id),
+        task_seed=task_seed(manifest.seed, counter, identity.peer_id),
         reward=rng.random(),
         run_id=manifest.run_id,
         policy_version=policy_version,

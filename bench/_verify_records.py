@@ -85,10 +85,10 @@ def make_records(
     claimed = SamplingSettings.from_manifest(m)
     used = replace(claimed, temperature=gen_temperature) if gen_temperature is not None else claimed
     counters = list(range(counter0, counter0 + ctx.n))
-    assigns = [assign_task(m, ctx.identity.peer_id, version, c) for c in counters]
+    assigns = [assign_task(m, ctx.identity.peer_id, c) for c in counters]
     tasks = [ctx.tasks.task_for(a) for a in assigns]
     if prompt_offset is not None:  # another task's prompt
-        other = [assign_task(m, ctx.identity.peer_id, version, c + prompt_offset) for c in counters]
+        other = [assign_task(m, ctx.identity.peer_id, c + prompt_offset) for c in counters]
         gen_tasks = [ctx.tasks.task_for(a) for a in other]
     else:
         gen_tasks = tasks

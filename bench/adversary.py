@@ -39,6 +39,22 @@ the window rule: a body withheld per window, six keys of half a window each, fou
 records a window), and `changed_model` (above). The trainer's hold is `--hold` (quick 5 s,
 full `protocol.standing.HOLD_S`) and the validator closes windows after `--close` s
 (quick 5, full `verify.producer.CLOSE_AFTER_S`).
+    credit_gain            (the credit cases below and `counter_shopping`) the
+                           attacker's credited mean reward at the trainer (`protocol.credit`:
+                           re-scored judged bodies, skipped and withheld counters at 0)
+                           divided by the mean true reward of the counters it made that the
+                           trainer accounts for (its first to its last counter heard)
+`claimed_reward_lie`: every header claims reward 1, only solved bodies are served;
+rejected counts reward credited beyond the attacker's true rewards, per lie.
+`version_shopping`: per counter the task sampled under V, V+1, V+2 (the trainer published
+V) and whichever solved published; rejected counts shopped rollouts (V+1, V+2) the trainer
+admitted. `published_version_shopping`: the same over V, V-1, V-2 (all published, within
+S; the true reward is V's); rejected as for `claimed_reward_lie`, per shopped counter.
+plus `shopping_reward_gain` (the reward the trainer's work ledger credits the counter
+shopper per produced counter, withheld ones counting 0 and a refused producer 0, divided by
+the honest workers' mean), `honest_credit_ratio` (the honest workers' credited mean reward
+over the mean reward their headers claim, which is their true one: 1.0 means credit costs
+honest work nothing) and `rss_mb_max` (peak RSS of any process).
 
 Connection cases, in the sibling dict `connection_attacks[name]`, run after
 the attacks above by this driver process from plain py-libp2p hosts (`bench._conn_attacks`)
@@ -94,7 +110,10 @@ relay_copy_quota: signer_penalty 0.0 instead), not honest_banned, rss_mb_growth 
 `--quick`: 2.5 s per attack window and the connection cases' quick counts (about three
 minutes on 2 shared cores, the connection cases ~45 s of it). Full: 10 s windows and the issue's counts. Options after the name:
 `--window S`, `--rate R` (honest records per second per worker), `--attacks A,B` (only
-these cases), `--settle S`, and the connection cases' counts above.
+these cases), `--settle S`, `--audit-fraction F` (the validator's, 0.5: credit is
+estimated from the audited records, so at 0.5 and the quick counts `credit_gain` and
+`honest_credit_ratio` carry sampling noise of about ±25%; at 1.0 none), and the connection
+cases' counts above.
 """
 
 from __future__ import annotations
@@ -150,7 +169,7 @@ async def _run(window_s: float, rate: float, settle_s: float, opts: argparse.Nam
         cap += ["--close", str(opts.close)] if name == "validator" else []
         return await PeerProcess.start(
             "--data-dir", str(root / name), "--role", role, "--validator", validator,
-            *key, *cap, *(["--bootstrap", *boot] if boot else []),
+            "--audit-fraction", str(opts.audit_fraction), *key, *cap, *(["--bootstrap", *boot] if boot else []),
             module=MODULE, timeout=90.0, stderr_path=str(root / f"{name}.log"),
         )
 
@@ -305,6 +324,13 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
             effect = sum(len(t_rep["trained"].get(s, [])) for s in signers)
         elif measure == "usable":
             effect = sum(t_rep["usable"].get(s, 0) for s in signers)
+        elif measure == "credit":  # reward credited beyond its true rewards
+            effect = sum(max(0.0, (t_rep["credit"].get(s) or {}).get("reward_sum", 0.0) - r["true_sum"])
+                         for s in signers)  # fmt: skip
+            sent = max(1, int(r["lies"]))
+        elif measure == "ahead":  # rollouts of unpublished versions admitted by the trainer
+            effect = sum(t_rep["admitted_ahead"].get(s, 0) for s in signers)
+            sent = max(1, int(r["shopped"]))
         else:  # "double": a unit of work counted twice anywhere
             effect = t_rep["double_counted"]
         attacker = r.get("attacker", "")
@@ -321,6 +347,11 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
             "sent": int(r["sent"]),
             "measure": measure,
         }
+        if "true_sum" in r:
+            attacks[name]["credit_gain"] = _credit_gain(r, t_rep["credit"].get(attacker) or {})
+            attacks[name]["true_solved"] = int(r["true_sum"])
+        if "lies" in r:
+            attacks[name]["lies"] = int(r["lies"])  # headers that lie, or counters shopped
     shopper = runs.get("counter_shopping", {}).get("attacker", "")
     rewards = [t_rep["counted_reward"].get(w) for w in workers]
     honest_reward = statistics.mean(x for x in rewards if x is not None) if any(
@@ -334,15 +365,38 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
     if cheater is not None:
         trained = {rid for s in cheater["signers"] for rid in t_rep["trained"].get(s, [])}
         cheated = sum(rid in trained for rid in cheater.get("changed_ids", []))
-    return {"attacks": attacks, "shopping_reward_gain": gain, "rss_mb_max": round(rss, 1),
+    ratios = [c / r for w in workers
+              if (c := (t_rep["credit"].get(w) or {}).get("credited")) is not None
+              and (r := t_rep["counted_reward"].get(w))]  # fmt: skip
+    honest_credit = round(statistics.mean(ratios), 3) if ratios else None
+    return {"attacks": attacks, "shopping_reward_gain": gain, "honest_credit_ratio": honest_credit,
+            "rss_mb_max": round(rss, 1),
             "honest_trained_fraction": _trained_fraction(baseline, t_rep, workers),
             "cheater_records_trained": cheated}
+
+
+def _credit_gain(r: dict[str, Any], credit: dict[str, Any]) -> float | None:
+    """The attacker's credited mean reward at the trainer over its true mean reward, over
+    the counters the trainer accounts for (from the first it heard to the last: one it
+    never heard of, before or after, is in no account)."""
+    truth = {int(k): v for k, v in (r.get("truth") or {}).items()}
+    first, last = credit.get("first"), credit.get("last")
+    if truth and first is not None:
+        seen = [v for k, v in truth.items() if first <= k <= last]
+        true_mean = sum(seen) / len(seen) if seen else 0.0
+    else:
+        true_mean = r["true_sum"] / max(1, r["produced"])
+    if not true_mean:
+        return None
+    return round((credit.get("credited") or 0.0) / true_mean, 3)
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="swarm-node bench adversary")
     parser.add_argument("--window", type=float, default=2.5 if quick else 10.0)
     parser.add_argument("--rate", type=float, default=2.0)
+    parser.add_argument("--audit-fraction", type=float, default=0.5,
+                        help="the validator's audited share (credit is estimated from it)")
     parser.add_argument("--settle", type=float, default=12.0 if quick else 20.0)
     parser.add_argument("--hold", type=float, default=5.0 if quick else HOLD_S,
                         help="the trainer's hold of a good producer's unaudited rollouts, s")

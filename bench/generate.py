@@ -90,7 +90,7 @@ def _workload(tok: Any, n: int) -> tuple[Any, Any, list[list[int]], list[int]]:
     settings = SamplingSettings.from_manifest(manifest)
     producer = Identity.from_private_bytes(bytes(32)).peer_id
     tasks = TaskSet(manifest.seed)
-    assigns = [assign_task(manifest, producer, 0, c) for c in range(n)]
+    assigns = [assign_task(manifest, producer, c) for c in range(n)]
     prompts = [tok.encode(tasks.task_for(a).prompt, add_special_tokens=False) for a in assigns]
     return manifest, settings, prompts, [a.task_seed for a in assigns]
 

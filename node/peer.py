@@ -515,8 +515,12 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
         weights_store = await trio.to_thread.run_sync(WeightsStore.open, cfg.data_dir)
         now = time.time()
         records = await trio.to_thread.run_sync(store.load_peers)
+        # From the first message on, at the newest version we hold (a restarted trainer
+        # refuses rollouts of versions above its own: it must know them before any arrive).
+        installed = await trio.to_thread.run_sync(weights_store.installed)
         admission = Admission(
-            RunRules.from_manifest(cfg.manifest), cfg.admission, version=cfg.policy_version,
+            RunRules.from_manifest(cfg.manifest), cfg.admission,
+            version=max([cfg.policy_version, *installed]),
             scores=PeerScores(records=records),
         )
         async with open_host(cfg.identity.private_bytes(), list(cfg.listen), cfg.host) as host:

@@ -1,6 +1,6 @@
 """Work accounting: dense assignment counters, and what a gap in them costs.
 
-Tasks are assigned from (run seed, producer, policy version, counter), so the counter is
+Tasks are assigned from (run seed, producer, counter), so the counter is
 what keeps a worker from choosing its tasks: a worker that generates counters 0..511 and
 publishes only the ones it solved ("counter shopping") would look like a perfect solver.
 The rule here: a producer's counters are dense. Every counter between the lowest and the

@@ -17,6 +17,9 @@ The pipeline (legal steps as data: `PIPELINE`, and per kind `KIND_RULES`)
     DECODE     not a canonical encoding / wrong kind          -> MALFORMED (error's penalty)
     SIGNATURE  signature does not verify; body != digest      -> BAD_SIGNATURE / BODY_MISMATCH
     CONTEXT    other run; version older than t - S            -> WRONG_RUN / STALE
+               a rollout newer than t, at the trainer         -> UNPUBLISHED_VERSION
+               (`AdmissionConfig.publishes_versions`: the trainer knows which
+               versions exist; its signer pays, a relay does not)
                version newer than t + max_future_versions     -> FUTURE_VERSION
                (free, but a gossiped one comes with AskNewest: the sender must back
                it with a trainer-signed manifest, or pays UNBACKED_VERSION;
@@ -265,6 +268,7 @@ class Reason(enum.StrEnum):
     BODY_MISSING = "body_missing"
     UNBACKED_VERSION = "unbacked_version"
     NOT_BOUND = "not_bound"
+    UNPUBLISHED_VERSION = "unpublished_version"
 
 
 # Default score change per reason (<= 0), from the network's one table of penalties
@@ -360,13 +364,16 @@ class AdmissionConfig:
     replay_window: int = 4096
     max_signers: int = 100_000
     max_future_versions: int = 2
+    # We publish the versions (the trainer): a rollout claiming one above ours claims a
+    # version nobody holds, so it is refused whatever the margin, at its signer's cost.
+    publishes_versions: bool = False
     # A stale rollout costs its producer only if signed this long after the version that
     # made it stale became ours (time for that version to reach the producer).
     stale_grace_s: float = 120.0
     admit_reward: float = 0.1
     waste_rate: float = 2.0  # blameless refusals (copies, stale replays) a sender gets free
     waste_burst: float = 50.0
-    work_entries: int = 262_144  # units of work remembered (producer, counter, version)
+    work_entries: int = 262_144  # units of work remembered (producer, counter)
     new_signer_rate: float = 0.5  # unknown signers one sender may introduce per second
     new_signer_burst: float = 16.0
     new_signer_rate_all: float = 2.0  # ... and all senders together
@@ -480,7 +487,7 @@ class KindRule:
     weights:      a weight announcement: signer must hold a trainer key, version must be new
     store:        emit Store for admitted items
     dedup_with:   kinds whose admitted ids also make this one a duplicate
-    work:         a rollout: one per (producer, counter, version) and per body digest (UNIQUE)
+    work:         a rollout: one per (producer, counter) and per body digest (UNIQUE)
     judged:       a verdict or producer claim: the signer must be allowed to judge
                   (`protocol.authority`), must not judge its own work, and a sample
                   ticket must be its own
@@ -920,32 +927,33 @@ def _as_peer_form(like: PeerId, peer_id: bytes) -> PeerId:
     return peer_id_to_b58(peer_id) if isinstance(like, str) else peer_id
 
 
-def _work_key(op: Opened) -> tuple[int, int, bytes]:
-    """(counter, policy version, body digest) of an opened rollout header or record."""
+def _work_key(op: Opened) -> tuple[int, bytes]:
+    """(counter, body digest) of an opened rollout header or record. The policy version is
+    not part of the unit: one counter is one task whatever version a rollout claims."""
     obj = op.obj
     header = obj.header if isinstance(obj, OpenedRollout) else obj
-    return header.counter, op.envelope.policy_version, header.body_digest
+    return header.counter, header.body_digest
 
 
 class WorkIndex:
-    """Which rollout holds each unit of work: (signer, counter, version) and body digest.
+    """Which rollout holds each unit of work: (signer, counter) and body digest.
 
     Bounded: at most `max_entries` of each, oldest forgotten first.
     """
 
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
-        self._units: OrderedDict[tuple[bytes, int, int], bytes] = OrderedDict()
+        self._units: OrderedDict[tuple[bytes, int], bytes] = OrderedDict()
         self._bodies: OrderedDict[bytes, tuple[bytes, bytes]] = OrderedDict()  # -> signer, id
 
     def __len__(self) -> int:
         return len(self._units)
 
-    def clash(self, signer: bytes, key: tuple[int, int, bytes], rid: bytes) -> str | None:
+    def clash(self, signer: bytes, key: tuple[int, bytes], rid: bytes) -> str | None:
         """None if `rid` may hold this work; else what it clashes on ("counter", "body",
         or "other_signer" when another signer's rollout already holds the body)."""
-        counter, version, digest = key
-        held = self._units.get((signer, counter, version))
+        counter, digest = key
+        held = self._units.get((signer, counter))
         if held is not None and held != rid:
             return "counter"
         body = self._bodies.get(digest)
@@ -953,10 +961,10 @@ class WorkIndex:
             return "body" if body[0] == signer else "other_signer"
         return None
 
-    def add(self, signer: bytes, key: tuple[int, int, bytes], rid: bytes) -> None:
-        counter, version, digest = key
-        self._units[(signer, counter, version)] = rid
-        self._units.move_to_end((signer, counter, version))
+    def add(self, signer: bytes, key: tuple[int, bytes], rid: bytes) -> None:
+        counter, digest = key
+        self._units[(signer, counter)] = rid
+        self._units.move_to_end((signer, counter))
         self._bodies[digest] = (signer, rid)
         self._bodies.move_to_end(digest)
         while len(self._units) > self.max_entries:
@@ -1383,7 +1391,7 @@ class Admission:
         key = (peer, m.opened.content_id)
         before = handed.seen(key, now)
         if m.rule.work:
-            body = (peer, _work_key(m.opened)[2])
+            body = (peer, _work_key(m.opened)[1])
             before = before or handed.seen(body, now)
             handed.add(key, now)
             handed.add(body, now)
@@ -1428,7 +1436,7 @@ class Admission:
             raise refuse(Reason.WRONG_RUN, f"run {env.run_id!r}, this is {self.run.run_id!r}")
         if rule.work and self.run.run_seed is not None:
             header = op.obj.header if isinstance(op.obj, OpenedRollout) else op.obj
-            if header.task_seed != task_seed(self.run.run_seed, env.policy_version, header.counter, who):
+            if header.task_seed != task_seed(self.run.run_seed, header.counter, who):
                 r = refuse(Reason.NOT_BOUND, "task seed not derived from the signer's key and counter")
                 r.blame_signer = True  # it signed a claim to work its key did not make
                 raise r
@@ -1442,6 +1450,10 @@ class Admission:
                              None if fault else 0.0, signer=who)  # fmt: skip
                 if rule.work:
                     r.late = Admitted(m.kind, op.content_id, m.peer, env, op.obj, b"", now)
+                raise r
+            if v > t and rule.work and self.config.publishes_versions:
+                r = refuse(Reason.UNPUBLISHED_VERSION, f"version {v}, the newest published is {t}")
+                r.blame_signer = True  # it signed a claim of weights that do not exist
                 raise r
             if v - t > (margin := self.config.max_future_versions):
                 # The signer holds v's manifest; a relay one of v - margin or newer.
@@ -1518,7 +1530,7 @@ class Admission:
             raise _Refused(Stage.QUOTA, Reason.RATE_LIMITED, "signer over its rate", 0.0)
 
     def _stage_unique(self, m: _Msg) -> None:
-        """One rollout per (producer, counter, version) and per body digest."""
+        """One rollout per (producer, counter) and per body digest."""
         assert m.opened is not None
         op = m.opened
         signer = op.envelope.signer

@@ -152,7 +152,7 @@ DOUBLE_WORK = Offence(
     "double_work",
     -20.0,
     Payer.SIGNER,
-    "two signed rollouts for one unit of work (counter and version, or body): whoever relays",
+    "two signed rollouts for one unit of work (a counter, whatever its version, or a body): whoever relays",
 )
 FLOODING = Offence(
     "flooding",
@@ -187,6 +187,12 @@ UNBACKED_VERSION = Offence(
     Payer.SENDER,
     "handed us a version and holds no trainer-signed manifest of it",
 )
+UNPUBLISHED_VERSION = Offence(
+    "unpublished_version",
+    -20.0,
+    Payer.SIGNER,
+    "a rollout claiming a version the trainer has not published (the trainer refuses it)",
+)
 
 # -- roles and exchanges: what the node found by other means -------------------------------
 
@@ -204,6 +210,12 @@ PRODUCER_LACKS_BODY = Offence(
 )
 BAD_SHARD = Offence(
     "bad_shard", -50.0, Payer.SERVING_PEER, "a weight shard that fails its signed digest"
+)
+FALSE_CLAIM = Offence(
+    "false_claim",
+    -20.0,
+    Payer.PRODUCER,
+    "a header whose claimed reward differs from the trainer's re-score of its body",
 )
 FAILED_AUDIT = Offence("failed_audit", -20.0, Payer.PRODUCER, "a rollout whose audit failed here")
 FRAUD = Offence(
@@ -277,10 +289,12 @@ TABLE: tuple[Offence, ...] = (
     BODY_MISSING_RELAYED,
     NOT_BOUND,
     UNBACKED_VERSION,
+    UNPUBLISHED_VERSION,
     BAD_REQUEST,
     WRONG_RECORD,
     PRODUCER_LACKS_BODY,
     BAD_SHARD,
+    FALSE_CLAIM,
     FAILED_AUDIT,
     FRAUD,
     FALSE_ACCUSATION,

@@ -113,7 +113,7 @@ class RunRelease(WireObject):
 class RolloutHeader(WireObject):
     """The small, signed, gossiped part of a rollout. The body is bound by its digest.
 
-    The task is re-derivable by anyone from (run seed, producer, policy version, counter);
+    The task is re-derivable by anyone from (run seed, producer, counter);
     `task_seed` is that derivation's output, also the sampler's seed.
     """
 

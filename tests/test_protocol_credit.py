@@ -3,6 +3,9 @@ credit or blame from one producer to another."""
 
 from __future__ import annotations
 
+import pytest
+
+from protocol import penalties
 from protocol.admission import (
     Admission,
     AdmissionConfig,
@@ -15,9 +18,10 @@ from protocol.admission import (
 )
 from protocol.assignment import task_seed
 from protocol.codec import decode
+from protocol.envelope import seal
 from protocol.identity import Identity
 from protocol.rollout import make_record
-from protocol.wire import RolloutRecord
+from protocol.wire import RolloutRecord, Verdict
 from tests.test_protocol_admission import ALICE, BOB, RELAY, RUN, T0, body
 
 RUN_SEED = 7
@@ -30,7 +34,7 @@ def machine() -> Admission:
 
 def bound_record(producer: Identity, counter: int, *, signer: Identity | None = None, seq: int = 1) -> bytes:
     """A record of `producer`'s work (its seed), signed by `signer` (default: the producer)."""
-    seed = task_seed(RUN_SEED, 10, counter, producer.peer_id)
+    seed = task_seed(RUN_SEED, counter, producer.peer_id)
     return make_record(
         signer or producer, body(seed=seed), dataset="chain_sum", task_index=counter,
         counter=counter, task_seed=seed, reward=1.0, run_id=RUN, policy_version=10,
@@ -69,3 +73,304 @@ def test_the_producers_own_work_is_admitted() -> None:
     a = machine()
     acts = a.handle(MessageReceived(ALICE.peer_id, Kind.ROLLOUT_RECORD, bound_record(ALICE, 5), T0))
     assert any(isinstance(x, Deliver) for x in acts), acts
+
+
+# -- credit is the re-scored reward of a body someone holds ---------------------------------
+
+VALIDATOR = Identity.from_private_bytes(bytes(range(3, 35)))
+WINDOW_S = 300.0  # the body pull window (protocol.body_pull.PullConfig.window_s)
+
+
+def judged_machine(version: int = 10, **cfg) -> Admission:
+    rules = RunRules(
+        RUN, max_staleness=2, run_seed=RUN_SEED, validator_keys=frozenset({VALIDATOR.peer_id})
+    )
+    return Admission(rules, AdmissionConfig(signer_burst=1e4, sender_burst=1e4, **cfg), version=version)
+
+
+def claimed_record(producer: Identity, counter: int, reward: float, *, version: int = 10, at: float = T0,
+                   salt: int = 0) -> bytes:  # fmt: skip
+    """`producer`'s record of `counter` at `version`, claiming `reward` (body `salt` differs
+    per version: another sample of the same task)."""
+    seed = task_seed(RUN_SEED, counter, producer.peer_id)
+    return make_record(
+        producer, body(seed=seed + salt), dataset="chain_sum", task_index=counter,
+        counter=counter, task_seed=seed, reward=reward, run_id=RUN, policy_version=version,
+        seq=counter + 1, timestamp_ms=int(at * 1000),
+    )  # fmt: skip
+
+
+def pass_verdict(rid: bytes, producer: bytes, rescored: float, seq: int, at: float) -> bytes:
+    v = Verdict(rollout_id=rid, producer=producer, passed=True, reason="ok",
+                reward_rescored=rescored, metrics=())  # fmt: skip
+    return seal(VALIDATOR, v, run_id=RUN, policy_version=10, seq=seq, timestamp_ms=int(at * 1000))
+
+
+def delivered(a: Admission, peer, kind: Kind, data: bytes, now: float):
+    return [x.item for x in a.handle(MessageReceived(peer, kind, data, now)) if isinstance(x, Deliver)]
+
+
+def solved(counter: int, salt: int = 0) -> bool:
+    """The true outcome of one sample: about one in five solves."""
+    return (counter * 7 + salt * 3) % 10 < 2
+
+
+def run_worker(a: Admission, c, who: Identity, counters: range, *, lie: bool, seq0: int = 0):
+    """`who` publishes a header per counter (claiming 1.0 if `lie`, else the truth) and
+    serves the body only of solved ones if `lie` (all if honest); a validator passes every
+    body it holds and the trainer re-scores it. Returns (charged producers, time, true mean)."""
+    charged, t, truth = [], T0, []
+    for counter in counters:
+        t += 0.5
+        ok = solved(counter)
+        truth.append(1.0 if ok else 0.0)
+        rec = claimed_record(who, counter, 1.0 if lie else float(ok), at=t)
+        for item in delivered(a, who.peer_id, Kind.ROLLOUT_HEADER, header(rec), t):
+            charged += c.on_deliver(item)
+        if lie and not ok:
+            continue  # the lie's body is never served
+        for item in delivered(a, who.peer_id, Kind.ROLLOUT_RECORD, rec, t + 0.1):
+            charged += c.on_deliver(item)
+            charged += c.on_rescored(item.content_id, 1.0 if ok else 0.0, t + 0.2)
+            v = pass_verdict(item.content_id, who.peer_id, 1.0 if ok else 0.0, seq0 + counter + 1, t)
+            for vi in delivered(a, RELAY, Kind.VERDICT, v, t + 0.3):
+                charged += c.on_deliver(vi)
+    return charged, t, sum(truth) / len(truth)
+
+
+def collector():
+    from node.roles.trainer import Collector
+    from protocol.verified import VerifiedRule
+
+    a = judged_machine()
+    return a, Collector(a.authority, VerifiedRule(quorum=1))
+
+
+def test_a_worker_claiming_reward_1_and_serving_only_solved_bodies_is_credited_its_true_rate() -> None:
+    a, c = collector()
+    charged, t, true_mean = run_worker(a, c, ALICE, range(200), lie=True)
+    _, t2, honest_mean = run_worker(a, c, BOB, range(200), lie=False, seq0=1000)
+    assert c.credited_reward(ALICE.peer_id, t) is not None
+    end = max(t, t2) + WINDOW_S + 1
+    c.on_time(end)
+    liar = c.credited_reward(ALICE.peer_id, end)
+    assert abs(liar - true_mean) <= 0.02 * true_mean, (liar, true_mean)
+    assert c.credited_reward(BOB.peer_id, end) == pytest.approx(honest_mean)
+    assert c.summarize(10, 2, end)["skipped"] == 160  # the lies whose bodies never came
+
+
+def test_a_header_without_its_body_is_skipped_only_once_the_pull_window_closes() -> None:
+    from protocol.credit import CreditBook
+
+    book = CreditBook(pull_window_s=WINDOW_S)
+    book.on_header(b"p", 0, 10, 1.0, T0)
+    book.on_time(T0 + WINDOW_S - 1)
+    assert book.standing(b"p") is None and book.credited_reward(b"p") is None
+    book.on_time(T0 + WINDOW_S)
+    assert book.standing(b"p").skipped == 1 and book.credited_reward(b"p") == 0.0
+
+
+def test_a_claimed_reward_that_differs_from_the_re_score_costs_its_signer_and_credits_the_re_score() -> None:
+    a, c = collector()
+    t = T0 + 1
+    rec = claimed_record(ALICE, 1, 1.0, at=t)  # an unsolved body, claimed solved
+    (item,) = delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, rec, t)
+    assert c.on_deliver(item) == []
+    assert c.on_rescored(item.content_id, 0.0, t) == [ALICE.peer_id]
+    assert penalties.FALSE_CLAIM.payer is penalties.Payer.PRODUCER and penalties.FALSE_CLAIM.cost < 0
+    v = pass_verdict(item.content_id, ALICE.peer_id, 0.0, 1, t)
+    for vi in delivered(a, RELAY, Kind.VERDICT, v, t):
+        c.on_deliver(vi)
+    assert c.credited_reward(ALICE.peer_id, t) == 0.0
+    assert c.on_rescored(item.content_id, 0.0, t) == []  # charged once per record
+
+
+def test_a_held_body_is_credited_only_once_judged() -> None:
+    a, c = collector()
+    t = T0 + 1
+    rec = claimed_record(ALICE, 1, 1.0, at=t)
+    (item,) = delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, rec, t)
+    c.on_deliver(item)
+    c.on_rescored(item.content_id, 1.0, t)
+    c.on_time(t + 10 * WINDOW_S)
+    assert c.credited_reward(ALICE.peer_id, t + 10 * WINDOW_S) is None  # held, never judged
+    for vi in delivered(a, RELAY, Kind.VERDICT, pass_verdict(item.content_id, ALICE.peer_id, 1.0, 1, t), t):
+        c.on_deliver(vi)
+    assert c.credited_reward(ALICE.peer_id, t + 10 * WINDOW_S) == 1.0
+
+
+# -- version shopping -----------------------------------------------------------------------
+
+
+def test_one_counter_is_one_task_whatever_version_is_claimed() -> None:
+    from trainer.tasks import derive_task
+
+    args = dict(run_seed=RUN_SEED, datasets=[("chain_sum", 1)], group_size=4,
+                producer=ALICE.peer_id, counter=9)  # fmt: skip
+    import inspect
+
+    assert "policy_version" not in inspect.signature(derive_task).parameters
+    assert derive_task(**args).task_seed == task_seed(RUN_SEED, 9, ALICE.peer_id)
+    assert task_seed(RUN_SEED, 9, ALICE.peer_id) != task_seed(RUN_SEED, 9, BOB.peer_id)
+
+
+def test_a_second_record_for_the_same_counter_under_another_version_is_double_work() -> None:
+    a = judged_machine()
+    first = claimed_record(ALICE, 3, 0.0, version=10, at=T0)
+    again = claimed_record(ALICE, 3, 1.0, version=11, at=T0 + 1, salt=1)
+    assert delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, first, T0)
+    acts = a.handle(MessageReceived(ALICE.peer_id, Kind.ROLLOUT_RECORD, again, T0 + 1))
+    (r,) = [x for x in acts if isinstance(x, Reject)]
+    assert r.reason is Reason.DOUBLE_WORK and r.penalty < 0
+
+
+def test_the_trainer_refuses_a_version_it_has_not_published_and_its_signer_pays() -> None:
+    trainer = judged_machine(publishes_versions=True)
+    other = judged_machine()
+    rec = claimed_record(ALICE, 4, 1.0, version=11, at=T0)
+    (r,) = [x for x in trainer.handle(MessageReceived(RELAY, Kind.ROLLOUT_HEADER, header(rec), T0))
+            if isinstance(x, Reject)]  # fmt: skip
+    assert r.reason is Reason.UNPUBLISHED_VERSION and r.penalty == 0  # the relay: free
+    assert trainer.scores.score(ALICE.peer_id, T0) < 0 and trainer.scores.score(RELAY, T0) == 0
+    # A peer that is not the trainer may be behind: it admits the claim within its margin.
+    assert delivered(other, RELAY, Kind.ROLLOUT_HEADER, header(rec), T0)
+    # Versions it has published are admitted.
+    assert delivered(trainer, RELAY, Kind.ROLLOUT_HEADER, header(claimed_record(ALICE, 5, 1.0, at=T0)), T0)
+
+
+def test_a_version_shopper_is_credited_its_true_rate_and_pays() -> None:
+    """Per counter the shopper publishes whichever of v10, v11, v12 solved its task (the
+    trainer has published v10): credited about the solve rate of v10, and charged."""
+    from node.roles.trainer import Collector
+    from protocol.verified import VerifiedRule
+
+    a = judged_machine(publishes_versions=True)
+    c = Collector(a.authority, VerifiedRule(quorum=1))
+    t, truth, charged = T0, [], []
+    for counter in range(200):
+        t += 0.5
+        outcomes = [solved(counter, salt) for salt in range(3)]
+        truth.append(1.0 if outcomes[0] else 0.0)
+        pick = outcomes.index(True) if any(outcomes) else 0
+        rec = claimed_record(ALICE, counter, float(outcomes[pick]), version=10 + pick, at=t, salt=pick)
+        for item in delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, rec, t):
+            charged += c.on_deliver(item)
+            charged += c.on_rescored(item.content_id, float(outcomes[pick]), t)
+            v = pass_verdict(item.content_id, ALICE.peer_id, float(outcomes[pick]), counter + 1, t)
+            for vi in delivered(a, RELAY, Kind.VERDICT, v, t):
+                charged += c.on_deliver(vi)
+    end = t + WINDOW_S + 60
+    c.on_time(end)
+    assert a.scores.score(ALICE.peer_id, t) < 0
+    banned = a.handle(MessageReceived(ALICE.peer_id, Kind.ROLLOUT_RECORD, claimed_record(ALICE, 999, 0.0), t))
+    assert banned[0].reason is Reason.BANNED  # banned within a few shopped counters
+    heard = c.ledger.standing(ALICE.peer_id).last + 1  # the counters it got through before
+    true_mean = sum(truth[:heard]) / heard
+    credited = c.credited_reward(ALICE.peer_id, end)
+    assert credited <= 1.02 * true_mean, (credited, true_mean)
+
+
+def test_credit_book_orders_of_arrival_and_bounds() -> None:
+    from protocol.credit import CreditBook
+
+    book = CreditBook(pull_window_s=WINDOW_S, max_open=4)
+    # A verdict before the header and the body: the header's claim is still the one checked.
+    book.on_judged(b"p", 0, 10, True, 1.0, T0)
+    book.on_header(b"p", 0, 10, 1.0, T0)
+    assert book.on_body(b"p", 0, 10, 1.0, 0.0, T0 + 1) is not None  # claimed 1, re-scored 0
+    assert book.credited_reward(b"p") == 0.0  # our re-score, not the judge's
+    # A body judged by a validator that we never hold: the judge's re-score once the
+    # window closes; a failed judgement: 0; a body of another version than claimed: nothing.
+    book.on_header(b"p", 1, 10, 1.0, T0)
+    book.on_judged(b"p", 1, 10, True, 1.0, T0 + 1)
+    book.on_header(b"p", 2, 10, 1.0, T0)
+    book.on_body(b"p", 2, 10, 1.0, 1.0, T0 + 1)
+    book.on_judged(b"p", 2, 10, False, 1.0, T0 + 2)
+    assert book.on_body(b"p", 3, 10, 0.0, 0.0, T0) is None
+    assert book.on_body(b"p", 3, 11, 1.0, 0.0, T0) is None  # not this claim: no charge
+    book.on_time(T0 + WINDOW_S)
+    s = book.standing(b"p")
+    assert (s.held, s.judged, s.skipped, s.false_claims, s.reward_sum) == (4, 3, 0, 1, 1.0)
+    assert book.credited_reward(b"p") == 1.0 / 3  # counter 3 is held, not judged
+    # Bounded: claims past `max_open` settle the oldest open one as skipped.
+    for counter in range(10, 20):
+        book.on_header(b"q", counter, 10, 1.0, T0 + WINDOW_S)
+    assert book.standing(b"q").skipped >= 6
+
+
+def test_a_shopper_across_published_versions_earns_nothing_for_going_back() -> None:
+    """The trainer has published v10, v11 and v12 (all within S): per counter the shopper
+    publishes whichever of them solved its task. Once it published a counter at a newer
+    version, its claims at older ones are out of order: credited 0, never trained on."""
+    from node.roles.trainer import Collector, _pick
+    from protocol.verified import VerifiedRule
+
+    a = judged_machine(version=12, publishes_versions=True)
+    c = Collector(a.authority, VerifiedRule(quorum=1))
+    t, truth, waiting = T0, [], {}
+    for counter in range(200):
+        t += 0.5
+        outcomes = [solved(counter, salt) for salt in range(3)]
+        truth.append(1.0 if outcomes[2] else 0.0)  # an honest worker holds the newest
+        pick = outcomes.index(True) if any(outcomes) else 2
+        rec = claimed_record(ALICE, counter, float(outcomes[pick]), version=10 + pick, at=t, salt=pick)
+        for item in delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, rec, t):
+            c.on_deliver(item)
+            waiting[item.content_id] = item.obj
+            c.on_rescored(item.content_id, float(outcomes[pick]), t)
+            v = pass_verdict(item.content_id, ALICE.peer_id, float(outcomes[pick]), counter + 1, t)
+            for vi in delivered(a, RELAY, Kind.VERDICT, v, t):
+                c.on_deliver(vi)
+    true_mean = sum(truth) / len(truth)
+    credited = c.credited_reward(ALICE.peer_id, t)
+    # At most one counter gained per step up to a newer version (two steps here).
+    assert credited <= true_mean + 2 / len(truth), (credited, true_mean)
+    assert c.credit.standing(ALICE.peer_id).out_of_order > 50
+    from collections import OrderedDict
+
+    ready = _pick(c, OrderedDict(waiting), 12, 2, t)
+    back = [ro for ro in ready if ro.header.counter > 2 and ro.envelope.policy_version < 12]
+    assert len(ready) > 100 and back == []  # after reaching v12 at counter 2, none gone back
+    assert a.scores.score(ALICE.peer_id, t) > 0  # free: an honest restart may go back once
+
+
+def test_an_honest_worker_moving_forward_is_never_out_of_order() -> None:
+    from protocol.credit import CreditBook
+
+    book = CreditBook(pull_window_s=WINDOW_S)
+    heard = [(c, 10 + c // 50) for c in range(200)]  # a new version every 50 counters
+    heard = heard[1::2] + heard[0::2]  # gossip reorders
+    for counter, version in heard:
+        book.on_header(b"p", counter, version, 0.0, T0)
+    book.on_time(T0 + WINDOW_S)
+    s = book.standing(b"p")
+    assert (s.out_of_order, s.skipped) == (0, 200)
+
+
+def test_sampled_audits_credit_an_honest_worker_and_a_liar_their_true_rates() -> None:
+    """A quarter of the held bodies is judged (the validator's sample): the honest worker
+    that lost a few bodies and the liar that serves only its solved ones are each credited
+    about their true rate, not less for the lost bodies and not more for the lies."""
+    import hashlib
+
+    from protocol.credit import CreditBook
+
+    def audited(producer: bytes, counter: int) -> bool:
+        return hashlib.sha256(producer + counter.to_bytes(4, "big")).digest()[0] < 64
+
+    book = CreditBook(pull_window_s=WINDOW_S)
+    n = 2000
+    for counter in range(n):
+        ok = solved(counter)
+        for who, lie in ((b"honest", False), (b"liar", True)):
+            book.on_header(who, counter, 10, 1.0 if lie else float(ok), T0)
+            lost = not lie and counter % 50 == 7  # 2% of honest bodies never arrive
+            if lost or (lie and not ok):
+                continue
+            book.on_body(who, counter, 10, 1.0 if lie else float(ok), float(ok), T0)
+            if audited(who, counter):
+                book.on_judged(who, counter, 10, True, float(ok), T0)
+    book.on_time(T0 + WINDOW_S)
+    true_rate = sum(solved(c) for c in range(n)) / n
+    assert book.credited_reward(b"honest") == pytest.approx(true_rate * 0.98, rel=0.1)
+    assert book.credited_reward(b"liar") == pytest.approx(true_rate, rel=0.1)

@@ -78,7 +78,7 @@ def test_records_open_rederive_and_replay(setup, capsys):
     for r in records:
         h, b = r.header, r.body
         assert r.envelope.signer == setup["identity"].peer_id and r.envelope.run_id == "test-run"
-        a = assign_task(manifest, r.envelope.signer, r.envelope.policy_version, h.counter)
+        a = assign_task(manifest, r.envelope.signer, h.counter)
         assert (a.dataset, a.task_index, a.task_seed) == (h.dataset, h.task_index, h.task_seed)
         assert b.sampling_seed == h.task_seed
         task = tasks.task_for(a)

@@ -30,7 +30,7 @@ MIX = [("tiny-chain-sum", 3), ("tiny-products", 1)]
 
 
 def _derive(**kw):
-    args = dict(run_seed=7, datasets=MIX, group_size=1, producer=P1, policy_version=0, counter=0)
+    args = dict(run_seed=7, datasets=MIX, group_size=1, producer=P1, counter=0)
     args.update(kw)
     return derive_task(**args)
 
@@ -39,7 +39,7 @@ def test_assignment_is_a_pure_function_of_its_inputs():
     a = [_derive(counter=c) for c in range(50)]
     assert a == [_derive(counter=c) for c in range(50)]
     base = [(x.dataset, x.task_index, x.task_seed) for x in a]
-    for change in (dict(run_seed=8), dict(producer=P2), dict(policy_version=1)):
+    for change in (dict(run_seed=8), dict(producer=P2)):
         other = [_derive(counter=c, **change) for c in range(50)]
         assert [(x.dataset, x.task_index, x.task_seed) for x in other] != base
     # seeds are distinct per rollout
@@ -79,7 +79,7 @@ def test_assign_task_reads_the_manifest():
         proof_topk=128,
         trainer_keys=(),
     )
-    assert assign_task(m, P1, 0, 5) == _derive(counter=5)
+    assert assign_task(m, P1, 5) == _derive(counter=5)
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED_TASKS))

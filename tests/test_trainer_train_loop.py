@@ -133,7 +133,7 @@ def _records(tok, manifest, ident, n_groups, lie_every=0):
     tasks = TaskSet(manifest.seed)
     out = []
     for counter in range(n_groups * manifest.group_size):
-        a = assign_task(manifest, ident.peer_id, 0, counter)
+        a = assign_task(manifest, ident.peer_id, counter)
         task = tasks.task_for(a)
         text = tp.worked_solution(task) if counter % 2 == 0 else "<answer>nope</answer>"
         c = tuple(tok.encode(text, add_special_tokens=False)) + (tok.eos_token_id,)
@@ -179,6 +179,21 @@ def test_a_claimed_reward_that_differs_is_never_trained_on(tok):
     with pytest.raises(Refused) as err:
         rescorer.sample(open_record(recs[1]))
     assert err.value.reason == "claimed-reward-mismatch"
+
+
+def test_every_held_body_is_re_scored_for_credit_whatever_it_claims(tok):
+    """The trainer's credit path (`node.roles.trainer._rescore`): the reward of each body
+    from its task, not from its header."""
+    from node.roles.trainer import _rescore
+
+    manifest = _manifest()
+    recs = [open_record(r) for r in _records(tok, manifest, Identity.generate(), 2, lie_every=2)]
+    scored = dict(_rescore(Rescorer(manifest, tok), recs))
+    assert len(scored) == 4
+    for r in recs:
+        solved = r.header.counter % 2 == 0
+        assert (scored[r.rollout_id] >= 1.0) == solved
+    assert recs[1].header.reward == 1.0 and scored[recs[1].rollout_id] < 1.0  # the lie
 
 
 def test_offline_train_command(tok, tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ from verify.auditor import TaskJudgement
 
 def make_judge(manifest: Any, tokenizer: Any) -> Callable[[Any], Any]:
     """A task judge for `verify.audit_records`: re-derives the assignment of a rollout from
-    (run seed, producer, policy version, counter), checks header and prompt against it,
+    (run seed, producer, counter), checks header and prompt against it,
     and re-scores the decoded completion with the dataset's scorer."""
     tasks = TaskSet(manifest.seed)
 
@@ -32,7 +32,7 @@ def make_judge(manifest: Any, tokenizer: Any) -> Callable[[Any], Any]:
         if env.run_id != manifest.run_id:
             return TaskJudgement(f"run id {env.run_id!r} is not {manifest.run_id!r}", None)
         try:
-            a = assign_task(manifest, env.signer, env.policy_version, header.counter)
+            a = assign_task(manifest, env.signer, header.counter)
             task = tasks.task_for(a)
         except TaskError as exc:
             return TaskJudgement(f"task cannot be derived: {exc}", None)

@@ -1,7 +1,7 @@
 """Producing rollouts: N signed rollout records generated into a msgpack stream.
 
 Rollout `counter` (start, start + 1, ...) gets its task from `trainer.tasks.assign_task`
-(run seed, the producer's peer id, policy version, counter) and its sampling seed from the
+(run seed, the producer's peer id, counter) and its sampling seed from the
 same derivation, so any peer can re-derive and replay it. Activation proofs are built from
 the captured hidden states in a background thread while the next batch generates.
 
@@ -79,7 +79,7 @@ def generate_records(
             for start in range(start_counter, start_counter + n, batch_size):
                 counters = range(start, min(start + batch_size, start_counter + n))
                 assignments = [
-                    assign_task(manifest, identity.peer_id, policy_version, c) for c in counters
+                    assign_task(manifest, identity.peer_id, c) for c in counters
                 ]
                 gens, items = generate_batch(
                     engine, tasks, credit, assignments, settings, build_proofs is not None, tally

@@ -1,7 +1,7 @@
 """Training samples: an opened rollout re-scored from its task, or refused with a reason.
 
 The trainer never trusts the reward a worker claims. `Rescorer.sample` re-derives the
-task from (run seed, producer, policy version, counter), checks the header and the prompt
+task from (run seed, producer, counter), checks the header and the prompt
 against it, decodes the completion and scores it with the dataset's scorer. A claimed
 reward that differs from the re-scored one (beyond `REWARD_TOLERANCE`) refuses the rollout
 (`claimed-reward-mismatch`): a producer that lies about rewards gets none of its rollouts
@@ -59,13 +59,17 @@ class Rescorer:
     def _encode_prompt(self, prompt: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.encode(prompt, add_special_tokens=False))
 
-    def sample(self, ro: OpenedRollout) -> Sample:
-        """The training sample of a rollout, or `Refused`."""
+    def rescore(self, ro: OpenedRollout) -> float:
+        """The scorer's reward of a rollout's completion for its assigned task (whatever
+        its header claims), or `Refused` when the rollout is not of its assigned task."""
+        return self._score(ro)[1]
+
+    def _score(self, ro: OpenedRollout) -> tuple[Any, float]:
         m, env, header, body = self.manifest, ro.envelope, ro.header, ro.body
         if env.run_id != m.run_id:
             raise Refused("wrong-run", f"run id {env.run_id!r} is not {m.run_id!r}")
         try:
-            a = assign_task(m, env.signer, env.policy_version, header.counter)
+            a = assign_task(m, env.signer, header.counter)
             task = self.tasks.task_for(a)
         except TaskError as exc:
             raise Refused("task-underivable", str(exc)) from None
@@ -77,7 +81,12 @@ class Rescorer:
         if not body.completion_ids:
             raise Refused("empty", "no completion tokens")
         text = self.tokenizer.decode(list(body.completion_ids), skip_special_tokens=True)
-        score = self.tasks.score(task, text).reward
+        return a, self.tasks.score(task, text).reward
+
+    def sample(self, ro: OpenedRollout) -> Sample:
+        """The training sample of a rollout, or `Refused`."""
+        env, header, body = ro.envelope, ro.header, ro.body
+        a, score = self._score(ro)
         if abs(score - header.reward) > REWARD_TOLERANCE:
             raise Refused(
                 "claimed-reward-mismatch",

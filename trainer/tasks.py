@@ -4,19 +4,19 @@ What this module owns:
 - Which datasets a run may name (plain reasoning-gym names, or the built-in presets below
   that pin a small configuration), and which it refuses (gameable scorers).
 - Task assignment: the task of rollout `counter` is a pure function of (run seed, producer
-  peer id, policy version, counter), so a worker cannot choose easy tasks and any peer can
-  re-derive it (`assign_task`).
+  peer id, counter), so a worker cannot choose easy tasks and any peer can re-derive it
+  (`assign_task`). The policy version is not an input: a worker that samples one counter
+  under several versions samples the same task, and may publish only one of them.
 - The prompt template and answer extraction (the last `<answer>...</answer>`).
 - Safe scoring: a scorer that raises, returns NaN or leaves [0, 1] gives a defined reward;
   partial credit is recorded (`PartialCreditLog`).
 
 Assignment, step by step (all integers big-endian, hashes are `protocol.content_id`):
 1. group = counter // group_size (the members of a GRPO group share one task).
-2. h = content_id(b"swarm-node/task/v1" | u64 run_seed | u32 policy_version | u64 group |
-   producer). Dataset: u64(h[0:8]) mod total_weight, walked over the manifest's datasets
+2. h = content_id(b"swarm-node/task/v1" | u64 run_seed | u64 group | producer). Dataset: u64(h[0:8]) mod total_weight, walked over the manifest's datasets
    in order. Task index: u64(h[8:16]) mod that dataset's task space.
-3. task_seed = u64(content_id(b"swarm-node/sample/v1" | u64 run_seed | u32 policy_version
-   | u64 counter | producer)[0:8]): unique per rollout, the sampler's seed.
+3. task_seed = u64(content_id(b"swarm-node/sample/v1" | u64 run_seed | u64 counter |
+   producer)[0:8]): unique per rollout, the sampler's seed (`protocol.assignment`).
 4. The reasoning-gym dataset is created with seed = u32(content_id(b"swarm-node/dataset/v1"
    | u64 run_seed | name)[0:4]); its item `task_index` is the task.
 This module never does IO beyond what reasoning-gym does when it builds a dataset.
@@ -166,7 +166,6 @@ def derive_task(
     datasets: Sequence[tuple[str, int]],
     group_size: int,
     producer: bytes,
-    policy_version: int,
     counter: int,
 ) -> Assignment:
     """Pure assignment rule (module docstring, steps 1-3). `datasets`: (name, weight)."""
@@ -174,12 +173,12 @@ def derive_task(
         raise TaskError("a run needs at least one dataset")
     if group_size < 1:
         raise TaskError(f"group_size must be >= 1, got {group_size}")
-    if counter < 0 or policy_version < 0 or run_seed < 0:
-        raise TaskError("run seed, policy version and counter must be non-negative")
+    if counter < 0 or run_seed < 0:
+        raise TaskError("run seed and counter must be non-negative")
     group = counter // group_size
     h = content_id(
         b"swarm-node/task/v1"
-        + struct.pack(">QIQ", run_seed, policy_version, group)
+        + struct.pack(">QQ", run_seed, group)
         + bytes(producer)
     )
     total = sum(w for _, w in datasets)
@@ -194,18 +193,17 @@ def derive_task(
         pick -= weight
     source = resolve_dataset(name)
     task_index = _u64(h[8:16]) % source.task_space
-    seed = task_seed(run_seed, policy_version, counter, producer)
+    seed = task_seed(run_seed, counter, producer)
     return Assignment(name, task_index, counter, seed, group)
 
 
-def assign_task(manifest: Any, producer: bytes, policy_version: int, counter: int) -> Assignment:
+def assign_task(manifest: Any, producer: bytes, counter: int) -> Assignment:
     """`derive_task` with the run's seed, datasets and group size from a `RunManifest`."""
     return derive_task(
         run_seed=manifest.seed,
         datasets=[(d.name, d.weight) for d in manifest.datasets],
         group_size=manifest.group_size,
         producer=producer,
-        policy_version=policy_version,
         counter=counter,
     )
 

@@ -55,7 +55,7 @@ def _bodies(
     engine = HFEngine(model, tok, **engine_kw)
     settings = SamplingSettings.from_manifest(manifest)
     tasks = TaskSet(manifest.seed)
-    assigns = [assign_task(manifest, producer, 0, c) for c in range(counter0, counter0 + n)]
+    assigns = [assign_task(manifest, producer, c) for c in range(counter0, counter0 + n)]
     prompts = [tok.encode(tasks.task_for(a).prompt, add_special_tokens=False) for a in assigns]
     gens = engine.generate(prompts, settings, [a.task_seed for a in assigns], capture_hidden=True)
     proofs = build_proofs_bytes_many(

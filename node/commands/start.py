@@ -344,6 +344,7 @@ async def _run(
 def _peer_config(role: str, manifest: Any, identity: Any, data_dir: Path, listen: list[str],
                  boot: list[str], ctx: Any, cfg: Any, module: Any) -> Any:
     from node.peer import PeerConfig
+    from protocol.admission import AdmissionConfig
 
     settings = _host_settings(cfg)
     return PeerConfig(
@@ -351,6 +352,8 @@ def _peer_config(role: str, manifest: Any, identity: Any, data_dir: Path, listen
         listen=tuple(listen), bootstrap=tuple(boot), pull_bodies=module.PULLS_BODIES or ctx.local_train is not None,
         publish_rate_per_s=cfg["network.publish_rate_per_s"], max_peers=cfg["network.max_peers"],
         header_batch=cfg["network.header_batch"],
+        # The trainer knows which versions exist: a rollout of any other costs its signer.
+        admission=AdmissionConfig(publishes_versions=role == "trainer"),
         host=settings, weights=_weight_settings(cfg), store_max_bytes=cfg["store.max_bytes"],
     )
 

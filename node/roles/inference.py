@@ -2,7 +2,7 @@
 paced to what peers admit from this worker (`pace_for`: its signer rate, scaled by its
 verified standing).
 
-Each batch: task assignments from (run seed, our peer id, policy version, counter) via
+Each batch: task assignments from (run seed, our peer id, counter) via
 `trainer.tasks`, generation and activation proofs through the same code as
 `swarm-node rollouts` (`trainer.produce.generate_records`), run in a worker thread.
 The counter resumes from the store's ledger after a restart, so a task is never assigned

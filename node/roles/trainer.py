@@ -27,6 +27,14 @@ verdict are bounded (`MAX_WAITING`, oldest dropped) and so are tracked rollouts.
 Error handling: a rollout that cannot be re-scored is counted under its refusal reason and
 dropped; a failed publish is logged in `status` and retried at the next cadence point.
 
+Credit (`protocol.credit.CreditBook`): a producer is credited the reward the trainer
+re-scores from each body it holds (every held body is re-scored at the next train turn,
+verified or not), estimated from the records a judge passed or failed at their version; a
+header whose body never arrives within the body pull window is a skipped counter (reward
+0), a claim whose version goes back is out of order (0, never trained on), and a header
+whose claimed reward differs from the re-score costs its producer `penalties.FALSE_CLAIM`. The trainer's admission refuses rollouts of versions it has not
+published (`AdmissionConfig.publishes_versions`).
+
 Shape: `Collector` keeps what the trainer heard; `TrainerRole` holds the rollouts waiting
 for verdicts, the model and its trainer, and runs the train / publish / report turns; its
 status counts what became of the rollouts (`fates`, `node.roles.rollout_fates`).
@@ -48,6 +56,8 @@ from protocol import penalties
 from protocol.accounting import WITHHELD_PENALTY, GapCharges, WorkLedger
 from protocol.admission import Admitted, Kind
 from protocol.authority import Authority
+from protocol.body_pull import PullConfig
+from protocol.credit import CreditBook
 from protocol.standing import Banned, Decision, StandingBook, State
 from protocol.verified import Status, VerifiedRule, Vote, judge
 
@@ -67,12 +77,14 @@ PRINT_EVERY_S = 30.0
 
 
 class _Track:
-    __slots__ = ("body", "producer", "reward", "task", "version", "votes")
+    __slots__ = ("body", "counter", "judge_score", "producer", "reward", "task", "version", "votes")
 
     def __init__(self) -> None:
         self.body = False
         self.producer = b""
+        self.counter = 0
         self.reward = 0.0
+        self.judge_score = 0.0  # the re-score in the first passing verdict
         self.version = 0
         self.task: tuple[str, int] | None = None
         self.votes: list[Vote] = []
@@ -81,11 +93,13 @@ class _Track:
 class Collector:
     """What the trainer heard: rollouts, votes and counters (driven by `on_deliver`)."""
 
-    def __init__(self, authority: Authority, rule: VerifiedRule, ledger: WorkLedger | None = None):
+    def __init__(self, authority: Authority, rule: VerifiedRule, ledger: WorkLedger | None = None,
+                 pull_window_s: float = PullConfig().window_s):  # fmt: skip
         self.authority, self.rule = authority, rule
         self.gaps = GapCharges(ledger)
         self.ledger = self.gaps.ledger
         self.tracks: OrderedDict[bytes, _Track] = OrderedDict()
+        self.credit = CreditBook(pull_window_s=pull_window_s)  # the body puller's window
 
     def track(self, rid: bytes) -> _Track:
         t = self.tracks.get(rid)
@@ -105,14 +119,51 @@ class Collector:
             t.producer = item.envelope.signer
             t.reward = header.reward
             t.version = item.envelope.policy_version
+            t.counter = header.counter
             t.task = (header.dataset, header.task_index)
             t.body = t.body or item.kind is Kind.ROLLOUT_RECORD
+            self.credit.on_header(t.producer, t.counter, t.version, t.reward, now)
+            self._judged(t, now)
             return self.gaps.on_rollout(t.producer, header.counter, header.reward, now)
         if item.kind is Kind.VERDICT:
             t = self.track(item.obj.rollout_id)
             if len(t.votes) < MAX_VOTES:
                 t.votes.append(Vote(item.envelope.signer, item.obj.producer, item.obj.passed))
+                first_pass = item.obj.passed and not any(v.passed for v in t.votes[:-1])
+                if first_pass and item.obj.producer == (t.producer or item.obj.producer):
+                    t.judge_score = float(item.obj.reward_rescored)
+            self._judged(t, now)
+        return self.on_time(now)
+
+    def on_rescored(self, rid: bytes, reward: float, now: float) -> list[bytes]:
+        """We re-scored the body of `rid` at `reward`; returns its producer if its header
+        claimed another reward (charge it `penalties.FALSE_CLAIM`)."""
+        t = self.tracks.get(rid)
+        if t is None or not t.producer:
+            return []
+        false = self.credit.on_body(t.producer, t.counter, t.version, t.reward, reward, now)
+        self._judged(t, now)
+        return [t.producer] if false is not None else []
+
+    def _judged(self, t: _Track, now: float) -> None:
+        if not t.producer:
+            return
+        st = self.status(t)
+        if st is not Status.PENDING:
+            passed = st is Status.VERIFIED
+            self.credit.on_judged(t.producer, t.counter, t.version, passed, t.judge_score, now)
+
+    def on_time(self, now: float) -> list[bytes]:
+        """Time passed: pull windows close (skipped counters) and gaps are judged; returns
+        the producers that just went past their allowance."""
+        self.credit.on_time(now)
         return self.gaps.on_time(now)
+
+    def credited_reward(self, producer: bytes, now: float = math.inf) -> float | None:
+        """The producer's credit: re-scored rewards of its judged bodies, with skipped
+        and withheld counters at 0 (`protocol.credit`)."""
+        s = self.ledger.standing(producer, now)
+        return self.credit.credited_reward(producer, s.withheld if s is not None else 0)
 
     def on_late(self, item: Admitted) -> list[bytes]:
         """A rollout admission refused as too stale (`Reject.late`): its producer published
@@ -137,6 +188,7 @@ class Collector:
         ]
         producers = {t.producer for t in self.tracks.values() if t.producer}
         refused = sorted(p for p in producers if not self.ledger.allowed(p, now))
+        credit = [s for p in producers if (s := self.credit.standing(p))]
         return {
             "bodies": len(statuses),
             "verified": len(verified),
@@ -149,6 +201,8 @@ class Collector:
             else None,
             "producers_refused": len(refused),
             "withheld": sum(s.withheld for p in producers if (s := self.ledger.standing(p))),
+            "skipped": sum(s.skipped for s in credit),
+            "false_claims": sum(s.false_claims for s in credit),
         }
 
 
@@ -182,6 +236,20 @@ def _train(trainer: Any, rescorer: Any, ready: list[Any], threads: int | None, n
         while trainer.version == version and trainer.step() is not None:
             steps += 1
     return steps
+
+
+def _rescore(rescorer: Any, bodies: list[Any]) -> list[tuple[bytes, float]]:
+    """(rollout id, re-scored reward) of each body of its assigned task (worker thread);
+    a body that is not of its task is left out (admission and audits deal with it)."""
+    from trainer.samples import Refused
+
+    out = []
+    for ro in bodies:
+        try:
+            out.append((ro.rollout_id, rescorer.rescore(ro)))
+        except Refused:
+            pass
+    return out
 
 
 def _heldout(model: Any, tokenizer: Any, manifest: Any, threads: int | None) -> float:
@@ -228,6 +296,9 @@ def _pick(
                 fates.stale_waiting += 1
             del waiting[rid]
             continue
+        if collector.credit.out_of_order(t.producer, t.counter):  # a version shopped backwards
+            del waiting[rid]
+            continue
         if not collector.ledger.allowed(t.producer, now):
             del waiting[rid]
             continue
@@ -256,6 +327,7 @@ class TrainerRole:
         self.standing = StandingBook()
         self.trained = {"trained_verified": 0, "trained_unaudited": 0}
         self.fates = Fates()  # what became of the rollouts heard of (status: `fates`)
+        self.unscored: list[Any] = []  # held bodies not re-scored yet (at most MAX_WAITING)
         self.model: Any = None
         self.tokenizer: Any = None
         self.trainer: Any = None
@@ -271,6 +343,8 @@ class TrainerRole:
         for bad in self.collector.on_deliver(item):
             self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name)
         if item.kind is Kind.ROLLOUT_RECORD:
+            if len(self.unscored) < MAX_WAITING:
+                self.unscored.append(item.obj)
             self.waiting[item.content_id] = (item.obj, time.time())
             if len(self.waiting) > MAX_WAITING:
                 self.waiting.popitem(last=False)
@@ -335,6 +409,7 @@ class TrainerRole:
     async def train_forever(self) -> None:
         while True:
             steps = 0
+            await self.rescore()  # credit, even while training waits
             if self.publish_error is None:  # never train past a version the swarm has not got
                 steps = await self.train()
             if self.peer.weights is not None and self.trainer.version > self.published:
@@ -342,6 +417,19 @@ class TrainerRole:
             self.report()
             if steps == 0:
                 await trio.sleep(STEP_POLL_S)
+
+    async def rescore(self) -> None:
+        """Re-score the bodies that arrived since the last turn: the credit of their
+        producers, and `penalties.FALSE_CLAIM` for each header that claimed otherwise."""
+        bodies, self.unscored = self.unscored, []
+        scored = await trio.to_thread.run_sync(_rescore, self.rescorer, bodies)
+        now = time.time()
+        for rid, reward in scored:
+            for bad in self.collector.on_rescored(rid, reward, now):
+                self.peer.report(bad, penalties.FALSE_CLAIM.cost, "claimed a reward its body does not earn",
+                                 penalties.FALSE_CLAIM.name)  # fmt: skip
+        for bad in self.collector.on_time(now):
+            self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name)
 
     async def train(self) -> int:
         """Train on the rollouts waiting that may train now; returns the steps taken."""

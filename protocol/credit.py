@@ -1,0 +1,265 @@
+"""Credit: what a producer's work is worth, from bodies someone holds, never from headers.
+
+A header claims a reward; it proves nothing. A producer's credit for a counter is the
+reward *re-scored* from a body the trainer holds (or that a validator re-scored in its
+verdict), counted once the record was judged against the weights of the version it
+claims (a verdict: a validator holds those weights). Per counter, in order:
+
+    header heard        open: it claims (version, reward); nothing is credited yet
+    body re-scored      held: its re-score is known; a claim that differs from it by more
+                        than `tolerance` is a `FalseClaim` (its producer pays
+                        `penalties.FALSE_CLAIM`, once per counter)
+    judged              a held body is settled: credited our re-score if the record passed,
+                        0 if it failed
+    pull window closes  a header still without a held body is settled at the judge's
+    (`pull_window_s`)   re-score if a judge passed it (the judge holds the body), else it
+                        is *skipped*: reward 0 (a body nobody could pull is work nobody can
+                        check, so a claim never served is worth nothing)
+
+With sampled audits most held bodies are never judged, so the credited mean reward is an
+estimate that counts every counter once:
+
+    credited = (reward over judged counters / judged) * held / (held + skipped
+               + out_of_order + withheld)
+
+`held`: counters whose body we re-scored or a judge judged; `withheld`: counters the
+producer never published (`protocol.accounting.WorkLedger`). The judged ones are a sample
+of the held ones (the audit ticket is the validator's, not the producer's choice), and every
+counter not held is worth 0: a worker that publishes only what solved, or serves only the
+bodies that solved, is credited its true rate; an honest one its true rate whatever the
+audit fraction.
+
+The first header or body heard for (producer, counter) fixes its claim; a later one that
+names another version is not this claim and changes nothing (admission refuses it as double
+work).
+
+Versions go forward. A worker makes its counters in order and moves to a newer version
+when it installs one, so of two of its claims, the one with the higher counter never names
+the lower version. A claim that would (a version below one it claimed at a lower counter,
+or above one it claimed at a higher counter) is *out of order*: settled at 0 at once and
+never trained on (`out_of_order`). That is what is left to a worker holding several
+published versions that samples one task under each and publishes whichever solved it:
+once it has published a counter at the newest version, the older ones earn nothing. It is
+free (no penalty): an honest worker that restarts may make one batch with its base model
+before it has loaded its newest weights. Per producer the counter span of each of its
+`max_versions` newest versions is kept; the first claim heard keeps its place.
+
+Pure and bounded: no IO, time passed in; at most `max_open` claims not yet settled (oldest
+settled as skipped first) and `max_producers` producers.
+
+Public API
+----------
+`CreditBook(pull_window_s=300.0, tolerance=1e-4, max_open=262_144, max_producers=100_000,
+max_versions=8)`
+    `.on_header(producer, counter, version, claimed, now)`
+    `.on_body(producer, counter, version, claimed, rescored, now) -> FalseClaim | None`
+    `.on_judged(producer, counter, version, passed, rescored, now)`
+    `.on_time(now)`                        close the pull windows that ended by `now`
+    `.standing(producer) -> CreditStanding | None`
+    `.out_of_order(producer, counter) -> bool`  settled as out of order (not to be trained on)
+    `.credited_reward(producer, withheld=0) -> float | None`
+`FalseClaim(producer, counter, claimed, rescored)`; `CreditStanding(held, judged, skipped,
+false_claims, reward_sum, out_of_order)`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from protocol.errors import LocalProtocolError
+
+__all__ = ["CreditBook", "CreditStanding", "FalseClaim"]
+
+
+@dataclass(frozen=True, slots=True)
+class FalseClaim:
+    """Action: `producer` signed a header claiming `claimed` for a body we re-scored at
+    `rescored`; charge it `penalties.FALSE_CLAIM`."""
+
+    producer: bytes
+    counter: int
+    claimed: float
+    rescored: float
+
+
+@dataclass(slots=True)
+class CreditStanding:
+    held: int = 0  # counters whose body we re-scored or a judge judged
+    judged: int = 0  # ... of which judged (reward_sum is theirs)
+    skipped: int = 0  # headers whose body never came within the pull window
+    false_claims: int = 0
+    reward_sum: float = 0.0
+    out_of_order: int = 0  # claims of a version behind one of a lower counter, or ahead of a higher
+
+
+class _Claim:
+    __slots__ = ("claimed", "heard_at", "judge_score", "passed", "rescored", "version")
+
+    def __init__(self, version: int, claimed: float | None, now: float) -> None:
+        self.version, self.claimed, self.heard_at = version, claimed, now  # claimed: the header's
+        self.rescored: float | None = None  # our own re-score of the body we hold
+        self.passed: bool | None = None  # the judgement, once heard
+        self.judge_score = 0.0  # the judge's re-score
+
+
+class CreditBook:
+    """Claims, held bodies and judgements per (producer, counter) (module docstring)."""
+
+    def __init__(
+        self, *, pull_window_s: float = 300.0, tolerance: float = 1e-4,
+        max_open: int = 262_144, max_producers: int = 100_000, max_versions: int = 8,
+    ) -> None:  # fmt: skip
+        if not (math.isfinite(pull_window_s) and pull_window_s > 0) or tolerance < 0:
+            raise LocalProtocolError("CreditBook: pull_window_s > 0 and tolerance >= 0")
+        if max_open < 1 or max_producers < 1 or max_versions < 1:
+            raise LocalProtocolError("CreditBook: max_open, max_producers, max_versions >= 1")
+        self.pull_window_s, self.tolerance = pull_window_s, tolerance
+        self.max_open, self.max_producers, self.max_versions = max_open, max_producers, max_versions
+        # producer -> version -> (lowest, highest) counter claimed at it
+        self._spans: OrderedDict[bytes, dict[int, tuple[int, int]]] = OrderedDict()
+        self._open: OrderedDict[tuple[bytes, int], _Claim] = OrderedDict()  # no body yet
+        self._held: OrderedDict[tuple[bytes, int], _Claim] = OrderedDict()  # body, no verdict
+        self._settled: OrderedDict[tuple[bytes, int], bool] = OrderedDict()  # -> out of order
+        self._producers: OrderedDict[bytes, CreditStanding] = OrderedDict()
+
+    def _claim(self, producer: bytes, counter: int, version: int, claimed: float | None,
+               now: float) -> _Claim | None:  # fmt: skip
+        """The claim of (producer, counter), opened if new; None if settled or if it names
+        another version than the claim heard first. `claimed`: the header's reward, None
+        when what we heard was not the header (a verdict)."""
+        key = (producer, counter)
+        if key in self._settled:
+            return None
+        c = self._open.get(key) or self._held.get(key)
+        if c is None:
+            if not self._in_order(producer, counter, version):
+                self._standing(producer).out_of_order += 1
+                self._settle(producer, counter, None, out_of_order=True)
+                return None
+            c = self._open[key] = _Claim(version, claimed, now)
+            if len(self._open) + len(self._held) > self.max_open:
+                self._evict()
+        if c.version != version:
+            return None
+        if c.claimed is None and claimed is not None:
+            c.claimed = float(claimed)
+        return c
+
+    def _in_order(self, producer: bytes, counter: int, version: int) -> bool:
+        """Whether a claim of `version` at `counter` keeps the producer's versions going
+        forward; if so its counter joins the version's span."""
+        spans = self._spans.get(producer)
+        if spans is None:
+            spans = self._spans[producer] = {}
+            if len(self._spans) > self.max_producers:
+                self._spans.popitem(last=False)
+        else:
+            self._spans.move_to_end(producer)
+        for v, (lo, hi) in spans.items():
+            if (v > version and lo < counter) or (v < version and hi > counter):
+                return False
+        lo, hi = spans.get(version, (counter, counter))
+        spans[version] = (min(lo, counter), max(hi, counter))
+        while len(spans) > self.max_versions:
+            del spans[min(spans)]
+        return True
+
+    def out_of_order(self, producer: bytes, counter: int) -> bool:
+        return self._settled.get((producer, counter), False)
+
+    def _evict(self) -> None:
+        if self._held:  # held and never judged: dropped, credited nothing
+            self._held.popitem(last=False)
+        else:
+            key, _ = self._open.popitem(last=False)
+            self._settle(*key, None, skipped=True)
+
+    def on_header(self, producer: bytes, counter: int, version: int, claimed: float, now: float) -> None:
+        """A header (or a record's header) heard at `now`."""
+        self._claim(producer, counter, version, claimed, now)
+
+    def on_body(self, producer: bytes, counter: int, version: int, claimed: float,
+                rescored: float, now: float) -> FalseClaim | None:  # fmt: skip
+        """We hold the body of (producer, counter) and re-scored it at `rescored`; the
+        `FalseClaim` to charge if its claim differs (once per counter)."""
+        key = (producer, counter)
+        c = self._claim(producer, counter, version, claimed, now)
+        if c is None or c.rescored is not None:
+            return None
+        c.rescored = float(rescored)
+        del self._open[key]
+        self._standing(producer).held += 1
+        if c.passed is None:
+            self._held[key] = c
+        else:
+            self._settle(producer, counter, c.rescored if c.passed else 0.0)
+        if c.claimed is not None and abs(c.claimed - c.rescored) > self.tolerance:
+            self._standing(producer).false_claims += 1
+            return FalseClaim(producer, counter, c.claimed, c.rescored)
+        return None
+
+    def on_judged(self, producer: bytes, counter: int, version: int, passed: bool,
+                  rescored: float, now: float) -> None:  # fmt: skip
+        """A judgement of (producer, counter) at `version`: passed or not, and the judge's
+        re-score. Settles the counter if we hold its body (our re-score is credited);
+        otherwise the judge's re-score is, when the pull window closes without the body."""
+        key = (producer, counter)
+        c = self._claim(producer, counter, version, None, now)
+        if c is None or c.passed is not None:
+            return
+        c.passed, c.judge_score = bool(passed), float(rescored)
+        if c.rescored is not None:
+            del self._held[key]
+            self._settle(producer, counter, c.rescored if passed else 0.0)
+
+    def on_time(self, now: float) -> None:
+        """Close the pull windows that ended by `now`: a header with no body held is
+        settled at its judge's re-score if judged (and passed), else skipped (reward 0)."""
+        while self._open:
+            key, c = next(iter(self._open.items()))
+            if now - c.heard_at < self.pull_window_s:
+                break
+            del self._open[key]
+            if c.passed is None:
+                self._settle(*key, None, skipped=True)
+            else:  # the judge held the body
+                self._standing(key[0]).held += 1
+                self._settle(*key, c.judge_score if c.passed else 0.0)
+
+    def _standing(self, producer: bytes) -> CreditStanding:
+        s = self._producers.get(producer)
+        if s is None:
+            s = self._producers[producer] = CreditStanding()
+            if len(self._producers) > self.max_producers:
+                self._producers.popitem(last=False)
+        else:
+            self._producers.move_to_end(producer)
+        return s
+
+    def _settle(self, producer: bytes, counter: int, reward: float | None, *, skipped: bool = False,
+                out_of_order: bool = False) -> None:  # fmt: skip
+        """Settle a counter: judged (`reward`), skipped or out of order (`reward` None)."""
+        s = self._standing(producer)
+        if reward is not None:
+            s.judged += 1
+            s.reward_sum += reward
+        s.skipped += skipped
+        self._settled[(producer, counter)] = out_of_order
+        while len(self._settled) > self.max_open:
+            self._settled.popitem(last=False)
+
+    def standing(self, producer: bytes) -> CreditStanding | None:
+        return self._producers.get(producer)
+
+    def credited_reward(self, producer: bytes, withheld: int = 0) -> float | None:
+        """The credited mean reward (module docstring); None while nothing of the producer
+        is known or it has held bodies none of which is judged yet."""
+        s = self._producers.get(producer) or CreditStanding()
+        total = s.held + s.skipped + s.out_of_order + withheld
+        if total == 0 or (s.held and not s.judged):
+            return None
+        if not s.held:
+            return 0.0
+        return s.reward_sum / s.judged * s.held / total
