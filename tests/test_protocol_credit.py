@@ -302,7 +302,9 @@ def test_a_shopper_across_published_versions_earns_nothing_for_going_back() -> N
     """The trainer has published v10, v11 and v12 (all within S): per counter the shopper
     publishes whichever of them solved its task. Once it published a counter at a newer
     version, its claims at older ones are out of order: credited 0, never trained on."""
+    from node.roles.rollout_fates import Fates
     from node.roles.trainer import Collector, _pick
+    from protocol.standing import StandingBook
     from protocol.verified import VerifiedRule
 
     a = judged_machine(version=12, publishes_versions=True)
@@ -316,7 +318,7 @@ def test_a_shopper_across_published_versions_earns_nothing_for_going_back() -> N
         rec = claimed_record(ALICE, counter, float(outcomes[pick]), version=10 + pick, at=t, salt=pick)
         for item in delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, rec, t):
             c.on_deliver(item)
-            waiting[item.content_id] = item.obj
+            waiting[item.content_id] = (item.obj, t)
             c.on_rescored(item.content_id, float(outcomes[pick]), t)
             v = pass_verdict(item.content_id, ALICE.peer_id, float(outcomes[pick]), counter + 1, t)
             for vi in delivered(a, RELAY, Kind.VERDICT, v, t):
@@ -328,7 +330,7 @@ def test_a_shopper_across_published_versions_earns_nothing_for_going_back() -> N
     assert c.credit.standing(ALICE.peer_id).out_of_order > 50
     from collections import OrderedDict
 
-    ready = _pick(c, OrderedDict(waiting), 12, 2, t)
+    ready, _unaudited = _pick(c, StandingBook(), OrderedDict(waiting), 12, 2, t, Fates())
     back = [ro for ro in ready if ro.header.counter > 2 and ro.envelope.policy_version < 12]
     assert len(ready) > 100 and back == []  # after reaching v12 at counter 2, none gone back
     assert a.scores.score(ALICE.peer_id, t) > 0  # free: an honest restart may go back once

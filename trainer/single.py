@@ -53,7 +53,7 @@ class SingleLearner:
         version = self.trainer.version
         counters = range(self.counter, self.counter + n)
         self.counter += n
-        assignments = [assign_task(self.manifest, self.producer, version, c) for c in counters]
+        assignments = [assign_task(self.manifest, self.producer, c) for c in counters]
         _gens, items = generate_batch(
             self.engine, self.tasks, self.credit, assignments, self.settings, False, self.tally
         )
