@@ -159,11 +159,15 @@ class Collector:
         self.credit.on_time(now)
         return self.gaps.on_time(now)
 
-    def credited_reward(self, producer: bytes, now: float = math.inf) -> float | None:
+    def credited_reward(
+        self, producer: bytes, now: float = math.inf, weight: float = 1.0
+    ) -> float | None:
         """The producer's credit: re-scored rewards of its judged bodies, with skipped
-        and withheld counters at 0 (`protocol.credit`)."""
+        and withheld counters at 0 (`protocol.credit`), times `weight`: its standing's
+        `StandingBook.credit_weight` (0 once banned: a failed audit claws it all back)."""
         s = self.ledger.standing(producer, now)
-        return self.credit.credited_reward(producer, s.withheld if s is not None else 0)
+        credited = self.credit.credited_reward(producer, s.withheld if s is not None else 0)
+        return None if credited is None else credited * weight
 
     def on_late(self, item: Admitted) -> list[bytes]:
         """A rollout admission refused as too stale (`Reject.late`): its producer published
