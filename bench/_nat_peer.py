@@ -1,0 +1,124 @@
+"""A host with circuit relay v2, AutoNAT and DCUtR (`node.host_relay`,
+`node.host_reachability`), driven by JSON lines: the peer of the NAT tests and `bench reach`.
+
+Start-up prints `{"peer_id", "addrs"}`. With `--serve-relay` it runs the relay service
+with the limits given. Commands on stdin, one JSON object per line, each answered by one
+JSON line:
+
+- `{"cmd": "connect", "addr": A}`   dial A: a plain address, or `.../p2p-circuit/p2p/<id>`
+                                    through a relay -> `{"ok", "peer", "error"}`
+- `{"cmd": "reach", "servers": [id...]}`  AutoNAT dial-back from those connected peers
+                                    -> `{"reachability"}`
+- `{"cmd": "reserve", "addr": A}`   take a slot on the relay at A -> `{"ok", "addr", "error"}`
+- `{"cmd": "send", "peer": P, "n": N, "size": S}`  N rollout-sized payloads to P, one
+                                    stream each, each acknowledged -> `{"sent", "errors", "ms"}`
+- `{"cmd": "punch", "peer": P}`     DCUtR now -> `{"direct"}`
+- `{"cmd": "stats"}`                received count and bytes, connection kinds, relay and
+                                    reachability fields
+- `{"cmd": "quit"}`
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import time
+
+import trio
+
+from bench._gossip_peer import json_lines, reply
+from node.host import FramedStream, HostSettings, PeerError, open_host
+from node.host_reachability import open_reachability
+from node.host_relay import RelayLimitsConfig, RelayRefused, connection_kinds, open_relay
+
+PAYLOAD_PROTOCOL = "/swarm-test/payload/1"
+
+
+async def _send(host, peer: str, n: int, size: int) -> dict:  # type: ignore[no-untyped-def]
+    sent, errors, ms = 0, [], []
+    for seq in range(n):
+        t0 = time.monotonic()
+        try:
+            stream = await host.open_stream(peer, PAYLOAD_PROTOCOL)
+            try:
+                await stream.send(seq.to_bytes(4, "big") + b"\1" * max(0, size - 4))
+                if await stream.receive(16) != b"ok":
+                    raise PeerError(peer, "no acknowledgement")
+            finally:
+                await stream.close()
+            sent += 1
+            ms.append((time.monotonic() - t0) * 1000.0)
+        except PeerError as exc:
+            errors.append(str(exc))
+    return {"sent": sent, "errors": errors[:5], "ms": ms}
+
+
+async def main(args: argparse.Namespace) -> None:
+    received = {"count": 0, "bytes": 0}
+    serve = (RelayLimitsConfig(max_reservations=args.max_reservations,
+                               max_circuits_per_peer=args.max_circuits,
+                               max_circuit_bytes=args.max_circuit_bytes,
+                               max_circuit_s=args.max_circuit_s)
+             if args.serve_relay else None)
+    settings = HostSettings(peer_dead_after_s=args.dead_after)
+    with trio.move_on_after(args.max_life):
+        async with open_host(secrets.token_bytes(32), [args.listen], settings) as host, \
+                open_relay(host, serve) as relay, open_reachability(host) as reach:
+
+            async def on_payload(stream: FramedStream) -> None:
+                data = await stream.receive()
+                received["count"] += 1
+                received["bytes"] += len(data)
+                await stream.send(b"ok")
+
+            host.set_stream_handler(PAYLOAD_PROTOCOL, on_payload)
+            reply({"peer_id": host.peer_id, "addrs": host.listen_addrs()})
+            async for cmd in json_lines(trio.lowlevel.FdStream(os.dup(0))):
+                kind = cmd.get("cmd")
+                if kind == "connect":
+                    if "/p2p-circuit" in cmd["addr"]:
+                        try:
+                            peer = await relay.dial_relayed(cmd["addr"])
+                            reply({"ok": True, "peer": peer, "error": None})
+                        except (PeerError, ValueError) as exc:
+                            reply({"ok": False, "peer": None, "error": str(exc)})
+                    else:
+                        r = await host.connect(cmd["addr"])
+                        reply({"ok": r.ok, "peer": r.peer, "error": r.error})
+                elif kind == "reach":
+                    reply({"reachability": await reach.check(cmd["servers"])})
+                elif kind == "reserve":
+                    try:
+                        reply({"ok": True, "addr": await relay.reserve(cmd["addr"]), "error": None})
+                    except (RelayRefused, PeerError) as exc:
+                        reply({"ok": False, "addr": None, "error": str(exc)})
+                elif kind == "send":
+                    reply(await _send(host, cmd["peer"], cmd["n"], cmd["size"]))
+                elif kind == "punch":
+                    with trio.move_on_after(cmd.get("timeout", 30)):
+                        await reach.hole_punch(cmd["peer"])
+                    reply({"direct": connection_kinds(host).get(cmd["peer"]) == "direct"})
+                elif kind == "stats":
+                    reply({"received": received, "kinds": connection_kinds(host),
+                           **relay.stats(), **reach.stats()})
+                elif kind == "quit":
+                    break
+    reply({"closed": True})
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
+    parser.add_argument("--serve-relay", action="store_true")
+    parser.add_argument("--max-reservations", type=int, default=128)
+    parser.add_argument("--max-circuits", type=int, default=8)
+    parser.add_argument("--max-circuit-bytes", type=int, default=256 * 1024 * 1024)
+    parser.add_argument("--max-circuit-s", type=int, default=1800)
+    parser.add_argument("--dead-after", type=float, default=8.0)
+    parser.add_argument("--max-life", type=float, default=300.0)
+    trio.run(main, parser.parse_args())
+
+
+if __name__ == "__main__":
+    cli()
