@@ -120,5 +120,33 @@ def cli() -> None:
     trio.run(main, parser.parse_args())
 
 
+async def start_in(ns: str | None, listen: str, *extra: str, stderr_path: str | None = None):  # type: ignore[no-untyped-def]
+    """Start a peer process inside network namespace `ns` (None: this one); returns its
+    `bench._gossip_peer.PeerProcess` driver (always `stop()` it)."""
+    import subprocess
+    import sys
+
+    from bench._gossip_peer import PeerProcess
+
+    prefix = ["ip", "netns", "exec", ns] if ns else []
+    err = open(stderr_path, "ab") if stderr_path else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        proc = await trio.lowlevel.open_process(
+            [*prefix, sys.executable, "-m", "bench._nat_peer", "--listen", listen, *extra],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+        )
+    finally:
+        if stderr_path:
+            err.close()
+    peer = PeerProcess(proc)
+    try:
+        hello = await peer.read(60.0)
+    except BaseException:
+        await peer.stop(grace=1.0)
+        raise
+    peer.peer_id, peer.addrs, peer.hello = hello["peer_id"], hello["addrs"], hello
+    return peer
+
+
 if __name__ == "__main__":
     cli()
