@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 
+import multiaddr
 import pytest
 import trio
 
@@ -135,3 +136,53 @@ async def test_natted_workers_are_private_reserve_a_relay_and_deliver_through_it
         with trio.CancelScope(shield=True):
             for p in peers:
                 await p.stop()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_the_library_autonat_says_reachable_without_dialing_and_ours_dials_back() -> None:
+    """py-libp2p 0.8.1's AutoNAT server answers with `host.connect()`, a no-op for the
+    (always connected) asker: an address nobody listens on is reported reachable.
+    `_DialBackAutoNAT` dials afresh. If the first assertion fails, the library is fixed."""
+    from libp2p.host.autonat import AutoNATService
+    from libp2p.peer.id import ID
+
+    from node.host_reachability import _DialBackAutoNAT
+
+    closed = f"/ip4/127.0.0.1/tcp/{_closed_port()}"
+    async with open_host(os.urandom(32)) as server, open_host(os.urandom(32)) as asker:
+        assert (await asker.connect(server.listen_addrs()[0])).ok
+        client = AutoNATService(asker._lh, serve=False)
+        server_id = ID.from_base58(server.peer_id)
+        advertised = [multiaddr.Multiaddr(closed).to_bytes()]
+        AutoNATService(server._lh, serve=True)
+        status, _ = await client.query_server(server_id, advertised)
+        assert status == 0  # OK: "reachable" at a closed port (the library's behaviour)
+        _DialBackAutoNAT(server._lh, serve=True)  # replaces the handler
+        status, _ = await client.query_server(server_id, advertised)
+        assert status != 0  # E_DIAL_ERROR: our server really dialed, and failed
+        status, _ = await client.query_server(
+            server_id, [multiaddr.Multiaddr(asker.listen_addrs()[0].split("/p2p/")[0]).to_bytes()])
+        assert status == 0  # and a real listener is reachable
+
+
+async def test_a_relay_announces_itself_through_identify_and_a_public_node_reserves_nothing() -> None:
+    from node.host_reachability import open_reachability
+    from node.host_relay import RelayLimitsConfig, open_relay
+    from node.nat_upkeep import NatUpkeep
+
+    async with open_host(os.urandom(32)) as relay_host, open_host(os.urandom(32)) as node, \
+            open_relay(relay_host, RelayLimitsConfig()), open_reachability(relay_host), \
+            open_relay(node) as relay, open_reachability(node) as reach:
+        upkeep = NatUpkeep(node, relay, reach, [relay_host.listen_addrs()[0]])
+        assert (await node.connect(relay_host.listen_addrs()[0])).ok
+        with trio.fail_after(5):
+            while upkeep.relays_known() != [relay_host.peer_id]:
+                await trio.sleep(0.05)
+        assert await upkeep.check_once() == "public"  # loopback: the relay dialed us back
+        assert relay.reservations == {}
+        assert upkeep.stats()["reachability"] == "public"
