@@ -14,7 +14,8 @@ add and why:
   peers; one per peer id, a refresh keeps the same one), circuits per reserved peer,
   bytes and seconds per circuit. At its reservation cap the library answers
   RESOURCE_LIMIT_EXCEEDED and keeps every existing reservation
-  (`tests/test_node_nat.py` pins it).
+  (`tests/test_node_nat.py` pins it). Two library gaps are closed in `_CountingRelay`: a
+  reservation request could name any peer id, and a slot outlived its peer's connection.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
-from libp2p.relay.circuit_v2.resources import RelayLimits
+from libp2p.relay.circuit_v2.resources import RelayLimits, RelayResourceManager
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
 
@@ -70,10 +71,32 @@ class RelayLimitsConfig:
         )
 
 
+class _ConnectedOnlyReservations(RelayResourceManager):
+    """The library counts a reservation against the cap until its TTL even after its peer
+    left (identities that connect, reserve and leave would fill the relay for an hour);
+    the spec holds a reservation valid only while its peer stays connected."""
+
+    def _clean_expired(self) -> None:
+        super()._clean_expired()
+        for peer_id in [p for p in self._reservations if not self._is_peer_connected(p)]:
+            del self._reservations[peer_id]
+
+
 class _CountingRelay(CircuitV2Protocol):
-    """The library's relay protocol, counting the bytes it forwards between circuit ends."""
+    """The library's relay protocol, counting the bytes it forwards between circuit ends,
+    with reservations only for the peer on the connection and only while it is connected."""
 
     relayed_bytes = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.resource_manager = _ConnectedOnlyReservations(self.limits, self.host)
+
+    async def _handle_reserve(self, stream: Any, msg: Any) -> None:
+        # The library reserves for the id in the request's optional `peer` field: one
+        # connection could take slots for any number of made-up ids.
+        msg.ClearField("peer")
+        await super()._handle_reserve(stream, msg)
 
     async def _read_stream_with_retry(self, stream: Any, *args: Any, **kwargs: Any) -> bytes | None:
         data = await super()._read_stream_with_retry(stream, *args, **kwargs)

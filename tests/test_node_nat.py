@@ -186,3 +186,33 @@ async def test_a_relay_announces_itself_through_identify_and_a_public_node_reser
         assert await upkeep.check_once() == "public"  # loopback: the relay dialed us back
         assert relay.reservations == {}
         assert upkeep.stats()["reachability"] == "public"
+
+
+async def test_a_reservation_is_for_the_connected_peer_and_ends_when_it_leaves() -> None:
+    """The library reserved for whatever id the request named, and kept the slot after
+    the peer left; `node.host_relay._CountingRelay` closes both."""
+    from libp2p.peer.id import ID
+    from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage
+    from libp2p.relay.circuit_v2.pb.circuit_pb2 import PeerId as CircuitPeerId
+    from libp2p.relay.circuit_v2.utils import read_delimited_msg, write_delimited_msg
+
+    from node.host_relay import RELAY_HOP_PROTOCOL, RelayLimitsConfig, open_relay
+
+    async with open_host(os.urandom(32)) as relay_host, open_relay(relay_host, RelayLimitsConfig()) as relay:
+        async with open_host(os.urandom(32)) as client:
+            assert (await client.connect(relay_host.listen_addrs()[0])).ok
+            made_up = ID.from_base58("12D3KooWRza5dJzJTwK4Qzy55XnGe7aAzNJjbqydFdvj4vmaitaD")
+            stream = await client._lh.new_stream(ID.from_base58(relay_host.peer_id), [RELAY_HOP_PROTOCOL])
+            with trio.fail_after(5):
+                await write_delimited_msg(stream, HopMessage(
+                    type=HopMessage.RESERVE, peer=CircuitPeerId(id=made_up.to_bytes())))
+                answer = await read_delimited_msg(stream, HopMessage)
+            assert answer.status == 100  # OK
+            held = relay.protocol.resource_manager._reservations
+            assert set(held) == {ID.from_base58(client.peer_id)}
+            assert relay.stats()["relay_reservations"] == 1
+        with trio.fail_after(5):
+            while relay.stats()["relay_reservations"]:
+                await trio.sleep(0.05)
+        assert relay.protocol.resource_manager.can_accept_reservation(made_up)
+        assert held == {}
