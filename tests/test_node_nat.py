@@ -123,7 +123,7 @@ async def test_natted_workers_are_private_reserve_a_relay_and_deliver_through_it
         # Worker to worker (both NATed): relayed, and the payloads still arrive.
         for src, dst in ((workers[0], workers[1]), (workers[0], workers[2])):
             assert (await src.ask({"cmd": "connect", "addr": relayed[dst.peer_id]}))["ok"]
-            punch = await src.ask({"cmd": "punch", "peer": dst.peer_id}, timeout=60)
+            punch = await src.ask({"cmd": "punch", "peer": dst.peer_id, "timeout": 8}, timeout=30)
             # See test_hole_punch_dials_cannot_leave_from_our_listen_port for why the cone
             # pair does not go direct either.
             assert punch == {"direct": False}
