@@ -117,7 +117,15 @@ def cli() -> None:
     parser.add_argument("--max-circuit-s", type=int, default=1800)
     parser.add_argument("--dead-after", type=float, default=8.0)
     parser.add_argument("--max-life", type=float, default=300.0)
-    trio.run(main, parser.parse_args())
+    parser.add_argument("--debug", default="", help="comma-separated logger names to log at DEBUG on stderr")
+    args = parser.parse_args()
+    if args.debug:
+        import logging
+
+        logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
+        for name in args.debug.split(","):
+            logging.getLogger(name).setLevel(logging.DEBUG)
+    trio.run(main, args)
 
 
 async def start_in(ns: str | None, listen: str, *extra: str, stderr_path: str | None = None):  # type: ignore[no-untyped-def]

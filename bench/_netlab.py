@@ -7,7 +7,8 @@ there); each NAT `i` is a router namespace `<tag>-r<i>` (10.77.0.<10+i> on the b
 192.168.<i>.1 inside, MASQUERADE to the public side) and a host namespace `<tag>-h<i>`
 (192.168.<i>.2, default route via its router). The cone kind keeps a connection's source
 port where it can (one mapping per local port, what TCP hole punching needs); the
-symmetric kind (`MASQUERADE --random`) maps each connection to a random port.
+symmetric kind (`MASQUERADE --random`) maps each connection to a random port. Both drop
+unsolicited packets from outside.
 `close()` deletes the namespaces, which removes their links and rules.
 """
 
@@ -92,6 +93,10 @@ class NetLab:
         _run("ip", "netns", "exec", router, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
         rule = ["-t", "nat", "-A", "POSTROUTING", "-o", "wan", "-j", "MASQUERADE"]
         _run("ip", "netns", "exec", router, "iptables", *rule, *(["--random"] if kind == "symmetric" else []))
+        # Unsolicited packets from outside are dropped (as home routers do), not answered
+        # with a reset that would abort the other side's hole-punch dial.
+        _run("ip", "netns", "exec", router, "iptables", "-A", "INPUT", "-i", "wan", "-m", "conntrack",
+             "!", "--ctstate", "ESTABLISHED,RELATED", "-j", "DROP")
         self.nats.append(host)
         return host
 

@@ -70,19 +70,17 @@ async def test_a_relay_at_its_limits_refuses_new_reservations_and_keeps_existing
             await p.stop()
 
 
-async def test_hole_punch_dials_cannot_leave_from_our_listen_port() -> None:
-    """Why DCUtR's TCP hole punch does not succeed here: it binds its dial to our listen
-    port, which needs SO_REUSEPORT on the listener, and `node.libp2p_patches` (workaround
-    16) keeps SO_REUSEPORT off so two nodes cannot share a port."""
+async def test_hole_punch_dials_can_leave_from_our_listen_port() -> None:
+    """DCUtR's TCP hole punch binds its dial to our listen port: that needs SO_REUSEPORT
+    on the listener (`node.libp2p_patches` workaround 16 keeps it, and claims the port
+    first so two nodes still cannot share one)."""
     async with open_host(os.urandom(32), ["/ip4/127.0.0.1/tcp/0"]) as host:
         port = int(host.listen_addrs()[0].split("/tcp/")[1].split("/")[0])
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            with pytest.raises(OSError) as err:
-                sock.bind(("127.0.0.1", port))
-            assert err.value.errno == 98  # EADDRINUSE
+            sock.bind(("127.0.0.1", port))
         finally:
             sock.close()
 
@@ -120,18 +118,18 @@ async def test_natted_workers_are_private_reserve_a_relay_and_deliver_through_it
         got = await trainer.ask({"cmd": "stats"})
         assert got["received"] == {"count": 15, "bytes": 15 * 20_000}
         assert got["reachability"] == "public"
-        # Worker to worker (both NATed): relayed, and the payloads still arrive.
-        for src, dst in ((workers[0], workers[1]), (workers[0], workers[2])):
+        # Worker to worker, both NATed: connected through the relay, then DCUtR punches a
+        # hole through the two cone NATs; the symmetric NAT's new port per destination
+        # defeats it and the pair stays relayed. The payloads arrive either way.
+        for src, dst, direct in ((workers[0], workers[1], True), (workers[0], workers[2], False)):
             assert (await src.ask({"cmd": "connect", "addr": relayed[dst.peer_id]}))["ok"]
-            punch = await src.ask({"cmd": "punch", "peer": dst.peer_id, "timeout": 8}, timeout=30)
-            # See test_hole_punch_dials_cannot_leave_from_our_listen_port for why the cone
-            # pair does not go direct either.
-            assert punch == {"direct": False}
+            punch = await src.ask({"cmd": "punch", "peer": dst.peer_id, "timeout": 15}, timeout=30)
+            assert punch == {"direct": direct}
             sent = await src.ask({"cmd": "send", "peer": dst.peer_id, "n": 3, "size": 20_000}, timeout=60)
             assert sent["sent"] == 3, sent
         stats = await workers[0].ask({"cmd": "stats"})
         assert stats["reachability"] == "private" and stats["relayed_peers"] >= 1
-        assert (await relay.ask({"cmd": "stats"}))["relay_bytes"] > 21 * 20_000
+        assert (await relay.ask({"cmd": "stats"}))["relay_bytes"] > 18 * 20_000
     finally:
         with trio.CancelScope(shield=True):
             for p in peers:
