@@ -11,14 +11,16 @@ stream and acknowledged by the receiver. Figures:
                            trainer dialing the relayed address, first payload acknowledged
                            by the trainer
     natted_delivery_ratio  payloads the workers sent that the trainer acknowledged / sent
-    direct_upgrade_ratio   per NAT kind: the kind's connections (to the trainer and
-                           validator, to the other workers) direct at the end / all
+    direct_upgrade_ratio   per NAT kind: pairs (worker-trainer, worker-validator,
+                           worker-worker; "symmetric" when either end is behind it) on a
+                           direct connection after DCUtR had `--settle` seconds / all
     relay_bytes_ratio      payload bytes sent over relayed connections / all payload bytes
+                           (each worker sends to the trainer, the validator and the others)
     relayed_gossip_p50_ms  median payload round trip (send -> acknowledgement) over a
                            relayed connection; a stream exchange, not a GossipSub message
     relay_limits_held      a flood (one peer re-reserving and opening circuits in a loop,
                            then new identities asking for slots) left the relay at or
-                           under its reservation limit, the newcomers past it refused,
+                           under its reservation and circuit limits, newcomers refused,
                            and the honest workers still delivering everything through it
 
 `--quick`: fewer payloads and a shorter settle time.
@@ -39,13 +41,19 @@ from bench._netlab import PUBLIC_IP, NetLab, unavailable
 
 PAYLOAD_BYTES = 20_000
 KINDS = ("cone", "cone", "symmetric")
+MAX_CIRCUITS = 4
+
+
+def _name(peer: Any) -> str:
+    return f"{peer.kind}{peer.index}" if hasattr(peer, "index") else peer.kind
 
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-async def _join(lab: NetLab, ns: str, relay: Any, trainer: Any, t0: float, out: dict[str, Any]) -> Any:
+async def _join(lab: NetLab, ns: str, relay: Any, trainer: Any, trainer_lock: trio.Lock, t0: float,
+                out: dict[str, Any]) -> Any:
     w = await start_in(ns, f"/ip4/{lab.host_ip(ns)}/tcp/4100")
     out["peers"].append(w)
     await w.ask({"cmd": "connect", "addr": relay.addrs[0]})
@@ -54,7 +62,8 @@ async def _join(lab: NetLab, ns: str, relay: Any, trainer: Any, t0: float, out: 
     if not slot["ok"]:
         raise RuntimeError(f"worker could not reserve a relay slot: {slot['error']}")
     w.relayed = slot["addr"]
-    await trainer.ask({"cmd": "connect", "addr": w.relayed})
+    async with trainer_lock:  # one command at a time per peer process
+        await trainer.ask({"cmd": "connect", "addr": w.relayed})
     first = await w.ask({"cmd": "send", "peer": trainer.peer_id, "n": 1, "size": PAYLOAD_BYTES})
     if first["sent"] != 1:
         raise RuntimeError(f"first payload not delivered: {first['errors']}")
@@ -62,19 +71,26 @@ async def _join(lab: NetLab, ns: str, relay: Any, trainer: Any, t0: float, out: 
     return w
 
 
-async def _flood(lab: NetLab, relay: Any, victim: Any, max_reservations: int, out: dict[str, Any]) -> bool:
+async def _flood(lab: NetLab, relay: Any, victim: Any, max_reservations: int, max_circuits: int,
+                 out: dict[str, Any]) -> bool:
     flooder = await start_in(lab.wan, f"/ip4/{PUBLIC_IP}/tcp/4200")
     out["peers"].append(flooder)
     for _ in range(10):
         await flooder.ask({"cmd": "reserve", "addr": relay.addrs[0]})
         await flooder.ask({"cmd": "connect", "addr": victim.relayed})
-    newcomers = []
-    for port in range(4201, 4201 + max_reservations):
+    newcomers: list[bool] = []
+
+    async def newcomer(port: int) -> None:
         p = await start_in(lab.wan, f"/ip4/{PUBLIC_IP}/tcp/{port}")
         out["peers"].append(p)
         newcomers.append((await p.ask({"cmd": "reserve", "addr": relay.addrs[0]}))["ok"])
+
+    async with trio.open_nursery() as nursery:
+        for port in range(4201, 4201 + max_reservations):
+            nursery.start_soon(newcomer, port)
     stats = await relay.ask({"cmd": "stats"})
-    return stats["relay_reservations"] <= max_reservations and not all(newcomers)
+    return (stats["relay_reservations"] <= max_reservations and not all(newcomers)
+            and stats["relay_circuits"] <= max_circuits * max_reservations)
 
 
 async def _main(opts: argparse.Namespace) -> dict[str, Any]:
@@ -86,19 +102,25 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
     with NetLab() as lab:
         try:
             relay = await start_in(lab.wan, f"/ip4/{PUBLIC_IP}/tcp/4001", "--serve-relay",
-                                   "--max-reservations", str(max_res), "--max-circuits", "4")
+                                   "--max-reservations", str(max_res), "--max-circuits", str(MAX_CIRCUITS))
             out["peers"].append(relay)
             trainer = await start_in(lab.wan, f"/ip4/{PUBLIC_IP}/tcp/4002")
             validator = await start_in(lab.wan, f"/ip4/{PUBLIC_IP}/tcp/4003")
             out["peers"] += [trainer, validator]
             for p in (trainer, validator):
                 await p.ask({"cmd": "connect", "addr": relay.addrs[0]})
-            workers = []
-            for kind in KINDS:
-                _say(f"joining a worker behind a {kind} NAT")
-                w = await _join(lab, lab.add_nat(kind), relay, trainer, time.monotonic(), out)
-                w.kind = kind
-                workers.append(w)
+            _say(f"joining workers behind NATs: {', '.join(KINDS)}")
+            namespaces = [lab.add_nat(kind) for kind in KINDS]
+            workers: list[Any] = [None] * len(KINDS)
+            trainer_lock = trio.Lock()
+
+            async def join(i: int) -> None:
+                workers[i] = await _join(lab, namespaces[i], relay, trainer, trainer_lock, time.monotonic(), out)
+                workers[i].kind, workers[i].index = KINDS[i], i
+
+            async with trio.open_nursery() as nursery:
+                for i in range(len(KINDS)):
+                    nursery.start_soon(join, i)
             for w in workers:
                 await validator.ask({"cmd": "connect", "addr": w.relayed})
             for a, b in ((workers[0], workers[1]), (workers[0], workers[2]), (workers[1], workers[2])):
@@ -109,7 +131,7 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
             relayed_ms: list[float] = []
             for w in workers:
                 kinds = (await w.ask({"cmd": "stats"}))["kinds"]
-                for target in (trainer, validator):
+                for target in (trainer, validator, *[o for o in workers if o is not w]):
                     r = await w.ask({"cmd": "send", "peer": target.peer_id, "n": opts.payloads,
                                      "size": PAYLOAD_BYTES}, timeout=120)
                     if target is trainer:
@@ -118,21 +140,31 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
                     if kinds.get(target.peer_id) == "relayed":
                         relayed_bytes += r["sent"] * PAYLOAD_BYTES
                         relayed_ms += r["ms"]
+            # A pair's kind: "symmetric" when either end is behind the symmetric NAT.
             upgrade: dict[str, list[bool]] = {}
+            seen: set[frozenset[str]] = set()
+            pairs: list[str] = []
+            trainer.kind, validator.kind = "trainer", "validator"
             for w in workers:
                 kinds = (await w.ask({"cmd": "stats"}))["kinds"]
                 for p in (trainer, validator, *workers):
-                    if p is not w and p.peer_id in kinds:
-                        upgrade.setdefault(w.kind, []).append(kinds[p.peer_id] == "direct")
+                    pair = frozenset((w.peer_id, p.peer_id))
+                    if p is w or pair in seen or p.peer_id not in kinds:
+                        continue
+                    seen.add(pair)
+                    kind = "symmetric" if "symmetric" in (w.kind, getattr(p, "kind", "")) else "cone"
+                    upgrade.setdefault(kind, []).append(kinds[p.peer_id] == "direct")
+                    pairs.append(f"{_name(w)}-{_name(p)}:{kinds[p.peer_id]}")
             _say("flooding the relay")
-            held = await _flood(lab, relay, workers[0], max_res, out)
+            held = await _flood(lab, relay, workers[0], max_res, MAX_CIRCUITS, out)
             after = [await w.ask({"cmd": "send", "peer": trainer.peer_id, "n": 3, "size": PAYLOAD_BYTES})
                      for w in workers]
             held = held and all(r["sent"] == 3 for r in after)
         finally:
             with trio.CancelScope(shield=True):
-                for p in out["peers"]:
-                    await p.stop()
+                async with trio.open_nursery() as nursery:
+                    for p in out["peers"]:
+                        nursery.start_soon(p.stop)
     return {
         "join_s": {f"{w.kind}-{i}": round(w.join_s, 3) for i, w in enumerate(workers)},
         "natted_delivery_ratio": acked / sent if sent else 0.0,
@@ -140,6 +172,7 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
         "relay_bytes_ratio": relayed_bytes / all_bytes if all_bytes else 0.0,
         "relayed_gossip_p50_ms": round(statistics.median(relayed_ms), 2) if relayed_ms else None,
         "relay_limits_held": held,
+        "pairs": pairs,
         "payloads_per_worker": opts.payloads,
         "payload_bytes": PAYLOAD_BYTES,
         "peers": "light (bench._nat_peer), not the full role stack",
@@ -152,5 +185,5 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     parser.add_argument("--settle", type=float, default=None, help="seconds for DCUtR")
     opts = parser.parse_args(args)
     opts.payloads = opts.payloads or (10 if quick else 200)
-    opts.settle = opts.settle or (6.0 if quick else 20.0)
+    opts.settle = opts.settle or (10.0 if quick else 20.0)
     return trio.run(_main, opts)
