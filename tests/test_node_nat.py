@@ -214,3 +214,69 @@ async def test_a_reservation_is_for_the_connected_peer_and_ends_when_it_leaves()
                 await trio.sleep(0.05)
         assert relay.protocol.resource_manager.can_accept_reservation(made_up)
         assert held == {}
+
+
+@pytest.mark.slow
+async def test_a_full_node_behind_nat_finds_itself_private_reserves_on_the_relay_role_and_delivers(
+    netlab: NetLab, tmp_path
+) -> None:
+    """Full peers (`bench._net_peer`: `node.peer.open_peer`): a `relay`-role bootstrap and a
+    trainer on the public side, a worker behind a cone NAT that knows only the bootstrap."""
+    from bench._gossip_peer import PeerProcess
+
+    async def spawn(ns: str, name: str, listen: str, *extra: str) -> PeerProcess:
+        import subprocess
+        import sys
+
+        log = open(tmp_path / f"{name}.log", "ab")  # noqa: SIM115
+        try:
+            proc = await trio.lowlevel.open_process(
+                ["ip", "netns", "exec", ns, sys.executable, "-m", "bench._net_peer", "--data-dir",
+                 str(tmp_path / name), "--listen", listen, "--dead-after", "8", "--max-life", "120", *extra],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+        finally:
+            log.close()
+        peer = PeerProcess(proc)
+        peers.append(peer)
+        hello = await peer.read(90)
+        peer.peer_id, peer.addrs = hello["peer_id"], hello["addrs"]
+        return peer
+
+    async def until(what: str, check, timeout: float = 40):  # type: ignore[no-untyped-def]
+        last = None
+        with trio.move_on_after(timeout):
+            while not (last := await check()):
+                await trio.sleep(0.5)
+            return last
+        raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+    peers: list[PeerProcess] = []
+    worker_ns = netlab.add_nat("cone")
+    try:
+        boot = await spawn(netlab.wan, "boot", f"/ip4/{PUBLIC_IP}/tcp/4001", "--role", "relay")
+        trainer = await spawn(netlab.wan, "trainer", f"/ip4/{PUBLIC_IP}/tcp/4002", "--role", "trainer",
+                              "--bootstrap", boot.addrs[0])
+        worker = await spawn(worker_ns, "worker", f"/ip4/{netlab.host_ip(worker_ns)}/tcp/4100",
+                             "--bootstrap", boot.addrs[0])
+
+        async def relayed() -> dict | None:  # type: ignore[type-arg]
+            st = await worker.ask({"cmd": "stats"})
+            return st if st["reachability"] == "private" and st["relayed_addrs"] else None
+
+        st = await until("the worker to find itself private and hold a relay slot", relayed)
+        assert st["relayed_addrs"][0].startswith(f"{boot.addrs[0]}/p2p-circuit/p2p/{worker.peer_id}")
+        boot_stats = await boot.ask({"cmd": "stats"})
+        assert boot_stats["relay_serving"] and boot_stats["relay_reservations"] == 1
+        assert (await trainer.ask({"cmd": "stats"}))["relay_serving"] is False
+        await worker.ask({"cmd": "produce", "n": 10, "rate": 5})
+
+        async def delivered() -> set[str] | None:
+            own = set((await worker.ask({"cmd": "ids", "own": True}))["ids"])
+            got = set((await trainer.ask({"cmd": "ids"}))["ids"])
+            return own if len(own) == 10 and own <= got else None
+
+        await until("the trainer to hold the worker's 10 rollouts", delivered, 60)
+    finally:
+        with trio.CancelScope(shield=True):
+            for p in peers:
+                await p.stop()
