@@ -76,16 +76,9 @@ async def main(args: argparse.Namespace) -> None:
             reply({"peer_id": host.peer_id, "addrs": host.listen_addrs()})
             async for cmd in json_lines(trio.lowlevel.FdStream(os.dup(0))):
                 kind = cmd.get("cmd")
-                if kind == "connect":
-                    if "/p2p-circuit" in cmd["addr"]:
-                        try:
-                            peer = await relay.dial_relayed(cmd["addr"])
-                            reply({"ok": True, "peer": peer, "error": None})
-                        except (PeerError, ValueError) as exc:
-                            reply({"ok": False, "peer": None, "error": str(exc)})
-                    else:
-                        r = await host.connect(cmd["addr"])
-                        reply({"ok": r.ok, "peer": r.peer, "error": r.error})
+                if kind == "connect":  # a /p2p-circuit address goes through the relay
+                    r = await host.connect(cmd["addr"])
+                    reply({"ok": r.ok, "peer": r.peer, "error": r.error})
                 elif kind == "reach":
                     reply({"reachability": await reach.check(cmd["servers"])})
                 elif kind == "reserve":

@@ -188,7 +188,6 @@ def _short(peer: str) -> str:
 StreamHandler = Callable[[FramedStream], Awaitable[None]]
 
 
-
 def key_pair_from_private_bytes(private_bytes: bytes) -> KeyPair:
     """The libp2p Ed25519 key pair of our 32-byte identity seed (same peer id)."""
     if len(private_bytes) != 32:
@@ -304,6 +303,8 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         self._pingers: set[str] = set()
         self._scorer: Callable[[str], float] | None = None
         self._inbound_gate = IpGate(settings)
+        # Dials `/p2p-circuit` addresses (set by `node.host_relay.open_relay`).
+        self.circuit_dialer: Callable[[str], Awaitable[DialResult]] | None = None
         libp2p_patches.no_auto_dials(self._lh.get_network())
         self._lh.get_network()._swarm_inbound_gate = self._inbound_gate
 
@@ -390,6 +391,8 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         """Dial one `/ip4/.../tcp/.../p2p/<id>` multiaddr under `dial_timeout_s`; never raises
         for a remote failure (the result says what went wrong)."""
         self._check_open()
+        if "/p2p-circuit" in addr and self.circuit_dialer is not None:
+            return await self.circuit_dialer(addr)
         started = time.monotonic()
         try:
             info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
@@ -577,24 +580,8 @@ async def open_host(
 
 
 __all__ = [
-    "Later",
-    "Validator",
-    "AGENT",
-    "DialResult",
-    "FrameTooLarge",
-    "FramedStream",
-    "GossipMessage",
-    "HostClosed",
-    "HostError",
-    "HostSettings",
-    "ListenFailed",
-    "MessageTooLarge",
-    "Misbehaviour",
-    "PeerError",
-    "PeerEvent",
-    "PeerTimeout",
-    "PeerUnreachable",
-    "SwarmHost",
-    "key_pair_from_private_bytes",
-    "open_host",
+    "AGENT", "DialResult", "FrameTooLarge", "FramedStream", "GossipMessage", "HostClosed",
+    "HostError", "HostSettings", "Later", "ListenFailed", "MessageTooLarge", "Misbehaviour",
+    "PeerError", "PeerEvent", "PeerTimeout", "PeerUnreachable", "SwarmHost", "Validator",
+    "key_pair_from_private_bytes", "open_host",
 ]

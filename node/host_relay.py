@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,9 @@ from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.resources import RelayLimits, RelayResourceManager
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
+
+from node.framed_stream import PeerError, PeerUnreachable
+from node.host import DialResult
 
 if TYPE_CHECKING:
     from node.host import SwarmHost
@@ -141,8 +145,6 @@ class RelayEndpoint:
     async def reserve(self, relay_addr: str, timeout_s: float = 10.0) -> str:
         """Connect to the relay at `relay_addr` (`.../p2p/<id>`), take a slot, and return our
         relayed address through it. Raises `RelayRefused` with the relay's answer."""
-        from node.framed_stream import PeerUnreachable
-
         result = await self._host.connect(relay_addr)
         if not result.ok or result.peer is None:
             raise PeerUnreachable(result.peer or relay_addr, f"relay not reachable: {result.error}")
@@ -172,8 +174,6 @@ class RelayEndpoint:
     async def dial_relayed(self, circuit_addr: str, timeout_s: float = 10.0) -> str:
         """Open a connection to the peer behind `circuit_addr`
         (`<relay addr>/p2p/<relay>/p2p-circuit/p2p/<peer>`) through the relay; returns its id."""
-        from node.framed_stream import PeerUnreachable
-
         try:
             maddr = multiaddr.Multiaddr(circuit_addr)
             peer = circuit_addr.rsplit("/p2p/", 1)[1]
@@ -190,6 +190,21 @@ class RelayEndpoint:
             raise PeerUnreachable(peer, f"relayed dial failed: {exc}") from exc
         self._host._on_connected(ID.from_base58(peer))
         return peer
+
+
+    async def dial_result(self, circuit_addr: str) -> DialResult:
+        """`SwarmHost.connect` for a `/p2p-circuit` address: never raises for a remote failure."""
+        started = time.monotonic()
+        peer = circuit_addr.rsplit("/p2p/", 1)[-1]
+        if peer == self._host.peer_id:
+            return DialResult(circuit_addr, False, peer, "that is our own peer id")
+        if self._host.is_banned(peer):
+            return DialResult(circuit_addr, False, peer, "peer is banned")
+        try:
+            peer = await self.dial_relayed(circuit_addr, self._host.settings.dial_timeout_s * 2)
+        except (PeerError, ValueError) as exc:
+            return DialResult(circuit_addr, False, peer, str(exc), time.monotonic() - started)
+        return DialResult(circuit_addr, True, peer, None, time.monotonic() - started)
 
 
 class RelayRefused(Exception):
@@ -223,10 +238,12 @@ def _is_relayed(conn: Any) -> bool:
 async def open_relay(host: SwarmHost, serve: RelayLimitsConfig | None = None) -> AsyncIterator[RelayEndpoint]:
     """Run circuit relay v2 on `host` (hop service too when `serve` is given) until exit."""
     endpoint = RelayEndpoint(host, serve)
+    host.circuit_dialer = endpoint.dial_result
     async with background_trio_service(endpoint.protocol):
         async with trio.open_nursery() as nursery:
             endpoint._nursery = nursery
             try:
                 yield endpoint
             finally:
+                host.circuit_dialer = None
                 nursery.cancel_scope.cancel()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import trio
@@ -30,17 +30,26 @@ CHECK_EVERY_S = 120.0  # re-ask peers whether we are reachable
 FIRST_CHECK_AFTER_S = 3.0  # let identify finish on the bootstrap connections first
 MAX_SERVERS = 3  # peers asked per check
 MAX_RELAYS = 2  # slots held at once
+MAX_ANNOUNCE = 64  # peers told of a new relayed address
 
 
 class NatUpkeep:
     """Owns the reachability loop of one node (started in the peer's nursery)."""
 
     def __init__(self, host: SwarmHost, relay: RelayEndpoint, reach: Reachability,
-                 bootstrap: Sequence[str]) -> None:
+                 bootstrap: Sequence[str],
+                 greet: Callable[[str], Awaitable[object]] | None = None) -> None:
         self._host = host
         self.relay = relay
         self.reach = reach
         self._bootstrap = list(bootstrap)
+        self._greet = greet  # tells a connected peer our addresses again (discovery's hello)
+
+    def own_addrs(self) -> list[str]:
+        """The addresses our hello announces: listen addresses, then relayed ones (a peer's
+        address book puts the last one first, and shares that one)."""
+        relayed = sorted(self.relay.reservations.values())[:MAX_RELAYS]
+        return [*self._host.listen_addrs()[: 16 - len(relayed)], *relayed]
 
     def relays_known(self) -> list[str]:
         """Connected peers that announce the relay service (identify protocols)."""
@@ -75,7 +84,17 @@ class NatUpkeep:
                 log.info("not reachable from outside: reachable at %s", relayed)
             except (RelayRefused, PeerError) as exc:
                 log.info("relay %s refused a slot: %s", peer[:12], exc)
+                continue
+            await self._announce()
         return status
+
+    async def _announce(self) -> None:
+        """Greet every connected peer again, so they learn (and share) our relayed address."""
+        if self._greet is None:
+            return
+        async with trio.open_nursery() as nursery:
+            for peer in self._host.connected_peers()[:MAX_ANNOUNCE]:
+                nursery.start_soon(self._greet, peer)
 
     def _addr_of(self, peer: str) -> str | None:
         for addr in self._bootstrap:

@@ -470,7 +470,8 @@ class Peer:
     def _hello_bytes(self) -> bytes:
         hello = PeerHello(
             roles=tuple(self.cfg.roles), policy_version=self.policy_version,
-            listen_addrs=tuple(self.host.listen_addrs()[:16]), agent=AGENT,
+            listen_addrs=tuple(self.nat.own_addrs() if self.nat else self.host.listen_addrs()[:16]),
+            agent=AGENT,
         )
         return self.seal(hello)
 
@@ -528,7 +529,7 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
                 open_relay(host, RelayLimitsConfig() if "relay" in cfg.roles else None) as relay, \
                 open_reachability(host) as reach:
             peer = Peer(cfg, host, store, admission, weights_store)
-            peer.nat = NatUpkeep(host, relay, reach, cfg.bootstrap)
+            peer.nat = NatUpkeep(host, relay, reach, cfg.bootstrap, greet=peer.discovery.greet)
             await _restore(peer, now)
             for rec in await trio.to_thread.run_sync(store.active_bans, now):
                 await host.ban(str(rec.peer), max(1.0, rec.banned_until - now), "ban kept from before restart")

@@ -217,11 +217,11 @@ async def test_a_reservation_is_for_the_connected_peer_and_ends_when_it_leaves()
 
 
 @pytest.mark.slow
-async def test_a_full_node_behind_nat_finds_itself_private_reserves_on_the_relay_role_and_delivers(
+async def test_full_nodes_behind_nat_go_private_reserve_on_the_relay_role_deliver_and_meet(
     netlab: NetLab, tmp_path
 ) -> None:
     """Full peers (`bench._net_peer`: `node.peer.open_peer`): a `relay`-role bootstrap and a
-    trainer on the public side, a worker behind a cone NAT that knows only the bootstrap."""
+    trainer on the public side, workers behind NATs that know only the bootstrap."""
     from bench._gossip_peer import PeerProcess
 
     async def spawn(ns: str, name: str, listen: str, *extra: str) -> PeerProcess:
@@ -276,6 +276,16 @@ async def test_a_full_node_behind_nat_finds_itself_private_reserves_on_the_relay
             return own if len(own) == 10 and own <= got else None
 
         await until("the trainer to hold the worker's 10 rollouts", delivered, 60)
+        # A second NATed worker, told only the bootstrap, learns the first one's relayed
+        # address through peer exchange and reaches it through the relay.
+        other_ns = netlab.add_nat("symmetric")
+        other = await spawn(other_ns, "other", f"/ip4/{netlab.host_ip(other_ns)}/tcp/4100",
+                            "--bootstrap", boot.addrs[0])
+
+        async def met() -> bool:
+            return worker.peer_id in (await other.ask({"cmd": "stats"}))["connected"]
+
+        await until("the second NATed worker to reach the first", met, 60)
     finally:
         with trio.CancelScope(shield=True):
             for p in peers:
