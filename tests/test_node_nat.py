@@ -290,3 +290,15 @@ async def test_full_nodes_behind_nat_go_private_reserve_on_the_relay_role_delive
         with trio.CancelScope(shield=True):
             for p in peers:
                 await p.stop()
+
+
+def test_reachability_and_relay_fields_become_prometheus_series() -> None:
+    from node import metrics
+
+    text = metrics.render({"reachability": "private", "direct_peers": 2, "relayed_peers": 1,
+                           "relay_bytes": 4096, "relay_reservations": 3})
+    assert "swarm_reachable 0" in text
+    assert 'swarm_connected_peers{path="direct"} 2' in text
+    assert 'swarm_connected_peers{path="relayed"} 1' in text
+    assert "swarm_relay_bytes_total 4096" in text and "swarm_relay_reservations 3" in text
+    assert "swarm_reachable" not in metrics.render({"reachability": "unknown"})
