@@ -33,6 +33,7 @@ from node.host_reachability import open_reachability
 from node.host_relay import RelayLimitsConfig, RelayRefused, connection_kinds, open_relay
 
 PAYLOAD_PROTOCOL = "/swarm-test/payload/1"
+PAYLOAD_DEADLINE_S = 5.0  # one payload: stream open, send, acknowledgement
 
 
 async def _send(host, peer: str, n: int, size: int) -> dict:  # type: ignore[no-untyped-def]
@@ -40,17 +41,20 @@ async def _send(host, peer: str, n: int, size: int) -> dict:  # type: ignore[no-
     for seq in range(n):
         t0 = time.monotonic()
         try:
-            stream = await host.open_stream(peer, PAYLOAD_PROTOCOL)
-            try:
-                await stream.send(seq.to_bytes(4, "big") + b"\1" * max(0, size - 4))
-                if await stream.receive(16) != b"ok":
-                    raise PeerError(peer, "no acknowledgement")
-            finally:
-                await stream.close()
+            with trio.fail_after(PAYLOAD_DEADLINE_S):
+                stream = await host.open_stream(peer, PAYLOAD_PROTOCOL)
+                try:
+                    await stream.send(seq.to_bytes(4, "big") + b"\1" * max(0, size - 4))
+                    if await stream.receive(16) != b"ok":
+                        raise PeerError(peer, "no acknowledgement")
+                finally:
+                    await stream.close()
             sent += 1
             ms.append((time.monotonic() - t0) * 1000.0)
         except PeerError as exc:
             errors.append(str(exc))
+        except trio.TooSlowError:
+            errors.append(f"payload {seq} not acknowledged within {PAYLOAD_DEADLINE_S:g} s")
     return {"sent": sent, "errors": errors[:5], "ms": ms}
 
 

@@ -129,11 +129,13 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
             await trio.sleep(opts.settle)
             sent = acked = relayed_bytes = all_bytes = 0
             relayed_ms: list[float] = []
+            errors: list[str] = []
             for w in workers:
                 kinds = (await w.ask({"cmd": "stats"}))["kinds"]
                 for target in (trainer, validator, *[o for o in workers if o is not w]):
                     r = await w.ask({"cmd": "send", "peer": target.peer_id, "n": opts.payloads,
-                                     "size": PAYLOAD_BYTES}, timeout=120)
+                                     "size": PAYLOAD_BYTES}, timeout=30 + 5 * opts.payloads)
+                    errors += r["errors"]
                     if target is trainer:
                         sent, acked = sent + opts.payloads, acked + r["sent"]
                     all_bytes += r["sent"] * PAYLOAD_BYTES
@@ -173,6 +175,7 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
         "relayed_gossip_p50_ms": round(statistics.median(relayed_ms), 2) if relayed_ms else None,
         "relay_limits_held": held,
         "pairs": pairs,
+        "send_errors": errors[:5],
         "payloads_per_worker": opts.payloads,
         "payload_bytes": PAYLOAD_BYTES,
         "peers": "light (bench._nat_peer), not the full role stack",
