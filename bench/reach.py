@@ -130,12 +130,14 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
             sent = acked = relayed_bytes = all_bytes = 0
             relayed_ms: list[float] = []
             errors: list[str] = []
+            retries = 0
             for w in workers:
                 kinds = (await w.ask({"cmd": "stats"}))["kinds"]
                 for target in (trainer, validator, *[o for o in workers if o is not w]):
                     r = await w.ask({"cmd": "send", "peer": target.peer_id, "n": opts.payloads,
                                      "size": PAYLOAD_BYTES}, timeout=30 + 5 * opts.payloads)
                     errors += r["errors"]
+                    retries += r["retries"]
                     if target is trainer:
                         sent, acked = sent + opts.payloads, acked + r["sent"]
                     all_bytes += r["sent"] * PAYLOAD_BYTES
@@ -176,6 +178,7 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
         "relay_limits_held": held,
         "pairs": pairs,
         "send_errors": errors[:5],
+        "send_retries": retries,
         "payloads_per_worker": opts.payloads,
         "payload_bytes": PAYLOAD_BYTES,
         "peers": "light (bench._nat_peer), not the full role stack",
