@@ -74,6 +74,7 @@ async def _send(host, peer: str, n: int, size: int) -> dict:  # type: ignore[no-
 async def main(args: argparse.Namespace) -> None:
     received = {"count": 0, "bytes": 0}
     serve = (RelayLimitsConfig(max_reservations=args.max_reservations,
+                               max_reservations_per_ip=args.max_per_ip,
                                max_circuits_per_peer=args.max_circuits,
                                max_circuit_bytes=args.max_circuit_bytes,
                                max_circuit_s=args.max_circuit_s)
@@ -122,6 +123,7 @@ def cli() -> None:
     parser.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
     parser.add_argument("--serve-relay", action="store_true")
     parser.add_argument("--max-reservations", type=int, default=128)
+    parser.add_argument("--max-per-ip", type=int, default=8)
     parser.add_argument("--max-circuits", type=int, default=8)
     parser.add_argument("--max-circuit-bytes", type=int, default=256 * 1024 * 1024)
     parser.add_argument("--max-circuit-s", type=int, default=1800)

@@ -14,8 +14,10 @@ add and why:
   peers; one per peer id, a refresh keeps the same one), circuits per reserved peer,
   bytes and seconds per circuit. At its reservation cap the library answers
   RESOURCE_LIMIT_EXCEEDED and keeps every existing reservation
-  (`tests/test_node_nat.py` pins it). Two library gaps are closed in `_CountingRelay`: a
-  reservation request could name any peer id, and a slot outlived its peer's connection.
+  (`tests/test_node_nat.py` pins it). Library gaps closed in `_CountingRelay`: a
+  reservation request could name any peer id, a slot outlived its peer's connection, and
+  one IP address could take every slot with fresh identities (now at most
+  `max_reservations_per_ip`).
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
+from libp2p.relay.circuit_v2.protocol_buffer import StatusCode, to_proto_status
 from libp2p.relay.circuit_v2.resources import RelayLimits, RelayResourceManager
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
+from libp2p.relay.circuit_v2.utils import write_delimited_msg
 from libp2p.tools.anyio_service import background_trio_service
 
 from node.framed_stream import PeerError, PeerUnreachable
@@ -54,13 +59,14 @@ class RelayLimitsConfig:
     """What one relay grants; the defaults are what `--role relay` runs with."""
 
     max_reservations: int = 128  # peers holding a slot at once (one slot per peer id)
+    max_reservations_per_ip: int = 8  # of those, from one IP address
     max_circuits_per_peer: int = 8  # live circuits to one reserved peer
     max_circuit_bytes: int = 256 * 1024 * 1024  # both directions of one circuit
     max_circuit_s: int = 1800  # one circuit's lifetime
     reservation_ttl_s: int = 3600  # a slot lasts this long unless refreshed
 
     def check(self) -> None:
-        for name in ("max_reservations", "max_circuits_per_peer", "max_circuit_bytes",
+        for name in ("max_reservations", "max_reservations_per_ip", "max_circuits_per_peer", "max_circuit_bytes",
                      "max_circuit_s", "reservation_ttl_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"relay limit {name} must be at least 1, got {getattr(self, name)}")
@@ -95,12 +101,29 @@ class _CountingRelay(CircuitV2Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.resource_manager = _ConnectedOnlyReservations(self.limits, self.host)
+        self._ips: dict[ID, str] = {}  # reserved peer -> the IP it reserved from
+
+    max_per_ip = 8  # set by RelayEndpoint from RelayLimitsConfig
 
     async def _handle_reserve(self, stream: Any, msg: Any) -> None:
         # The library reserves for the id in the request's optional `peer` field: one
         # connection could take slots for any number of made-up ids.
         msg.ClearField("peer")
+        peer = stream.muxed_conn.peer_id
+        ip = _remote_ip(stream)
+        manager = self.resource_manager
+        manager._clean_expired()
+        if ip is not None and peer not in manager._reservations:
+            from_ip = sum(1 for p in manager._reservations if self._ips.get(p) == ip)
+            if from_ip >= self.max_per_ip:
+                await write_delimited_msg(stream, HopMessage(
+                    type=HopMessage.STATUS, status=to_proto_status(StatusCode.RESOURCE_LIMIT_EXCEEDED)))
+                return
         await super()._handle_reserve(stream, msg)
+        if peer in manager._reservations and ip is not None:
+            self._ips[peer] = ip
+        for gone in [p for p in self._ips if p not in manager._reservations]:
+            del self._ips[gone]
 
     async def _read_stream_with_retry(self, stream: Any, *args: Any, **kwargs: Any) -> bytes | None:
         data = await super()._read_stream_with_retry(stream, *args, **kwargs)
@@ -119,6 +142,7 @@ class RelayEndpoint:
         self._host = host
         limits = (serve or RelayLimitsConfig()).library_limits()
         self.protocol = _CountingRelay(host._lh, limits=limits, allow_hop=serve is not None)
+        self.protocol.max_per_ip = (serve or RelayLimitsConfig()).max_reservations_per_ip
         roles = RelayRole.STOP | RelayRole.CLIENT | (RelayRole.HOP if serve else RelayRole(0))
         self.transport = CircuitV2Transport(host._lh, self.protocol, RelayConfig(roles=roles, limits=limits))
         self.serving = serve is not None
@@ -214,6 +238,14 @@ class RelayRefused(Exception):
         super().__init__(f"relay {relay[:12]}...: {reason}")
         self.relay = relay
         self.reason = reason
+
+
+def _remote_ip(stream: Any) -> str | None:
+    with contextlib.suppress(Exception):
+        addr = stream.get_remote_address()
+        if addr:
+            return str(addr[0])
+    return None
 
 
 def connection_kinds(host: SwarmHost) -> dict[str, str]:

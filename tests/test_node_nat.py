@@ -302,3 +302,25 @@ def test_reachability_and_relay_fields_become_prometheus_series() -> None:
     assert 'swarm_connected_peers{path="relayed"} 1' in text
     assert "swarm_relay_bytes_total 4096" in text and "swarm_relay_reservations 3" in text
     assert "swarm_reachable" not in metrics.render({"reachability": "unknown"})
+
+
+async def test_one_ip_address_cannot_take_every_relay_slot_with_fresh_identities() -> None:
+    from node.host_relay import RelayLimitsConfig, RelayRefused, open_relay
+
+    limits = RelayLimitsConfig(max_reservations=10, max_reservations_per_ip=2)
+    async with open_host(os.urandom(32)) as relay_host, open_relay(relay_host, limits) as relay:
+        addr = relay_host.listen_addrs()[0]
+        async with open_host(os.urandom(32)) as a, open_host(os.urandom(32)) as b, \
+                open_host(os.urandom(32)) as c, open_relay(a) as ra, open_relay(b) as rb, \
+                open_relay(c) as rc:
+            await ra.reserve(addr)
+            await rb.reserve(addr)
+            with pytest.raises(RelayRefused):
+                await rc.reserve(addr)  # a third identity from 127.0.0.1
+            assert await ra.reserve(addr)  # a refresh from the same IP is still granted
+            assert relay.stats()["relay_reservations"] == 2
+        with trio.fail_after(5):  # the slots end with their connections: room again
+            while relay.stats()["relay_reservations"]:
+                await trio.sleep(0.05)
+        async with open_host(os.urandom(32)) as d, open_relay(d) as rd:
+            assert await rd.reserve(addr)
