@@ -125,7 +125,7 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
     """Run benchmark NAME; the JSON result is the last line.
 
     \b
-    NAME: adversary, broadcast, churn, codec, generate, gossip, learn, sim, verify
+    NAME: adversary, broadcast, churn, codec, generate, gossip, learn, reach, sim, verify
     """
     if not name.isidentifier():
         raise CommandError(f"unknown benchmark {name!r}")

@@ -3,7 +3,8 @@
 Its parts: `node.libp2p_patches` (process-wide patches of library internals, each listed
 with the test that guards it), `node.framed_stream` (framed streams and the errors,
 re-exported here), `node.host_limits`, `node.host_gossip`, `node.host_heartbeat`,
-`node.host_listen` (mixins and helpers of `SwarmHost`), `node.gossip_guard`.
+`node.host_listen` (mixins and helpers of `SwarmHost`), `node.gossip_guard`,
+`node.host_relay` (circuit relay v2) and `node.host_reachability` (AutoNAT, DCUtR).
 
 What this module owns
 ---------------------
@@ -188,7 +189,6 @@ def _short(peer: str) -> str:
 StreamHandler = Callable[[FramedStream], Awaitable[None]]
 
 
-
 def key_pair_from_private_bytes(private_bytes: bytes) -> KeyPair:
     """The libp2p Ed25519 key pair of our 32-byte identity seed (same peer id)."""
     if len(private_bytes) != 32:
@@ -304,6 +304,8 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         self._pingers: set[str] = set()
         self._scorer: Callable[[str], float] | None = None
         self._inbound_gate = IpGate(settings)
+        # Dials `/p2p-circuit` addresses (set by `node.host_relay.open_relay`).
+        self.circuit_dialer: Callable[[str], Awaitable[DialResult]] | None = None
         libp2p_patches.no_auto_dials(self._lh.get_network())
         self._lh.get_network()._swarm_inbound_gate = self._inbound_gate
 
@@ -390,6 +392,8 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         """Dial one `/ip4/.../tcp/.../p2p/<id>` multiaddr under `dial_timeout_s`; never raises
         for a remote failure (the result says what went wrong)."""
         self._check_open()
+        if "/p2p-circuit" in addr and self.circuit_dialer is not None:
+            return await self.circuit_dialer(addr)
         started = time.monotonic()
         try:
             info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
@@ -577,24 +581,8 @@ async def open_host(
 
 
 __all__ = [
-    "Later",
-    "Validator",
-    "AGENT",
-    "DialResult",
-    "FrameTooLarge",
-    "FramedStream",
-    "GossipMessage",
-    "HostClosed",
-    "HostError",
-    "HostSettings",
-    "ListenFailed",
-    "MessageTooLarge",
-    "Misbehaviour",
-    "PeerError",
-    "PeerEvent",
-    "PeerTimeout",
-    "PeerUnreachable",
-    "SwarmHost",
-    "key_pair_from_private_bytes",
-    "open_host",
+    "AGENT", "DialResult", "FrameTooLarge", "FramedStream", "GossipMessage", "HostClosed",
+    "HostError", "HostSettings", "Later", "ListenFailed", "MessageTooLarge", "Misbehaviour",
+    "PeerError", "PeerEvent", "PeerTimeout", "PeerUnreachable", "SwarmHost", "Validator",
+    "key_pair_from_private_bytes", "open_host",
 ]

@@ -13,9 +13,12 @@ Each patch, the library default it fixes, and the test that fails if it comes ba
     `pubsub.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_QUEUE`.
     tests/test_node_host.py::test_gossipsub_settings_are_ours,
     ::test_burst_of_50_publishes_in_one_second_all_arrive
-16. Listen sockets get SO_REUSEPORT, so two nodes "share" a port -> `tcp._set_reuse_flags`
-    sets SO_REUSEADDR only (`_reuse_addr_only`).
-    tests/test_node_host.py::test_two_hosts_cannot_share_a_port_so_reuseport_is_off
+16. Listen sockets get SO_REUSEPORT (DCUtR's TCP hole punch dials from the listen port,
+    which needs it on both sockets), so two nodes "share" a port -> the listener first
+    claims the port with a plain socket (`_exclusive_listen`: a port someone listens on
+    is refused as in use), then listens with SO_REUSEPORT as the library does.
+    tests/test_node_host.py::test_two_hosts_cannot_share_a_port_so_reuseport_is_off,
+    tests/test_node_nat.py::test_hole_punch_dials_can_leave_from_our_listen_port
 17. Identify says `py-libp2p/<version>` -> `identify.AGENT_VERSION = AGENT`.
     tests/test_node_standard_peer.py::test_a_standard_libp2p_peer_stays_connected_and_sees_our_agent
 18a. A GossipSub RPC that is not protobuf raises `DecodeError` out of the stream reader
@@ -118,10 +121,32 @@ def _agent() -> str:
 
 AGENT = _agent()
 
-def _reuse_addr_only(sock: Any) -> None:
-    """Workaround 16: SO_REUSEADDR (quick restarts past TIME_WAIT), never SO_REUSEPORT."""
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def _claim_port(host: str | None, port: int) -> int:
+    """Workaround 16: the port a listener on `host` may take -- `port`, or a free one for
+    0 -- checked with a socket without SO_REUSEPORT, which cannot bind a port another
+    socket listens on. Raises the library's listen error when the port is taken."""
+    family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
+        probe.bind((host or "0.0.0.0", port))
+        return int(probe.getsockname()[1])
+    except OSError as exc:
+        raise _libp2p_tcp.OpenConnectionError(f"Failed to listen on {host}:{port}: {exc}") from exc
+    finally:
+        probe.close()
+
+
+def _exclusive_listen(open_listeners: Any) -> Any:
+    """Workaround 16: the library's SO_REUSEPORT listeners, on a port claimed first."""
+    if getattr(open_listeners, "_swarm_exclusive", False):
+        return open_listeners
+
+    async def opened(host: str | None, port: int) -> Any:
+        return await open_listeners(host, _claim_port(host, port))
+
+    opened._swarm_exclusive = True  # type: ignore[attr-defined]
+    return opened
 
 
 def _batched_window_updates() -> bool:
@@ -407,8 +432,8 @@ def apply() -> None:
         tcp_stream.read = _buffered_tcp_read(tcp_stream.read)
     # Workaround 6: the library reads this module constant at subscribe() time.
     _libp2p_pubsub.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_QUEUE
-    # Workaround 16: looked up at call time by the TCP listener and the hole-punch dialer.
-    _libp2p_tcp._set_reuse_flags = _reuse_addr_only
+    # Workaround 16: looked up at call time by the TCP listener.
+    _libp2p_tcp._open_reuseport_listeners = _exclusive_listen(_libp2p_tcp._open_reuseport_listeners)
     # Workaround 17: identify reads this module constant when it answers.
     _libp2p_identify.AGENT_VERSION = AGENT
     # Patch 27: an oversize pubsub RPC reported.

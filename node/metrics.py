@@ -14,7 +14,8 @@ peer events...), `rejected_total{reason}`, `delivery{state}` (own rollouts produ
 delivered, pending, too stale), `role{field}` (the role's numbers: rollouts produced,
 audits passed and failed, verified...), `weights_installed_versions`,
 `weights_uploaded_bytes_total`, `weights_events_total{event}` (bytes downloaded, shards
-served and verified...), `peers_banned`, `dropped_by_peers`.
+served and verified...), `peers_banned`, `dropped_by_peers`, `reachable` (AutoNAT),
+`connected_peers{path}` (direct or relayed), `relay_bytes_total`, `relay_reservations`.
 """
 
 from __future__ import annotations
@@ -85,6 +86,14 @@ def render(status: dict[str, Any]) -> str:
     series("peers_banned", "gauge", "peers banned now", [({}, status.get("banned"))])
     series("dropped_by_peers", "gauge", "peers that keep closing our connections (node.dropped_by)",
            [({}, len(status.get("dropped_by") or {}))])  # fmt: skip
+    series("reachable", "gauge", "AutoNAT verdict: 1 public, 0 private (absent while unknown)",
+           [({}, {"public": 1, "private": 0}.get(status.get("reachability", "")))])  # fmt: skip
+    series("connected_peers", "gauge", "connected peers by path (direct or through a relay)",
+           [({"path": k}, status.get(f"{k}_peers")) for k in ("direct", "relayed")])  # fmt: skip
+    series("relay_bytes_total", "counter", "bytes this relay forwarded between circuit ends",
+           [({}, status.get("relay_bytes"))])  # fmt: skip
+    series("relay_reservations", "gauge", "peers holding a slot on this relay",
+           [({}, status.get("relay_reservations"))])  # fmt: skip
     return "\n".join(out) + "\n"
 
 

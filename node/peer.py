@@ -38,7 +38,10 @@ from node.discovery import Discovery
 from node.dropped_by import DroppedBy
 from node.gossip import BATCH_TOPICS, TOPIC_KINDS, Outbox, topic_name
 from node.host import AGENT, Later, Misbehaviour, PeerEvent, SwarmHost, open_host
+from node.host_reachability import open_reachability
+from node.host_relay import RelayLimitsConfig, open_relay
 from node.ledger_writer import LedgerWriter
+from node.nat_upkeep import NatUpkeep
 from node.peer_config import PeerConfig, SeqCounter
 from node.peer_services import BodyServer, CatchUpDriver, ask_newest, bad_request_event
 from node.peer_upkeep import Upkeep
@@ -166,6 +169,7 @@ class Peer:
         self.ledger = LedgerWriter(store, admission.scores, ADMITTED_QUEUE)
         self.upkeep = Upkeep(self)
         self._nursery: trio.Nursery | None = None
+        self.nat: NatUpkeep | None = None  # reachability and relays (set by open_peer)
         self.writer = StoreWriter(store, cfg.identity.peer_id, ADMITTED_QUEUE, self.counters)
         self.puller = BodyPuller(self, cfg.pull) if cfg.pull_bodies else None
         self.catch_up = CatchUpDriver(self)
@@ -309,6 +313,7 @@ class Peer:
             "uptime_s": round(time.time() - self.started_at, 1),
             "rtt_ms_median": self._rtt_median_ms(),
             "weights": self.weights.status() if self.weights is not None else None,
+            **(self.nat.stats() if self.nat is not None else {}),
         }
 
     def _rtt_median_ms(self) -> float | None:
@@ -465,7 +470,8 @@ class Peer:
     def _hello_bytes(self) -> bytes:
         hello = PeerHello(
             roles=tuple(self.cfg.roles), policy_version=self.policy_version,
-            listen_addrs=tuple(self.host.listen_addrs()[:16]), agent=AGENT,
+            listen_addrs=tuple(self.nat.own_addrs() if self.nat else self.host.listen_addrs()[:16]),
+            agent=AGENT,
         )
         return self.seal(hello)
 
@@ -523,8 +529,11 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
             version=max([cfg.policy_version, *installed]),
             scores=PeerScores(records=records),
         )
-        async with open_host(cfg.identity.private_bytes(), list(cfg.listen), cfg.host) as host:
+        async with open_host(cfg.identity.private_bytes(), list(cfg.listen), cfg.host) as host, \
+                open_relay(host, RelayLimitsConfig() if "relay" in cfg.roles else None) as relay, \
+                open_reachability(host) as reach:
             peer = Peer(cfg, host, store, admission, weights_store)
+            peer.nat = NatUpkeep(host, relay, reach, cfg.bootstrap, greet=peer.discovery.greet)
             await _restore(peer, now)
             for rec in await trio.to_thread.run_sync(store.active_bans, now):
                 await host.ban(str(rec.peer), max(1.0, rec.banned_until - now), "ban kept from before restart")
@@ -541,6 +550,7 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
                 if cfg.bootstrap:
                     peer.bootstrap_results = await peer.discovery.dial(list(cfg.bootstrap))
                 nursery.start_soon(peer.discovery.redial_loop)
+                nursery.start_soon(peer.nat.run)
                 try:
                     yield peer
                 finally:
