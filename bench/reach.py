@@ -144,21 +144,8 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
                     if kinds.get(target.peer_id) == "relayed":
                         relayed_bytes += r["sent"] * PAYLOAD_BYTES
                         relayed_ms += r["ms"]
-            # A pair's kind: "symmetric" when either end is behind the symmetric NAT.
-            upgrade: dict[str, list[bool]] = {}
-            seen: set[frozenset[str]] = set()
-            pairs: list[str] = []
             trainer.kind, validator.kind = "trainer", "validator"
-            for w in workers:
-                kinds = (await w.ask({"cmd": "stats"}))["kinds"]
-                for p in (trainer, validator, *workers):
-                    pair = frozenset((w.peer_id, p.peer_id))
-                    if p is w or pair in seen or p.peer_id not in kinds:
-                        continue
-                    seen.add(pair)
-                    kind = "symmetric" if "symmetric" in (w.kind, getattr(p, "kind", "")) else "cone"
-                    upgrade.setdefault(kind, []).append(kinds[p.peer_id] == "direct")
-                    pairs.append(f"{_name(w)}-{_name(p)}:{kinds[p.peer_id]}")
+            upgrade, pairs = await _connection_kinds(workers, [trainer, validator])
             _say("flooding the relay")
             held = await _flood(lab, relay, workers[0], max_res, MAX_CIRCUITS, out)
             after = [await w.ask({"cmd": "send", "peer": trainer.peer_id, "n": 3, "size": PAYLOAD_BYTES})
@@ -183,6 +170,25 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
         "payload_bytes": PAYLOAD_BYTES,
         "peers": "light (bench._nat_peer), not the full role stack",
     }
+
+
+async def _connection_kinds(workers: list[Any], public: list[Any]) -> tuple[dict[str, list[bool]], list[str]]:
+    """Per NAT kind, whether each pair a worker is in ended direct; and each pair's path.
+    A pair's kind is "symmetric" when either end is behind the symmetric NAT."""
+    upgrade: dict[str, list[bool]] = {}
+    seen: set[frozenset[str]] = set()
+    pairs: list[str] = []
+    for w in workers:
+        kinds = (await w.ask({"cmd": "stats"}))["kinds"]
+        for p in (*public, *workers):
+            pair = frozenset((w.peer_id, p.peer_id))
+            if p is w or pair in seen or p.peer_id not in kinds:
+                continue
+            seen.add(pair)
+            kind = "symmetric" if "symmetric" in (w.kind, getattr(p, "kind", "")) else "cone"
+            upgrade.setdefault(kind, []).append(kinds[p.peer_id] == "direct")
+            pairs.append(f"{_name(w)}-{_name(p)}:{kinds[p.peer_id]}")
+    return upgrade, pairs
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from node.ledger_writer import LedgerWriter
 from node.nat_upkeep import NatUpkeep
 from node.peer_config import PeerConfig, SeqCounter
 from node.peer_services import BodyServer, CatchUpDriver, ask_newest, bad_request_event
+from node.peer_stats import p99_ms, rtt_median_ms
 from node.peer_upkeep import Upkeep
 from node.store import RolloutRow, Store, StoreError, VerdictRow
 from node.store_writer import PendingWrite, StoreWriter
@@ -307,18 +308,14 @@ class Peer:
                                   if self.outbox.stats.batches else None),
             "pull_pending": self.puller.pending() if self.puller is not None else 0,
             "store_pending": self.writer.pending(),
-            "validator_wait_ms_p99": _p99_ms(self.validator_waits),
-            "forward_after_store_ms_p99": _p99_ms(self.store_waits),
+            "validator_wait_ms_p99": p99_ms(self.validator_waits),
+            "forward_after_store_ms_p99": p99_ms(self.store_waits),
             "delivery": dict(self.delivery),
             "uptime_s": round(time.time() - self.started_at, 1),
-            "rtt_ms_median": self._rtt_median_ms(),
+            "rtt_ms_median": rtt_median_ms(self.host),
             "weights": self.weights.status() if self.weights is not None else None,
             **(self.nat.stats() if self.nat is not None else {}),
         }
-
-    def _rtt_median_ms(self) -> float | None:
-        rtts = sorted(r for p in self.host.connected_peers() if (r := self.host.peer_rtt(p)) == r)
-        return round(rtts[len(rtts) // 2] * 1000, 3) if rtts else None
 
     # -- the one way in, and the one executor -------------------------------------------
 
@@ -498,11 +495,6 @@ class Peer:
         self.submit(Misbehaved(m.peer, m.penalty, m.detail, time.time(), offence=m.reason))
 
     # -- loops ----------------------------------------------------------------------------
-
-
-def _p99_ms(values: deque[float]) -> float | None:
-    ordered = sorted(values)
-    return round(ordered[int(0.99 * (len(ordered) - 1))] * 1000, 2) if ordered else None
 
 
 def _b58(peer: bytes | str) -> str:
