@@ -12,7 +12,8 @@ Order of an audit (the first failure is the verdict's reason; all failures are l
    re-derives the assignment; the sampler seed must equal the header's task seed) and the
    reward (re-scored by the judge). A rollout failing here is rejected without a prefill.
 2. One prefill of prompt + completion per rollout, batched across rollouts (right padding,
-   so real tokens keep their positions; up to `max_batch_tokens` padded tokens a batch).
+   so real tokens keep their positions; up to `max_batch_tokens` padded tokens a batch,
+   `CPU_BATCH_TOKENS` on a CPU; rollouts of similar length share a batch).
    Row `n_prompt - 1 + i` is the hidden state that chose completion token i.
 3. Model checks: proof statistics (TOPLOC's, a far point counted as a mismatch, see
    `checks.FAR_MANT_ERR`) and signs, sampling replay, log-probs, drift.
@@ -44,6 +45,9 @@ from verify import checks, toploc
 from verify.thresholds import CALIBRATED, STRICT, THRESHOLDS, Thresholds
 
 DEFAULT_MAX_BATCH_TOKENS = 16_384
+# On a CPU, batches of this many tokens at most: a layer's activations then stay in the
+# core's cache, and rollouts sorted by length pad little. Larger batches cost more per token.
+CPU_BATCH_TOKENS = 1_024
 # Per-record limit on prompt + completion tokens: a longer record fails (`too-large`)
 # before any prefill. What a record costs the auditor: one prefill of its tokens (batched
 # up to max_batch_tokens), hidden states [T, H] and float32 logits [T, V] for its T
@@ -137,6 +141,14 @@ def vocab_size(model: Any) -> int:
     return int(model.get_output_embeddings().weight.shape[0])
 
 
+def batch_tokens(model: Any, max_batch_tokens: int) -> int:
+    """The padded tokens of one prefill batch: `max_batch_tokens`, at most
+    `CPU_BATCH_TOKENS` for a model on a CPU."""
+    if model.get_output_embeddings().weight.device.type == "cpu":
+        return min(max_batch_tokens, CPU_BATCH_TOKENS)
+    return max_batch_tokens
+
+
 def _batches(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
     """Indices grouped longest first so that (batch size x longest) <= max_batch_tokens."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -172,7 +184,7 @@ def prefill(
     device = head.weight.device
     lengths = [len(p) + len(c) for p, c in sequences]
     rows_of: dict[int, torch.Tensor] = {}
-    for batch in _batches(lengths, max_batch_tokens):
+    for batch in _batches(lengths, batch_tokens(model, max_batch_tokens)):
         width = max(lengths[i] for i in batch)
         ids = torch.zeros((len(batch), width), dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -193,7 +205,9 @@ def prefill(
             p, c = sequences[i]
             start = offsets[r] + len(p) - 1
             rows_of[i] = h[r, start : start + len(c)]
-    return _with_logits(head, [rows_of[i] for i in range(len(sequences))])
+    if not sequences:
+        return []
+    return _with_logits(head, torch.cat([rows_of[i] for i in range(len(sequences))]), [len(c) for _, c in sequences])
 
 
 def _cache_kwarg(model: Any) -> str:
@@ -214,82 +228,99 @@ def prefill_shared(
     Pass 1 prefills the distinct prompts (right-padded batches) and keeps their keys and
     values; its last prompt row is the hidden state that chose completion token 0. Pass 2
     runs the completions (all but their last token) on top of their prompt's cache, with
-    explicit positions and the prompt padding masked out. Same values as `prefill` up to
-    float reordering; a group of g rollouts costs one prompt instead of g.
+    explicit positions and the prompt padding masked out, in batches of similar completion
+    length (few padded rows). Same values as `prefill` up to float reordering; a group of
+    g rollouts costs one prompt instead of g.
     """
     from transformers import DynamicCache
 
+    if not sequences:
+        return []
     base = model.base_model
-    head = model.get_output_embeddings()
-    device = head.weight.device
+    device = model.get_output_embeddings().weight.device
     cache_kw = _cache_kwarg(model)
     prompts: dict[tuple[int, ...], int] = {}
-    for p, _ in sequences:
-        prompts.setdefault(tuple(p), len(prompts))
+    prompt_of = [prompts.setdefault(tuple(p), len(prompts)) for p, _ in sequences]
     uniq = list(prompts)
-    kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in uniq]  # per prompt, per layer
-    last_row: list[torch.Tensor | None] = [None] * len(uniq)
-    for batch in _batches([len(p) for p in uniq], max_batch_tokens):
-        width = max(len(uniq[u]) for u in batch)
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, u in enumerate(batch):
-            ids[r, : len(uniq[u])] = torch.tensor(uniq[u], dtype=torch.long)
-            mask[r, : len(uniq[u])] = 1
-        cache = DynamicCache()
-        out = base(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True, **{cache_kw: cache})
-        for r, u in enumerate(batch):
-            n = len(uniq[u])
-            last_row[u] = out.last_hidden_state[r, n - 1 : n]
-            kv[u] = [(layer.keys[r, :, :n], layer.values[r, :, :n]) for layer in cache.layers]
+    max_batch_tokens = batch_tokens(model, max_batch_tokens)
+    keys, values, last_rows = _prefill_prompts(base, uniq, max_batch_tokens, cache_kw, device)
     rest = [i for i, (_, c) in enumerate(sequences) if len(c) > 1]
     rows_of: dict[int, torch.Tensor] = {}
-    for batch in _batches([len(sequences[i][0]) + len(sequences[i][1]) for i in rest], max_batch_tokens):
+    for batch in _batches([len(sequences[i][1]) - 1 for i in rest], max_batch_tokens):
         items = [rest[k] for k in batch]
-        lp = max(len(sequences[i][0]) for i in items)
+        lp = max(len(uniq[prompt_of[i]]) for i in items)
         lc = max(len(sequences[i][1]) - 1 for i in items)
-        ids = torch.zeros((len(items), lc), dtype=torch.long)
-        mask = torch.zeros((len(items), lp + lc), dtype=torch.long)
-        pos = torch.zeros((len(items), lc), dtype=torch.long)
-        for r, i in enumerate(items):
-            p, c = sequences[i]
-            ids[r, : len(c) - 1] = torch.tensor(list(c[:-1]), dtype=torch.long)
-            mask[r, : len(p)] = 1
-            mask[r, lp : lp + len(c) - 1] = 1
-            pos[r] = torch.arange(len(p), len(p) + lc)
+        ids, mask, pos = [], [], []
+        for i in items:
+            n, c = len(uniq[prompt_of[i]]), list(sequences[i][1][:-1])
+            ids.append(c + [0] * (lc - len(c)))
+            mask.append([1] * n + [0] * (lp - n) + [1] * len(c) + [0] * (lc - len(c)))
+            pos.append(list(range(n, n + lc)))
+        which = torch.tensor([prompt_of[i] for i in items], device=device)
         cache = DynamicCache()
-        n_layers = len(kv[prompts[tuple(sequences[items[0]][0])]])
-        for layer in range(n_layers):
-            ks, vs = [], []
-            for i in items:
-                k, v = kv[prompts[tuple(sequences[i][0])]][layer]
-                pad = lp - k.shape[1]
-                ks.append(torch.nn.functional.pad(k, (0, 0, 0, pad)))
-                vs.append(torch.nn.functional.pad(v, (0, 0, 0, pad)))
-            cache.update(torch.stack(ks), torch.stack(vs), layer)
+        for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
+            cache.update(k[which, :, :lp], v[which, :, :lp], layer)
         out = base(
-            input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
-            use_cache=True, **{cache_kw: cache},
+            input_ids=torch.tensor(ids, device=device), attention_mask=torch.tensor(mask, device=device),
+            position_ids=torch.tensor(pos, device=device), use_cache=True, **{cache_kw: cache},
         )
         for r, i in enumerate(items):
             rows_of[i] = out.last_hidden_state[r, : len(sequences[i][1]) - 1]
-    hidden = []
-    for i, (p, c) in enumerate(sequences):
-        first = last_row[prompts[tuple(p)]]
-        assert first is not None
-        hidden.append(torch.cat([first, rows_of[i]]) if len(c) > 1 else first)
-    return _with_logits(head, hidden)
+    pieces = []
+    for i, u in enumerate(prompt_of):
+        pieces.append(last_rows[u : u + 1])
+        if i in rows_of:
+            pieces.append(rows_of[i])
+    return _with_logits(model.get_output_embeddings(), torch.cat(pieces), [len(c) for _, c in sequences])
 
 
-def _with_logits(head: Any, hidden: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(hidden, logits) per sequence, the LM head applied once to all rows."""
-    if not hidden:
+def _prefill_prompts(
+    base: Any, prompts: list[tuple[int, ...]], max_batch_tokens: int, cache_kw: str, device: Any
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """Pass 1 of `prefill_shared`: per layer, the keys and values of every prompt
+    [prompts, heads, longest prompt, head dim] (zero past each prompt's end), and the
+    hidden state of each prompt's last token [prompts, H]."""
+    from transformers import DynamicCache
+
+    longest = max(len(p) for p in prompts)
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    last_rows: torch.Tensor | None = None
+    for batch in _batches([len(p) for p in prompts], max_batch_tokens):
+        width = max(len(prompts[u]) for u in batch)
+        lens = torch.tensor([len(prompts[u]) for u in batch], device=device)
+        ids = torch.tensor([list(prompts[u]) + [0] * (width - len(prompts[u])) for u in batch], device=device)
+        mask = torch.arange(width, device=device)[None, :] < lens[:, None]
+        cache = DynamicCache()
+        out = base(input_ids=ids, attention_mask=mask.long(), use_cache=True, **{cache_kw: cache})
+        h = out.last_hidden_state
+        if last_rows is None:
+            last_rows = h.new_zeros((len(prompts), h.shape[-1]))
+        where = torch.tensor(batch, device=device)
+        last_rows[where] = h[torch.arange(len(batch), device=device), lens - 1]
+        real = mask[:, None, :, None]
+        for layer, kv in enumerate(cache.layers):
+            if layer == len(keys):
+                shape = (len(prompts), kv.keys.shape[1], longest, kv.keys.shape[3])
+                keys.append(kv.keys.new_zeros(shape))
+                values.append(kv.values.new_zeros(shape))
+            keys[layer][where, :, :width] = torch.where(real, kv.keys, 0.0)
+            values[layer][where, :, :width] = torch.where(real, kv.values, 0.0)
+    assert last_rows is not None
+    return keys, values, last_rows
+
+
+def _with_logits(head: Any, hidden: torch.Tensor, counts: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(hidden, logits) per sequence from the rows of all sequences in order [sum(counts),
+    H], the LM head applied once to all rows."""
+    if not counts:
         return []
-    logits = head(torch.cat(hidden)).float().cpu()
+    logits = head(hidden).float().cpu()
+    hidden = hidden.cpu()
     out, start = [], 0
-    for h in hidden:
-        out.append((h.cpu(), logits[start : start + h.shape[0]]))
-        start += h.shape[0]
+    for n in counts:
+        out.append((hidden[start : start + n], logits[start : start + n]))
+        start += n
     return out
 
 
