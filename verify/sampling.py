@@ -274,12 +274,14 @@ def perturbed_scores(
     x = _as_f32(logits)
     if x.ndim != 2:
         raise ValueError(f"logits must be [B, V], got shape {x.shape}")
-    z = (x / np.float32(temperature)).astype(np.float32)
+    z = (x / np.float32(temperature)).astype(np.float32, copy=False)
     keep = filter_mask(z, int(top_k), float(top_p))
-    g = gumbel_noise_batch(seeds, steps, x.shape[1])
-    scores = np.where(keep, z + g, np.float32(-np.inf)).astype(np.float32)
-    zk = np.where(keep, z, np.float32(-np.inf))
-    return scores, zk
+    scores = gumbel_noise_batch(seeds, steps, x.shape[1])
+    scores += z
+    if keep.all():  # no filter removed anything (the common case: top_p = 1, top_k = 0)
+        return scores, z
+    scores[~keep] = -np.inf
+    return scores, np.where(keep, z, np.float32(-np.inf))
 
 
 def sample_tokens(
