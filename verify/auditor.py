@@ -230,12 +230,17 @@ def prefill_shared(
     runs the completions (all but their last token) on top of their prompt's cache, with
     explicit positions and the prompt padding masked out, in batches of similar completion
     length (few padded rows). Same values as `prefill` up to float reordering; a group of
-    g rollouts costs one prompt instead of g.
+    g rollouts costs one prompt instead of g, and equal rollouts cost one prefill.
     """
     from transformers import DynamicCache
 
     if not sequences:
         return []
+    distinct: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    index = [distinct.setdefault((tuple(p), tuple(c)), len(distinct)) for p, c in sequences]
+    if len(distinct) < len(sequences):  # equal rollouts (a confident policy's group) once
+        once = prefill_shared(model, list(distinct), max_batch_tokens)
+        return [once[k] for k in index]
     base = model.base_model
     device = model.get_output_embeddings().weight.device
     cache_kw = _cache_kwarg(model)
