@@ -268,3 +268,42 @@ def test_verdicts_do_not_depend_on_the_batch(env, bf16_records):
     together = audit_records(bf16_records, env["model"], judge=env["judge"], settings=settings)
     alone = [audit_records([ro], env["model"], judge=env["judge"], settings=settings)[0] for ro in bf16_records]
     assert [(r.passed, r.reason) for r in together] == [(r.passed, r.reason) for r in alone]
+
+
+def _mixed_records(env):
+    """Honest records and tampered ones that reach the model checks (each tamper on a
+    different honest record), plus one that fails the cheap checks, plus records of a
+    slightly changed model: several prompts, completion lengths and reasons."""
+    from tests.support.audit_env import open_records_file, rank1_change, records_file
+
+    ro = env["opened"]
+    b = [r.body for r in ro]
+    ids = list(b[1].completion_ids)
+    ids[len(ids) // 2] = (ids[len(ids) // 2] + 7) % 300 + 2
+    tampered = [
+        _resign(env, ro[0], dataclasses.replace(b[0], proofs=tuple((list(b[2].proofs) * 2)[: len(b[0].proofs)]))),
+        _resign(env, ro[1], _reprove(env, dataclasses.replace(b[1], completion_ids=tuple(ids)))),
+        _resign(env, ro[2], dataclasses.replace(b[2], logprobs=tuple(float(np.float32(x * 0.5)) for x in b[2].logprobs))),
+        _resign(env, ro[3], _reprove(env, b[3], negate=True)),
+        _resign(env, ro[4], dataclasses.replace(b[4], temperature=0.7)),
+    ]
+    changed = records_file(env, rank1_change(env["model"], 0.05), "changed-4.msgpack", n=4, start_counter=50)
+    return list(ro) + tampered + open_records_file(changed)
+
+
+def test_batched_audit_equals_one_by_one_on_honest_and_tampered(env):
+    mixed = _mixed_records(env)
+    alone = [_audit(env, [r])[0] for r in mixed]
+    reasons = {r.reason for r in alone}
+    assert {"ok", "proof-mismatch", "sampling-replay", "logprob-mismatch", "proof-sign", "malformed"} <= reasons
+    assert any(not r.passed for r in alone[-4:])  # the changed model is caught
+    for max_batch_tokens in (None, 64):  # the default batches, and many small ones
+        settings = env["settings"]
+        if max_batch_tokens is not None:
+            settings = dataclasses.replace(settings, max_batch_tokens=max_batch_tokens)
+        together = audit_records(mixed, env["model"], judge=env["judge"], settings=settings)
+        for a, t in zip(alone, together, strict=True):
+            assert (t.passed, t.reason, t.failures, t.reward_rescored) == (a.passed, a.reason, a.failures, a.reward_rescored)
+            assert t.metrics.keys() == a.metrics.keys()
+            for k, v in a.metrics.items():
+                assert t.metrics[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k

@@ -141,3 +141,29 @@ def test_bad_arguments_raise_value_error(kwargs):
     args.update(kwargs)
     with pytest.raises(ValueError):
         sample_token(np.zeros(8, dtype=np.float32), **args)
+
+
+def test_batched_noise_equals_the_portable_philox_block_by_block():
+    # the numpy path (uint64 products, rows in cache-sized slices) against the Random123
+    # reference core one block at a time, at the edges of seeds and steps
+    seeds = [0, 1, 2**32 - 1, 2**32, 2**63 + 12345, 2**64 - 1]
+    steps = [0, 2**32 - 1, 5, 77, 2**31, 1]
+    vocab = 10  # 3 blocks, the last one cut
+    words = []
+    for seed, step in zip(seeds, steps, strict=True):
+        row = []
+        for block in range(3):
+            row += philox4x32((block, step, 0, 0x47554D42), (seed & 0xFFFFFFFF, seed >> 32))
+        words.append(row[:vocab])
+    u = (np.array(words, dtype=np.float64) + 0.5) / 2.0**32
+    want = (-np.log(-np.log(u))).astype(np.float32)
+    assert np.array_equal(gumbel_noise_batch(seeds, steps, vocab).view(np.uint32), want.view(np.uint32))
+
+
+def test_noise_is_the_same_across_row_slices(monkeypatch):
+    import verify.sampling as sampling
+
+    seeds, steps = list(range(50)), list(range(50))
+    whole = gumbel_noise_batch(seeds, steps, 33)
+    monkeypatch.setattr(sampling, "_SLICE_WORDS", 100)  # 3 rows a slice
+    assert np.array_equal(gumbel_noise_batch(seeds, steps, 33), whole)

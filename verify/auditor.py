@@ -1,10 +1,11 @@
 """The audit of rollouts: cheap checks first, then one batched prefill, then the model checks.
 
-What this module owns: running a causal LM (any transformers `*ForCausalLM` object the
-caller loaded) over prompt + completion to recompute the generated tokens' final hidden
-states and logits, and combining the checks of `verify.checks` into one verdict. It never
-loads a model or a tokenizer, never derives tasks itself (the caller passes a `judge`,
-since tasks live in `trainer/`, which `verify/` must not import) and never does network IO.
+What this module owns: having a causal LM (any transformers `*ForCausalLM` object the
+caller loaded) recompute the generated tokens' final hidden states and logits over
+prompt + completion (`verify.prefill`), and combining the checks of `verify.checks` into
+one verdict. It never loads a model or a tokenizer, never derives tasks itself (the caller
+passes a `judge`, since tasks live in `trainer/`, which `verify/` must not import) and
+never does network IO.
 
 Order of an audit (the first failure is the verdict's reason; all failures are listed):
 1. Cheap checks, no model: structure, sampling settings vs the run's, termination, proof
@@ -12,7 +13,8 @@ Order of an audit (the first failure is the verdict's reason; all failures are l
    re-derives the assignment; the sampler seed must equal the header's task seed) and the
    reward (re-scored by the judge). A rollout failing here is rejected without a prefill.
 2. One prefill of prompt + completion per rollout, batched across rollouts (right padding,
-   so real tokens keep their positions; up to `max_batch_tokens` padded tokens a batch).
+   so real tokens keep their positions; up to `max_batch_tokens` padded tokens a batch,
+   fewer on a CPU; rollouts of similar length share a batch; `verify.prefill`).
    Row `n_prompt - 1 + i` is the hidden state that chose completion token i.
 3. Model checks: proof statistics (TOPLOC's, a far point counted as a mismatch, see
    `checks.FAR_MANT_ERR`) and signs, sampling replay, log-probs, drift.
@@ -41,9 +43,9 @@ import torch
 
 from protocol.wire import Metric, Verdict
 from verify import checks, toploc
+from verify.prefill import DEFAULT_MAX_BATCH_TOKENS, prefill, prefill_shared
 from verify.thresholds import CALIBRATED, STRICT, THRESHOLDS, Thresholds
 
-DEFAULT_MAX_BATCH_TOKENS = 16_384
 # Per-record limit on prompt + completion tokens: a longer record fails (`too-large`)
 # before any prefill. What a record costs the auditor: one prefill of its tokens (batched
 # up to max_batch_tokens), hidden states [T, H] and float32 logits [T, V] for its T
@@ -135,162 +137,6 @@ def eos_token_ids(model: Any) -> frozenset[int]:
 
 def vocab_size(model: Any) -> int:
     return int(model.get_output_embeddings().weight.shape[0])
-
-
-def _batches(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
-    """Indices grouped longest first so that (batch size x longest) <= max_batch_tokens."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    out: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        longest = lengths[cur[0]] if cur else lengths[i]
-        if cur and (len(cur) + 1) * longest > max_batch_tokens:
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
-
-
-@torch.inference_mode()
-def prefill(
-    model: Any,
-    sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
-    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-    padding_side: str = "right",
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """For each (prompt_ids, completion_ids): (hidden [T, H] in the model's dtype, logits
-    [T, V] float32) at the positions that chose the T completion tokens.
-
-    Right padding keeps every real token at its own position with no position ids;
-    left padding passes explicit position ids starting at 0 for each sequence."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-    base = model.base_model
-    head = model.get_output_embeddings()
-    device = head.weight.device
-    lengths = [len(p) + len(c) for p, c in sequences]
-    rows_of: dict[int, torch.Tensor] = {}
-    for batch in _batches(lengths, max_batch_tokens):
-        width = max(lengths[i] for i in batch)
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        offsets = []
-        for r, i in enumerate(batch):
-            p, c = sequences[i]
-            seq = torch.tensor(list(p) + list(c), dtype=torch.long)
-            off = width - len(seq) if padding_side == "left" else 0
-            ids[r, off : off + len(seq)] = seq
-            mask[r, off : off + len(seq)] = 1
-            offsets.append(off)
-        kwargs: dict[str, Any] = {}
-        if padding_side == "left":
-            kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
-        out = base(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False, **kwargs)
-        h = out.last_hidden_state
-        for r, i in enumerate(batch):
-            p, c = sequences[i]
-            start = offsets[r] + len(p) - 1
-            rows_of[i] = h[r, start : start + len(c)]
-    return _with_logits(head, [rows_of[i] for i in range(len(sequences))])
-
-
-def _cache_kwarg(model: Any) -> str:
-    import inspect
-
-    params = inspect.signature(model.base_model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-@torch.inference_mode()
-def prefill_shared(
-    model: Any,
-    sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
-    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`prefill`, computing each distinct prompt once (a GRPO group's rollouts share one).
-
-    Pass 1 prefills the distinct prompts (right-padded batches) and keeps their keys and
-    values; its last prompt row is the hidden state that chose completion token 0. Pass 2
-    runs the completions (all but their last token) on top of their prompt's cache, with
-    explicit positions and the prompt padding masked out. Same values as `prefill` up to
-    float reordering; a group of g rollouts costs one prompt instead of g.
-    """
-    from transformers import DynamicCache
-
-    base = model.base_model
-    head = model.get_output_embeddings()
-    device = head.weight.device
-    cache_kw = _cache_kwarg(model)
-    prompts: dict[tuple[int, ...], int] = {}
-    for p, _ in sequences:
-        prompts.setdefault(tuple(p), len(prompts))
-    uniq = list(prompts)
-    kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in uniq]  # per prompt, per layer
-    last_row: list[torch.Tensor | None] = [None] * len(uniq)
-    for batch in _batches([len(p) for p in uniq], max_batch_tokens):
-        width = max(len(uniq[u]) for u in batch)
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, u in enumerate(batch):
-            ids[r, : len(uniq[u])] = torch.tensor(uniq[u], dtype=torch.long)
-            mask[r, : len(uniq[u])] = 1
-        cache = DynamicCache()
-        out = base(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True, **{cache_kw: cache})
-        for r, u in enumerate(batch):
-            n = len(uniq[u])
-            last_row[u] = out.last_hidden_state[r, n - 1 : n]
-            kv[u] = [(layer.keys[r, :, :n], layer.values[r, :, :n]) for layer in cache.layers]
-    rest = [i for i, (_, c) in enumerate(sequences) if len(c) > 1]
-    rows_of: dict[int, torch.Tensor] = {}
-    for batch in _batches([len(sequences[i][0]) + len(sequences[i][1]) for i in rest], max_batch_tokens):
-        items = [rest[k] for k in batch]
-        lp = max(len(sequences[i][0]) for i in items)
-        lc = max(len(sequences[i][1]) - 1 for i in items)
-        ids = torch.zeros((len(items), lc), dtype=torch.long)
-        mask = torch.zeros((len(items), lp + lc), dtype=torch.long)
-        pos = torch.zeros((len(items), lc), dtype=torch.long)
-        for r, i in enumerate(items):
-            p, c = sequences[i]
-            ids[r, : len(c) - 1] = torch.tensor(list(c[:-1]), dtype=torch.long)
-            mask[r, : len(p)] = 1
-            mask[r, lp : lp + len(c) - 1] = 1
-            pos[r] = torch.arange(len(p), len(p) + lc)
-        cache = DynamicCache()
-        n_layers = len(kv[prompts[tuple(sequences[items[0]][0])]])
-        for layer in range(n_layers):
-            ks, vs = [], []
-            for i in items:
-                k, v = kv[prompts[tuple(sequences[i][0])]][layer]
-                pad = lp - k.shape[1]
-                ks.append(torch.nn.functional.pad(k, (0, 0, 0, pad)))
-                vs.append(torch.nn.functional.pad(v, (0, 0, 0, pad)))
-            cache.update(torch.stack(ks), torch.stack(vs), layer)
-        out = base(
-            input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
-            use_cache=True, **{cache_kw: cache},
-        )
-        for r, i in enumerate(items):
-            rows_of[i] = out.last_hidden_state[r, : len(sequences[i][1]) - 1]
-    hidden = []
-    for i, (p, c) in enumerate(sequences):
-        first = last_row[prompts[tuple(p)]]
-        assert first is not None
-        hidden.append(torch.cat([first, rows_of[i]]) if len(c) > 1 else first)
-    return _with_logits(head, hidden)
-
-
-def _with_logits(head: Any, hidden: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(hidden, logits) per sequence, the LM head applied once to all rows."""
-    if not hidden:
-        return []
-    logits = head(torch.cat(hidden)).float().cpu()
-    out, start = [], 0
-    for h in hidden:
-        out.append((h.cpu(), logits[start : start + h.shape[0]]))
-        start += h.shape[0]
-    return out
 
 
 # ------------------------------------------------------------------ audit

@@ -307,7 +307,7 @@ def replay(logits: torch.Tensor | np.ndarray, body: Any) -> Replay:
         seeds=[body.sampling_seed] * t,
         steps=list(range(t)),
     )
-    return _replay_from_scores(scores, zk, body)
+    return Replay(*_replay_rows(scores, zk, tokens, body.temperature))
 
 
 def replay_many(logits: Sequence[torch.Tensor], bodies: Sequence[Any]) -> list[Replay]:
@@ -322,32 +322,39 @@ def replay_many(logits: Sequence[torch.Tensor], bodies: Sequence[Any]) -> list[R
             groups.setdefault((b.temperature, b.top_p, b.top_k), []).append(i)
     for (temp, top_p, top_k), idx in groups.items():
         x = torch.cat([logits[i].float() for i in idx]).numpy()
-        seeds = [bodies[i].sampling_seed for i in idx for _ in range(len(bodies[i].completion_ids))]
-        steps = [s for i in idx for s in range(len(bodies[i].completion_ids))]
+        lengths = [len(bodies[i].completion_ids) for i in idx]
+        seeds = [bodies[i].sampling_seed for i, n in zip(idx, lengths, strict=True) for _ in range(n)]
+        steps = [s for n in lengths for s in range(n)]
+        tokens = np.concatenate([np.asarray(bodies[i].completion_ids, dtype=np.int64) for i in idx])
         scores, zk = sampling.perturbed_scores(x, temperature=temp, top_p=top_p, top_k=top_k, seeds=seeds, steps=steps)
+        margins, lp = _replay_rows(scores, zk, tokens, temp)
         start = 0
-        for i in idx:
-            t = len(bodies[i].completion_ids)
-            out[i] = _replay_from_scores(scores[start : start + t], zk[start : start + t], bodies[i])
-            start += t
+        for i, n in zip(idx, lengths, strict=True):
+            out[i] = Replay(margins[start : start + n], lp[start : start + n])
+            start += n
     return [r for r in out if r is not None]
 
 
-def _replay_from_scores(scores: np.ndarray, zk: np.ndarray, body: Any) -> Replay:
+def _replay_rows(
+    scores: np.ndarray, zk: np.ndarray, tokens: np.ndarray, temperature: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(margins, sampler log-probs) of the recorded `tokens`, one per row of the perturbed
+    `scores` and kept scaled logits `zk` [rows, V]."""
     t, v = scores.shape
-    tokens = np.asarray(body.completion_ids, dtype=np.int64)
     in_vocab = tokens < v
     safe = np.where(in_vocab, tokens, 0)
     rows = np.arange(t)
     chosen = scores[rows, safe].astype(np.float64)
-    margins = (scores.max(axis=1).astype(np.float64) - chosen) * body.temperature
+    margins = (scores.max(axis=1).astype(np.float64) - chosen) * temperature
     margins[~in_vocab | ~np.isfinite(chosen)] = np.inf
     z64 = zk.astype(np.float64)
     zmax = z64.max(axis=1, keepdims=True)
-    lse = np.log(np.exp(z64 - zmax).sum(axis=1)) + zmax[:, 0]
-    lp = z64[rows, safe] - lse
+    lp = z64[rows, safe]
+    z64 -= zmax
+    np.exp(z64, out=z64)
+    lp -= np.log(z64.sum(axis=1)) + zmax[:, 0]
     lp[~in_vocab | ~np.isfinite(lp)] = np.nan
-    return Replay(margins, lp)
+    return margins, lp
 
 
 def check_sampling(rep: Replay, th: Thresholds = THRESHOLDS) -> CheckResult:

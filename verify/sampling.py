@@ -30,7 +30,9 @@ Public API (numpy in, numpy out; torch CPU tensors are accepted and converted):
 `philox4x32`, `gumbel_noise(seed, step, vocab_size)`, `gumbel_noise_batch(seeds, steps,
 vocab_size)`, `filter_mask`, `perturbed_scores`, `sample_token`, `sample_tokens`.
 `gumbel_noise_torch` produces the same noise as a torch tensor on any device (for GPU
-engines); its integer core is shared with the numpy path.
+engines) with the portable integer core of `philox4x32` (int64 with 16-bit partial
+products, as torch has no full uint64 arithmetic); `gumbel_noise_batch` runs the same
+rounds on numpy uint64, where a 32 x 32-bit product is exact in one multiplication.
 """
 
 from __future__ import annotations
@@ -113,8 +115,14 @@ def _check_step(step: int) -> int:
 
 
 def _gumbel_from_words(words: np.ndarray) -> np.ndarray:
-    u = (words.astype(np.float64) + 0.5) / _TWO32
-    return (-np.log(-np.log(u))).astype(np.float32)
+    u = words.astype(np.float64)
+    u += 0.5
+    u /= _TWO32
+    np.log(u, out=u)
+    np.negative(u, out=u)
+    np.log(u, out=u)
+    np.negative(u, out=u)
+    return u.astype(np.float32)
 
 
 def gumbel_noise(seed: int, step: int, vocab_size: int) -> np.ndarray:
@@ -136,20 +144,48 @@ def gumbel_noise_batch(
     if len(step_list) != len(seed_list):
         raise ValueError("seeds and steps differ in length")
     # uint64 seeds do not fit int64: split into 32-bit words before converting.
-    lo = np.array([x & _M32 for x in seed_list], dtype=np.int64)
-    hi = np.array([x >> 32 for x in seed_list], dtype=np.int64)
-    words = _words_np_split(lo, hi, np.array(step_list, dtype=np.int64), vocab_size)
-    return _gumbel_from_words(words)
+    lo = np.array([x & _M32 for x in seed_list], dtype=np.uint64)
+    hi = np.array([x >> 32 for x in seed_list], dtype=np.uint64)
+    st = np.array(step_list, dtype=np.uint64)
+    out = np.empty((len(seed_list), vocab_size), dtype=np.float32)
+    # Rows in slices of about _SLICE_WORDS words: the arrays of one slice stay in cache.
+    rows = max(1, _SLICE_WORDS // vocab_size)
+    for a in range(0, len(seed_list), rows):
+        b = min(a + rows, len(seed_list))
+        out[a:b] = _gumbel_from_words(_words_np(lo[a:b], hi[a:b], st[a:b], vocab_size))
+    return out
 
 
-def _words_np_split(lo: np.ndarray, hi: np.ndarray, steps: np.ndarray, vocab_size: int):
+_SLICE_WORDS = 131_072
+
+
+def _philox_np(c0: np.ndarray, c1: np.ndarray, k0: np.ndarray, k1: np.ndarray) -> tuple[np.ndarray, ...]:
+    """`_philox_core` for numpy uint64 arrays holding uint32 values, with counter words
+    (c0, c1, 0, DOMAIN): a product of two 32-bit words fits uint64 exactly, so each
+    multiplication is one operation (the portable core splits it in four)."""
+    m0, m1, w0, w1 = (np.uint64(x) for x in (_PHILOX_M0, _PHILOX_M1, _PHILOX_W0, _PHILOX_W1))
+    m32, s32 = np.uint64(_M32), np.uint64(32)
+    c2: np.ndarray | np.uint64 = np.uint64(0)
+    c3: np.ndarray | np.uint64 = np.uint64(DOMAIN)
+    for r in range(10):
+        if r:
+            k0 = (k0 + w0) & m32
+            k1 = (k1 + w1) & m32
+        p0 = c0 * m0
+        p1 = c2 * m1
+        c0, c1, c2, c3 = (p1 >> s32) ^ c1 ^ k0, p1 & m32, (p0 >> s32) ^ c3 ^ k1, p0 & m32
+    return c0, c1, c2, c3  # type: ignore[return-value]
+
+
+def _words_np(lo: np.ndarray, hi: np.ndarray, steps: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Philox words [B, vocab_size] (uint64 holding uint32) of rows (seed lo, seed hi, step)."""
     n_blocks = (vocab_size + 3) // 4
-    blocks = np.arange(n_blocks, dtype=np.int64)[None, :]
-    zeros = np.zeros_like(blocks)
-    dom = np.full_like(blocks, DOMAIN)
-    w = _philox_core(blocks, steps[:, None] + zeros, zeros, dom, lo[:, None], hi[:, None])
-    words = np.stack(np.broadcast_arrays(*w), axis=-1).reshape(len(lo), n_blocks * 4)
-    return words[:, :vocab_size]
+    blocks = np.broadcast_to(np.arange(n_blocks, dtype=np.uint64)[None, :], (len(lo), n_blocks))
+    w = _philox_np(blocks, steps[:, None], lo[:, None], hi[:, None])
+    words = np.empty((len(lo), n_blocks, 4), dtype=np.uint64)
+    for j in range(4):
+        words[:, :, j] = w[j]
+    return words.reshape(len(lo), n_blocks * 4)[:, :vocab_size]
 
 
 def gumbel_noise_torch(
@@ -238,12 +274,14 @@ def perturbed_scores(
     x = _as_f32(logits)
     if x.ndim != 2:
         raise ValueError(f"logits must be [B, V], got shape {x.shape}")
-    z = (x / np.float32(temperature)).astype(np.float32)
+    z = (x / np.float32(temperature)).astype(np.float32, copy=False)
     keep = filter_mask(z, int(top_k), float(top_p))
-    g = gumbel_noise_batch(seeds, steps, x.shape[1])
-    scores = np.where(keep, z + g, np.float32(-np.inf)).astype(np.float32)
-    zk = np.where(keep, z, np.float32(-np.inf))
-    return scores, zk
+    scores = gumbel_noise_batch(seeds, steps, x.shape[1])
+    scores += z
+    if keep.all():  # no filter removed anything (the common case: top_p = 1, top_k = 0)
+        return scores, z
+    scores[~keep] = -np.inf
+    return scores, np.where(keep, z, np.float32(-np.inf))
 
 
 def sample_tokens(

@@ -348,21 +348,55 @@ def compare_many(
     """
     if len(activations) != len(proofs):
         raise ValueError(f"{len(activations)} activations for {len(proofs)} proof lists")
-    xs = [_as_bf16(a) for a in activations]
+    xs = _as_bf16_many(activations)
     for x, pl in zip(xs, proofs, strict=True):
         if len(pl) != n_chunks(x.shape[0], chunk):
             raise ProofFormatError(f"{len(pl)} proofs for {n_chunks(x.shape[0], chunk)} chunks of {x.shape[0]} tokens")
     out: list[list[R | None]] = [[None] * len(pl) for pl in proofs]
+    # Top-k per group of equally shaped chunks, then one evaluation and one summary per
+    # point count for all chunks (usually every chunk has n = topk points whatever its
+    # length): the O(n * k) Horner loop runs once, not once per distinct chunk length.
+    by_n: dict[int, list[tuple[list[tuple[int, int]], np.ndarray, np.ndarray]]] = {}
     for (rows, h), items in _grouped_chunks(xs, chunk).items():
-        n = min(topk, rows * h)
-        parsed = [parse_proof(proofs[i][c], topk, n) for i, c in items]
-        moduli = np.array([m for m, _ in parsed], dtype=np.int64)
-        coeffs = np.stack([c for _, c in parsed])
-        pos, got, _ = _select(xs, items, rows, h, chunk, topk)
+        pos, got, n = _select(xs, items, rows, h, chunk, topk)
+        by_n.setdefault(n, []).append((items, pos, got))
+    for n, parts in by_n.items():
+        items = [it for part in parts for it in part[0]]
+        moduli, coeffs = parse_proofs([proofs[i][c] for i, c in items], topk, n)
+        pos = np.concatenate([part[1] for part in parts])
+        got = np.concatenate([part[2] for part in parts])
         claimed = evaluate(coeffs, pos % moduli[:, None])
         for (i, c), res in zip(items, stats(claimed, got), strict=True):
             out[i][c] = res
     return [[r for r in rs if r is not None] for rs in out]
+
+
+def parse_proofs(data: Sequence[bytes], topk: int = TOPK, points: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`parse_proof` of many proofs: (moduli int64 [N], coefficients int64 [N, topk]).
+    Raises the `ProofFormatError` of the first malformed proof."""
+    size = proof_size(topk)
+    if all(isinstance(d, bytes) and len(d) == size for d in data):
+        words = np.frombuffer(b"".join(data), dtype=">u2").reshape(len(data), topk + 1).astype(np.int64)
+        moduli, coeffs = words[:, 0], words[:, 1:]
+        low = 1 if points is None else max(1, points)
+        if bool(((moduli >= low) & (moduli <= P)).all()) and int(coeffs.max(initial=0)) < P:
+            return moduli, coeffs
+    parsed = [parse_proof(d, topk, points) for d in data]  # raises for the first bad one
+    return np.array([m for m, _ in parsed], dtype=np.int64), np.stack([c for _, c in parsed])
+
+
+def _as_bf16_many(activations: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`_as_bf16` of each; one conversion and one finiteness check for all when they are
+    [T, H] tensors of one width and dtype."""
+    ok = all(isinstance(a, torch.Tensor) and a.dim() == 2 for a in activations)
+    if not ok or len({(a.shape[1], a.dtype, a.device) for a in activations}) != 1:
+        return [_as_bf16(a) for a in activations]
+    flat = _as_bf16(torch.cat([a.detach() for a in activations]))
+    out, start = [], 0
+    for a in activations:
+        out.append(flat[start : start + a.shape[0]])
+        start += a.shape[0]
+    return out
 
 
 def _compare(claimed: np.ndarray, got: np.ndarray) -> list[ChunkResult]:
