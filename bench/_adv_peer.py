@@ -193,8 +193,9 @@ class _Counting:
             s = self.collector.credit.standing(peer_id_from_b58(p))
             span = self.collector.ledger.standing(peer_id_from_b58(p))
             weight = self.standing.credit_weight(peer_id_from_b58(p))
-            credit[p] = {"credited": self.collector.credited_reward(peer_id_from_b58(p), weight=weight),
-                         "credit_weight": weight,
+            earned = self.collector.credited_reward(peer_id_from_b58(p))
+            credit[p] = {"earned": earned, "credit_weight": weight,
+                         "credited": None if earned is None else earned * weight,
                          "first": span.first if span else None, "last": span.last if span else None,
                          **(dataclasses.asdict(s) if s is not None else {})}
         return {

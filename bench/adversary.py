@@ -52,7 +52,8 @@ admitted. `published_version_shopping`: the same over V, V-1, V-2 (all published
 S; the true reward is V's); rejected as for `claimed_reward_lie`, per shopped counter.
 plus `shopping_reward_gain` (the reward the trainer's work ledger credits the counter
 shopper per produced counter, withheld ones counting 0 and a refused producer 0, divided by
-the honest workers' mean), `honest_credit_ratio` (the honest workers' credited mean reward
+the honest workers' mean), `honest_credit_ratio` (the honest workers' earned mean reward,
+before the probation cap of `protocol.standing.credit_weight`,
 over the mean reward their headers claim, which is their true one: 1.0 means credit costs
 honest work nothing) and `rss_mb_max` (peak RSS of any process).
 
@@ -366,7 +367,7 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
         trained = {rid for s in cheater["signers"] for rid in t_rep["trained"].get(s, [])}
         cheated = sum(rid in trained for rid in cheater.get("changed_ids", []))
     ratios = [c / r for w in workers
-              if (c := (t_rep["credit"].get(w) or {}).get("credited")) is not None
+              if (c := (t_rep["credit"].get(w) or {}).get("earned")) is not None
               and (r := t_rep["counted_reward"].get(w))]  # fmt: skip
     honest_credit = round(statistics.mean(ratios), 3) if ratios else None
     return {"attacks": attacks, "shopping_reward_gain": gain, "honest_credit_ratio": honest_credit,
