@@ -121,6 +121,8 @@ async def ask(host: SwarmHost, addr: str, *, probe: bool = False) -> Answer:
     With `probe`, one plain TCP connect first (`probe_tcp`) says why a dial that times out
     failed: the library retries a failed dial until the deadline and keeps the reason."""
     known = await probe_tcp(addr) if probe else None
+    if known is not None and known[0] == NO_ROUTE:  # a libp2p dial would only wait out its deadline
+        return Answer(addr, cause=known[0], detail=known[1])
     result = await host.connect(addr)
     if not result.ok:
         cause, detail = dial_cause(result.error or "", host.settings.dial_timeout_s)
