@@ -5,11 +5,16 @@ Public segment: a bootstrap + relay host (relay service with limits), a trainer 
 validator. Behind NAT: two workers behind cone NATs, one behind the symmetric variant.
 The peers are `bench._nat_peer` processes (a `SwarmHost` with circuit relay v2, AutoNAT
 and DCUtR), not the full role stack: a "rollout" is a payload of rollout size sent on a
-stream and acknowledged by the receiver. Figures:
+stream and acknowledged by the receiver. Then, without `--quick` (or with `--full-join`),
+on a fresh emulated network, one worker of the full role stack (`bench._reach_join`:
+real `swarm-node start` relay, trainer and validator of a small untrained policy):
 
-    join_s                 per worker: process start -> AutoNAT verdict, relay slot, the
-                           trainer dialing the relayed address, first payload acknowledged
-                           by the trainer
+    join_s                 per light worker ("cone-0", ...): process start -> AutoNAT
+                           verdict, relay slot, the trainer dialing the relayed address,
+                           first payload acknowledged by the trainer; "cone-full": a full
+                           `swarm-node start --role inference --join` behind a cone NAT,
+                           from its start to the validator's first passed audit of its
+                           rollouts (`join_s_measures` in the output says which were run)
     natted_delivery_ratio  payloads the workers sent that the trainer acknowledged / sent
     direct_upgrade_ratio   per NAT kind: pairs (worker-trainer, worker-validator,
                            worker-worker; "symmetric" when either end is behind it) on a
@@ -23,7 +28,8 @@ stream and acknowledged by the receiver. Figures:
                            under its reservation and circuit limits, newcomers refused,
                            and the honest workers still delivering everything through it
 
-`--quick`: fewer payloads and a shorter settle time.
+`--quick`: fewer payloads and a shorter settle time, no full-stack join (`--full-join`
+adds it, 30-60 s more).
 """
 
 from __future__ import annotations
@@ -42,6 +48,10 @@ from bench._netlab import PUBLIC_IP, NetLab, unavailable
 PAYLOAD_BYTES = 20_000
 KINDS = ("cone", "cone", "symmetric")
 MAX_CIRCUITS = 4
+LIGHT_JOIN = ("cone-0, cone-1, symmetric-2: light peers (bench._nat_peer), start -> first payload "
+              "acknowledged by the trainer")
+FULL_JOIN = ("cone-full: swarm-node start --role inference --join behind a cone NAT, start -> the "
+             "validator's first passed audit of its rollouts")
 
 
 def _name(peer: Any) -> str:
@@ -156,8 +166,15 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
                 async with trio.open_nursery() as nursery:
                     for p in out["peers"]:
                         nursery.start_soon(p.stop)
+    join_s = {f"{w.kind}-{i}": round(w.join_s, 3) for i, w in enumerate(workers)}
+    measures = LIGHT_JOIN
+    if opts.full_join:
+        _say("a full-stack worker joining from behind a cone NAT")
+        join_s["cone-full"] = round(await trio.to_thread.run_sync(_full_join), 3)
+        measures += "; " + FULL_JOIN
     return {
-        "join_s": {f"{w.kind}-{i}": round(w.join_s, 3) for i, w in enumerate(workers)},
+        "join_s": join_s,
+        "join_s_measures": measures,
         "natted_delivery_ratio": acked / sent if sent else 0.0,
         "direct_upgrade_ratio": {k: sum(v) / len(v) for k, v in upgrade.items()},
         "relay_bytes_ratio": relayed_bytes / all_bytes if all_bytes else 0.0,
@@ -168,8 +185,25 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
         "send_retries": retries,
         "payloads_per_worker": opts.payloads,
         "payload_bytes": PAYLOAD_BYTES,
-        "peers": "light (bench._nat_peer), not the full role stack",
+        "peers": "light (bench._nat_peer), not the full role stack, except join_s's cone-full",
     }
+
+
+def _full_join() -> float:
+    """`bench._reach_join`: one full-stack worker's join, on a fresh emulated network."""
+    import tempfile
+    from pathlib import Path
+
+    from bench._reach_join import FullStack
+
+    with tempfile.TemporaryDirectory(prefix="bench-reach-") as tmp, NetLab() as lab:
+        stack = FullStack(lab, Path(tmp))
+        try:
+            home = lab.add_nat("cone")
+            stack.start_public()
+            return stack.join(home)
+        finally:
+            stack.close()
 
 
 async def _connection_kinds(workers: list[Any], public: list[Any]) -> tuple[dict[str, list[bool]], list[str]]:
@@ -195,7 +229,10 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="swarm-node bench reach")
     parser.add_argument("--payloads", type=int, default=None, help="per worker and target")
     parser.add_argument("--settle", type=float, default=None, help="seconds for DCUtR")
+    parser.add_argument("--full-join", action=argparse.BooleanOptionalAction, default=None,
+                        help="also time a full-stack worker's join (default: on, off with --quick)")
     opts = parser.parse_args(args)
+    opts.full_join = not quick if opts.full_join is None else opts.full_join
     opts.payloads = opts.payloads or (10 if quick else 200)
     opts.settle = opts.settle or (10.0 if quick else 20.0)
     return trio.run(_main, opts)

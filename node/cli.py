@@ -199,6 +199,8 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
     type=click.Choice(["text", "json"]),
     help="Log lines on stderr: text, or one JSON object a line (or node.log_format).",
 )
+@click.option("--relay-limit", multiple=True, metavar="NAME=N",
+              help="Role relay: one of the [relay] limits, like max_reservations=64 (repeatable).")
 @_one_line_errors
 def start(**kwargs: Any) -> None:
     """Join a training run as one role (inference, trainer, validator, relay)."""

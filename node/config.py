@@ -155,6 +155,19 @@ NODE_KEYS: tuple[Key, ...] = (
         "a number in [0, 1]",
         "share of each producer's windows of 16 records audited whole (per-producer evidence)",
     ),
+    # The relay service's limits (`--role relay`; node.host_relay.RelayLimitsConfig's defaults)
+    Key("relay.max_reservations", 128, integer(1, 100_000), "an integer in [1, 100000]",
+        "peers holding a relay slot at once (one per peer id)"),
+    Key("relay.max_reservations_per_ip", 8, integer(1, 100_000), "an integer in [1, 100000]",
+        "of those, from one IP address"),
+    Key("relay.max_circuits_per_peer", 8, integer(1, 1024), "an integer in [1, 1024]",
+        "live relayed connections to one peer holding a slot"),
+    Key("relay.max_circuit_bytes", 256 * 1024**2, integer(1024, 2**40), "an integer of bytes in [1024, 2^40]",
+        "bytes one relayed connection may carry, both directions"),
+    Key("relay.max_circuit_s", 1800, integer(1, 7 * 86_400), "an integer in [1, 604800]",
+        "seconds one relayed connection may last"),
+    Key("relay.reservation_ttl_s", 3600, integer(10, 7 * 86_400), "an integer in [10, 604800]",
+        "a slot lasts this long unless the peer refreshes it"),
     Key(
         "store.max_bytes",
         4 * 1024**3,
@@ -244,5 +257,10 @@ def load_config(path: Path | None = None, overrides: Mapping[str, Any] | None = 
         raise CommandError(
             "network.heartbeat_timeout_s: expected more than network.heartbeat_interval_s"
             f" ({values['network.heartbeat_interval_s']}), got {values['network.heartbeat_timeout_s']}"
+        )
+    if values["relay.max_reservations_per_ip"] > values["relay.max_reservations"]:
+        raise CommandError(
+            "relay.max_reservations_per_ip: expected at most relay.max_reservations"
+            f" ({values['relay.max_reservations']}), got {values['relay.max_reservations_per_ip']}"
         )
     return Config(values)

@@ -3,15 +3,19 @@ answer: what `swarm-node start --join`, `swarm-node runs` and `swarm-node doctor
 
 `ask(host, addr)` dials one multiaddr and asks it over `node.run_exchange`; the answer
 (`Answer`) holds the runs served, the round trip, the peer's clock offset, or the cause of
-the failure (`dial_cause`, `stream_cause`). `choose(answers, pin, current)` picks the
+the failure (`dial_cause`, `stream_cause`; `probe_tcp` asks the OS why when a dial timed
+out: no route, refused). `choose(answers, pin, current)` picks the
 release to join with `protocol.run_manifest.check`.
 """
 
 from __future__ import annotations
 
+import errno
 import re
 import time
 from dataclasses import dataclass, field
+
+import trio
 
 from node import run_exchange
 from node.host import PeerError, SwarmHost
@@ -23,6 +27,9 @@ REFUSED = "refused"
 TIMED_OUT = "timed out"
 PROTOCOL_MISMATCH = "protocol mismatch"
 NOT_SERVED = "run not served"
+NO_ROUTE = "no route"
+PROBE_TIMEOUT_S = 3.0
+UNCONNECTED = (WRONG_PEER, REFUSED, TIMED_OUT, NO_ROUTE)  # causes that leave no connection
 
 
 def quiet_library_logs() -> None:
@@ -64,11 +71,11 @@ def dial_cause(error: str, timeout_s: float) -> tuple[str, str]:
         return WRONG_PEER, f"the address answers with another key than its /p2p/ id{who}"
     if "refused" in text:
         return REFUSED, "connection refused: nothing listens on that port (closed port or a rejecting firewall)"
-    if "no answer within" in text or "timed out" in text or "timeout" in text:
-        return TIMED_OUT, (f"no answer within {timeout_s:g} s (no route, a firewall dropping "
-                           "packets, or the host is down)")
     if "unreachable" in text or "no route" in text:
-        return TIMED_OUT, f"no route to the host ({error})"
+        return NO_ROUTE, f"this machine has no route to that address (a router said so: {error})"
+    if "no answer within" in text or "timed out" in text or "timeout" in text:
+        return TIMED_OUT, (f"no answer within {timeout_s:g} s (a firewall dropping packets, "
+                           "no route, or the host is down)")
     return REFUSED, error
 
 
@@ -88,11 +95,39 @@ def stream_cause(exc: PeerError) -> tuple[str, str]:
     return REFUSED, str(exc)
 
 
-async def ask(host: SwarmHost, addr: str) -> Answer:
-    """Dial `addr` and ask which runs it serves; never raises for a remote failure."""
+async def probe_tcp(addr: str, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, str] | None:
+    """(cause, detail) when one plain TCP connect to `addr`'s IP and port fails at once with
+    a reason the OS knows (no route, refused); None when it connects or just times out."""
+    parts = addr.strip("/").split("/")
+    if len(parts) < 4 or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp":
+        return None
+    try:
+        family = trio.socket.AF_INET if parts[0] == "ip4" else trio.socket.AF_INET6
+        with trio.socket.socket(family) as sock, trio.move_on_after(timeout_s):
+            await sock.connect((parts[1], int(parts[3])))
+    except (OSError, ValueError) as exc:
+        if not isinstance(exc, OSError):
+            return None
+        if exc.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+            return NO_ROUTE, f"this machine has no route to {parts[1]} ({exc.strerror})"
+        if exc.errno == errno.ECONNREFUSED:
+            return dial_cause("refused", timeout_s)
+    return None
+
+
+async def ask(host: SwarmHost, addr: str, *, probe: bool = False) -> Answer:
+    """Dial `addr` and ask which runs it serves; never raises for a remote failure.
+
+    With `probe`, one plain TCP connect first (`probe_tcp`) says why a dial that times out
+    failed: the library retries a failed dial until the deadline and keeps the reason."""
+    known = await probe_tcp(addr) if probe else None
+    if known is not None and known[0] == NO_ROUTE:  # a libp2p dial would only wait out its deadline
+        return Answer(addr, cause=known[0], detail=known[1])
     result = await host.connect(addr)
     if not result.ok:
         cause, detail = dial_cause(result.error or "", host.settings.dial_timeout_s)
+        if cause == TIMED_OUT and known is not None:
+            cause, detail = known
         return Answer(addr, result.peer, cause=cause, detail=detail)
     assert result.peer is not None
     sent = time.time()

@@ -39,7 +39,7 @@ from node.dropped_by import DroppedBy
 from node.gossip import BATCH_TOPICS, TOPIC_KINDS, Outbox, topic_name
 from node.host import AGENT, Later, Misbehaviour, PeerEvent, SwarmHost, open_host
 from node.host_reachability import open_reachability
-from node.host_relay import RelayLimitsConfig, open_relay
+from node.host_relay import open_relay
 from node.ledger_writer import LedgerWriter
 from node.nat_upkeep import NatUpkeep
 from node.peer_config import PeerConfig, SeqCounter
@@ -522,7 +522,7 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
             scores=PeerScores(records=records),
         )
         async with open_host(cfg.identity.private_bytes(), list(cfg.listen), cfg.host) as host, \
-                open_relay(host, RelayLimitsConfig() if "relay" in cfg.roles else None) as relay, \
+                open_relay(host, cfg.relay if "relay" in cfg.roles else None) as relay, \
                 open_reachability(host) as reach:
             peer = Peer(cfg, host, store, admission, weights_store)
             peer.nat = NatUpkeep(host, relay, reach, cfg.bootstrap, greet=peer.discovery.greet)

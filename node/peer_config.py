@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from node.host import HostSettings
+from node.host_relay import RelayLimitsConfig
 from node.weights_sync import WeightSettings
 from protocol import body_pull as bp
 from protocol.admission import AdmissionConfig
@@ -35,6 +36,7 @@ class PeerConfig:
     header_batch: int = MAX_HEADER_BATCH // 2  # headers per gossip message at most (1: no batching)
     store_max_bytes: int | None = None  # the store prunes to stay under it (node.store_retention)
     drain_timeout_s: float = 15.0  # at stop: publish queued headers/verdicts for this long at most
+    relay: RelayLimitsConfig = field(default_factory=RelayLimitsConfig)  # the relay service's (role relay)
 
 
 class SeqCounter:

@@ -1,16 +1,17 @@
-"""What a node can tell about how others reach it: the addresses peers observe it at
-(libp2p identify), whether it is publicly reachable, the relay it uses.
+"""What a node can tell about how others reach it, in plain lines for `swarm-node doctor`:
+the addresses peers observe it at (identify), whether it is publicly reachable (an AutoNAT
+dial-back by the peers asked, `node.host_reachability`), and the relay it uses or would
+use (a relay announces the circuit relay v2 hop protocol through identify).
 
-`node.host_identify.observed_addr(host, peer)` asks one connected peer over identify;
-`describe(...)` turns what is known into plain lines for `swarm-node doctor`. Today a node
-learns its observed addresses only; reachability checks by dial-back and relays add their
-facts to `Reachability` and their lines to `describe`.
+`describe(r)` returns (level, text) pairs, level one of `ok`, `info`, `warn`, `FAIL`; a
+`FAIL` line's cause is `NO_RELAY`.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass, field
+
+NO_RELAY = "no relay"
 
 
 @dataclass
@@ -19,37 +20,55 @@ class Reachability:
 
     listen: list[str]
     observed: dict[str, str] = field(default_factory=dict)  # peer -> our address as it sees it
-    relay: str | None = None  # the relay in use, None: none configured
+    dial_back: str = "unknown"  # AutoNAT's verdict: public | private | unknown (not asked)
+    asked: list[str] = field(default_factory=list)  # the peers asked to dial us back
+    relays: dict[str, str] = field(default_factory=dict)  # relay peer -> its address
+    relay: str | None = None  # the relay in use (a running node), None: none
 
 
-def _is_public(addr: str) -> bool | None:
-    parts = addr.strip("/").split("/")
-    if len(parts) < 2 or parts[0] not in ("ip4", "ip6"):
-        return None
-    try:
-        ip = ipaddress.ip_address(parts[1])
-    except ValueError:
-        return None
-    return ip.is_global
+def _short(peer: str) -> str:
+    return f"{peer[:12]}..."
 
 
-def describe(r: Reachability) -> list[str]:
-    """Plain lines: observed addresses, public or not, the relay in use."""
-    lines = []
+def describe(r: Reachability) -> list[tuple[str, str]]:
+    """(level, text): observed addresses, publicly reachable or not, the relay."""
+    lines: list[tuple[str, str]] = []
     if r.observed:
         for peer, addr in sorted(r.observed.items()):
-            lines.append(f"observed address: {addr} (as {peer[:12]}... sees us, by identify)")
+            lines.append(("info", f"observed address: {addr} (as {_short(peer)} sees us, by identify)"))
     else:
-        lines.append("observed address: none yet (no peer told us by identify)")
-    seen = set(r.observed.values())
-    public = [a for a in seen if _is_public(a)]
-    if public:
-        lines.append(f"reachability: peers see a public address ({', '.join(sorted(public))}); "
-                     "not checked by dial-back")
-    elif seen:
-        lines.append("reachability: peers see only private or loopback addresses: reachable "
-                     "inside this network; not checked by dial-back")
-    else:
-        lines.append("reachability: unknown")
-    lines.append(f"relay: {r.relay}" if r.relay else "relay: no relay configured")
+        lines.append(("info", "observed address: none yet (no peer told us by identify)"))
+    lines.append(_reachable_line(r))
+    lines.append(_relay_line(r))
     return lines
+
+
+def _reachable_line(r: Reachability) -> tuple[str, str]:
+    asked = ", ".join(_short(p) for p in r.asked)
+    if r.dial_back == "public":
+        return "ok", f"reachable: publicly reachable: {asked} dialed us back on a fresh connection (AutoNAT)"
+    if r.dial_back == "private":
+        return "info", (f"reachable: not publicly reachable: {asked} could not dial us back (AutoNAT): "
+                        "behind a NAT or a firewall; other peers reach this node through a relay")
+    if not r.asked:
+        return "warn", "reachable: unknown: no peer answered to dial us back"
+    return "warn", f"reachable: unknown: {asked} gave no verdict (AutoNAT)"
+
+
+def _relay_line(r: Reachability) -> tuple[str, str]:
+    if r.relay:
+        return "ok", f"relay: in use: {r.relay}"
+    first = next(iter(sorted(r.relays.values())), None)
+    if r.dial_back == "public":
+        offer = f"; on offer: {first}" if first else ""
+        return "ok", f"relay: none needed (publicly reachable){offer}"
+    if first and r.dial_back == "private":
+        return "ok", (f"relay: would use {first} (announced through identify); peers would reach "
+                      "this node at its /p2p-circuit address")
+    if first:
+        return "info", f"relay: would use {first} if not publicly reachable (announced through identify)"
+    if r.dial_back == "private":
+        return "FAIL", (f"relay: {NO_RELAY}: not publicly reachable and no bootstrap peer announces a "
+                        "relay (circuit relay v2 hop, by identify): no peer could reach this node; "
+                        "join through a peer started with --role relay")
+    return "info", "relay: none announced by the bootstrap peers"

@@ -3,8 +3,10 @@ can this machine join the run? One plain line per check, each starting with `ok`
 `FAIL` or `info`:
 
     listen and observed addresses; each bootstrap peer answered or why not (refused or
-    closed port, timed out, wrong peer id, protocol mismatch, run not served);
-    reachability and the relay in use (`node.reachability`); clock skew against the
+    closed port, no route, timed out, wrong peer id, protocol mismatch, run not served);
+    publicly reachable or not (the bootstrap peers asked to dial us back, AutoNAT) and the
+    relay it would use (one a bootstrap peer announces by identify), `node.reachability`;
+    not reachable with no relay on offer fails (`no relay`); clock skew against the
     peers; free disk, memory and CPUs for the role; the manifest's authority and version.
 
 The last line says whether the node could join, and if not why. Exit 0 when it could, 1
@@ -25,6 +27,8 @@ import click
 from node.errors import CommandError
 
 CHECK_TIMEOUT_S = 60.0
+DIAL_BACK_TIMEOUT_S = 12.0  # one bootstrap peer's AutoNAT answer (its dial-backs time out in 3 s each)
+MAX_DIAL_BACK = 3  # bootstrap peers asked to dial us back
 MAX_SKEW_MS = 120_000  # what admission tolerates on envelope timestamps (max_skew_s)
 WARN_SKEW_MS = 10_000
 GiB = 2**30
@@ -50,6 +54,13 @@ class Report:
     def fail(self, text: str, why: str | None = None) -> None:
         self.lines.append(f"FAIL {text}")
         self.problems.append(why or text)
+
+    def add(self, level: str, text: str, why: str | None = None) -> None:
+        """A line of `level` (ok, info, warn, FAIL); `why` is a failure's cause."""
+        if level == "FAIL":
+            self.fail(text, why)
+        else:
+            {"ok": self.ok, "info": self.info, "warn": self.warn}[level](text)
 
 
 def main(*, join: tuple[str, ...] = (), run: Path | None = None, bootstrap: tuple[str, ...] = (),
@@ -110,30 +121,39 @@ async def _network_checks(report: Report, listen: list[str], addrs: list[str], s
 
     from node import join
     from node.host import ListenFailed, open_host
-    from node.host_identify import observed_addr
-    from node.reachability import Reachability, describe
+    from node.host_identify import identify
+    from node.host_reachability import open_reachability
+    from node.host_relay import RELAY_HOP_PROTOCOL
+    from node.reachability import NO_RELAY, Reachability, describe
     from protocol.identity import Identity
 
     answers: list[join.Answer] = []
     reach = Reachability(listen=[])
     try:
         with trio.move_on_after(CHECK_TIMEOUT_S):
-            async with open_host(Identity.generate().private_bytes(), listen, settings) as host:
+            async with open_host(Identity.generate().private_bytes(), listen, settings) as host, \
+                    open_reachability(host) as autonat:
                 reach.listen = host.listen_addrs()
                 report.ok(f"listen: {', '.join(reach.listen)}")
                 for addr in addrs:
-                    answer = await join.ask(host, addr)
+                    answer = await join.ask(host, addr, probe=True)
                     answers.append(answer)
-                    if answer.peer and answer.cause not in (join.WRONG_PEER, join.REFUSED, join.TIMED_OUT):
-                        seen = await observed_addr(host, answer.peer)
-                        if seen:
-                            reach.observed[answer.peer] = seen
+                    if answer.peer and answer.cause not in join.UNCONNECTED:
+                        said = await identify(host, answer.peer)
+                        if said.observed:
+                            reach.observed[answer.peer] = said.observed
+                        if RELAY_HOP_PROTOCOL in said.protocols:
+                            reach.relays[answer.peer] = addr
+                connected = set(host.connected_peers())
+                reach.asked = [a.peer for a in answers if a.peer in connected][:MAX_DIAL_BACK]
+                if reach.asked:
+                    reach.dial_back = await autonat.check(reach.asked, DIAL_BACK_TIMEOUT_S)
     except (ListenFailed, OSError) as exc:
         report.fail(f"listen: cannot listen on {', '.join(listen)}: {exc}", "cannot listen")
         return
     _bootstrap_lines(report, addrs, answers, local)
-    for line in describe(reach):
-        report.info(line)
+    for level, text in describe(reach):
+        report.add(level, text, NO_RELAY)
     _clock_lines(report, answers)
     if joining:
         _joined_manifest(report, answers, flag, data_dir)

@@ -187,6 +187,7 @@ def main(
     engine: str | None = None,
     join: Sequence[str] = (),
     authority: str | None = None,
+    relay_limit: Sequence[str] = (),
 ) -> None:
     """Run a node until SIGINT/SIGTERM or `duration` seconds; see the module docstring.
     Flags override the config file; paths resolve as `node.paths` says."""
@@ -212,6 +213,7 @@ def main(
             "validator.audit_fraction": audit_fraction,
             "trainer.publish_every_s": publish_every,
             "network.upload_limit_mib_s": upload_limit,
+            **parse_relay_limits(relay_limit),
         },
     )
     role = cfg["node.role"]
@@ -355,7 +357,31 @@ def _peer_config(role: str, manifest: Any, identity: Any, data_dir: Path, listen
         # The trainer knows which versions exist: a rollout of any other costs its signer.
         admission=AdmissionConfig(publishes_versions=role == "trainer"),
         host=settings, weights=_weight_settings(cfg), store_max_bytes=cfg["store.max_bytes"],
+        relay=relay_limits(cfg),
     )
+
+
+def parse_relay_limits(items: Sequence[str]) -> dict[str, Any]:
+    """`--relay-limit NAME=INTEGER` flags as config overrides (`relay.NAME`)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[f"relay.{name.strip()}"] = int(value)
+        except ValueError:
+            raise CommandError(f"--relay-limit: expected NAME=INTEGER (like max_reservations=64), got {item!r}") from None
+    return out
+
+
+def relay_limits(cfg: Any) -> Any:
+    """The relay service's limits from the config's `[relay]` keys."""
+    from node.host_relay import RelayLimitsConfig
+
+    names = ("max_reservations", "max_reservations_per_ip", "max_circuits_per_peer", "max_circuit_bytes",
+             "max_circuit_s", "reservation_ttl_s")
+    return RelayLimitsConfig(**{name: cfg[f"relay.{name}"] for name in names})
 
 
 def _host_settings(cfg: Any) -> Any:
