@@ -137,23 +137,9 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
                 await a.ask({"cmd": "connect", "addr": b.relayed})
             _say("letting DCUtR try the upgrades")
             await trio.sleep(opts.settle)
-            sent = acked = relayed_bytes = all_bytes = 0
-            relayed_ms: list[float] = []
-            errors: list[str] = []
-            retries = 0
-            for w in workers:
-                kinds = (await w.ask({"cmd": "stats"}))["kinds"]
-                for target in (trainer, validator, *[o for o in workers if o is not w]):
-                    r = await w.ask({"cmd": "send", "peer": target.peer_id, "n": opts.payloads,
-                                     "size": PAYLOAD_BYTES}, timeout=30 + 5 * opts.payloads)
-                    errors += r["errors"]
-                    retries += r["retries"]
-                    if target is trainer:
-                        sent, acked = sent + opts.payloads, acked + r["sent"]
-                    all_bytes += r["sent"] * PAYLOAD_BYTES
-                    if kinds.get(target.peer_id) == "relayed":
-                        relayed_bytes += r["sent"] * PAYLOAD_BYTES
-                        relayed_ms += r["ms"]
+            t = await _send_all(workers, trainer, validator, opts.payloads)
+            sent, acked, relayed_bytes, all_bytes = t["sent"], t["acked"], t["relayed_bytes"], t["all_bytes"]
+            relayed_ms, errors, retries = t["relayed_ms"], t["errors"], t["retries"]
             trainer.kind, validator.kind = "trainer", "validator"
             upgrade, pairs = await _connection_kinds(workers, [trainer, validator])
             _say("flooding the relay")
@@ -204,6 +190,27 @@ def _full_join() -> float:
             return stack.join(home)
         finally:
             stack.close()
+
+
+async def _send_all(workers: list[Any], trainer: Any, validator: Any, payloads: int) -> dict[str, Any]:
+    """Each worker sends `payloads` payloads to every other peer; what arrived, by path."""
+    t: dict[str, Any] = {"sent": 0, "acked": 0, "relayed_bytes": 0, "all_bytes": 0,
+                         "relayed_ms": [], "errors": [], "retries": 0}
+    for w in workers:
+        kinds = (await w.ask({"cmd": "stats"}))["kinds"]
+        for target in (trainer, validator, *[o for o in workers if o is not w]):
+            r = await w.ask({"cmd": "send", "peer": target.peer_id, "n": payloads,
+                             "size": PAYLOAD_BYTES}, timeout=30 + 5 * payloads)
+            t["errors"] += r["errors"]
+            t["retries"] += r["retries"]
+            if target is trainer:
+                t["sent"] += payloads
+                t["acked"] += r["sent"]
+            t["all_bytes"] += r["sent"] * PAYLOAD_BYTES
+            if kinds.get(target.peer_id) == "relayed":
+                t["relayed_bytes"] += r["sent"] * PAYLOAD_BYTES
+                t["relayed_ms"] += r["ms"]
+    return t
 
 
 async def _connection_kinds(workers: list[Any], public: list[Any]) -> tuple[dict[str, list[bool]], list[str]]:
