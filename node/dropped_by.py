@@ -26,11 +26,14 @@ __all__ = ["DroppedBy"]
 
 log = logging.getLogger("swarm.peer")
 
+LOG_EVERY_S = 60.0
+
 
 @dataclass
 class _Told:
     reason: str
     until: float
+    logged: float  # when we last logged what it said
 
 
 @dataclass
@@ -66,15 +69,18 @@ class DroppedBy:
         return False
 
     def told(self, peer: str, reason: str, until: float, now: float) -> None:
-        """`peer` said it refuses us for `reason` until `until` (unix time): logged when
-        it is news (a new reason or a later end), shown until then."""
+        """`peer` said it refuses us for `reason` until `until` (unix time): shown until
+        then; logged when it is news (a new reason or a later end), at most once a
+        `LOG_EVERY_S` per peer."""
         before = self._told.pop(peer, None)
         if until <= now:
             return
-        self._told[peer] = _Told(reason, until)
+        news = before is None or before.reason != reason or until > before.until + LOG_EVERY_S
+        log_it = news and (before is None or now - before.logged >= LOG_EVERY_S)
+        self._told[peer] = _Told(reason, until, now if log_it else before.logged)  # type: ignore[union-attr]
         while len(self._told) > self.keep:
             del self._told[next(iter(self._told))]
-        if before is None or before.reason != reason or until > before.until + 60:
+        if log_it:
             log.warning(
                 "peer %s refuses us: %s, until %s (%.0f s more; as it says)", peer, reason,
                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(until)), until - now,

@@ -43,7 +43,15 @@ def test_a_goodbye_reads_back_only_from_its_signer_for_its_receiver() -> None:
     assert far is not None and far.until == now + MAX_UNTIL_S and far.reason == "ban?[2J"
 
 
-def test_what_a_peer_told_is_shown_until_its_end_and_bounded() -> None:
+def test_what_a_peer_told_is_shown_until_its_end_and_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    d = DroppedBy(keep=4)
+    for i in range(20):  # a peer changing its story cannot flood our log
+        d.told("X", f"banned: {i}", 500.0, 100.0 + i)
+    assert d.status(130.0)["X"]["reason"] == "banned: 19"
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(500.0))
+    logged = [r.getMessage() for r in caplog.records]
+    assert logged.count(f"peer X refuses us: banned: 0, until {at} (400 s more; as it says)") == 1
+    assert sum("refuses us" in r.getMessage() for r in caplog.records) == 1
     d = DroppedBy(keep=4)
     d.on_event("told", "B", "banned: x", 100.0, until=200.0)
     assert d.status(150.0) == {"B": {"closes": 0, "reason": "banned: x", "until": 200.0, "told": True}}
