@@ -9,6 +9,7 @@ drop every peer when it wakes up."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections import deque
@@ -23,10 +24,13 @@ from node.framed_stream import FramedStream, HostError
 if TYPE_CHECKING:
     from node.host import HostSettings
 
+log = logging.getLogger("swarm.host")
+
 PING_PROTOCOL = TProtocol("/ipfs/ping/1.0.0")  # workaround 17: the standard ping
 PING_BYTES = 32
 STALL_TICK_S = 0.25
 STALL_MIN_S = 0.5  # a tick this late (beyond its period) is a stall of our loop
+STALL_LOG_S = 2.0
 
 
 class LoopStalls:
@@ -44,6 +48,8 @@ class LoopStalls:
             late = now - self.last_tick - STALL_TICK_S
             if late > STALL_MIN_S:
                 self._stalls.append((now, late))
+                if late > STALL_LOG_S:
+                    log.info("this process stood still for %.1f s (not held against peers)", late)
             self.last_tick = now
 
     def since(self, start: float, now: float) -> float:
