@@ -3,9 +3,10 @@
 Before the host closes a peer it banned (when it bans it, and when the banned peer connects
 again), it sends that peer one short goodbye: why, and until when (unix time), signed with
 the host's key over a domain-separated message that names the receiver. Bounded: one frame
-of at most `MAX_GOODBYE_BYTES`, `GOODBYE_S` to open, send and close it, at most one goodbye
-to a peer every `REPEAT_S` (a banned peer redialling in a loop gets no more), and a ban's
-disconnect never waits longer than that.
+of at most `MAX_GOODBYE_BYTES`, `GOODBYE_S` to open, send and close it (in up to
+`SEND_ATTEMPTS` tries), at most one goodbye to a peer every `REPEAT_S` (a banned peer
+redialling in a loop gets no more); the disconnects of a peer being banned wait for its
+goodbye at most `2 * GOODBYE_S`.
 
 A goodbye received is for display only: the refused node logs it and shows it in its
 `status.json` (`dropped_by`) and metrics, as a `PeerEvent("told", peer, reason, until)`.
@@ -36,7 +37,9 @@ __all__ = ["GOODBYE_PROTOCOL", "Goodbye", "Goodbyes", "goodbye_message", "parse_
 log = logging.getLogger("swarm.host")
 
 GOODBYE_PROTOCOL = "/swarm-rl/goodbye/1"
-GOODBYE_S = 2.0
+GOODBYE_S = 4.0
+SEND_ATTEMPTS = 3
+RETRY_PAUSE_S = 0.3
 REPEAT_S = 60.0
 MAX_GOODBYE_BYTES = 512
 MAX_REASON_CHARS = 160
@@ -153,14 +156,18 @@ class Goodbyes:
                 pending[1].set()
 
     async def _send(self, peer: str, reason: str, until: float) -> None:
-        try:
-            stream = await self.host.open_stream(peer, GOODBYE_PROTOCOL)
+        for attempt in range(SEND_ATTEMPTS):  # a connection still being set up refuses streams
             try:
-                await stream.send(goodbye_message(self.identity, peer, reason, until))
-            finally:
-                await stream.close()
-        except Exception as exc:  # a peer gone already (PeerError...): nothing to tell
-            log.debug("goodbye to %s not sent: %s", peer[:12], exc)
+                stream = await self.host.open_stream(peer, GOODBYE_PROTOCOL)
+                try:
+                    await stream.send(goodbye_message(self.identity, peer, reason, until))
+                finally:
+                    await stream.close()
+                break
+            except Exception as exc:  # a peer gone already (PeerError...): nothing to tell
+                log.debug("goodbye to %s not sent (attempt %d): %s", peer[:12], attempt + 1, exc)
+                await trio.sleep(RETRY_PAUSE_S)
+        else:
             return
         self.said += 1
         self._said.pop(peer, None)
