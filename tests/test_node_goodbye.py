@@ -143,3 +143,24 @@ async def test_a_peer_process_banned_for_garbage_says_who_refused_it_why_and_unt
             await p.stop()
     log = (tmp_path / "evil.log").read_text()
     assert f"peer {honest.peer_id} refuses us: banned: score below threshold" in log, log[-3000:]
+
+
+def test_status_shows_who_refused_us_why_and_until_when(tmp_path: Path) -> None:
+    import json
+
+    from node.store import Store
+    from tests.support.cli import run_cli
+
+    Store.open(tmp_path).close()
+    until = time.time() + 3000
+    (tmp_path / "status.json").write_text(json.dumps({
+        "pid": 999_999_999, "time": time.time(), "peers": 0,
+        "dropped_by": {"12D3KooWB": {"closes": 0, "reason": "banned: score below threshold", "until": until,
+                                     "told": True},
+                       "12D3KooWC": {"closes": 4, "reason": "connection closed", "until": until}},
+    }))  # fmt: skip
+    r = run_cli("status", "--data-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    at = time.strftime("%H:%M:%S", time.localtime(until))
+    assert f"refused by      12D3KooWB: banned: score below threshold, until {at} (as it told us)" in r.stdout
+    assert "dropped by      12D3KooWC: closed our connections 4 times" in r.stdout, r.stdout
