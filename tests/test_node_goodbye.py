@@ -69,6 +69,7 @@ def _cfg(tmp: Path, name: str, manifest, **kw) -> PeerConfig:  # type: ignore[no
 
 
 @pytest.mark.network
+@pytest.mark.slow
 async def test_a_banned_peer_is_told_and_a_replayed_goodbye_costs_nothing(tmp_path: Path) -> None:
     manifest = net_manifest("goodbye")
     async with (
