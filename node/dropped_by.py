@@ -1,6 +1,6 @@
 """Peers that refuse this node: what they told us, and what we can see.
 
-A peer that bans us tells us so before it closes (`node.host_goodbye`: a signed goodbye
+A peer that bans us, or refuses us at its connection cap, tells us so before it closes (`node.host_goodbye`: a signed goodbye
 with the reason and until when); `DroppedBy.told` records it at once (logged once, in
 `status.json` under `dropped_by` with `"told": true`, in metrics as
 `swarm_refused_by_peers`), until the time it gave (clamped to a week). What a peer tells

@@ -1,7 +1,7 @@
 """Telling a peer we refuse it, and hearing that a peer refuses us (`/swarm-rl/goodbye/1`).
 
 Before the host closes a peer it banned (when it bans it, and when the banned peer connects
-again), it sends that peer one short goodbye: why, and until when (unix time), signed with
+again) or a newcomer it refuses at its connection cap, it sends that peer one short goodbye: why, and until when (unix time), signed with
 the host's key over a domain-separated message that names the receiver. Bounded: one frame
 of at most `MAX_GOODBYE_BYTES`, `GOODBYE_S` to open, send and close it (in up to
 `SEND_ATTEMPTS` tries), at most one goodbye to a peer every `REPEAT_S` (a banned peer
@@ -127,11 +127,12 @@ class Goodbyes:
             self._pending.pop(peer, None)
 
     async def refuse(
-        self, peer: str, until: float, close: Callable[[str], Awaitable[None]]
+        self, peer: str, until: float, close: Callable[[str], Awaitable[None]], reason: str = ""
     ) -> None:
-        """A banned peer connected: tell it why (what we told it at the ban), then close.
-        A peer told within `REPEAT_S` is closed at once (a redial loop gets no more)."""
-        reason = self._said[peer][1] if peer in self._said else "banned"
+        """A peer we refuse connected: tell it why (`reason`, or what we told it at its ban),
+        then close. A peer told within `REPEAT_S` is closed at once (a redial loop gets no
+        more)."""
+        reason = reason or (self._said[peer][1] if peer in self._said else "banned")
         await self.say(peer, reason, until)
         await close(peer)
 
