@@ -1,15 +1,16 @@
 """Peers that refuse this node: what they told us, and what we can see.
 
-A peer that bans us, or refuses us at its connection cap, tells us so before it closes (`node.host_goodbye`: a signed goodbye
-with the reason and until when); `DroppedBy.told` records it at once (logged once, in
-`status.json` under `dropped_by` with `"told": true`, in metrics as
-`swarm_refused_by_peers`), until the time it gave (clamped to a week). What a peer tells
-us is shown, never acted on. A peer that finds us over its limits, or an older node,
-closes our connections without a word: `DroppedBy` also counts the connections each remote peer closed within
-`window_s`; from `threshold` closes in a window on, the peer is reported (in the node's
-log once, in `status.json` under `dropped_by`, in metrics as `swarm_dropped_by_peers`)
-with the count, the last reason the host saw, and the time the report lapses if the
-closes stop. Peers we banned ourselves are not counted (we closed those).
+A peer that bans us, or refuses us at its connection cap, tells us so before it closes
+(`node.host_goodbye`: a signed goodbye with the reason and until when); `DroppedBy.told`
+records it at once (logged, in `status.json` under `dropped_by` with `"told": true`, in
+metrics as `swarm_refused_by_peers`) until the time it gave (clamped to a week). What a
+peer tells us is shown, never acted on. A peer that finds us over its other limits, or an
+older node, closes our connections without a word: `DroppedBy` also counts the
+connections each remote peer closed within `window_s`; from `threshold` closes in a
+window on, the peer is reported (in the node's log once, in `status.json` under
+`dropped_by`, in metrics as `swarm_dropped_by_peers`) with the count, the last reason the
+host saw, and the time the report lapses if the closes stop. Peers we banned ourselves
+are not counted (we closed those).
 
 Pure bookkeeping: no IO; bounded to `keep` peers (the oldest forgotten first).
 """
