@@ -3,8 +3,9 @@
 Its parts: `node.libp2p_patches` (process-wide patches of library internals, each listed
 with the test that guards it), `node.framed_stream` (framed streams and the errors,
 re-exported here), `node.host_limits`, `node.host_gossip`, `node.host_heartbeat`,
-`node.host_listen` (mixins and helpers of `SwarmHost`), `node.gossip_guard`,
-`node.host_relay` (circuit relay v2) and `node.host_reachability` (AutoNAT, DCUtR).
+`node.host_listen` (mixins and helpers of `SwarmHost`), `node.host_goodbye` (telling a
+refused peer why), `node.gossip_guard`, `node.host_relay` (circuit relay v2) and
+`node.host_reachability` (AutoNAT, DCUtR).
 
 What this module owns
 ---------------------
