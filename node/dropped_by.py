@@ -1,11 +1,16 @@
-"""Peers that keep closing this node's connections: the node's view of being refused.
+"""Peers that refuse this node: what they told us, and what we can see.
 
-A peer that banned us, or finds us over its limits, closes every connection we open; we
-are not told why. `DroppedBy` counts the connections each remote peer closed within
-`window_s`; from `threshold` closes in a window on, the peer is reported (in the node's
-log once, in `status.json` under `dropped_by`, in metrics as `swarm_dropped_by_peers`)
-with the count, the last reason the host saw, and the time the report lapses if the
-closes stop. Peers we banned ourselves are not counted (we closed those).
+A peer that bans us, or refuses us at its connection cap, tells us so before it closes
+(`node.host_goodbye`: a signed goodbye with the reason and until when); `DroppedBy.told`
+records it at once (logged, in `status.json` under `dropped_by` with `"told": true`, in
+metrics as `swarm_refused_by_peers`) until the time it gave (clamped to a week). What a
+peer tells us is shown, never acted on. A peer that finds us over its other limits, or an
+older node, closes our connections without a word: `DroppedBy` also counts the
+connections each remote peer closed within `window_s`; from `threshold` closes in a
+window on, the peer is reported (in the node's log once, in `status.json` under
+`dropped_by`, in metrics as `swarm_dropped_by_peers`) with the count, the last reason the
+host saw, and the time the report lapses if the closes stop. Peers we banned ourselves
+are not counted (we closed those).
 
 Pure bookkeeping: no IO; bounded to `keep` peers (the oldest forgotten first).
 """
@@ -13,6 +18,7 @@ Pure bookkeeping: no IO; bounded to `keep` peers (the oldest forgotten first).
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -20,6 +26,15 @@ __all__ = ["DroppedBy"]
 
 
 log = logging.getLogger("swarm.peer")
+
+LOG_EVERY_S = 60.0
+
+
+@dataclass
+class _Told:
+    reason: str
+    until: float
+    logged: float  # when we last logged what it said
 
 
 @dataclass
@@ -37,6 +52,7 @@ class DroppedBy:
         self.threshold = threshold
         self.keep = keep
         self._peers: dict[str, _Closes] = {}
+        self._told: dict[str, _Told] = {}  # peer -> what it said, the latest last
 
     def closed(self, peer: str, now: float, reason: str = "") -> bool:
         """Record that `peer` closed a connection; True the first time it crosses the
@@ -53,10 +69,30 @@ class DroppedBy:
             return True
         return False
 
-    def on_event(self, kind: str, peer: str, reason: str, now: float) -> None:
-        """A host peer event: a remote close counts (logged once past the threshold); our
-        own ban of the peer clears its record."""
-        if kind == "banned":
+    def told(self, peer: str, reason: str, until: float, now: float) -> None:
+        """`peer` said it refuses us for `reason` until `until` (unix time): shown until
+        then; logged when it is news (a new reason or a later end), at most once a
+        `LOG_EVERY_S` per peer."""
+        before = self._told.pop(peer, None)
+        if until <= now:
+            return
+        news = before is None or before.reason != reason or until > before.until + LOG_EVERY_S
+        log_it = news and (before is None or now - before.logged >= LOG_EVERY_S)
+        self._told[peer] = _Told(reason, until, now if log_it else before.logged)  # type: ignore[union-attr]
+        while len(self._told) > self.keep:
+            del self._told[next(iter(self._told))]
+        if log_it:
+            log.warning(
+                "peer %s refuses us: %s, until %s (%.0f s more; as it says)", peer, reason,
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(until)), until - now,
+            )
+
+    def on_event(self, kind: str, peer: str, reason: str, now: float, until: float = 0.0) -> None:
+        """A host peer event: a remote close counts (logged once past the threshold); a
+        peer's goodbye is recorded; our own ban of the peer clears its record."""
+        if kind == "told":
+            self.told(peer, reason, until, now)
+        elif kind == "banned":
             self.forget(peer)
         elif kind == "disconnected" and self.closed(peer, now, reason):  # ours are "dropped"
             log.warning(
@@ -75,10 +111,18 @@ class DroppedBy:
         if len(c.times) < self.threshold:
             c.reported = False
 
+    def refused_by(self, now: float) -> dict[str, dict[str, object]]:
+        """Peers that told us they refuse us, until a time still to come: reason, until."""
+        for peer in [p for p, t in self._told.items() if t.until <= now]:
+            del self._told[peer]
+        return {p: {"reason": t.reason, "until": round(t.until, 1)} for p, t in self._told.items()}
+
     def status(self, now: float) -> dict[str, dict[str, object]]:
-        """Peers over the threshold now: closes in the window, last reason, and when the
-        report lapses (unix time) if they stop."""
+        """Peers refusing us now: those that told us (`told`: true; their reason, their
+        end), and those over the threshold of closes (closes in the window, last reason,
+        and when the report lapses (unix time) if they stop)."""
         out: dict[str, dict[str, object]] = {}
+        told = self.refused_by(now)
         for peer, c in list(self._peers.items()):
             self._expire(c, now)
             if not c.times:
@@ -86,4 +130,7 @@ class DroppedBy:
             elif len(c.times) >= self.threshold:
                 lapses = c.times[len(c.times) - self.threshold] + self.window_s
                 out[peer] = {"closes": len(c.times), "reason": c.reason, "until": round(lapses, 1)}
+        for peer, t in told.items():
+            closes = len(self._peers[peer].times) if peer in self._peers else 0
+            out[peer] = {"closes": closes, **t, "told": True}
         return out

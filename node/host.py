@@ -3,8 +3,9 @@
 Its parts: `node.libp2p_patches` (process-wide patches of library internals, each listed
 with the test that guards it), `node.framed_stream` (framed streams and the errors,
 re-exported here), `node.host_limits`, `node.host_gossip`, `node.host_heartbeat`,
-`node.host_listen` (mixins and helpers of `SwarmHost`), `node.gossip_guard`,
-`node.host_relay` (circuit relay v2) and `node.host_reachability` (AutoNAT, DCUtR).
+`node.host_listen` (mixins and helpers of `SwarmHost`), `node.host_goodbye` (telling a
+refused peer why), `node.gossip_guard`, `node.host_relay` (circuit relay v2) and
+`node.host_reachability` (AutoNAT, DCUtR).
 
 What this module owns
 ---------------------
@@ -115,8 +116,9 @@ from node.gossip_guard import (
     Misbehaviour,
     new_budget,
 )
+from node.host_goodbye import GOODBYE_PROTOCOL, Goodbyes
 from node.host_gossip import GossipMessage, GossipMixin, Later, Validator
-from node.host_heartbeat import PING_PROTOCOL, HeartbeatMixin
+from node.host_heartbeat import PING_PROTOCOL, HeartbeatMixin, LoopStalls
 from node.host_limits import ConnectionLimitsMixin, IpGate, library_cap
 from node.host_listen import explain, listen_failures, plain_listen_failed
 from node.libp2p_patches import AGENT
@@ -175,11 +177,13 @@ class DialResult:
 
 @dataclass(frozen=True)
 class PeerEvent:
-    """A change in the set of peers: connected, dropped (heartbeat), disconnected, banned."""
+    """A change in the set of peers: connected, dropped (heartbeat), disconnected, banned;
+    or "told": the peer said it refuses us (`node.host_goodbye`) until `until`."""
 
     kind: str
     peer: str
     reason: str = ""
+    until: float = 0.0
 
 
 def _short(peer: str) -> str:
@@ -302,8 +306,11 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         self._idle.set()
         self._validators: dict[str, Validator] = {}
         self._pingers: set[str] = set()
+        self._stalls = LoopStalls()  # our own loop's stalls do not count as a peer's silence
         self._scorer: Callable[[str], float] | None = None
         self._inbound_gate = IpGate(settings)
+        self.goodbyes = Goodbyes(self, private_bytes,
+                                 lambda peer, g: self._emit(PeerEvent("told", peer, g.reason, g.until)))
         # Dials `/p2p-circuit` addresses (set by `node.host_relay.open_relay`).
         self.circuit_dialer: Callable[[str], Awaitable[DialResult]] | None = None
         libp2p_patches.no_auto_dials(self._lh.get_network())
@@ -366,7 +373,7 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         peer = pid.to_base58()
         if self.is_banned(peer):
             if self._nursery is not None:
-                self._nursery.start_soon(self._close_peer, peer)
+                self._nursery.start_soon(self.goodbyes.refuse, peer, self._banned[peer], self._close_peer)
             return
         if not self._enforce_connection_limits(peer, conn):
             return
@@ -449,6 +456,7 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
     async def disconnect(self, peer: str, reason: str = "") -> None:
         """Close every connection to `peer` (bounded by `close_timeout_s`)."""
         self._mark_dropping(peer, reason)
+        await self.goodbyes.settled(peer)  # a peer being banned is told before it is closed
         await self._close_peer(peer)
 
     def _mark_dropping(self, peer: str, reason: str) -> None:
@@ -474,6 +482,7 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         self._banned[peer] = time.time() + seconds
         self._pubsub.add_to_blacklist(ID.from_base58(peer))
         self._emit(PeerEvent("banned", peer, reason))
+        await self.goodbyes.say(peer, f"banned: {reason}", self._banned[peer])
         await self.disconnect(peer, f"banned: {reason}")
 
     def unban(self, peer: str) -> None:
@@ -550,6 +559,7 @@ async def open_host(
     lh = host._lh
     lh.get_network().register_notifee(_Notifee(host))
     lh.set_stream_handler(PING_PROTOCOL, host._handle_ping)
+    host.set_stream_handler(GOODBYE_PROTOCOL, host.goodbyes.serve)
     async with plain_listen_failed(), lh.run(addrs):
         try:
             failures = listen_failures(addrs, lh.get_addrs())
@@ -561,6 +571,7 @@ async def open_host(
                     try:
                         async with trio.open_nursery() as nursery:
                             host._nursery = nursery
+                            nursery.start_soon(host._stalls.run)
                             try:
                                 yield host
                             finally:

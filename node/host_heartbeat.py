@@ -1,11 +1,18 @@
 """The application heartbeat of the `node.host` adapter (workaround 10): the standard
 ping `/ipfs/ping/1.0.0` to each peer every `heartbeat_interval_s`, a peer silent for
-`peer_dead_after_s` disconnected; and our answer to a remote's ping, under deadlines."""
+`peer_dead_after_s` disconnected; and our answer to a remote's ping, under deadlines.
+
+A peer's silence is counted net of the time this process's own trio loop did not run
+(`LoopStalls`): a node that loaded a model, wrote a checkpoint in the loop's thread or was
+not scheduled on a busy machine did not hear the answers that came meanwhile, and must not
+drop every peer when it wakes up."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -17,8 +24,40 @@ from node.framed_stream import FramedStream, HostError
 if TYPE_CHECKING:
     from node.host import HostSettings
 
+log = logging.getLogger("swarm.host")
+
 PING_PROTOCOL = TProtocol("/ipfs/ping/1.0.0")  # workaround 17: the standard ping
 PING_BYTES = 32
+STALL_TICK_S = 0.25
+STALL_MIN_S = 0.5  # a tick this late (beyond its period) is a stall of our loop
+STALL_LOG_S = 2.0
+
+
+class LoopStalls:
+    """When this process's trio loop did not run: a tick every `STALL_TICK_S` (`run`); a
+    tick late by over `STALL_MIN_S` records a stall. Bounded to the last 64 stalls."""
+
+    def __init__(self) -> None:
+        self.last_tick = time.monotonic()
+        self._stalls: deque[tuple[float, float]] = deque(maxlen=64)  # (ended, seconds)
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep(STALL_TICK_S)
+            now = time.monotonic()
+            late = now - self.last_tick - STALL_TICK_S
+            if late > STALL_MIN_S:
+                self._stalls.append((now, late))
+                if late > STALL_LOG_S:
+                    log.info("this process stood still for %.1f s (not held against peers)", late)
+            self.last_tick = now
+
+    def since(self, start: float, now: float) -> float:
+        """Seconds our loop stood still after `start` (monotonic), one going on now included
+        (this task may run before the ticker notices it)."""
+        done = sum(min(late, ended - start) for ended, late in self._stalls if ended > start)
+        going_on = now - self.last_tick - STALL_TICK_S
+        return done + (going_on if going_on > STALL_MIN_S else 0.0)
 
 
 class HeartbeatMixin:
@@ -28,6 +67,7 @@ class HeartbeatMixin:
     _lh: Any
     _peers: dict[str, Any]
     _pingers: set[str]
+    _stalls: LoopStalls
 
     # -- application heartbeat (workaround 10) -------------------------------------------
 
@@ -54,7 +94,9 @@ class HeartbeatMixin:
         try:
             while peer in self._peers and not self._peers[peer].dropping:
                 state = self._peers[peer]
-                remaining = s.peer_dead_after_s - (time.monotonic() - state.last_pong)
+                now = time.monotonic()
+                silent = now - state.last_pong - self._stalls.since(state.last_pong, now)
+                remaining = s.peer_dead_after_s - silent
                 if remaining <= 0:
                     await self.disconnect(
                         peer, f"no heartbeat answer for {s.peer_dead_after_s:g} s"

@@ -3,7 +3,8 @@
 The library refuses new connections at its own `max_connections`; ours sits below it
 (`library_cap`) so a newcomer past our cap still gets in and the worst connection makes
 room: the lowest-scored peer (`set_connection_scorer`), then the least recently active,
-then the oldest. A newcomer scored below everyone is the one that goes. A peer keeps at
+then the oldest. A newcomer scored below everyone is the one that goes (told so, and to
+try again after `CAP_TRY_AGAIN_S`: `node.host_goodbye`). A peer keeps at
 most `max_connections_per_peer` connections (its newest go); one IP at most
 `max_connections_per_ip` inbound connections, counted from TCP accept to close by the
 inbound handler (`node.libp2p_patches` patch 25) through `IpGate`.
@@ -23,8 +24,11 @@ from libp2p.peer.id import ID
 
 if TYPE_CHECKING:
     from node.host import HostSettings
+    from node.host_goodbye import Goodbyes
 
 log = logging.getLogger("swarm.host")
+
+CAP_TRY_AGAIN_S = 60.0  # what a newcomer refused at the cap is told: try again after this
 
 
 def _short(peer: str) -> str:
@@ -85,6 +89,7 @@ class ConnectionLimitsMixin:
     _nursery: trio.Nursery | None
     _peers: dict[str, Any]
     _scorer: Callable[[str], float] | None
+    goodbyes: Goodbyes
 
     async def _close_peer(self, peer: str) -> None: ...  # the host's
 
@@ -144,7 +149,8 @@ class ConnectionLimitsMixin:
         if self._score(peer) < min((self._score(p) for p in ranked[:1]), default=math.inf):
             log.info("refusing %s: at the connection cap and scored lowest", _short(peer))
             self._mark_dropping(peer, "connection cap: scored lowest")
-            nursery.start_soon(self._close_peer, peer)
+            nursery.start_soon(self.goodbyes.refuse, peer, time.time() + CAP_TRY_AGAIN_S, self._close_peer,
+                               "at its connection cap, and we scored lowest")
             return False
         for victim in ranked[:over]:
             self._mark_dropping(victim, f"connection cap ({s.max_connections}): making room")

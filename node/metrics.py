@@ -14,8 +14,9 @@ peer events...), `rejected_total{reason}`, `delivery{state}` (own rollouts produ
 delivered, pending, too stale), `role{field}` (the role's numbers: rollouts produced,
 audits passed and failed, verified...), `weights_installed_versions`,
 `weights_uploaded_bytes_total`, `weights_events_total{event}` (bytes downloaded, shards
-served and verified...), `peers_banned`, `dropped_by_peers`, `reachable` (AutoNAT),
-`connected_peers{path}` (direct or relayed), `relay_bytes_total`, `relay_reservations`.
+served and verified...), `peers_banned`, `dropped_by_peers`, `refused_by_peers` and
+`refused_until` (what peers told us), `reachable` (AutoNAT), `connected_peers{path}`
+(direct or relayed), `relay_bytes_total`, `relay_reservations`.
 """
 
 from __future__ import annotations
@@ -86,6 +87,11 @@ def render(status: dict[str, Any]) -> str:
     series("peers_banned", "gauge", "peers banned now", [({}, status.get("banned"))])
     series("dropped_by_peers", "gauge", "peers that keep closing our connections (node.dropped_by)",
            [({}, len(status.get("dropped_by") or {}))])  # fmt: skip
+    told = [d for d in (status.get("dropped_by") or {}).values() if d.get("told")]
+    series("refused_by_peers", "gauge", "peers that told us they refuse us (node.host_goodbye)",
+           [({}, len(told))])  # fmt: skip
+    series("refused_until", "gauge", "latest end (unix time) of a refusal a peer told us about",
+           [({}, max(d["until"] for d in told))] if told else [])  # fmt: skip
     series("reachable", "gauge", "AutoNAT verdict: 1 public, 0 private (absent while unknown)",
            [({}, {"public": 1, "private": 0}.get(status.get("reachability", "")))])  # fmt: skip
     series("connected_peers", "gauge", "connected peers by path (direct or through a relay)",

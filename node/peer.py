@@ -372,7 +372,9 @@ class Peer:
         elif isinstance(action, Disconnect):
             self.spawn(self.host.disconnect, action.peer, f"admission: {action.reason}")
         elif isinstance(action, Ban):
-            self.spawn(self._ban, action)
+            self.host.goodbyes.expect(str(action.peer))  # its disconnects wait for the goodbye
+            last = [a.reason for a in handled.actions if isinstance(a, Disconnect) and a.peer == action.peer]
+            self.spawn(self._ban, action, str(last[0]) if last else "-")
         elif isinstance(action, Unban):
             self.host.unban(str(action.peer))
         elif isinstance(action, AskNewest):
@@ -399,12 +401,13 @@ class Peer:
         for callback in list(self._callbacks):
             callback(item)
 
-    async def _ban(self, action: Ban) -> None:
+    async def _ban(self, action: Ban, last: str) -> None:
         self.counters["bans"] += 1
         # Stored before it takes effect: a stop during the host's disconnect keeps it.
         with contextlib.suppress(StoreError):
             await trio.to_thread.run_sync(self.store.save_peer, action.record)
-        await self.host.ban(str(action.peer), max(1.0, action.until - time.time()), "score below threshold")
+        await self.host.ban(str(action.peer), max(1.0, action.until - time.time()),
+                            f"score below threshold after {action.record.offences} offences, the last {last}")
 
     # -- gossip validators ----------------------------------------------------------------
 
@@ -481,7 +484,7 @@ class Peer:
 
     def _on_peer_event(self, event: PeerEvent) -> None:
         self.counters[f"peer_{event.kind}"] += 1
-        self.dropped_by.on_event(event.kind, event.peer, event.reason, time.time())
+        self.dropped_by.on_event(event.kind, event.peer, event.reason, time.time(), event.until)
         if event.kind == "connected":
             self.submit(PeerConnected(event.peer, time.time()))
             self.catch_up.handle(cu.PeerJoined(event.peer, time.time()))

@@ -21,7 +21,8 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.transport.tcp.tcp import TCP
 from libp2p.transport.upgrader import TransportUpgrader
 
-from node.host import HostSettings, open_host
+from node.host import HostSettings, PeerEvent, open_host
+from tests.support.polling import until
 
 pytestmark = pytest.mark.network
 
@@ -159,11 +160,17 @@ async def test_at_the_cap_the_lowest_scored_peer_makes_room() -> None:
                 # A newcomer scored below everyone is the one that goes.
                 scores["low"] = -10.0
                 async with open_host(_key()) as e:
+                    told: list[PeerEvent] = []
+                    e.on_peer_event(lambda ev: told.append(ev) if ev.kind == "told" else None)
                     scores[e.peer_id] = -10.0
                     await e.connect(addr)
                     await trio.sleep(1.0)
                     assert e.peer_id not in host.connected_peers()
                     assert d.peer_id in host.connected_peers()
+                    # and it was told why, and when to try again
+                    await until("the refused newcomer told", lambda: told)
+                    assert told[0].peer == host.peer_id and "connection cap" in told[0].reason
+                    assert told[0].until > time.time() + 30
 
 
 @pytest.mark.slow

@@ -167,6 +167,9 @@ def _show(data_dir: Path) -> None:
         click.echo(f"weights error   {w['error']}")
     for peer, d in ((live or {}).get("dropped_by") or {}).items():
         until = time.strftime("%H:%M:%S", time.localtime(d["until"]))
+        if d.get("told"):
+            click.echo(f"refused by      {peer}: {d['reason']}, until {until} (as it told us)")
+            continue
         click.echo(
             f"dropped by      {peer}: closed our connections {d['closes']} times (last: {d['reason'] or '-'}); "
             f"it may have banned us or find us over its limits (reported until {until} if it stops)"

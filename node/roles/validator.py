@@ -126,7 +126,9 @@ class ValidatorRole:
         self.held_passes = HeldPasses()
         self.last_close = time.time()
         self.held = HeldVersions(model)
-        self.nursery: trio.Nursery | None = None  # set by `run`: record lookups start in it
+        # set by `run` while it runs (record lookups start in it); None once it stops, as
+        # deliveries go on while the node drains
+        self.nursery: trio.Nursery | None = None
 
     # -- cases and the queue -------------------------------------------------------------
 
@@ -134,8 +136,7 @@ class ValidatorRole:
         for action in actions:
             if isinstance(action, Punish):
                 self.peer.report(action.peer, action.penalty, action.reason, action.offence)
-            elif isinstance(action, NeedRecord):
-                assert self.nursery is not None
+            elif isinstance(action, NeedRecord) and self.nursery is not None:
                 self.nursery.start_soon(self.from_store, action.rollout_id)
             elif isinstance(action, Audit) and record is not None:
                 self.enqueue(record, None)  # no ticket: a re-check, not our sample
@@ -417,4 +418,7 @@ async def run(peer: Any, ctx: RoleContext) -> None:
         role.nursery = nursery
         peer.on_deliver(role.on_deliver)
         ctx.say(f"validator: model loaded; auditing {ctx.audit_fraction:.0%} of rollouts")
-        await role.audit_forever()
+        try:
+            await role.audit_forever()
+        finally:
+            role.nursery = None
