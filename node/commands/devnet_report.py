@@ -46,6 +46,21 @@ def node_totals(nodes: list[NodeProc]) -> dict[str, Any]:
     }
 
 
+def rollout_fates(nodes: list[NodeProc], produced: int) -> dict[str, Any]:
+    """What became of the `produced` rollouts, from the trainer's `fates`
+    (`node.roles.rollout_fates.shares`: counts and shares of trained, stale, unverified,
+    incomplete_group, other); with `error` instead of shares when its counts explain more
+    than was produced (a node's last status lagged, one killed at the stop)."""
+    from node.roles.rollout_fates import shares
+
+    trainer = next((n for n in nodes if n.role == "trainer"), None)
+    counts = (trainer.status.get("role_status", {}).get("fates") or {}) if trainer else {}
+    try:
+        return shares(produced, counts)
+    except ValueError as exc:
+        return {"produced": produced, "counts": counts, "error": str(exc)}
+
+
 def audit_backlog(validators: list[dict[str, Any]]) -> dict[str, int]:
     """The validators' audit backlog: sampled rollouts still queued (the queue is bounded:
     `audit_queue_capacity` in all), and those dropped unaudited because the queue was full
@@ -251,6 +266,7 @@ def write_report(root: Path, head: dict[str, Any], nodes: list[NodeProc],
         "series": series,
         "versions": version_spread(nodes),
         "penalties": penalties(nodes),
+        "fates": rollout_fates(nodes, totals["produced"]),
     }
     report["plots"] = _plots(root, series, nodes)
     report["learning"] = _learning(root, nodes)
@@ -315,6 +331,14 @@ def audit_line(totals: dict[str, Any]) -> str:
     )
 
 
+def fates_line(fates: dict[str, Any]) -> str:
+    """What became of the produced rollouts in one line (`rollout_fates`)."""
+    if "error" in fates or not fates.get("produced"):
+        return f"devnet: rollout fates: {fates.get('counts')} ({fates.get('error', 'none produced')})"
+    return "devnet: of {} rollouts produced: {}".format(
+        fates["produced"], ", ".join(f"{n} {k} ({fates[k]:.0%})" for k, n in fates["counts"].items()))
+
+
 def say_summary(console: Any, report: dict[str, Any], nodes: list[NodeProc], root: Path,
                 stopped_at: float) -> None:
     """The closing lines: totals, audits, each version's spread, nodes that did not stop
@@ -325,6 +349,7 @@ def say_summary(console: Any, report: dict[str, Any], nodes: list[NodeProc], roo
         f"{totals['audits_passed']} audits passed / {totals['audits_failed']} failed; report in {root}"
     )
     console.print(audit_line(totals))
+    console.print(fates_line(report.get("fates", {})))
     console.print(
         "devnet: the trainer counted "
         f"{totals['trainer_verified']} verified ({max(0, totals['audits_passed'] - totals['trainer_verified'])}"
