@@ -250,7 +250,7 @@ def start(**kwargs: Any) -> None:
 )
 @click.option(
     "--pace",
-    default=1.25,
+    default=1.1,
     show_default=True,
     help="Workers together make this many times what the trainer trains per version (0: flat out).",
 )

@@ -410,7 +410,7 @@ def run_manifest_table(run_id: str = "tiny-local", seed: int = 1) -> dict[str, A
     """A run manifest (as a TOML table for `node.run_file.manifest_from_table`) for the
     built-in policy and task mix."""
     return {
-        "run": {"id": run_id, "model": BUILTIN_MODEL, "seed": seed, "group_size": 4},
+        "run": {"id": run_id, "model": BUILTIN_MODEL, "seed": seed, "group_size": 4, "max_staleness": 3},
         "sampling": {
             "max_new_tokens": DEFAULT_MAX_NEW_TOKENS,
             "temperature": 1.0,

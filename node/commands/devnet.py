@@ -57,7 +57,7 @@ INFERENCE_NICE = 5
 DRAIN_S = 30.0
 # Workers together make this many times what the trainer trains per version (`--pace`):
 # a little over 1 covers groups that never complete and records an audit rejects.
-DEFAULT_PACE = 1.25
+DEFAULT_PACE = 1.1
 
 
 @dataclass
@@ -248,10 +248,13 @@ def _drain(nodes: list[NodeProc], console: Any) -> float:
     """Tell the workers to stop producing (SIGUSR1: they keep serving bodies and syncing
     weights), then give the swarm up to DRAIN_S to account every rollout: the trainer
     fetches what was announced, and a worker that catches up with the trainer's newest
-    version learns which of its rollouts the trainer refused as too stale. Stops early
-    when every worker has nothing pending, or when nothing moves for 5 s; returns the
+    version learns which of its rollouts the trainer refused as too stale, and rollouts
+    waiting out their hold (`protocol.standing.HOLD_S`) at the trainer train. Stops early
+    when every worker has nothing pending and nothing waits at the trainer, or when nothing
+    moves for 5 s (for the hold and 5 s while rollouts wait at the trainer); returns the
     seconds spent (everyone is stopped afterwards)."""
     from node.peer_services import DELIVERY_CHECK_S
+    from protocol.standing import HOLD_S
 
     workers = [n for n in nodes if n.role == "inference"]
     for n in workers:
@@ -271,16 +274,17 @@ def _drain(nodes: list[NodeProc], console: Any) -> float:
         pending = [n.status.get("delivery", {}).get("pending") for n in workers if n.proc.poll() is None]
         # (a worker accounts its delivery every DELIVERY_CHECK_S: wait for one after the pause)
         settled = time.monotonic() - started > DELIVERY_CHECK_S + 1.0
-        if settled and pending and all(p == 0 for p in pending):
+        waiting = trainer.status.get("role_status", {}).get("waiting", 0)
+        if settled and pending and all(p == 0 for p in pending) and not waiting:
             break
         progress = (
-            trainer.status.get("counters", {}).get("stored_rollout_record", 0),
+            trainer.status.get("counters", {}).get("stored_rollout_record", 0), waiting,
             *(n.status.get("policy_version") for n in workers),
             *pending,
         )
         if progress != last:
             last, still = progress, time.monotonic()
-        elif time.monotonic() - still > 5.0:
+        elif time.monotonic() - still > 5.0 + (HOLD_S if waiting else 0.0):
             break
         time.sleep(0.5)
     return round(time.monotonic() - started, 1)

@@ -10,7 +10,7 @@ twice and envelope sequence numbers (the counter) keep increasing. With no peer 
 to the rollouts topic the worker waits (and says so) instead of piling up work nobody sees.
 
 With `--rollouts-per-version Q` a worker makes at most Q rollouts per version the trainer
-publishes, at most the run's staleness bound S versions ahead (`at_budget`): work beyond
+publishes, at most S - 1 versions ahead (S the run's staleness bound; `at_budget`): work beyond
 what the trainer consumes per version would only go stale while it waits, and on a shared
 machine it takes the trainer's CPU. The wait for the next version is bounded
 (`BUDGET_WAIT_S`); a trainer that publishes nothing does not stop the worker for good.
@@ -72,7 +72,7 @@ async def _within_budget(peer: Any, ctx: RoleContext, swap: Any, produced: int, 
     (`at_budget`) or has waited `BUDGET_WAIT_S` for a newer version."""
     say = lambda m: ctx.say(f"inference: {m}")  # noqa: E731
     version = await swap.before_batch(say)
-    lead = peer.manifest.max_staleness
+    lead = max(1, peer.manifest.max_staleness - 1)  # its last rollouts still train within S
     deadline = trio.current_time() + BUDGET_WAIT_S
     waited = trio.current_time()
     while (at_budget(produced, version - first, ctx.rollouts_per_version, lead)
