@@ -409,6 +409,9 @@ RL_LR = 5e-5  # the built-in run's learning rate (see run_manifest_table)
 def run_manifest_table(run_id: str = "tiny-local", seed: int = 1) -> dict[str, Any]:
     """A run manifest (as a TOML table for `node.run_file.manifest_from_table`) for the
     built-in policy and task mix."""
+    # A staleness bound of 3 versions: an unaudited rollout waits the standing rule's hold
+    # (`protocol.standing.HOLD_S`) before it trains, longer than a version takes here, and
+    # a paced worker (`--rollouts-per-version`) runs S - 1 versions ahead.
     return {
         "run": {"id": run_id, "model": BUILTIN_MODEL, "seed": seed, "group_size": 4, "max_staleness": 3},
         "sampling": {
