@@ -427,7 +427,10 @@ def run_manifest_table(run_id: str = "tiny-local", seed: int = 1) -> dict[str, A
         # 0.275 / 0.268 from 0.229 (512 held-out tasks, measured here). A version every 8
         # steps, not 2: at 2 a version came every ~10 s, S = 2 versions was ~30 s, and a
         # third of a devnet's rollouts went stale before they were audited and trained on
-        # (16-36 steps in 5 minutes; at 8: 92 steps, 6% stale).
-        "rl": {"lr": RL_LR, "groups_per_step": 4, "publish_every": 32},
+        # (16-36 steps in 5 minutes; at 8: 92 steps, 6% stale). Steps of 8 groups, not 4:
+        # groups whose rewards are all equal carry no gradient, and at this solve rate a
+        # 4-group step often learnt from one group only; with paced workers a devnet's
+        # trainer makes hundreds of steps in 5 minutes, and 4-group steps drifted down.
+        "rl": {"lr": RL_LR, "groups_per_step": 8, "publish_every": 32},
         "datasets": [{"name": n, "weight": w} for n, w in TASK_MIX],
     }
