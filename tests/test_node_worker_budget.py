@@ -56,3 +56,19 @@ def test_the_report_s_fates_add_up_to_the_rollouts_produced() -> None:
     bad = rollout_fates([_trainer({"trained": 90, "stale": 20})], 100)
     assert "error" in bad and "trained" not in bad
     assert "accounts for 110 rollouts, 100 were produced" in fates_line(bad)
+
+
+def test_the_held_out_gain_is_paired_over_the_same_tasks() -> None:
+    from node.commands.devnet_report import gain_text, heldout_gain
+
+    first = {"solved": "0" * 60 + "1" * 40}
+    # 20 tasks newly solved and 5 lost: gain +0.15, every task's change counted once
+    last = {"solved": "1" * 20 + "0" * 40 + "0" * 5 + "1" * 35}
+    got = heldout_gain([first, {"solved": "1" * 100}, last])
+    assert got["gain"] == 0.15
+    low, high = got["gain_ci95"]
+    assert 0 < low < 0.15 < high < 0.3
+    assert heldout_gain([first]) == {} and heldout_gain([first, {"solved": "1"}]) == {}
+    assert heldout_gain([{"solve_rate": 0.2}, {"solve_rate": 0.3}]) == {}  # no outcomes kept
+    text = gain_text({**got, "warm_start_solve_rate": 0.4, "final_solve_rate": 0.55, "heldout_tasks": 100})
+    assert "gain +0.150" in text and "paired over 100 tasks" in text
