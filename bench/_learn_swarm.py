@@ -110,7 +110,6 @@ def _swarm(base: Any, tok: Any, t_s: float,
     import torch
 
     from node.commands import devnet
-    from node.roles.rollout_fates import shares
     from trainer.train_loop import CKPT_FILE
 
     after = copy.deepcopy(base)
@@ -122,14 +121,10 @@ def _swarm(base: Any, tok: Any, t_s: float,
             state = torch.load(ckpts[0], map_location="cpu", weights_only=True)
             after.load_state_dict(state["model"])
             version = int(state["version"])
-    trainer = next((n for n in report["nodes"] if n["role"] == "trainer"), {})
-    counts = (trainer.get("status") or {}).get("role_status", {}).get("fates") or {}
-    produced = int(report["totals"]["produced"])
-    fates: dict[str, Any] = {"swarm_rollouts_produced": produced}
-    try:
-        split = shares(produced, counts)
-    except ValueError as exc:  # a node's last status lagged (one killed at the stop): say so
-        fates["swarm_rollout_counts"] = {**counts, "error": str(exc)}
+    split = report["fates"]  # `devnet_report.rollout_fates`
+    fates: dict[str, Any] = {"swarm_rollouts_produced": split["produced"]}
+    if "error" in split:  # a node's last status lagged (one killed at the stop): say so
+        fates["swarm_rollout_counts"] = {**split["counts"], "error": split["error"]}
     else:
         fates.update(swarm_rollout_counts=split["counts"], **{k: split[k] for k in split["counts"]})
     figures = {"workers": report["parameters"]["inference"], "trainer_version": version, "duration_s": report.get("elapsed_s"),

@@ -171,6 +171,8 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
 @click.option("--batch-size", type=int, help="Inference batch size.")
 @click.option("--audit-fraction", type=float, help="Validator: share of rollouts to audit.")
 @click.option("--max-rollouts", type=int, help="Inference: stop producing after this many.")
+@click.option("--rollouts-per-version", type=int,
+              help="Inference: make at most this many rollouts per published version (0: no bound).")
 @click.option(
     "--local-train",
     metavar="I:J",
@@ -247,6 +249,12 @@ def start(**kwargs: Any) -> None:
     default=0.0,
     show_default=True,
     help="Trainer publishes perturbed weights every S seconds (0: never).",
+)
+@click.option(
+    "--pace",
+    default=1.1,
+    show_default=True,
+    help="Workers together make this many times what the trainer trains per version (0: flat out).",
 )
 @_one_line_errors
 def devnet(no_live: bool, **kwargs: Any) -> None:

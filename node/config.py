@@ -146,6 +146,13 @@ NODE_KEYS: tuple[Key, ...] = (
         "until training lands: publish perturbed weights every this many seconds",
     ),
     Key("inference.batch_size", 8, integer(1, 4096), "an integer in [1, 4096]"),
+    Key(
+        "inference.rollouts_per_version",
+        0,
+        integer(0, 1_000_000),
+        "an integer >= 0 (0: no bound)",
+        "rollouts made per policy version the trainer publishes, at most max_staleness - 1 versions ahead",
+    ),
     Key("inference.engine", "hf", choice("hf", "vllm"), "hf | vllm", "generation engine"),
     Key("validator.audit_fraction", 0.25, number(0, 1), "a number in [0, 1]"),
     Key(

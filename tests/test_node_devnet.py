@@ -69,6 +69,10 @@ def test_devnet_runs_workers_validator_trainer_and_writes_a_report(
     assert all(n["exit_code"] == 0 for n in report["nodes"]), [(n["name"], n["exit_code"]) for n in report["nodes"]]
     assert report["series"] and report["series"][-1]["produced"] <= totals["produced"]
     assert report["learning"] == {"series": []}  # the publishing drill does not train
+    # what became of every produced rollout, each counted once
+    fates = report["fates"]
+    assert "error" not in fates and sum(fates["counts"].values()) == fates["produced"] == totals["produced"], fates
+    assert "devnet: of " in err and " rollouts produced: " in err, err[-3000:]
     for plot in report["plots"]:
         assert (out / plot).stat().st_size > 1000
     for n in report["nodes"]:

@@ -31,7 +31,9 @@ def _records(engine, manifest, identity, path, n, version, start):
 
 
 def test_stale_means_refused_for_staleness_and_the_shares_add_up(tok, tmp_path):
-    manifest = manifest_from_table(tp.run_manifest_table("fates-test", seed=4))
+    table = tp.run_manifest_table("fates-test", seed=4)
+    table["rl"]["groups_per_step"] = 4  # the four complete groups below make one step
+    manifest = manifest_from_table(table)
     s, now = manifest.max_staleness, 0.0
     version = s + 1  # the trainer's version: rollouts of version 0 are stale
     model = tp.build_model(tok, seed=1, hidden_size=32, intermediate_size=64, num_hidden_layers=1)

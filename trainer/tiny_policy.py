@@ -409,8 +409,11 @@ RL_LR = 5e-5  # the built-in run's learning rate (see run_manifest_table)
 def run_manifest_table(run_id: str = "tiny-local", seed: int = 1) -> dict[str, Any]:
     """A run manifest (as a TOML table for `node.run_file.manifest_from_table`) for the
     built-in policy and task mix."""
+    # A staleness bound of 3 versions: an unaudited rollout waits the standing rule's hold
+    # (`protocol.standing.HOLD_S`) before it trains, longer than a version takes here, and
+    # a paced worker (`--rollouts-per-version`) runs S - 1 versions ahead.
     return {
-        "run": {"id": run_id, "model": BUILTIN_MODEL, "seed": seed, "group_size": 4},
+        "run": {"id": run_id, "model": BUILTIN_MODEL, "seed": seed, "group_size": 4, "max_staleness": 3},
         "sampling": {
             "max_new_tokens": DEFAULT_MAX_NEW_TOKENS,
             "temperature": 1.0,
@@ -424,7 +427,10 @@ def run_manifest_table(run_id: str = "tiny-local", seed: int = 1) -> dict[str, A
         # 0.275 / 0.268 from 0.229 (512 held-out tasks, measured here). A version every 8
         # steps, not 2: at 2 a version came every ~10 s, S = 2 versions was ~30 s, and a
         # third of a devnet's rollouts went stale before they were audited and trained on
-        # (16-36 steps in 5 minutes; at 8: 92 steps, 6% stale).
-        "rl": {"lr": RL_LR, "groups_per_step": 4, "publish_every": 32},
+        # (16-36 steps in 5 minutes; at 8: 92 steps, 6% stale). Steps of 8 groups, not 4:
+        # groups whose rewards are all equal carry no gradient, and at this solve rate a
+        # 4-group step often learnt from one group only; with paced workers a devnet's
+        # trainer makes hundreds of steps in 5 minutes, and 4-group steps drifted down.
+        "rl": {"lr": RL_LR, "groups_per_step": 8, "publish_every": 32},
         "datasets": [{"name": n, "weight": w} for n, w in TASK_MIX],
     }

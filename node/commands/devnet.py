@@ -31,6 +31,7 @@ import contextlib
 import ctypes
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -54,6 +55,9 @@ START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 15.0
 INFERENCE_NICE = 5
 DRAIN_S = 30.0
+# Workers together make this many times what the trainer trains per version (`--pace`):
+# a little over 1 covers groups that never complete and records an audit rejects.
+DEFAULT_PACE = 1.1
 
 
 @dataclass
@@ -244,10 +248,13 @@ def _drain(nodes: list[NodeProc], console: Any) -> float:
     """Tell the workers to stop producing (SIGUSR1: they keep serving bodies and syncing
     weights), then give the swarm up to DRAIN_S to account every rollout: the trainer
     fetches what was announced, and a worker that catches up with the trainer's newest
-    version learns which of its rollouts the trainer refused as too stale. Stops early
-    when every worker has nothing pending, or when nothing moves for 5 s; returns the
+    version learns which of its rollouts the trainer refused as too stale, and rollouts
+    waiting out their hold (`protocol.standing.HOLD_S`) at the trainer train. Stops early
+    when every worker has nothing pending and nothing waits at the trainer, or when nothing
+    moves for 5 s (for the hold and 5 s while rollouts wait at the trainer); returns the
     seconds spent (everyone is stopped afterwards)."""
     from node.peer_services import DELIVERY_CHECK_S
+    from protocol.standing import HOLD_S
 
     workers = [n for n in nodes if n.role == "inference"]
     for n in workers:
@@ -267,16 +274,17 @@ def _drain(nodes: list[NodeProc], console: Any) -> float:
         pending = [n.status.get("delivery", {}).get("pending") for n in workers if n.proc.poll() is None]
         # (a worker accounts its delivery every DELIVERY_CHECK_S: wait for one after the pause)
         settled = time.monotonic() - started > DELIVERY_CHECK_S + 1.0
-        if settled and pending and all(p == 0 for p in pending):
+        waiting = trainer.status.get("role_status", {}).get("waiting", 0)
+        if settled and pending and all(p == 0 for p in pending) and not waiting:
             break
         progress = (
-            trainer.status.get("counters", {}).get("stored_rollout_record", 0),
+            trainer.status.get("counters", {}).get("stored_rollout_record", 0), waiting,
             *(n.status.get("policy_version") for n in workers),
             *pending,
         )
         if progress != last:
             last, still = progress, time.monotonic()
-        elif time.monotonic() - still > 5.0:
+        elif time.monotonic() - still > 5.0 + (HOLD_S if waiting else 0.0):
             break
         time.sleep(0.5)
     return round(time.monotonic() - started, 1)
@@ -294,6 +302,13 @@ class _Plan:
     audit_fraction: float
     batch_size: int
     publish_every: float
+    pace: float = DEFAULT_PACE
+
+    def rollouts_per_version(self, manifest: Any) -> int:
+        """Each worker's share of what the trainer trains per version, times `pace`
+        (0: workers make rollouts flat out)."""
+        per_version = manifest.rl_publish_every * manifest.group_size
+        return math.ceil(self.pace * per_version / self.inference) if self.pace > 0 else 0
 
     def check(self) -> None:
         if (not 1 <= self.inference <= 16 or not 0 <= self.validators <= 8 or not 1 <= self.trainers <= 1
@@ -301,13 +316,16 @@ class _Plan:
             raise CommandError("devnet: --inference 1..16, --validators 0..8, --trainers 1, --relays 0..8")
         if not 5 <= self.duration <= 24 * 3600:
             raise CommandError(f"--duration must be in [5, 86400] seconds, got {self.duration}")
+        if not 0 <= self.pace <= 100:
+            raise CommandError(f"--pace must be in [0, 100] (0: no pacing), got {self.pace}")
 
     def parameters(self, manifest: Any) -> dict[str, Any]:
         """The `parameters` entry of report.json."""
         return {
             "inference": self.inference, "validators": self.validators, "trainers": self.trainers,
             "relays": self.relays, "duration_s": self.duration, "audit_fraction": self.audit_fraction,
-            "batch_size": self.batch_size, "run_id": manifest.run_id, "model": manifest.model,
+            "batch_size": self.batch_size, "pace": self.pace,
+            "rollouts_per_version": self.rollouts_per_version(manifest), "run_id": manifest.run_id, "model": manifest.model,
             "policy_version": 0,
         }
 
@@ -336,11 +354,13 @@ def main(
     batch_size: int = 16,
     live: bool = True,
     publish_every: float = 0.0,
+    pace: float = DEFAULT_PACE,
 ) -> dict[str, Any]:
     """Run the devnet; returns (and writes) the report dict."""
     from rich.console import Console
 
-    plan = _Plan(inference, validators, trainers, relays, duration, audit_fraction, batch_size, publish_every)
+    plan = _Plan(inference, validators, trainers, relays, duration, audit_fraction, batch_size, publish_every,
+                 pace)
     plan.check()
     console = Console(stderr=True)
     live = live and console.is_terminal  # a pipe or a file gets plain progress lines
@@ -356,7 +376,7 @@ def main(
     signals = _Signals()
     previous = signals.install()
     try:
-        _start_nodes(swarm, root, run_path, plan)
+        _start_nodes(swarm, root, run_path, plan, plan.rollouts_per_version(manifest))
         _watch(swarm, plan.duration, live, console)
         _drain_and_sample(swarm, console)
     except KeyboardInterrupt:
@@ -457,7 +477,7 @@ def _restore_signals(previous: dict[int, Any]) -> None:
         signal.signal(sig, handler)
 
 
-def _start_nodes(swarm: _Swarm, root: Path, run_path: Path, plan: _Plan) -> None:
+def _start_nodes(swarm: _Swarm, root: Path, run_path: Path, plan: _Plan, per_version: int) -> None:
     """The trainer first (the bootstrap peer), then validators, relays and workers, each
     added to `swarm.nodes` as it is spawned; returns once every one is listening."""
     common = ["--duration", str(plan.duration + 60)]  # the nodes' own bound, past ours
@@ -474,7 +494,8 @@ def _start_nodes(swarm: _Swarm, root: Path, run_path: Path, plan: _Plan) -> None
         swarm.nodes.append(_spawn(f"relay{i + 1}", "relay", root, run_path, extra))
     for i in range(plan.inference):
         swarm.nodes.append(_spawn(f"worker{i + 1}", "inference", root, run_path,
-                                  [*extra, "--batch-size", str(plan.batch_size)]))
+                                  [*extra, "--batch-size", str(plan.batch_size),
+                                   "--rollouts-per-version", str(per_version)]))
     for n in swarm.nodes[1:]:
         _wait_banner(n, START_TIMEOUT_S)
 

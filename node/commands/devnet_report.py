@@ -46,6 +46,21 @@ def node_totals(nodes: list[NodeProc]) -> dict[str, Any]:
     }
 
 
+def rollout_fates(nodes: list[NodeProc], produced: int) -> dict[str, Any]:
+    """What became of the `produced` rollouts, from the trainer's `fates`
+    (`node.roles.rollout_fates.shares`: counts and shares of trained, stale, unverified,
+    incomplete_group, other); with `error` instead of shares when its counts explain more
+    than was produced (a node's last status lagged, one killed at the stop)."""
+    from node.roles.rollout_fates import shares
+
+    trainer = next((n for n in nodes if n.role == "trainer"), None)
+    counts = (trainer.status.get("role_status", {}).get("fates") or {}) if trainer else {}
+    try:
+        return shares(produced, counts)
+    except ValueError as exc:
+        return {"produced": produced, "counts": counts, "error": str(exc)}
+
+
 def audit_backlog(validators: list[dict[str, Any]]) -> dict[str, int]:
     """The validators' audit backlog: sampled rollouts still queued (the queue is bounded:
     `audit_queue_capacity` in all), and those dropped unaudited because the queue was full
@@ -172,9 +187,37 @@ def solve_rate_ci95(rate: float, tasks: int) -> float:
     return 1.96 * math.sqrt(max(rate * (1 - rate), 0.25 / tasks) / tasks) if tasks > 0 else 0.0
 
 
+def heldout_gain(series: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last evaluation's held-out solve rate less the first's, with the 95% interval
+    of that change paired over the same tasks (`trainer.groups.paired_ci95`; the trainer
+    scores the same tasks with the same sampling seeds each time); empty unless both carry
+    their tasks' outcomes (`solved`)."""
+    from trainer.groups import paired_ci95
+
+    if len(series) < 2:
+        return {}
+    first, last = series[0].get("solved"), series[-1].get("solved")
+    if not first or not last or len(first) != len(last):
+        return {}
+    before, after = [int(c) for c in first], [int(c) for c in last]
+    low, high = paired_ci95(before, after)
+    gain = (sum(after) - sum(before)) / len(before)
+    return {"gain": round(gain, 4), "gain_ci95": [round(low, 4), round(high, 4)]}
+
+
+def gain_text(learning: dict[str, Any]) -> str:
+    """`heldout_gain` in words, or "" without one."""
+    if "gain" not in learning:
+        return ""
+    low, high = learning["gain_ci95"]
+    return (f"held-out solve rate {learning['warm_start_solve_rate']:.3f} -> {learning['final_solve_rate']:.3f}: "
+            f"gain {learning['gain']:+.3f} (95% interval {low:+.3f} to {high:+.3f}, paired over "
+            f"{learning['heldout_tasks']} tasks)")
+
+
 def _learning(out: Path, nodes: list[NodeProc]) -> dict[str, Any]:
     """The trainer's held-out evaluations (one at the start, one per published version),
-    summarised, and `learning.png`."""
+    summarised with the gain (`heldout_gain`), and `learning.png`."""
     trainer = next((n for n in nodes if n.role == "trainer"), None)
     series = (trainer.status.get("role_status", {}).get("learning") or []) if trainer else []
     summary: dict[str, Any] = {"series": series}
@@ -182,6 +225,7 @@ def _learning(out: Path, nodes: list[NodeProc]) -> dict[str, Any]:
         summary.update(
             warm_start_solve_rate=series[0]["solve_rate"], final_solve_rate=series[-1]["solve_rate"],
             final_version=series[-1]["version"], heldout_tasks=trainer_eval_tasks(),
+            **heldout_gain(series),
         )  # fmt: skip
     try:
         import matplotlib
@@ -216,6 +260,8 @@ def _learning(out: Path, nodes: list[NodeProc]) -> dict[str, Any]:
         ax.legend(fontsize=8)
     a1.xaxis.set_major_locator(MaxNLocator(integer=True))
     a1.set_title("devnet learning")
+    if "gain" in summary:
+        fig.suptitle(gain_text(summary), fontsize=9)
     fig.tight_layout()
     fig.savefig(out / "learning.png", dpi=100)
     plt.close(fig)
@@ -251,6 +297,7 @@ def write_report(root: Path, head: dict[str, Any], nodes: list[NodeProc],
         "series": series,
         "versions": version_spread(nodes),
         "penalties": penalties(nodes),
+        "fates": rollout_fates(nodes, totals["produced"]),
     }
     report["plots"] = _plots(root, series, nodes)
     report["learning"] = _learning(root, nodes)
@@ -315,6 +362,14 @@ def audit_line(totals: dict[str, Any]) -> str:
     )
 
 
+def fates_line(fates: dict[str, Any]) -> str:
+    """What became of the produced rollouts in one line (`rollout_fates`)."""
+    if "error" in fates or not fates.get("produced"):
+        return f"devnet: rollout fates: {fates.get('counts')} ({fates.get('error', 'none produced')})"
+    return "devnet: of {} rollouts produced: {}".format(
+        fates["produced"], ", ".join(f"{n} {k} ({fates[k]:.0%})" for k, n in fates["counts"].items()))
+
+
 def say_summary(console: Any, report: dict[str, Any], nodes: list[NodeProc], root: Path,
                 stopped_at: float) -> None:
     """The closing lines: totals, audits, each version's spread, nodes that did not stop
@@ -325,12 +380,15 @@ def say_summary(console: Any, report: dict[str, Any], nodes: list[NodeProc], roo
         f"{totals['audits_passed']} audits passed / {totals['audits_failed']} failed; report in {root}"
     )
     console.print(audit_line(totals))
+    console.print(fates_line(report.get("fates", {})))
     console.print(
         "devnet: the trainer counted "
         f"{totals['trainer_verified']} verified ({max(0, totals['audits_passed'] - totals['trainer_verified'])}"
         f" passing verdicts it had not counted when it stopped: in flight, or about rollouts "
         f"it did not hold); {totals['too_stale']} rollouts reached it too stale to use"
     )
+    if gain_text(report.get("learning", {})):
+        console.print(f"devnet: {gain_text(report['learning'])}")
     for line in penalty_lines(report.get("penalties", [])):
         console.print(line)
     bad = [n.name for n in nodes if n.exit_code not in (0, None)]

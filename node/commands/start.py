@@ -176,6 +176,7 @@ def main(
     batch_size: int | None = None,
     audit_fraction: float | None = None,
     max_rollouts: int | None = None,
+    rollouts_per_version: int | None = None,
     local_train: str | None = None,
     duration: float | None = None,
     threads: int | None = 1,
@@ -210,6 +211,7 @@ def main(
             "node.metrics": metrics,
             "inference.batch_size": batch_size,
             "inference.engine": engine,
+            "inference.rollouts_per_version": rollouts_per_version,
             "validator.audit_fraction": audit_fraction,
             "trainer.publish_every_s": publish_every,
             "network.upload_limit_mib_s": upload_limit,
@@ -302,6 +304,7 @@ def _role_context(cfg: Any, ddir: Path, threads: int | None, max_rollouts: int |
     return RoleContext(
         model=cfg["node.model"] or None, models_dir=str(ddir), batch_size=cfg["inference.batch_size"],
         engine=cfg["inference.engine"], threads=threads,
+        rollouts_per_version=cfg["inference.rollouts_per_version"],
         audit_fraction=cfg["validator.audit_fraction"], max_rollouts=max_rollouts,
         producer_window_fraction=cfg["validator.producer_window_fraction"],
         local_train=split, data_dir=ddir, say=lambda m: _say(f"  {m}"),

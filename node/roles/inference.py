@@ -8,6 +8,12 @@ Each batch: task assignments from (run seed, our peer id, counter) via
 The counter resumes from the store's ledger after a restart, so a task is never assigned
 twice and envelope sequence numbers (the counter) keep increasing. With no peer subscribed
 to the rollouts topic the worker waits (and says so) instead of piling up work nobody sees.
+
+With `--rollouts-per-version Q` a worker makes at most Q rollouts per version the trainer
+publishes, at most S - 1 versions ahead (S the run's staleness bound; `at_budget`): work beyond
+what the trainer consumes per version would only go stale while it waits, and on a shared
+machine it takes the trainer's CPU. The wait for the next version is bounded
+(`BUDGET_WAIT_S`); a trainer that publishes nothing does not stop the worker for good.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from node.roles import RoleContext
 PULLS_BODIES = False
 NEEDS_MODEL = True
 PEER_POLL_S = 0.5  # how often a worker without peers looks again
+BUDGET_POLL_S = 0.5  # how often a worker at its budget looks for a newer version
+BUDGET_WAIT_S = 60.0  # the longest it waits for one before making a batch anyway
 CLOSE_TIMEOUT_S = 30.0  # vLLM's own shutdown waits 5 s for its processes, then kills them
 
 
@@ -50,6 +58,29 @@ async def _wait_for_peers(peer: Any, ctx: RoleContext, produced: int) -> None:
     ctx.status["waiting_for_peers"] = False
     if ctx.producing:
         ctx.say(f"inference: {len(peer.host.topic_peers(topic))} peer(s) here; producing")
+
+
+def at_budget(produced: int, versions_gained: int, per_version: int, lead: int) -> bool:
+    """Whether a worker that made `produced` rollouts while the policy went forward
+    `versions_gained` versions has made its `per_version` share of each version and `lead`
+    versions ahead (never with `per_version` 0)."""
+    return per_version > 0 and produced >= per_version * (max(0, versions_gained) + lead)
+
+
+async def _within_budget(peer: Any, ctx: RoleContext, swap: Any, produced: int, first: int) -> int:
+    """The version the next batch is made with, once the worker is within its budget
+    (`at_budget`) or has waited `BUDGET_WAIT_S` for a newer version."""
+    say = lambda m: ctx.say(f"inference: {m}")  # noqa: E731
+    version = await swap.before_batch(say)
+    lead = max(1, peer.manifest.max_staleness - 1)  # its last rollouts still train within S
+    deadline = trio.current_time() + BUDGET_WAIT_S
+    waited = trio.current_time()
+    while (at_budget(produced, version - first, ctx.rollouts_per_version, lead)
+           and ctx.producing and trio.current_time() < deadline):  # fmt: skip
+        await trio.sleep(BUDGET_POLL_S)
+        version = await swap.before_batch(say)
+    ctx.status["budget_wait_s"] = round(ctx.status.get("budget_wait_s", 0.0) + trio.current_time() - waited, 1)
+    return version
 
 
 class _Local:
@@ -204,6 +235,7 @@ async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
     started = time.monotonic()
     ctx.status.update(produced=0, counter=counter)
     ctx.say(f"inference: model loaded; resuming at counter {counter}")
+    first_version = await swap.before_batch(lambda m: ctx.say(f"inference: {m}"))
     last_print = time.monotonic()
     while ctx.max_rollouts is None or produced < ctx.max_rollouts:
         if not ctx.producing:
@@ -211,7 +243,7 @@ async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
             ctx.status["paused"] = True
             break
         await _wait_for_peers(peer, ctx, produced)
-        version = await swap.before_batch(lambda m: ctx.say(f"inference: {m}"))
+        version = await _within_budget(peer, ctx, swap, produced, first_version)
         ctx.status.update(policy_version=version, swaps={str(v): t for v, t in swap.swaps.items()})
         n = ctx.batch_size if ctx.max_rollouts is None else min(ctx.batch_size, ctx.max_rollouts - produced)
         out = tmp / f"batch-{counter}.msgpack"

@@ -256,8 +256,9 @@ def _rescore(rescorer: Any, bodies: list[Any]) -> list[tuple[bytes, float]]:
     return out
 
 
-def _heldout(model: Any, tokenizer: Any, manifest: Any, threads: int | None) -> float:
-    """Solve rate on `LEARN_EVAL_TASKS` held-out tasks of the run's mix (worker thread)."""
+def _heldout(model: Any, tokenizer: Any, manifest: Any, threads: int | None) -> list[bool]:
+    """Per task of `LEARN_EVAL_TASKS` held-out tasks of the run's mix, solved or not (worker
+    thread; the same tasks and sampling seeds every time, so evaluations pair up)."""
     from trainer.engine_hf import HFEngine, torch_threads
     from trainer.groups import heldout_items, heldout_solved
 
@@ -265,8 +266,7 @@ def _heldout(model: Any, tokenizer: Any, manifest: Any, threads: int | None) -> 
     items = heldout_items(names, LEARN_EVAL_TASKS)
     with torch_threads(threads):
         engine = HFEngine(model, tokenizer, max_batch=LEARN_EVAL_TASKS)
-        solved = heldout_solved(engine, tokenizer, items, manifest.max_new_tokens)
-    return round(sum(solved) / len(solved), 4)
+        return heldout_solved(engine, tokenizer, items, manifest.max_new_tokens)
 
 
 def judged(standing: StandingBook, authority: Authority, item: Admitted) -> list[Banned]:
@@ -399,13 +399,15 @@ class TrainerRole:
         """Score the held-out tasks; the result joins `learning` in status."""
         trainer = self.trainer
         self.last_eval = trio.current_time()
-        rate = await trio.to_thread.run_sync(
+        solved = await trio.to_thread.run_sync(
             _heldout, self.model, self.tokenizer, self.manifest, self.ctx.threads
         )
+        rate = round(sum(solved) / len(solved), 4)
         reward = trainer.last_stats.get("reward_mean")
         self.learning.append(
             {"t": round(time.time() - self.started, 1), "version": trainer.version, "solve_rate": rate,
-             "reward_mean": None if reward is None else round(reward, 4), "steps": trainer.steps}
+             "reward_mean": None if reward is None else round(reward, 4), "steps": trainer.steps,
+             "solved": "".join("1" if x else "0" for x in solved)}
         )  # fmt: skip
         self.ctx.status["learning"] = self.learning
         self.ctx.say(f"trainer: held-out solve rate {rate:.3f} at version {trainer.version}")
