@@ -26,8 +26,8 @@ GROUP = 4
 GROUPS_PER_ROUND = 8
 PROBE = 16
 MAX_ROUNDS = 48  # the full grid's cap while it waits for training alone to gain
-# The built-in run's rate. At 1e-3 the probe reward halves in 12 rounds (0.318 per round
-# untrained, 0.158 trained): every configuration would measure collapse, not learning.
+# The built-in run's rate: a much larger one makes the probe reward collapse, so every
+# configuration would measure collapse, not learning.
 LR = RL_LR
 
 Key = tuple[int, int, float]  # (I own, J foreign, importance bound C)

@@ -421,16 +421,12 @@ def run_manifest_table(run_id: str = "tiny-local", seed: int = 1) -> dict[str, A
             "top_k": 0,
         },
         "proofs": {"chunk": 32, "topk": 128},
-        # Few rollouts reach a devnet's trainer (a few per second): small steps. With
-        # 16-sample steps, lr 3e-4 made this policy worse (held-out solve rate 0.23 -> 0.11
-        # after a devnet run); 46 steps of 4 groups at 1e-4 / 5e-5 / 3e-5 gave 0.264 /
-        # 0.275 / 0.268 from 0.229 (512 held-out tasks, measured here). A version every 8
-        # steps, not 2: at 2 a version came every ~10 s, S = 2 versions was ~30 s, and a
-        # third of a devnet's rollouts went stale before they were audited and trained on
-        # (16-36 steps in 5 minutes; at 8: 92 steps, 6% stale). Steps of 8 groups, not 4:
-        # groups whose rewards are all equal carry no gradient, and at this solve rate a
-        # 4-group step often learnt from one group only; with paced workers a devnet's
-        # trainer makes hundreds of steps in 5 minutes, and 4-group steps drifted down.
+        # Few rollouts reach a devnet's trainer (a few per second): small steps, a small
+        # learning rate (larger ones made this policy worse). A version every few steps, so
+        # that versions do not outrun the audits and the hold within the staleness bound.
+        # Steps of 8 groups: groups whose rewards are all equal carry no gradient, and at
+        # this solve rate a 4-group step often learns from one group only.
+        # docs/BENCHMARKS.md has the devnet runs these settings were chosen by.
         "rl": {"lr": RL_LR, "groups_per_step": 8, "publish_every": 32},
         "datasets": [{"name": n, "weight": w} for n, w in TASK_MIX],
     }

@@ -11,12 +11,9 @@ record showed in calibration, and a window fails when `WINDOW_OVER` of its recor
 over it (`protocol.producer_cases.window_failed`), so a worker that changes only a
 minority of each window is caught as well (the median would stay honest).
 
-Measured on the built-in policy (fp32 worker and audit, the statistic `logprob_err_mean`):
-honest records over four variations reach 8.8e-7 one by one; of the records of a rank-1
-change of 0.3% to a middle-layer MLP matrix, a third to two thirds fail alone and most are
-over the producer limit; weights one training step old give at least 4.4e-5. Windows
-with a quarter of such changed records: docs/BENCHMARKS.md (`bench._window_statistic`).
-In bf16 the rule finds nothing at 10%: a worker's own rounding is as large as the change.
+How much of a window must be changed to be caught, on the built-in policy with a slightly
+changed model, is in docs/BENCHMARKS.md (`python -m bench._window_statistic`). In bf16 the
+rule is blind to small changes: a worker's own rounding is as large as the change.
 
 What lives here, pure (no model, no IO): `ProducerTally` collects, per producer, the
 statistic of its audited records (passed or failed: a failed record is as much the
