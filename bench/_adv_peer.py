@@ -62,7 +62,7 @@ from protocol.content_id import content_id
 from protocol.identity import Identity, peer_id_from_b58, peer_id_to_b58
 from protocol.producer_cases import PRODUCER_PENALTY
 from protocol.rollout import make_record, open_record
-from protocol.standing import HOLD_S, HeldPasses, StandingBook, State
+from protocol.standing import HOLD_S, HeldPasses, StandingBook, State, cleared_passes
 from protocol.verified import Status, VerifiedRule
 from protocol.wire import Metric, ProducerClaim, RolloutBody, RolloutRecord, Verdict
 from verify.producer import CLOSE_AFTER_S, STAT, ProducerTally
@@ -316,10 +316,8 @@ class _Validator:
             await self.publish_cleared()
 
     async def publish_cleared(self) -> None:
-        for producer, window in self.tally.take_cleared():
-            for v in self.held.cleared(producer, window):
-                self.standing.audited(producer, True)
-                await self.peer.publish_verdict(v)
+        for v in cleared_passes(self.tally.take_cleared(), self.held, self.standing):
+            await self.peer.publish_verdict(v)
 
     async def on_finding(self, found: Any) -> None:
         self.standing.ban(found.producer, "producer window over the limit")

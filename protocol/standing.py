@@ -60,7 +60,8 @@ from protocol.producer_cases import (
 
 __all__ = [
     "MISSING", "PROBATION_AUDIT_FRACTION", "PROBATION_CREDIT", "PROBATION_WINDOWS", "WINDOW_OVER",
-    "Banned", "Decision", "HeldPasses", "State", "StandingBook", "window_failed", "window_statistic",
+    "Banned", "Decision", "HeldPasses", "State", "StandingBook", "cleared_passes", "window_failed",
+    "window_statistic",
 ]
 
 # Windows of audits a fresh key passes before its unaudited records train.
@@ -202,3 +203,16 @@ class HeldPasses:
         n = sum(len(self._held.pop(k)) for k in keys)
         self._count -= n
         return n
+
+
+def cleared_passes(
+    cleared: list[tuple[bytes, int]], held: HeldPasses, standing: StandingBook
+) -> list[Any]:
+    """The held pass verdicts of the windows judged clean (`cleared`: (producer, window)),
+    each counted towards its producer's probation in `standing`: the verdicts to publish."""
+    out = []
+    for producer, window in cleared:
+        for verdict in held.cleared(producer, window):
+            standing.audited(producer, True)
+            out.append(verdict)
+    return out

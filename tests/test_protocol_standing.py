@@ -259,3 +259,20 @@ def test_a_sybils_passes_are_held_until_its_window_is_judged_and_never_published
     assert published == [b"honest" + bytes([c]) for c in range(W // 2)]
     assert len(held) == 0
     assert all(book.state(k) is State.BANNED for k in keys if k != b"honest")
+
+
+def test_cleared_passes_hands_out_only_the_cleared_windows_and_counts_them() -> None:
+    from protocol.standing import HeldPasses, StandingBook, State, cleared_passes
+
+    held, book = HeldPasses(), StandingBook(probation_passes=3)
+    p, q = b"p" * 32, b"q" * 32
+    for i in range(3):
+        held.hold(p, 0, f"p0-{i}")
+    held.hold(p, 1, "p1")
+    held.hold(q, 0, "q0")
+    out = cleared_passes([(p, 0), (q, 5)], held, book)
+    assert out == ["p0-0", "p0-1", "p0-2"]
+    assert len(held) == 2  # window 1 of p and window 0 of q still wait
+    assert book.state(p) is State.GOOD  # its three passes counted: probation over
+    assert book.state(q) is State.PROBATION  # nothing of q's cleared
+    assert cleared_passes([(p, 0)], held, book) == []  # handed out once

@@ -64,7 +64,7 @@ from protocol.fraud import Audit, FraudCases, NeedRecord, Punish
 from protocol.identity import Identity
 from protocol.producer_cases import PRODUCER_PENALTY, ProducerCases
 from protocol.rollout import open_record
-from protocol.standing import HeldPasses, StandingBook, State
+from protocol.standing import HeldPasses, StandingBook, State, cleared_passes
 from protocol.wire import ProducerClaim, RolloutRecord
 from verify.producer import ProducerTally
 
@@ -237,10 +237,8 @@ class ValidatorRole:
 
     async def publish_cleared(self) -> None:
         """Publish the held pass verdicts of the windows judged clean."""
-        for producer, window in self.producers.take_cleared():
-            for verdict in self.held_passes.cleared(producer, window):
-                self.standing.audited(producer, True)
-                await self.peer.publish_verdict(verdict)
+        for verdict in cleared_passes(self.producers.take_cleared(), self.held_passes, self.standing):
+            await self.peer.publish_verdict(verdict)
 
     def on_record(self, item: Admitted) -> None:
         """A rollout record: for an open case, sampled by its own ticket (every record of
