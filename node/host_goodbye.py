@@ -17,6 +17,7 @@ never charged, and its "until" is clamped to `MAX_UNTIL_S` from now.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import time
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import trio
 
+from node.framed_stream import PeerError
 from protocol.identity import Identity, peer_id_from_b58, verify_signature
 
 if TYPE_CHECKING:
@@ -96,6 +98,14 @@ def parse_goodbye(data: bytes, sender: str, receiver: str, now: float) -> Goodby
     return Goodbye(shown, min(until_ms / 1000, now + MAX_UNTIL_S))
 
 
+async def _until_remote_closed(stream: Any) -> None:
+    """Wait for the receiver to close its side, which it does once it has read the frame:
+    the caller closes the connection next, and a frame still in flight would be lost with
+    it (and a redial within `REPEAT_S` is not told again)."""
+    with contextlib.suppress(PeerError):
+        await stream.read_exactly(1)
+
+
 class Goodbyes:
     """The host's side of the goodbye protocol: saying it (rate-limited) and hearing it."""
 
@@ -162,6 +172,8 @@ class Goodbyes:
                 stream = await self.host.open_stream(peer, GOODBYE_PROTOCOL)
                 try:
                     await stream.send(goodbye_message(self.identity, peer, reason, until))
+                    await stream.close()
+                    await _until_remote_closed(stream)
                 finally:
                     await stream.close()
                 break

@@ -113,6 +113,27 @@ async def test_a_banned_peer_is_told_and_a_replayed_goodbye_costs_nothing(tmp_pa
 
 
 @pytest.mark.network
+async def test_a_goodbye_is_heard_before_saying_it_returns(tmp_path: Path) -> None:
+    """`ban` closes the connection as soon as `say` returns: a goodbye still in flight then
+    would be lost with the connection (and a redial within `REPEAT_S` is not told again)."""
+    manifest = net_manifest("goodbye-heard")
+    async with open_peer(_cfg(tmp_path, "b", manifest)) as b, open_peer(_cfg(tmp_path, "a", manifest)) as a:
+
+        async def busy_serve(stream: object) -> None:  # a receiver slow to read (a busy loop)
+            await trio.sleep(0.3)
+            await a.host.goodbyes.serve(stream)
+
+        a.host.set_stream_handler(GOODBYE_PROTOCOL, busy_serve)
+        for i in range(3):
+            await a.host.connect(b.host.listen_addrs()[0])
+            await until("connected", lambda: a.host.peer_id in b.host.connected_peers())
+            heard = a.host.goodbyes.heard
+            await b.host.goodbyes.say(a.host.peer_id, f"banned: {i}", time.time() + 60)
+            assert a.host.goodbyes.heard == heard + 1, i
+            b.host.goodbyes._said.clear()  # so that the next round is told again
+
+
+@pytest.mark.network
 @pytest.mark.slow
 async def test_a_peer_process_banned_for_garbage_says_who_refused_it_why_and_until_when(tmp_path: Path) -> None:
     procs: list[PeerProcess] = []
