@@ -66,7 +66,8 @@ Extra arguments: `--data-dir DIR`, `--seconds T`, `--rounds R` (sapo; without it
 grid runs as many rounds as training alone needs to gain more than two standard errors),
 `--steps K` (async), `--no-devnet` (efficiency without the swarm), `--only PARTS`
 (efficiency,sapo,async), `--sapo-budget-s S`, and for a GPU `--device cuda --policy
-qwen2-24m --only sapo` (a 24M-parameter Qwen2 built from its config, warm-started here).
+qwen2-24m --only sapo [--warm-steps N]` (a 24M-parameter Qwen2 built from its config,
+warm-started here for at most N steps, default the built-in policy's).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     from trainer.engine_hf import torch_threads
 
     torch.set_num_threads(1)
-    base, tok = _policy(opts.policy, opts.device, opts.data_dir)
+    base, tok = _policy(opts.policy, opts.device, opts.data_dir, opts.warm_steps)
     parts = set(opts.only.split(",")) if opts.only else set(PARTS)
     t0 = time.perf_counter()
     sapo = asy = efficiency = devnet = None
@@ -136,16 +137,20 @@ def _options(args: list[str]) -> argparse.Namespace:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--policy", default="builtin", choices=("builtin", "qwen2-24m"))
     ap.add_argument("--sapo-budget-s", type=float)
+    ap.add_argument("--warm-steps", type=int)
     try:
         opts = ap.parse_args(args)
     except SystemExit:
         raise CommandError(
             f"bench learn: bad arguments {args}; allowed: --data-dir, --rounds, --steps, --seconds, "
-            "--no-devnet, --only PARTS, --device, --policy builtin|qwen2-24m, --sapo-budget-s"
+            "--no-devnet, --only PARTS, --device, --policy builtin|qwen2-24m, --sapo-budget-s, "
+            "--warm-steps"
         ) from None
     unknown = set(opts.only.split(",")) - set(PARTS) if opts.only else set()
     if unknown:
         raise CommandError(f"bench learn: --only takes {','.join(PARTS)}, got {opts.only!r}")
+    if opts.warm_steps is not None and (opts.policy == "builtin" or opts.warm_steps < 1):
+        raise CommandError("bench learn: --warm-steps N (>= 1) is for --policy qwen2-24m")
     if opts.rounds is not None and opts.rounds < 1:
         raise CommandError(f"bench learn: --rounds must be >= 1, got {opts.rounds}")
     if opts.policy != "builtin" and (not opts.only or "efficiency" in opts.only):
@@ -155,9 +160,10 @@ def _options(args: list[str]) -> argparse.Namespace:
     return opts
 
 
-def _policy(name: str, device: str, data_dir: str | None) -> tuple[Any, Any]:
+def _policy(name: str, device: str, data_dir: str | None, warm_steps: int | None) -> tuple[Any, Any]:
     """(model on `device`, tokenizer): the cached built-in policy, or a Qwen2 built here
-    from `QWEN2_24M` and warm-started on `device` as the built-in one is."""
+    from `QWEN2_24M` and warm-started on `device` as the built-in one is (at most
+    `warm_steps` steps, default the built-in's)."""
     from trainer import tiny_policy
     from trainer.model_dir import load_model_dir
 
@@ -168,7 +174,7 @@ def _policy(name: str, device: str, data_dir: str | None) -> tuple[Any, Any]:
     tok = tiny_policy.build_tokenizer(0)
     model = tiny_policy.build_model(tok, seed=0, **QWEN2_24M).to(device)
     _say(f"policy {name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {device}")
-    report = tiny_policy.warm_start(model, tok, seed=0, progress=_say)
+    report = tiny_policy.warm_start(model, tok, seed=0, max_steps=warm_steps, progress=_say)
     _say(f"policy {name}: warm start solve rate {report.solve_rate:.3f} after {report.steps} steps")
     return model.eval(), tok
 
