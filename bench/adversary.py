@@ -41,7 +41,7 @@ full `protocol.standing.HOLD_S`) and the validator closes windows after `--close
 (quick 5, full `verify.producer.CLOSE_AFTER_S`).
     credit_gain            (the credit cases below and `counter_shopping`) the
                            attacker's credited mean reward at the trainer (`protocol.credit`:
-                           re-scored judged bodies, skipped and withheld counters at 0)
+                           re-scored held bodies, failed, skipped and withheld counters at 0)
                            divided by the mean true reward of the counters it made that the
                            trainer accounts for (its first to its last counter heard)
 `claimed_reward_lie`: every header claims reward 1, only solved bodies are served;
@@ -111,9 +111,8 @@ relay_copy_quota: signer_penalty 0.0 instead), not honest_banned, rss_mb_growth 
 `--quick`: 2.5 s per attack window and the connection cases' quick counts (about three
 minutes on 2 shared cores, the connection cases ~45 s of it). Full: 10 s windows and the issue's counts. Options after the name:
 `--window S`, `--rate R` (honest records per second per worker), `--attacks A,B` (only
-these cases), `--settle S`, `--audit-fraction F` (the validator's, 0.5: credit is
-estimated from the audited records, so at 0.5 and the quick counts `credit_gain` and
-`honest_credit_ratio` carry sampling noise of about ±25%; at 1.0 none), and the connection
+these cases), `--settle S`, `--audit-fraction F` (the validator's, 0.5; credit counts every held
+body's re-score, so it carries no sampling noise at any fraction), and the connection
 cases' counts above.
 """
 

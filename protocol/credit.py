@@ -6,28 +6,30 @@ verdict), counted once the record was judged against the weights of the version 
 claims (a verdict: a validator holds those weights). Per counter, in order:
 
     header heard        open: it claims (version, reward); nothing is credited yet
-    body re-scored      held: its re-score is known; a claim that differs from it by more
-                        than `tolerance` is a `FalseClaim` (its producer pays
+    body re-scored      held: credited our re-score at once; a claim that differs from it
+                        by more than `tolerance` is a `FalseClaim` (its producer pays
                         `penalties.FALSE_CLAIM`, once per counter)
-    judged              a held body is settled: credited our re-score if the record passed,
-                        0 if it failed
+    judged              a held body that failed its judgement is settled at 0 (its re-score
+                        taken back); one that passed keeps its re-score
     pull window closes  a header still without a held body is settled at the judge's
     (`pull_window_s`)   re-score if a judge passed it (the judge holds the body), else it
                         is *skipped*: reward 0 (a body nobody could pull is work nobody can
                         check, so a claim never served is worth nothing)
 
-With sampled audits most held bodies are never judged, so the credited mean reward is an
-estimate that counts every counter once:
+The credited mean reward counts every counter once, and every held body's re-score, not
+only the judged sample's (an estimate from the sample would carry its sampling noise):
 
-    credited = (reward over judged counters / judged) * held / (held + skipped
-               + out_of_order + withheld)
+    credited = reward_sum / (held + skipped + out_of_order + withheld)
 
+`reward_sum`: the re-scores of the held counters, 0 for each that failed its judgement;
 `held`: counters whose body we re-scored or a judge judged; `withheld`: counters the
-producer never published (`protocol.accounting.WorkLedger`). The judged ones are a sample
-of the held ones (the audit ticket is the validator's, not the producer's choice), and every
-counter not held is worth 0: a worker that publishes only what solved, or serves only the
-bodies that solved, is credited its true rate; an honest one its true rate whatever the
-audit fraction.
+producer never published (`protocol.accounting.WorkLedger`). Every counter not held is
+worth 0: a worker that publishes only what solved, or serves only the bodies that solved,
+is credited its true rate; an honest one its true rate over the bodies it served, whatever
+the audit fraction. What the judgements add is the producer's standing: a record that
+fails its audit is 0 here, and it bans its producer (`protocol.standing`), whose
+`credit_weight` is then 0 (everything clawed back), so credit for an unjudged record is
+only ever provisional on the producer's audits.
 
 The first header or body heard for (producer, counter) fixes its claim; a later one that
 names another version is not this claim and changes nothing (admission refuses it as double
@@ -87,10 +89,10 @@ class FalseClaim:
 @dataclass(slots=True)
 class CreditStanding:
     held: int = 0  # counters whose body we re-scored or a judge judged
-    judged: int = 0  # ... of which judged (reward_sum is theirs)
+    judged: int = 0  # ... of which judged
     skipped: int = 0  # headers whose body never came within the pull window
     false_claims: int = 0
-    reward_sum: float = 0.0
+    reward_sum: float = 0.0  # re-scores of the held counters, 0 for each that failed
     out_of_order: int = 0  # claims of a version behind one of a lower counter, or ahead of a higher
 
 
@@ -170,8 +172,9 @@ class CreditBook:
         return self._settled.get((producer, counter), False)
 
     def _evict(self) -> None:
-        if self._held:  # held and never judged: dropped, credited nothing
-            self._held.popitem(last=False)
+        if self._held:  # held and never judged: settled at the re-score it was credited
+            key, _ = self._held.popitem(last=False)
+            self._settled[key] = False
         else:
             key, _ = self._open.popitem(last=False)
             self._settle(*key, None, skipped=True)
@@ -190,11 +193,13 @@ class CreditBook:
             return None
         c.rescored = float(rescored)
         del self._open[key]
-        self._standing(producer).held += 1
-        if c.passed is None:
+        s = self._standing(producer)
+        s.held += 1
+        if c.passed is None:  # credited now; a failed judgement takes it back
             self._held[key] = c
+            s.reward_sum += c.rescored
         else:
-            self._settle(producer, counter, c.rescored if c.passed else 0.0)
+            self._settle(producer, counter, c.rescored if c.passed else 0.0, judged=True)
         if c.claimed is not None and abs(c.claimed - c.rescored) > self.tolerance:
             self._standing(producer).false_claims += 1
             return FalseClaim(producer, counter, c.claimed, c.rescored)
@@ -203,8 +208,9 @@ class CreditBook:
     def on_judged(self, producer: bytes, counter: int, version: int, passed: bool,
                   rescored: float, now: float) -> None:  # fmt: skip
         """A judgement of (producer, counter) at `version`: passed or not, and the judge's
-        re-score. Settles the counter if we hold its body (our re-score is credited);
-        otherwise the judge's re-score is, when the pull window closes without the body."""
+        re-score. Settles the counter if we hold its body (a failure takes back the re-score
+        it was credited); otherwise the judge's re-score is credited when the pull window
+        closes without the body."""
         key = (producer, counter)
         c = self._claim(producer, counter, version, None, now)
         if c is None or c.passed is not None:
@@ -212,7 +218,7 @@ class CreditBook:
         c.passed, c.judge_score = bool(passed), float(rescored)
         if c.rescored is not None:
             del self._held[key]
-            self._settle(producer, counter, c.rescored if passed else 0.0)
+            self._settle(producer, counter, 0.0 if passed else -c.rescored, judged=True)
 
     def on_time(self, now: float) -> None:
         """Close the pull windows that ended by `now`: a header with no body held is
@@ -226,7 +232,7 @@ class CreditBook:
                 self._settle(*key, None, skipped=True)
             else:  # the judge held the body
                 self._standing(key[0]).held += 1
-                self._settle(*key, c.judge_score if c.passed else 0.0)
+                self._settle(*key, c.judge_score if c.passed else 0.0, judged=True)
 
     def _standing(self, producer: bytes) -> CreditStanding:
         s = self._producers.get(producer)
@@ -239,12 +245,13 @@ class CreditBook:
         return s
 
     def _settle(self, producer: bytes, counter: int, reward: float | None, *, skipped: bool = False,
-                out_of_order: bool = False) -> None:  # fmt: skip
-        """Settle a counter: judged (`reward`), skipped or out of order (`reward` None)."""
+                out_of_order: bool = False, judged: bool = False) -> None:  # fmt: skip
+        """Settle a counter: `reward` added to what it was credited, skipped or out of
+        order (`reward` None)."""
         s = self._standing(producer)
         if reward is not None:
-            s.judged += 1
             s.reward_sum += reward
+        s.judged += judged
         s.skipped += skipped
         self._settled[(producer, counter)] = out_of_order
         while len(self._settled) > self.max_open:
@@ -255,11 +262,9 @@ class CreditBook:
 
     def credited_reward(self, producer: bytes, withheld: int = 0) -> float | None:
         """The credited mean reward (module docstring); None while nothing of the producer
-        is known or it has held bodies none of which is judged yet."""
+        is settled or held."""
         s = self._producers.get(producer) or CreditStanding()
-        total = s.held + s.skipped + s.out_of_order + withheld
-        if total == 0 or (s.held and not s.judged):
+        total = s.held + s.skipped + s.out_of_order + max(0, withheld)
+        if total == 0:
             return None
-        if not s.held:
-            return 0.0
-        return s.reward_sum / s.judged * s.held / total
+        return s.reward_sum / total

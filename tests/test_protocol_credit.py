@@ -185,18 +185,48 @@ def test_a_claimed_reward_that_differs_from_the_re_score_costs_its_signer_and_cr
     assert c.on_rescored(item.content_id, 0.0, t) == []  # charged once per record
 
 
-def test_a_held_body_is_credited_only_once_judged() -> None:
+def test_a_held_body_is_credited_its_re_score_at_once_and_a_failed_judgement_settles_it_at_0() -> None:
     a, c = collector()
     t = T0 + 1
-    rec = claimed_record(ALICE, 1, 1.0, at=t)
-    (item,) = delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, rec, t)
-    c.on_deliver(item)
-    c.on_rescored(item.content_id, 1.0, t)
-    c.on_time(t + 10 * WINDOW_S)
-    assert c.credited_reward(ALICE.peer_id, t + 10 * WINDOW_S) is None  # held, never judged
-    for vi in delivered(a, RELAY, Kind.VERDICT, pass_verdict(item.content_id, ALICE.peer_id, 1.0, 1, t), t):
+    rids = []
+    for counter in (1, 2):
+        rec = claimed_record(ALICE, counter, 1.0, at=t)
+        (item,) = delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, rec, t)
+        c.on_deliver(item)
+        c.on_rescored(item.content_id, 1.0, t)
+        rids.append(item.content_id)
+    assert c.credited_reward(ALICE.peer_id, t) == 1.0  # held, not judged: its re-score
+    v = Verdict(rollout_id=rids[1], producer=ALICE.peer_id, passed=False, reason="bad_proof",
+                reward_rescored=1.0, metrics=())  # fmt: skip
+    failed = seal(VALIDATOR, v, run_id=RUN, policy_version=10, seq=1, timestamp_ms=int(t * 1000))
+    for vi in delivered(a, RELAY, Kind.VERDICT, failed, t):
         c.on_deliver(vi)
-    assert c.credited_reward(ALICE.peer_id, t + 10 * WINDOW_S) == 1.0
+    assert c.credited_reward(ALICE.peer_id, t) == 0.5  # the failed one: 0
+    s = c.credit.standing(ALICE.peer_id)
+    assert (s.held, s.judged, s.reward_sum) == (2, 1, 1.0)
+
+
+def test_every_held_body_counts_not_the_judged_sample() -> None:
+    """Only a quarter of the held bodies is judged, and the judged ones happen to be the
+    solved ones: the producer is credited the exact mean re-score of all its held bodies
+    times its held share, not an estimate from the sample."""
+    from protocol.credit import CreditBook
+
+    book = CreditBook(pull_window_s=WINDOW_S)
+    n, rescores = 200, {}
+    for counter in range(n):
+        ok = solved(counter)
+        book.on_header(b"p", counter, 10, float(ok), T0)
+        if counter % 10 == 3:
+            continue  # never served: skipped
+        rescores[counter] = float(ok)
+        book.on_body(b"p", counter, 10, float(ok), float(ok), T0)
+        if ok and counter % 2 == 0 or counter % 8 == 1:  # a biased quarter is judged
+            book.on_judged(b"p", counter, 10, True, float(ok), T0)
+    book.on_time(T0 + WINDOW_S)
+    held_mean = sum(rescores.values()) / len(rescores)
+    assert book.credited_reward(b"p") == pytest.approx(held_mean * len(rescores) / n, abs=1e-12)
+    assert book.credited_reward(b"p", withheld=n) == pytest.approx(held_mean * len(rescores) / (2 * n))
 
 
 # -- version shopping -----------------------------------------------------------------------
@@ -291,7 +321,7 @@ def test_credit_book_orders_of_arrival_and_bounds() -> None:
     book.on_time(T0 + WINDOW_S)
     s = book.standing(b"p")
     assert (s.held, s.judged, s.skipped, s.false_claims, s.reward_sum) == (4, 3, 0, 1, 1.0)
-    assert book.credited_reward(b"p") == 1.0 / 3  # counter 3 is held, not judged
+    assert book.credited_reward(b"p") == 1.0 / 4  # counter 3 is held, not judged: its re-score 0
     # Bounded: claims past `max_open` settle the oldest open one as skipped.
     for counter in range(10, 20):
         book.on_header(b"q", counter, 10, 1.0, T0 + WINDOW_S)
@@ -352,7 +382,8 @@ def test_an_honest_worker_moving_forward_is_never_out_of_order() -> None:
 def test_sampled_audits_credit_an_honest_worker_and_a_liar_their_true_rates() -> None:
     """A quarter of the held bodies is judged (the validator's sample): the honest worker
     that lost a few bodies and the liar that serves only its solved ones are each credited
-    about their true rate, not less for the lost bodies and not more for the lies."""
+    their true rate over what they served, not less for the lost bodies' peers and not
+    more for the lies."""
     import hashlib
 
     from protocol.credit import CreditBook
@@ -374,5 +405,7 @@ def test_sampled_audits_credit_an_honest_worker_and_a_liar_their_true_rates() ->
                 book.on_judged(who, counter, 10, True, float(ok), T0)
     book.on_time(T0 + WINDOW_S)
     true_rate = sum(solved(c) for c in range(n)) / n
-    assert book.credited_reward(b"honest") == pytest.approx(true_rate * 0.98, rel=0.1)
-    assert book.credited_reward(b"liar") == pytest.approx(true_rate, rel=0.1)
+    # Every held body's re-score counts, the judged sample no more than the rest: exact.
+    served = sum(solved(c) for c in range(n) if c % 50 != 7) / n
+    assert book.credited_reward(b"honest") == pytest.approx(served, abs=1e-12)
+    assert book.credited_reward(b"liar") == pytest.approx(true_rate, abs=1e-12)

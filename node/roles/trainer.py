@@ -29,7 +29,7 @@ dropped; a failed publish is logged in `status` and retried at the next cadence 
 
 Credit (`protocol.credit.CreditBook`): a producer is credited the reward the trainer
 re-scores from each body it holds (every held body is re-scored at the next train turn,
-verified or not), estimated from the records a judge passed or failed at their version; a
+verified or not), 0 for a record a judge failed at its version; a
 header whose body never arrives within the body pull window is a skipped counter (reward
 0), a claim whose version goes back is out of order (0, never trained on), and a header
 whose claimed reward differs from the re-score costs its producer `penalties.FALSE_CLAIM`. The trainer's admission refuses rollouts of versions it has not
@@ -162,8 +162,8 @@ class Collector:
     def credited_reward(
         self, producer: bytes, now: float = math.inf, weight: float = 1.0
     ) -> float | None:
-        """The producer's credit: re-scored rewards of its judged bodies, with skipped
-        and withheld counters at 0 (`protocol.credit`), times `weight`: its standing's
+        """The producer's credit: re-scored rewards of its held bodies (failed ones 0),
+        with skipped and withheld counters at 0 (`protocol.credit`), times `weight`: its standing's
         `StandingBook.credit_weight` (0 once banned: a failed audit claws it all back)."""
         s = self.ledger.standing(producer, now)
         credited = self.credit.credited_reward(producer, s.withheld if s is not None else 0)
