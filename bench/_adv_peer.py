@@ -149,6 +149,9 @@ class _Counting:
         self.admitted_by_signer[signer] += 1
         for bad in self.collector.on_deliver(item):
             self.peer.report(bad, -20.0, "withheld assignment counters")
+        for bad in self.collector.take_went_back():
+            self.peer.report(bad, penalties.OUT_OF_ORDER.cost, "went back to an older version again",
+                             penalties.OUT_OF_ORDER.name)  # fmt: skip
         if item.kind is Kind.ROLLOUT_RECORD:
             for bad in self.collector.on_rescored(item.content_id, true_reward(item.obj.body), item.received_at):
                 self.peer.report(bad, penalties.FALSE_CLAIM.cost, "claimed reward differs from the re-score",

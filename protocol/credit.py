@@ -41,10 +41,21 @@ the lower version. A claim that would (a version below one it claimed at a lower
 or above one it claimed at a higher counter) is *out of order*: settled at 0 at once and
 never trained on (`out_of_order`). That is what is left to a worker holding several
 published versions that samples one task under each and publishes whichever solved it:
-once it has published a counter at the newest version, the older ones earn nothing. It is
-free (no penalty): an honest worker that restarts may make one batch with its base model
-before it has loaded its newest weights. Per producer the counter span of each of its
-`max_versions` newest versions is kept; the first claim heard keeps its place.
+once it has published a counter at the newest version, the older ones earn nothing. Per
+producer the counter span of each of its `max_versions` newest versions is kept; the first
+claim heard keeps its place.
+
+Going back once is free, going back again costs. An honest worker that restarts may make
+one batch with older weights before it has loaded its newest: every claim of that batch
+names one older version. So per producer, the first version it goes back to is free for
+`back_window_s` (10 minutes, the half-life of a peer's score) from its first claim there:
+every out-of-order claim at that version in the window costs nothing. An out-of-order claim
+at any other version within the window is an `OutOfOrder` action: its producer (the key
+that signed the claim, never a peer that relayed it) pays `penalties.OUT_OF_ORDER`, each
+time. Once the window has passed, the next version gone back to is free again: an honest
+worker restarting less often than every 10 minutes never pays. A window per producer
+rather than one free going-back per lifetime, because the book forgets producers (bounded)
+and honest workers restart more than once in a run.
 
 Pure and bounded: no IO, time passed in; at most `max_open` claims not yet settled (oldest
 settled as skipped first) and `max_producers` producers.
@@ -52,15 +63,16 @@ settled as skipped first) and `max_producers` producers.
 Public API
 ----------
 `CreditBook(pull_window_s=300.0, tolerance=1e-4, max_open=262_144, max_producers=100_000,
-max_versions=8)`
-    `.on_header(producer, counter, version, claimed, now)`
-    `.on_body(producer, counter, version, claimed, rescored, now) -> FalseClaim | None`
+max_versions=8, back_window_s=600.0)`
+    `.on_header(producer, counter, version, claimed, now) -> OutOfOrder | None`
+    `.on_body(producer, counter, version, claimed, rescored, now) -> FalseClaim | OutOfOrder | None`
     `.on_judged(producer, counter, version, passed, rescored, now)`
     `.on_time(now)`                        close the pull windows that ended by `now`
     `.standing(producer) -> CreditStanding | None`
     `.out_of_order(producer, counter) -> bool`  settled as out of order (not to be trained on)
     `.credited_reward(producer, withheld=0) -> float | None`
-`FalseClaim(producer, counter, claimed, rescored)`; `CreditStanding(held, judged, skipped,
+`FalseClaim(producer, counter, claimed, rescored)`; `OutOfOrder(producer, counter, version)`;
+`CreditStanding(held, judged, skipped,
 false_claims, reward_sum, out_of_order)`.
 """
 
@@ -72,7 +84,7 @@ from dataclasses import dataclass
 
 from protocol.errors import LocalProtocolError
 
-__all__ = ["CreditBook", "CreditStanding", "FalseClaim"]
+__all__ = ["CreditBook", "CreditStanding", "FalseClaim", "OutOfOrder"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +96,16 @@ class FalseClaim:
     counter: int
     claimed: float
     rescored: float
+
+
+@dataclass(frozen=True, slots=True)
+class OutOfOrder:
+    """Action: `producer` signed a claim going back to `version` at `counter`, not the
+    version it went back to for free in this window; charge it `penalties.OUT_OF_ORDER`."""
+
+    producer: bytes
+    counter: int
+    version: int
 
 
 @dataclass(slots=True)
@@ -112,13 +134,20 @@ class CreditBook:
     def __init__(
         self, *, pull_window_s: float = 300.0, tolerance: float = 1e-4,
         max_open: int = 262_144, max_producers: int = 100_000, max_versions: int = 8,
+        back_window_s: float = 600.0,
     ) -> None:  # fmt: skip
         if not (math.isfinite(pull_window_s) and pull_window_s > 0) or tolerance < 0:
             raise LocalProtocolError("CreditBook: pull_window_s > 0 and tolerance >= 0")
+        if not (math.isfinite(back_window_s) and back_window_s >= 0):
+            raise LocalProtocolError("CreditBook: back_window_s must be finite and >= 0")
         if max_open < 1 or max_producers < 1 or max_versions < 1:
             raise LocalProtocolError("CreditBook: max_open, max_producers, max_versions >= 1")
         self.pull_window_s, self.tolerance = pull_window_s, tolerance
         self.max_open, self.max_producers, self.max_versions = max_open, max_producers, max_versions
+        self.back_window_s = back_window_s
+        # producer -> (the version it went back to for free, when its window opened)
+        self._free_back: OrderedDict[bytes, tuple[int, float]] = OrderedDict()
+        self._charge: OutOfOrder | None = None  # the charge of the claim just refused
         # producer -> version -> (lowest, highest) counter claimed at it
         self._spans: OrderedDict[bytes, dict[int, tuple[int, int]]] = OrderedDict()
         self._open: OrderedDict[tuple[bytes, int], _Claim] = OrderedDict()  # no body yet
@@ -139,6 +168,8 @@ class CreditBook:
             if not self._in_order(producer, counter, version):
                 self._standing(producer).out_of_order += 1
                 self._settle(producer, counter, None, out_of_order=True)
+                if not self._back_is_free(producer, version, now):
+                    self._charge = OutOfOrder(producer, counter, version)
                 return None
             c = self._open[key] = _Claim(version, claimed, now)
             if len(self._open) + len(self._held) > self.max_open:
@@ -168,6 +199,22 @@ class CreditBook:
             del spans[min(spans)]
         return True
 
+    def _back_is_free(self, producer: bytes, version: int, now: float) -> bool:
+        """Whether a claim going back to `version` at `now` is the producer's free one
+        (module docstring); opens a window if its last one has passed."""
+        free = self._free_back.get(producer)
+        if free is None or now - free[1] >= self.back_window_s:
+            self._free_back[producer] = (version, now)
+            self._free_back.move_to_end(producer)
+            while len(self._free_back) > self.max_producers:
+                self._free_back.popitem(last=False)
+            return True
+        return free[0] == version
+
+    def _take_charge(self) -> OutOfOrder | None:
+        charge, self._charge = self._charge, None
+        return charge
+
     def out_of_order(self, producer: bytes, counter: int) -> bool:
         return self._settled.get((producer, counter), False)
 
@@ -179,18 +226,22 @@ class CreditBook:
             key, _ = self._open.popitem(last=False)
             self._settle(*key, None, skipped=True)
 
-    def on_header(self, producer: bytes, counter: int, version: int, claimed: float, now: float) -> None:
-        """A header (or a record's header) heard at `now`."""
+    def on_header(self, producer: bytes, counter: int, version: int, claimed: float,
+                  now: float) -> OutOfOrder | None:  # fmt: skip
+        """A header (or a record's header) heard at `now`; the `OutOfOrder` to charge if it
+        goes back to a version that is not its free one."""
         self._claim(producer, counter, version, claimed, now)
+        return self._take_charge()
 
     def on_body(self, producer: bytes, counter: int, version: int, claimed: float,
-                rescored: float, now: float) -> FalseClaim | None:  # fmt: skip
+                rescored: float, now: float) -> FalseClaim | OutOfOrder | None:  # fmt: skip
         """We hold the body of (producer, counter) and re-scored it at `rescored`; the
-        `FalseClaim` to charge if its claim differs (once per counter)."""
+        `FalseClaim` to charge if its claim differs (once per counter), or the
+        `OutOfOrder` if the claim, heard first here, goes back (`on_header`)."""
         key = (producer, counter)
         c = self._claim(producer, counter, version, claimed, now)
         if c is None or c.rescored is not None:
-            return None
+            return self._take_charge()
         c.rescored = float(rescored)
         del self._open[key]
         s = self._standing(producer)
@@ -213,6 +264,7 @@ class CreditBook:
         closes without the body."""
         key = (producer, counter)
         c = self._claim(producer, counter, version, None, now)
+        self._charge = None  # a judgement is not the producer's claim: nothing to charge
         if c is None or c.passed is not None:
             return
         c.passed, c.judge_score = bool(passed), float(rescored)

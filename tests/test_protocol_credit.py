@@ -409,3 +409,37 @@ def test_sampled_audits_credit_an_honest_worker_and_a_liar_their_true_rates() ->
     served = sum(solved(c) for c in range(n) if c % 50 != 7) / n
     assert book.credited_reward(b"honest") == pytest.approx(served, abs=1e-12)
     assert book.credited_reward(b"liar") == pytest.approx(true_rate, abs=1e-12)
+
+
+def test_going_back_to_one_version_is_free_going_back_again_costs_the_producer() -> None:
+    """Within `back_window_s` the first version a producer goes back to is free (an honest
+    restart makes one batch, at one older version); a claim going back to another one
+    costs its producer `out_of_order`, each time; after the window it is free again."""
+    from protocol.credit import CreditBook, OutOfOrder
+
+    book = CreditBook(pull_window_s=WINDOW_S, back_window_s=600.0)
+    book.on_header(b"p", 10, 12, 0.0, T0)
+    restart = [book.on_header(b"p", c, 11, 0.0, T0 + 1) for c in range(11, 19)]  # one batch back
+    assert restart == [None] * 8
+    again = book.on_body(b"p", 19, 10, 1.0, 1.0, T0 + 2)  # back to another version
+    assert again == OutOfOrder(b"p", 19, 10)
+    assert book.on_header(b"p", 20, 11, 0.0, T0 + 3) is None  # still the free one
+    assert book.standing(b"p").out_of_order == 10
+    assert book.on_header(b"q", 5, 9, 0.0, T0 + 3) is None  # another producer: its own window
+    assert book.on_header(b"p", 21, 10, 0.0, T0 + 1 + 600.0) is None  # a new window
+    assert isinstance(book.on_header(b"p", 22, 11, 0.0, T0 + 1 + 601.0), OutOfOrder)
+    assert penalties.OUT_OF_ORDER.payer is penalties.Payer.PRODUCER
+    assert -5 <= penalties.OUT_OF_ORDER.cost < 0  # small: it is credited 0 already
+
+
+def test_the_collector_charges_the_producer_of_a_claim_going_back_twice_never_the_relay() -> None:
+    a, c = collector()
+    t = T0 + 1
+    charges = []
+    for counter, version in ((5, 10), (6, 9), (7, 8)):
+        rec = claimed_record(ALICE, counter, 0.0, version=version, at=t)
+        for item in delivered(a, RELAY, Kind.ROLLOUT_HEADER, header(rec), t):
+            assert c.on_deliver(item) == []
+            charges += c.take_went_back()
+    assert charges == [ALICE.peer_id]  # the producer, for going back to v8 after v9
+    assert c.take_went_back() == []

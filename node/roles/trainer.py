@@ -31,7 +31,8 @@ Credit (`protocol.credit.CreditBook`): a producer is credited the reward the tra
 re-scores from each body it holds (every held body is re-scored at the next train turn,
 verified or not), 0 for a record a judge failed at its version; a
 header whose body never arrives within the body pull window is a skipped counter (reward
-0), a claim whose version goes back is out of order (0, never trained on), and a header
+0), a claim whose version goes back is out of order (0, never trained on; going back again
+to another version within 10 minutes costs `penalties.OUT_OF_ORDER`), and a header
 whose claimed reward differs from the re-score costs its producer `penalties.FALSE_CLAIM`. The trainer's admission refuses rollouts of versions it has not
 published (`AdmissionConfig.publishes_versions`).
 
@@ -57,7 +58,7 @@ from protocol.accounting import WITHHELD_PENALTY, GapCharges, WorkLedger
 from protocol.admission import Admitted, Kind
 from protocol.authority import Authority
 from protocol.body_pull import PullConfig
-from protocol.credit import CreditBook
+from protocol.credit import CreditBook, FalseClaim
 from protocol.standing import Banned, Decision, StandingBook, State
 from protocol.verified import Status, VerifiedRule, Vote, judge
 
@@ -72,6 +73,7 @@ LEARN_EVAL_TASKS = 128  # held-out tasks scored at the start and after a publish
 LEARN_EVAL_EVERY_S = 45.0
 MAX_TRACKED = 100_000
 MAX_VOTES = 16  # votes remembered per rollout
+MAX_WENT_BACK = 1024  # out-of-order charges kept between two `take_went_back` calls
 REPORT_EVERY_S = 2.0
 PRINT_EVERY_S = 30.0
 
@@ -100,6 +102,7 @@ class Collector:
         self.ledger = self.gaps.ledger
         self.tracks: OrderedDict[bytes, _Track] = OrderedDict()
         self.credit = CreditBook(pull_window_s=pull_window_s)  # the body puller's window
+        self.went_back: list[bytes] = []  # producers to charge OUT_OF_ORDER (`take_went_back`)
 
     def track(self, rid: bytes) -> _Track:
         t = self.tracks.get(rid)
@@ -111,7 +114,8 @@ class Collector:
 
     def on_deliver(self, item: Admitted) -> list[bytes]:
         """Take one admitted item; returns the producers that just went past their
-        allowance (charge each once)."""
+        allowance (charge each once). The producer of a claim going back again
+        (`protocol.credit.OutOfOrder`) joins `went_back`: charge it `penalties.OUT_OF_ORDER`."""
         now = item.received_at
         if item.kind in (Kind.ROLLOUT_RECORD, Kind.ROLLOUT_HEADER):
             header = item.obj.header if item.kind is Kind.ROLLOUT_RECORD else item.obj
@@ -122,8 +126,10 @@ class Collector:
             t.counter = header.counter
             t.task = (header.dataset, header.task_index)
             t.body = t.body or item.kind is Kind.ROLLOUT_RECORD
-            self.credit.on_header(t.producer, t.counter, t.version, t.reward, now)
+            back = self.credit.on_header(t.producer, t.counter, t.version, t.reward, now)
             self._judged(t, now)
+            if back is not None and len(self.went_back) < MAX_WENT_BACK:
+                self.went_back.append(back.producer)
             return self.gaps.on_rollout(t.producer, header.counter, header.reward, now)
         if item.kind is Kind.VERDICT:
             t = self.track(item.obj.rollout_id)
@@ -135,6 +141,12 @@ class Collector:
             self._judged(t, now)
         return self.on_time(now)
 
+    def take_went_back(self) -> list[bytes]:
+        """The producers to charge `penalties.OUT_OF_ORDER` since the last call (one entry
+        per claim going back again; at most `MAX_WENT_BACK` between calls)."""
+        out, self.went_back = self.went_back, []
+        return out
+
     def on_rescored(self, rid: bytes, reward: float, now: float) -> list[bytes]:
         """We re-scored the body of `rid` at `reward`; returns its producer if its header
         claimed another reward (charge it `penalties.FALSE_CLAIM`)."""
@@ -143,7 +155,7 @@ class Collector:
             return []
         false = self.credit.on_body(t.producer, t.counter, t.version, t.reward, reward, now)
         self._judged(t, now)
-        return [t.producer] if false is not None else []
+        return [t.producer] if isinstance(false, FalseClaim) else []
 
     def _judged(self, t: _Track, now: float) -> None:
         if not t.producer:
@@ -346,6 +358,9 @@ class TrainerRole:
     def on_deliver(self, item: Admitted) -> None:
         for bad in self.collector.on_deliver(item):
             self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name)
+        for bad in self.collector.take_went_back():
+            self.peer.report(bad, penalties.OUT_OF_ORDER.cost, "went back to an older version again",
+                             penalties.OUT_OF_ORDER.name)  # fmt: skip
         if item.kind is Kind.ROLLOUT_RECORD:
             if len(self.unscored) < MAX_WAITING:
                 self.unscored.append(item.obj)
