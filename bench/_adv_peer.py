@@ -59,6 +59,7 @@ from protocol.audit_sample import sample_ticket, sampled, window_ticket
 from protocol.body_pull import PullConfig
 from protocol.codec import decode, encode
 from protocol.content_id import content_id
+from protocol.credit import STALE_AFTER_S
 from protocol.identity import Identity, peer_id_from_b58, peer_id_to_b58
 from protocol.producer_cases import PRODUCER_PENALTY
 from protocol.rollout import make_record, open_record
@@ -135,6 +136,9 @@ class _Counting:
         self.waiting: dict[bytes, tuple[Any, float]] = {}
         self.trained: dict[str, list[str]] = {}  # producer -> rollout ids trained on
         self.admitted_ahead: Counter[str] = Counter()  # rollouts of versions above ours
+        # Everyone runs VERSION from the start: it was published long enough ago that
+        # claims of older versions are stale (`protocol.credit`).
+        self.collector.on_published(VERSION, time.time() - STALE_AFTER_S)
 
     async def train_loop(self) -> None:
         while True:

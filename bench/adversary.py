@@ -13,9 +13,15 @@ Per attack (`attacks[name]`):
     rejected_fraction      share of the attack's messages that had no effect at the trainer:
                            refused by admission, or admitted but never counted (not
                            verified work, a vote that counts for nothing, no unit of work
-                           counted twice); `measure` says which effect was looked for
+                           counted twice); `measure` says which effect was looked for. For
+                           `changed_model` only the changed model's records count (its
+                           honest probation records before them are no attack)
     attacker_penalized     an honest peer (trainer, validator, worker) scored the attacking
-                           peer below zero or banned it
+                           peer below zero or banned it, or every key that signed the
+                           attack's messages was banned in standing by the trainer or the
+                           validator (`signers_cut_off` 1.0) or scored below zero or banned
+                           by an honest peer (an attacker relaying for many keys pays
+                           through them)
     honest_banned          an honest peer banned a worker, the validator or the trainer
     honest_throughput_ratio  honest rollouts verified at the trainer per rollout the
                            validator sampled, made during the attack, divided by the same
@@ -320,6 +326,10 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
             effect = sum(t_rep["admitted_by_signer"].get(s, 0) for s in signers)
         elif measure == "verified":
             effect = sum(len(t_rep["verified"].get(s, [])) for s in signers)
+        elif measure == "trained" and "changed_ids" in r:  # the changed model's records only
+            trained = {rid for s in signers for rid in t_rep["trained"].get(s, [])}
+            effect = sum(rid in trained for rid in r["changed_ids"])
+            sent = max(1, len(r["changed_ids"]))
         elif measure == "trained":
             effect = sum(len(t_rep["trained"].get(s, [])) for s in signers)
         elif measure == "usable":
@@ -335,7 +345,8 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
             effect = t_rep["double_counted"]
         attacker = r.get("attacker", "")
         banned = any(v["banned"].get(h) for v in views for h in honest_all)
-        penalized = any(v["scores"].get(attacker, 0.0) < 0 or v["banned"].get(attacker) for v in views)
+        penalized = _penalized(attacker, views) or bool(signers) and all(
+            s in cut_off or _penalized(s, views) for s in signers)
         ratio = _throughput(r["window"], verified, v_rep["sampled"], workers)
         attacks[name] = {
             "rejected_fraction": round(max(0.0, 1.0 - min(effect, sent) / sent), 4),
@@ -373,6 +384,11 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
             "rss_mb_max": round(rss, 1),
             "honest_trained_fraction": _trained_fraction(baseline, t_rep, workers),
             "cheater_records_trained": cheated}
+
+
+def _penalized(peer: str, views: list[dict[str, Any]]) -> bool:
+    """Whether an honest peer scored `peer` below zero or banned it."""
+    return any(v["scores"].get(peer, 0.0) < 0 or v["banned"].get(peer) for v in views)
 
 
 def _credit_gain(r: dict[str, Any], credit: dict[str, Any]) -> float | None:

@@ -19,7 +19,7 @@ claims (a verdict: a validator holds those weights). Per counter, in order:
 The credited mean reward counts every counter once, and every held body's re-score, not
 only the judged sample's (an estimate from the sample would carry its sampling noise):
 
-    credited = reward_sum / (held + skipped + out_of_order + withheld)
+    credited = reward_sum / (held + skipped + out_of_order + stale + withheld)
 
 `reward_sum`: the re-scores of the held counters, 0 for each that failed its judgement;
 `held`: counters whose body we re-scored or a judge judged; `withheld`: counters the
@@ -45,6 +45,18 @@ once it has published a counter at the newest version, the older ones earn nothi
 producer the counter span of each of its `max_versions` newest versions is kept; the first
 claim heard keeps its place.
 
+Versions are left behind. Forward-only claims still leave a worker holding several
+published versions one choice: to stay on an older one while it solves and step up only
+when a newer one solves instead (it never goes back). An honest worker moves to a newer
+version within a download and a batch of its publication. So the trainer, which knows when
+it published each version (`on_published`; one it resumed at counts as published when it
+started), settles a claim at version v as *stale* when it is first heard `stale_after_s`
+(`STALE_AFTER_S`, 5 minutes) or more after the first newer version was published: reward
+0, never trained on, free (a slow honest worker may be that late, and loses only that
+tail). Within those 5 minutes a shopper may still choose between v and v + 1; that is the
+bound on what staying low can gain. A claim that goes back is out of order (below) before
+it is stale: going back again costs, however old the version.
+
 Going back once is free, going back again costs. An honest worker that restarts may make
 one batch with older weights before it has loaded its newest: every claim of that batch
 names one older version. So per producer, the first version it goes back to is free for
@@ -63,17 +75,19 @@ settled as skipped first) and `max_producers` producers.
 Public API
 ----------
 `CreditBook(pull_window_s=300.0, tolerance=1e-4, max_open=262_144, max_producers=100_000,
-max_versions=8, back_window_s=600.0)`
+max_versions=8, back_window_s=600.0, stale_after_s=STALE_AFTER_S)`
+    `.on_published(version, now)`         we published `version` at `now`
     `.on_header(producer, counter, version, claimed, now) -> OutOfOrder | None`
     `.on_body(producer, counter, version, claimed, rescored, now) -> FalseClaim | OutOfOrder | None`
     `.on_judged(producer, counter, version, passed, rescored, now)`
     `.on_time(now)`                        close the pull windows that ended by `now`
     `.standing(producer) -> CreditStanding | None`
-    `.out_of_order(producer, counter) -> bool`  settled as out of order (not to be trained on)
+    `.out_of_order(producer, counter) -> bool`  settled as out of order
+    `.not_trained(producer, counter) -> bool`   settled as out of order or stale: never train it
     `.credited_reward(producer, withheld=0) -> float | None`
 `FalseClaim(producer, counter, claimed, rescored)`; `OutOfOrder(producer, counter, version)`;
 `CreditStanding(held, judged, skipped,
-false_claims, reward_sum, out_of_order)`.
+false_claims, reward_sum, out_of_order, stale)`.
 """
 
 from __future__ import annotations
@@ -84,7 +98,11 @@ from dataclasses import dataclass
 
 from protocol.errors import LocalProtocolError
 
-__all__ = ["CreditBook", "CreditStanding", "FalseClaim", "OutOfOrder"]
+__all__ = ["STALE_AFTER_S", "CreditBook", "CreditStanding", "FalseClaim", "OutOfOrder"]
+
+# A claim at a version heard this long after a newer one was published is stale: long
+# enough for an honest worker to download the new version and finish the batch it was on.
+STALE_AFTER_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +134,7 @@ class CreditStanding:
     false_claims: int = 0
     reward_sum: float = 0.0  # re-scores of the held counters, 0 for each that failed
     out_of_order: int = 0  # claims of a version behind one of a lower counter, or ahead of a higher
+    stale: int = 0  # claims of a version first heard long after a newer one was published
 
 
 class _Claim:
@@ -134,17 +153,18 @@ class CreditBook:
     def __init__(
         self, *, pull_window_s: float = 300.0, tolerance: float = 1e-4,
         max_open: int = 262_144, max_producers: int = 100_000, max_versions: int = 8,
-        back_window_s: float = 600.0,
+        back_window_s: float = 600.0, stale_after_s: float = STALE_AFTER_S,
     ) -> None:  # fmt: skip
         if not (math.isfinite(pull_window_s) and pull_window_s > 0) or tolerance < 0:
             raise LocalProtocolError("CreditBook: pull_window_s > 0 and tolerance >= 0")
-        if not (math.isfinite(back_window_s) and back_window_s >= 0):
-            raise LocalProtocolError("CreditBook: back_window_s must be finite and >= 0")
+        if not (math.isfinite(back_window_s) and back_window_s >= 0 and stale_after_s >= 0):
+            raise LocalProtocolError("CreditBook: back_window_s finite and >= 0, stale_after_s >= 0")
         if max_open < 1 or max_producers < 1 or max_versions < 1:
             raise LocalProtocolError("CreditBook: max_open, max_producers, max_versions >= 1")
         self.pull_window_s, self.tolerance = pull_window_s, tolerance
         self.max_open, self.max_producers, self.max_versions = max_open, max_producers, max_versions
-        self.back_window_s = back_window_s
+        self.back_window_s, self.stale_after_s = back_window_s, stale_after_s
+        self._published: dict[int, float] = {}  # version -> when we published it (newest few)
         # producer -> (the version it went back to for free, when its window opened)
         self._free_back: OrderedDict[bytes, tuple[int, float]] = OrderedDict()
         self._charge: OutOfOrder | None = None  # the charge of the claim just refused
@@ -152,7 +172,8 @@ class CreditBook:
         self._spans: OrderedDict[bytes, dict[int, tuple[int, int]]] = OrderedDict()
         self._open: OrderedDict[tuple[bytes, int], _Claim] = OrderedDict()  # no body yet
         self._held: OrderedDict[tuple[bytes, int], _Claim] = OrderedDict()  # body, no verdict
-        self._settled: OrderedDict[tuple[bytes, int], bool] = OrderedDict()  # -> out of order
+        # -> "" settled, else why it is never trained on ("out_of_order", "stale")
+        self._settled: OrderedDict[tuple[bytes, int], str] = OrderedDict()
         self._producers: OrderedDict[bytes, CreditStanding] = OrderedDict()
 
     def _claim(self, producer: bytes, counter: int, version: int, claimed: float | None,
@@ -165,11 +186,15 @@ class CreditBook:
             return None
         c = self._open.get(key) or self._held.get(key)
         if c is None:
-            if not self._in_order(producer, counter, version):
+            if not self._in_order(producer, counter, version):  # first: going back may cost
                 self._standing(producer).out_of_order += 1
-                self._settle(producer, counter, None, out_of_order=True)
+                self._settle(producer, counter, None, refused="out_of_order")
                 if not self._back_is_free(producer, version, now):
                     self._charge = OutOfOrder(producer, counter, version)
+                return None
+            if self._stale(version, now):
+                self._standing(producer).stale += 1
+                self._settle(producer, counter, None, refused="stale")
                 return None
             c = self._open[key] = _Claim(version, claimed, now)
             if len(self._open) + len(self._held) > self.max_open:
@@ -215,13 +240,28 @@ class CreditBook:
         charge, self._charge = self._charge, None
         return charge
 
+    def on_published(self, version: int, now: float) -> None:
+        """We published `version` at `now` (a version heard again keeps its first time)."""
+        self._published.setdefault(version, now)
+        while len(self._published) > self.max_versions:
+            del self._published[min(self._published)]
+
+    def _stale(self, version: int, now: float) -> bool:
+        """Whether a claim of `version` first heard at `now` comes `stale_after_s` or more
+        after a newer version was published."""
+        newer = [t for v, t in self._published.items() if v > version]
+        return bool(newer) and now - min(newer) >= self.stale_after_s
+
     def out_of_order(self, producer: bytes, counter: int) -> bool:
-        return self._settled.get((producer, counter), False)
+        return self._settled.get((producer, counter)) == "out_of_order"
+
+    def not_trained(self, producer: bytes, counter: int) -> bool:
+        return bool(self._settled.get((producer, counter)))
 
     def _evict(self) -> None:
         if self._held:  # held and never judged: settled at the re-score it was credited
             key, _ = self._held.popitem(last=False)
-            self._settled[key] = False
+            self._settled[key] = ""
         else:
             key, _ = self._open.popitem(last=False)
             self._settle(*key, None, skipped=True)
@@ -297,15 +337,15 @@ class CreditBook:
         return s
 
     def _settle(self, producer: bytes, counter: int, reward: float | None, *, skipped: bool = False,
-                out_of_order: bool = False, judged: bool = False) -> None:  # fmt: skip
-        """Settle a counter: `reward` added to what it was credited, skipped or out of
-        order (`reward` None)."""
+                refused: str = "", judged: bool = False) -> None:  # fmt: skip
+        """Settle a counter: `reward` added to what it was credited, skipped, or `refused`
+        (out of order, stale: never trained on; `reward` None)."""
         s = self._standing(producer)
         if reward is not None:
             s.reward_sum += reward
         s.judged += judged
         s.skipped += skipped
-        self._settled[(producer, counter)] = out_of_order
+        self._settled[(producer, counter)] = refused
         while len(self._settled) > self.max_open:
             self._settled.popitem(last=False)
 
@@ -316,7 +356,7 @@ class CreditBook:
         """The credited mean reward (module docstring); None while nothing of the producer
         is settled or held."""
         s = self._producers.get(producer) or CreditStanding()
-        total = s.held + s.skipped + s.out_of_order + max(0, withheld)
+        total = s.held + s.skipped + s.out_of_order + s.stale + max(0, withheld)
         if total == 0:
             return None
         return s.reward_sum / total

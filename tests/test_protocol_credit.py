@@ -443,3 +443,50 @@ def test_the_collector_charges_the_producer_of_a_claim_going_back_twice_never_th
             charges += c.take_went_back()
     assert charges == [ALICE.peer_id]  # the producer, for going back to v8 after v9
     assert c.take_went_back() == []
+
+
+def test_a_claim_at_a_version_heard_long_after_a_newer_one_was_published_is_stale() -> None:
+    """A worker holding older published versions could stay on them and pick whichever
+    solved; an honest one moves to a new version within a batch and a download. A claim
+    at v heard `stale_after_s` or more after a newer version was published earns 0 and is
+    never trained on, free of charge (a slow honest worker may be that late)."""
+    from protocol.credit import CreditBook
+
+    grace = 300.0
+    book = CreditBook(pull_window_s=WINDOW_S, stale_after_s=grace)
+    book.on_published(10, T0)
+    book.on_published(11, T0 + 100)
+    assert book.on_body(b"p", 1, 10, 1.0, 1.0, T0 + 100 + grace - 1) is None  # within the grace
+    assert book.on_body(b"p", 2, 10, 1.0, 1.0, T0 + 100 + grace) is None  # stale: no charge
+    assert book.on_body(b"p", 3, 11, 1.0, 1.0, T0 + 10 * grace) is None  # the newest: never
+    s = book.standing(b"p")
+    assert (s.held, s.stale, s.out_of_order, s.reward_sum) == (2, 1, 0, 2.0)
+    assert book.credited_reward(b"p") == 2 / 3
+    assert book.not_trained(b"p", 2) and not book.out_of_order(b"p", 2)
+    assert not book.not_trained(b"p", 1) and not book.not_trained(b"p", 3)
+    assert book.on_body(b"r", 1, 9, 1.0, 1.0, T0 + grace) is None  # older than any we know
+    assert book.standing(b"r").stale == 1 and book.credited_reward(b"r") == 0.0
+    # Going back is out of order before it is stale: the second time, it costs.
+    assert book.on_header(b"p", 4, 10, 0.0, T0 + 10 * grace) is None
+    assert book.on_header(b"p", 5, 9, 0.0, T0 + 10 * grace) is not None
+    assert book.standing(b"p").out_of_order == 2
+    book.on_published(10, T0 + 10 * grace)  # a version heard again keeps its first time
+    assert book.on_header(b"q", 1, 10, 0.0, T0 + 10 * grace) is None
+    assert book.standing(b"q").stale == 1
+
+
+def test_an_honest_worker_following_the_published_versions_is_never_stale() -> None:
+    """Versions every 60 s; the worker's claims at a version keep coming for a batch and a
+    download (90 s) after the next one is published: none is stale."""
+    from protocol.credit import CreditBook
+
+    book = CreditBook(pull_window_s=WINDOW_S, stale_after_s=300.0)
+    t = T0
+    for counter in range(400):
+        t = T0 + counter  # a counter a second
+        version = 10 + max(0, counter - 90) // 60  # 90 s behind the trainer
+        published = 10 + counter // 60
+        book.on_published(published, T0 + (published - 10) * 60)
+        book.on_body(b"p", counter, version, 0.0, 0.0, t)
+    s = book.standing(b"p")
+    assert (s.stale, s.out_of_order, s.held) == (0, 0, 400)

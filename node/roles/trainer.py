@@ -32,7 +32,9 @@ re-scores from each body it holds (every held body is re-scored at the next trai
 verified or not), 0 for a record a judge failed at its version; a
 header whose body never arrives within the body pull window is a skipped counter (reward
 0), a claim whose version goes back is out of order (0, never trained on; going back again
-to another version within 10 minutes costs `penalties.OUT_OF_ORDER`), and a header
+to another version within 10 minutes costs `penalties.OUT_OF_ORDER`), a claim of a version
+first heard `credit.STALE_AFTER_S` after a newer one was published (`on_published`) is
+stale (0, never trained on), and a header
 whose claimed reward differs from the re-score costs its producer `penalties.FALSE_CLAIM`. The trainer's admission refuses rollouts of versions it has not
 published (`AdmissionConfig.publishes_versions`).
 
@@ -140,6 +142,11 @@ class Collector:
                     t.judge_score = float(item.obj.reward_rescored)
             self._judged(t, now)
         return self.on_time(now)
+
+    def on_published(self, version: int, now: float) -> None:
+        """We published `version` at `now` (or resumed at it): claims of older versions
+        heard `credit.STALE_AFTER_S` later are stale (`protocol.credit`)."""
+        self.credit.on_published(version, now)
 
     def take_went_back(self) -> list[bytes]:
         """The producers to charge `penalties.OUT_OF_ORDER` since the last call (one entry
@@ -312,7 +319,7 @@ def _pick(
                 fates.stale_waiting += 1
             del waiting[rid]
             continue
-        if collector.credit.out_of_order(t.producer, t.counter):  # a version shopped backwards
+        if collector.credit.not_trained(t.producer, t.counter):  # gone back, or left behind
             del waiting[rid]
             continue
         if not collector.ledger.allowed(t.producer, now):
@@ -403,6 +410,7 @@ class TrainerRole:
             (peer.weights.newest() or 0) if peer.weights is not None else trainer.version
         )
         trainer.version = max(trainer.version, self.published)
+        self.collector.on_published(self.published, time.time())
         ctx.say(
             f"trainer: {'resumed' if trainer.resumed else 'starting'} at version {trainer.version}; "
             f"training on verified rollouts, a version every {manifest.rl_publish_every} groups"
@@ -470,6 +478,7 @@ class TrainerRole:
         try:
             state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
             self.published = await self.peer.weights.publish(state)
+            self.collector.on_published(self.published, time.time())
             self.publish_error = None
             if self.published != trainer.version:  # the store numbered it: follow the store
                 trainer.version = self.published
