@@ -56,6 +56,10 @@ rejected counts reward credited beyond the attacker's true rewards, per lie.
 V) and whichever solved published; rejected counts shopped rollouts (V+1, V+2) the trainer
 admitted. `published_version_shopping`: the same over V, V-1, V-2 (all published, within
 S; the true reward is V's); rejected as for `claimed_reward_lie`, per shopped counter.
+`stay_low_version_shopping`: holds V-2, V-1, V and never goes back: per counter it
+publishes the lowest version, from its current one up, that solved (the true reward is
+V's); rejected as for `claimed_reward_lie`, per counter below V. The trainer published V a
+`protocol.credit.STALE_AFTER_S` before the run, so claims of older versions are stale.
 plus `shopping_reward_gain` (the reward the trainer's work ledger credits the counter
 shopper per produced counter, withheld ones counting 0 and a refused producer 0, divided by
 the honest workers' mean), `honest_credit_ratio` (the honest workers' earned mean reward,

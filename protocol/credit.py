@@ -2,8 +2,8 @@
 
 A header claims a reward; it proves nothing. A producer's credit for a counter is the
 reward *re-scored* from a body the trainer holds (or that a validator re-scored in its
-verdict), counted once the record was judged against the weights of the version it
-claims (a verdict: a validator holds those weights). Per counter, in order:
+verdict); a judgement against the weights of the version it claims (a verdict: a validator
+holds those weights) can only take it back. Per counter, in order:
 
     header heard        open: it claims (version, reward); nothing is credited yet
     body re-scored      held: credited our re-score at once; a claim that differs from it
@@ -45,18 +45,6 @@ once it has published a counter at the newest version, the older ones earn nothi
 producer the counter span of each of its `max_versions` newest versions is kept; the first
 claim heard keeps its place.
 
-Versions are left behind. Forward-only claims still leave a worker holding several
-published versions one choice: to stay on an older one while it solves and step up only
-when a newer one solves instead (it never goes back). An honest worker moves to a newer
-version within a download and a batch of its publication. So the trainer, which knows when
-it published each version (`on_published`; one it resumed at counts as published when it
-started), settles a claim at version v as *stale* when it is first heard `stale_after_s`
-(`STALE_AFTER_S`, 5 minutes) or more after the first newer version was published: reward
-0, never trained on, free (a slow honest worker may be that late, and loses only that
-tail). Within those 5 minutes a shopper may still choose between v and v + 1; that is the
-bound on what staying low can gain. A claim that goes back is out of order (below) before
-it is stale: going back again costs, however old the version.
-
 Going back once is free, going back again costs. An honest worker that restarts may make
 one batch with older weights before it has loaded its newest: every claim of that batch
 names one older version. So per producer, the first version it goes back to is free for
@@ -68,6 +56,18 @@ time. Once the window has passed, the next version gone back to is free again: a
 worker restarting less often than every 10 minutes never pays. A window per producer
 rather than one free going-back per lifetime, because the book forgets producers (bounded)
 and honest workers restart more than once in a run.
+
+Versions are left behind. Forward-only claims still leave a worker holding several
+published versions one choice: to stay on an older one while it solves and step up only
+when a newer one solves instead (it never goes back). An honest worker moves to a newer
+version within a download and a batch of its publication. So the trainer, which knows when
+it published each version (`on_published`; one it resumed at counts as published when it
+started), settles a claim at version v as *stale* when it is first heard `stale_after_s`
+(`STALE_AFTER_S`, 5 minutes) or more after the first newer version was published: reward
+0, never trained on, free (a slow honest worker may be that late, and loses only that
+tail). Within those 5 minutes a shopper may still choose between v and v + 1; that is the
+bound on what staying low can gain. A claim that goes back is out of order (above) before
+it is stale: going back again costs, however old the version.
 
 Pure and bounded: no IO, time passed in; at most `max_open` claims not yet settled (oldest
 settled as skipped first) and `max_producers` producers.
@@ -158,7 +158,7 @@ class CreditBook:
         if not (math.isfinite(pull_window_s) and pull_window_s > 0) or tolerance < 0:
             raise LocalProtocolError("CreditBook: pull_window_s > 0 and tolerance >= 0")
         if not (math.isfinite(back_window_s) and back_window_s >= 0 and stale_after_s >= 0):
-            raise LocalProtocolError("CreditBook: back_window_s finite and >= 0, stale_after_s >= 0")
+            raise LocalProtocolError("CreditBook: back_window_s finite, >= 0; stale_after_s >= 0")
         if max_open < 1 or max_producers < 1 or max_versions < 1:
             raise LocalProtocolError("CreditBook: max_open, max_producers, max_versions >= 1")
         self.pull_window_s, self.tolerance = pull_window_s, tolerance
