@@ -219,7 +219,7 @@ FALSE_CLAIM = Offence(
 )
 OUT_OF_ORDER = Offence(
     "out_of_order",
-    -2.0,
+    -5.0,
     Payer.PRODUCER,
     "a rollout going back to an older version than the producer's previous counters, other "
     "than the one version going back is free for within 10 minutes (an honest restart)",

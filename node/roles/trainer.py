@@ -60,7 +60,7 @@ from protocol.accounting import WITHHELD_PENALTY, GapCharges, WorkLedger
 from protocol.admission import Admitted, Kind
 from protocol.authority import Authority
 from protocol.body_pull import PullConfig
-from protocol.credit import CreditBook, FalseClaim
+from protocol.credit import CreditBook, FalseClaim, OutOfOrder
 from protocol.standing import Banned, Decision, StandingBook, State
 from protocol.verified import Status, VerifiedRule, Vote, judge
 
@@ -162,6 +162,8 @@ class Collector:
             return []
         false = self.credit.on_body(t.producer, t.counter, t.version, t.reward, reward, now)
         self._judged(t, now)
+        if isinstance(false, OutOfOrder) and len(self.went_back) < MAX_WENT_BACK:
+            self.went_back.append(false.producer)
         return [t.producer] if isinstance(false, FalseClaim) else []
 
     def _judged(self, t: _Track, now: float) -> None:
