@@ -331,7 +331,8 @@ def test_credit_book_orders_of_arrival_and_bounds() -> None:
 def test_a_shopper_across_published_versions_earns_nothing_for_going_back() -> None:
     """The trainer has published v10, v11 and v12 (all within S): per counter the shopper
     publishes whichever of them solved its task. Once it published a counter at a newer
-    version, its claims at older ones are out of order: credited 0, never trained on."""
+    version, its claims at older ones are out of order: credited 0, never trained on, and
+    those going back to a second older version cost it."""
     from node.roles.rollout_fates import Fates
     from node.roles.trainer import Collector, _pick
     from protocol.standing import StandingBook
@@ -363,7 +364,10 @@ def test_a_shopper_across_published_versions_earns_nothing_for_going_back() -> N
     ready, _unaudited = _pick(c, StandingBook(), OrderedDict(waiting), 12, 2, t, Fates())
     back = [ro for ro in ready if ro.header.counter > 2 and ro.envelope.policy_version < 12]
     assert len(ready) > 100 and back == []  # after reaching v12 at counter 2, none gone back
-    assert a.scores.score(ALICE.peer_id, t) > 0  # free: an honest restart may go back once
+    # Going back to one version is free (an honest restart may); to the other, it costs.
+    went_back = c.take_went_back()
+    assert set(went_back) == {ALICE.peer_id}
+    assert 0 < len(went_back) < c.credit.standing(ALICE.peer_id).out_of_order
 
 
 def test_an_honest_worker_moving_forward_is_never_out_of_order() -> None:
