@@ -65,8 +65,9 @@ it published each version (`on_published`; one it resumed at counts as published
 started), settles a claim at version v as *stale* when it is first heard `stale_after_s`
 (`STALE_AFTER_S`, 5 minutes) or more after the first newer version was published: reward
 0, never trained on, free (a slow honest worker may be that late, and loses only that
-tail). Within those 5 minutes a shopper may still choose between v and v + 1; that is the
-bound on what staying low can gain. A claim that goes back is out of order (above) before
+tail). What staying low can still gain is the choice among the versions published in the
+last 5 minutes (and admitted: at most S behind), an honest worker's lag; each choice costs
+the shopper a sample per version for one counter, about what as many honest counters cost. A claim that goes back is out of order (above) before
 it is stale: going back again costs, however old the version.
 
 Pure and bounded: no IO, time passed in; at most `max_open` claims not yet settled (oldest
