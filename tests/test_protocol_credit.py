@@ -494,3 +494,32 @@ def test_an_honest_worker_following_the_published_versions_is_never_stale() -> N
         book.on_body(b"p", counter, version, 0.0, 0.0, t)
     s = book.standing(b"p")
     assert (s.stale, s.out_of_order, s.held) == (0, 0, 400)
+
+
+def test_the_trainer_never_trains_a_stale_claim_and_credits_it_0() -> None:
+    from collections import OrderedDict
+
+    from node.roles.rollout_fates import Fates
+    from node.roles.trainer import Collector, _pick
+    from protocol.credit import STALE_AFTER_S
+    from protocol.standing import StandingBook
+    from protocol.verified import VerifiedRule
+
+    a = judged_machine(version=10, publishes_versions=True)
+    c = Collector(a.authority, VerifiedRule(quorum=1))
+    t = T0 + STALE_AFTER_S
+    c.on_published(10, T0)
+    waiting = OrderedDict()
+    for counter, version in ((1, 9), (2, 10)):  # v9 heard 5 minutes after v10 was published
+        rec = claimed_record(ALICE, counter, 1.0, version=version, at=t)
+        for item in delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, rec, t):
+            c.on_deliver(item)
+            c.on_rescored(item.content_id, 1.0, t)
+            waiting[item.content_id] = (item.obj, t)
+            v = pass_verdict(item.content_id, ALICE.peer_id, 1.0, counter, t)
+            for vi in delivered(a, RELAY, Kind.VERDICT, v, t):
+                c.on_deliver(vi)
+    ready, _ = _pick(c, StandingBook(), waiting, 10, 2, t, Fates())
+    assert [ro.header.counter for ro in ready] == [2]
+    assert c.credited_reward(ALICE.peer_id, t) == 0.5
+    assert c.credit.standing(ALICE.peer_id).stale == 1
