@@ -67,8 +67,9 @@ started), settles a claim at version v as *stale* when it is first heard `stale_
 0, never trained on, free (a slow honest worker may be that late, and loses only that
 tail). What staying low can still gain is the choice among the versions published in the
 last 5 minutes (and admitted: at most S behind), an honest worker's lag; each choice costs
-the shopper a sample per version for one counter, about what as many honest counters cost. A claim that goes back is out of order (above) before
-it is stale: going back again costs, however old the version.
+the shopper a sample per version for one counter, about what as many honest counters
+cost. A claim that goes back is out of order (above) before it is stale: going back again
+costs, however old the version.
 
 Pure and bounded: no IO, time passed in; at most `max_open` claims not yet settled (oldest
 settled as skipped first) and `max_producers` producers.
@@ -87,8 +88,7 @@ max_versions=8, back_window_s=600.0, stale_after_s=STALE_AFTER_S)`
     `.not_trained(producer, counter) -> bool`   settled as out of order or stale: never train it
     `.credited_reward(producer, withheld=0) -> float | None`
 `FalseClaim(producer, counter, claimed, rescored)`; `OutOfOrder(producer, counter, version)`;
-`CreditStanding(held, judged, skipped,
-false_claims, reward_sum, out_of_order, stale)`.
+`CreditStanding(held, judged, skipped, false_claims, reward_sum, out_of_order, stale)`.
 """
 
 from __future__ import annotations
@@ -263,6 +263,8 @@ class CreditBook:
         if self._held:  # held and never judged: settled at the re-score it was credited
             key, _ = self._held.popitem(last=False)
             self._settled[key] = ""
+            while len(self._settled) > self.max_open:
+                self._settled.popitem(last=False)
         else:
             key, _ = self._open.popitem(last=False)
             self._settle(*key, None, skipped=True)
