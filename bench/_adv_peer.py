@@ -59,6 +59,7 @@ from protocol.audit_sample import sample_ticket, sampled, window_ticket
 from protocol.body_pull import PullConfig
 from protocol.codec import decode, encode
 from protocol.content_id import content_id
+from protocol.credit import STALE_AFTER_S
 from protocol.identity import Identity, peer_id_from_b58, peer_id_to_b58
 from protocol.producer_cases import PRODUCER_PENALTY
 from protocol.rollout import make_record, open_record
@@ -135,6 +136,9 @@ class _Counting:
         self.waiting: dict[bytes, tuple[Any, float]] = {}
         self.trained: dict[str, list[str]] = {}  # producer -> rollout ids trained on
         self.admitted_ahead: Counter[str] = Counter()  # rollouts of versions above ours
+        # Everyone runs VERSION from the start: it was published long enough ago that
+        # claims of older versions are stale (`protocol.credit`).
+        self.collector.on_published(VERSION, time.time() - STALE_AFTER_S)
 
     async def train_loop(self) -> None:
         while True:
@@ -149,6 +153,9 @@ class _Counting:
         self.admitted_by_signer[signer] += 1
         for bad in self.collector.on_deliver(item):
             self.peer.report(bad, -20.0, "withheld assignment counters")
+        for bad in self.collector.take_went_back():
+            self.peer.report(bad, penalties.OUT_OF_ORDER.cost, "went back to an older version again",
+                             penalties.OUT_OF_ORDER.name)  # fmt: skip
         if item.kind is Kind.ROLLOUT_RECORD:
             for bad in self.collector.on_rescored(item.content_id, true_reward(item.obj.body), item.received_at):
                 self.peer.report(bad, penalties.FALSE_CLAIM.cost, "claimed reward differs from the re-score",

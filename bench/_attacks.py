@@ -249,6 +249,32 @@ async def _published_version_shopping(c: _Ctx, out: dict[str, Any]) -> None:
     await _shop_versions(c, out, [VERSION, VERSION - 1, VERSION - 2])
 
 
+async def _stay_low_version_shopping(c: _Ctx, out: dict[str, Any]) -> None:
+    """Holds V-2, V-1 and V (all published, within S) and never goes back: per counter it
+    samples the task under its current version and each newer one, publishes the lowest
+    that solved it (its current one when none did) and stays there; the true reward is V's."""
+    out["measure"] = "credit"
+    out.update(produced=0, true_sum=0.0, shopped=0, lies=0, truth={})
+    current = VERSION - 2
+    for _ in range(max(60, int(c.seconds * 20))):
+        c.counter += 1
+        versions = list(range(current, VERSION + 1))
+        tries = [honest_record(c.ident, c.manifest, c.counter, c.peer.seq.next(), rng=c.rng,
+                               version=v) for v in versions]  # fmt: skip
+        solved = [_truth(r) for r in tries]
+        pick = solved.index(1.0) if 1.0 in solved else 0
+        current = versions[pick]
+        truth = solved[-1]  # what it earns at the newest version it holds
+        out["produced"] += 1
+        out["true_sum"] += truth
+        out["truth"][c.counter] = truth
+        out["shopped"] += current < VERSION
+        out["lies"] += current < VERSION
+        await c.store_and_publish(tries[pick], out)
+        await trio.sleep(1.0 / CREDIT_RATE)
+    await trio.sleep(SERVE_S)  # serve what it stored while the trainer pulls
+
+
 async def _lying_rollouts(c: _Ctx, out: dict[str, Any], n: int) -> list[bytes]:
     return [await c.store_and_publish(c.record(lie=True), out) for _ in range(n)]
 
@@ -391,5 +417,6 @@ ATTACKS = {
     "claimed_reward_lie": _claimed_reward_lie,
     "version_shopping": _version_shopping,
     "published_version_shopping": _published_version_shopping,
+    "stay_low_version_shopping": _stay_low_version_shopping,
 }
 

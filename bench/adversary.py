@@ -13,9 +13,15 @@ Per attack (`attacks[name]`):
     rejected_fraction      share of the attack's messages that had no effect at the trainer:
                            refused by admission, or admitted but never counted (not
                            verified work, a vote that counts for nothing, no unit of work
-                           counted twice); `measure` says which effect was looked for
+                           counted twice); `measure` says which effect was looked for. For
+                           `changed_model` only the changed model's records count (its
+                           honest probation records before them are no attack)
     attacker_penalized     an honest peer (trainer, validator, worker) scored the attacking
-                           peer below zero or banned it
+                           peer below zero or banned it, or every key that signed the
+                           attack's messages was banned in standing by the trainer or the
+                           validator (`signers_cut_off` 1.0) or scored below zero or banned
+                           by an honest peer (an attacker relaying for many keys pays
+                           through them)
     honest_banned          an honest peer banned a worker, the validator or the trainer
     honest_throughput_ratio  honest rollouts verified at the trainer per rollout the
                            validator sampled, made during the attack, divided by the same
@@ -41,7 +47,7 @@ full `protocol.standing.HOLD_S`) and the validator closes windows after `--close
 (quick 5, full `verify.producer.CLOSE_AFTER_S`).
     credit_gain            (the credit cases below and `counter_shopping`) the
                            attacker's credited mean reward at the trainer (`protocol.credit`:
-                           re-scored judged bodies, skipped and withheld counters at 0)
+                           re-scored held bodies, failed, skipped and withheld counters at 0)
                            divided by the mean true reward of the counters it made that the
                            trainer accounts for (its first to its last counter heard)
 `claimed_reward_lie`: every header claims reward 1, only solved bodies are served;
@@ -50,6 +56,10 @@ rejected counts reward credited beyond the attacker's true rewards, per lie.
 V) and whichever solved published; rejected counts shopped rollouts (V+1, V+2) the trainer
 admitted. `published_version_shopping`: the same over V, V-1, V-2 (all published, within
 S; the true reward is V's); rejected as for `claimed_reward_lie`, per shopped counter.
+`stay_low_version_shopping`: holds V-2, V-1, V and never goes back: per counter it
+publishes the lowest version, from its current one up, that solved (the true reward is
+V's); rejected as for `claimed_reward_lie`, per counter below V. The trainer published V a
+`protocol.credit.STALE_AFTER_S` before the run, so claims of older versions are stale.
 plus `shopping_reward_gain` (the reward the trainer's work ledger credits the counter
 shopper per produced counter, withheld ones counting 0 and a refused producer 0, divided by
 the honest workers' mean), `honest_credit_ratio` (the honest workers' earned mean reward,
@@ -111,9 +121,8 @@ relay_copy_quota: signer_penalty 0.0 instead), not honest_banned, rss_mb_growth 
 `--quick`: 2.5 s per attack window and the connection cases' quick counts (about three
 minutes on 2 shared cores, the connection cases ~45 s of it). Full: 10 s windows and the issue's counts. Options after the name:
 `--window S`, `--rate R` (honest records per second per worker), `--attacks A,B` (only
-these cases), `--settle S`, `--audit-fraction F` (the validator's, 0.5: credit is
-estimated from the audited records, so at 0.5 and the quick counts `credit_gain` and
-`honest_credit_ratio` carry sampling noise of about ±25%; at 1.0 none), and the connection
+these cases), `--settle S`, `--audit-fraction F` (the validator's, 0.5; credit counts every held
+body's re-score, so it carries no sampling noise at any fraction), and the connection
 cases' counts above.
 """
 
@@ -321,6 +330,10 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
             effect = sum(t_rep["admitted_by_signer"].get(s, 0) for s in signers)
         elif measure == "verified":
             effect = sum(len(t_rep["verified"].get(s, [])) for s in signers)
+        elif measure == "trained" and "changed_ids" in r:  # the changed model's records only
+            trained = {rid for s in signers for rid in t_rep["trained"].get(s, [])}
+            effect = sum(rid in trained for rid in r["changed_ids"])
+            sent = max(1, len(r["changed_ids"]))
         elif measure == "trained":
             effect = sum(len(t_rep["trained"].get(s, [])) for s in signers)
         elif measure == "usable":
@@ -336,7 +349,8 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
             effect = t_rep["double_counted"]
         attacker = r.get("attacker", "")
         banned = any(v["banned"].get(h) for v in views for h in honest_all)
-        penalized = any(v["scores"].get(attacker, 0.0) < 0 or v["banned"].get(attacker) for v in views)
+        penalized = _penalized(attacker, views) or bool(signers) and all(
+            s in cut_off or _penalized(s, views) for s in signers)
         ratio = _throughput(r["window"], verified, v_rep["sampled"], workers)
         attacks[name] = {
             "rejected_fraction": round(max(0.0, 1.0 - min(effect, sent) / sent), 4),
@@ -374,6 +388,11 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
             "rss_mb_max": round(rss, 1),
             "honest_trained_fraction": _trained_fraction(baseline, t_rep, workers),
             "cheater_records_trained": cheated}
+
+
+def _penalized(peer: str, views: list[dict[str, Any]]) -> bool:
+    """Whether an honest peer scored `peer` below zero or banned it."""
+    return any(v["scores"].get(peer, 0.0) < 0 or v["banned"].get(peer) for v in views)
 
 
 def _credit_gain(r: dict[str, Any], credit: dict[str, Any]) -> float | None:

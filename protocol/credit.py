@@ -2,32 +2,34 @@
 
 A header claims a reward; it proves nothing. A producer's credit for a counter is the
 reward *re-scored* from a body the trainer holds (or that a validator re-scored in its
-verdict), counted once the record was judged against the weights of the version it
-claims (a verdict: a validator holds those weights). Per counter, in order:
+verdict); a judgement against the weights of the version it claims (a verdict: a validator
+holds those weights) can only take it back. Per counter, in order:
 
     header heard        open: it claims (version, reward); nothing is credited yet
-    body re-scored      held: its re-score is known; a claim that differs from it by more
-                        than `tolerance` is a `FalseClaim` (its producer pays
+    body re-scored      held: credited our re-score at once; a claim that differs from it
+                        by more than `tolerance` is a `FalseClaim` (its producer pays
                         `penalties.FALSE_CLAIM`, once per counter)
-    judged              a held body is settled: credited our re-score if the record passed,
-                        0 if it failed
+    judged              a held body that failed its judgement is settled at 0 (its re-score
+                        taken back); one that passed keeps its re-score
     pull window closes  a header still without a held body is settled at the judge's
     (`pull_window_s`)   re-score if a judge passed it (the judge holds the body), else it
                         is *skipped*: reward 0 (a body nobody could pull is work nobody can
                         check, so a claim never served is worth nothing)
 
-With sampled audits most held bodies are never judged, so the credited mean reward is an
-estimate that counts every counter once:
+The credited mean reward counts every counter once, and every held body's re-score, not
+only the judged sample's (an estimate from the sample would carry its sampling noise):
 
-    credited = (reward over judged counters / judged) * held / (held + skipped
-               + out_of_order + withheld)
+    credited = reward_sum / (held + skipped + out_of_order + stale + withheld)
 
+`reward_sum`: the re-scores of the held counters, 0 for each that failed its judgement;
 `held`: counters whose body we re-scored or a judge judged; `withheld`: counters the
-producer never published (`protocol.accounting.WorkLedger`). The judged ones are a sample
-of the held ones (the audit ticket is the validator's, not the producer's choice), and every
-counter not held is worth 0: a worker that publishes only what solved, or serves only the
-bodies that solved, is credited its true rate; an honest one its true rate whatever the
-audit fraction.
+producer never published (`protocol.accounting.WorkLedger`). Every counter not held is
+worth 0: a worker that publishes only what solved, or serves only the bodies that solved,
+is credited its true rate; an honest one its true rate over the bodies it served, whatever
+the audit fraction. What the judgements add is the producer's standing: a record that
+fails its audit is 0 here, and it bans its producer (`protocol.standing`), whose
+`credit_weight` is then 0 (everything clawed back), so credit for an unjudged record is
+only ever provisional on the producer's audits.
 
 The first header or body heard for (producer, counter) fixes its claim; a later one that
 names another version is not this claim and changes nothing (admission refuses it as double
@@ -39,10 +41,35 @@ the lower version. A claim that would (a version below one it claimed at a lower
 or above one it claimed at a higher counter) is *out of order*: settled at 0 at once and
 never trained on (`out_of_order`). That is what is left to a worker holding several
 published versions that samples one task under each and publishes whichever solved it:
-once it has published a counter at the newest version, the older ones earn nothing. It is
-free (no penalty): an honest worker that restarts may make one batch with its base model
-before it has loaded its newest weights. Per producer the counter span of each of its
-`max_versions` newest versions is kept; the first claim heard keeps its place.
+once it has published a counter at the newest version, the older ones earn nothing. Per
+producer the counter span of each of its `max_versions` newest versions is kept; the first
+claim heard keeps its place.
+
+Going back once is free, going back again costs. An honest worker that restarts may make
+one batch with older weights before it has loaded its newest: every claim of that batch
+names one older version. So per producer, the first version it goes back to is free for
+`back_window_s` (10 minutes, the half-life of a peer's score) from its first claim there:
+every out-of-order claim at that version in the window costs nothing. An out-of-order claim
+at any other version within the window is an `OutOfOrder` action: its producer (the key
+that signed the claim, never a peer that relayed it) pays `penalties.OUT_OF_ORDER`, each
+time. Once the window has passed, the next version gone back to is free again: an honest
+worker restarting less often than every 10 minutes never pays. A window per producer
+rather than one free going-back per lifetime, because the book forgets producers (bounded)
+and honest workers restart more than once in a run.
+
+Versions are left behind. Forward-only claims still leave a worker holding several
+published versions one choice: to stay on an older one while it solves and step up only
+when a newer one solves instead (it never goes back). An honest worker moves to a newer
+version within a download and a batch of its publication. So the trainer, which knows when
+it published each version (`on_published`; one it resumed at counts as published when it
+started), settles a claim at version v as *stale* when it is first heard `stale_after_s`
+(`STALE_AFTER_S`, 5 minutes) or more after the first newer version was published: reward
+0, never trained on, free (a slow honest worker may be that late, and loses only that
+tail). What staying low can still gain is the choice among the versions published in the
+last 5 minutes (and admitted: at most S behind), an honest worker's lag; each choice costs
+the shopper a sample per version for one counter, about what as many honest counters
+cost. A claim that goes back is out of order (above) before it is stale: going back again
+costs, however old the version.
 
 Pure and bounded: no IO, time passed in; at most `max_open` claims not yet settled (oldest
 settled as skipped first) and `max_producers` producers.
@@ -50,16 +77,18 @@ settled as skipped first) and `max_producers` producers.
 Public API
 ----------
 `CreditBook(pull_window_s=300.0, tolerance=1e-4, max_open=262_144, max_producers=100_000,
-max_versions=8)`
-    `.on_header(producer, counter, version, claimed, now)`
-    `.on_body(producer, counter, version, claimed, rescored, now) -> FalseClaim | None`
+max_versions=8, back_window_s=600.0, stale_after_s=STALE_AFTER_S)`
+    `.on_published(version, now)`         we published `version` at `now`
+    `.on_header(producer, counter, version, claimed, now) -> OutOfOrder | None`
+    `.on_body(producer, counter, version, claimed, rescored, now) -> FalseClaim | OutOfOrder | None`
     `.on_judged(producer, counter, version, passed, rescored, now)`
     `.on_time(now)`                        close the pull windows that ended by `now`
     `.standing(producer) -> CreditStanding | None`
-    `.out_of_order(producer, counter) -> bool`  settled as out of order (not to be trained on)
+    `.out_of_order(producer, counter) -> bool`  settled as out of order
+    `.not_trained(producer, counter) -> bool`   settled as out of order or stale: never train it
     `.credited_reward(producer, withheld=0) -> float | None`
-`FalseClaim(producer, counter, claimed, rescored)`; `CreditStanding(held, judged, skipped,
-false_claims, reward_sum, out_of_order)`.
+`FalseClaim(producer, counter, claimed, rescored)`; `OutOfOrder(producer, counter, version)`;
+`CreditStanding(held, judged, skipped, false_claims, reward_sum, out_of_order, stale)`.
 """
 
 from __future__ import annotations
@@ -70,7 +99,11 @@ from dataclasses import dataclass
 
 from protocol.errors import LocalProtocolError
 
-__all__ = ["CreditBook", "CreditStanding", "FalseClaim"]
+__all__ = ["STALE_AFTER_S", "CreditBook", "CreditStanding", "FalseClaim", "OutOfOrder"]
+
+# A claim at a version heard this long after a newer one was published is stale: long
+# enough for an honest worker to download the new version and finish the batch it was on.
+STALE_AFTER_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,14 +117,25 @@ class FalseClaim:
     rescored: float
 
 
+@dataclass(frozen=True, slots=True)
+class OutOfOrder:
+    """Action: `producer` signed a claim going back to `version` at `counter`, not the
+    version it went back to for free in this window; charge it `penalties.OUT_OF_ORDER`."""
+
+    producer: bytes
+    counter: int
+    version: int
+
+
 @dataclass(slots=True)
 class CreditStanding:
     held: int = 0  # counters whose body we re-scored or a judge judged
-    judged: int = 0  # ... of which judged (reward_sum is theirs)
+    judged: int = 0  # ... of which judged
     skipped: int = 0  # headers whose body never came within the pull window
     false_claims: int = 0
-    reward_sum: float = 0.0
+    reward_sum: float = 0.0  # re-scores of the held counters, 0 for each that failed
     out_of_order: int = 0  # claims of a version behind one of a lower counter, or ahead of a higher
+    stale: int = 0  # claims of a version first heard long after a newer one was published
 
 
 class _Claim:
@@ -110,18 +154,27 @@ class CreditBook:
     def __init__(
         self, *, pull_window_s: float = 300.0, tolerance: float = 1e-4,
         max_open: int = 262_144, max_producers: int = 100_000, max_versions: int = 8,
+        back_window_s: float = 600.0, stale_after_s: float = STALE_AFTER_S,
     ) -> None:  # fmt: skip
         if not (math.isfinite(pull_window_s) and pull_window_s > 0) or tolerance < 0:
             raise LocalProtocolError("CreditBook: pull_window_s > 0 and tolerance >= 0")
+        if not (math.isfinite(back_window_s) and back_window_s >= 0 and stale_after_s >= 0):
+            raise LocalProtocolError("CreditBook: back_window_s finite, >= 0; stale_after_s >= 0")
         if max_open < 1 or max_producers < 1 or max_versions < 1:
             raise LocalProtocolError("CreditBook: max_open, max_producers, max_versions >= 1")
         self.pull_window_s, self.tolerance = pull_window_s, tolerance
         self.max_open, self.max_producers, self.max_versions = max_open, max_producers, max_versions
+        self.back_window_s, self.stale_after_s = back_window_s, stale_after_s
+        self._published: dict[int, float] = {}  # version -> when we published it (newest few)
+        # producer -> (the version it went back to for free, when its window opened)
+        self._free_back: OrderedDict[bytes, tuple[int, float]] = OrderedDict()
+        self._charge: OutOfOrder | None = None  # the charge of the claim just refused
         # producer -> version -> (lowest, highest) counter claimed at it
         self._spans: OrderedDict[bytes, dict[int, tuple[int, int]]] = OrderedDict()
         self._open: OrderedDict[tuple[bytes, int], _Claim] = OrderedDict()  # no body yet
         self._held: OrderedDict[tuple[bytes, int], _Claim] = OrderedDict()  # body, no verdict
-        self._settled: OrderedDict[tuple[bytes, int], bool] = OrderedDict()  # -> out of order
+        # -> "" settled, else why it is never trained on ("out_of_order", "stale")
+        self._settled: OrderedDict[tuple[bytes, int], str] = OrderedDict()
         self._producers: OrderedDict[bytes, CreditStanding] = OrderedDict()
 
     def _claim(self, producer: bytes, counter: int, version: int, claimed: float | None,
@@ -134,9 +187,15 @@ class CreditBook:
             return None
         c = self._open.get(key) or self._held.get(key)
         if c is None:
-            if not self._in_order(producer, counter, version):
+            if not self._in_order(producer, counter, version):  # first: going back may cost
                 self._standing(producer).out_of_order += 1
-                self._settle(producer, counter, None, out_of_order=True)
+                self._settle(producer, counter, None, refused="out_of_order")
+                if not self._back_is_free(producer, version, now):
+                    self._charge = OutOfOrder(producer, counter, version)
+                return None
+            if self._stale(version, now):
+                self._standing(producer).stale += 1
+                self._settle(producer, counter, None, refused="stale")
                 return None
             c = self._open[key] = _Claim(version, claimed, now)
             if len(self._open) + len(self._held) > self.max_open:
@@ -166,35 +225,75 @@ class CreditBook:
             del spans[min(spans)]
         return True
 
+    def _back_is_free(self, producer: bytes, version: int, now: float) -> bool:
+        """Whether a claim going back to `version` at `now` is the producer's free one
+        (module docstring); opens a window if its last one has passed."""
+        free = self._free_back.get(producer)
+        if free is None or now - free[1] >= self.back_window_s:
+            self._free_back[producer] = (version, now)
+            self._free_back.move_to_end(producer)
+            while len(self._free_back) > self.max_producers:
+                self._free_back.popitem(last=False)
+            return True
+        return free[0] == version
+
+    def _take_charge(self) -> OutOfOrder | None:
+        charge, self._charge = self._charge, None
+        return charge
+
+    def on_published(self, version: int, now: float) -> None:
+        """We published `version` at `now` (a version heard again keeps its first time)."""
+        self._published.setdefault(version, now)
+        while len(self._published) > self.max_versions:
+            del self._published[min(self._published)]
+
+    def _stale(self, version: int, now: float) -> bool:
+        """Whether a claim of `version` first heard at `now` comes `stale_after_s` or more
+        after a newer version was published."""
+        newer = [t for v, t in self._published.items() if v > version]
+        return bool(newer) and now - min(newer) >= self.stale_after_s
+
     def out_of_order(self, producer: bytes, counter: int) -> bool:
-        return self._settled.get((producer, counter), False)
+        return self._settled.get((producer, counter)) == "out_of_order"
+
+    def not_trained(self, producer: bytes, counter: int) -> bool:
+        return bool(self._settled.get((producer, counter)))
 
     def _evict(self) -> None:
-        if self._held:  # held and never judged: dropped, credited nothing
-            self._held.popitem(last=False)
+        if self._held:  # held and never judged: settled at the re-score it was credited
+            key, _ = self._held.popitem(last=False)
+            self._settled[key] = ""
+            while len(self._settled) > self.max_open:
+                self._settled.popitem(last=False)
         else:
             key, _ = self._open.popitem(last=False)
             self._settle(*key, None, skipped=True)
 
-    def on_header(self, producer: bytes, counter: int, version: int, claimed: float, now: float) -> None:
-        """A header (or a record's header) heard at `now`."""
+    def on_header(self, producer: bytes, counter: int, version: int, claimed: float,
+                  now: float) -> OutOfOrder | None:  # fmt: skip
+        """A header (or a record's header) heard at `now`; the `OutOfOrder` to charge if it
+        goes back to a version that is not its free one."""
         self._claim(producer, counter, version, claimed, now)
+        return self._take_charge()
 
     def on_body(self, producer: bytes, counter: int, version: int, claimed: float,
-                rescored: float, now: float) -> FalseClaim | None:  # fmt: skip
+                rescored: float, now: float) -> FalseClaim | OutOfOrder | None:  # fmt: skip
         """We hold the body of (producer, counter) and re-scored it at `rescored`; the
-        `FalseClaim` to charge if its claim differs (once per counter)."""
+        `FalseClaim` to charge if its claim differs (once per counter), or the
+        `OutOfOrder` if the claim, heard first here, goes back (`on_header`)."""
         key = (producer, counter)
         c = self._claim(producer, counter, version, claimed, now)
         if c is None or c.rescored is not None:
-            return None
+            return self._take_charge()
         c.rescored = float(rescored)
         del self._open[key]
-        self._standing(producer).held += 1
-        if c.passed is None:
+        s = self._standing(producer)
+        s.held += 1
+        if c.passed is None:  # credited now; a failed judgement takes it back
             self._held[key] = c
+            s.reward_sum += c.rescored
         else:
-            self._settle(producer, counter, c.rescored if c.passed else 0.0)
+            self._settle(producer, counter, c.rescored if c.passed else 0.0, judged=True)
         if c.claimed is not None and abs(c.claimed - c.rescored) > self.tolerance:
             self._standing(producer).false_claims += 1
             return FalseClaim(producer, counter, c.claimed, c.rescored)
@@ -203,16 +302,18 @@ class CreditBook:
     def on_judged(self, producer: bytes, counter: int, version: int, passed: bool,
                   rescored: float, now: float) -> None:  # fmt: skip
         """A judgement of (producer, counter) at `version`: passed or not, and the judge's
-        re-score. Settles the counter if we hold its body (our re-score is credited);
-        otherwise the judge's re-score is, when the pull window closes without the body."""
+        re-score. Settles the counter if we hold its body (a failure takes back the re-score
+        it was credited); otherwise the judge's re-score is credited when the pull window
+        closes without the body."""
         key = (producer, counter)
         c = self._claim(producer, counter, version, None, now)
+        self._charge = None  # a judgement is not the producer's claim: nothing to charge
         if c is None or c.passed is not None:
             return
         c.passed, c.judge_score = bool(passed), float(rescored)
         if c.rescored is not None:
             del self._held[key]
-            self._settle(producer, counter, c.rescored if passed else 0.0)
+            self._settle(producer, counter, 0.0 if passed else -c.rescored, judged=True)
 
     def on_time(self, now: float) -> None:
         """Close the pull windows that ended by `now`: a header with no body held is
@@ -226,7 +327,7 @@ class CreditBook:
                 self._settle(*key, None, skipped=True)
             else:  # the judge held the body
                 self._standing(key[0]).held += 1
-                self._settle(*key, c.judge_score if c.passed else 0.0)
+                self._settle(*key, c.judge_score if c.passed else 0.0, judged=True)
 
     def _standing(self, producer: bytes) -> CreditStanding:
         s = self._producers.get(producer)
@@ -239,14 +340,15 @@ class CreditBook:
         return s
 
     def _settle(self, producer: bytes, counter: int, reward: float | None, *, skipped: bool = False,
-                out_of_order: bool = False) -> None:  # fmt: skip
-        """Settle a counter: judged (`reward`), skipped or out of order (`reward` None)."""
+                refused: str = "", judged: bool = False) -> None:  # fmt: skip
+        """Settle a counter: `reward` added to what it was credited, skipped, or `refused`
+        (out of order, stale: never trained on; `reward` None)."""
         s = self._standing(producer)
         if reward is not None:
-            s.judged += 1
             s.reward_sum += reward
+        s.judged += judged
         s.skipped += skipped
-        self._settled[(producer, counter)] = out_of_order
+        self._settled[(producer, counter)] = refused
         while len(self._settled) > self.max_open:
             self._settled.popitem(last=False)
 
@@ -255,11 +357,9 @@ class CreditBook:
 
     def credited_reward(self, producer: bytes, withheld: int = 0) -> float | None:
         """The credited mean reward (module docstring); None while nothing of the producer
-        is known or it has held bodies none of which is judged yet."""
+        is settled or held."""
         s = self._producers.get(producer) or CreditStanding()
-        total = s.held + s.skipped + s.out_of_order + withheld
-        if total == 0 or (s.held and not s.judged):
+        total = s.held + s.skipped + s.out_of_order + s.stale + max(0, withheld)
+        if total == 0:
             return None
-        if not s.held:
-            return 0.0
-        return s.reward_sum / s.judged * s.held / total
+        return s.reward_sum / total

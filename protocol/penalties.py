@@ -217,6 +217,13 @@ FALSE_CLAIM = Offence(
     Payer.PRODUCER,
     "a header whose claimed reward differs from the trainer's re-score of its body",
 )
+OUT_OF_ORDER = Offence(
+    "out_of_order",
+    -5.0,
+    Payer.PRODUCER,
+    "a rollout going back to an older version than the producer's previous counters, other "
+    "than the one version going back is free for within 10 minutes (an honest restart)",
+)
 FAILED_AUDIT = Offence("failed_audit", -20.0, Payer.PRODUCER, "a rollout whose audit failed here")
 FRAUD = Offence(
     "fraud",
@@ -295,6 +302,7 @@ TABLE: tuple[Offence, ...] = (
     PRODUCER_LACKS_BODY,
     BAD_SHARD,
     FALSE_CLAIM,
+    OUT_OF_ORDER,
     FAILED_AUDIT,
     FRAUD,
     FALSE_ACCUSATION,

@@ -185,18 +185,48 @@ def test_a_claimed_reward_that_differs_from_the_re_score_costs_its_signer_and_cr
     assert c.on_rescored(item.content_id, 0.0, t) == []  # charged once per record
 
 
-def test_a_held_body_is_credited_only_once_judged() -> None:
+def test_a_held_body_is_credited_its_re_score_at_once_and_a_failed_judgement_settles_it_at_0() -> None:
     a, c = collector()
     t = T0 + 1
-    rec = claimed_record(ALICE, 1, 1.0, at=t)
-    (item,) = delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, rec, t)
-    c.on_deliver(item)
-    c.on_rescored(item.content_id, 1.0, t)
-    c.on_time(t + 10 * WINDOW_S)
-    assert c.credited_reward(ALICE.peer_id, t + 10 * WINDOW_S) is None  # held, never judged
-    for vi in delivered(a, RELAY, Kind.VERDICT, pass_verdict(item.content_id, ALICE.peer_id, 1.0, 1, t), t):
+    rids = []
+    for counter in (1, 2):
+        rec = claimed_record(ALICE, counter, 1.0, at=t)
+        (item,) = delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, rec, t)
+        c.on_deliver(item)
+        c.on_rescored(item.content_id, 1.0, t)
+        rids.append(item.content_id)
+    assert c.credited_reward(ALICE.peer_id, t) == 1.0  # held, not judged: its re-score
+    v = Verdict(rollout_id=rids[1], producer=ALICE.peer_id, passed=False, reason="bad_proof",
+                reward_rescored=1.0, metrics=())  # fmt: skip
+    failed = seal(VALIDATOR, v, run_id=RUN, policy_version=10, seq=1, timestamp_ms=int(t * 1000))
+    for vi in delivered(a, RELAY, Kind.VERDICT, failed, t):
         c.on_deliver(vi)
-    assert c.credited_reward(ALICE.peer_id, t + 10 * WINDOW_S) == 1.0
+    assert c.credited_reward(ALICE.peer_id, t) == 0.5  # the failed one: 0
+    s = c.credit.standing(ALICE.peer_id)
+    assert (s.held, s.judged, s.reward_sum) == (2, 1, 1.0)
+
+
+def test_every_held_body_counts_not_the_judged_sample() -> None:
+    """Only a quarter of the held bodies is judged, and the judged ones happen to be the
+    solved ones: the producer is credited the exact mean re-score of all its held bodies
+    times its held share, not an estimate from the sample."""
+    from protocol.credit import CreditBook
+
+    book = CreditBook(pull_window_s=WINDOW_S)
+    n, rescores = 200, {}
+    for counter in range(n):
+        ok = solved(counter)
+        book.on_header(b"p", counter, 10, float(ok), T0)
+        if counter % 10 == 3:
+            continue  # never served: skipped
+        rescores[counter] = float(ok)
+        book.on_body(b"p", counter, 10, float(ok), float(ok), T0)
+        if ok and counter % 2 == 0 or counter % 8 == 1:  # a biased quarter is judged
+            book.on_judged(b"p", counter, 10, True, float(ok), T0)
+    book.on_time(T0 + WINDOW_S)
+    held_mean = sum(rescores.values()) / len(rescores)
+    assert book.credited_reward(b"p") == pytest.approx(held_mean * len(rescores) / n, abs=1e-12)
+    assert book.credited_reward(b"p", withheld=n) == pytest.approx(held_mean * len(rescores) / (2 * n))
 
 
 # -- version shopping -----------------------------------------------------------------------
@@ -291,7 +321,7 @@ def test_credit_book_orders_of_arrival_and_bounds() -> None:
     book.on_time(T0 + WINDOW_S)
     s = book.standing(b"p")
     assert (s.held, s.judged, s.skipped, s.false_claims, s.reward_sum) == (4, 3, 0, 1, 1.0)
-    assert book.credited_reward(b"p") == 1.0 / 3  # counter 3 is held, not judged
+    assert book.credited_reward(b"p") == 1.0 / 4  # counter 3 is held, not judged: its re-score 0
     # Bounded: claims past `max_open` settle the oldest open one as skipped.
     for counter in range(10, 20):
         book.on_header(b"q", counter, 10, 1.0, T0 + WINDOW_S)
@@ -301,7 +331,8 @@ def test_credit_book_orders_of_arrival_and_bounds() -> None:
 def test_a_shopper_across_published_versions_earns_nothing_for_going_back() -> None:
     """The trainer has published v10, v11 and v12 (all within S): per counter the shopper
     publishes whichever of them solved its task. Once it published a counter at a newer
-    version, its claims at older ones are out of order: credited 0, never trained on."""
+    version, its claims at older ones are out of order: credited 0, never trained on, and
+    those going back to a second older version cost it."""
     from node.roles.rollout_fates import Fates
     from node.roles.trainer import Collector, _pick
     from protocol.standing import StandingBook
@@ -333,7 +364,10 @@ def test_a_shopper_across_published_versions_earns_nothing_for_going_back() -> N
     ready, _unaudited = _pick(c, StandingBook(), OrderedDict(waiting), 12, 2, t, Fates())
     back = [ro for ro in ready if ro.header.counter > 2 and ro.envelope.policy_version < 12]
     assert len(ready) > 100 and back == []  # after reaching v12 at counter 2, none gone back
-    assert a.scores.score(ALICE.peer_id, t) > 0  # free: an honest restart may go back once
+    # Going back to one version is free (an honest restart may); to the other, it costs.
+    went_back = c.take_went_back()
+    assert set(went_back) == {ALICE.peer_id}
+    assert 0 < len(went_back) < c.credit.standing(ALICE.peer_id).out_of_order
 
 
 def test_an_honest_worker_moving_forward_is_never_out_of_order() -> None:
@@ -352,7 +386,8 @@ def test_an_honest_worker_moving_forward_is_never_out_of_order() -> None:
 def test_sampled_audits_credit_an_honest_worker_and_a_liar_their_true_rates() -> None:
     """A quarter of the held bodies is judged (the validator's sample): the honest worker
     that lost a few bodies and the liar that serves only its solved ones are each credited
-    about their true rate, not less for the lost bodies and not more for the lies."""
+    their true rate over what they served, not less for the lost bodies' peers and not
+    more for the lies."""
     import hashlib
 
     from protocol.credit import CreditBook
@@ -374,5 +409,117 @@ def test_sampled_audits_credit_an_honest_worker_and_a_liar_their_true_rates() ->
                 book.on_judged(who, counter, 10, True, float(ok), T0)
     book.on_time(T0 + WINDOW_S)
     true_rate = sum(solved(c) for c in range(n)) / n
-    assert book.credited_reward(b"honest") == pytest.approx(true_rate * 0.98, rel=0.1)
-    assert book.credited_reward(b"liar") == pytest.approx(true_rate, rel=0.1)
+    # Every held body's re-score counts, the judged sample no more than the rest: exact.
+    served = sum(solved(c) for c in range(n) if c % 50 != 7) / n
+    assert book.credited_reward(b"honest") == pytest.approx(served, abs=1e-12)
+    assert book.credited_reward(b"liar") == pytest.approx(true_rate, abs=1e-12)
+
+
+def test_going_back_to_one_version_is_free_going_back_again_costs_the_producer() -> None:
+    """Within `back_window_s` the first version a producer goes back to is free (an honest
+    restart makes one batch, at one older version); a claim going back to another one
+    costs its producer `out_of_order`, each time; after the window it is free again."""
+    from protocol.credit import CreditBook, OutOfOrder
+
+    book = CreditBook(pull_window_s=WINDOW_S, back_window_s=600.0)
+    book.on_header(b"p", 10, 12, 0.0, T0)
+    restart = [book.on_header(b"p", c, 11, 0.0, T0 + 1) for c in range(11, 19)]  # one batch back
+    assert restart == [None] * 8
+    again = book.on_body(b"p", 19, 10, 1.0, 1.0, T0 + 2)  # back to another version
+    assert again == OutOfOrder(b"p", 19, 10)
+    assert book.on_header(b"p", 20, 11, 0.0, T0 + 3) is None  # still the free one
+    assert book.standing(b"p").out_of_order == 10
+    assert book.on_header(b"q", 5, 9, 0.0, T0 + 3) is None  # another producer: its own window
+    assert book.on_header(b"p", 21, 10, 0.0, T0 + 1 + 600.0) is None  # a new window
+    assert isinstance(book.on_header(b"p", 22, 11, 0.0, T0 + 1 + 601.0), OutOfOrder)
+    assert penalties.OUT_OF_ORDER.payer is penalties.Payer.PRODUCER
+    assert -5 <= penalties.OUT_OF_ORDER.cost < 0  # small: it is credited 0 already
+
+
+def test_the_collector_charges_the_producer_of_a_claim_going_back_twice_never_the_relay() -> None:
+    a, c = collector()
+    t = T0 + 1
+    charges = []
+    for counter, version in ((5, 10), (6, 9), (7, 8)):
+        rec = claimed_record(ALICE, counter, 0.0, version=version, at=t)
+        for item in delivered(a, RELAY, Kind.ROLLOUT_HEADER, header(rec), t):
+            assert c.on_deliver(item) == []
+            charges += c.take_went_back()
+    assert charges == [ALICE.peer_id]  # the producer, for going back to v8 after v9
+    assert c.take_went_back() == []
+
+
+def test_a_claim_at_a_version_heard_long_after_a_newer_one_was_published_is_stale() -> None:
+    """A worker holding older published versions could stay on them and pick whichever
+    solved; an honest one moves to a new version within a batch and a download. A claim
+    at v heard `stale_after_s` or more after a newer version was published earns 0 and is
+    never trained on, free of charge (a slow honest worker may be that late)."""
+    from protocol.credit import CreditBook
+
+    grace = 300.0
+    book = CreditBook(pull_window_s=WINDOW_S, stale_after_s=grace)
+    book.on_published(10, T0)
+    book.on_published(11, T0 + 100)
+    assert book.on_body(b"p", 1, 10, 1.0, 1.0, T0 + 100 + grace - 1) is None  # within the grace
+    assert book.on_body(b"p", 2, 10, 1.0, 1.0, T0 + 100 + grace) is None  # stale: no charge
+    assert book.on_body(b"p", 3, 11, 1.0, 1.0, T0 + 10 * grace) is None  # the newest: never
+    s = book.standing(b"p")
+    assert (s.held, s.stale, s.out_of_order, s.reward_sum) == (2, 1, 0, 2.0)
+    assert book.credited_reward(b"p") == 2 / 3
+    assert book.not_trained(b"p", 2) and not book.out_of_order(b"p", 2)
+    assert not book.not_trained(b"p", 1) and not book.not_trained(b"p", 3)
+    assert book.on_body(b"r", 1, 9, 1.0, 1.0, T0 + grace) is None  # older than any we know
+    assert book.standing(b"r").stale == 1 and book.credited_reward(b"r") == 0.0
+    # Going back is out of order before it is stale: the second time, it costs.
+    assert book.on_header(b"p", 4, 10, 0.0, T0 + 10 * grace) is None
+    assert book.on_header(b"p", 5, 9, 0.0, T0 + 10 * grace) is not None
+    assert book.standing(b"p").out_of_order == 2
+    book.on_published(10, T0 + 10 * grace)  # a version heard again keeps its first time
+    assert book.on_header(b"q", 1, 10, 0.0, T0 + 10 * grace) is None
+    assert book.standing(b"q").stale == 1
+
+
+def test_an_honest_worker_following_the_published_versions_is_never_stale() -> None:
+    """Versions every 60 s; the worker's claims at a version keep coming for a batch and a
+    download (90 s) after the next one is published: none is stale."""
+    from protocol.credit import CreditBook
+
+    book = CreditBook(pull_window_s=WINDOW_S, stale_after_s=300.0)
+    t = T0
+    for counter in range(400):
+        t = T0 + counter  # a counter a second
+        version = 10 + max(0, counter - 90) // 60  # 90 s behind the trainer
+        published = 10 + counter // 60
+        book.on_published(published, T0 + (published - 10) * 60)
+        book.on_body(b"p", counter, version, 0.0, 0.0, t)
+    s = book.standing(b"p")
+    assert (s.stale, s.out_of_order, s.held) == (0, 0, 400)
+
+
+def test_the_trainer_never_trains_a_stale_claim_and_credits_it_0() -> None:
+    from collections import OrderedDict
+
+    from node.roles.rollout_fates import Fates
+    from node.roles.trainer import Collector, _pick
+    from protocol.credit import STALE_AFTER_S
+    from protocol.standing import StandingBook
+    from protocol.verified import VerifiedRule
+
+    a = judged_machine(version=10, publishes_versions=True)
+    c = Collector(a.authority, VerifiedRule(quorum=1))
+    t = T0 + STALE_AFTER_S
+    c.on_published(10, T0)
+    waiting = OrderedDict()
+    for counter, version in ((1, 9), (2, 10)):  # v9 heard 5 minutes after v10 was published
+        rec = claimed_record(ALICE, counter, 1.0, version=version, at=t)
+        for item in delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, rec, t):
+            c.on_deliver(item)
+            c.on_rescored(item.content_id, 1.0, t)
+            waiting[item.content_id] = (item.obj, t)
+            v = pass_verdict(item.content_id, ALICE.peer_id, 1.0, counter, t)
+            for vi in delivered(a, RELAY, Kind.VERDICT, v, t):
+                c.on_deliver(vi)
+    ready, _ = _pick(c, StandingBook(), waiting, 10, 2, t, Fates())
+    assert [ro.header.counter for ro in ready] == [2]
+    assert c.credited_reward(ALICE.peer_id, t) == 0.5
+    assert c.credit.standing(ALICE.peer_id).stale == 1

@@ -29,9 +29,12 @@ dropped; a failed publish is logged in `status` and retried at the next cadence 
 
 Credit (`protocol.credit.CreditBook`): a producer is credited the reward the trainer
 re-scores from each body it holds (every held body is re-scored at the next train turn,
-verified or not), estimated from the records a judge passed or failed at their version; a
+verified or not), 0 for a record a judge failed at its version; a
 header whose body never arrives within the body pull window is a skipped counter (reward
-0), a claim whose version goes back is out of order (0, never trained on), and a header
+0), a claim whose version goes back is out of order (0, never trained on; going back again
+to another version within 10 minutes costs `penalties.OUT_OF_ORDER`), a claim of a version
+first heard `credit.STALE_AFTER_S` after a newer one was published (`on_published`) is
+stale (0, never trained on), and a header
 whose claimed reward differs from the re-score costs its producer `penalties.FALSE_CLAIM`. The trainer's admission refuses rollouts of versions it has not
 published (`AdmissionConfig.publishes_versions`).
 
@@ -57,7 +60,7 @@ from protocol.accounting import WITHHELD_PENALTY, GapCharges, WorkLedger
 from protocol.admission import Admitted, Kind
 from protocol.authority import Authority
 from protocol.body_pull import PullConfig
-from protocol.credit import CreditBook
+from protocol.credit import CreditBook, FalseClaim, OutOfOrder
 from protocol.standing import Banned, Decision, StandingBook, State
 from protocol.verified import Status, VerifiedRule, Vote, judge
 
@@ -72,6 +75,7 @@ LEARN_EVAL_TASKS = 128  # held-out tasks scored at the start and after a publish
 LEARN_EVAL_EVERY_S = 45.0
 MAX_TRACKED = 100_000
 MAX_VOTES = 16  # votes remembered per rollout
+MAX_WENT_BACK = 1024  # out-of-order charges kept between two `take_went_back` calls
 REPORT_EVERY_S = 2.0
 PRINT_EVERY_S = 30.0
 
@@ -100,6 +104,7 @@ class Collector:
         self.ledger = self.gaps.ledger
         self.tracks: OrderedDict[bytes, _Track] = OrderedDict()
         self.credit = CreditBook(pull_window_s=pull_window_s)  # the body puller's window
+        self.went_back: list[bytes] = []  # producers to charge OUT_OF_ORDER (`take_went_back`)
 
     def track(self, rid: bytes) -> _Track:
         t = self.tracks.get(rid)
@@ -111,7 +116,8 @@ class Collector:
 
     def on_deliver(self, item: Admitted) -> list[bytes]:
         """Take one admitted item; returns the producers that just went past their
-        allowance (charge each once)."""
+        allowance (charge each once). The producer of a claim going back again
+        (`protocol.credit.OutOfOrder`) joins `went_back`: charge it `penalties.OUT_OF_ORDER`."""
         now = item.received_at
         if item.kind in (Kind.ROLLOUT_RECORD, Kind.ROLLOUT_HEADER):
             header = item.obj.header if item.kind is Kind.ROLLOUT_RECORD else item.obj
@@ -122,8 +128,10 @@ class Collector:
             t.counter = header.counter
             t.task = (header.dataset, header.task_index)
             t.body = t.body or item.kind is Kind.ROLLOUT_RECORD
-            self.credit.on_header(t.producer, t.counter, t.version, t.reward, now)
+            back = self.credit.on_header(t.producer, t.counter, t.version, t.reward, now)
             self._judged(t, now)
+            if back is not None and len(self.went_back) < MAX_WENT_BACK:
+                self.went_back.append(back.producer)
             return self.gaps.on_rollout(t.producer, header.counter, header.reward, now)
         if item.kind is Kind.VERDICT:
             t = self.track(item.obj.rollout_id)
@@ -135,6 +143,17 @@ class Collector:
             self._judged(t, now)
         return self.on_time(now)
 
+    def on_published(self, version: int, now: float) -> None:
+        """We published `version` at `now` (or resumed at it): claims of older versions
+        heard `credit.STALE_AFTER_S` later are stale (`protocol.credit`)."""
+        self.credit.on_published(version, now)
+
+    def take_went_back(self) -> list[bytes]:
+        """The producers to charge `penalties.OUT_OF_ORDER` since the last call (one entry
+        per claim going back again; at most `MAX_WENT_BACK` between calls)."""
+        out, self.went_back = self.went_back, []
+        return out
+
     def on_rescored(self, rid: bytes, reward: float, now: float) -> list[bytes]:
         """We re-scored the body of `rid` at `reward`; returns its producer if its header
         claimed another reward (charge it `penalties.FALSE_CLAIM`)."""
@@ -143,7 +162,9 @@ class Collector:
             return []
         false = self.credit.on_body(t.producer, t.counter, t.version, t.reward, reward, now)
         self._judged(t, now)
-        return [t.producer] if false is not None else []
+        if isinstance(false, OutOfOrder) and len(self.went_back) < MAX_WENT_BACK:
+            self.went_back.append(false.producer)
+        return [t.producer] if isinstance(false, FalseClaim) else []
 
     def _judged(self, t: _Track, now: float) -> None:
         if not t.producer:
@@ -162,8 +183,8 @@ class Collector:
     def credited_reward(
         self, producer: bytes, now: float = math.inf, weight: float = 1.0
     ) -> float | None:
-        """The producer's credit: re-scored rewards of its judged bodies, with skipped
-        and withheld counters at 0 (`protocol.credit`), times `weight`: its standing's
+        """The producer's credit: re-scored rewards of its held bodies (failed ones 0),
+        with skipped and withheld counters at 0 (`protocol.credit`), times `weight`: its standing's
         `StandingBook.credit_weight` (0 once banned: a failed audit claws it all back)."""
         s = self.ledger.standing(producer, now)
         credited = self.credit.credited_reward(producer, s.withheld if s is not None else 0)
@@ -300,7 +321,7 @@ def _pick(
                 fates.stale_waiting += 1
             del waiting[rid]
             continue
-        if collector.credit.out_of_order(t.producer, t.counter):  # a version shopped backwards
+        if collector.credit.not_trained(t.producer, t.counter):  # gone back, or left behind
             del waiting[rid]
             continue
         if not collector.ledger.allowed(t.producer, now):
@@ -346,6 +367,9 @@ class TrainerRole:
     def on_deliver(self, item: Admitted) -> None:
         for bad in self.collector.on_deliver(item):
             self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name)
+        for bad in self.collector.take_went_back():
+            self.peer.report(bad, penalties.OUT_OF_ORDER.cost, "went back to an older version again",
+                             penalties.OUT_OF_ORDER.name)  # fmt: skip
         if item.kind is Kind.ROLLOUT_RECORD:
             if len(self.unscored) < MAX_WAITING:
                 self.unscored.append(item.obj)
@@ -388,6 +412,7 @@ class TrainerRole:
             (peer.weights.newest() or 0) if peer.weights is not None else trainer.version
         )
         trainer.version = max(trainer.version, self.published)
+        self.collector.on_published(self.published, time.time())
         ctx.say(
             f"trainer: {'resumed' if trainer.resumed else 'starting'} at version {trainer.version}; "
             f"training on verified rollouts, a version every {manifest.rl_publish_every} groups"
@@ -455,6 +480,7 @@ class TrainerRole:
         try:
             state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
             self.published = await self.peer.weights.publish(state)
+            self.collector.on_published(self.published, time.time())
             self.publish_error = None
             if self.published != trainer.version:  # the store numbered it: follow the store
                 trainer.version = self.published
