@@ -106,7 +106,7 @@ def test_a_worker_without_peers_waits_instead_of_piling_up_work(setup):
     run.write_text(manifest_to_toml(manifest_from_table(tiny_policy.run_manifest_table("lonely"))))
     res = cli(
         "start", "--role", "inference", "--run", str(run), "--key", str(setup["key"]),
-        "--data-dir", str(setup["tmp"] / "w"), "--batch-size", "2", "--duration", "25",
+        "--data-dir", str(setup["tmp"] / "w"), "--batch-size", "2", "--duration", "15",
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "waiting for peers" in res.stdout, res.stdout

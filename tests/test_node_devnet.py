@@ -37,11 +37,11 @@ def test_devnet_runs_workers_validator_trainer_and_writes_a_report(
 ) -> None:
     out = tmp_path / "report"
     report = devnet.main(
-        inference=2, validators=1, duration=40, out=out, run=small_run,
+        inference=2, validators=1, duration=30, out=out, run=small_run,
         audit_fraction=1.0, batch_size=2, live=True, publish_every=8.0,
     )  # live, but stderr is not a terminal here: plain progress lines
     err = capsys.readouterr().err
-    assert "devnet   10/40 s:" in err and "audits: " in err and " sampled, " in err, err[-3000:]
+    assert "devnet   10/30 s:" in err and "audits: " in err and " sampled, " in err, err[-3000:]
     on_disk = json.loads((out / "report.json").read_text())
     assert on_disk["totals"] == report["totals"]
     totals = report["totals"]

@@ -25,7 +25,7 @@ from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
-RUN_S = 55
+RUN_S = 40
 
 
 def _free_port() -> int:

@@ -1,7 +1,8 @@
 """Our node against peers that run no patch of ours: js-libp2p 2.x (from the npm registry,
 installed by `.ci/run` into `tests/interop/js/node_modules`) and a py-libp2p process that
 never imports `node.libp2p_patches`. Each connects, identifies, pings and follows gossip
-both ways with our host (every patch of ours applied on this side)."""
+both ways with our host (every patch of ours applied on this side). The two peers follow
+at the same time, each against a host of its own."""
 
 from __future__ import annotations
 
@@ -128,16 +129,51 @@ async def _follow(command: list[str], cwd: Path, env: dict[str, str] | None = No
     assert drops == [] or set(drops) <= {"disconnected"}, drops
 
 
+def _py_peer_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+@pytest.fixture(scope="module")
+def followed() -> dict[str, BaseException | None]:
+    """Each unpatched peer (js where it can run, and py) follows its own host of ours: the
+    two follows run at once, and each peer's outcome (None, or what it raised) is kept for
+    its test."""
+    follows = {"py": ([sys.executable, str(PY_PEER)], PY_PEER.parent, _py_peer_env())}
+    if _js_ready() is None:
+        follows["js"] = (["node", "peer.mjs"], JS_DIR, None)
+    outcome: dict[str, BaseException | None] = {}
+
+    async def one(name: str, command: list[str], cwd: Path, env: dict[str, str] | None) -> None:
+        try:
+            await _follow(command, cwd, env)
+        except Exception as e:  # kept for that peer's test; the other follow goes on
+            outcome[name] = e
+        else:
+            outcome[name] = None
+
+    async def all_at_once() -> None:
+        async with trio.open_nursery() as nursery:
+            for name, args in follows.items():
+                nursery.start_soon(one, name, *args)
+
+    trio.run(all_at_once)
+    return outcome
+
+
+def _check(outcome: BaseException | None) -> None:
+    if outcome is not None:
+        raise outcome
+
+
 @pytest.mark.skipif(
     _js_ready() is not None and not IN_CI, reason=f"js-libp2p peer unavailable: {_js_ready()}"
 )
-async def test_an_unpatched_js_libp2p_peer_follows_our_gossip() -> None:
+def test_an_unpatched_js_libp2p_peer_follows_our_gossip(followed: dict[str, BaseException | None]) -> None:
     reason = _js_ready()
     if reason is not None:  # only in CI (SWARM_CI=1): elsewhere the test is skipped
         pytest.fail(f"the js-libp2p interop peer is required in CI: {reason}")
-    await _follow(["node", "peer.mjs"], JS_DIR)
+    _check(followed["js"])
 
 
-async def test_an_unpatched_py_libp2p_peer_interoperates() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    await _follow([sys.executable, str(PY_PEER)], PY_PEER.parent, env)
+def test_an_unpatched_py_libp2p_peer_interoperates(followed: dict[str, BaseException | None]) -> None:
+    _check(followed["py"])

@@ -41,14 +41,33 @@ def netlab():  # type: ignore[no-untyped-def]
         lab.close()
 
 
+async def _start_all(*specs: tuple[str, ...]) -> list:  # type: ignore[type-arg]
+    """`start_in(ns, listen, *extra)` for each spec (ns "" is this namespace), all at once;
+    the peers in the specs' order. If one fails to start, the others are stopped."""
+    started: list = [None] * len(specs)  # type: ignore[type-arg]
+
+    async def one(i: int, ns: str, listen: str, *extra: str) -> None:
+        started[i] = await start_in(ns or None, listen, *extra)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for i, spec in enumerate(specs):
+                nursery.start_soon(one, i, *spec)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            for p in started:
+                if p is not None:
+                    await p.stop()
+        raise
+    return started
+
+
 @pytest.mark.slow
 async def test_a_relay_at_its_limits_refuses_new_reservations_and_keeps_existing_ones() -> None:
-    relay = await start_in(None, "/ip4/127.0.0.1/tcp/0", "--serve-relay", "--max-reservations", "2")
-    peers = [relay]
+    peers = await _start_all(("", "/ip4/127.0.0.1/tcp/0", "--serve-relay", "--max-reservations", "2"),
+                             *[("", "/ip4/127.0.0.1/tcp/0")] * 4)
+    relay, a, b, flooder, dialer = peers
     try:
-        for _ in range(4):
-            peers.append(await start_in(None, "/ip4/127.0.0.1/tcp/0"))
-        a, b, flooder, dialer = peers[1:]
         addr = relay.addrs[0]
         held = [await p.ask({"cmd": "reserve", "addr": addr}) for p in (a, b)]
         assert all(r["ok"] for r in held), held
@@ -88,27 +107,29 @@ async def test_hole_punch_dials_can_leave_from_our_listen_port() -> None:
 @pytest.mark.slow
 async def test_natted_workers_are_private_reserve_a_relay_and_deliver_through_it(netlab: NetLab) -> None:
     cone1, cone2, symmetric = netlab.add_nat("cone"), netlab.add_nat("cone"), netlab.add_nat("symmetric")
-    relay = await start_in(netlab.wan, f"/ip4/{PUBLIC_IP}/tcp/4001", "--serve-relay")
-    peers = [relay]
+    peers = await _start_all((netlab.wan, f"/ip4/{PUBLIC_IP}/tcp/4001", "--serve-relay"),
+                             (netlab.wan, f"/ip4/{PUBLIC_IP}/tcp/4002"),
+                             *[(ns, f"/ip4/{netlab.host_ip(ns)}/tcp/4100") for ns in (cone1, cone2, symmetric)])
+    relay, trainer, *workers = peers
     try:
-        trainer = await start_in(netlab.wan, f"/ip4/{PUBLIC_IP}/tcp/4002")
-        peers.append(trainer)
-        workers = []
-        for ns in (cone1, cone2, symmetric):
-            workers.append(await start_in(ns, f"/ip4/{netlab.host_ip(ns)}/tcp/4100"))
-            peers.append(workers[-1])
         relayed: dict[str, str] = {}
         for w in (trainer, *workers):
             assert (await w.ask({"cmd": "connect", "addr": relay.addrs[0]}))["ok"]
-        # AutoNAT: the relay dials each one back; only the trainer answers.
-        assert (await trainer.ask({"cmd": "reach", "servers": [relay.peer_id]}, timeout=40)) == {
-            "reachability": "public"}
-        for w in workers:
+
+        # AutoNAT: the relay dials each one back; only the trainer answers (asked at once:
+        # a dial-back into a NAT waits out its timeout).
+        async def private_then_reserve(w) -> None:  # type: ignore[no-untyped-def]
             assert (await w.ask({"cmd": "reach", "servers": [relay.peer_id]}, timeout=40)) == {
                 "reachability": "private"}
             answer = await w.ask({"cmd": "reserve", "addr": relay.addrs[0]})
             assert answer["ok"], answer
             relayed[w.peer_id] = answer["addr"]
+
+        async with trio.open_nursery() as nursery:
+            for w in workers:
+                nursery.start_soon(private_then_reserve, w)
+            assert (await trainer.ask({"cmd": "reach", "servers": [relay.peer_id]}, timeout=40)) == {
+                "reachability": "public"}
         # The trainer reaches every worker through the relay, and their payloads arrive.
         for w in workers:
             dialed = await trainer.ask({"cmd": "connect", "addr": relayed[w.peer_id]})
@@ -121,9 +142,11 @@ async def test_natted_workers_are_private_reserve_a_relay_and_deliver_through_it
         # Worker to worker, both NATed: connected through the relay, then DCUtR punches a
         # hole through the two cone NATs; the symmetric NAT's new port per destination
         # defeats it and the pair stays relayed. The payloads arrive either way.
-        for src, dst, direct in ((workers[0], workers[1], True), (workers[0], workers[2], False)):
+        # A punch that works makes the pair direct at once; the one the symmetric NAT
+        # defeats is given a few seconds before the pair counts as relayed.
+        for src, dst, direct, punch_s in ((workers[0], workers[1], True, 15), (workers[0], workers[2], False, 6)):
             assert (await src.ask({"cmd": "connect", "addr": relayed[dst.peer_id]}))["ok"]
-            punch = await src.ask({"cmd": "punch", "peer": dst.peer_id, "timeout": 15}, timeout=30)
+            punch = await src.ask({"cmd": "punch", "peer": dst.peer_id, "timeout": punch_s}, timeout=30)
             assert punch == {"direct": direct}
             sent = await src.ask({"cmd": "send", "peer": dst.peer_id, "n": 3, "size": 20_000}, timeout=60)
             assert sent["sent"] == 3, sent
@@ -254,10 +277,17 @@ async def test_full_nodes_behind_nat_go_private_reserve_on_the_relay_role_delive
     worker_ns = netlab.add_nat("cone")
     try:
         boot = await spawn(netlab.wan, "boot", f"/ip4/{PUBLIC_IP}/tcp/4001", "--role", "relay")
-        trainer = await spawn(netlab.wan, "trainer", f"/ip4/{PUBLIC_IP}/tcp/4002", "--role", "trainer",
-                              "--bootstrap", boot.addrs[0])
-        worker = await spawn(worker_ns, "worker", f"/ip4/{netlab.host_ip(worker_ns)}/tcp/4100",
-                             "--bootstrap", boot.addrs[0])
+        started: dict[str, PeerProcess] = {}
+
+        async def spawn_as(name: str, *args: str) -> None:
+            started[name] = await spawn(*args)
+
+        async with trio.open_nursery() as nursery:  # both know only the bootstrap: start at once
+            nursery.start_soon(spawn_as, "trainer", netlab.wan, "trainer", f"/ip4/{PUBLIC_IP}/tcp/4002",
+                               "--role", "trainer", "--bootstrap", boot.addrs[0])
+            nursery.start_soon(spawn_as, "worker", worker_ns, "worker",
+                               f"/ip4/{netlab.host_ip(worker_ns)}/tcp/4100", "--bootstrap", boot.addrs[0])
+        trainer, worker = started["trainer"], started["worker"]
 
         async def relayed() -> dict | None:  # type: ignore[type-arg]
             st = await worker.ask({"cmd": "stats"})

@@ -65,12 +65,17 @@ def test_warm_start_is_deterministic_for_a_seed(tok, short_recipe):
 
 @pytest.mark.slow
 def test_init_model_caches_and_rollouts_use_it(tmp_path, monkeypatch, short_recipe, capsys):
-    from node.commands import init_model, rollouts
+    import functools
+
+    from node.commands import calibrate, init_model, rollouts
     from node.keyfile import write_key
     from protocol.identity import Identity
     from protocol.rollout import open_record, read_records
 
     monkeypatch.setenv("SWARM_NODE_DATA", str(tmp_path / "data"))
+    # init-model calibrates the audit limits: on a few rollouts here (calibration itself is
+    # tests/test_verify_calibration.py's)
+    monkeypatch.setattr(calibrate, "calibrate_dir", functools.partial(calibrate.calibrate_dir, n=4))
     first = init_model.main(quiet=True)
     assert first["built"] and first["model_dir"].startswith(str(tmp_path / "data"))
     report = json.loads((tp.policy_dir() / "warm_start.json").read_text())

@@ -49,7 +49,8 @@ SMALL = dict(  # head_dim 32: vLLM's CPU attention has no kernel for 16
 def fixed_model(tok, tmp_path_factory):
     """A model whose logits depend only on the last input token: every attention and MLP
     output projection is zero, so the last hidden state is norm(embedding[token]). Its
-    logits table [V, V] is then known exactly, whatever the context or the batch."""
+    logits table [V, V] is then known exactly, whatever the context or the batch.
+    (directory, table, model)."""
     model = build_model(tok, seed=11, **SMALL)
     with torch.no_grad():
         for layer in model.model.layers:
@@ -60,16 +61,56 @@ def fixed_model(tok, tmp_path_factory):
     with torch.no_grad():
         v = model.config.vocab_size
         table = model(input_ids=torch.arange(v).view(v, 1)).logits[:, 0, :].float()
-    return path, table
+    return path, table, model
 
 
 @pytest.fixture(scope="module")
-def fixed_engine(fixed_model):
+def audit_model(tok, tmp_path_factory):
+    """A random small policy (not the fixed one) and a run of it: (directory, model, manifest)."""
+    root = tmp_path_factory.mktemp("vllm-audit")
+    model = build_model(tok, seed=3, **SMALL)
+    path = save_model_dir(model, tok, root / "model")
+    table = run_manifest_table(run_id="vllm-audit", seed=9)
+    table["sampling"]["max_new_tokens"] = 40  # two proof chunks when no EOS comes
+    (root / "run.toml").write_text(manifest_to_toml(manifest_from_table(table)))
+    return path, model, load_run_manifest(root / "run.toml")
+
+
+@pytest.fixture(scope="module")
+def vllm_run(audit_model, tmp_path_factory):
+    """The module's one vLLM engine (each start takes many seconds), started on the audit
+    policy, and the audit rollouts it made first, on its freshly loaded weights: (engine,
+    their signer, summary, records file). Tests that need other weights swap them in."""
     from trainer.engine_vllm import VLLMEngine
 
-    engine = VLLMEngine(fixed_model[0])
-    yield engine
-    engine.close()
+    path, _, manifest = audit_model
+    identity = Identity.generate()
+    out = tmp_path_factory.mktemp("vllm-rollouts") / "r.msgpack"
+    engine = VLLMEngine(path)
+    try:
+        summary = generate_records(
+            engine=engine,
+            manifest=manifest,
+            identity=identity,
+            n=24,
+            out=out,
+            batch_size=24,
+            build_proofs=build_proofs_bytes_many,
+            say=lambda _m: None,
+        )
+        yield engine, identity, summary, out
+    finally:
+        engine.close()
+
+
+@pytest.fixture
+def fixed_engine(vllm_run, fixed_model):
+    """The module's engine holding the fixed model's weights (its vLLM and its transformers
+    copy), swapped in for each test that asks."""
+    engine, state = vllm_run[0], fixed_model[2].state_dict()
+    engine.model.load_state_dict(state)
+    engine.load_weights(state)
+    return engine
 
 
 def _reference(table, prompt, settings, seed, eos):
@@ -100,7 +141,7 @@ def _reference(table, prompt, settings, seed, eos):
     ],
 )
 def test_seeded_sampling_in_vllm_reproduces_the_reference(fixed_model, fixed_engine, tok, settings):
-    _, table = fixed_model
+    table = fixed_model[1]
     prompts = [tok.encode(f"{a} + {a * 7 % 13} =", add_special_tokens=False) for a in range(24)]
     seeds = [(a * 0x9E3779B97F4A7C15 + 1) % 2**64 for a in range(24)]
     gens = fixed_engine.generate(prompts, settings, seeds)
@@ -118,33 +159,11 @@ def test_seeded_sampling_in_vllm_reproduces_the_reference(fixed_model, fixed_eng
 
 
 @pytest.fixture(scope="module")
-def audit_env(tok, tmp_path_factory):
-    """A random small policy (not the fixed one), vLLM rollouts of it, the HF auditor."""
-    from trainer.engine_vllm import VLLMEngine
-
-    root = tmp_path_factory.mktemp("vllm-audit")
-    model = build_model(tok, seed=3, **SMALL)
-    path = save_model_dir(model, tok, root / "model")
-    table = run_manifest_table(run_id="vllm-audit", seed=9)
-    table["sampling"]["max_new_tokens"] = 40  # two proof chunks when no EOS comes
-    (root / "run.toml").write_text(manifest_to_toml(manifest_from_table(table)))
-    manifest = load_run_manifest(root / "run.toml")
-    identity = Identity.generate()
-    engine = VLLMEngine(path)
-    try:
-        summary = generate_records(
-            engine=engine,
-            manifest=manifest,
-            identity=identity,
-            n=24,
-            out=root / "r.msgpack",
-            batch_size=24,
-            build_proofs=build_proofs_bytes_many,
-            say=lambda _m: None,
-        )
-    finally:
-        engine.close()
-    with open(root / "r.msgpack", "rb") as f:
+def audit_env(tok, audit_model, vllm_run):
+    """The audit policy's vLLM rollouts, opened, and what the HF auditor needs."""
+    _, model, manifest = audit_model
+    _, identity, summary, out = vllm_run
+    with open(out, "rb") as f:
         opened = [open_record(r) for r in read_records(f)]
     return dict(
         model=model,
@@ -268,7 +287,7 @@ def test_node_stops_vllm_processes_on_sigterm(fixed_model, tmp_path):
 
 def test_hot_swap_reaches_vllm_weights(fixed_engine, tok):
     """After `load_weights` vLLM generates with the new policy: its tokens are the
-    transformers engine's on that policy (runs last: it changes the fixed engine)."""
+    transformers engine's on that policy."""
     from trainer.engine_hf import HFEngine
 
     new = build_model(tok, seed=21, **SMALL)
