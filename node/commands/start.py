@@ -456,6 +456,7 @@ async def _serve(peer: Any, module: Any, ctx: Any, data_dir: Path, scrape: Any,
             if duration is not None:
                 await trio.sleep(duration)
                 _say(f"swarm-node: --duration {duration:g} s reached: stopping")
+                logging.getLogger("swarm.node").info("stopping: --duration reached")  # timestamped
                 nursery.cancel_scope.cancel()
 
 
