@@ -182,8 +182,11 @@ def _tree_pass(
     cache = DynamicCache()
     for layer, (k, v) in enumerate(zip(*prompt_cache, strict=True)):
         cache.update(k[which, :, :lp], v[which, :, :lp], layer)
+    # an additive mask (0 or -inf) in the model's dtype: sdpa converts a boolean one itself
+    additive = torch.zeros(mask.shape, dtype=prompt_cache[0][0].dtype)
+    additive.masked_fill_(torch.from_numpy(~mask), float("-inf"))
     out = base(
-        input_ids=torch.from_numpy(ids).to(device), attention_mask=torch.from_numpy(mask).to(device),
+        input_ids=torch.from_numpy(ids).to(device), attention_mask=additive.to(device),
         position_ids=torch.from_numpy(pos).to(device), use_cache=True, **{cache_kw: cache},
     )
     h = out.last_hidden_state

@@ -161,26 +161,37 @@ _SLICE_WORDS = 131_072
 
 def _philox_np(c0: np.ndarray, c1: np.ndarray, k0: np.ndarray, k1: np.ndarray) -> tuple[np.ndarray, ...]:
     """`_philox_core` for numpy uint64 arrays holding uint32 values, with counter words
-    (c0, c1, 0, DOMAIN): a product of two 32-bit words fits uint64 exactly, so each
-    multiplication is one operation (the portable core splits it in four)."""
+    (c0, c1, 0, DOMAIN), c0 the block index [1, blocks] and c1, k0, k1 per row [rows, 1]:
+    a product of two 32-bit words fits uint64 exactly, so each multiplication is one
+    operation (the portable core splits it in four). The first round is taken apart: its
+    product with c2 = 0 is 0, and its product with c0 is the same for every row."""
     m0, m1, w0, w1 = (np.uint64(x) for x in (_PHILOX_M0, _PHILOX_M1, _PHILOX_W0, _PHILOX_W1))
     m32, s32 = np.uint64(_M32), np.uint64(32)
-    c2: np.ndarray | np.uint64 = np.uint64(0)
-    c3: np.ndarray | np.uint64 = np.uint64(DOMAIN)
-    for r in range(10):
-        if r:
-            k0 = (k0 + w0) & m32
-            k1 = (k1 + w1) & m32
+    p0 = c0 * m0
+    c0, c2, c3 = c1 ^ k0, (p0 >> s32) ^ np.uint64(DOMAIN) ^ k1, p0 & m32  # round 0; its c1 is 0
+    c1 = None
+    for _ in range(9):
+        k0 = (k0 + w0) & m32
+        k1 = (k1 + w1) & m32
         p0 = c0 * m0
         p1 = c2 * m1
-        c0, c1, c2, c3 = (p1 >> s32) ^ c1 ^ k0, p1 & m32, (p0 >> s32) ^ c3 ^ k1, p0 & m32
+        hi1 = p1 >> s32
+        if c1 is not None:
+            hi1 ^= c1
+        hi1 ^= k0
+        p1 &= m32
+        hi0 = p0 >> s32
+        hi0 = hi0 ^ c3
+        hi0 ^= k1
+        p0 &= m32
+        c0, c1, c2, c3 = hi1, p1, hi0, p0
     return c0, c1, c2, c3  # type: ignore[return-value]
 
 
 def _words_np(lo: np.ndarray, hi: np.ndarray, steps: np.ndarray, vocab_size: int) -> np.ndarray:
     """Philox words [B, vocab_size] (uint64 holding uint32) of rows (seed lo, seed hi, step)."""
     n_blocks = (vocab_size + 3) // 4
-    blocks = np.broadcast_to(np.arange(n_blocks, dtype=np.uint64)[None, :], (len(lo), n_blocks))
+    blocks = np.arange(n_blocks, dtype=np.uint64)[None, :]
     w = _philox_np(blocks, steps[:, None], lo[:, None], hi[:, None])
     words = np.empty((len(lo), n_blocks, 4), dtype=np.uint64)
     for j in range(4):
