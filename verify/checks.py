@@ -326,8 +326,8 @@ def replay_many(logits: Sequence[torch.Tensor], bodies: Sequence[Any]) -> list[R
     for (temp, top_p, top_k), idx in groups.items():
         x = torch.cat([logits[i].float() for i in idx]).numpy()
         lengths = [len(bodies[i].completion_ids) for i in idx]
-        seeds = [bodies[i].sampling_seed for i, n in zip(idx, lengths, strict=True) for _ in range(n)]
-        steps = [s for n in lengths for s in range(n)]
+        seeds = np.repeat(np.array([sampling._check_seed(bodies[i].sampling_seed) for i in idx], dtype=np.uint64), lengths)
+        steps = np.concatenate([np.arange(n) for n in lengths])
         tokens = np.concatenate([np.asarray(bodies[i].completion_ids, dtype=np.int64) for i in idx])
         margins, lp = np.empty(len(x)), np.empty(len(x))
         # in slices of rows whose arrays (noise, scores, float64 log-softmax) stay in cache

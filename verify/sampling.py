@@ -133,25 +133,30 @@ def gumbel_noise(seed: int, step: int, vocab_size: int) -> np.ndarray:
 def gumbel_noise_batch(
     seeds: Sequence[int], steps: Sequence[int] | int, vocab_size: int
 ) -> np.ndarray:
-    """Gumbel noise, float32 [B, vocab_size]; row b uses (seeds[b], steps[b])."""
+    """Gumbel noise, float32 [B, vocab_size]; row b uses (seeds[b], steps[b]). Seeds may
+    be a numpy uint64 array and steps a numpy integer array (checked as a whole)."""
     if vocab_size <= 0:
         raise ValueError(f"vocab_size must be positive, got {vocab_size}")
-    seed_list = [_check_seed(s) for s in seeds]
+    if isinstance(seeds, np.ndarray) and seeds.dtype == np.uint64:
+        seed_arr = seeds  # every uint64 is a valid seed
+    else:  # Python ints up to 2^64 - 1 convert to uint64 exactly
+        seed_arr = np.array([_check_seed(s) for s in seeds], dtype=np.uint64)
     if isinstance(steps, int | np.integer):
-        step_list = [_check_step(steps)] * len(seed_list)
+        st = np.full(len(seed_arr), _check_step(steps), dtype=np.uint64)
+    elif isinstance(steps, np.ndarray) and np.issubdtype(steps.dtype, np.integer):
+        if steps.size and not (int(steps.min()) >= 0 and int(steps.max()) < 2**32):
+            raise ValueError(f"sampling steps must be in [0, 2^32), got {int(steps.min())}..{int(steps.max())}")
+        st = steps.astype(np.uint64)
     else:
-        step_list = [_check_step(s) for s in steps]
-    if len(step_list) != len(seed_list):
+        st = np.array([_check_step(s) for s in steps], dtype=np.uint64)
+    if st.shape != seed_arr.shape or seed_arr.ndim != 1:
         raise ValueError("seeds and steps differ in length")
-    # uint64 seeds do not fit int64: split into 32-bit words before converting.
-    lo = np.array([x & _M32 for x in seed_list], dtype=np.uint64)
-    hi = np.array([x >> 32 for x in seed_list], dtype=np.uint64)
-    st = np.array(step_list, dtype=np.uint64)
-    out = np.empty((len(seed_list), vocab_size), dtype=np.float32)
+    lo, hi = seed_arr & np.uint64(_M32), seed_arr >> np.uint64(32)
+    out = np.empty((len(seed_arr), vocab_size), dtype=np.float32)
     # Rows in slices of about _SLICE_WORDS words: the arrays of one slice stay in cache.
     rows = max(1, _SLICE_WORDS // vocab_size)
-    for a in range(0, len(seed_list), rows):
-        b = min(a + rows, len(seed_list))
+    for a in range(0, len(seed_arr), rows):
+        b = min(a + rows, len(seed_arr))
         out[a:b] = _gumbel_from_words(_words_np(lo[a:b], hi[a:b], st[a:b], vocab_size))
     return out
 
