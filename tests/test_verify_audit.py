@@ -228,16 +228,22 @@ def test_cli_usage_and_io_errors_exit_2(env, case):
     assert exc.value.exit_code == 2 and "\n" not in str(exc.value)
 
 
-def test_shared_prompt_prefill_matches_the_plain_one(env):
+def test_shared_prompt_prefill_matches_the_plain_one(env, monkeypatch):
+    from verify import prefill as prefill_mod
     from verify.auditor import prefill_shared
 
     ro = env["opened"]
     # a GRPO group: the same prompt with different completions, plus a one-token completion
     seqs = [(ro[0].body.prompt_ids, r.body.completion_ids) for r in ro[:3]]
     seqs += [(ro[3].body.prompt_ids, ro[3].body.completion_ids), (ro[4].body.prompt_ids, (5,))]
-    for (h1, l1), (h2, l2) in zip(prefill(env["model"], seqs), prefill_shared(env["model"], seqs), strict=True):
-        assert h1.shape == h2.shape and l1.shape == l2.shape
-        assert torch.allclose(h1, h2, atol=1e-5) and torch.allclose(l1, l2, atol=1e-4)
+    # completions of one prompt sharing their starts: equal, a prefix of another, diverging
+    c = tuple(ro[1].body.completion_ids)
+    seqs += [(ro[0].body.prompt_ids, c), (ro[0].body.prompt_ids, c[:3]), (ro[0].body.prompt_ids, c[:4] + (7, 8, 9))]
+    for row_tokens in (prefill_mod.SHARED_ROW_TOKENS, 5):  # rows of a whole group, and a group split in rows
+        monkeypatch.setattr(prefill_mod, "SHARED_ROW_TOKENS", row_tokens)
+        for (h1, l1), (h2, l2) in zip(prefill(env["model"], seqs), prefill_shared(env["model"], seqs), strict=True):
+            assert h1.shape == h2.shape and l1.shape == l2.shape
+            assert torch.allclose(h1, h2, atol=1e-5) and torch.allclose(l1, l2, atol=1e-4)
 
 
 # ------------------------------------------------------------------ batch invariance

@@ -167,3 +167,14 @@ def test_noise_is_the_same_across_row_slices(monkeypatch):
     whole = gumbel_noise_batch(seeds, steps, 33)
     monkeypatch.setattr(sampling, "_SLICE_WORDS", 100)  # 3 rows a slice
     assert np.array_equal(gumbel_noise_batch(seeds, steps, 33), whole)
+
+
+def test_noise_from_numpy_seeds_and_steps_equals_noise_from_lists():
+    seeds, steps = [0, 7, 2**63 + 5, 2**64 - 1], [0, 3, 2**32 - 1, 12]
+    want = gumbel_noise_batch(seeds, steps, 37)
+    got = gumbel_noise_batch(np.array(seeds, dtype=np.uint64), np.array(steps, dtype=np.int64), 37)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError):
+        gumbel_noise_batch(np.array(seeds, dtype=np.uint64), np.array([0, 1, -1, 2]), 37)
+    with pytest.raises(ValueError):
+        gumbel_noise_batch(np.array(seeds, dtype=np.uint64), np.array([0, 1, 2]), 37)

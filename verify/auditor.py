@@ -72,7 +72,7 @@ class AuditSettings:
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     max_record_tokens: int = DEFAULT_MAX_RECORD_TOKENS
     padding_side: str = "right"  # "left" uses explicit position ids (same result, up to noise)
-    share_prompts: bool = True  # one prefill per distinct prompt (GRPO groups share one)
+    share_prompts: bool = True  # shared prefixes once: a GRPO group's prompt, equal completion starts
     expected_settings: Any = None  # a RunManifest (or same attributes): checked when given
 
 

@@ -310,6 +310,9 @@ def replay(logits: torch.Tensor | np.ndarray, body: Any) -> Replay:
     return Replay(*_replay_rows(scores, zk, tokens, body.temperature))
 
 
+REPLAY_SLICE_VALUES = 131_072  # logits replayed at once by `replay_many`
+
+
 def replay_many(logits: Sequence[torch.Tensor], bodies: Sequence[Any]) -> list[Replay]:
     """`replay` for many rollouts: rows of rollouts with the same sampling settings are
     scored in one batched call (the sampler's noise is per row: seed and step)."""
@@ -323,11 +326,18 @@ def replay_many(logits: Sequence[torch.Tensor], bodies: Sequence[Any]) -> list[R
     for (temp, top_p, top_k), idx in groups.items():
         x = torch.cat([logits[i].float() for i in idx]).numpy()
         lengths = [len(bodies[i].completion_ids) for i in idx]
-        seeds = [bodies[i].sampling_seed for i, n in zip(idx, lengths, strict=True) for _ in range(n)]
-        steps = [s for n in lengths for s in range(n)]
+        seeds = np.repeat(np.array([sampling._check_seed(bodies[i].sampling_seed) for i in idx], dtype=np.uint64), lengths)
+        steps = np.concatenate([np.arange(n) for n in lengths])
         tokens = np.concatenate([np.asarray(bodies[i].completion_ids, dtype=np.int64) for i in idx])
-        scores, zk = sampling.perturbed_scores(x, temperature=temp, top_p=top_p, top_k=top_k, seeds=seeds, steps=steps)
-        margins, lp = _replay_rows(scores, zk, tokens, temp)
+        margins, lp = np.empty(len(x)), np.empty(len(x))
+        # in slices of rows whose arrays (noise, scores, float64 log-softmax) stay in cache
+        rows = max(1, REPLAY_SLICE_VALUES // max(1, x.shape[1]))
+        for a in range(0, len(x), rows):
+            b = min(a + rows, len(x))
+            scores, zk = sampling.perturbed_scores(
+                x[a:b], temperature=temp, top_p=top_p, top_k=top_k, seeds=seeds[a:b], steps=steps[a:b]
+            )
+            margins[a:b], lp[a:b] = _replay_rows(scores, zk, tokens[a:b], temp)
         start = 0
         for i, n in zip(idx, lengths, strict=True):
             out[i] = Replay(margins[start : start + n], lp[start : start + n])

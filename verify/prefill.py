@@ -12,8 +12,10 @@ It never loads a model and never judges anything (`verify.auditor` does).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 DEFAULT_MAX_BATCH_TOKENS = 16_384
@@ -97,66 +99,155 @@ def _cache_kwarg(model: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+# A row of pass 2 of `prefill_shared` holds at most this many completion tokens (unless
+# one completion is longer): attention within a row is dense under its tree mask.
+SHARED_ROW_TOKENS = 256
+
+
 @torch.inference_mode()
 def prefill_shared(
     model: Any,
     sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`prefill`, computing each distinct prompt once (a GRPO group's rollouts share one).
+    """`prefill`, computing every token prefix that several rollouts share once (a GRPO
+    group's prompt, equal completion starts, equal rollouts).
 
     Pass 1 prefills the distinct prompts (right-padded batches) and keeps their keys and
     values; its last prompt row is the hidden state that chose completion token 0. Pass 2
     runs the completions (all but their last token) on top of their prompt's cache, with
-    explicit positions and the prompt padding masked out, in batches of similar completion
-    length (few padded rows). Same values as `prefill` up to float reordering; a group of
-    g rollouts costs one prompt instead of g, and equal rollouts cost one prefill.
+    explicit positions: the completions of one prompt as a prefix tree (each distinct
+    start once; a tree mask lets a token see exactly its own prefix and the prompt), in
+    rows of at most `SHARED_ROW_TOKENS` tokens, rows of similar size batched together.
+    Same values as `prefill` up to float reordering. Models with other than full
+    attention layers (sliding windows) take `prefill`.
     """
-    from transformers import DynamicCache
-
     if not sequences:
         return []
-    distinct: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
-    index = [distinct.setdefault((tuple(p), tuple(c)), len(distinct)) for p, c in sequences]
-    if len(distinct) < len(sequences):  # equal rollouts (a confident policy's group) once
-        once = prefill_shared(model, list(distinct), max_batch_tokens)
-        return [once[k] for k in index]
+    if any(t != "full_attention" for t in getattr(model.config, "layer_types", None) or ()):
+        return prefill(model, sequences, max_batch_tokens)
     base = model.base_model
     device = model.get_output_embeddings().weight.device
-    cache_kw = _cache_kwarg(model)
     prompts: dict[tuple[int, ...], int] = {}
     prompt_of = [prompts.setdefault(tuple(p), len(prompts)) for p, _ in sequences]
     uniq = list(prompts)
     max_batch_tokens = batch_tokens(model, max_batch_tokens)
+    cache_kw = _cache_kwarg(model)
     keys, values, last_rows = _prefill_prompts(base, uniq, max_batch_tokens, cache_kw, device)
-    rest = [i for i, (_, c) in enumerate(sequences) if len(c) > 1]
+    by_prompt: dict[int, list[int]] = {}
+    for i, u in enumerate(prompt_of):
+        by_prompt.setdefault(u, []).append(i)
+    rows: list[tuple[int, _TreeRow]] = []  # (prompt, its completions' tree row)
+    for u, idx in by_prompt.items():
+        for row in _tree_rows([list(sequences[i][1][:-1]) for i in idx], SHARED_ROW_TOKENS):
+            if row.tokens:
+                row.paths = [(idx[k], path) for k, path in row.paths]
+                rows.append((u, row))
     rows_of: dict[int, torch.Tensor] = {}
-    for batch in _batches([len(sequences[i][1]) - 1 for i in rest], max_batch_tokens):
-        items = [rest[k] for k in batch]
-        lp = max(len(uniq[prompt_of[i]]) for i in items)
-        lc = max(len(sequences[i][1]) - 1 for i in items)
-        ids, mask, pos = [], [], []
-        for i in items:
-            n, c = len(uniq[prompt_of[i]]), list(sequences[i][1][:-1])
-            ids.append(c + [0] * (lc - len(c)))
-            mask.append([1] * n + [0] * (lp - n) + [1] * len(c) + [0] * (lc - len(c)))
-            pos.append(list(range(n, n + lc)))
-        which = torch.tensor([prompt_of[i] for i in items], device=device)
-        cache = DynamicCache()
-        for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
-            cache.update(k[which, :, :lp], v[which, :, :lp], layer)
-        out = base(
-            input_ids=torch.tensor(ids, device=device), attention_mask=torch.tensor(mask, device=device),
-            position_ids=torch.tensor(pos, device=device), use_cache=True, **{cache_kw: cache},
-        )
-        for r, i in enumerate(items):
-            rows_of[i] = out.last_hidden_state[r, : len(sequences[i][1]) - 1]
+    for batch in _batches([len(r.tokens) for _, r in rows], max_batch_tokens):
+        items = [rows[k] for k in batch]
+        rows_of.update(_tree_pass(base, items, [len(uniq[u]) for u, _ in items], (keys, values), cache_kw))
     pieces = []
     for i, u in enumerate(prompt_of):
         pieces.append(last_rows[u : u + 1])
         if i in rows_of:
             pieces.append(rows_of[i])
     return _with_logits(model.get_output_embeddings(), torch.cat(pieces), [len(c) for _, c in sequences])
+
+
+def _tree_pass(
+    base: Any,
+    items: list[tuple[int, _TreeRow]],
+    prompt_lens: list[int],
+    prompt_cache: tuple[list[torch.Tensor], list[torch.Tensor]],
+    cache_kw: str,
+) -> dict[int, torch.Tensor]:
+    """Pass 2 of `prefill_shared` for one batch of (prompt, tree row): per sequence, the
+    hidden states of its completion tokens but the last [n - 1, H]."""
+    from transformers import DynamicCache
+
+    lp, lc = max(prompt_lens), max(len(r.tokens) for _, r in items)
+    ids = np.zeros((len(items), lc), dtype=np.int64)
+    pos = np.zeros((len(items), lc), dtype=np.int64)
+    mask = np.zeros((len(items), 1, lc, lp + lc), dtype=bool)
+    mask[:, 0, np.arange(lc), lp + np.arange(lc)] = True  # padding sees itself only
+    for b, ((_, row), n) in enumerate(zip(items, prompt_lens, strict=True)):
+        t = len(row.tokens)
+        ids[b, :t] = row.tokens
+        pos[b, :t] = np.asarray(row.positions) + n
+        mask[b, 0, :t, :n] = True
+        mask[b, 0, :t, lp : lp + t] = row.mask
+    device = prompt_cache[0][0].device
+    which = torch.tensor([u for u, _ in items], device=device)
+    cache = DynamicCache()
+    for layer, (k, v) in enumerate(zip(*prompt_cache, strict=True)):
+        cache.update(k[which, :, :lp], v[which, :, :lp], layer)
+    # an additive mask (0 or -inf) in the model's dtype: sdpa converts a boolean one itself
+    additive = torch.zeros(mask.shape, dtype=prompt_cache[0][0].dtype)
+    additive.masked_fill_(torch.from_numpy(~mask), float("-inf"))
+    out = base(
+        input_ids=torch.from_numpy(ids).to(device), attention_mask=additive.to(device),
+        position_ids=torch.from_numpy(pos).to(device), use_cache=True, **{cache_kw: cache},
+    )
+    h = out.last_hidden_state
+    return {i: h[b, path] for b, (_, row) in enumerate(items) for i, path in row.paths if len(path)}
+
+
+@dataclass
+class _TreeRow:
+    """A prefix tree laid out as one row, nodes in depth-first order: `tokens` and
+    `positions` per node, `mask[j, k]` when node k is on node j's prefix (itself included),
+    and per sequence (its index, the nodes of its prefixes in order)."""
+
+    tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    blocks: list[tuple[int, np.ndarray, int]] = field(default_factory=list)  # (first new node, path, shared)
+    paths: list[tuple[int, np.ndarray]] = field(default_factory=list)
+
+    @property
+    def mask(self) -> np.ndarray:
+        n = len(self.tokens)
+        m = np.zeros((n, n), dtype=bool)
+        for first, path, shared in self.blocks:
+            # the new nodes path[shared:] see path[: depth + 1] each
+            depth = np.arange(shared, len(path))
+            m[first : first + len(depth), path] = np.arange(len(path))[None, :] <= depth[:, None]
+        return m
+
+
+def _tree_rows(fed: list[list[int]], row_tokens: int) -> list[_TreeRow]:
+    """The sequences `fed` as prefix-tree rows: sorted, so that each one shares with its
+    predecessor the longest prefix it shares with any earlier one; a row is closed when
+    the next sequence's new nodes would take it past `row_tokens`."""
+    rows = [_TreeRow()]
+    prev: list[int] = []
+    prev_path = np.zeros(0, dtype=np.int64)
+    for i in sorted(range(len(fed)), key=lambda i: fed[i]):
+        seq = fed[i]
+        row = rows[-1]
+        shared = _common_prefix(prev, seq)
+        if row.tokens and len(row.tokens) + len(seq) - shared > row_tokens:
+            row = _TreeRow()
+            rows.append(row)
+            shared = 0
+        first = len(row.tokens)
+        path = np.concatenate([prev_path[:shared], np.arange(first, first + len(seq) - shared)])
+        row.tokens.extend(seq[shared:])
+        row.positions.extend(range(shared, len(seq)))
+        if shared < len(seq):
+            row.blocks.append((first, path, shared))
+        row.paths.append((i, path))
+        prev, prev_path = seq, path
+    return rows
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of `a` and `b`."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
 
 
 def _prefill_prompts(

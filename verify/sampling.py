@@ -133,25 +133,30 @@ def gumbel_noise(seed: int, step: int, vocab_size: int) -> np.ndarray:
 def gumbel_noise_batch(
     seeds: Sequence[int], steps: Sequence[int] | int, vocab_size: int
 ) -> np.ndarray:
-    """Gumbel noise, float32 [B, vocab_size]; row b uses (seeds[b], steps[b])."""
+    """Gumbel noise, float32 [B, vocab_size]; row b uses (seeds[b], steps[b]). Seeds may
+    be a numpy uint64 array and steps a numpy integer array (checked as a whole)."""
     if vocab_size <= 0:
         raise ValueError(f"vocab_size must be positive, got {vocab_size}")
-    seed_list = [_check_seed(s) for s in seeds]
+    if isinstance(seeds, np.ndarray) and seeds.dtype == np.uint64:
+        seed_arr = seeds  # every uint64 is a valid seed
+    else:  # Python ints up to 2^64 - 1 convert to uint64 exactly
+        seed_arr = np.array([_check_seed(s) for s in seeds], dtype=np.uint64)
     if isinstance(steps, int | np.integer):
-        step_list = [_check_step(steps)] * len(seed_list)
+        st = np.full(len(seed_arr), _check_step(steps), dtype=np.uint64)
+    elif isinstance(steps, np.ndarray) and np.issubdtype(steps.dtype, np.integer):
+        if steps.size and not (int(steps.min()) >= 0 and int(steps.max()) < 2**32):
+            raise ValueError(f"sampling steps must be in [0, 2^32), got {int(steps.min())}..{int(steps.max())}")
+        st = steps.astype(np.uint64)
     else:
-        step_list = [_check_step(s) for s in steps]
-    if len(step_list) != len(seed_list):
+        st = np.array([_check_step(s) for s in steps], dtype=np.uint64)
+    if st.shape != seed_arr.shape or seed_arr.ndim != 1:
         raise ValueError("seeds and steps differ in length")
-    # uint64 seeds do not fit int64: split into 32-bit words before converting.
-    lo = np.array([x & _M32 for x in seed_list], dtype=np.uint64)
-    hi = np.array([x >> 32 for x in seed_list], dtype=np.uint64)
-    st = np.array(step_list, dtype=np.uint64)
-    out = np.empty((len(seed_list), vocab_size), dtype=np.float32)
+    lo, hi = seed_arr & np.uint64(_M32), seed_arr >> np.uint64(32)
+    out = np.empty((len(seed_arr), vocab_size), dtype=np.float32)
     # Rows in slices of about _SLICE_WORDS words: the arrays of one slice stay in cache.
     rows = max(1, _SLICE_WORDS // vocab_size)
-    for a in range(0, len(seed_list), rows):
-        b = min(a + rows, len(seed_list))
+    for a in range(0, len(seed_arr), rows):
+        b = min(a + rows, len(seed_arr))
         out[a:b] = _gumbel_from_words(_words_np(lo[a:b], hi[a:b], st[a:b], vocab_size))
     return out
 
@@ -161,26 +166,37 @@ _SLICE_WORDS = 131_072
 
 def _philox_np(c0: np.ndarray, c1: np.ndarray, k0: np.ndarray, k1: np.ndarray) -> tuple[np.ndarray, ...]:
     """`_philox_core` for numpy uint64 arrays holding uint32 values, with counter words
-    (c0, c1, 0, DOMAIN): a product of two 32-bit words fits uint64 exactly, so each
-    multiplication is one operation (the portable core splits it in four)."""
+    (c0, c1, 0, DOMAIN), c0 the block index [1, blocks] and c1, k0, k1 per row [rows, 1]:
+    a product of two 32-bit words fits uint64 exactly, so each multiplication is one
+    operation (the portable core splits it in four). The first round is taken apart: its
+    product with c2 = 0 is 0, and its product with c0 is the same for every row."""
     m0, m1, w0, w1 = (np.uint64(x) for x in (_PHILOX_M0, _PHILOX_M1, _PHILOX_W0, _PHILOX_W1))
     m32, s32 = np.uint64(_M32), np.uint64(32)
-    c2: np.ndarray | np.uint64 = np.uint64(0)
-    c3: np.ndarray | np.uint64 = np.uint64(DOMAIN)
-    for r in range(10):
-        if r:
-            k0 = (k0 + w0) & m32
-            k1 = (k1 + w1) & m32
+    p0 = c0 * m0
+    c0, c2, c3 = c1 ^ k0, (p0 >> s32) ^ np.uint64(DOMAIN) ^ k1, p0 & m32  # round 0; its c1 is 0
+    c1 = None
+    for _ in range(9):
+        k0 = (k0 + w0) & m32
+        k1 = (k1 + w1) & m32
         p0 = c0 * m0
         p1 = c2 * m1
-        c0, c1, c2, c3 = (p1 >> s32) ^ c1 ^ k0, p1 & m32, (p0 >> s32) ^ c3 ^ k1, p0 & m32
+        hi1 = p1 >> s32
+        if c1 is not None:
+            hi1 ^= c1
+        hi1 ^= k0
+        p1 &= m32
+        hi0 = p0 >> s32
+        hi0 = hi0 ^ c3
+        hi0 ^= k1
+        p0 &= m32
+        c0, c1, c2, c3 = hi1, p1, hi0, p0
     return c0, c1, c2, c3  # type: ignore[return-value]
 
 
 def _words_np(lo: np.ndarray, hi: np.ndarray, steps: np.ndarray, vocab_size: int) -> np.ndarray:
     """Philox words [B, vocab_size] (uint64 holding uint32) of rows (seed lo, seed hi, step)."""
     n_blocks = (vocab_size + 3) // 4
-    blocks = np.broadcast_to(np.arange(n_blocks, dtype=np.uint64)[None, :], (len(lo), n_blocks))
+    blocks = np.arange(n_blocks, dtype=np.uint64)[None, :]
     w = _philox_np(blocks, steps[:, None], lo[:, None], hi[:, None])
     words = np.empty((len(lo), n_blocks, 4), dtype=np.uint64)
     for j in range(4):
