@@ -172,21 +172,27 @@ class Goodbyes:
                 stream = await self.host.open_stream(peer, GOODBYE_PROTOCOL)
                 try:
                     await stream.send(goodbye_message(self.identity, peer, reason, until))
+                except BaseException:
                     await stream.close()
-                    await _until_remote_closed(stream)
-                finally:
-                    await stream.close()
+                    raise
                 break
             except Exception as exc:  # a peer gone already (PeerError...): nothing to tell
                 log.debug("goodbye to %s not sent (attempt %d): %s", peer[:12], attempt + 1, exc)
                 await trio.sleep(RETRY_PAUSE_S)
         else:
             return
+        # Said once sent: a receiver that never closes its side gets no second goodbye
+        # within REPEAT_S however often it redials.
         self.said += 1
         self._said.pop(peer, None)
         self._said[peer] = (time.monotonic(), reason)  # the latest last
         while len(self._said) > KEEP_PEERS:
             self._said.popitem(last=False)
+        try:
+            await stream.close()
+            await _until_remote_closed(stream)
+        finally:
+            await stream.close()
 
     async def serve(self, stream: Any) -> None:
         """One goodbye frame from the peer on `stream`: shown, never acted on."""

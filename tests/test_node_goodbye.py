@@ -17,6 +17,7 @@ from node import metrics
 from node.dropped_by import DroppedBy
 from node.host_goodbye import (
     GOODBYE_PROTOCOL,
+    GOODBYE_S,
     MAX_UNTIL_S,
     REPEAT_S,
     goodbye_message,
@@ -131,6 +132,28 @@ async def test_a_goodbye_is_heard_before_saying_it_returns(tmp_path: Path) -> No
             await b.host.goodbyes.say(a.host.peer_id, f"banned: {i}", time.time() + 60)
             assert a.host.goodbyes.heard == heard + 1, i
             b.host.goodbyes._said.clear()  # so that the next round is told again
+
+
+@pytest.mark.network
+async def test_a_receiver_that_never_closes_gets_one_goodbye_per_repeat_window(tmp_path: Path) -> None:
+    manifest = net_manifest("goodbye-stall")
+    async with (
+        open_peer(_cfg(tmp_path, "b", manifest)) as b,
+        open_peer(_cfg(tmp_path, "a", manifest)) as a,
+    ):
+
+        async def stalling_serve(stream: object) -> None:  # reads nothing, never closes
+            await trio.sleep_forever()
+
+        a.host.set_stream_handler(GOODBYE_PROTOCOL, stalling_serve)
+        await a.host.connect(b.host.listen_addrs()[0])
+        await until("connected", lambda: a.host.peer_id in b.host.connected_peers())
+        with trio.fail_after(GOODBYE_S + 2):  # the wait for its close is bounded
+            await b.host.goodbyes.say(a.host.peer_id, "banned: 1", time.time() + 60)
+        assert b.host.goodbyes.said == 1
+        with trio.fail_after(0.5):  # told within REPEAT_S: no second goodbye, no wait
+            await b.host.goodbyes.say(a.host.peer_id, "banned: 2", time.time() + 60)
+        assert b.host.goodbyes.said == 1
 
 
 @pytest.mark.network
