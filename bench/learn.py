@@ -35,22 +35,7 @@
   standard error `gain_se`, and `gain_ratio_vs_isolated` (gains compared; None unless
   training alone gained more than two standard errors), plus `is_weight_mean` (mean
   truncated importance weight of the tokens trained on).
-  Measured (full run, 12 rounds at 5e-5): never training earns 3.396; training alone
-  3.417 (gain 0.021 +- 0.030), 4/4 3.427 (0.031 +- 0.034), 2/6 3.552 (0.156 +- 0.028: the
-  peers that mix the specialities most learn most on the mixed probe). A configuration
-  1.3x the isolated one would need a gain of about 1.05, 50x that of training alone. Set-ups measured and not kept (4 peers, one seed, 15-20
-  rounds, so indicative): peers that differ in skills instead of data (each half
-  fine-tuned on one family, all drawing from the full mix, SAPO's training reward as the
-  count): 4/4 over 8/0 = 1.02 (lr 1e-4) and 1.05 (std advantages, 2 steps a round); 1.18
-  at 3e-4, but there every configuration got worse (products 0.57 -> 0.42 alone), a ratio
-  of damage, not of learning. A peer trained only on another specialist's products groups
-  gained 0.00 (1e-4) / 0.05 (3e-4) solve rate in 20 steps: a strong peer's groups are
-  mostly all solved (flat), and the truncated importance weights (mean 0.33-0.5) discount
-  exactly the text the learner cannot yet write. Learning alone on products: 0.46 -> 0.54
-  to 0.60 in 16 rounds with mean or std advantages, 1, 2 or 4 clipped epochs, 5e-5 or
-  1e-4 (2e-4: 0.45, 3e-4: 0.30); chain-sum-4 does not move (0.05-0.07). With products half
-  of the probe, no configuration can beat one that learns nothing by much more than 10%
-  in 16 rounds; SAPO's +94% was over 2000 rounds.
+  Measured figures and set-ups tried: docs/BENCHMARKS.md.
 - `async`: one trainer, K steps of 8 groups x 4, rollouts sampled by the policy S
   versions behind, S in {0, 2, 8}. For S > 0 the next batch is generated in a second
   thread while the trainer steps (what asynchrony buys on two cores). `final_solve_rate`
