@@ -416,14 +416,15 @@ def _write_run(run: Path | str | None, root: Path, validators: int) -> tuple[Any
     else:
         manifest = manifest_from_table(tiny_policy.run_manifest_table("devnet"))
         run_text = manifest_to_toml(manifest)
-    if validators and not manifest.validator_keys:
-        # Only the manifest's validator keys may judge: make the validators' keys first
-        # and name them in the devnet's copy of the run.
-        try:
-            keys = tuple(_node_key(root, f"validator{i + 1}").peer_id for i in range(validators))
-        except OSError as exc:
-            raise CommandError(f"--out {root}: cannot write the report directory ({exc.strerror or exc})") from None
-        manifest = dataclasses.replace(manifest, validator_keys=keys)
+    # Only the manifest's validator keys may judge: make the validators' keys first and
+    # add those the run does not name to the devnet's copy of it.
+    try:
+        keys = [_node_key(root, f"validator{i + 1}").peer_id for i in range(validators)]
+    except OSError as exc:
+        raise CommandError(f"--out {root}: cannot write the report directory ({exc.strerror or exc})") from None
+    missing = tuple(k for k in keys if k not in manifest.validator_keys)
+    if missing:
+        manifest = dataclasses.replace(manifest, validator_keys=(*manifest.validator_keys, *missing))
         run_text = manifest_to_toml(manifest)
     # The trainer publishes versions (trained, or perturbed in the --publish-every drill):
     # its key must be one of the run's trainer keys.
