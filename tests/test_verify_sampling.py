@@ -165,7 +165,7 @@ def test_noise_is_the_same_across_row_slices(monkeypatch):
 
     seeds, steps = list(range(50)), list(range(50))
     whole = gumbel_noise_batch(seeds, steps, 33)
-    monkeypatch.setattr(sampling, "_SLICE_WORDS", 100)  # 3 rows a slice
+    monkeypatch.setattr(sampling, "CACHE_SLICE_VALUES", 100)  # 3 rows a slice
     assert np.array_equal(gumbel_noise_batch(seeds, steps, 33), whole)
 
 

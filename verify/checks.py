@@ -310,9 +310,6 @@ def replay(logits: torch.Tensor | np.ndarray, body: Any) -> Replay:
     return Replay(*_replay_rows(scores, zk, tokens, body.temperature))
 
 
-REPLAY_SLICE_VALUES = 131_072  # logits replayed at once by `replay_many`
-
-
 def replay_many(logits: Sequence[torch.Tensor], bodies: Sequence[Any]) -> list[Replay]:
     """`replay` for many rollouts: rows of rollouts with the same sampling settings are
     scored in one batched call (the sampler's noise is per row: seed and step)."""
@@ -326,12 +323,12 @@ def replay_many(logits: Sequence[torch.Tensor], bodies: Sequence[Any]) -> list[R
     for (temp, top_p, top_k), idx in groups.items():
         x = torch.cat([logits[i].float() for i in idx]).numpy()
         lengths = [len(bodies[i].completion_ids) for i in idx]
-        seeds = np.repeat(np.array([sampling._check_seed(bodies[i].sampling_seed) for i in idx], dtype=np.uint64), lengths)
+        seeds = np.repeat(sampling.seed_array([bodies[i].sampling_seed for i in idx]), lengths)
         steps = np.concatenate([np.arange(n) for n in lengths])
         tokens = np.concatenate([np.asarray(bodies[i].completion_ids, dtype=np.int64) for i in idx])
         margins, lp = np.empty(len(x)), np.empty(len(x))
         # in slices of rows whose arrays (noise, scores, float64 log-softmax) stay in cache
-        rows = max(1, REPLAY_SLICE_VALUES // max(1, x.shape[1]))
+        rows = max(1, sampling.CACHE_SLICE_VALUES // max(1, x.shape[1]))
         for a in range(0, len(x), rows):
             b = min(a + rows, len(x))
             scores, zk = sampling.perturbed_scores(

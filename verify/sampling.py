@@ -107,6 +107,11 @@ def _check_seed(seed: int) -> int:
     return seed
 
 
+def seed_array(seeds: Sequence[int]) -> np.ndarray:
+    """Sampling seeds as a numpy uint64 array, each checked to be an unsigned 64-bit int."""
+    return np.array([_check_seed(s) for s in seeds], dtype=np.uint64)
+
+
 def _check_step(step: int) -> int:
     step = int(step)
     if not 0 <= step < 2**32:
@@ -140,7 +145,7 @@ def gumbel_noise_batch(
     if isinstance(seeds, np.ndarray) and seeds.dtype == np.uint64:
         seed_arr = seeds  # every uint64 is a valid seed
     else:  # Python ints up to 2^64 - 1 convert to uint64 exactly
-        seed_arr = np.array([_check_seed(s) for s in seeds], dtype=np.uint64)
+        seed_arr = seed_array(seeds)
     if isinstance(steps, int | np.integer):
         st = np.full(len(seed_arr), _check_step(steps), dtype=np.uint64)
     elif isinstance(steps, np.ndarray) and np.issubdtype(steps.dtype, np.integer):
@@ -153,15 +158,15 @@ def gumbel_noise_batch(
         raise ValueError("seeds and steps differ in length")
     lo, hi = seed_arr & np.uint64(_M32), seed_arr >> np.uint64(32)
     out = np.empty((len(seed_arr), vocab_size), dtype=np.float32)
-    # Rows in slices of about _SLICE_WORDS words: the arrays of one slice stay in cache.
-    rows = max(1, _SLICE_WORDS // vocab_size)
+    rows = max(1, CACHE_SLICE_VALUES // vocab_size)
     for a in range(0, len(seed_arr), rows):
         b = min(a + rows, len(seed_arr))
         out[a:b] = _gumbel_from_words(_words_np(lo[a:b], hi[a:b], st[a:b], vocab_size))
     return out
 
 
-_SLICE_WORDS = 131_072
+# Values per slice of rows: a slice's arrays (noise, words, scores) stay in cache.
+CACHE_SLICE_VALUES = 131_072
 
 
 def _philox_np(c0: np.ndarray, c1: np.ndarray, k0: np.ndarray, k1: np.ndarray) -> tuple[np.ndarray, ...]:
