@@ -43,14 +43,48 @@ if TYPE_CHECKING:
 log = logging.getLogger("swarm.reachability")
 
 DIAL_BACK_TIMEOUT_S = 3.0  # SYN retries at 1 s and 3 s; a NAT that drops the dial costs this
+# What one asker may cost us: at most this many of its addresses dialed per request, one
+# request per DIAL_BACK_EVERY_S (honest nodes ask every 2 min), and at most
+# DIAL_BACKS_AT_ONCE dial-backs for all askers together; beyond, the answer is "not dialed".
+DIAL_BACK_ADDRS = 4
+DIAL_BACK_EVERY_S = 10.0
+DIAL_BACKS_AT_ONCE = 8
+MAX_ASKERS = 4096  # askers remembered for DIAL_BACK_EVERY_S
 _STATUS_NAMES = {AutoNATStatus.UNKNOWN: "unknown", AutoNATStatus.PUBLIC: "public",
                  AutoNATStatus.PRIVATE: "private"}
 
 
 class _DialBackAutoNAT(AutoNATService):
-    """AutoNAT whose server side really dials back (see the module docstring)."""
+    """AutoNAT whose server side really dials back (see the module docstring), within the
+    per-asker and overall bounds above."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._asked: dict[ID, float] = {}
+        self._dialing = 0
+
+    def _admit(self, peer_id: ID) -> bool:
+        now = trio.current_time()
+        if len(self._asked) >= MAX_ASKERS:
+            self._asked = {p: t for p, t in self._asked.items() if now - t < DIAL_BACK_EVERY_S}
+        last = self._asked.get(peer_id)
+        if (last is not None and now - last < DIAL_BACK_EVERY_S) or self._dialing >= DIAL_BACKS_AT_ONCE \
+                or len(self._asked) >= MAX_ASKERS:
+            return False
+        self._asked[peer_id] = now
+        return True
 
     async def _try_dial(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
+        if not self._admit(peer_id):
+            log.debug("dial-back for %s refused: asked within %s s, or too many at once", peer_id, DIAL_BACK_EVERY_S)
+            return None
+        self._dialing += 1
+        try:
+            return await self._dial_back(peer_id, addrs[:DIAL_BACK_ADDRS])
+        finally:
+            self._dialing -= 1
+
+    async def _dial_back(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
         network = self.host.get_network()
         for raw in addrs:
             try:

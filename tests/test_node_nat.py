@@ -165,14 +165,17 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-async def test_the_library_autonat_says_reachable_without_dialing_and_ours_dials_back() -> None:
+async def test_the_library_autonat_says_reachable_without_dialing_and_ours_dials_back(monkeypatch) -> None:
     """py-libp2p 0.8.1's AutoNAT server answers with `host.connect()`, a no-op for the
     (always connected) asker: an address nobody listens on is reported reachable.
     `_DialBackAutoNAT` dials afresh. If the first assertion fails, the library is fixed."""
     from libp2p.host.autonat import AutoNATService
     from libp2p.peer.id import ID
 
+    from node import host_reachability
     from node.host_reachability import _DialBackAutoNAT
+
+    monkeypatch.setattr(host_reachability, "DIAL_BACK_EVERY_S", 0.0)  # one asker, two questions
 
     closed = f"/ip4/127.0.0.1/tcp/{_closed_port()}"
     async with open_host(os.urandom(32)) as server, open_host(os.urandom(32)) as asker:
@@ -354,3 +357,48 @@ async def test_one_ip_address_cannot_take_every_relay_slot_with_fresh_identities
                 await trio.sleep(0.05)
         async with open_host(os.urandom(32)) as d, open_relay(d) as rd:
             assert await rd.reserve(addr)
+
+
+async def test_a_dial_back_request_costs_a_bounded_number_of_dials_per_asker() -> None:
+    """An asker cannot make us dial without bound: at most `DIAL_BACK_ADDRS` of the
+    addresses it advertises are dialed, and a second request within `DIAL_BACK_EVERY_S`
+    is answered without dialing (raw listeners that accept and hang up count the addresses
+    dialed; the library retries each dial, so connections are counted apart)."""
+    from libp2p.host.autonat import AutoNATService
+    from libp2p.peer.id import ID
+
+    from node.host_reachability import DIAL_BACK_ADDRS, _DialBackAutoNAT
+
+    accepted = 0
+    hit: set[int] = set()
+    listeners = [trio.socket.socket() for _ in range(3 * DIAL_BACK_ADDRS)]
+
+    async def hang_up(k: int, sock) -> None:  # type: ignore[no-untyped-def]
+        nonlocal accepted
+        while True:
+            conn, _ = await sock.accept()
+            accepted += 1
+            hit.add(k)
+            conn.close()
+
+    async with trio.open_nursery() as nursery:
+        for k, s in enumerate(listeners):
+            await s.bind(("127.0.0.1", 0))
+            s.listen(8)
+            nursery.start_soon(hang_up, k, s)
+        addrs = [multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/{s.getsockname()[1]}").to_bytes() for s in listeners]
+        async with open_host(os.urandom(32)) as server, open_host(os.urandom(32)) as asker:
+            assert (await asker.connect(server.listen_addrs()[0])).ok
+            _DialBackAutoNAT(server._lh, serve=True)
+            client = AutoNATService(asker._lh, serve=False)
+            server_id = ID.from_base58(server.peer_id)
+            seen = []  # (status, addresses dialed, connections) after each request
+            for _ in range(2):
+                with trio.fail_after(30):
+                    status, _ = await client.query_server(server_id, addrs)
+                seen.append((status, len(hit), accepted))
+        nursery.cancel_scope.cancel()
+    for s in listeners:
+        s.close()
+    assert seen[0][0] != 0 and seen[0][1] == DIAL_BACK_ADDRS, seen
+    assert seen[1] == seen[0], seen  # asked again too soon: not one more connection
