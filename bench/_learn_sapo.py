@@ -4,9 +4,10 @@ every round, against training alone and against not training at all.
 
 Rounds: `--rounds R` fixes them. Otherwise the full grid first runs training alone (8/0)
 round by round, every seed side by side, until its gain over the untrained policy is more
-than two standard errors (`MAX_ROUNDS` at most; with `--sapo-budget-s`, also until a share
-of the budget is spent that leaves the other configurations the same time each), then runs
-every other configuration for that many rounds; `rounds_stop` says which bound ended it.
+than two standard errors (looked at from `MIN_ROUNDS` on; `MAX_ROUNDS` at most; with
+`--sapo-budget-s`, also until a share of the budget is spent that leaves the other
+configurations the same time each), then runs every other configuration for that many
+rounds; `rounds_stop` says which bound ended it.
 Everything runs on `device` (`--device cuda`: the policy and every peer's copy on the GPU).
 """
 
@@ -26,6 +27,11 @@ GROUP = 4
 GROUPS_PER_ROUND = 8
 PROBE = 16
 MAX_ROUNDS = 48  # the full grid's cap while it waits for training alone to gain
+# ... and the rounds it runs before it looks at that gain: the probe pairs every policy on
+# the same sampler noise, so a step or two at the run's rate barely moves it, and a gain
+# measured that early is a ratio of noise (docs/BENCHMARKS.md: at 2 rounds 6/2 probed the
+# same as 8/0 to three decimals).
+MIN_ROUNDS = 24
 # The built-in run's rate: a much larger one makes the probe reward collapse, so every
 # configuration would measure collapse, not learning.
 LR = RL_LR
@@ -63,7 +69,9 @@ def sapo(base: Any, tok: Any, quick: bool, rounds: int | None,
     t0 = time.perf_counter()
     if rounds is None and not quick:
         deadline = None if budget_s is None else t0 + budget_s / (1 + len(later))
-        rounds, iso, untrained, weights, stop = isolated_until_gain(base, tok, peers, seeds, MAX_ROUNDS, deadline)
+        rounds, iso, untrained, weights, stop = isolated_until_gain(
+            base, tok, peers, seeds, MAX_ROUNDS, deadline, min_rounds=MIN_ROUNDS
+        )
         totals[(8, 0, 2.0)], is_weights[(8, 0, 2.0)] = iso, weights
     else:
         rounds, stop = rounds or 2, "fixed"
@@ -92,12 +100,14 @@ def sapo(base: Any, tok: Any, quick: bool, rounds: int | None,
 
 
 def isolated_until_gain(
-    base: Any, tok: Any, peers: int, seeds: list[int], max_rounds: int, deadline: float | None
+    base: Any, tok: Any, peers: int, seeds: list[int], max_rounds: int, deadline: float | None,
+    min_rounds: int = 1,
 ) -> tuple[int, list[float], list[float], list[float], str]:
     """Training alone (8/0), every seed a round at a time, until its mean gain over the
-    untrained policy exceeds two standard errors (`rounds_stop` "gain"), `max_rounds`
-    ("max_rounds") or `deadline` ("budget"): (rounds, per-peer cumulative rewards in
-    `_sapo_run`'s order, the untrained policy's per seed, importance weights, stop)."""
+    untrained policy exceeds two standard errors (`rounds_stop` "gain", looked at from
+    `min_rounds` on), `max_rounds` ("max_rounds") or `deadline` ("budget"): (rounds,
+    per-peer cumulative rewards in `_sapo_run`'s order, the untrained policy's per seed,
+    importance weights, stop)."""
     from trainer.engine_hf import HFEngine
     from trainer.tasks import TaskSet
 
@@ -118,7 +128,7 @@ def isolated_until_gain(
         r += 1
         gain, se = paired_gain(cumulative, [u for u in untrained for _ in range(peers)])
         _say(f"sapo 8/0 round {r}: gain {gain:+.3f} +- {se:.3f} (se)")
-        if gain > 0 and gain > 2 * se:
+        if r >= min_rounds and gain > 0 and gain > 2 * se:
             stop = "gain"
             break
         if deadline is not None and time.perf_counter() > deadline:

@@ -48,7 +48,8 @@
 - `train_tokens_per_s`, `trainer_rss_mb`: the S = 0 trainer's completion tokens trained
   per second of training time, and this process's peak RSS.
 Extra arguments: `--data-dir DIR`, `--seconds T`, `--rounds R` (sapo; without it the full
-grid runs as many rounds as training alone needs to gain more than two standard errors),
+grid runs at least 24 rounds and as many as training alone needs to gain more than two
+standard errors),
 `--steps K` (async), `--no-devnet` (efficiency without the swarm), `--only PARTS`
 (efficiency,sapo,async), `--sapo-budget-s S`, and for a GPU `--device cuda --policy
 qwen2-24m --only sapo [--warm-steps N]` (a 24M-parameter Qwen2 built from its config,

@@ -87,6 +87,9 @@ def test_rounds_until_training_alone_gains_stop_on_budget_or_cap_and_match_fixed
     assert r == 2 and stop in ("gain", "max_rounds")
     assert cum == learn._sapo_run(model, tok, 2, 2, 8, 0, 2.0, seed=3)[0]  # the fixed-rounds path
     assert untrained == [learn._untrained(model, tok, 2, seed=3)]
+    # the gain is not looked at before min_rounds: a gain after a step or two is noise
+    r, _cum, _u, _w, stop = sapo.isolated_until_gain(model, tok, 2, [3], 4, deadline=None, min_rounds=3)
+    assert r >= 3 and stop in ("gain", "max_rounds"), (r, stop)
 
 
 @pytest.mark.slow
