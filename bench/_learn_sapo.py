@@ -29,8 +29,7 @@ PROBE = 16
 MAX_ROUNDS = 48  # the full grid's cap while it waits for training alone to gain
 # ... and the rounds it runs before it looks at that gain: the probe pairs every policy on
 # the same sampler noise, so a step or two at the run's rate barely moves it, and a gain
-# measured that early is a ratio of noise (docs/BENCHMARKS.md: at 2 rounds 6/2 probed the
-# same as 8/0 to three decimals).
+# measured that early is a ratio of noise (docs/BENCHMARKS.md has the runs).
 MIN_ROUNDS = 24
 # The built-in run's rate: a much larger one makes the probe reward collapse, so every
 # configuration would measure collapse, not learning.
