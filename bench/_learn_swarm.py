@@ -73,24 +73,17 @@ def efficiency(base: Any, tok: Any, quick: bool, seconds: float | None,
 def _solved(model: Any, tok: Any, items: list[tuple[str, int]], max_new_tokens: int) -> list[float]:
     """Per held-out task, the share of its `DEVNET_SAMPLES` seeded samples that solved it."""
     from trainer.engine_hf import HFEngine
-    from trainer.groups import heldout_solved
+    from trainer.groups import heldout_shares
 
-    engine = HFEngine(model, tok, max_batch=128)
-    runs = [heldout_solved(engine, tok, items, max_new_tokens, seed=7 + k) for k in range(DEVNET_SAMPLES)]
-    return [sum(r) / DEVNET_SAMPLES for r in zip(*runs, strict=True)]
+    return heldout_shares(HFEngine(model, tok, max_batch=128), tok, items, max_new_tokens, DEVNET_SAMPLES)
 
 
 def _gain(who: str, before: list[float], after: list[float]) -> dict[str, Any]:
-    from trainer.groups import paired_ci95
+    from trainer.groups import paired_gain
 
-    lo, hi = paired_ci95(before, after)
-    n = len(before)
-    return {
-        "solve_rate_before": round(sum(before) / n, 4),
-        f"{who}_solve_rate": round(sum(after) / n, 4),
-        f"{who}_gain": round((sum(after) - sum(before)) / n, 4),
-        f"{who}_ci95": [round(lo, 4), round(hi, 4)],
-    }
+    g = paired_gain(before, after)
+    return {"solve_rate_before": g["solve_rate_before"], f"{who}_solve_rate": g["solve_rate_after"],
+            f"{who}_gain": g["gain"], f"{who}_ci95": g["gain_ci95"]}  # fmt: skip
 
 
 def _single(model: Any, tok: Any, manifest: Any, t_s: float) -> dict[str, Any]:
@@ -115,7 +108,8 @@ def _swarm(base: Any, tok: Any, t_s: float,
     after = copy.deepcopy(base)
     version = 0
     with tempfile.TemporaryDirectory() as d:
-        report = devnet.main(out=Path(d) / "report", live=False, duration=t_s, **settings)
+        # the bench scores the trainer's last version itself, beside the single process's
+        report = devnet.main(out=Path(d) / "report", live=False, duration=t_s, eval_tasks=0, **settings)
         ckpts = list(Path(d).rglob(CKPT_FILE))
         if ckpts:
             state = torch.load(ckpts[0], map_location="cpu", weights_only=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from node.commands.devnet_evaluation import FINAL_EVAL_TASKS
 from node.errors import CommandError
 
 
@@ -255,6 +256,13 @@ def start(**kwargs: Any) -> None:
     default=1.1,
     show_default=True,
     help="Workers together make this many times what the trainer trains per version (0: flat out).",
+)
+@click.option(
+    "--eval-tasks",
+    default=FINAL_EVAL_TASKS,
+    show_default=True,
+    help="Held-out tasks (2 samples each) on which the warm start and the last version are compared "
+    "after the stop (0: skip).",
 )
 @_one_line_errors
 def devnet(no_live: bool, **kwargs: Any) -> None:

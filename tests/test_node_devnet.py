@@ -68,7 +68,8 @@ def test_devnet_runs_workers_validator_trainer_and_writes_a_report(
     assert roles == ["inference", "inference", "trainer", "validator"]
     assert all(n["exit_code"] == 0 for n in report["nodes"]), [(n["name"], n["exit_code"]) for n in report["nodes"]]
     assert report["series"] and report["series"][-1]["produced"] <= totals["produced"]
-    assert report["learning"] == {"series": []}  # the publishing drill does not train
+    assert report["learning"]["series"] == []  # the publishing drill does not train
+    assert report["learning"]["final"] == {"skipped": "the trainer saved no version"}
     # what became of every produced rollout, each counted once
     fates = report["fates"]
     assert "error" not in fates and sum(fates["counts"].values()) == fates["produced"] == totals["produced"], fates
@@ -81,3 +82,31 @@ def test_devnet_runs_workers_validator_trainer_and_writes_a_report(
         assert "stopped cleanly" in log
         assert "Traceback" not in log, f"{n['name']}: {log[log.find('Traceback'):][:2000]}"
 
+
+def test_a_training_devnet_scores_its_last_version_against_the_warm_start(
+    small_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from node.commands import devnet_evaluation
+
+    table = run_manifest_table(run_id="devnet-train-test", seed=3)
+    table["run"]["model"] = str(small_run.parent / "model")
+    table["sampling"]["max_new_tokens"] = 24
+    table["rl"] = {"lr": 5e-5, "groups_per_step": 2, "publish_every": 4}  # versions within seconds
+    run = tmp_path / "run.toml"
+    run.write_text(manifest_to_toml(manifest_from_table(table)))
+    out = tmp_path / "report"
+    report = devnet.main(inference=2, validators=1, duration=30, out=out, run=run, batch_size=2, live=False,
+                         eval_tasks=48)
+    err = capsys.readouterr().err
+    final = report["learning"]["final"]
+    published = max(v["version"] for v in report["versions"])
+    # the trainer's last saved version: the last it published, or one it saved as the stop came
+    assert published >= 1 and published <= final["version"] <= published + 1, (final, report["versions"])
+    assert final["tasks"] == 48 and final["samples_per_task"] == devnet_evaluation.FINAL_EVAL_SAMPLES, final
+    low, high = final["gain_ci95"]
+    assert low <= final["gain"] <= high, final
+    assert abs(final["gain"] - (final["final_solve_rate"] - final["warm_start_solve_rate"])) <= 2e-4, final
+    assert "devnet: final evaluation (48 held-out tasks x 2 samples)" in err, err[-3000:]
+    assert f"-> version {final['version']} " in err, err[-3000:]
+    assert json.loads((out / "report.json").read_text())["learning"]["final"] == final
+    assert (out / "learning.png").stat().st_size > 1000

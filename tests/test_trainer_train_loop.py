@@ -239,6 +239,22 @@ def test_in_process_groups_carry_sampler_logprobs_and_scores(tok):
     assert 0.35 < lo < 0.5 < hi < 0.65
 
 
+def test_shares_of_several_samples_pair_up_into_a_gain(tok):
+    from trainer.engine_hf import HFEngine
+    from trainer.groups import heldout_shares, heldout_solved, paired_gain
+
+    model = _model(tok)
+    engine = HFEngine(model, tok, max_batch=8)
+    items = [("tiny-products", k) for k in range(6)]
+    shares = heldout_shares(engine, tok, items, 6, samples=3)
+    runs = [heldout_solved(engine, tok, items, 6, seed=s) for s in (7, 8, 9)]
+    assert shares == [sum(r) / 3 for r in zip(*runs, strict=True)]
+    g = paired_gain([0.0, 0.5, 1.0, 0.0], [1.0, 0.5, 1.0, 0.5])
+    assert g["solve_rate_before"] == 0.375 and g["solve_rate_after"] == 0.75 and g["gain"] == 0.375
+    low, high = g["gain_ci95"]
+    assert low < 0.375 < high and high - 0.375 == pytest.approx(0.375 - low, abs=1e-4)
+
+
 def test_partial_groups_train_after_waiting(tok):
     trainer = _trainer(tok, _model(tok), group_size=4)
     trainer.add(_sample(tok, "<answer>3</answer>", 1.0, rid=b"a"), now=10.0)

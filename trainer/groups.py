@@ -3,8 +3,10 @@
 For local training (a peer's own rollouts feed its own copy directly) and for the
 learning benchmark: `generate_groups` samples `group_size` completions per task with the
 seeded sampler, scores each from its task and returns `trainer.samples.Sample` groups
-with the sampler's log-probs, ready for `Trainer.train_on`. `heldout_solve_rate` is the
-share of held-out tasks solved at temperature 1 (the learning metric, docs/DESIGN.md §5).
+with the sampler's log-probs, ready for `Trainer.train_on`. `heldout_solved` says which
+held-out tasks one sample at temperature 1 solves (the learning metric, docs/DESIGN.md
+§5); `heldout_shares` averages several seeded samples per task, and `paired_gain` compares
+two policies scored on the same tasks.
 """
 
 from __future__ import annotations
@@ -84,6 +86,34 @@ def heldout_solved(
         tasks.score(t, tokenizer.decode(g.completion_ids, skip_special_tokens=True)).reward >= 1.0
         for t, g in zip(batch, gens, strict=True)
     ]
+
+
+def heldout_shares(
+    engine: Any,
+    tokenizer: Any,
+    items: Sequence[tuple[str, int]],
+    max_new_tokens: int,
+    samples: int,
+) -> list[float]:
+    """Per held-out item, the share of `samples` seeded samples (sampling seeds 7, 8, ...)
+    that solved it."""
+    runs = [
+        heldout_solved(engine, tokenizer, items, max_new_tokens, seed=7 + k) for k in range(samples)
+    ]
+    return [sum(r) / samples for r in zip(*runs, strict=True)]
+
+
+def paired_gain(before: Sequence[float], after: Sequence[float]) -> dict[str, Any]:
+    """Two scorings of the same items: each mean, the gain after - before, and the gain's
+    paired 95% interval (`paired_ci95`), rounded to 4 places."""
+    n = len(before)
+    low, high = paired_ci95(before, after)
+    return {
+        "solve_rate_before": round(sum(before) / n, 4),
+        "solve_rate_after": round(sum(after) / n, 4),
+        "gain": round((sum(after) - sum(before)) / n, 4),
+        "gain_ci95": [round(low, 4), round(high, 4)],
+    }
 
 
 def paired_ci95(before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:

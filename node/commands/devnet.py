@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from node.commands.devnet_evaluation import FINAL_EVAL_TASKS, final_evaluation
+
 # (_learning, solve_rate_ci95 and version_line are re-exported: tests import them from here)
 from node.commands.devnet_report import _learning as _learning
 from node.commands.devnet_report import node_totals, say_summary, write_report
@@ -303,6 +305,7 @@ class _Plan:
     batch_size: int
     publish_every: float
     pace: float = DEFAULT_PACE
+    eval_tasks: int = FINAL_EVAL_TASKS
 
     def rollouts_per_version(self, manifest: Any) -> int:
         """Each worker's share of what the trainer trains per version, times `pace`
@@ -318,13 +321,15 @@ class _Plan:
             raise CommandError(f"--duration must be in [5, 86400] seconds, got {self.duration}")
         if not 0 <= self.pace <= 100:
             raise CommandError(f"--pace must be in [0, 100] (0: no pacing), got {self.pace}")
+        if not 0 <= self.eval_tasks <= 100_000:
+            raise CommandError(f"--eval-tasks must be in [0, 100000] (0: skip), got {self.eval_tasks}")
 
     def parameters(self, manifest: Any) -> dict[str, Any]:
         """The `parameters` entry of report.json."""
         return {
             "inference": self.inference, "validators": self.validators, "trainers": self.trainers,
             "relays": self.relays, "duration_s": self.duration, "audit_fraction": self.audit_fraction,
-            "batch_size": self.batch_size, "pace": self.pace,
+            "batch_size": self.batch_size, "pace": self.pace, "eval_tasks": self.eval_tasks,
             "rollouts_per_version": self.rollouts_per_version(manifest), "run_id": manifest.run_id, "model": manifest.model,
             "policy_version": 0,
         }
@@ -355,12 +360,13 @@ def main(
     live: bool = True,
     publish_every: float = 0.0,
     pace: float = DEFAULT_PACE,
+    eval_tasks: int = FINAL_EVAL_TASKS,
 ) -> dict[str, Any]:
     """Run the devnet; returns (and writes) the report dict."""
     from rich.console import Console
 
     plan = _Plan(inference, validators, trainers, relays, duration, audit_fraction, batch_size, publish_every,
-                 pace)
+                 pace, eval_tasks)
     plan.check()
     console = Console(stderr=True)
     live = live and console.is_terminal  # a pipe or a file gets plain progress lines
@@ -396,7 +402,10 @@ def main(
             "elapsed_s": round(time.monotonic() - swarm.started, 1),
             "drain_s": swarm.drained_s,
         }
-        report = write_report(root, head, swarm.nodes, swarm.series)
+        trainer = next((n.dir for n in swarm.nodes if n.role == "trainer"), None)
+        final = ({"skipped": "stopped by a signal"} if signals.received
+                 else final_evaluation(trainer, manifest, plan.eval_tasks, console.print))
+        report = write_report(root, head, swarm.nodes, swarm.series, final)
         say_summary(console, report, swarm.nodes, root, stopped_at)
     finally:
         _restore_signals(previous)  # also when the run or its report failed

@@ -9,6 +9,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from node.commands.devnet_evaluation import final_text
+
 if TYPE_CHECKING:
     from node.commands.devnet import NodeProc
 
@@ -215,12 +217,15 @@ def gain_text(learning: dict[str, Any]) -> str:
             f"{learning['heldout_tasks']} tasks)")
 
 
-def _learning(out: Path, nodes: list[NodeProc]) -> dict[str, Any]:
+def _learning(out: Path, nodes: list[NodeProc], final: dict[str, Any] | None = None) -> dict[str, Any]:
     """The trainer's held-out evaluations (one at the start, one per published version),
-    summarised with the gain (`heldout_gain`), and `learning.png`."""
+    summarised with the gain (`heldout_gain`), the closing evaluation `final` as given,
+    and `learning.png`."""
     trainer = next((n for n in nodes if n.role == "trainer"), None)
     series = (trainer.status.get("role_status", {}).get("learning") or []) if trainer else []
     summary: dict[str, Any] = {"series": series}
+    if final is not None:
+        summary["final"] = final
     if series:
         summary.update(
             warm_start_solve_rate=series[0]["solve_rate"], final_solve_rate=series[-1]["solve_rate"],
@@ -238,7 +243,10 @@ def _learning(out: Path, nodes: list[NodeProc]) -> dict[str, Any]:
         return summary
     from matplotlib.ticker import MaxNLocator
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    closing = final is not None and "gain" in final
+    fig, axes = plt.subplots(1, 3 if closing else 2, figsize=(15 if closing else 10, 4),
+                             gridspec_kw={"width_ratios": [2, 2, 1]} if closing else None)  # fmt: skip
+    a1, a2 = axes[0], axes[1]
     versions = [p["version"] for p in series]
     ts = [p["t"] for p in series]
     rates = [p["solve_rate"] for p in series]
@@ -260,6 +268,8 @@ def _learning(out: Path, nodes: list[NodeProc]) -> dict[str, Any]:
         ax.legend(fontsize=8)
     a1.xaxis.set_major_locator(MaxNLocator(integer=True))
     a1.set_title("devnet learning")
+    if closing:
+        _closing_panel(axes[2], final)
     if "gain" in summary:
         fig.suptitle(gain_text(summary), fontsize=9)
     fig.tight_layout()
@@ -269,6 +279,24 @@ def _learning(out: Path, nodes: list[NodeProc]) -> dict[str, Any]:
     return summary
 
 
+def _closing_panel(ax: Any, final: dict[str, Any]) -> None:
+    """The closing evaluation: the warm start and the last version side by side, each
+    with its 95% interval, the gain's paired interval in the title."""
+    rates = [final["warm_start_solve_rate"], final["final_solve_rate"]]
+    n = final["tasks"] * final["samples_per_task"]
+    half = [solve_rate_ci95(r, n) for r in rates]
+    ax.bar([0, 1], rates, yerr=half, capsize=6, color=["grey", "tab:blue"])
+    ax.set_xticks([0, 1], ["warm start", f"version {final['version']}"])
+    ax.set_ylabel("held-out solve rate")
+    ax.set_ylim(max(0.0, min(rates) - max(half) - 0.05), min(1.0, max(rates) + max(half) + 0.05))
+    low, high = final["gain_ci95"]
+    ax.set_title(
+        f"after the stop: {final['tasks']} tasks x {final['samples_per_task']} samples\n"
+        f"gain {final['gain']:+.3f} (95% {low:+.3f} to {high:+.3f})",
+        fontsize=9,
+    )
+
+
 def trainer_eval_tasks() -> int:
     from node.roles.trainer import LEARN_EVAL_TASKS
 
@@ -276,10 +304,11 @@ def trainer_eval_tasks() -> int:
 
 
 def write_report(root: Path, head: dict[str, Any], nodes: list[NodeProc],
-                 series: list[dict[str, Any]]) -> dict[str, Any]:
+                 series: list[dict[str, Any]], final: dict[str, Any]) -> dict[str, Any]:
     """`head` (parameters, how and when the run stopped) followed by the totals, the
-    nodes, the time series, the versions and the plots, written to `root/report.json`
-    with the plots beside it; returns the report."""
+    nodes, the time series, the versions, the learning (with the closing evaluation
+    `final`, `devnet_evaluation.final_evaluation`) and the plots, written to
+    `root/report.json` with the plots beside it; returns the report."""
     totals = node_totals(nodes)
     report = {
         **head,
@@ -300,7 +329,7 @@ def write_report(root: Path, head: dict[str, Any], nodes: list[NodeProc],
         "fates": rollout_fates(nodes, totals["produced"]),
     }
     report["plots"] = _plots(root, series, nodes)
-    report["learning"] = _learning(root, nodes)
+    report["learning"] = _learning(root, nodes, final)
     if "plot" in report["learning"]:
         report["plots"].append(report["learning"]["plot"])
     (root / "report.json").write_text(json.dumps(report, indent=2))
@@ -389,6 +418,8 @@ def say_summary(console: Any, report: dict[str, Any], nodes: list[NodeProc], roo
     )
     if gain_text(report.get("learning", {})):
         console.print(f"devnet: {gain_text(report['learning'])}")
+    if "final" in report.get("learning", {}):
+        console.print(f"devnet: {final_text(report['learning']['final'])}")
     for line in penalty_lines(report.get("penalties", [])):
         console.print(line)
     bad = [n.name for n in nodes if n.exit_code not in (0, None)]
