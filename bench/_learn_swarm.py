@@ -100,21 +100,14 @@ def _swarm(base: Any, tok: Any, t_s: float,
     """A devnet for `t_s` seconds, default but for `settings` (`devnet.main`'s keywords):
     (the weights its trainer last published, the `devnet` figures so far, the rollout
     shares)."""
-    import torch
-
     from node.commands import devnet
-    from trainer.train_loop import CKPT_FILE
+    from node.commands.devnet_evaluation import load_version, saved_checkpoint
 
-    after = copy.deepcopy(base)
-    version = 0
     with tempfile.TemporaryDirectory() as d:
         # the bench scores the trainer's last version itself, beside the single process's
         report = devnet.main(out=Path(d) / "report", live=False, duration=t_s, eval_tasks=0, **settings)
-        ckpts = list(Path(d).rglob(CKPT_FILE))
-        if ckpts:
-            state = torch.load(ckpts[0], map_location="cpu", weights_only=True)
-            after.load_state_dict(state["model"])
-            version = int(state["version"])
+        ckpt = saved_checkpoint(Path(d))
+        after, version = load_version(ckpt, base) if ckpt is not None else (copy.deepcopy(base), 0)
     split = report["fates"]  # `devnet_report.rollout_fates`
     fates: dict[str, Any] = {"swarm_rollouts_produced": split["produced"]}
     if "error" in split:  # a node's last status lagged (one killed at the stop): say so

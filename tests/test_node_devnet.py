@@ -95,7 +95,7 @@ def test_a_training_devnet_scores_its_last_version_against_the_warm_start(
     run = tmp_path / "run.toml"
     run.write_text(manifest_to_toml(manifest_from_table(table)))
     out = tmp_path / "report"
-    report = devnet.main(inference=2, validators=1, duration=15, out=out, run=run, batch_size=2,
+    report = devnet.main(inference=2, validators=1, duration=30, out=out, run=run, batch_size=2,
                          audit_fraction=1.0, live=False, eval_tasks=48)  # fmt: skip
     err = capsys.readouterr().err
     final = report["learning"]["final"]

@@ -23,25 +23,19 @@ def final_evaluation(
     trainer node's folder) on `tasks` held-out tasks: `trainer.groups.paired_gain` with
     the version, the tasks and the samples per task; `{"skipped": why}` when there is
     nothing to compare or it cannot be loaded."""
-    import torch
-
     from node.errors import CommandError
     from node.paths import resolve_model
     from trainer.groups import heldout_items, paired_gain
     from trainer.model_dir import load_model_dir
-    from trainer.train_loop import CKPT_FILE
 
-    ckpts = sorted(trainer_dir.rglob(CKPT_FILE)) if trainer_dir is not None else []
     if tasks <= 0:
         return {"skipped": "--eval-tasks 0"}
-    if not ckpts:
+    ckpt = saved_checkpoint(trainer_dir)
+    if ckpt is None:
         return {"skipped": "the trainer saved no version"}
     try:
         base, tok = load_model_dir(resolve_model(None, manifest.model, None))
-        state = torch.load(ckpts[0], map_location="cpu", weights_only=True)
-        trained = copy.deepcopy(base)
-        trained.load_state_dict(state["model"])
-        version = int(state["version"])
+        trained, version = load_version(ckpt, base)
     except (CommandError, OSError, RuntimeError, KeyError, ValueError) as exc:
         return {"skipped": f"cannot load the policies to compare: {exc}"}
     names = [d.name for d in manifest.datasets for _ in range(d.weight)]
@@ -56,6 +50,25 @@ def final_evaluation(
         "warm_start_solve_rate": gain["solve_rate_before"], "final_solve_rate": gain["solve_rate_after"],
         "gain": gain["gain"], "gain_ci95": gain["gain_ci95"],
     }  # fmt: skip
+
+
+def saved_checkpoint(trainer_dir: Path | None) -> Path | None:
+    """The trainer's checkpoint under `trainer_dir` (a trainer node's folder, or a folder
+    holding one), None when it saved none."""
+    from trainer.train_loop import CKPT_FILE
+
+    ckpts = sorted(trainer_dir.rglob(CKPT_FILE)) if trainer_dir is not None else []
+    return ckpts[0] if ckpts else None
+
+
+def load_version(ckpt: Path, base: Any) -> tuple[Any, int]:
+    """(a copy of `base` with the weights of the checkpoint `ckpt`, its version)."""
+    import torch
+
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    trained = copy.deepcopy(base)
+    trained.load_state_dict(state["model"])
+    return trained, int(state["version"])
 
 
 def _shares(model: Any, tok: Any, items: list[tuple[str, int]], max_new_tokens: int) -> list[float]:
