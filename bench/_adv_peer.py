@@ -79,9 +79,11 @@ HONEST_STAT, SLIGHT_STAT = 1e-7, 5e-6
 
 
 def model_change(body: RolloutBody) -> str:
-    """"honest", "slight" (passes alone, over the producer limit) or "changed" (fails)."""
+    """ "honest", "slight" (passes alone, over the producer limit) or "changed" (fails)."""
     first = body.logprobs[0] if body.logprobs else 0.0
     return "honest" if first > -100.0 else "slight" if first > -200.0 else "changed"
+
+
 CREDIT_WINDOW_S = 12.0  # the trainer's body pull window: a header unserved this long is skipped
 
 
@@ -96,9 +98,19 @@ def manifest(run: str, validator: str) -> Any:
     )
 
 
-def honest_record(ident: Identity, m: Any, counter: int, seq: int, *, lie: bool = False,
-                  version: int = VERSION, run_id: str | None = None, rng: random.Random,
-                  change: float = 0.0, claim: float | None = None) -> bytes:
+def honest_record(
+    ident: Identity,
+    m: Any,
+    counter: int,
+    seq: int,
+    *,
+    lie: bool = False,
+    version: int = VERSION,
+    run_id: str | None = None,
+    rng: random.Random,
+    change: float = 0.0,
+    claim: float | None = None,
+) -> bytes:
     """A synthetic record claiming its true reward (or lying: claiming the opposite, or
     `claim` whatever the truth); `change` (SLIGHT_MARK, CHANGED_MARK) makes it a changed
     model's (`model_change`)."""
@@ -116,9 +128,17 @@ def honest_record(ident: Identity, m: Any, counter: int, seq: int, *, lie: bool 
     if claim is not None:
         reward = claim
     return make_record(
-        ident, body, dataset=m.datasets[0].name, task_index=counter, counter=counter,
-        task_seed=seed, reward=reward, run_id=run_id or m.run_id,
-        policy_version=version, seq=seq, timestamp_ms=int(time.time() * 1000),
+        ident,
+        body,
+        dataset=m.datasets[0].name,
+        task_index=counter,
+        counter=counter,
+        task_seed=seed,
+        reward=reward,
+        run_id=run_id or m.run_id,
+        policy_version=version,
+        seq=seq,
+        timestamp_ms=int(time.time() * 1000),
     )
 
 
@@ -128,9 +148,15 @@ class _Counting:
 
     def __init__(self, peer: Any, hold_s: float = HOLD_S) -> None:
         self.peer = peer
-        self.collector = Collector(peer.admission.authority, VerifiedRule(quorum=1), WorkLedger(),
-                                   pull_window_s=CREDIT_WINDOW_S)  # fmt: skip
-        self.made: dict[bytes, tuple[str, float, int, bytes]] = {}  # rid -> producer, t, counter, digest
+        self.collector = Collector(
+            peer.admission.authority,
+            VerifiedRule(quorum=1),
+            WorkLedger(),
+            pull_window_s=CREDIT_WINDOW_S,
+        )
+        self.made: dict[
+            bytes, tuple[str, float, int, bytes]
+        ] = {}  # rid -> producer, t, counter, digest
         self.admitted_by_signer: Counter[str] = Counter()
         self.standing = StandingBook(hold_s=hold_s)
         self.waiting: dict[bytes, tuple[Any, float]] = {}
@@ -142,10 +168,14 @@ class _Counting:
 
     async def train_loop(self) -> None:
         while True:
-            ready, _unaudited = _pick(self.collector, self.standing, self.waiting, VERSION, 2, time.time(), Fates())
+            ready, _unaudited = _pick(
+                self.collector, self.standing, self.waiting, VERSION, 2, time.time(), Fates()
+            )
             for ro in ready:
                 if ro.header.reward == true_reward(ro.body):  # the trainer's re-score
-                    self.trained.setdefault(peer_id_to_b58(ro.envelope.signer), []).append(ro.rollout_id.hex())
+                    self.trained.setdefault(peer_id_to_b58(ro.envelope.signer), []).append(
+                        ro.rollout_id.hex()
+                    )
             await trio.sleep(0.5)
 
     def on_deliver(self, item: Admitted) -> None:
@@ -154,25 +184,41 @@ class _Counting:
         for bad in self.collector.on_deliver(item):
             self.peer.report(bad, -20.0, "withheld assignment counters")
         for bad in self.collector.take_went_back():
-            self.peer.report(bad, penalties.OUT_OF_ORDER.cost, "went back to an older version again",
-                             penalties.OUT_OF_ORDER.name)  # fmt: skip
+            self.peer.report(
+                bad,
+                penalties.OUT_OF_ORDER.cost,
+                "went back to an older version again",
+                penalties.OUT_OF_ORDER.name,
+            )
         if item.kind is Kind.ROLLOUT_RECORD:
-            for bad in self.collector.on_rescored(item.content_id, true_reward(item.obj.body), item.received_at):
-                self.peer.report(bad, penalties.FALSE_CLAIM.cost, "claimed reward differs from the re-score",
-                                 penalties.FALSE_CLAIM.name)  # fmt: skip
+            for bad in self.collector.on_rescored(
+                item.content_id, true_reward(item.obj.body), item.received_at
+            ):
+                self.peer.report(
+                    bad,
+                    penalties.FALSE_CLAIM.cost,
+                    "claimed reward differs from the re-score",
+                    penalties.FALSE_CLAIM.name,
+                )
             if len(self.waiting) < 65_536:
                 self.waiting[item.content_id] = (item.obj, time.time())
         elif item.kind in (Kind.VERDICT, Kind.PRODUCER_CLAIM):
             for ban in judged(self.standing, self.peer.admission.authority, item):
-                for rid in [r for r, (ro, _t) in self.waiting.items() if ro.envelope.signer == ban.producer]:
+                for rid in [
+                    r for r, (ro, _t) in self.waiting.items() if ro.envelope.signer == ban.producer
+                ]:
                     del self.waiting[rid]
         if item.kind in (Kind.ROLLOUT_HEADER, Kind.ROLLOUT_RECORD):
-            self.admitted_ahead[signer] += item.envelope.policy_version > self.peer.admission.version
+            self.admitted_ahead[signer] += (
+                item.envelope.policy_version > self.peer.admission.version
+            )
         if item.kind in (Kind.ROLLOUT_HEADER, Kind.ROLLOUT_RECORD):
             h = item.obj.header if item.kind is Kind.ROLLOUT_RECORD else item.obj
             self.made[item.content_id] = (
-                peer_id_to_b58(item.envelope.signer), item.envelope.timestamp_ms / 1000.0,
-                h.counter, h.body_digest,
+                peer_id_to_b58(item.envelope.signer),
+                item.envelope.timestamp_ms / 1000.0,
+                h.counter,
+                h.body_digest,
             )
 
     def report(self, ids: list[str]) -> dict[str, Any]:
@@ -201,13 +247,20 @@ class _Counting:
             span = self.collector.ledger.standing(peer_id_from_b58(p))
             weight = self.standing.credit_weight(peer_id_from_b58(p))
             earned = self.collector.credited_reward(peer_id_from_b58(p))
-            credit[p] = {"earned": earned, "credit_weight": weight,
-                         "credited": None if earned is None else earned * weight,
-                         "first": span.first if span else None, "last": span.last if span else None,
-                         **(dataclasses.asdict(s) if s is not None else {})}
+            credit[p] = {
+                "earned": earned,
+                "credit_weight": weight,
+                "credited": None if earned is None else earned * weight,
+                "first": span.first if span else None,
+                "last": span.last if span else None,
+                **(dataclasses.asdict(s) if s is not None else {}),
+            }
         return {
-            "verified": verified, "headers": headers, "usable": dict(usable),
-            "double_counted": sum(n - 1 for n in units.values()) + sum(n - 1 for n in bodies.values()),
+            "verified": verified,
+            "headers": headers,
+            "usable": dict(usable),
+            "double_counted": sum(n - 1 for n in units.values())
+            + sum(n - 1 for n in bodies.values()),
             "admitted_by_signer": {p: self.admitted_by_signer[p] for p in ids},
             "scores": {p: scores.score(p, now) for p in ids},
             "banned": {p: scores.is_banned(p, now) for p in ids},
@@ -215,7 +268,8 @@ class _Counting:
             "trained": self.trained,
             "made": {rid.hex(): (producer, t) for rid, (producer, t, _c, _d) in self.made.items()},
             "banned_producers": sorted(
-                p for p in ids if self.standing.state(peer_id_from_b58(p)) is State.BANNED),
+                p for p in ids if self.standing.state(peer_id_from_b58(p)) is State.BANNED
+            ),
             "credit": credit,
             "admitted_ahead": {p: self.admitted_ahead[p] for p in ids},
             "rss_mb": _rss_mb(),
@@ -232,13 +286,17 @@ def _probe(peer: Any, counting: _Counting | None, ids: list[str]) -> dict[str, A
     except Exception:  # noqa: BLE001 - a bench figure, not the peer's business
         connections = -1
     return {
-        "rss_mb_now": _rss_mb("VmRSS:"), "connections": connections,
+        "rss_mb_now": _rss_mb("VmRSS:"),
+        "connections": connections,
         "peers": host.connected_peers(),
         "scores": {p: sc.score(p, now) for p in ids},
         "banned": {p: sc.is_banned(p, now) for p in ids},
         "admitted": {p: counting.admitted_by_signer[p] if counting else 0 for p in ids},
-        "refused": {r or "": n for (_d, o, r), n in peer.store.ledger_summary("in").items()
-                    if o == "rejected"},
+        "refused": {
+            r or "": n
+            for (_d, o, r), n in peer.store.ledger_summary("in").items()
+            if o == "rejected"
+        },
     }
 
 
@@ -259,7 +317,9 @@ sampled_at: list[tuple[str, float, str]] = []  # validator: (rollout id, made at
 class _Validator:
     """The validator's sampling, standing and window rule around the stand-in audit."""
 
-    def __init__(self, peer: Any, send: Any, close_after_s: float, fraction: float = AUDIT_FRACTION) -> None:
+    def __init__(
+        self, peer: Any, send: Any, close_after_s: float, fraction: float = AUDIT_FRACTION
+    ) -> None:
         self.peer, self.send, self.fraction = peer, send, fraction
         self.standing = StandingBook()
         self.tally = ProducerTally(STAT_LIMIT, close_after_s=close_after_s)
@@ -268,7 +328,9 @@ class _Validator:
     def window_audited(self, producer: bytes, counter: int) -> bool:
         if self.standing.state(producer) is not State.GOOD:
             return True
-        ticket = window_ticket(self.peer.identity, self.peer.run_id, producer, counter // self.tally.window)
+        ticket = window_ticket(
+            self.peer.identity, self.peer.run_id, producer, counter // self.tally.window
+        )
         return sampled(ticket, WINDOW_FRACTION)
 
     def on_deliver(self, item: Admitted) -> None:
@@ -282,7 +344,9 @@ class _Validator:
         ro = item.obj
         ticket = sample_ticket(self.peer.identity, self.peer.run_id, item.content_id)
         if sampled(ticket, self.standing.audit_fraction(signer, self.fraction)):
-            sampled_at.append((ro.rollout_id.hex(), ro.envelope.timestamp_ms / 1000.0, peer_id_to_b58(signer)))
+            sampled_at.append(
+                (ro.rollout_id.hex(), ro.envelope.timestamp_ms / 1000.0, peer_id_to_b58(signer))
+            )
         elif self.window_audited(signer, ro.header.counter):
             ticket = b""  # audited for its window only: no verdict published
         else:
@@ -295,11 +359,19 @@ class _Validator:
         async for ro, ticket in receive:
             change = model_change(ro.body)
             passed = ro.header.reward == true_reward(ro.body) and change != "changed"
-            reason = "ok" if passed else "changed_model" if change == "changed" else "reward_mismatch"
+            reason = (
+                "ok" if passed else "changed_model" if change == "changed" else "reward_mismatch"
+            )
             value = HONEST_STAT if change == "honest" else SLIGHT_STAT
-            v = Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer, passed=passed, reason=reason,
-                        reward_rescored=true_reward(ro.body), metrics=(Metric(name=STAT, value=value),),
-                        sample_ticket=ticket)  # fmt: skip
+            v = Verdict(
+                rollout_id=ro.rollout_id,
+                producer=ro.envelope.signer,
+                passed=passed,
+                reason=reason,
+                reward_rescored=true_reward(ro.body),
+                metrics=(Metric(name=STAT, value=value),),
+                sample_ticket=ticket,
+            )
             signer = ro.envelope.signer
             probation = self.standing.state(signer) is State.PROBATION
             if not (passed and probation):  # a held pass counts once its window is clean
@@ -309,7 +381,11 @@ class _Validator:
             found = self.tally.add(signer, ro.header.counter, ro.rollout_id, {STAT: value})
             if found is not None:
                 await self.on_finding(found)
-            if ticket and not (passed and probation) and not (passed and self.standing.state(signer) is State.BANNED):
+            if (
+                ticket
+                and not (passed and probation)
+                and not (passed and self.standing.state(signer) is State.BANNED)
+            ):
                 await self.peer.publish_verdict(v)
             await self.publish_cleared()
             if not passed:
@@ -331,17 +407,29 @@ class _Validator:
         self.held.failed(found.producer)
         self.peer.report(found.producer, PRODUCER_PENALTY, "producer window over the limit")
         if len(found.rollout_ids) == self.tally.window:
-            await self.peer.publish_producer_claim(ProducerClaim(
-                producer=found.producer, rollout_ids=found.rollout_ids, statistic=STAT,
-                median=min(found.statistic, 1e6), limit=found.limit))  # fmt: skip
+            await self.peer.publish_producer_claim(
+                ProducerClaim(
+                    producer=found.producer,
+                    rollout_ids=found.rollout_ids,
+                    statistic=STAT,
+                    median=min(found.statistic, 1e6),
+                    limit=found.limit,
+                )
+            )
 
 
 async def main(args: argparse.Namespace) -> None:
-    ident = Identity.from_private_bytes(bytes.fromhex(args.key)) if args.key else Identity.generate()
+    ident = (
+        Identity.from_private_bytes(bytes.fromhex(args.key)) if args.key else Identity.generate()
+    )
     m = manifest(args.run, args.validator)
     cfg = PeerConfig(
-        manifest=m, identity=ident, data_dir=Path(args.data_dir), roles=(args.role,),
-        bootstrap=tuple(args.bootstrap), pull_bodies=args.role in ("trainer", "validator"),
+        manifest=m,
+        identity=ident,
+        data_dir=Path(args.data_dir),
+        roles=(args.role,),
+        bootstrap=tuple(args.bootstrap),
+        pull_bodies=args.role in ("trainer", "validator"),
         policy_version=VERSION,
         host=HostSettings(peer_dead_after_s=6.0, max_connections=args.max_connections),
         admission=AdmissionConfig(publishes_versions=args.role == "trainer"),
@@ -378,11 +466,20 @@ async def main(args: argparse.Namespace) -> None:
                     else:
                         now = time.time()
                         sc = peer.admission.scores
-                        reply({"banned": {p: sc.is_banned(p, now) for p in ids}, "rss_mb": _rss_mb(),
-                              "scores": {p: sc.score(p, now) for p in ids}, "sampled": sampled_at,
-                              "standing_banned": sorted(
-                                  p for p in ids if args.role == "validator"
-                                  and val.standing.state(peer_id_from_b58(p)) is State.BANNED)})
+                        reply(
+                            {
+                                "banned": {p: sc.is_banned(p, now) for p in ids},
+                                "rss_mb": _rss_mb(),
+                                "scores": {p: sc.score(p, now) for p in ids},
+                                "sampled": sampled_at,
+                                "standing_banned": sorted(
+                                    p
+                                    for p in ids
+                                    if args.role == "validator"
+                                    and val.standing.state(peer_id_from_b58(p)) is State.BANNED
+                                ),
+                            }
+                        )
                 elif kind == "probe":
                     reply(_probe(peer, counting, cmd.get("ids", [])))
                 elif kind == "attack":
@@ -420,8 +517,12 @@ def cli() -> None:
     parser.add_argument("--bootstrap", nargs="*", default=[])
     parser.add_argument("--max-life", type=float, default=900.0)
     parser.add_argument("--max-connections", type=int, default=HostSettings.max_connections)
-    parser.add_argument("--hold", type=float, default=HOLD_S, help="trainer: the standing's hold, s")
-    parser.add_argument("--close", type=float, default=CLOSE_AFTER_S, help="validator: window close, s")
+    parser.add_argument(
+        "--hold", type=float, default=HOLD_S, help="trainer: the standing's hold, s"
+    )
+    parser.add_argument(
+        "--close", type=float, default=CLOSE_AFTER_S, help="validator: window close, s"
+    )
     parser.add_argument("--audit-fraction", type=float, default=AUDIT_FRACTION)
     args = parser.parse_args()
     sys.setrecursionlimit(10_000)

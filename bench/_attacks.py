@@ -55,9 +55,14 @@ async def attack(cmd: dict[str, Any], manifest: Any, data_dir: Path) -> dict[str
     name, seconds = cmd["name"], float(cmd.get("seconds", 5.0))
     ident = Identity.generate()
     cfg = PeerConfig(
-        manifest=manifest, identity=ident, data_dir=data_dir / f"attack-{name}-{os.getpid()}",
-        roles=("inference",), bootstrap=tuple(cmd["targets"]), pull_bodies=False,
-        policy_version=VERSION, host=HostSettings(peer_dead_after_s=6.0),
+        manifest=manifest,
+        identity=ident,
+        data_dir=data_dir / f"attack-{name}-{os.getpid()}",
+        roles=("inference",),
+        bootstrap=tuple(cmd["targets"]),
+        pull_bodies=False,
+        policy_version=VERSION,
+        host=HostSettings(peer_dead_after_s=6.0),
     )
     seen: list[Admitted] = []
     out: dict[str, Any] = {"sent": 0, "signers": [ident.peer_id_b58], "measure": "admitted"}
@@ -89,7 +94,9 @@ class _Ctx:
     def record(self, **kw: Any) -> bytes:
         self.counter += 1
         ident = kw.pop("ident", self.ident)
-        return honest_record(ident, self.manifest, self.counter, self.peer.seq.next(), rng=self.rng, **kw)
+        return honest_record(
+            ident, self.manifest, self.counter, self.peer.seq.next(), rng=self.rng, **kw
+        )
 
     async def publish(self, topic: str, data: bytes, out: dict[str, Any]) -> None:
         try:
@@ -102,8 +109,15 @@ class _Ctx:
         """Store our record (so we serve its body) and gossip its header at once."""
         op = open_record(record)
         rec = decode(RolloutRecord, record)
-        row = RolloutRow(op.rollout_id, op.envelope.run_id, op.envelope.signer,
-                         op.envelope.policy_version, rec.header, rec.body, time.time())
+        row = RolloutRow(
+            op.rollout_id,
+            op.envelope.run_id,
+            op.envelope.signer,
+            op.envelope.policy_version,
+            rec.header,
+            rec.body,
+            time.time(),
+        )
         await trio.to_thread.run_sync(self.peer.store.put_produced, row)
         await self.publish("rollouts", rec.header, out)
         return op.rollout_id
@@ -177,9 +191,17 @@ async def _resigned_copy(c: _Ctx, out: dict[str, Any]) -> None:
         op = open_record(rec)
         c.counter += 1
         copy = make_record(
-            c.ident, op.body, dataset=op.header.dataset, task_index=c.counter, counter=c.counter,
-            task_seed=op.header.task_seed, reward=op.header.reward, run_id=c.manifest.run_id,
-            policy_version=VERSION, seq=c.peer.seq.next(), timestamp_ms=int(time.time() * 1000),
+            c.ident,
+            op.body,
+            dataset=op.header.dataset,
+            task_index=c.counter,
+            counter=c.counter,
+            task_seed=op.header.task_seed,
+            reward=op.header.reward,
+            run_id=c.manifest.run_id,
+            policy_version=VERSION,
+            seq=c.peer.seq.next(),
+            timestamp_ms=int(time.time() * 1000),
         )
         await c.store_and_publish(copy, out)
 
@@ -223,8 +245,10 @@ async def _shop_versions(c: _Ctx, out: dict[str, Any], versions: list[int]) -> N
     out.update(produced=0, true_sum=0.0, shopped=0, lies=0, truth={})
     for _ in range(max(60, int(c.seconds * 20))):
         c.counter += 1
-        tries = [honest_record(c.ident, c.manifest, c.counter, c.peer.seq.next(), rng=c.rng,
-                               version=v) for v in versions]  # fmt: skip
+        tries = [
+            honest_record(c.ident, c.manifest, c.counter, c.peer.seq.next(), rng=c.rng, version=v)
+            for v in versions
+        ]
         solved = [_truth(r) for r in tries]
         pick = solved.index(1.0) if 1.0 in solved else 0
         out["produced"] += 1
@@ -259,8 +283,10 @@ async def _stay_low_version_shopping(c: _Ctx, out: dict[str, Any]) -> None:
     for _ in range(max(60, int(c.seconds * 20))):
         c.counter += 1
         versions = list(range(current, VERSION + 1))
-        tries = [honest_record(c.ident, c.manifest, c.counter, c.peer.seq.next(), rng=c.rng,
-                               version=v) for v in versions]  # fmt: skip
+        tries = [
+            honest_record(c.ident, c.manifest, c.counter, c.peer.seq.next(), rng=c.rng, version=v)
+            for v in versions
+        ]
         solved = [_truth(r) for r in tries]
         pick = solved.index(1.0) if 1.0 in solved else 0
         current = versions[pick]
@@ -283,8 +309,14 @@ async def _self_vouching(c: _Ctx, out: dict[str, Any]) -> None:
     out["measure"] = "verified"
     rids = await _lying_rollouts(c, out, 10)
     for rid in rids:
-        v = Verdict(rollout_id=rid, producer=c.ident.peer_id, passed=True, reason="ok",
-                    reward_rescored=1.0, metrics=())
+        v = Verdict(
+            rollout_id=rid,
+            producer=c.ident.peer_id,
+            passed=True,
+            reason="ok",
+            reward_rescored=1.0,
+            metrics=(),
+        )
         await c.publish("verdicts", c.peer.seal(v), out)
 
 
@@ -301,10 +333,22 @@ async def _sybil_fails(c: _Ctx, out: dict[str, Any]) -> None:
         for item in targets[:10]:
             done.add(item.content_id)
             for s in sybils:
-                v = Verdict(rollout_id=item.content_id, producer=item.envelope.signer, passed=False,
-                            reason="bad_proof", reward_rescored=0.0, metrics=())
-                data = seal(s, v, run_id=c.manifest.run_id, policy_version=VERSION,
-                            seq=time.time_ns(), timestamp_ms=int(time.time() * 1000))
+                v = Verdict(
+                    rollout_id=item.content_id,
+                    producer=item.envelope.signer,
+                    passed=False,
+                    reason="bad_proof",
+                    reward_rescored=0.0,
+                    metrics=(),
+                )
+                data = seal(
+                    s,
+                    v,
+                    run_id=c.manifest.run_id,
+                    policy_version=VERSION,
+                    seq=time.time_ns(),
+                    timestamp_ms=int(time.time() * 1000),
+                )
                 await c.publish("verdicts", data, out)
 
 
@@ -370,7 +414,9 @@ async def _window_minority_changed(c: _Ctx, out: dict[str, Any]) -> None:
     c.counter = PRODUCER_WINDOW - 1
     for _ in range(3 * PRODUCER_WINDOW):
         k = (c.counter + 1) % PRODUCER_WINDOW
-        await _paced(c, out, c.record(change=SLIGHT_CHANGE if k in (2, 5, 9, 13)[:WINDOW_OVER] else 0.0))
+        await _paced(
+            c, out, c.record(change=SLIGHT_CHANGE if k in (2, 5, 9, 13)[:WINDOW_OVER] else 0.0)
+        )
 
 
 async def _changed_model(c: _Ctx, out: dict[str, Any]) -> None:
@@ -419,4 +465,3 @@ ATTACKS = {
     "published_version_shopping": _published_version_shopping,
     "stay_low_version_shopping": _stay_low_version_shopping,
 }
-

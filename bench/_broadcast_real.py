@@ -66,8 +66,11 @@ class Proc:
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.p = subprocess.Popen(
             [sys.executable, "-m", "bench._weights_peer", *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
         self.info: dict[str, Any] = {}
 
     def started(self) -> Proc:
@@ -132,18 +135,43 @@ def _settle(procs: list[Proc], timeout_s: float = 30.0, quiet_s: float = 1.0) ->
 
 
 def _phase(
-    root: Path, name: str, ckpt_path: Path, size: int, receivers: int, cap: float,
-    shard: int, liar: bool, stream: int,
-) -> dict[str, Any]:  # fmt: skip
+    root: Path,
+    name: str,
+    ckpt_path: Path,
+    size: int,
+    receivers: int,
+    cap: float,
+    shard: int,
+    liar: bool,
+    stream: int,
+) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", os.getcwd())}
     trainer = Identity.generate()
     run_id = f"bench-{name}"
-    common = ["--run-id", run_id, "--trainer-key", trainer.peer_id_b58, "--shard-bytes", str(shard),
-              "--upload-limit", str(cap)]  # fmt: skip
+    common = [
+        "--run-id",
+        run_id,
+        "--trainer-key",
+        trainer.peer_id_b58,
+        "--shard-bytes",
+        str(shard),
+        "--upload-limit",
+        str(cap),
+    ]
     procs: list[Proc] = []
     try:
-        origin = Proc([*common, "--key", trainer.private_bytes().hex(), "--data-dir",
-                       str(root / name / "origin"), "--checkpoint", str(ckpt_path)], env).started()  # fmt: skip
+        origin = Proc(
+            [
+                *common,
+                "--key",
+                trainer.private_bytes().hex(),
+                "--data-dir",
+                str(root / name / "origin"),
+                "--checkpoint",
+                str(ckpt_path),
+            ],
+            env,
+        ).started()
         procs.append(origin)
         boot = ["--bootstrap", origin.info["addr"]]
         recv = []
@@ -152,8 +180,18 @@ def _phase(
         procs += recv
         bad = None
         if liar:
-            bad = Proc([*common, *boot, "--data-dir", str(root / name / "liar"), "--liar",
-                        "--checkpoint", str(ckpt_path)], env)  # fmt: skip
+            bad = Proc(
+                [
+                    *common,
+                    *boot,
+                    "--data-dir",
+                    str(root / name / "liar"),
+                    "--liar",
+                    "--checkpoint",
+                    str(ckpt_path),
+                ],
+                env,
+            )
             procs.append(bad)
         for p in procs[1:]:
             p.started()
@@ -163,13 +201,15 @@ def _phase(
             r.send({"cmd": "wait", "version": pub["version"], "timeout": 300})
         done = [r.read(330) for r in recv]
         times = [d["done_at"] - pub["published_at"] for d in done if d["done_at"]]
-        out.update({
-            "receivers": receivers,
-            "completed": len(times),
-            "completion_max_s": round(max(times), 2) if len(times) == receivers else None,
-            "completion_p50_s": round(statistics.median(times), 2) if times else None,
-            "installed_bad": sum(1 for d in done if d["done_at"] and not d["ok"]),
-        })
+        out.update(
+            {
+                "receivers": receivers,
+                "completed": len(times),
+                "completion_max_s": round(max(times), 2) if len(times) == receivers else None,
+                "completion_p50_s": round(statistics.median(times), 2) if times else None,
+                "installed_bad": sum(1 for d in done if d["done_at"] and not d["ok"]),
+            }
+        )
         stats = origin.ask({"cmd": "stats"})
         out["origin_upload_ratio"] = round(stats["uploaded"] / size, 3)
         if bad is not None:
@@ -180,8 +220,14 @@ def _phase(
             out["stream_settle_s"] = _settle([origin, recv[0]], timeout_s=10.0)
             out["stream"] = {}
             for k in (1, ScheduleConfig().per_peer) * stream:  # alternated, `stream` runs each
-                r = recv[0].ask({"cmd": "stream", "peer": origin.info["peer_id"],
-                                 "version": pub["version"], "in_flight": k})  # fmt: skip
+                r = recv[0].ask(
+                    {
+                        "cmd": "stream",
+                        "peer": origin.info["peer_id"],
+                        "version": pub["version"],
+                        "in_flight": k,
+                    }
+                )
                 out["stream"].setdefault(k, []).append(r["mib_per_s"])
         return out
     finally:
@@ -203,10 +249,13 @@ def real_part(quick: bool) -> dict[str, Any]:
         path.write_bytes(ckpt)
         size = len(ckpt)
         lower = size / (CAP_MIB_S * MiB)
-        _say(f"real: checkpoint {size / MiB:.0f} MiB, shards {shard / MiB:.0f} MiB, "
-             f"cap {CAP_MIB_S} MiB/s, lower bound {lower:.1f} s")  # fmt: skip
-        four = _phase(root, "four", path, size, 4, CAP_MIB_S, shard, liar=False,
-                      stream=1 if quick else 2)  # fmt: skip
+        _say(
+            f"real: checkpoint {size / MiB:.0f} MiB, shards {shard / MiB:.0f} MiB, "
+            f"cap {CAP_MIB_S} MiB/s, lower bound {lower:.1f} s"
+        )
+        four = _phase(
+            root, "four", path, size, 4, CAP_MIB_S, shard, liar=False, stream=1 if quick else 2
+        )
         _say(f"real: 4 receivers, then an uncapped stream {four}")
         eight = _phase(root, "eight", path, size, 8, CAP_MIB_S, shard, liar=True, stream=0)
         _say(f"real: 8 receivers + liar {eight}")

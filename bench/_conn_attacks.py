@@ -105,8 +105,9 @@ async def honest_probe(addr: str, topic: str, timeout: float = 10.0) -> dict[str
     return out
 
 
-async def _one_connection(info: Any, hold: trio.Event | None, result: dict[str, int],
-                          deadline_s: float = 10.0) -> None:
+async def _one_connection(
+    info: Any, hold: trio.Event | None, result: dict[str, int], deadline_s: float = 10.0
+) -> None:
     """Connect from a fresh identity; hold until `hold` is set (then note whether the
     target still keeps it), or close at once."""
     try:
@@ -141,8 +142,14 @@ async def _connection_churn(cmd: dict[str, Any], _m: Any) -> dict[str, Any]:
     async with trio.open_nursery() as nursery:
         for i in range(lanes):
             nursery.start_soon(lane, n // lanes + (i < n % lanes))
-    return {"sent": n, "rejected": result["refused"], "ids": [], **result, "lanes": lanes,
-            "elapsed_s": round(time.monotonic() - start, 1)}
+    return {
+        "sent": n,
+        "rejected": result["refused"],
+        "ids": [],
+        **result,
+        "lanes": lanes,
+        "elapsed_s": round(time.monotonic() - start, 1),
+    }
 
 
 async def _connection_flood(cmd: dict[str, Any], _m: Any) -> dict[str, Any]:
@@ -161,16 +168,26 @@ async def _connection_flood(cmd: dict[str, Any], _m: Any) -> dict[str, Any]:
                 await trio.sleep(0.1)
         await trio.sleep(float(cmd.get("hold_s", 3.0)))
         hold.set()
-    return {"sent": n, "rejected": result["refused"] + result["closed_by_target"], "ids": [],
-            **result, "elapsed_s": round(time.monotonic() - start, 1)}
+    return {
+        "sent": n,
+        "rejected": result["refused"] + result["closed_by_target"],
+        "ids": [],
+        **result,
+        "elapsed_s": round(time.monotonic() - start, 1),
+    }
 
 
 def _signed_message(key_pair: Any, topic: str, data: bytes, seqno: int) -> rpc_pb2.Message:
     """A GossipSub message published by `key_pair`'s peer (strict signing)."""
-    msg = rpc_pb2.Message(data=data, topicIDs=[topic],
-                          from_id=ID.from_pubkey(key_pair.public_key).to_bytes(),
-                          seqno=seqno.to_bytes(8, "big"))
-    msg.signature = key_pair.private_key.sign(PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString())
+    msg = rpc_pb2.Message(
+        data=data,
+        topicIDs=[topic],
+        from_id=ID.from_pubkey(key_pair.public_key).to_bytes(),
+        seqno=seqno.to_bytes(8, "big"),
+    )
+    msg.signature = key_pair.private_key.sign(
+        PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString()
+    )
     msg.key = key_pair.public_key.serialize()
     return msg
 
@@ -197,8 +214,10 @@ async def _relay_copy_quota(cmd: dict[str, Any], m: Any) -> dict[str, Any]:
     w_keys = key_pair_from_private_bytes(worker.private_bytes())
     rng = random.Random(os.urandom(16))
     n_drain, n_copies = int(cmd.get("drain", 140)), int(cmd.get("copies", 10))
-    headers = [decode(RolloutRecord, honest_record(worker, m, i, i, rng=rng)).header
-               for i in range(1, n_drain + n_copies + 1)]
+    headers = [
+        decode(RolloutRecord, honest_record(worker, m, i, i, rng=rng)).header
+        for i in range(1, n_drain + n_copies + 1)
+    ]
     msgs = [_signed_message(w_keys, topic, h, i) for i, h in enumerate(headers, 1)]
     drain, copies = msgs[:n_drain], msgs[n_drain:]
     s = worker.peer_id_b58
@@ -298,13 +317,21 @@ async def _gossip_control_abuse(cmd: dict[str, Any], m: Any) -> dict[str, Any]:
     # defaults): the rest is dropped before the library sees it.
     lim = ControlLimits()
     windows = max(1, math.ceil(elapsed / lim.window_s))
-    allowed = (min(sent["topics"], lim.max_topics)
-               + min(sent["graft_prune"], lim.max_graft_prune * windows)
-               + min(sent["ihave_ids"], lim.max_ihave_ids * windows))
+    allowed = (
+        min(sent["topics"], lim.max_topics)
+        + min(sent["graft_prune"], lim.max_graft_prune * windows)
+        + min(sent["ihave_ids"], lim.max_ihave_ids * windows)
+    )
     total = sum(sent.values()) + failed_writes
-    return {"sent": total, "rejected": total - allowed, "ids": [ident], "delivered": sent,
-            "failed_writes": failed_writes, "still_connected": still,
-            "elapsed_s": round(elapsed, 1)}
+    return {
+        "sent": total,
+        "rejected": total - allowed,
+        "ids": [ident],
+        "delivered": sent,
+        "failed_writes": failed_writes,
+        "still_connected": still,
+        "elapsed_s": round(elapsed, 1),
+    }
 
 
 async def _oversize_library_drop(cmd: dict[str, Any], m: Any) -> dict[str, Any]:

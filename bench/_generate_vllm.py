@@ -124,7 +124,9 @@ def _audit_as_run(path: Path, model: Any, tok: Any, manifest: Any, opened: list[
     return audit_records(opened, model, judge=make_judge(manifest, tok), settings=audit_settings)
 
 
-def _completions_differing(model: Any, tok: Any, opened: list[Any], settings: Any, batch_size: int) -> int:
+def _completions_differing(
+    model: Any, tok: Any, opened: list[Any], settings: Any, batch_size: int
+) -> int:
     """How many of the records' completions transformers samples differently from the same
     prompt and seed."""
     from trainer.engine_hf import HFEngine
@@ -162,7 +164,6 @@ def _cross_engine_report(results: list[Any], differ: int) -> dict[str, Any]:
     }
 
 
-
 # Randomly initialised Qwen2 models of the built-in policy's family, growing: where does
 # vLLM's batching overtake transformers on this CPU? (hidden, layers); heads of 64 dims.
 CROSSOVER_SIZES = ((128, 4), (512, 8), (1024, 8))
@@ -170,9 +171,14 @@ CROSSOVER_SIZES_QUICK = ((128, 4),)
 
 
 def run_crossover(
-    *, tok: Any, sizes: tuple[tuple[int, int], ...], prompts: list[list[int]], settings: Any,
-    seeds: list[int], say: Any,
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    tok: Any,
+    sizes: tuple[tuple[int, int], ...],
+    prompts: list[list[int]],
+    settings: Any,
+    seeds: list[int],
+    say: Any,
+) -> dict[str, Any]:
     """Both engines on the same prompts, seeds and batch for each model size, one timed
     call each after a warm-up; hidden-state capture on for both (what a worker runs).
     Random weights rarely choose EOS, so nearly every prompt runs to `max_new_tokens`:
@@ -189,11 +195,18 @@ def run_crossover(
     for hidden, layers in sizes:
         heads = max(2, hidden // 64)
         model = build_model(
-            tok, seed=5, hidden_size=hidden, intermediate_size=4 * hidden,
-            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
-        )  # fmt: skip
+            tok,
+            seed=5,
+            hidden_size=hidden,
+            intermediate_size=4 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=max(1, heads // 2),
+        )
         params = sum(p.numel() for p in model.parameters())
-        say(f"generate: crossover, random Qwen2 hidden {hidden} x {layers} layers ({params / 1e6:.1f}M)")
+        say(
+            f"generate: crossover, random Qwen2 hidden {hidden} x {layers} layers ({params / 1e6:.1f}M)"
+        )
         with tempfile.TemporaryDirectory(prefix="swarm-node-bench-cross-") as tmp:
             path = save_model_dir(model, tok, Path(tmp) / "model")
             hf = HFEngine(model, tok, max_batch=len(prompts))
@@ -211,16 +224,20 @@ def run_crossover(
             finally:
                 engine.close()
         row = {
-            "hidden": hidden, "layers": layers, "params": params,
+            "hidden": hidden,
+            "layers": layers,
+            "params": params,
             "hf_tokens_per_s": round(h_tokens / h_dt, 1),
             "vllm_tokens_per_s": round(v_tokens / v_dt, 1),
             "vllm_decode_tokens_per_s": round(v_tokens / decode_s, 1),
-        }  # fmt: skip
+        }
         row["vllm_over_hf"] = round(row["vllm_tokens_per_s"] / row["hf_tokens_per_s"], 3)
         say(f"generate: crossover {row}")
         rows.append(row)
     wins = [r["params"] for r in rows if r["vllm_over_hf"] >= 1.0]
-    decode_wins = [r["params"] for r in rows if r["vllm_decode_tokens_per_s"] >= r["hf_tokens_per_s"]]
+    decode_wins = [
+        r["params"] for r in rows if r["vllm_decode_tokens_per_s"] >= r["hf_tokens_per_s"]
+    ]
     return {
         "crossover": rows,
         "crossover_params": min(wins) if wins else None,

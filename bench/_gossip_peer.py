@@ -58,12 +58,21 @@ async def main(args: argparse.Namespace) -> None:
     events: list[dict[str, object]] = []
     started = time.time()
     with trio.move_on_after(args.max_life):
-        async with open_host(bytes.fromhex(args.key) if args.key else secrets.token_bytes(32),
-                             [args.listen], settings) as host:
+        async with open_host(
+            bytes.fromhex(args.key) if args.key else secrets.token_bytes(32),
+            [args.listen],
+            settings,
+        ) as host:
 
             def on_event(ev: PeerEvent) -> None:
-                events.append({"kind": ev.kind, "peer": ev.peer, "reason": ev.reason,
-                               "t": time.time() - started})
+                events.append(
+                    {
+                        "kind": ev.kind,
+                        "peer": ev.peer,
+                        "reason": ev.reason,
+                        "t": time.time() - started,
+                    }
+                )
 
             host.on_peer_event(on_event)
             channel = await host.subscribe(args.topic)
@@ -82,9 +91,17 @@ async def main(args: argparse.Namespace) -> None:
                     kind = cmd.get("cmd")
                     if kind == "connect":
                         dials = await host.connect_many(cmd["addrs"])
-                        reply({"dials": [{"addr": d.addr, "ok": d.ok, "error": d.error} for d in dials]})
+                        reply(
+                            {
+                                "dials": [
+                                    {"addr": d.addr, "ok": d.ok, "error": d.error} for d in dials
+                                ]
+                            }
+                        )
                     elif kind == "wait_peers":
-                        n = await host.wait_for_topic_peers(args.topic, cmd["n"], cmd.get("timeout", 10))
+                        n = await host.wait_for_topic_peers(
+                            args.topic, cmd["n"], cmd.get("timeout", 10)
+                        )
                         reply({"topic_peers": n})
                     elif kind == "publish":
                         t0 = time.time()
@@ -93,12 +110,19 @@ async def main(args: argparse.Namespace) -> None:
                             await host.publish(args.topic, _STAMP.pack(time.time(), seq) + pad)
                             if cmd.get("rate"):
                                 await trio.sleep_until(
-                                    trio.current_time() + max(0.0, t0 + (seq + 1) / cmd["rate"] - time.time())
+                                    trio.current_time()
+                                    + max(0.0, t0 + (seq + 1) / cmd["rate"] - time.time())
                                 )
                         reply({"published": cmd["n"], "elapsed_s": time.time() - t0})
                     elif kind == "stats":
-                        reply({"received": received, "latencies_ms": latencies, "events": events,
-                              "peers": host.connected_peers()})
+                        reply(
+                            {
+                                "received": received,
+                                "latencies_ms": latencies,
+                                "events": events,
+                                "peers": host.connected_peers(),
+                            }
+                        )
                     elif kind == "quit":
                         break
                 nursery.cancel_scope.cancel()
@@ -113,7 +137,6 @@ def cli() -> None:
     parser.add_argument("--dead-after", type=float, default=4.0)
     parser.add_argument("--max-life", type=float, default=300.0)
     trio.run(main, parser.parse_args())
-
 
 
 class PeerProcess:
@@ -133,7 +156,10 @@ class PeerProcess:
 
     @classmethod
     async def start(
-        cls, *extra: str, timeout: float = 60.0, module: str = "bench._gossip_peer",
+        cls,
+        *extra: str,
+        timeout: float = 60.0,
+        module: str = "bench._gossip_peer",
         stderr_path: str | None = None,
     ) -> PeerProcess:
         import subprocess
@@ -142,7 +168,9 @@ class PeerProcess:
         try:
             proc = await trio.lowlevel.open_process(
                 [sys.executable, "-m", module, *extra],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
             )
         finally:
             if stderr_path:
@@ -184,8 +212,13 @@ class PeerProcess:
                 try:
                     await self.ask({"cmd": "quit"}, timeout=grace)
                     await self.proc.wait()
-                except (RuntimeError, trio.BrokenResourceError, trio.ClosedResourceError,
-                        trio.TooSlowError, OSError):
+                except (
+                    RuntimeError,
+                    trio.BrokenResourceError,
+                    trio.ClosedResourceError,
+                    trio.TooSlowError,
+                    OSError,
+                ):
                     pass
         if self.proc.poll() is None:
             self.proc.kill()

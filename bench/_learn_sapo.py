@@ -44,9 +44,15 @@ def trainer_for(model: Any, tok: Any, *, is_bound: float = 2.0, lr: float = LR) 
     from trainer.train_loop import Trainer
 
     return Trainer(
-        model, tok, group_size=GROUP, max_staleness=None, loss=LossSettings(is_bound=is_bound),
-        lr=lr, groups_per_step=GROUPS_PER_ROUND, publish_every=10**9,
-    )  # fmt: skip
+        model,
+        tok,
+        group_size=GROUP,
+        max_staleness=None,
+        loss=LossSettings(is_bound=is_bound),
+        lr=lr,
+        groups_per_step=GROUPS_PER_ROUND,
+        publish_every=10**9,
+    )
 
 
 def sampling() -> Any:
@@ -56,8 +62,9 @@ def sampling() -> Any:
     return SamplingSettings(temperature=1.0, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
 
 
-def sapo(base: Any, tok: Any, quick: bool, rounds: int | None,
-         budget_s: float | None = None) -> dict[str, Any]:
+def sapo(
+    base: Any, tok: Any, quick: bool, rounds: int | None, budget_s: float | None = None
+) -> dict[str, Any]:
     """The `sapo` figures (module docstring); `base` is on the device the grid runs on."""
     configs = [(8, 0), (4, 4)] if quick else [(8, 0), (6, 2), (4, 4), (2, 6)]
     peers = 2 if quick else 8
@@ -83,11 +90,18 @@ def sapo(base: Any, tok: Any, quick: bool, rounds: int | None,
             got, w = _sapo_run(base, tok, peers, rounds, i, j, c, seed)
             vals += got
             is_weights.setdefault((i, j, c), []).append(w)
-            _say(f"sapo {i}/{j} C={c} seed {seed}: {statistics.mean(vals):.2f} ({time.perf_counter() - t:.0f}s)")
+            _say(
+                f"sapo {i}/{j} C={c} seed {seed}: {statistics.mean(vals):.2f} ({time.perf_counter() - t:.0f}s)"
+            )
         totals[(i, j, c)] = vals
-    out: dict[str, Any] = {"peers": peers, "rounds": rounds, "rounds_stop": stop, "seeds": len(seeds),
-                           "device": str(next(base.parameters()).device),
-                           "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    out: dict[str, Any] = {
+        "peers": peers,
+        "rounds": rounds,
+        "rounds_stop": stop,
+        "seeds": len(seeds),
+        "device": str(next(base.parameters()).device),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     per_peer = [u for u in untrained for _ in range(peers)]  # the order _sapo_run's lists add up in
     out.update(sapo_summary(totals, per_peer, configs))
     for key, ws in is_weights.items():
@@ -99,7 +113,12 @@ def sapo(base: Any, tok: Any, quick: bool, rounds: int | None,
 
 
 def isolated_until_gain(
-    base: Any, tok: Any, peers: int, seeds: list[int], max_rounds: int, deadline: float | None,
+    base: Any,
+    tok: Any,
+    peers: int,
+    seeds: list[int],
+    max_rounds: int,
+    deadline: float | None,
     min_rounds: int = 1,
 ) -> tuple[int, list[float], list[float], list[float], str]:
     """Training alone (8/0), every seed a round at a time, until its mean gain over the
@@ -197,8 +216,9 @@ def _probe(engine: Any, tok: Any, tasks: Any, r: int, seed: int) -> float:
     with the round's sampler seed (the same for every peer and for the untrained policy)."""
     from trainer.groups import generate_groups
 
-    probed = generate_groups(engine, tok, tasks, _probe_items(r), group_size=1,
-                             settings=sampling(), seed=seed * 31 + r)  # fmt: skip
+    probed = generate_groups(
+        engine, tok, tasks, _probe_items(r), group_size=1, settings=sampling(), seed=seed * 31 + r
+    )
     return sum(g[0].reward for g in probed) / PROBE
 
 
@@ -213,7 +233,14 @@ def _untrained(base: Any, tok: Any, rounds: int, seed: int) -> float:
 
 
 def _sapo_run(
-    base: Any, tok: Any, n_peers: int, rounds: int, own: int, foreign: int, is_bound: float, seed: int,
+    base: Any,
+    tok: Any,
+    n_peers: int,
+    rounds: int,
+    own: int,
+    foreign: int,
+    is_bound: float,
+    seed: int,
 ) -> tuple[list[float], float]:
     """Per peer: the sum of its probe rewards over the rounds; and the mean importance
     weight of the trained tokens (own and foreign) over all steps."""
@@ -228,7 +255,13 @@ def _sapo_run(
 
 
 def sapo_rounds(
-    base: Any, tok: Any, n_peers: int, own: int, foreign: int, is_bound: float, seed: int,
+    base: Any,
+    tok: Any,
+    n_peers: int,
+    own: int,
+    foreign: int,
+    is_bound: float,
+    seed: int,
 ) -> Iterator[tuple[list[float], list[float]]]:
     """Round after round: each peer's probe reward (probed before it trains that round)
     and the mean importance weights of the round's steps."""
@@ -252,9 +285,17 @@ def sapo_rounds(
             name = names[p % len(names)]  # the peer's specialty
             items = [(name, (r * n_peers + p) * 64 + k) for k in range(own)]
             made.append(
-                generate_groups(engines[p], tok, tasks, items, group_size=GROUP, settings=settings,
-                                seed=seed * 7919 + r * 131 + p, producer=b"p%d" % p)
-            )  # fmt: skip
+                generate_groups(
+                    engines[p],
+                    tok,
+                    tasks,
+                    items,
+                    group_size=GROUP,
+                    settings=settings,
+                    seed=seed * 7919 + r * 131 + p,
+                    producer=b"p%d" % p,
+                )
+            )
             probes.append(_probe(engines[p], tok, probe_tasks, r, seed))
         for p in range(n_peers):
             pool = [g for q in range(n_peers) if q != p for g in made[q]]

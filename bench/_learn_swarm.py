@@ -28,14 +28,25 @@ DEVNET_SAMPLES = 2  # samples per held-out task (narrows the intervals)
 QUICK_T_S = 8.0  # --quick: long enough to run every part, too short to learn
 QUICK_TASKS = 64
 QUICK_WORKERS = 1  # --quick: a devnet of one worker starts sooner
-SWARM_KEYS = ("swarm_solve_rate", "swarm_gain", "swarm_ci95", "swarm_over_single",
-              "swarm_rollouts_produced", "swarm_rollout_counts", "trained", "stale", "unverified",
-              "incomplete_group", "other")  # fmt: skip
+SWARM_KEYS = (
+    "swarm_solve_rate",
+    "swarm_gain",
+    "swarm_ci95",
+    "swarm_over_single",
+    "swarm_rollouts_produced",
+    "swarm_rollout_counts",
+    "trained",
+    "stale",
+    "unverified",
+    "incomplete_group",
+    "other",
+)
 FULL_TASKS = 512
 
 
-def efficiency(base: Any, tok: Any, quick: bool, seconds: float | None,
-               swarm: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def efficiency(
+    base: Any, tok: Any, quick: bool, seconds: float | None, swarm: bool
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(`efficiency`, `devnet`): the comparison, and the swarm's run on its own (None
     without the swarm)."""
     from node.commands.devnet import DEFAULT_DURATION_S
@@ -50,8 +61,12 @@ def efficiency(base: Any, tok: Any, quick: bool, seconds: float | None,
     before = _solved(base, tok, items, manifest.max_new_tokens)
     single = copy.deepcopy(base)
     run = _single(single, tok, manifest, t_s)
-    out: dict[str, Any] = {"T_s": t_s, "heldout_tasks": len(items), "samples_per_task": DEVNET_SAMPLES,
-                           "single": run}  # fmt: skip
+    out: dict[str, Any] = {
+        "T_s": t_s,
+        "heldout_tasks": len(items),
+        "samples_per_task": DEVNET_SAMPLES,
+        "single": run,
+    }
     out.update(_gain("single", before, _solved(single, tok, items, manifest.max_new_tokens)))
     out.update(dict.fromkeys(SWARM_KEYS))
     devnet = None
@@ -59,7 +74,10 @@ def efficiency(base: Any, tok: Any, quick: bool, seconds: float | None,
         after, devnet, fates = _swarm(base, tok, t_s, {"inference": QUICK_WORKERS} if quick else {})
         scored = _solved(after, tok, items, manifest.max_new_tokens)
         out.update(_gain("swarm", before, scored))
-        devnet["solve_rate_before"], devnet["solve_rate_after"] = out["solve_rate_before"], out["swarm_solve_rate"]
+        devnet["solve_rate_before"], devnet["solve_rate_after"] = (
+            out["solve_rate_before"],
+            out["swarm_solve_rate"],
+        )
         devnet["ci95_low"], devnet["ci95_high"] = out["swarm_ci95"]
         devnet.update(heldout_tasks=len(items), samples_per_task=DEVNET_SAMPLES)
         out["swarm_over_single"] = (
@@ -75,15 +93,21 @@ def _solved(model: Any, tok: Any, items: list[tuple[str, int]], max_new_tokens: 
     from trainer.engine_hf import HFEngine
     from trainer.groups import heldout_shares
 
-    return heldout_shares(HFEngine(model, tok, max_batch=128), tok, items, max_new_tokens, DEVNET_SAMPLES)
+    return heldout_shares(
+        HFEngine(model, tok, max_batch=128), tok, items, max_new_tokens, DEVNET_SAMPLES
+    )
 
 
 def _gain(who: str, before: list[float], after: list[float]) -> dict[str, Any]:
     from trainer.groups import paired_gain
 
     g = paired_gain(before, after)
-    return {"solve_rate_before": g["solve_rate_before"], f"{who}_solve_rate": g["solve_rate_after"],
-            f"{who}_gain": g["gain"], f"{who}_ci95": g["gain_ci95"]}  # fmt: skip
+    return {
+        "solve_rate_before": g["solve_rate_before"],
+        f"{who}_solve_rate": g["solve_rate_after"],
+        f"{who}_gain": g["gain"],
+        f"{who}_ci95": g["gain_ci95"],
+    }
 
 
 def _single(model: Any, tok: Any, manifest: Any, t_s: float) -> dict[str, Any]:
@@ -95,8 +119,9 @@ def _single(model: Any, tok: Any, manifest: Any, t_s: float) -> dict[str, Any]:
     return run
 
 
-def _swarm(base: Any, tok: Any, t_s: float,
-           settings: dict[str, Any]) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+def _swarm(
+    base: Any, tok: Any, t_s: float, settings: dict[str, Any]
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """A devnet for `t_s` seconds, default but for `settings` (`devnet.main`'s keywords):
     (the weights its trainer last published, the `devnet` figures so far, the rollout
     shares)."""
@@ -105,7 +130,9 @@ def _swarm(base: Any, tok: Any, t_s: float,
 
     with tempfile.TemporaryDirectory() as d:
         # the bench scores the trainer's last version itself, beside the single process's
-        report = devnet.main(out=Path(d) / "report", live=False, duration=t_s, eval_tasks=0, **settings)
+        report = devnet.main(
+            out=Path(d) / "report", live=False, duration=t_s, eval_tasks=0, **settings
+        )
         ckpt = saved_checkpoint(Path(d))
         after, version = load_version(ckpt, base) if ckpt is not None else (copy.deepcopy(base), 0)
     split = report["fates"]  # `devnet_report.rollout_fates`
@@ -114,6 +141,10 @@ def _swarm(base: Any, tok: Any, t_s: float,
         fates["swarm_rollout_counts"] = {**split["counts"], "error": split["error"]}
     else:
         fates.update(swarm_rollout_counts=split["counts"], **{k: split[k] for k in split["counts"]})
-    figures = {"workers": report["parameters"]["inference"], "trainer_version": version, "duration_s": report.get("elapsed_s"),
-               "drain_s": report.get("drain_s")}  # fmt: skip
+    figures = {
+        "workers": report["parameters"]["inference"],
+        "trainer_version": version,
+        "duration_s": report.get("elapsed_s"),
+        "drain_s": report.get("drain_s"),
+    }
     return after, figures, fates

@@ -73,16 +73,24 @@ async def _send(host, peer: str, n: int, size: int) -> dict:  # type: ignore[no-
 
 async def main(args: argparse.Namespace) -> None:
     received = {"count": 0, "bytes": 0}
-    serve = (RelayLimitsConfig(max_reservations=args.max_reservations,
-                               max_reservations_per_ip=args.max_per_ip,
-                               max_circuits_per_peer=args.max_circuits,
-                               max_circuit_bytes=args.max_circuit_bytes,
-                               max_circuit_s=args.max_circuit_s)
-             if args.serve_relay else None)
+    serve = (
+        RelayLimitsConfig(
+            max_reservations=args.max_reservations,
+            max_reservations_per_ip=args.max_per_ip,
+            max_circuits_per_peer=args.max_circuits,
+            max_circuit_bytes=args.max_circuit_bytes,
+            max_circuit_s=args.max_circuit_s,
+        )
+        if args.serve_relay
+        else None
+    )
     settings = HostSettings(peer_dead_after_s=args.dead_after)
     with trio.move_on_after(args.max_life):
-        async with open_host(secrets.token_bytes(32), [args.listen], settings) as host, \
-                open_relay(host, serve) as relay, open_reachability(host) as reach:
+        async with (
+            open_host(secrets.token_bytes(32), [args.listen], settings) as host,
+            open_relay(host, serve) as relay,
+            open_reachability(host) as reach,
+        ):
 
             async def on_payload(stream: FramedStream) -> None:
                 data = await stream.receive()
@@ -111,8 +119,14 @@ async def main(args: argparse.Namespace) -> None:
                         await reach.hole_punch(cmd["peer"])
                     reply({"direct": connection_kinds(host).get(cmd["peer"]) == "direct"})
                 elif kind == "stats":
-                    reply({"received": received, "kinds": connection_kinds(host),
-                           **relay.stats(), **reach.stats()})
+                    reply(
+                        {
+                            "received": received,
+                            "kinds": connection_kinds(host),
+                            **relay.stats(),
+                            **reach.stats(),
+                        }
+                    )
                 elif kind == "quit":
                     break
     reply({"closed": True})
@@ -129,7 +143,9 @@ def cli() -> None:
     parser.add_argument("--max-circuit-s", type=int, default=1800)
     parser.add_argument("--dead-after", type=float, default=8.0)
     parser.add_argument("--max-life", type=float, default=300.0)
-    parser.add_argument("--debug", default="", help="comma-separated logger names to log at DEBUG on stderr")
+    parser.add_argument(
+        "--debug", default="", help="comma-separated logger names to log at DEBUG on stderr"
+    )
     args = parser.parse_args()
     if args.debug:
         import logging
@@ -153,7 +169,9 @@ async def start_in(ns: str | None, listen: str, *extra: str, stderr_path: str | 
     try:
         proc = await trio.lowlevel.open_process(
             [*prefix, sys.executable, "-m", "bench._nat_peer", "--listen", listen, *extra],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
         )
     finally:
         if stderr_path:

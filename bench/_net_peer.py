@@ -70,7 +70,9 @@ def _proof_pool(path: str) -> list[tuple[bytes, ...]] | None:
 class Driver:
     """The command handlers of one running peer, and the delivery latencies it records."""
 
-    def __init__(self, peer: Any, identity: Identity, manifest: RunManifest, pool: Any, nursery: trio.Nursery) -> None:
+    def __init__(
+        self, peer: Any, identity: Identity, manifest: RunManifest, pool: Any, nursery: trio.Nursery
+    ) -> None:
         self.peer, self.identity, self.manifest, self.pool = peer, identity, manifest, pool
         self.nursery = nursery
         self.header_lat: list[float] = []  # ms, record signed -> header admitted
@@ -117,7 +119,10 @@ class Driver:
 
     async def cmd_produce(self, cmd: dict[str, Any]) -> dict[str, Any]:
         self.nursery.start_soon(
-            self.produce, cmd["n"], cmd.get("rate", 2.0), cmd.get("size", 1024),
+            self.produce,
+            cmd["n"],
+            cmd.get("rate", 2.0),
+            cmd.get("size", 1024),
             max(1, int(cmd.get("burst", 1))),
         )
         return {"ok": True}
@@ -208,13 +213,17 @@ async def main(args: argparse.Namespace) -> None:
             async with trio.open_nursery() as nursery:
                 driver = Driver(peer, identity, manifest, None, nursery)
                 peer.on_deliver(driver.on_deliver)
-                reply({"peer_id": peer.host.peer_id, "addrs": peer.host.listen_addrs(),
-                       "bootstrap": peer.bootstrap_results})  # fmt: skip
+                reply(
+                    {
+                        "peer_id": peer.host.peer_id,
+                        "addrs": peer.host.listen_addrs(),
+                        "bootstrap": peer.bootstrap_results,
+                    }
+                )
                 driver.pool = _proof_pool(args.proof_pool)  # after the hello the parent waits on
                 await driver.serve(json_lines(trio.lowlevel.FdStream(os.dup(0))))
                 nursery.cancel_scope.cancel()
     reply({"closed": True})
-
 
 
 def cli() -> None:
@@ -229,8 +238,12 @@ def cli() -> None:
     parser.add_argument("--publish-rate", type=float, default=8.0)
     parser.add_argument("--header-batch", type=int, default=PeerConfig.header_batch)
     parser.add_argument("--dead-after", type=float, default=4.0)
-    parser.add_argument("--signer-rate", type=float, default=AdmissionConfig().signer_rate,
-                        help="admission: what one producer may publish a second (it paces to it too)")
+    parser.add_argument(
+        "--signer-rate",
+        type=float,
+        default=AdmissionConfig().signer_rate,
+        help="admission: what one producer may publish a second (it paces to it too)",
+    )
     parser.add_argument("--signer-burst", type=float, default=AdmissionConfig().signer_burst)
     parser.add_argument("--max-life", type=float, default=300.0)
     parser.add_argument("--proof-pool", default="", help="msgpack file of real proof lists")

@@ -35,8 +35,11 @@ def unavailable() -> str | None:
     if made.returncode != 0:
         return f"cannot create a network namespace: {made.stderr.strip()}"
     try:
-        nat = subprocess.run(["ip", "netns", "exec", probe, "iptables", "-t", "nat", "-L", "-n"],
-                             capture_output=True, text=True)
+        nat = subprocess.run(
+            ["ip", "netns", "exec", probe, "iptables", "-t", "nat", "-L", "-n"],
+            capture_output=True,
+            text=True,
+        )
         if nat.returncode != 0:
             return f"iptables NAT does not work in a namespace: {nat.stderr.strip()}"
     finally:
@@ -79,10 +82,14 @@ class NetLab:
             raise ValueError(f"NAT kind must be one of {NAT_KINDS}, got {kind!r}")
         i = len(self.nats) + 1
         router, host = self._netns(f"r{i}"), self._netns(f"h{i}")
-        self._ip(self.wan, "link", "add", f"w{i}", "type", "veth", "peer", "name", "wan", "netns", router)
+        self._ip(
+            self.wan, "link", "add", f"w{i}", "type", "veth", "peer", "name", "wan", "netns", router
+        )
         self._ip(self.wan, "link", "set", f"w{i}", "master", "br0", "up")
         self._ip(router, "addr", "add", f"10.77.0.{10 + i}/24", "dev", "wan")
-        self._ip(router, "link", "add", "lan", "type", "veth", "peer", "name", "eth0", "netns", host)
+        self._ip(
+            router, "link", "add", "lan", "type", "veth", "peer", "name", "eth0", "netns", host
+        )
         self._ip(router, "addr", "add", f"192.168.{i}.1/24", "dev", "lan")
         for dev in ("lo", "wan", "lan"):
             self._ip(router, "link", "set", dev, "up")
@@ -92,11 +99,35 @@ class NetLab:
         self._ip(host, "route", "add", "default", "via", f"192.168.{i}.1")
         _run("ip", "netns", "exec", router, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
         rule = ["-t", "nat", "-A", "POSTROUTING", "-o", "wan", "-j", "MASQUERADE"]
-        _run("ip", "netns", "exec", router, "iptables", *rule, *(["--random"] if kind == "symmetric" else []))
+        _run(
+            "ip",
+            "netns",
+            "exec",
+            router,
+            "iptables",
+            *rule,
+            *(["--random"] if kind == "symmetric" else []),
+        )
         # Unsolicited packets from outside are dropped (as home routers do), not answered
         # with a reset that would abort the other side's hole-punch dial.
-        _run("ip", "netns", "exec", router, "iptables", "-A", "INPUT", "-i", "wan", "-m", "conntrack",
-             "!", "--ctstate", "ESTABLISHED,RELATED", "-j", "DROP")
+        _run(
+            "ip",
+            "netns",
+            "exec",
+            router,
+            "iptables",
+            "-A",
+            "INPUT",
+            "-i",
+            "wan",
+            "-m",
+            "conntrack",
+            "!",
+            "--ctstate",
+            "ESTABLISHED,RELATED",
+            "-j",
+            "DROP",
+        )
         self.nats.append(host)
         return host
 

@@ -34,8 +34,15 @@ def small_run(root: Path, run_id: str = "reach-join") -> Path:
     from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
 
     tok = build_tokenizer(seed=0)
-    model = build_model(tok, seed=2, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2)
+    model = build_model(
+        tok,
+        seed=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     table = run_manifest_table(run_id=run_id, seed=3)
     table["run"]["model"] = str(save_model_dir(model, tok, root / "model"))
     table["sampling"]["max_new_tokens"] = 24
@@ -67,17 +74,26 @@ class FullStack:
         for name, key in keys.items():
             write_key(tmp / f"{name}.key", key)
             self.ids[name] = key.peer_id_b58
-        manifest = dataclasses.replace(load_run_manifest(template or small_run(tmp)),
-                                       validator_keys=(keys["validator"].peer_id,),
-                                       trainer_keys=(keys["trainer"].peer_id,))
+        manifest = dataclasses.replace(
+            load_run_manifest(template or small_run(tmp)),
+            validator_keys=(keys["validator"].peer_id,),
+            trainer_keys=(keys["trainer"].peer_id,),
+        )
         self.run = tmp / "signed-run.toml"
         self.run.write_text(manifest_to_toml(manifest))
-        self._cli("run", "sign", str(self.run), "--key", str(tmp / "authority.key"), "--version", "1")
+        self._cli(
+            "run", "sign", str(self.run), "--key", str(tmp / "authority.key"), "--version", "1"
+        )
         self.relay_addr = f"/ip4/{PUBLIC_IP}/tcp/4001/p2p/{self.ids['relay']}"
 
     def _cli(self, *args: str) -> None:
-        done = subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True,
-                              cwd=ROOT, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "node.cli", *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"swarm-node {args[0]}: {done.stderr.strip()}")
 
@@ -85,12 +101,32 @@ class FullStack:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
         try:
             self.procs[name] = subprocess.Popen(
-                ["ip", "netns", "exec", ns, sys.executable, "-m", "node.cli", "start", "--role", role,
-                 "--key", str(self.tmp / f"{name}.key"), "--data-dir", str(self.tmp / name),
-                 "--listen", listen, "--duration", "600", *extra],
-                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    sys.executable,
+                    "-m",
+                    "node.cli",
+                    "start",
+                    "--role",
+                    role,
+                    "--key",
+                    str(self.tmp / f"{name}.key"),
+                    "--data-dir",
+                    str(self.tmp / name),
+                    "--listen",
+                    listen,
+                    "--duration",
+                    "600",
+                    *extra,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
                 env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
-            )  # fmt: skip
+            )
         finally:
             log.close()
 
@@ -116,12 +152,23 @@ class FullStack:
 
     def start_public(self) -> None:
         """The relay, then the trainer and the validator bootstrapping from it."""
-        self._start(self.lab.wan, "relay", "relay", f"/ip4/{PUBLIC_IP}/tcp/4001", "--run", str(self.run))
+        self._start(
+            self.lab.wan, "relay", "relay", f"/ip4/{PUBLIC_IP}/tcp/4001", "--run", str(self.run)
+        )
         self._wait("relay")
         boot = ("--run", str(self.run), "--bootstrap", self.relay_addr)
         self._start(self.lab.wan, "trainer", "trainer", f"/ip4/{PUBLIC_IP}/tcp/4002", *boot)
-        self._start(self.lab.wan, "validator", "validator", f"/ip4/{PUBLIC_IP}/tcp/4003", *boot,
-                    "--audit-fraction", "1.0", "--batch-size", "2")
+        self._start(
+            self.lab.wan,
+            "validator",
+            "validator",
+            f"/ip4/{PUBLIC_IP}/tcp/4003",
+            *boot,
+            "--audit-fraction",
+            "1.0",
+            "--batch-size",
+            "2",
+        )
         self._wait("trainer")
         self._wait("validator")
 
@@ -134,14 +181,26 @@ class FullStack:
         write_key(self.tmp / f"{name}.key", key)
         self.ids[name] = key.peer_id_b58
         started = time.monotonic()
-        self._start(ns, name, "inference", f"/ip4/{self.lab.host_ip(ns)}/tcp/4100", "--join", self.relay_addr,
-                    "--authority", self.ids["authority"], "--batch-size", "2")
+        self._start(
+            ns,
+            name,
+            "inference",
+            f"/ip4/{self.lab.host_ip(ns)}/tcp/4100",
+            "--join",
+            self.relay_addr,
+            "--authority",
+            self.ids["authority"],
+            "--batch-size",
+            "2",
+        )
         while time.monotonic() - started < timeout:
             if self.validator_counts().get("passed", 0) > 0:
                 return time.monotonic() - started
             self._check_alive()
             time.sleep(0.25)
-        raise TimeoutError(f"no rollout of {name} accepted within {timeout:g} s: {self.log_tail(name)}")
+        raise TimeoutError(
+            f"no rollout of {name} accepted within {timeout:g} s: {self.log_tail(name)}"
+        )
 
     def validator_counts(self) -> dict[str, Any]:
         return read_status(self.tmp / "validator").get("role_status", {})

@@ -50,8 +50,14 @@ def synthetic_record(
     body = RolloutBody(
         prompt_ids=tuple(rng.randrange(32_000) for _ in range(n_prompt)),
         completion_ids=tuple(rng.randrange(32_000) for _ in range(n_completion)),
-        logprobs=tuple(struct.unpack(f"<{n_completion}f", struct.pack(
-            f"<{n_completion}f", *(-rng.random() * 5.0 for _ in range(n_completion))))),
+        logprobs=tuple(
+            struct.unpack(
+                f"<{n_completion}f",
+                struct.pack(
+                    f"<{n_completion}f", *(-rng.random() * 5.0 for _ in range(n_completion))
+                ),
+            )
+        ),
         temperature=1.0,
         top_p=1.0,
         top_k=0,
@@ -83,7 +89,9 @@ def make_proof_pool(n: int, n_completion: int = 1024, seed: int = 0) -> list[tup
     from verify.toploc import build_proofs_bytes
 
     gen = torch.Generator().manual_seed(seed)
-    return [tuple(build_proofs_bytes(torch.randn(n_completion, 64, generator=gen))) for _ in range(n)]
+    return [
+        tuple(build_proofs_bytes(torch.randn(n_completion, 64, generator=gen))) for _ in range(n)
+    ]
 
 
 def net_manifest(run_id: str = "net-test", max_staleness: int = 2) -> RunManifest:

@@ -114,4 +114,3 @@ def changed_fraction(a: Any, b: Any) -> float:
         changed += int((p != q).sum())
         total += p.numel()
     return changed / max(1, total)
-

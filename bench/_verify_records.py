@@ -107,7 +107,9 @@ def make_records(
                 best[i] = (r, g)
     t0 = time.perf_counter()
     if proofs:  # all rollouts of the batch at once (the worker does this off the decode path)
-        proof_lists = build_proofs_bytes_many([g.hidden for _, g in best], m.proof_chunk, m.proof_topk)  # type: ignore[misc]
+        proof_lists = build_proofs_bytes_many(
+            [g.hidden for _, g in best], m.proof_chunk, m.proof_topk
+        )  # type: ignore[misc]
     else:
         proof_lists = [[] for _ in best]
     proof_s = time.perf_counter() - t0
@@ -120,9 +122,17 @@ def make_records(
         chunks += len(pl)
         records.append(
             make_record(
-                ctx.identity, body, dataset=a.dataset, task_index=a.task_index, counter=a.counter,
-                task_seed=a.task_seed, reward=reward, run_id=m.run_id, policy_version=version,
-                seq=a.counter, timestamp_ms=1_700_000_000_000 + a.counter,
+                ctx.identity,
+                body,
+                dataset=a.dataset,
+                task_index=a.task_index,
+                counter=a.counter,
+                task_seed=a.task_seed,
+                reward=reward,
+                run_id=m.run_id,
+                policy_version=version,
+                seq=a.counter,
+                timestamp_ms=1_700_000_000_000 + a.counter,
             )
         )
     return Made(records, gen_s, proof_s, tokens, pbytes, chunks)
@@ -143,9 +153,17 @@ def resign(ctx: Ctx, ro: Any, body: Any) -> bytes:
     text = ctx.tokenizer.decode(list(body.completion_ids), skip_special_tokens=True)
     reward = ctx.tasks.score(task, text).reward
     return make_record(
-        ctx.identity, body, dataset=h.dataset, task_index=h.task_index, counter=h.counter,
-        task_seed=h.task_seed, reward=reward, run_id=env.run_id, policy_version=env.policy_version,
-        seq=env.seq, timestamp_ms=env.timestamp_ms,
+        ctx.identity,
+        body,
+        dataset=h.dataset,
+        task_index=h.task_index,
+        counter=h.counter,
+        task_seed=h.task_seed,
+        reward=reward,
+        run_id=env.run_id,
+        policy_version=env.policy_version,
+        seq=env.seq,
+        timestamp_ms=env.timestamp_ms,
     )
 
 
@@ -164,19 +182,29 @@ def reprove(ctx: Ctx, bodies: list[Any]) -> list[Any]:
         out.append(
             replace(
                 b,
-                proofs=tuple(toploc.build_proofs_bytes(hidden, ctx.manifest.proof_chunk, ctx.manifest.proof_topk)),
+                proofs=tuple(
+                    toploc.build_proofs_bytes(
+                        hidden, ctx.manifest.proof_chunk, ctx.manifest.proof_topk
+                    )
+                ),
                 logprobs=tuple(float(x) for x in lps),
             )
         )
     return out
 
 
-def audit(ctx: Ctx, opened: list[Any], model: Any = None, settings: Any = None) -> tuple[list[Any], float]:
+def audit(
+    ctx: Ctx, opened: list[Any], model: Any = None, settings: Any = None
+) -> tuple[list[Any], float]:
     from verify.auditor import audit_records
 
     t0 = time.perf_counter()
-    res = audit_records(opened, model if model is not None else ctx.model, judge=ctx.judge,
-                        settings=settings or ctx.audit_settings)
+    res = audit_records(
+        opened,
+        model if model is not None else ctx.model,
+        judge=ctx.judge,
+        settings=settings or ctx.audit_settings,
+    )
     return res, time.perf_counter() - t0
 
 
@@ -204,7 +232,11 @@ def truncate(b: Any) -> Any:
     """The completion cut in half (a one-token completion: its finish reason flipped)."""
     k = max(1, len(b.completion_ids) // 2)
     if k == len(b.completion_ids):  # a one-token completion: drop its last (only) EOS
-        return replace(b, completion_ids=b.completion_ids, finish_reason="length" if b.finish_reason == "eos" else "eos")
+        return replace(
+            b,
+            completion_ids=b.completion_ids,
+            finish_reason="length" if b.finish_reason == "eos" else "eos",
+        )
     return replace(b, completion_ids=b.completion_ids[:k], logprobs=b.logprobs[:k])
 
 

@@ -57,13 +57,20 @@ async def main(a: argparse.Namespace) -> None:
         net_manifest(a.run_id), trainer_keys=(peer_id_from_b58(a.trainer_key),)
     )
     settings = WeightSettings(
-        upload_limit_mib_s=a.upload_limit, shard_bytes=a.shard_bytes,
-    )  # fmt: skip
+        upload_limit_mib_s=a.upload_limit,
+        shard_bytes=a.shard_bytes,
+    )
     cfg = PeerConfig(
-        manifest=manifest, identity=identity, data_dir=Path(a.data_dir), roles=("relay",),
-        listen=("/ip4/127.0.0.1/tcp/0",), bootstrap=tuple(a.bootstrap), weights=settings,
-        host=HostSettings(io_timeout_s=20.0), max_peers=32,
-    )  # fmt: skip
+        manifest=manifest,
+        identity=identity,
+        data_dir=Path(a.data_dir),
+        roles=("relay",),
+        listen=("/ip4/127.0.0.1/tcp/0",),
+        bootstrap=tuple(a.bootstrap),
+        weights=settings,
+        host=HostSettings(io_timeout_s=20.0),
+        max_peers=32,
+    )
     checkpoint = Path(a.checkpoint).read_bytes() if a.checkpoint else b""
     served_bad = {"n": 0}
     async with open_peer(cfg) as peer:
@@ -82,7 +89,10 @@ async def main(a: argparse.Namespace) -> None:
             w.store.read_shard = corrupt  # type: ignore[method-assign]
 
             def on_deliver(item: Admitted) -> None:
-                if item.kind in (Kind.WEIGHT_ANNOUNCE, Kind.WEIGHT_MANIFEST) and item.obj.kind == "full":
+                if (
+                    item.kind in (Kind.WEIGHT_ANNOUNCE, Kind.WEIGHT_MANIFEST)
+                    and item.obj.kind == "full"
+                ):
                     if item.obj.file_digest == weights_digest(checkpoint):
                         w.store.install_bytes(item.obj.version, checkpoint, item.obj.file_digest)
                         w._installed[item.obj.version] = item.obj.file_digest
@@ -120,9 +130,20 @@ async def _trace(peer: object, w: object, path: str) -> None:
         while True:
             st = w.status()  # type: ignore[attr-defined]
             d = st["download"] or {}
-            f.write(json.dumps({"t": time.time(), "up": st["uploaded_bytes"],
-                                "done": d.get("bytes_done"), "flight": d.get("in_flight"), "announced": announced,
-                                "installed": st["installed"], "installs": installs}) + "\n")  # fmt: skip
+            f.write(
+                json.dumps(
+                    {
+                        "t": time.time(),
+                        "up": st["uploaded_bytes"],
+                        "done": d.get("bytes_done"),
+                        "flight": d.get("in_flight"),
+                        "announced": announced,
+                        "installed": st["installed"],
+                        "installs": installs,
+                    }
+                )
+                + "\n"
+            )
             f.flush()
             await trio.sleep(0.5)
 
@@ -134,8 +155,13 @@ async def _commands(peer: object, w: object, checkpoint: bytes, served_bad: dict
             break
         if c == "publish":
             version = await w.publish(checkpoint)
-            _out({"published_at": w.published_at[version], "version": version,
-                  "digest": weights_digest(checkpoint).hex()})
+            _out(
+                {
+                    "published_at": w.published_at[version],
+                    "version": version,
+                    "digest": weights_digest(checkpoint).hex(),
+                }
+            )
         elif c == "wait":
             with trio.move_on_after(cmd.get("timeout", 120)):
                 await w.wait_installed(cmd["version"])
@@ -143,9 +169,19 @@ async def _commands(peer: object, w: object, checkpoint: bytes, served_bad: dict
             ok = v in w.installed() and weights_digest(w.store.read_version(v)) == w.installed()[v]
             _out({"done_at": w.installed_at.get(v), "ok": ok})
         elif c == "stats":
-            _out({"uploaded": w.limiter.sent, "counters": w.counters, "served_bad": served_bad["n"], "rejects": dict(peer.rejects), "target": w.target, "error": w.error,
-                  "installed": sorted(w.installed()), "peers": len(peer.host.connected_peers()),
-                  "watched_by": sum(w._watchers.values())})  # fmt: skip
+            _out(
+                {
+                    "uploaded": w.limiter.sent,
+                    "counters": w.counters,
+                    "served_bad": served_bad["n"],
+                    "rejects": dict(peer.rejects),
+                    "target": w.target,
+                    "error": w.error,
+                    "installed": sorted(w.installed()),
+                    "peers": len(peer.host.connected_peers()),
+                    "watched_by": sum(w._watchers.values()),
+                }
+            )
         elif c == "cap":
             w.limiter.set_rate(float(cmd["mib_s"]))
             _out({"cap": cmd["mib_s"]})
@@ -159,7 +195,9 @@ async def _stream(peer: object, source: str, version: int, in_flight: int = 1) -
     """Fetch every shard of `version`'s full manifest from `source`, `in_flight` requests
     at a time (each a shard fetch on its own stream, as the node's scheduler makes them)."""
     w = peer.weights  # type: ignore[attr-defined]
-    full = [(mid, m) for mid, m in w._manifests.items() if m.version == version and m.kind == "full"]
+    full = [
+        (mid, m) for mid, m in w._manifests.items() if m.version == version and m.kind == "full"
+    ]
     if not full:
         return {"error": "no full manifest"}
     mid, m = full[0]
@@ -168,7 +206,12 @@ async def _stream(peer: object, source: str, version: int, in_flight: int = 1) -
     async def lane(shards: list) -> None:  # type: ignore[type-arg]
         for s in shards:
             data = await shard_exchange.fetch_shard(
-                peer.host, source, peer.run_id, mid, s.index, s.size  # type: ignore[attr-defined]
+                peer.host,
+                source,
+                peer.run_id,
+                mid,
+                s.index,
+                s.size,  # type: ignore[attr-defined]
             )
             got[0] += len(data or b"")
 
@@ -177,8 +220,12 @@ async def _stream(peer: object, source: str, version: int, in_flight: int = 1) -
         for k in range(in_flight):
             nursery.start_soon(lane, list(m.shards[k::in_flight]))
     dt = time.perf_counter() - t0
-    return {"mib_per_s": round(got[0] / dt / 2**20, 1), "bytes": got[0], "seconds": round(dt, 3),
-            "in_flight": in_flight}  # fmt: skip
+    return {
+        "mib_per_s": round(got[0] / dt / 2**20, 1),
+        "bytes": got[0],
+        "seconds": round(dt, 3),
+        "in_flight": in_flight,
+    }
 
 
 if __name__ == "__main__":

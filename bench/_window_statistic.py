@@ -41,11 +41,15 @@ def main(n: int = 64, draws: int = 2000) -> dict[str, Any]:
     changed_res = audit(ctx, open_records(changed_made.records))[0]
     changed = _values(changed_res, STAT)
     rng = random.Random(0)
-    out: dict[str, Any] = {"limit": limit, "records": n,
-                           "changed_failed_alone": sum(not r.passed for r in changed_res) / len(changed_res),
-                           "honest_max": max(honest), "changed_median": statistics.median(changed),
-                           "changed_over_limit": sum(v > limit for v in changed) / len(changed),
-                           "by_changed": {}}
+    out: dict[str, Any] = {
+        "limit": limit,
+        "records": n,
+        "changed_failed_alone": sum(not r.passed for r in changed_res) / len(changed_res),
+        "honest_max": max(honest),
+        "changed_median": statistics.median(changed),
+        "changed_over_limit": sum(v > limit for v in changed) / len(changed),
+        "by_changed": {},
+    }
     for m in range(PRODUCER_WINDOW + 1):
         med = cnt = 0
         for _ in range(draws):

@@ -158,15 +158,18 @@ def _in(window: tuple[float, float], t: float) -> bool:
     return window[0] <= t < window[1]
 
 
-def _throughput(window: tuple[float, float], verified: set[str], sampled: list[list[Any]],
-                honest: set[str]) -> float | None:
+def _throughput(
+    window: tuple[float, float], verified: set[str], sampled: list[list[Any]], honest: set[str]
+) -> float | None:
     picked = [rid for rid, t, producer in sampled if producer in honest and _in(window, t)]
     if not picked:
         return None
     return sum(rid in verified for rid in picked) / len(picked)
 
 
-async def _run(window_s: float, rate: float, settle_s: float, opts: argparse.Namespace) -> dict[str, Any]:
+async def _run(
+    window_s: float, rate: float, settle_s: float, opts: argparse.Namespace
+) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="bench-adversary-"))
     keys = {name: Identity.generate() for name in ("trainer", "validator", "w1", "w2")}
     validator = keys["validator"].peer_id_b58
@@ -178,19 +181,36 @@ async def _run(window_s: float, rate: float, settle_s: float, opts: argparse.Nam
         cap += ["--hold", str(opts.hold)] if name == "trainer" else []
         cap += ["--close", str(opts.close)] if name == "validator" else []
         return await PeerProcess.start(
-            "--data-dir", str(root / name), "--role", role, "--validator", validator,
-            "--audit-fraction", str(opts.audit_fraction), *key, *cap, *(["--bootstrap", *boot] if boot else []),
-            module=MODULE, timeout=90.0, stderr_path=str(root / f"{name}.log"),
+            "--data-dir",
+            str(root / name),
+            "--role",
+            role,
+            "--validator",
+            validator,
+            "--audit-fraction",
+            str(opts.audit_fraction),
+            *key,
+            *cap,
+            *(["--bootstrap", *boot] if boot else []),
+            module=MODULE,
+            timeout=90.0,
+            stderr_path=str(root / f"{name}.log"),
         )
 
     try:
         procs["trainer"] = await spawn("trainer", "trainer", [])
         boot = [procs["trainer"].addrs[0]]
         async with trio.open_nursery() as n:
-            for name, role in (("validator", "validator"), ("w1", "inference"),
-                               ("w2", "inference"), ("attacker", "relay")):
+            for name, role in (
+                ("validator", "validator"),
+                ("w1", "inference"),
+                ("w2", "inference"),
+                ("attacker", "relay"),
+            ):
+
                 async def one(name: str = name, role: str = role) -> None:
                     procs[name] = await spawn(name, role, boot if name != "attacker" else [])
+
                 n.start_soon(one)
         _say(f"5 processes up in {root}")
         await trio.sleep(3.0)  # meshes form
@@ -206,8 +226,14 @@ async def _run(window_s: float, rate: float, settle_s: float, opts: argparse.Nam
         for name in record_cases:
             start = time.time()
             answer = await procs["attacker"].ask(
-                {"cmd": "attack", "name": name, "seconds": window_s, "targets": targets,
-                 "validator": validator}, timeout=window_s + 90,
+                {
+                    "cmd": "attack",
+                    "name": name,
+                    "seconds": window_s,
+                    "targets": targets,
+                    "validator": validator,
+                },
+                timeout=window_s + 90,
             )
             runs[name] = {**answer, "window": (start, time.time())}
             _say(f"{name}: sent {answer.get('sent')}")
@@ -217,13 +243,19 @@ async def _run(window_s: float, rate: float, settle_s: float, opts: argparse.Nam
             _say(f"{name}: {conn[name]}")
         for w in ("w1", "w2"):
             await procs[w].ask({"cmd": "stop"})
-        await trio.sleep(max(settle_s, opts.hold + 5.0) if record_cases else settle_s)  # verdicts, holds
+        await trio.sleep(
+            max(settle_s, opts.hold + 5.0) if record_cases else settle_s
+        )  # verdicts, holds
         honest = {k.peer_id_b58 for k in keys.values()}
-        ids = sorted(honest | {p for r in runs.values() for p in [r.get("attacker", ""), *r["signers"]] if p})
+        ids = sorted(
+            honest | {p for r in runs.values() for p in [r.get("attacker", ""), *r["signers"]] if p}
+        )
         t_rep = await procs["trainer"].ask({"cmd": "report", "ids": ids}, timeout=60)
         v_rep = await procs["validator"].ask({"cmd": "report", "ids": ids}, timeout=60)
-        others = [await procs[w].ask({"cmd": "report", "ids": ids}, timeout=60)
-                  for w in ("w1", "w2", "attacker")]
+        others = [
+            await procs[w].ask({"cmd": "report", "ids": ids}, timeout=60)
+            for w in ("w1", "w2", "attacker")
+        ]
         rss = [t_rep["rss_mb"], v_rep["rss_mb"], *(o["rss_mb"] for o in others)]
         views = [t_rep, v_rep, *others[:2]]  # the honest peers' views of everyone
         (root / "reports.json").write_text(json.dumps({"runs": runs, "views": views, "conn": conn}))
@@ -238,11 +270,17 @@ async def _run(window_s: float, rate: float, settle_s: float, opts: argparse.Nam
         out["connection_attacks"] = {k: v["figures"] for k, v in conn.items()}
         out["connection_details"] = {k: v["details"] for k, v in conn.items()}
         out["connection_targets_met"] = all(
-            f["honest_connect_after"] and f["attacker_penalized"] and not f["honest_banned"]
+            f["honest_connect_after"]
+            and f["attacker_penalized"]
+            and not f["honest_banned"]
             and f["rss_mb_growth"] <= 50.0
-            for k, f in out["connection_attacks"].items() if k != "relay_copy_quota"
-        ) and all(f["signer_penalty"] == 0.0 and f["honest_connect_after"] and not f["honest_banned"]
-                  for k, f in out["connection_attacks"].items() if k == "relay_copy_quota")
+            for k, f in out["connection_attacks"].items()
+            if k != "relay_copy_quota"
+        ) and all(
+            f["signer_penalty"] == 0.0 and f["honest_connect_after"] and not f["honest_banned"]
+            for k, f in out["connection_attacks"].items()
+            if k == "relay_copy_quota"
+        )
     return out
 
 
@@ -251,8 +289,13 @@ def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {r: n - before.get(r, 0) for r, n in sorted(after.items()) if n > before.get(r, 0)}
 
 
-async def _conn_case(name: str, procs: dict[str, PeerProcess], keys: dict[str, Identity],
-                     validator: str, opts: argparse.Namespace) -> dict[str, Any]:
+async def _conn_case(
+    name: str,
+    procs: dict[str, PeerProcess],
+    keys: dict[str, Identity],
+    validator: str,
+    opts: argparse.Namespace,
+) -> dict[str, Any]:
     """One connection case against the trainer: before/after looks at it, the attack,
     then a fresh honest peer, then every honest peer's view of the honest ones."""
     trainer = procs["trainer"]
@@ -262,9 +305,15 @@ async def _conn_case(name: str, procs: dict[str, PeerProcess], keys: dict[str, I
         return await trainer.ask({"cmd": "probe", "ids": ids}, timeout=30)
 
     before = await probe([])
-    cmd = {"name": name, "target": trainer.addrs[0], "count": opts.churn,
-           "topics": opts.topics, "graft_prune": opts.graft_prune, "ihave": opts.ihave,
-           "oversize": opts.oversize}
+    cmd = {
+        "name": name,
+        "target": trainer.addrs[0],
+        "count": opts.churn,
+        "topics": opts.topics,
+        "graft_prune": opts.graft_prune,
+        "ihave": opts.ihave,
+        "oversize": opts.oversize,
+    }
     if name == "connection_flood":
         cmd["count"] = opts.flood
     start = time.monotonic()
@@ -274,8 +323,10 @@ async def _conn_case(name: str, procs: dict[str, PeerProcess], keys: dict[str, I
     after = await probe(ans["ids"])
     hp = await honest_probe(trainer.addrs[0], topic_name(m.run_id, "rollouts"))
     honest = [k.peer_id_b58 for k in keys.values()]
-    views = [await procs[n].ask({"cmd": "probe", "ids": honest}, timeout=30)
-             for n in ("trainer", "validator", "w1", "w2")]
+    views = [
+        await procs[n].ask({"cmd": "probe", "ids": honest}, timeout=30)
+        for n in ("trainer", "validator", "w1", "w2")
+    ]
     sent = max(1, int(ans["sent"]))
     if name == "connection_churn":
         held = max(0, after["connections"] - before["connections"])
@@ -286,7 +337,9 @@ async def _conn_case(name: str, procs: dict[str, PeerProcess], keys: dict[str, I
         penalized = ans["kept"] + before["connections"] <= opts.trainer_cap + 2
     else:
         rejected = int(ans["rejected"])
-        penalized = any(after["scores"].get(p, 0.0) < 0 or after["banned"].get(p) for p in ans["ids"])
+        penalized = any(
+            after["scores"].get(p, 0.0) < 0 or after["banned"].get(p) for p in ans["ids"]
+        )
     figures: dict[str, Any] = {
         "honest_connect_after": bool(hp["ok"]),
         "rejected_fraction": round(max(0.0, min(1.0, rejected / sent)), 4),
@@ -296,27 +349,44 @@ async def _conn_case(name: str, procs: dict[str, PeerProcess], keys: dict[str, I
         "sent": int(ans["sent"]),
     }
     details = {k: v for k, v in ans.items() if k not in ("ids", "signer")}
-    details.update(target_connections_before=before["connections"],
-                   target_connections_after=after["connections"], attack_s=round(took, 1),
-                   attacker_scores={p[:16]: round(after["scores"].get(p, 0.0), 3) for p in ans["ids"]},
-                   attacker_banned=any(after["banned"].get(p) for p in ans["ids"]), honest_probe=hp,
-                   target_refusals=_delta(before["refused"], after["refused"]))
+    details.update(
+        target_connections_before=before["connections"],
+        target_connections_after=after["connections"],
+        attack_s=round(took, 1),
+        attacker_scores={p[:16]: round(after["scores"].get(p, 0.0), 3) for p in ans["ids"]},
+        attacker_banned=any(after["banned"].get(p) for p in ans["ids"]),
+        honest_probe=hp,
+        target_refusals=_delta(before["refused"], after["refused"]),
+    )
     if name == "relay_copy_quota":
         figures["signer_penalty"] = round(
-            min(0.0, ans["signer_score_after_own"] - ans["signer_score_before_own"]), 3)
+            min(0.0, ans["signer_score_after_own"] - ans["signer_score_before_own"]), 3
+        )
     return {"figures": figures, "details": details}
 
 
-def _trained_fraction(window: tuple[float, float], t_rep: dict[str, Any], workers: set[str]) -> float | None:
+def _trained_fraction(
+    window: tuple[float, float], t_rep: dict[str, Any], workers: set[str]
+) -> float | None:
     """Honest rollouts made in `window` that the trainer trained on, per one made."""
     trained = {rid for p in workers for rid in t_rep["trained"].get(p, [])}
-    made = [rid for rid, (producer, t) in t_rep["made"].items() if producer in workers and _in(window, t)]
+    made = [
+        rid
+        for rid, (producer, t) in t_rep["made"].items()
+        if producer in workers and _in(window, t)
+    ]
     return round(sum(rid in trained for rid in made) / len(made), 4) if made else None
 
 
-def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict[str, Any],
-             views: list[dict[str, Any]], keys: dict[str, Identity], baseline: tuple[float, float],
-             rss: float) -> dict[str, Any]:
+def _figures(
+    runs: dict[str, dict[str, Any]],
+    t_rep: dict[str, Any],
+    v_rep: dict[str, Any],
+    views: list[dict[str, Any]],
+    keys: dict[str, Identity],
+    baseline: tuple[float, float],
+    rss: float,
+) -> dict[str, Any]:
     workers = {keys["w1"].peer_id_b58, keys["w2"].peer_id_b58}
     cut_off = set(t_rep["banned_producers"]) | set(v_rep.get("standing_banned", []))
     honest_all = {k.peer_id_b58 for k in keys.values()}
@@ -339,8 +409,10 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
         elif measure == "usable":
             effect = sum(t_rep["usable"].get(s, 0) for s in signers)
         elif measure == "credit":  # reward credited beyond its true rewards
-            effect = sum(max(0.0, (t_rep["credit"].get(s) or {}).get("reward_sum", 0.0) - r["true_sum"])
-                         for s in signers)  # fmt: skip
+            effect = sum(
+                max(0.0, (t_rep["credit"].get(s) or {}).get("reward_sum", 0.0) - r["true_sum"])
+                for s in signers
+            )
             sent = max(1, int(r["lies"]))
         elif measure == "ahead":  # rollouts of unpublished versions admitted by the trainer
             effect = sum(t_rep["admitted_ahead"].get(s, 0) for s in signers)
@@ -349,8 +421,11 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
             effect = t_rep["double_counted"]
         attacker = r.get("attacker", "")
         banned = any(v["banned"].get(h) for v in views for h in honest_all)
-        penalized = _penalized(attacker, views) or bool(signers) and all(
-            s in cut_off or _penalized(s, views) for s in signers)
+        penalized = (
+            _penalized(attacker, views)
+            or bool(signers)
+            and all(s in cut_off or _penalized(s, views) for s in signers)
+        )
         ratio = _throughput(r["window"], verified, v_rep["sampled"], workers)
         attacks[name] = {
             "rejected_fraction": round(max(0.0, 1.0 - min(effect, sent) / sent), 4),
@@ -358,7 +433,9 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
             "honest_banned": bool(banned),
             "honest_throughput_ratio": round(ratio / base, 3) if ratio is not None else None,
             "honest_trained_fraction": _trained_fraction(r["window"], t_rep, workers),
-            "signers_cut_off": round(sum(s in cut_off for s in signers) / len(signers), 3) if signers else None,
+            "signers_cut_off": round(sum(s in cut_off for s in signers) / len(signers), 3)
+            if signers
+            else None,
             "sent": int(r["sent"]),
             "measure": measure,
         }
@@ -369,8 +446,11 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
             attacks[name]["lies"] = int(r["lies"])  # headers that lie, or counters shopped
     shopper = runs.get("counter_shopping", {}).get("attacker", "")
     rewards = [t_rep["counted_reward"].get(w) for w in workers]
-    honest_reward = statistics.mean(x for x in rewards if x is not None) if any(
-        x is not None for x in rewards) else None
+    honest_reward = (
+        statistics.mean(x for x in rewards if x is not None)
+        if any(x is not None for x in rewards)
+        else None
+    )
     shop = t_rep["counted_reward"].get(shopper)
     gain = None
     if honest_reward:
@@ -380,14 +460,21 @@ def _figures(runs: dict[str, dict[str, Any]], t_rep: dict[str, Any], v_rep: dict
     if cheater is not None:
         trained = {rid for s in cheater["signers"] for rid in t_rep["trained"].get(s, [])}
         cheated = sum(rid in trained for rid in cheater.get("changed_ids", []))
-    ratios = [c / r for w in workers
-              if (c := (t_rep["credit"].get(w) or {}).get("earned")) is not None
-              and (r := t_rep["counted_reward"].get(w))]  # fmt: skip
+    ratios = [
+        c / r
+        for w in workers
+        if (c := (t_rep["credit"].get(w) or {}).get("earned")) is not None
+        and (r := t_rep["counted_reward"].get(w))
+    ]
     honest_credit = round(statistics.mean(ratios), 3) if ratios else None
-    return {"attacks": attacks, "shopping_reward_gain": gain, "honest_credit_ratio": honest_credit,
-            "rss_mb_max": round(rss, 1),
-            "honest_trained_fraction": _trained_fraction(baseline, t_rep, workers),
-            "cheater_records_trained": cheated}
+    return {
+        "attacks": attacks,
+        "shopping_reward_gain": gain,
+        "honest_credit_ratio": honest_credit,
+        "rss_mb_max": round(rss, 1),
+        "honest_trained_fraction": _trained_fraction(baseline, t_rep, workers),
+        "cheater_records_trained": cheated,
+    }
 
 
 def _penalized(peer: str, views: list[dict[str, Any]]) -> bool:
@@ -415,25 +502,49 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="swarm-node bench adversary")
     parser.add_argument("--window", type=float, default=2.5 if quick else 10.0)
     parser.add_argument("--rate", type=float, default=2.0)
-    parser.add_argument("--audit-fraction", type=float, default=0.5,
-                        help="the validator's audited share (credit is estimated from it)")
+    parser.add_argument(
+        "--audit-fraction",
+        type=float,
+        default=0.5,
+        help="the validator's audited share (credit is estimated from it)",
+    )
     parser.add_argument("--settle", type=float, default=12.0 if quick else 20.0)
-    parser.add_argument("--hold", type=float, default=5.0 if quick else HOLD_S,
-                        help="the trainer's hold of a good producer's unaudited rollouts, s")
-    parser.add_argument("--close", type=float, default=5.0 if quick else CLOSE_AFTER_S,
-                        help="the validator's window close, s")
-    parser.add_argument("--attacks", default="",
-                        help="comma-separated case names (default: all, the connection cases last)")
+    parser.add_argument(
+        "--hold",
+        type=float,
+        default=5.0 if quick else HOLD_S,
+        help="the trainer's hold of a good producer's unaudited rollouts, s",
+    )
+    parser.add_argument(
+        "--close",
+        type=float,
+        default=5.0 if quick else CLOSE_AFTER_S,
+        help="the validator's window close, s",
+    )
+    parser.add_argument(
+        "--attacks",
+        default="",
+        help="comma-separated case names (default: all, the connection cases last)",
+    )
     parser.add_argument("--churn", type=int, default=200 if quick else 1000)
     parser.add_argument("--flood", type=int, default=100 if quick else 300)
-    parser.add_argument("--trainer-cap", type=int, default=60 if quick else 200,
-                        help="the trainer's max_connections (quick: below the flood)")
+    parser.add_argument(
+        "--trainer-cap",
+        type=int,
+        default=60 if quick else 200,
+        help="the trainer's max_connections (quick: below the flood)",
+    )
     parser.add_argument("--topics", type=int, default=10_000 if quick else 100_000)
     parser.add_argument("--graft-prune", type=int, default=2_000 if quick else 12_000)
-    parser.add_argument("--ihave", type=int, default=50 if quick else 300,
-                        help="IHAVE messages of 5,000 ids each")
-    parser.add_argument("--oversize", type=int, default=3 if quick else 10,
-                        help="1.5 MB gossip RPCs, each on its own stream")
+    parser.add_argument(
+        "--ihave", type=int, default=50 if quick else 300, help="IHAVE messages of 5,000 ids each"
+    )
+    parser.add_argument(
+        "--oversize",
+        type=int,
+        default=3 if quick else 10,
+        help="1.5 MB gossip RPCs, each on its own stream",
+    )
     opts = parser.parse_args(args)
     names = [a for a in opts.attacks.split(",") if a]
     unknown = set(names) - set(ATTACKS) - set(CONN_ATTACKS)

@@ -99,8 +99,16 @@ def trained_part(quick: bool, model: Any, tok: Any) -> dict[str, Any]:
     from trainer.train_loop import Trainer
 
     groups_per_step, steps_per_version, group = (4, 1 if quick else 2, 4)
-    trainer = Trainer(model, tok, group_size=group, max_staleness=None, loss=LossSettings(),
-                      lr=RL_LR, groups_per_step=groups_per_step, publish_every=10**9)  # fmt: skip
+    trainer = Trainer(
+        model,
+        tok,
+        group_size=group,
+        max_staleness=None,
+        loss=LossSettings(),
+        lr=RL_LR,
+        groups_per_step=groups_per_step,
+        publish_every=10**9,
+    )
     engine = HFEngine(model, tok, max_batch=64)
     tasks, names = TaskSet(7), [n for n, _ in TASK_MIX]
     settings = SamplingSettings(temperature=1.0, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
@@ -110,13 +118,19 @@ def trained_part(quick: bool, model: Any, tok: Any) -> dict[str, Any]:
         for k in range(steps_per_version):
             step = v * steps_per_version + k
             items = [(names[i % len(names)], step * 64 + i) for i in range(groups_per_step)]
-            groups = generate_groups(engine, tok, tasks, items, group_size=group,
-                                     settings=settings, seed=step)  # fmt: skip
+            groups = generate_groups(
+                engine, tok, tasks, items, group_size=group, settings=settings, seed=step
+            )
             trainer.train_on(groups)
         versions.append({k: t.detach().clone() for k, t in model.state_dict().items()})
     out: dict[str, Any] = {}
-    for name, cast in (("patch_bytes_ratio_trained", torch.bfloat16), ("patch_bytes_ratio_trained_fp32", None)):
-        a, b = (from_state_dict({k: t.to(cast) if cast else t for k, t in s.items()}) for s in versions)
+    for name, cast in (
+        ("patch_bytes_ratio_trained", torch.bfloat16),
+        ("patch_bytes_ratio_trained_fp32", None),
+    ):
+        a, b = (
+            from_state_dict({k: t.to(cast) if cast else t for k, t in s.items()}) for s in versions
+        )
         patch = make_patch(a, b)
         assert weights_digest(apply_patch(a, patch)) == weights_digest(b)
         out[name] = round(len(patch) / len(b), 5)

@@ -95,7 +95,9 @@ def _workload(tok: Any, n: int) -> tuple[Any, Any, list[list[int]], list[int]]:
     return manifest, settings, prompts, [a.task_seed for a in assigns]
 
 
-def _batched_runs(engine: Any, prompts: list[list[int]], settings: Any, seeds: list[int], repeats: int) -> list[tuple[float, int]]:
+def _batched_runs(
+    engine: Any, prompts: list[list[int]], settings: Any, seeds: list[int], repeats: int
+) -> list[tuple[float, int]]:
     """(seconds, tokens) of `repeats` batched calls at the real settings, after a warm-up."""
     _timed(engine, prompts[:4], settings, seeds[:4], True)  # warm-up
     runs = []
@@ -150,7 +152,9 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     batched = HFEngine(model, tok, max_batch=n)
     runs = _batched_runs(batched, prompts, settings, seeds, repeats=3 if quick else 5)
     tokens_per_s = max(k / dt for dt, k in runs)
-    cap_ratio, seed_ratio = _overhead_ratios(model, tok, prompts, settings, seeds, pairs=5 if quick else 9)
+    cap_ratio, seed_ratio = _overhead_ratios(
+        model, tok, prompts, settings, seeds, pairs=5 if quick else 9
+    )
     n_unbatched = 8 if quick else 16
     unbatched = HFEngine(model, tok, max_batch=1)
     _say(f"generate: unbatched, {n_unbatched} prompts")
@@ -173,7 +177,6 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
         "params": sum(p.numel() for p in model.parameters()),
         "seconds": round(time.perf_counter() - t_start, 1),
     }
-
 
 
 VLLM_KEYS = (
@@ -230,5 +233,9 @@ def _vllm_part(
         say=_say,
     )
     sizes = CROSSOVER_SIZES_QUICK if quick else CROSSOVER_SIZES
-    return {**out, **run_crossover(tok=tok, sizes=sizes, prompts=prompts, settings=settings,
-                                   seeds=seeds, say=_say)}  # fmt: skip
+    return {
+        **out,
+        **run_crossover(
+            tok=tok, sizes=sizes, prompts=prompts, settings=settings, seeds=seeds, say=_say
+        ),
+    }

@@ -102,17 +102,28 @@ class Swarm:
 
         for p in self.procs:
             try:
-                self.rss_max = max(self.rss_max, psutil.Process(p.proc.pid).memory_info().rss / 2**20)
+                self.rss_max = max(
+                    self.rss_max, psutil.Process(p.proc.pid).memory_info().rss / 2**20
+                )
             except psutil.Error:
                 pass
 
     async def spawn(self, i: int, boot: str | None) -> PeerProcess:
-        args = ["--data-dir", str(self.tmp / f"p{i}"), "--proof-pool", str(self.pool_path),
-                "--dead-after", str(DEAD_AFTER_S), "--max-life", str(self.opts.duration + 900)]
+        args = [
+            "--data-dir",
+            str(self.tmp / f"p{i}"),
+            "--proof-pool",
+            str(self.pool_path),
+            "--dead-after",
+            str(DEAD_AFTER_S),
+            "--max-life",
+            str(self.opts.duration + 900),
+        ]
         if boot:
             args += ["--bootstrap", boot]
-        return await PeerProcess.start(*args, module="bench._net_peer",
-                                       stderr_path=str(self.tmp / f"p{i}.log"), timeout=120)
+        return await PeerProcess.start(
+            *args, module="bench._net_peer", stderr_path=str(self.tmp / f"p{i}.log"), timeout=120
+        )
 
     async def start(self) -> None:
         """The bootstrap peer, then the others at once, in index order in `procs`."""
@@ -197,8 +208,15 @@ async def _publish_with_faults(swarm: Swarm, producers: list[PeerProcess]) -> Ma
     n_each = int(opts.rate * opts.duration)
     main = MainPhase(start=time.monotonic())
     for p in producers:
-        await p.ask({"cmd": "produce", "n": n_each, "rate": opts.rate, "size": opts.size,
-                     "burst": opts.burst})
+        await p.ask(
+            {
+                "cmd": "produce",
+                "n": n_each,
+                "rate": opts.rate,
+                "size": opts.size,
+                "burst": opts.burst,
+            }
+        )
     _say(f"{len(producers)} producers x {n_each} records at {opts.rate}/s")
     while time.monotonic() - main.start < opts.duration:
         swarm.sample_rss()
@@ -213,7 +231,9 @@ async def _publish_with_faults(swarm: Swarm, producers: list[PeerProcess]) -> Ma
     return main
 
 
-async def _await_delivery(swarm: Swarm, main: MainPhase, producers: list[PeerProcess], receivers: list[PeerProcess]) -> None:
+async def _await_delivery(
+    swarm: Swarm, main: MainPhase, producers: list[PeerProcess], receivers: list[PeerProcess]
+) -> None:
     """Until every receiver holds every produced record (at most 30 s)."""
     for p in producers:
         main.produced_ids |= await _ids(p)
@@ -235,8 +255,13 @@ async def _main_figures(receivers: list[PeerProcess]) -> dict[str, Any]:
     """Latencies, store writes and validator waits of the main phase alone: the saturation
     steps push the rate past what the peers can carry and would fill the tail with
     queueing delay."""
-    out: dict[str, Any] = {"body_lat": [], "header_lat": [], "store_writes": 0, "validator_waits": [],
-                           "forward_waits": []}
+    out: dict[str, Any] = {
+        "body_lat": [],
+        "header_lat": [],
+        "store_writes": 0,
+        "validator_waits": [],
+        "forward_waits": [],
+    }
     for p in receivers:
         s = await _stats(p)
         out["body_lat"] += s["body_latency_ms"]
@@ -249,14 +274,23 @@ async def _main_figures(receivers: list[PeerProcess]) -> dict[str, Any]:
     return out
 
 
-async def _cpu_pairs(producers: list[PeerProcess], receivers: list[PeerProcess], opts: argparse.Namespace) -> dict[int, list[dict[str, Any]]]:
+async def _cpu_pairs(
+    producers: list[PeerProcess], receivers: list[PeerProcess], opts: argparse.Namespace
+) -> dict[int, list[dict[str, Any]]]:
     """CPU per record side by side: the same load in short phases, batching on and off in
     turn (the main phase also pays for the frozen and killed peers); header batch -> phases."""
     pairs: dict[int, list[dict[str, Any]]] = {PeerConfig.header_batch: [], 1: []}
     for _ in range(CPU_PAIRS_QUICK if opts.quick else CPU_PAIRS):
         for batch in pairs:
-            step = await _phase(producers, receivers, opts.rate, opts.window, opts.size,
-                                batch=batch, burst=opts.burst)  # fmt: skip
+            step = await _phase(
+                producers,
+                receivers,
+                opts.rate,
+                opts.window,
+                opts.size,
+                batch=batch,
+                burst=opts.burst,
+            )
             pairs[batch].append(step)
             _say(f"header batch {batch}: {step}")
     return pairs
@@ -304,23 +338,44 @@ async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             saturation[batch] = await _saturate(producers, receivers, opts, batch)
             _say(f"saturation with header batch {batch}: {saturation[batch]}")
         final = await _final_figures(receivers)
-        return _report(opts, swarm, main, producers, receivers, figures, cpu_main, batch_means,
-                       pairs, saturation, final)  # fmt: skip
+        return _report(
+            opts,
+            swarm,
+            main,
+            producers,
+            receivers,
+            figures,
+            cpu_main,
+            batch_means,
+            pairs,
+            saturation,
+            final,
+        )
     finally:
         await swarm.stop()
 
 
 def _report(
-    opts: argparse.Namespace, swarm: Swarm, main: MainPhase, producers: list[PeerProcess],
-    receivers: list[PeerProcess], figures: dict[str, Any], cpu_main: float, batch_means: list[float],
-    pairs: dict[int, list[dict[str, Any]]], saturation: dict[int, dict[str, Any]], final: dict[str, Any],
+    opts: argparse.Namespace,
+    swarm: Swarm,
+    main: MainPhase,
+    producers: list[PeerProcess],
+    receivers: list[PeerProcess],
+    figures: dict[str, Any],
+    cpu_main: float,
+    batch_means: list[float],
+    pairs: dict[int, list[dict[str, Any]]],
+    saturation: dict[int, dict[str, Any]],
+    final: dict[str, Any],
 ) -> dict[str, Any]:
     """The result: the figures listed in the module docstring, then the run's parameters."""
     delivered, produced = main.delivered, main.produced_ids
     batched, unbatched = (_mean_phase(pairs[b]) for b in pairs)
     b_cpu, u_cpu = batched["cpu_s_per_record"], unbatched["cpu_s_per_record"]
     return {
-        "delivery_ratio": round(delivered / (len(produced) * len(receivers)), 4) if produced else None,
+        "delivery_ratio": round(delivered / (len(produced) * len(receivers)), 4)
+        if produced
+        else None,
         "latency_p50_ms": _pct(figures["body_lat"], 0.50),
         "latency_p99_ms": _pct(figures["body_lat"], 0.99),
         "header_latency_p50_ms": _pct(figures["header_lat"], 0.50),
@@ -334,14 +389,22 @@ def _report(
         "cpu_s_per_record_unbatched": u_cpu,
         "cpu_batched_over_unbatched": round(b_cpu / u_cpu, 3) if b_cpu and u_cpu else None,
         "cpu_s_per_record_main": round(cpu_main / delivered, 5) if delivered else None,
-        "store_writes_per_record": round(figures["store_writes"] / delivered, 4) if delivered else None,
-        "validator_wait_ms_p99": max(figures["validator_waits"]) if figures["validator_waits"] else None,
-        "forward_after_store_ms_p99": max(figures["forward_waits"]) if figures["forward_waits"] else None,
+        "store_writes_per_record": round(figures["store_writes"] / delivered, 4)
+        if delivered
+        else None,
+        "validator_wait_ms_p99": max(figures["validator_waits"])
+        if figures["validator_waits"]
+        else None,
+        "forward_after_store_ms_p99": max(figures["forward_waits"])
+        if figures["forward_waits"]
+        else None,
         "cpu_phases": {"batched": pairs[PeerConfig.header_batch], "unbatched": pairs[1]},
         "max_full_delivery_records_per_s": saturation[PeerConfig.header_batch]["max_full"],
         "max_full_delivery_records_per_s_unbatched": saturation[1]["max_full"],
-        "saturation": {"batched": saturation[PeerConfig.header_batch]["steps"],
-                       "unbatched": saturation[1]["steps"]},
+        "saturation": {
+            "batched": saturation[PeerConfig.header_batch]["steps"],
+            "unbatched": saturation[1]["steps"],
+        },
         "rss_mb_max": round(swarm.rss_max, 1),
         "frozen_peer_detect_s": main.frozen_s,
         "killed_peer_detect_s": main.killed_s,
@@ -350,7 +413,9 @@ def _report(
     }
 
 
-def _params(opts: argparse.Namespace, records: int, live_receivers: int, rtts: list[float]) -> dict[str, Any]:
+def _params(
+    opts: argparse.Namespace, records: int, live_receivers: int, rtts: list[float]
+) -> dict[str, Any]:
     """The run's parameters, so the simulator can be asked to predict the figures."""
     record_bytes = _record_size(opts.size)
     return {
@@ -369,7 +434,6 @@ def _params(opts: argparse.Namespace, records: int, live_receivers: int, rtts: l
         "transport": "tcp+noise+yamux, gossipsub headers, stream body pull",
         "cpus": os.cpu_count(),
     }
-
 
 
 def _cpu_s(procs: list[PeerProcess]) -> float:
@@ -394,8 +458,14 @@ async def _ids(p: PeerProcess, own: bool = False) -> set[str]:
 
 
 async def _phase(
-    producers: list[PeerProcess], receivers: list[PeerProcess], rate: float, window: float,
-    size: int, batch: int, deadline_s: float | None = None, burst: int = 1,
+    producers: list[PeerProcess],
+    receivers: list[PeerProcess],
+    rate: float,
+    window: float,
+    size: int,
+    batch: int,
+    deadline_s: float | None = None,
+    burst: int = 1,
 ) -> dict[str, Any]:
     """Every producer publishes `rate * window` new records at `rate`/s with header batch
     `batch`; wait until every receiver holds them all, or `deadline_s` after the start
@@ -423,8 +493,11 @@ async def _phase(
             got[p.peer_id] = len((await _ids(p) - before[p.peer_id]) & new_ids)
         # Done once everything arrived and the offered schedule is over: both modes then
         # pay the same seconds of idle cost (heartbeats) on the same records.
-        done = (len(new_ids) >= want and all(v >= want for v in got.values())
-                and time.monotonic() >= start + n_each / rate)  # fmt: skip
+        done = (
+            len(new_ids) >= want
+            and all(v >= want for v in got.values())
+            and time.monotonic() >= start + n_each / rate
+        )
         if done or time.monotonic() >= deadline:
             break
         await trio.sleep(0.5)
@@ -474,8 +547,16 @@ async def _saturate(
     steps = []
     best = None
     for rate in SATURATION_RATES[1::2] if opts.quick else SATURATION_RATES:
-        step = await _phase(producers, receivers, rate, opts.window, opts.size, batch,
-                            deadline_s=opts.window + 3.0, burst=opts.burst)
+        step = await _phase(
+            producers,
+            receivers,
+            rate,
+            opts.window,
+            opts.size,
+            batch,
+            deadline_s=opts.window + 3.0,
+            burst=opts.burst,
+        )
         steps.append(step)
         if step["delivery_ratio"] < 1.0:
             break
@@ -501,8 +582,12 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     parser.add_argument("--rate", type=float, default=2.0)
     parser.add_argument("--duration", type=float, default=None)
     parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--burst", type=int, default=WORKER_BATCH,
-                        help="records a producer publishes at once (a worker's generation batch)")
+    parser.add_argument(
+        "--burst",
+        type=int,
+        default=WORKER_BATCH,
+        help="records a producer publishes at once (a worker's generation batch)",
+    )
     parser.add_argument("--window", type=float, default=None, help="seconds per later phase step")
     opts = parser.parse_args(args)
     opts.quick = quick

@@ -74,8 +74,13 @@ from node.console import say as _say
 PARTS = ("efficiency", "sapo", "async")
 # --policy qwen2-24m: a Qwen2 built here from its config, 8x the built-in policy's width x
 # depth, warm-started as the built-in one is (for --device cuda; nothing is downloaded)
-QWEN2_24M = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-                 num_attention_heads=8, num_key_value_heads=2)  # fmt: skip
+QWEN2_24M = dict(
+    hidden_size=512,
+    intermediate_size=1536,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+)
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:
@@ -96,7 +101,9 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
         if "async" in parts:
             asy, status = _async(base.to("cpu"), tok, quick, opts.steps)
     if "efficiency" in parts:
-        efficiency, devnet = _learn_swarm.efficiency(base.to("cpu"), tok, quick, opts.seconds, not opts.no_devnet)
+        efficiency, devnet = _learn_swarm.efficiency(
+            base.to("cpu"), tok, quick, opts.seconds, not opts.no_devnet
+        )
     return {
         "quick": quick,
         "policy": opts.policy,
@@ -140,13 +147,19 @@ def _options(args: list[str]) -> argparse.Namespace:
     if opts.rounds is not None and opts.rounds < 1:
         raise CommandError(f"bench learn: --rounds must be >= 1, got {opts.rounds}")
     if opts.policy != "builtin" and (not opts.only or "efficiency" in opts.only):
-        raise CommandError("bench learn: the devnet runs the built-in policy: --policy qwen2-24m needs --only sapo or async")
+        raise CommandError(
+            "bench learn: the devnet runs the built-in policy: --policy qwen2-24m needs --only sapo or async"
+        )
     if opts.device != "cpu" and opts.only != "sapo":
-        raise CommandError("bench learn: --device other than cpu runs the sapo grid only: add --only sapo")
+        raise CommandError(
+            "bench learn: --device other than cpu runs the sapo grid only: add --only sapo"
+        )
     return opts
 
 
-def _policy(name: str, device: str, data_dir: str | None, warm_steps: int | None) -> tuple[Any, Any]:
+def _policy(
+    name: str, device: str, data_dir: str | None, warm_steps: int | None
+) -> tuple[Any, Any]:
     """(model on `device`, tokenizer): the cached built-in policy, or a Qwen2 built here
     from `QWEN2_24M` and warm-started on `device` as the built-in one is (at most
     `warm_steps` steps, default the built-in's)."""
@@ -159,7 +172,9 @@ def _policy(name: str, device: str, data_dir: str | None, warm_steps: int | None
         return base.to(device), tok
     tok = tiny_policy.build_tokenizer(0)
     model = tiny_policy.build_model(tok, seed=0, **QWEN2_24M).to(device)
-    _say(f"policy {name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {device}")
+    _say(
+        f"policy {name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {device}"
+    )
     report = tiny_policy.warm_start(model, tok, seed=0, max_steps=warm_steps, progress=_say)
     _say(f"policy {name}: warm start solve rate {report.solve_rate:.3f} after {report.steps} steps")
     return model.eval(), tok
@@ -214,8 +229,16 @@ def _async_run(model: Any, tok: Any, trainer: Any, steps: int, lag: int) -> None
         sampler.load_state_dict(history[max(0, k - lag)] if lag else model.state_dict())
         items = [(names[(k * 8 + g) % len(names)], k * 8 + g) for g in range(GROUPS_PER_ROUND)]
         with torch_threads(1):
-            return generate_groups(engine, tok, tasks, items, group_size=GROUP, settings=settings,
-                                   seed=k, version=max(0, k - lag))  # fmt: skip
+            return generate_groups(
+                engine,
+                tok,
+                tasks,
+                items,
+                group_size=GROUP,
+                settings=settings,
+                seed=k,
+                version=max(0, k - lag),
+            )
 
     box: dict[int, Any] = {}
     nxt = make(0)

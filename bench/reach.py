@@ -48,10 +48,14 @@ from bench._netlab import PUBLIC_IP, NetLab, unavailable
 PAYLOAD_BYTES = 20_000
 KINDS = ("cone", "cone", "symmetric")
 MAX_CIRCUITS = 4
-LIGHT_JOIN = ("cone-0, cone-1, symmetric-2: light peers (bench._nat_peer), start -> first payload "
-              "acknowledged by the trainer")
-FULL_JOIN = ("cone-full: swarm-node start --role inference --join behind a cone NAT, start -> the "
-             "validator's first passed audit of its rollouts")
+LIGHT_JOIN = (
+    "cone-0, cone-1, symmetric-2: light peers (bench._nat_peer), start -> first payload "
+    "acknowledged by the trainer"
+)
+FULL_JOIN = (
+    "cone-full: swarm-node start --role inference --join behind a cone NAT, start -> the "
+    "validator's first passed audit of its rollouts"
+)
 
 
 def _name(peer: Any) -> str:
@@ -62,8 +66,15 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-async def _join(lab: NetLab, ns: str, relay: Any, trainer: Any, trainer_lock: trio.Lock, t0: float,
-                out: dict[str, Any]) -> Any:
+async def _join(
+    lab: NetLab,
+    ns: str,
+    relay: Any,
+    trainer: Any,
+    trainer_lock: trio.Lock,
+    t0: float,
+    out: dict[str, Any],
+) -> Any:
     w = await start_in(ns, f"/ip4/{lab.host_ip(ns)}/tcp/4100")
     out["peers"].append(w)
     await w.ask({"cmd": "connect", "addr": relay.addrs[0]})
@@ -81,8 +92,14 @@ async def _join(lab: NetLab, ns: str, relay: Any, trainer: Any, trainer_lock: tr
     return w
 
 
-async def _flood(lab: NetLab, relay: Any, victim: Any, max_reservations: int, max_circuits: int,
-                 out: dict[str, Any]) -> bool:
+async def _flood(
+    lab: NetLab,
+    relay: Any,
+    victim: Any,
+    max_reservations: int,
+    max_circuits: int,
+    out: dict[str, Any],
+) -> bool:
     flooder = await start_in(lab.wan, f"/ip4/{PUBLIC_IP}/tcp/4200")
     out["peers"].append(flooder)
     for _ in range(10):
@@ -99,8 +116,11 @@ async def _flood(lab: NetLab, relay: Any, victim: Any, max_reservations: int, ma
         for port in range(4201, 4201 + max_reservations):
             nursery.start_soon(newcomer, port)
     stats = await relay.ask({"cmd": "stats"})
-    return (stats["relay_reservations"] <= max_reservations and not all(newcomers)
-            and stats["relay_circuits"] <= max_circuits * max_reservations)
+    return (
+        stats["relay_reservations"] <= max_reservations
+        and not all(newcomers)
+        and stats["relay_circuits"] <= max_circuits * max_reservations
+    )
 
 
 async def _main(opts: argparse.Namespace) -> dict[str, Any]:
@@ -111,8 +131,15 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
     max_res = len(KINDS) + 2
     with NetLab() as lab:
         try:
-            relay = await start_in(lab.wan, f"/ip4/{PUBLIC_IP}/tcp/4001", "--serve-relay",
-                                   "--max-reservations", str(max_res), "--max-circuits", str(MAX_CIRCUITS))
+            relay = await start_in(
+                lab.wan,
+                f"/ip4/{PUBLIC_IP}/tcp/4001",
+                "--serve-relay",
+                "--max-reservations",
+                str(max_res),
+                "--max-circuits",
+                str(MAX_CIRCUITS),
+            )
             out["peers"].append(relay)
             trainer = await start_in(lab.wan, f"/ip4/{PUBLIC_IP}/tcp/4002")
             validator = await start_in(lab.wan, f"/ip4/{PUBLIC_IP}/tcp/4003")
@@ -125,7 +152,9 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
             trainer_lock = trio.Lock()
 
             async def join(i: int) -> None:
-                workers[i] = await _join(lab, namespaces[i], relay, trainer, trainer_lock, time.monotonic(), out)
+                workers[i] = await _join(
+                    lab, namespaces[i], relay, trainer, trainer_lock, time.monotonic(), out
+                )
                 workers[i].kind, workers[i].index = KINDS[i], i
 
             async with trio.open_nursery() as nursery:
@@ -133,19 +162,30 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
                     nursery.start_soon(join, i)
             for w in workers:
                 await validator.ask({"cmd": "connect", "addr": w.relayed})
-            for a, b in ((workers[0], workers[1]), (workers[0], workers[2]), (workers[1], workers[2])):
+            for a, b in (
+                (workers[0], workers[1]),
+                (workers[0], workers[2]),
+                (workers[1], workers[2]),
+            ):
                 await a.ask({"cmd": "connect", "addr": b.relayed})
             _say("letting DCUtR try the upgrades")
             await trio.sleep(opts.settle)
             t = await _send_all(workers, trainer, validator, opts.payloads)
-            sent, acked, relayed_bytes, all_bytes = t["sent"], t["acked"], t["relayed_bytes"], t["all_bytes"]
+            sent, acked, relayed_bytes, all_bytes = (
+                t["sent"],
+                t["acked"],
+                t["relayed_bytes"],
+                t["all_bytes"],
+            )
             relayed_ms, errors, retries = t["relayed_ms"], t["errors"], t["retries"]
             trainer.kind, validator.kind = "trainer", "validator"
             upgrade, pairs = await _connection_kinds(workers, [trainer, validator])
             _say("flooding the relay")
             held = await _flood(lab, relay, workers[0], max_res, MAX_CIRCUITS, out)
-            after = [await w.ask({"cmd": "send", "peer": trainer.peer_id, "n": 3, "size": PAYLOAD_BYTES})
-                     for w in workers]
+            after = [
+                await w.ask({"cmd": "send", "peer": trainer.peer_id, "n": 3, "size": PAYLOAD_BYTES})
+                for w in workers
+            ]
             held = held and all(r["sent"] == 3 for r in after)
         finally:
             with trio.CancelScope(shield=True):
@@ -192,15 +232,26 @@ def _full_join() -> float:
             stack.close()
 
 
-async def _send_all(workers: list[Any], trainer: Any, validator: Any, payloads: int) -> dict[str, Any]:
+async def _send_all(
+    workers: list[Any], trainer: Any, validator: Any, payloads: int
+) -> dict[str, Any]:
     """Each worker sends `payloads` payloads to every other peer; what arrived, by path."""
-    t: dict[str, Any] = {"sent": 0, "acked": 0, "relayed_bytes": 0, "all_bytes": 0,
-                         "relayed_ms": [], "errors": [], "retries": 0}
+    t: dict[str, Any] = {
+        "sent": 0,
+        "acked": 0,
+        "relayed_bytes": 0,
+        "all_bytes": 0,
+        "relayed_ms": [],
+        "errors": [],
+        "retries": 0,
+    }
     for w in workers:
         kinds = (await w.ask({"cmd": "stats"}))["kinds"]
         for target in (trainer, validator, *[o for o in workers if o is not w]):
-            r = await w.ask({"cmd": "send", "peer": target.peer_id, "n": payloads,
-                             "size": PAYLOAD_BYTES}, timeout=30 + 5 * payloads)
+            r = await w.ask(
+                {"cmd": "send", "peer": target.peer_id, "n": payloads, "size": PAYLOAD_BYTES},
+                timeout=30 + 5 * payloads,
+            )
             t["errors"] += r["errors"]
             t["retries"] += r["retries"]
             if target is trainer:
@@ -213,7 +264,9 @@ async def _send_all(workers: list[Any], trainer: Any, validator: Any, payloads: 
     return t
 
 
-async def _connection_kinds(workers: list[Any], public: list[Any]) -> tuple[dict[str, list[bool]], list[str]]:
+async def _connection_kinds(
+    workers: list[Any], public: list[Any]
+) -> tuple[dict[str, list[bool]], list[str]]:
     """Per NAT kind, whether each pair a worker is in ended direct; and each pair's path.
     A pair's kind is "symmetric" when either end is behind the symmetric NAT."""
     upgrade: dict[str, list[bool]] = {}
@@ -236,8 +289,12 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="swarm-node bench reach")
     parser.add_argument("--payloads", type=int, default=None, help="per worker and target")
     parser.add_argument("--settle", type=float, default=None, help="seconds for DCUtR")
-    parser.add_argument("--full-join", action=argparse.BooleanOptionalAction, default=None,
-                        help="also time a full-stack worker's join (default: on, off with --quick)")
+    parser.add_argument(
+        "--full-join",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also time a full-stack worker's join (default: on, off with --quick)",
+    )
     opts = parser.parse_args(args)
     opts.full_join = not quick if opts.full_join is None else opts.full_join
     opts.payloads = opts.payloads or (10 if quick else 200)

@@ -50,9 +50,13 @@ from swarm_sim.swarm import Swarm, Workload
 # The default measures a swarm that has run before (`warm_start`: peers know each other's
 # keys, as after a restart); `cold_start` in its JSON is the quick workload from nothing.
 DEFAULT_WORKLOAD = Workload(
-    peers=1000, duration_s=600, publish_interval_s=60, header_bytes=600, body_bytes=20_000,
+    peers=1000,
+    duration_s=600,
+    publish_interval_s=60,
+    header_bytes=600,
+    body_bytes=20_000,
     warm_start=True,
-)  # fmt: skip
+)
 QUICK_WORKLOAD = Workload(peers=150, duration_s=120, publish_interval_s=60, warm_start=True)
 # 10,000 peers for an hour: the mesh, heartbeats, churn and admission state of every peer,
 # with 25 workers publishing every 10 minutes (150 rollouts, 1.5 million deliveries):

@@ -179,7 +179,9 @@ def _setup(hidden: int | None, n: int, quick: bool) -> tuple[Ctx, Any]:
             num_attention_heads=heads,
             num_key_value_heads=kv,
         )
-        _say(f"random-init Qwen2, hidden {hidden}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params")
+        _say(
+            f"random-init Qwen2, hidden {hidden}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params"
+        )
     model = canonical_bf16(model.eval())
     identity = Identity.from_private_bytes(content_id(b"bench-verify-identity"))
     ctx = Ctx(
@@ -200,10 +202,13 @@ def _setup(hidden: int | None, n: int, quick: bool) -> tuple[Ctx, Any]:
 
 def _paired_overhead_pct(with_: list[float], without: list[float]) -> float:
     """Median over rounds of (with / without - 1), in percent."""
-    return round(100 * statistics.median(w / wo - 1 for w, wo in zip(with_, without, strict=True)), 2)
+    return round(
+        100 * statistics.median(w / wo - 1 for w, wo in zip(with_, without, strict=True)), 2
+    )
 
 
 # ------------------------------------------------------------------ calibration
+
 
 def _calibrate(ctx: Ctx, model_dir: Any) -> tuple[Any, str]:
     """The audit limits from the model's calibration file (`swarm-node calibrate`; measured
@@ -217,7 +222,9 @@ def _calibrate(ctx: Ctx, model_dir: Any) -> tuple[Any, str]:
         ensure_calibration(model_dir, force=False, say=_say)
         data = (model_dir / FILE_NAME).read_bytes()
     else:
-        regimes, measured = measure(ctx.model, ctx.tokenizer, ctx.manifest, n=max(8, ctx.n // 4), say=_say)
+        regimes, measured = measure(
+            ctx.model, ctx.tokenizer, ctx.manifest, n=max(8, ctx.n // 4), say=_say
+        )
         data = encode_calibration(regimes, measured, model="bench random-init")
     cal = decode_calibration(data)
     st = apply(replace(ctx.audit_settings, precision="bf16"), cal)
@@ -293,12 +300,18 @@ def _sensitivity(ctx: Ctx, quick: bool) -> dict[str, Any]:
                 flagged = _producer_flagged(res, limit)
                 if by_producer[name] is None and flagged is not None and flagged >= SENS_TARGET:
                     by_producer[name] = rel
-                if table[name] is not None and (by_producer[name] is not None or n < _producer_window()):
+                if table[name] is not None and (
+                    by_producer[name] is not None or n < _producer_window()
+                ):
                     break
-            _say(f"sensitivity {precision} {name}: smallest detected {table[name]} per record, "
-                 f"{by_producer[name]} per producer")  # fmt: skip
+            _say(
+                f"sensitivity {precision} {name}: smallest detected {table[name]} per record, "
+                f"{by_producer[name]} per producer"
+            )
         weakest = max(table, key=lambda k: float("inf") if table[k] is None else table[k])
-        weakest_p = max(by_producer, key=lambda k: float("inf") if by_producer[k] is None else by_producer[k])
+        weakest_p = max(
+            by_producer, key=lambda k: float("inf") if by_producer[k] is None else by_producer[k]
+        )
         out[precision] = {
             "weakest_matrix": weakest,
             "weakest_rel_change_detected": table[weakest],
@@ -317,7 +330,9 @@ def _batch_invariance_mismatches(ctx: Ctx, opened: list[Any], settings: Any) -> 
     """How many records get another (verdict, reason) audited alone than in one batch."""
     together, _ = audit(ctx, opened, settings=settings)
     alone = [audit(ctx, [ro], settings=settings)[0][0] for ro in opened]
-    return sum((a.passed, a.reason) != (b.passed, b.reason) for a, b in zip(together, alone, strict=True))
+    return sum(
+        (a.passed, a.reason) != (b.passed, b.reason) for a, b in zip(together, alone, strict=True)
+    )
 
 
 def _stream_cases(ctx: Ctx, model_dir: Any, records: list[bytes]) -> tuple[int, dict[str, bool]]:
@@ -430,13 +445,17 @@ def _parse(args: list[str], quick: bool) -> argparse.Namespace:
     ap.add_argument("--only", default=None, help="comma-separated case names")
     ap.add_argument("--no-calibrate", action="store_true", help="use the shipped thresholds")
     ap.add_argument("--no-sensitivity", action="store_true", help="skip the sensitivity block")
-    ap.add_argument("--seeds", type=int, default=None, help="attack-matrix seeds (default 3; quick 1)")
+    ap.add_argument(
+        "--seeds", type=int, default=None, help="attack-matrix seeds (default 3; quick 1)"
+    )
     try:
         ns = ap.parse_args(args)
     except SystemExit:
         from node.errors import CommandError
 
-        raise CommandError(f"bench verify: bad arguments {args} (know --hidden H, --n N, --only a,b, --no-calibrate, --no-sensitivity, --seeds S)") from None
+        raise CommandError(
+            f"bench verify: bad arguments {args} (know --hidden H, --n N, --only a,b, --no-calibrate, --no-sensitivity, --seeds S)"
+        ) from None
     if ns.hidden is not None and not 16 <= ns.hidden <= 8192:
         from node.errors import CommandError
 
@@ -496,7 +515,9 @@ def _time_generation(ctx: Ctx, rounds: int) -> Baseline:
                 t_without.append(made.gen_seconds)
                 c_without.append(cpu)
     assert made_with is not None
-    _say(f"generated {ctx.n} rollouts: {min(t_without):.2f}s without proofs, {min(t_with):.2f}s with")
+    _say(
+        f"generated {ctx.n} rollouts: {min(t_without):.2f}s without proofs, {min(t_with):.2f}s with"
+    )
     return Baseline(made_with, t_with, t_without, c_with, c_without, proof_s)
 
 
@@ -514,7 +535,9 @@ def _time_audit(ctx: Ctx, base: Baseline, rounds: int) -> None:
     _say(f"audited {ctx.n} rollouts in {min(base.t_audits):.2f}s")
 
 
-def _thresholds(ctx: Ctx, ns: argparse.Namespace, model_dir: Any) -> tuple[dict[str, Any], str | None]:
+def _thresholds(
+    ctx: Ctx, ns: argparse.Namespace, model_dir: Any
+) -> tuple[dict[str, Any], str | None]:
     """Sets ctx.audit_settings from the calibration (unless --no-calibrate); the limits
     used, per precision, and the calibration's digest."""
     report: dict[str, Any] = {"calibrated": not ns.no_calibrate}
@@ -522,7 +545,10 @@ def _thresholds(ctx: Ctx, ns: argparse.Namespace, model_dir: Any) -> tuple[dict[
     if not ns.no_calibrate:
         ctx.audit_settings, digest = _calibrate(ctx, model_dir)
         _say(f"thresholds from calibration {digest[:16]}")
-    for name, th in (("fp32", ctx.audit_settings.thresholds), ("bf16", ctx.audit_settings.bf16_thresholds)):
+    for name, th in (
+        ("fp32", ctx.audit_settings.thresholds),
+        ("bf16", ctx.audit_settings.bf16_thresholds),
+    ):
         report[name] = {k: round(v, 6) for k, v in asdict(th).items()}
     return report, digest
 
@@ -545,10 +571,15 @@ class Cases:
 
     def add_honest(self, name: str, res: list[Any], precision: str = "fp32") -> None:
         self.honest[name] = _frac_failed(res)
-        self.producer_honest[name] = _producer_flagged(res, _producer_limit(self.settings, precision))
+        self.producer_honest[name] = _producer_flagged(
+            res, _producer_limit(self.settings, precision)
+        )
         self.calib_honest[name] = _summary(res, attack=False)
         bad = [r for r in res if not r.passed]
-        _say(f"honest {name}: false positives {self.honest[name]}" + (f" ({bad[0].reason}: {bad[0].detail})" if bad else ""))
+        _say(
+            f"honest {name}: false positives {self.honest[name]}"
+            + (f" ({bad[0].reason}: {bad[0].detail})" if bad else "")
+        )
 
     def add_attack(self, name: str, res: list[Any]) -> None:
         frac = _frac_failed(res)
@@ -572,18 +603,44 @@ def _honest_cases(ctx: Ctx, cases: Cases, base: Baseline, want: Any) -> list[Any
     if want("fp32_vs_bf16"):
         m = bf16_copy(ctx.model)
         bf16_opened = open_records(make_records(ctx, make_engine(m, tok, max_batch=64)).records)
-        cases.add_honest("fp32_vs_bf16", audit(ctx, bf16_opened, settings=replace(ctx.audit_settings, precision="bf16"))[0], "bf16")
+        cases.add_honest(
+            "fp32_vs_bf16",
+            audit(ctx, bf16_opened, settings=replace(ctx.audit_settings, precision="bf16"))[0],
+            "bf16",
+        )
         if want("precision_lie"):  # the same records claimed in an fp32 run
             cases.add_attack("precision_lie", audit(ctx, bf16_opened)[0])
     if want("batch_size"):
-        cases.add_honest("batch_size", audit(ctx, open_records(make_records(ctx, make_engine(ctx.model, tok, max_batch=1)).records))[0])
+        cases.add_honest(
+            "batch_size",
+            audit(
+                ctx,
+                open_records(make_records(ctx, make_engine(ctx.model, tok, max_batch=1)).records),
+            )[0],
+        )
     if want("padding_side"):
-        cases.add_honest("padding_side", audit(ctx, base.opened, settings=replace(ctx.audit_settings, padding_side="left"))[0])
+        cases.add_honest(
+            "padding_side",
+            audit(ctx, base.opened, settings=replace(ctx.audit_settings, padding_side="left"))[0],
+        )
     if want("threads"):
-        cases.add_honest("threads", audit(ctx, open_records(make_records(ctx, make_engine(ctx.model, tok, max_batch=64, threads=1)).records))[0])
+        cases.add_honest(
+            "threads",
+            audit(
+                ctx,
+                open_records(
+                    make_records(ctx, make_engine(ctx.model, tok, max_batch=64, threads=1)).records
+                ),
+            )[0],
+        )
     if want("attention_impl"):
         m = eager(ctx.model)
-        cases.add_honest("attention_impl", audit(ctx, open_records(make_records(ctx, make_engine(m, tok, max_batch=64)).records))[0])
+        cases.add_honest(
+            "attention_impl",
+            audit(ctx, open_records(make_records(ctx, make_engine(m, tok, max_batch=64)).records))[
+                0
+            ],
+        )
     return bf16_opened
 
 
@@ -611,22 +668,35 @@ def _own_seed(s: int, k: int) -> int:
     return (s * 6364136223846793005 + 1442695040888963407 * (k + 1)) % 2**64
 
 
-def _sampling_attacks(ctx: Ctx, cases: Cases, base_opened: list[Any], engine: Any, want: Any) -> None:
+def _sampling_attacks(
+    ctx: Ctx, cases: Cases, base_opened: list[Any], engine: Any, want: Any
+) -> None:
     """Lies about the prompt, the temperature and the sampler seed."""
     if want("prompt_changed"):
-        cases.add_attack("prompt_changed", audit(ctx, open_records(make_records(ctx, engine, prompt_offset=10**6).records))[0])
+        cases.add_attack(
+            "prompt_changed",
+            audit(ctx, open_records(make_records(ctx, engine, prompt_offset=10**6).records))[0],
+        )
     if want("temperature_lie"):
-        cases.add_attack("temperature_lie", audit(ctx, open_records(make_records(ctx, engine, gen_temperature=0.7).records))[0])
+        cases.add_attack(
+            "temperature_lie",
+            audit(ctx, open_records(make_records(ctx, engine, gen_temperature=0.7).records))[0],
+        )
     if want("cherry_pick"):
         picked = open_records(make_records(ctx, engine, seed_fn=_own_seed, pick_of=4).records)
         # a pick equal to the assigned seed's own sample is no cheat (and cannot be seen)
-        altered = [p for p, b in zip(picked, base_opened, strict=True)
-                   if p.body.completion_ids != b.body.completion_ids]
+        altered = [
+            p
+            for p, b in zip(picked, base_opened, strict=True)
+            if p.body.completion_ids != b.body.completion_ids
+        ]
         cases.cherry_identical = len(picked) - len(altered)
         cases.add_attack("cherry_pick", audit(ctx, altered)[0] if altered else [])
 
 
-def _edit_attacks(ctx: Ctx, cases: Cases, base_opened: list[Any], engine: Any, seed: int, want: Any) -> None:
+def _edit_attacks(
+    ctx: Ctx, cases: Cases, base_opened: list[Any], engine: Any, seed: int, want: Any
+) -> None:
     """Edited records (careful attacker: re-proved, re-scored, re-signed)."""
     import torch
 
@@ -634,11 +704,16 @@ def _edit_attacks(ctx: Ctx, cases: Cases, base_opened: list[Any], engine: Any, s
     eos = set(engine.eos_token_ids)
     non_eos = [t for t in range(engine.vocab_size) if t not in eos]
     if want("token_edited"):
-        cases.add_attack("token_edited", audit(ctx, edited(ctx, base_opened, lambda b: edit_token(b, non_eos, gen)))[0])
+        cases.add_attack(
+            "token_edited",
+            audit(ctx, edited(ctx, base_opened, lambda b: edit_token(b, non_eos, gen)))[0],
+        )
     if want("truncated"):
         cases.add_attack("truncated", audit(ctx, edited(ctx, base_opened, truncate))[0])
     if want("extended"):
-        cases.add_attack("extended", audit(ctx, edited(ctx, base_opened, lambda b: extend(b, non_eos, gen)))[0])
+        cases.add_attack(
+            "extended", audit(ctx, edited(ctx, base_opened, lambda b: extend(b, non_eos, gen)))[0]
+        )
 
 
 def _copied_proofs(ctx: Ctx, opened: list[Any]) -> list[bytes]:
@@ -665,8 +740,10 @@ def _proof_attacks(ctx: Ctx, cases: Cases, base_opened: list[Any], want: Any) ->
         cases.copied_skipped = len(base_opened) - len(copied)
         cases.add_attack("proof_copied", audit(ctx, open_records(copied))[0] if copied else [])
     if want("zero_proofs"):
-        zeroed = [resign(ctx, ro, replace(ro.body, proofs=tuple(bytes(len(p)) for p in ro.body.proofs)))
-                  for ro in base_opened]
+        zeroed = [
+            resign(ctx, ro, replace(ro.body, proofs=tuple(bytes(len(p)) for p in ro.body.proofs)))
+            for ro in base_opened
+        ]
         cases.add_attack("zero_proofs", audit(ctx, open_records(zeroed))[0])
 
 
@@ -704,7 +781,9 @@ def _timing_report(ctx: Ctx, base: Baseline) -> dict[str, Any]:
         "proof_bytes_per_generated_token": round(made.proof_bytes / max(1, made.tokens), 4),
         "proof_build_overhead_pct": _paired_overhead_pct(base.t_with, base.t_without),
         "proof_build_seconds": round(statistics.median(base.proof_s), 4),
-        "proof_build_pct_of_generation": round(100 * statistics.median(base.proof_s) / min(base.t_without), 2),
+        "proof_build_pct_of_generation": round(
+            100 * statistics.median(base.proof_s) / min(base.t_without), 2
+        ),
         "generation_seconds": round(gen_time, 3),
         "audit_seconds": round(t_audit, 3),
         "verify_speedup": round(gen_time / t_audit, 2),
@@ -756,7 +835,9 @@ def run(quick: bool, args: list[str]) -> dict:
         "hidden_size": int(ctx.model.config.hidden_size),
         "rollouts_per_case": ctx.n,
         **_timing_report(ctx, base),
-        "stale_weights_changed_frac": None if cases.stale_changed is None else round(cases.stale_changed, 5),
+        "stale_weights_changed_frac": None
+        if cases.stale_changed is None
+        else round(cases.stale_changed, 5),
         "cherry_pick_identical_to_honest": cases.cherry_identical,
         "proof_copied_no_distinct_donor": cases.copied_skipped,
         "thresholds": thresholds_report,

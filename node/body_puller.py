@@ -45,7 +45,9 @@ class BodyPuller:
         self._wake = trio.Event()
         self._fetches = trio.Semaphore(CONCURRENT_FETCHES)
 
-    def want(self, rollout_id: bytes, sources: Sequence[str], origin: tuple[bytes, str] | None = None) -> None:
+    def want(
+        self, rollout_id: bytes, sources: Sequence[str], origin: tuple[bytes, str] | None = None
+    ) -> None:
         me = self.peer.host.peer_id
         sources = tuple(s for s in dict.fromkeys(sources) if s and s != me)
         self.schedule.handle(bp.Want(rollout_id, sources, time.time(), origin))
@@ -81,7 +83,9 @@ class BodyPuller:
             elif isinstance(a, bp.Charge):
                 self.counters[f"pull_charge_{a.offence}"] += 1
                 cost = penalties.BY_NAME[a.offence].cost
-                self.peer.submit(Misbehaved(str(a.peer), cost, "body pull", time.time(), offence=a.offence))
+                self.peer.submit(
+                    Misbehaved(str(a.peer), cost, "body pull", time.time(), offence=a.offence)
+                )
             elif isinstance(a, bp.GiveUp):
                 self.counters["pull_gave_up"] += 1
                 if a.origin is not None:

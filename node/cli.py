@@ -74,8 +74,11 @@ class _Cli(click.Group):
         try:
             return super().main(*args, **kwargs)
         except click.UsageError as exc:
-            click.echo(f"swarm-node: error: {exc.format_message()} "
-                       f"(see '{_command_path(exc.ctx)} --help')", err=True)
+            click.echo(
+                f"swarm-node: error: {exc.format_message()} "
+                f"(see '{_command_path(exc.ctx)} --help')",
+                err=True,
+            )
             sys.exit(exc.exit_code)
         except click.ClickException as exc:
             click.echo(f"swarm-node: error: {exc.format_message()}", err=True)
@@ -172,8 +175,11 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
 @click.option("--batch-size", type=int, help="Inference batch size.")
 @click.option("--audit-fraction", type=float, help="Validator: share of rollouts to audit.")
 @click.option("--max-rollouts", type=int, help="Inference: stop producing after this many.")
-@click.option("--rollouts-per-version", type=int,
-              help="Inference: make at most this many rollouts per published version (0: no bound).")
+@click.option(
+    "--rollouts-per-version",
+    type=int,
+    help="Inference: make at most this many rollouts per published version (0: no bound).",
+)
 @click.option(
     "--local-train",
     metavar="I:J",
@@ -189,21 +195,33 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
     "--engine", type=click.Choice(["hf", "vllm"]), help="Inference: generation engine (default hf)."
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
-@click.option("--join", multiple=True, metavar="MULTIADDR",
-              help="Find the run at this peer instead of --run (repeatable; also a bootstrap peer).")
-@click.option("--authority", metavar="PEER_ID",
-              help="With --join: the run authority to trust (default: trust on first use).")
 @click.option(
-    "--metrics", metavar="HOST:PORT",
+    "--join",
+    multiple=True,
+    metavar="MULTIADDR",
+    help="Find the run at this peer instead of --run (repeatable; also a bootstrap peer).",
+)
+@click.option(
+    "--authority",
+    metavar="PEER_ID",
+    help="With --join: the run authority to trust (default: trust on first use).",
+)
+@click.option(
+    "--metrics",
+    metavar="HOST:PORT",
     help="Serve Prometheus metrics at http://HOST:PORT/metrics (or node.metrics).",
-)  # fmt: skip
+)
 @click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     help="Log lines on stderr: text, or one JSON object a line (or node.log_format).",
 )
-@click.option("--relay-limit", multiple=True, metavar="NAME=N",
-              help="Role relay: one of the [relay] limits, like max_reservations=64 (repeatable).")
+@click.option(
+    "--relay-limit",
+    multiple=True,
+    metavar="NAME=N",
+    help="Role relay: one of the [relay] limits, like max_reservations=64 (repeatable).",
+)
 @_one_line_errors
 def start(**kwargs: Any) -> None:
     """Join a training run as one role (inference, trainer, validator, relay)."""
@@ -241,9 +259,7 @@ def start(**kwargs: Any) -> None:
     help="Run manifest (default: the built-in tiny run).",
 )
 @click.option("--audit-fraction", default=0.25, show_default=True, help="Validator audit share.")
-@click.option(
-    "--batch-size", default=16, show_default=True, help="Inference and audit batch size."
-)
+@click.option("--batch-size", default=16, show_default=True, help="Inference and audit batch size.")
 @click.option("--no-live", is_flag=True, help="Plain progress lines instead of a live table.")
 @click.option(
     "--publish-every",
@@ -283,7 +299,9 @@ def devnet(no_live: bool, **kwargs: Any) -> None:
 @click.option(
     "--seed", default=0, show_default=True, type=int, help="Seed (same seed, same results)."
 )
-@click.option("--quiet", is_flag=True, help="Less output: a progress line at each quarter of the run.")
+@click.option(
+    "--quiet", is_flag=True, help="Less output: a progress line at each quarter of the run."
+)
 @_one_line_errors
 def sim(scenario: str, out: Path, seed: int, quiet: bool) -> None:
     """Simulate a swarm: SCENARIO is a built-in (gossip-1k, churn, byzantine, broadcast, run)
@@ -401,9 +419,13 @@ def status(data_dir: Path | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
 @_one_line_errors
 def ledger(
-    data_dir: Path | None, direction: str | None, rejected: bool, kind: str | None,
-    last: int, as_json: bool,
-) -> None:  # fmt: skip
+    data_dir: Path | None,
+    direction: str | None,
+    rejected: bool,
+    kind: str | None,
+    last: int,
+    as_json: bool,
+) -> None:
     """List the node's ledger: its own work (produced, accepted or rejected by validators,
     with reasons) and what others sent it (accepted, or rejected and why)."""
     from node.commands import ledger as cmd

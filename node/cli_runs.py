@@ -19,10 +19,18 @@ def register(cli: click.Group, one_line_errors: Callable[..., Any]) -> None:
 
     @run_group.command(name="sign")
     @click.argument("path", type=click.Path(path_type=Path))
-    @click.option("--key", required=True, type=click.Path(path_type=Path),
-                  help="The run authority's key file.")
-    @click.option("--version", "version", type=int,
-                  help="Manifest version (default: one above the file's current release, or 1).")
+    @click.option(
+        "--key",
+        required=True,
+        type=click.Path(path_type=Path),
+        help="The run authority's key file.",
+    )
+    @click.option(
+        "--version",
+        "version",
+        type=int,
+        help="Manifest version (default: one above the file's current release, or 1).",
+    )
     @click.option("--out", type=click.Path(path_type=Path), help="Write here instead of in place.")
     @one_line_errors
     def sign(path: Path, key: Path, version: int | None, out: Path | None) -> None:
@@ -42,11 +50,20 @@ def register(cli: click.Group, one_line_errors: Callable[..., Any]) -> None:
         cmd.main(list(addrs), as_json=as_json)
 
     @cli.command()
-    @click.option("--join", multiple=True, metavar="MULTIADDR", help="Bootstrap peer to join through.")
+    @click.option(
+        "--join", multiple=True, metavar="MULTIADDR", help="Bootstrap peer to join through."
+    )
     @click.option("--run", "run", type=click.Path(path_type=Path), help="Run manifest TOML.")
-    @click.option("--bootstrap", multiple=True, metavar="MULTIADDR", help="With --run: a bootstrap peer.")
-    @click.option("--role", type=click.Choice(["inference", "trainer", "validator", "relay"]),
-                  default="inference", show_default=True, help="The role to check resources for.")
+    @click.option(
+        "--bootstrap", multiple=True, metavar="MULTIADDR", help="With --run: a bootstrap peer."
+    )
+    @click.option(
+        "--role",
+        type=click.Choice(["inference", "trainer", "validator", "relay"]),
+        default="inference",
+        show_default=True,
+        help="The role to check resources for.",
+    )
     @click.option("--authority", metavar="PEER_ID", help="The run authority to trust.")
     @click.option("--listen", multiple=True, help="Multiaddr to listen on (default the config's).")
     @click.option("--data-dir", type=click.Path(path_type=Path), help="The node's data directory.")

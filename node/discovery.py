@@ -106,8 +106,11 @@ class AddressBook:
         """Make room: forget the entry that never worked and failed most (the oldest of
         those first). Peers seen to work are kept, so peer exchange cannot flush them
         with made-up ids; False when every entry has worked."""
-        never = [(e.failures, i, p) for i, (p, e) in enumerate(self._peers.items())
-                 if e.last_success < 0 and e.hello is None]
+        never = [
+            (e.failures, i, p)
+            for i, (p, e) in enumerate(self._peers.items())
+            if e.last_success < 0 and e.hello is None
+        ]
         if not never:
             return False
         _, _, victim = max(never, key=lambda t: (t[0], -t[1]))
@@ -155,7 +158,9 @@ class AddressBook:
         e.flaps = e.flaps + 1 if now - e.last_success < FLAP_WINDOW_S else 0
         e.last_success = now
         e.failures, e.last_error = 0, ""
-        e.next_try = now + (min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** min(e.flaps, 10)) if e.flaps else 0.0)
+        e.next_try = now + (
+            min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** min(e.flaps, 10)) if e.flaps else 0.0
+        )
 
     def roles(self, peer: str) -> tuple[str, ...]:
         e = self._peers.get(peer)
@@ -169,8 +174,13 @@ def encode_addrs(addrs: list[str]) -> bytes:
 def decode_addrs(data: bytes) -> list[str]:
     try:
         value = msgpack.unpackb(
-            data, raw=False, max_str_len=256, max_array_len=MAX_SHARED_ADDRS,
-            max_bin_len=0, max_map_len=0, max_ext_len=0,
+            data,
+            raw=False,
+            max_str_len=256,
+            max_array_len=MAX_SHARED_ADDRS,
+            max_bin_len=0,
+            max_map_len=0,
+            max_ext_len=0,
         )
     except Exception as exc:
         raise ValueError(f"peer list is not msgpack: {exc}") from None
@@ -243,8 +253,11 @@ class Discovery:
     async def _serve_hello(self, stream: FramedStream) -> None:
         try:
             hello, addrs = await exchange_hello(
-                stream, initiator=False, own_hello=self._make_hello(),
-                own_addrs=self.book.shareable(self.host.connected_peers()), run_id=self.run_id,
+                stream,
+                initiator=False,
+                own_hello=self._make_hello(),
+                own_addrs=self.book.shareable(self.host.connected_peers()),
+                run_id=self.run_id,
             )
         except (RemoteProtocolError, ValueError) as exc:
             await self.host.disconnect(stream.peer, f"bad hello: {exc}")
@@ -265,8 +278,11 @@ class Discovery:
             stream = await self.host.open_stream(peer, hello_protocol(self.run_id))
             try:
                 hello, addrs = await exchange_hello(
-                    stream, initiator=True, own_hello=self._make_hello(),
-                    own_addrs=self.book.shareable(self.host.connected_peers()), run_id=self.run_id,
+                    stream,
+                    initiator=True,
+                    own_hello=self._make_hello(),
+                    own_addrs=self.book.shareable(self.host.connected_peers()),
+                    run_id=self.run_id,
                 )
             finally:
                 await stream.close()
@@ -320,7 +336,7 @@ class Discovery:
             known = len(self.book)
             if greet:
                 async with trio.open_nursery() as nursery:
-                    for peer in list(greet)[:max_parallel * 4]:
+                    for peer in list(greet)[: max_parallel * 4]:
                         self._greeted.add(peer)
                         nursery.start_soon(self.greet, peer)
             if exchange:
@@ -328,7 +344,8 @@ class Discovery:
             self._greeted &= connected  # a peer that left is greeted again when it returns
             if len(connected) < self.max_peers:
                 due = [
-                    (p, a) for p, a in self.book.due(connected, time.monotonic())
+                    (p, a)
+                    for p, a in self.book.due(connected, time.monotonic())
                     if not self.host.is_banned(p)
                 ][:max_parallel]
                 if due:

@@ -83,8 +83,11 @@ class DroppedBy:
             del self._told[next(iter(self._told))]
         if log_it:
             log.warning(
-                "peer %s refuses us: %s, until %s (%.0f s more; as it says)", peer, reason,
-                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(until)), until - now,
+                "peer %s refuses us: %s, until %s (%.0f s more; as it says)",
+                peer,
+                reason,
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(until)),
+                until - now,
             )
 
     def on_event(self, kind: str, peer: str, reason: str, now: float, until: float = 0.0) -> None:
@@ -97,7 +100,10 @@ class DroppedBy:
         elif kind == "disconnected" and self.closed(peer, now, reason):  # ours are "dropped"
             log.warning(
                 "peer %s keeps closing our connections (%d in %g s; last: %s): it may have "
-                "banned us or find us over its limits", peer, self.threshold, self.window_s,
+                "banned us or find us over its limits",
+                peer,
+                self.threshold,
+                self.window_s,
                 reason or "-",
             )
 

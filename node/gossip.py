@@ -89,9 +89,15 @@ class Outbox:
     """
 
     def __init__(
-        self, host: SwarmHost, rate_per_s: float, burst: int = 4, capacity: int = 32,
-        batch_topics: dict[str, str] | None = None, max_batch: int = 1,
-        item_rate_per_s: float = math.inf, item_burst: float = math.inf,
+        self,
+        host: SwarmHost,
+        rate_per_s: float,
+        burst: int = 4,
+        capacity: int = 32,
+        batch_topics: dict[str, str] | None = None,
+        max_batch: int = 1,
+        item_rate_per_s: float = math.inf,
+        item_burst: float = math.inf,
     ) -> None:
         """`rate_per_s`/`burst` pace gossip messages; `item_rate_per_s`/`item_burst` pace
         the items inside them (a batch of n headers counts n), to stay within what peers
@@ -173,8 +179,9 @@ class Outbox:
             return
         now = trio.current_time()
         if self._item_last is not None:
-            self._item_tokens = min(self.item_burst,
-                                    self._item_tokens + (now - self._item_last) * self.item_rate_per_s)
+            self._item_tokens = min(
+                self.item_burst, self._item_tokens + (now - self._item_last) * self.item_rate_per_s
+            )
         self._item_last = now
         if self._item_tokens < n:
             await trio.sleep((n - self._item_tokens) / self.item_rate_per_s)

@@ -40,8 +40,13 @@ log = logging.getLogger("swarm.host")
 # The score change each reason carries (<= 0), from the network's penalty table.
 PENALTIES: dict[str, float] = {
     o.name: o.cost
-    for o in (penalties.GRAFT_PRUNE_FLOOD, penalties.IHAVE_FLOOD, penalties.IWANT_FLOOD,
-              penalties.TOO_MANY_TOPICS, penalties.OVERSIZE_RPC)
+    for o in (
+        penalties.GRAFT_PRUNE_FLOOD,
+        penalties.IHAVE_FLOOD,
+        penalties.IWANT_FLOOD,
+        penalties.TOO_MANY_TOPICS,
+        penalties.OVERSIZE_RPC,
+    )
 }
 
 
@@ -133,8 +138,9 @@ class GuardedGossipSub(GossipSub):
         control = rpc.control
         b, lim = self.budget, self.budget.limits
         grafts = len(control.graft) + len(control.prune)
-        if not b.take(sender_peer_id, "graft_prune", grafts, lim.max_graft_prune,
-                      "graft_prune_flood"):
+        if not b.take(
+            sender_peer_id, "graft_prune", grafts, lim.max_graft_prune, "graft_prune_flood"
+        ):
             control.ClearField("graft")
             control.ClearField("prune")
         ihave = sum(len(i.messageIDs) for i in control.ihave)
@@ -172,7 +178,8 @@ class GuardedPubsub(Pubsub):
         super().handle_subscription(origin_id, sub_message)
         if was_new and origin_id not in self.peer_topics.get(topic, ()):
             self.budget.flag(
-                origin_id, "too_many_topics",
+                origin_id,
+                "too_many_topics",
                 f"subscription to {topic[:64]!r} past {self.budget.limits.max_topics} topics",
             )
 

@@ -145,7 +145,9 @@ class HostSettings:
     dial_timeout_s: float = 5.0  # one connect(): TCP + Noise + Yamux + multiselect
     io_timeout_s: float = 10.0  # one framed read or write on a stream
     close_timeout_s: float = 2.0  # closing a stream or a connection
-    heartbeat_interval_s: float = 1.0  # application ping period per peer (as network.heartbeat_interval_s)
+    heartbeat_interval_s: float = (
+        1.0  # application ping period per peer (as network.heartbeat_interval_s)
+    )
     peer_dead_after_s: float = 4.0  # no pong for this long: disconnect the peer
     gossip_degree: int = 6  # GossipSub D, D_low, D_high
     gossip_degree_low: int = 4
@@ -309,8 +311,11 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         self._stalls = LoopStalls()  # our own loop's stalls do not count as a peer's silence
         self._scorer: Callable[[str], float] | None = None
         self._inbound_gate = IpGate(settings)
-        self.goodbyes = Goodbyes(self, private_bytes,
-                                 lambda peer, g: self._emit(PeerEvent("told", peer, g.reason, g.until)))
+        self.goodbyes = Goodbyes(
+            self,
+            private_bytes,
+            lambda peer, g: self._emit(PeerEvent("told", peer, g.reason, g.until)),
+        )
         # Dials `/p2p-circuit` addresses (set by `node.host_relay.open_relay`).
         self.circuit_dialer: Callable[[str], Awaitable[DialResult]] | None = None
         libp2p_patches.no_auto_dials(self._lh.get_network())
@@ -373,7 +378,9 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         peer = pid.to_base58()
         if self.is_banned(peer):
             if self._nursery is not None:
-                self._nursery.start_soon(self.goodbyes.refuse, peer, self._banned[peer], self._close_peer)
+                self._nursery.start_soon(
+                    self.goodbyes.refuse, peer, self._banned[peer], self._close_peer
+                )
             return
         if not self._enforce_connection_limits(peer, conn):
             return
@@ -592,8 +599,24 @@ async def open_host(
 
 
 __all__ = [
-    "AGENT", "DialResult", "FrameTooLarge", "FramedStream", "GossipMessage", "HostClosed",
-    "HostError", "HostSettings", "Later", "ListenFailed", "MessageTooLarge", "Misbehaviour",
-    "PeerError", "PeerEvent", "PeerTimeout", "PeerUnreachable", "SwarmHost", "Validator",
-    "key_pair_from_private_bytes", "open_host",
+    "AGENT",
+    "DialResult",
+    "FrameTooLarge",
+    "FramedStream",
+    "GossipMessage",
+    "HostClosed",
+    "HostError",
+    "HostSettings",
+    "Later",
+    "ListenFailed",
+    "MessageTooLarge",
+    "Misbehaviour",
+    "PeerError",
+    "PeerEvent",
+    "PeerTimeout",
+    "PeerUnreachable",
+    "SwarmHost",
+    "Validator",
+    "key_pair_from_private_bytes",
+    "open_host",
 ]

@@ -44,9 +44,7 @@ class Later:
 # validator(forwarder, data, origin): the hop that handed us the message, its bytes, and the
 # gossip message's publisher (its `from`, authenticated by strict signing), all base58;
 # it answers True (forward), False (drop) or `Later`.
-Validator = (
-    Callable[[str, bytes, str], bool] | Callable[[str, bytes, str], Awaitable[bool | Later]]
-)
+Validator = Callable[[str, bytes, str], bool] | Callable[[str, bytes, str], Awaitable[bool | Later]]
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,9 @@ class HeartbeatMixin:
                         peer, f"no heartbeat answer for {s.peer_dead_after_s:g} s"
                     )
                     return
-                with trio.move_on_after(min(remaining, max(s.heartbeat_interval_s * 2, 1.0))) as scope:
+                with trio.move_on_after(
+                    min(remaining, max(s.heartbeat_interval_s * 2, 1.0))
+                ) as scope:
                     try:
                         if framed is None:
                             raw = await self._lh.new_stream(ID.from_base58(peer), [PING_PROTOCOL])

@@ -52,7 +52,9 @@ async def identify(host: SwarmHost, peer: str) -> Identified:
             return Identified()
         found = Identified(protocols=[str(p)[:200] for p in list(answer.protocols)[:MAX_PROTOCOLS]])
         try:
-            found.observed = str(multiaddr.Multiaddr(answer.observed_addr)) if answer.observed_addr else None
+            found.observed = (
+                str(multiaddr.Multiaddr(answer.observed_addr)) if answer.observed_addr else None
+            )
         except Exception:  # a malformed address says nothing
             pass
         return found

@@ -129,16 +129,23 @@ class ConnectionLimitsMixin:
         if len(conns) > s.max_connections_per_peer:
             conns.sort(key=lambda c: getattr(c, "_created_at", 0.0))
             extra = conns[s.max_connections_per_peer :]
-            log.info("closing %d connection(s) of %s: over %d per peer", len(extra),
-                     _short(peer), s.max_connections_per_peer)
+            log.info(
+                "closing %d connection(s) of %s: over %d per peer",
+                len(extra),
+                _short(peer),
+                s.max_connections_per_peer,
+            )
             for c in extra:
                 nursery.start_soon(self._close_conn, c)
             if conn is not None and any(c is conn for c in extra):
                 return False
         # Connections of peers already on their way out do not count: otherwise every
         # newcomer arriving while earlier evictions are still closing evicts again.
-        closing = sum(len(network.get_connections(ID.from_base58(p)))
-                      for p, st in self._peers.items() if st.dropping)
+        closing = sum(
+            len(network.get_connections(ID.from_base58(p)))
+            for p, st in self._peers.items()
+            if st.dropping
+        )
         over = len(network.get_connections()) - closing - s.max_connections
         if over <= 0:
             return True
@@ -149,8 +156,13 @@ class ConnectionLimitsMixin:
         if self._score(peer) < min((self._score(p) for p in ranked[:1]), default=math.inf):
             log.info("refusing %s: at the connection cap and scored lowest", _short(peer))
             self._mark_dropping(peer, "connection cap: scored lowest")
-            nursery.start_soon(self.goodbyes.refuse, peer, time.time() + CAP_TRY_AGAIN_S, self._close_peer,
-                               "at its connection cap, and we scored lowest")
+            nursery.start_soon(
+                self.goodbyes.refuse,
+                peer,
+                time.time() + CAP_TRY_AGAIN_S,
+                self._close_peer,
+                "at its connection cap, and we scored lowest",
+            )
             return False
         for victim in ranked[:over]:
             self._mark_dropping(victim, f"connection cap ({s.max_connections}): making room")

@@ -67,8 +67,10 @@ def listen_failures(requested: Sequence[multiaddr.Multiaddr], got: Sequence[Any]
             )
             continue
         ip, port = want
-        if any((ip in ("0.0.0.0", "::") or b_ip == ip) and (port == 0 or b_port == port)
-               for b_ip, b_port in bound):
+        if any(
+            (ip in ("0.0.0.0", "::") or b_ip == ip) and (port == 0 or b_port == port)
+            for b_ip, b_port in bound
+        ):
             continue
         reason = "no listener was started"
         family = socket.AF_INET6 if ":" in ip else socket.AF_INET

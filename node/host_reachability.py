@@ -50,8 +50,11 @@ DIAL_BACK_ADDRS = 4
 DIAL_BACK_EVERY_S = 10.0
 DIAL_BACKS_AT_ONCE = 8
 MAX_ASKERS = 4096  # askers remembered for DIAL_BACK_EVERY_S
-_STATUS_NAMES = {AutoNATStatus.UNKNOWN: "unknown", AutoNATStatus.PUBLIC: "public",
-                 AutoNATStatus.PRIVATE: "private"}
+_STATUS_NAMES = {
+    AutoNATStatus.UNKNOWN: "unknown",
+    AutoNATStatus.PUBLIC: "public",
+    AutoNATStatus.PRIVATE: "private",
+}
 
 
 class _DialBackAutoNAT(AutoNATService):
@@ -68,15 +71,22 @@ class _DialBackAutoNAT(AutoNATService):
         if len(self._asked) >= MAX_ASKERS:
             self._asked = {p: t for p, t in self._asked.items() if now - t < DIAL_BACK_EVERY_S}
         last = self._asked.get(peer_id)
-        if (last is not None and now - last < DIAL_BACK_EVERY_S) or self._dialing >= DIAL_BACKS_AT_ONCE \
-                or len(self._asked) >= MAX_ASKERS:
+        if (
+            (last is not None and now - last < DIAL_BACK_EVERY_S)
+            or self._dialing >= DIAL_BACKS_AT_ONCE
+            or len(self._asked) >= MAX_ASKERS
+        ):
             return False
         self._asked[peer_id] = now
         return True
 
     async def _try_dial(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
         if not self._admit(peer_id):
-            log.debug("dial-back for %s refused: asked within %s s, or too many at once", peer_id, DIAL_BACK_EVERY_S)
+            log.debug(
+                "dial-back for %s refused: asked within %s s, or too many at once",
+                peer_id,
+                DIAL_BACK_EVERY_S,
+            )
             return None
         self._dialing += 1
         try:
@@ -111,7 +121,7 @@ class Reachability:
 
     @property
     def status(self) -> str:
-        """"public", "private" or "unknown" (not asked yet, or no verdict)."""
+        """ "public", "private" or "unknown" (not asked yet, or no verdict)."""
         return _STATUS_NAMES.get(self.autonat.get_status(), "unknown")
 
     async def check(self, servers: Sequence[str], timeout_s: float = 15.0) -> str:
@@ -134,8 +144,11 @@ class Reachability:
         return self.status
 
     async def _advertised(self) -> list[bytes]:
-        addrs = [a.decapsulate(Multiaddr(f"/p2p/{self._host.peer_id}")).to_bytes()
-                 for a in self._host._lh.get_addrs() if "/p2p-circuit" not in str(a)]
+        addrs = [
+            a.decapsulate(Multiaddr(f"/p2p/{self._host.peer_id}")).to_bytes()
+            for a in self._host._lh.get_addrs()
+            if "/p2p-circuit" not in str(a)
+        ]
         with contextlib.suppress(Exception):
             for raw in await self.dcutr._get_observed_addrs():
                 if raw not in addrs:

@@ -66,10 +66,18 @@ class RelayLimitsConfig:
     reservation_ttl_s: int = 3600  # a slot lasts this long unless refreshed
 
     def check(self) -> None:
-        for name in ("max_reservations", "max_reservations_per_ip", "max_circuits_per_peer", "max_circuit_bytes",
-                     "max_circuit_s", "reservation_ttl_s"):
+        for name in (
+            "max_reservations",
+            "max_reservations_per_ip",
+            "max_circuits_per_peer",
+            "max_circuit_bytes",
+            "max_circuit_s",
+            "reservation_ttl_s",
+        ):
             if getattr(self, name) < 1:
-                raise ValueError(f"relay limit {name} must be at least 1, got {getattr(self, name)}")
+                raise ValueError(
+                    f"relay limit {name} must be at least 1, got {getattr(self, name)}"
+                )
 
     def library_limits(self) -> RelayLimits:
         return RelayLimits(
@@ -116,8 +124,13 @@ class _CountingRelay(CircuitV2Protocol):
         if ip is not None and peer not in manager._reservations:
             from_ip = sum(1 for p in manager._reservations if self._ips.get(p) == ip)
             if from_ip >= self.max_per_ip:
-                await write_delimited_msg(stream, HopMessage(
-                    type=HopMessage.STATUS, status=to_proto_status(StatusCode.RESOURCE_LIMIT_EXCEEDED)))
+                await write_delimited_msg(
+                    stream,
+                    HopMessage(
+                        type=HopMessage.STATUS,
+                        status=to_proto_status(StatusCode.RESOURCE_LIMIT_EXCEEDED),
+                    ),
+                )
                 return
         await super()._handle_reserve(stream, msg)
         if peer in manager._reservations and ip is not None:
@@ -144,7 +157,9 @@ class RelayEndpoint:
         self.protocol = _CountingRelay(host._lh, limits=limits, allow_hop=serve is not None)
         self.protocol.max_per_ip = (serve or RelayLimitsConfig()).max_reservations_per_ip
         roles = RelayRole.STOP | RelayRole.CLIENT | (RelayRole.HOP if serve else RelayRole(0))
-        self.transport = CircuitV2Transport(host._lh, self.protocol, RelayConfig(roles=roles, limits=limits))
+        self.transport = CircuitV2Transport(
+            host._lh, self.protocol, RelayConfig(roles=roles, limits=limits)
+        )
         self.serving = serve is not None
         self.reservations: dict[str, str] = {}  # relay peer id -> our relayed address there
         self._nursery: trio.Nursery | None = None
@@ -183,13 +198,17 @@ class RelayEndpoint:
                     with contextlib.suppress(Exception):
                         await stream.close()
         except trio.TooSlowError:
-            raise RelayRefused(result.peer, f"no reservation answer within {timeout_s:g} s") from None
+            raise RelayRefused(
+                result.peer, f"no reservation answer within {timeout_s:g} s"
+            ) from None
         except RelayRefused:
             raise
         except Exception as exc:
             raise RelayRefused(result.peer, f"reservation failed: {exc}") from exc
         if not ok:
-            raise RelayRefused(result.peer, "the relay refused the reservation (at its limits or not a relay)")
+            raise RelayRefused(
+                result.peer, "the relay refused the reservation (at its limits or not a relay)"
+            )
         base = relay_addr.split("/p2p/")[0]
         addr = f"{base}/p2p/{result.peer}/p2p-circuit/p2p/{self._host.peer_id}"
         self.reservations[result.peer] = addr
@@ -202,7 +221,9 @@ class RelayEndpoint:
             maddr = multiaddr.Multiaddr(circuit_addr)
             peer = circuit_addr.rsplit("/p2p/", 1)[1]
         except Exception as exc:
-            raise ValueError(f"not a /p2p-circuit/p2p/<id> multiaddr: {circuit_addr!r} ({exc})") from exc
+            raise ValueError(
+                f"not a /p2p-circuit/p2p/<id> multiaddr: {circuit_addr!r} ({exc})"
+            ) from exc
         try:
             with trio.fail_after(timeout_s):
                 await self.transport.dial(maddr)
@@ -214,7 +235,6 @@ class RelayEndpoint:
             raise PeerUnreachable(peer, f"relayed dial failed: {exc}") from exc
         self._host._on_connected(ID.from_base58(peer))
         return peer
-
 
     async def dial_result(self, circuit_addr: str) -> DialResult:
         """`SwarmHost.connect` for a `/p2p-circuit` address: never raises for a remote failure."""
@@ -267,7 +287,9 @@ def _is_relayed(conn: Any) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def open_relay(host: SwarmHost, serve: RelayLimitsConfig | None = None) -> AsyncIterator[RelayEndpoint]:
+async def open_relay(
+    host: SwarmHost, serve: RelayLimitsConfig | None = None
+) -> AsyncIterator[RelayEndpoint]:
     """Run circuit relay v2 on `host` (hop service too when `serve` is given) until exit."""
     endpoint = RelayEndpoint(host, serve)
     host.circuit_dialer = endpoint.dial_result

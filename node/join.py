@@ -70,12 +70,17 @@ def dial_cause(error: str, timeout_s: float) -> tuple[str, str]:
         who = f" (the host there is {found.group(1)})" if found else ""
         return WRONG_PEER, f"the address answers with another key than its /p2p/ id{who}"
     if "refused" in text:
-        return REFUSED, "connection refused: nothing listens on that port (closed port or a rejecting firewall)"
+        return (
+            REFUSED,
+            "connection refused: nothing listens on that port (closed port or a rejecting firewall)",
+        )
     if "unreachable" in text or "no route" in text:
         return NO_ROUTE, f"this machine has no route to that address (a router said so: {error})"
     if "no answer within" in text or "timed out" in text or "timeout" in text:
-        return TIMED_OUT, (f"no answer within {timeout_s:g} s (a firewall dropping packets, "
-                           "no route, or the host is down)")
+        return TIMED_OUT, (
+            f"no answer within {timeout_s:g} s (a firewall dropping packets, "
+            "no route, or the host is down)"
+        )
     return REFUSED, error
 
 
@@ -86,8 +91,10 @@ def stream_cause(exc: PeerError) -> tuple[str, str]:
         chain.append(e)
         e = e.__cause__ or e.__context__
     if any(type(c).__name__ == "MultiselectClientError" for c in chain):
-        return PROTOCOL_MISMATCH, (f"it does not speak {run_exchange.PROTOCOL_ID} (not a swarm-node "
-                                   "peer, or one too old to serve runs)")
+        return PROTOCOL_MISMATCH, (
+            f"it does not speak {run_exchange.PROTOCOL_ID} (not a swarm-node "
+            "peer, or one too old to serve runs)"
+        )
     if isinstance(exc, run_exchange.BadAnswer):
         return PROTOCOL_MISMATCH, f"its run directory answer is malformed ({exc})"
     if "took over" in str(exc) or "deadline" in str(exc).lower():
@@ -156,8 +163,12 @@ class Choice:
     refusals: dict[str, str]
 
 
-def choose(answers: list[Answer], pin: bytes | None, run_id: str | None = None,
-           held: RunRelease | None = None) -> Choice:
+def choose(
+    answers: list[Answer],
+    pin: bytes | None,
+    run_id: str | None = None,
+    held: RunRelease | None = None,
+) -> Choice:
     """The newest release among the answers that `check` adopts under `pin` (TOFU: the
     first adopted one pins the rest) and newer than `held`; `run_id` keeps only that run."""
     best: tuple[bytes, RunRelease, bool, str] | None = None

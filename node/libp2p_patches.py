@@ -110,6 +110,7 @@ WRITE_BATCH = 1024 * 1024
 # does not go through the window lock); a window update wakes it at once.
 ZERO_WINDOW_POLL_S = 0.01
 
+
 def _agent() -> str:
     try:
         from importlib.metadata import version
@@ -120,6 +121,7 @@ def _agent() -> str:
 
 
 AGENT = _agent()
+
 
 def _claim_port(host: str | None, port: int) -> int:
     """Workaround 16: the port a listener on `host` may take -- `port`, or a free one for
@@ -171,7 +173,9 @@ async def _window_update_at_half(self: Any, *, bytes_read: int = 0) -> None:
     await self.send_window_update(total, skip_lock=True)
 
 
-def _buffered_tcp_read(original: Callable[..., Awaitable[bytes]]) -> Callable[..., Awaitable[bytes]]:
+def _buffered_tcp_read(
+    original: Callable[..., Awaitable[bytes]],
+) -> Callable[..., Awaitable[bytes]]:
     """Workaround 19: `TrioTCPStream.read(n)` served from a read-ahead buffer, so a Noise
     message's 2-byte length and its body come from one socket read. Returns at most `n`
     bytes, as before; one reader per connection (the muxer's), as the library has."""
@@ -275,9 +279,11 @@ def _select_pipelined(original: Callable[..., Awaitable[Any]]) -> Callable[..., 
     per stream opened instead of two. More than one protocol goes the library's way."""
 
     async def select_one_of(
-        self: Any, protocols: Sequence[Any], communicator: Any,
+        self: Any,
+        protocols: Sequence[Any],
+        communicator: Any,
         negotiate_timeout: float = _libp2p_multiselect_client.DEFAULT_NEGOTIATE_TIMEOUT,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         if len(protocols) != 1 or not isinstance(communicator, MultiselectCommunicator):
             return await original(self, protocols, communicator, negotiate_timeout)
         header = _libp2p_multiselect_client.MULTISELECT_PROTOCOL_ID
@@ -325,7 +331,9 @@ async def _noise_write_batched(self: Any, msg: bytes, prefix_encoded: bool = Fal
     out: list[bytes] = []
     # The transport cipher takes any buffer; the connection's `encrypt` wants `bytes` (one
     # more copy of each message). Past the handshake, as here, both do the same.
-    cipher = getattr(getattr(self.noise_state, "noise_protocol", None), "cipher_state_encrypt", None)
+    cipher = getattr(
+        getattr(self.noise_state, "noise_protocol", None), "cipher_state_encrypt", None
+    )
     for start in range(0, len(msg), limit):
         piece = view[start : start + limit]
         encrypted = (
@@ -340,7 +348,9 @@ async def _noise_write_batched(self: Any, msg: bytes, prefix_encoded: bool = Fal
     await self.read_writer.read_write_closer.write(b"".join(out))
 
 
-def _read_exactly_whole(original: Callable[..., Awaitable[bytes]]) -> Callable[..., Awaitable[bytes]]:
+def _read_exactly_whole(
+    original: Callable[..., Awaitable[bytes]],
+) -> Callable[..., Awaitable[bytes]]:
     """Workaround 20: the library's `read_exactly`, with a first read that returned all
     `n` bytes handed back as it is (the library copied it twice); anything shorter goes
     on through the library's own loop and its errors."""
@@ -385,7 +395,9 @@ OVERSIZE_REPORT: contextvars.ContextVar[Callable[[str], None] | None] = contextv
 )
 
 
-def _size_limit_reported(original: Callable[..., Awaitable[bytes]]) -> Callable[..., Awaitable[bytes]]:
+def _size_limit_reported(
+    original: Callable[..., Awaitable[bytes]],
+) -> Callable[..., Awaitable[bytes]]:
     """Patch 27: the pubsub reader's size-limited read, reporting an RPC over the limit
     to the reading task's `OVERSIZE_REPORT` callback (then raising as before)."""
 
@@ -526,7 +538,9 @@ def _remote_ip(read_write_closer: Any) -> str | None:
     return None
 
 
-def _slot_held_while_open(original: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+def _slot_held_while_open(
+    original: Callable[..., Awaitable[None]],
+) -> Callable[..., Awaitable[None]]:
     """`Swarm._do_handle_inbound_connection` that returns when its connection closes.
 
     The library's handler holds an inbound slot (`Swarm._inbound_limiter`, capacity

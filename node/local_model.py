@@ -36,7 +36,9 @@ def load_engine(path: Path, *, batch_size: int, threads: int | None, engine: str
         raise CommandError(str(exc)) from None
 
 
-def load_calibration(model_dir: str | Path | None, settings: Any, manifest: Any = None) -> tuple[Any, str]:
+def load_calibration(
+    model_dir: str | Path | None, settings: Any, manifest: Any = None
+) -> tuple[Any, str]:
     """`settings` with the limits of `model_dir/calibration.json` for their precision, and a
     note for the user. A manifest that pins a digest needs that very file; without a pin
     and without a file the shipped defaults apply (the note says so)."""

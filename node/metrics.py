@@ -67,39 +67,92 @@ def render(status: dict[str, Any]) -> str:
         ("rtt_ms_median", "median heartbeat round trip to peers, ms"),
     ):
         series(key, "gauge", help_, [({}, status.get(key))])
-    series("uptime_seconds", "gauge", "seconds since the node started", [({}, status.get("uptime_s"))])
+    series(
+        "uptime_seconds", "gauge", "seconds since the node started", [({}, status.get("uptime_s"))]
+    )
     for name, kind, help_, section, label in (
         ("events_total", "counter", "node events by kind", "counters", "event"),
-        ("rejected_total", "counter", "messages refused by admission, by reason", "rejected", "reason"),
+        (
+            "rejected_total",
+            "counter",
+            "messages refused by admission, by reason",
+            "rejected",
+            "reason",
+        ),
         ("delivery", "gauge", "own rollouts by delivery state", "delivery", "state"),
-        ("role", "gauge", "the role's figures (rollouts produced, audits passed/failed, ...)",
-         "role_status", "field"),
-    ):  # fmt: skip
+        (
+            "role",
+            "gauge",
+            "the role's figures (rollouts produced, audits passed/failed, ...)",
+            "role_status",
+            "field",
+        ),
+    ):
         values = status.get(section) or {}
         series(name, kind, help_, [({label: k}, v) for k, v in sorted(values.items())])
     weights = status.get("weights") or {}
-    series("weights_installed_versions", "gauge", "policy versions installed",
-           [({}, len(weights.get("installed") or []))] if weights else [])  # fmt: skip
-    series("weights_uploaded_bytes_total", "counter", "weight shard bytes uploaded",
-           [({}, weights.get("uploaded_bytes"))])  # fmt: skip
-    series("weights_events_total", "counter", "weight exchange events by kind",
-           [({"event": k}, v) for k, v in sorted((weights.get("counters") or {}).items())])
+    series(
+        "weights_installed_versions",
+        "gauge",
+        "policy versions installed",
+        [({}, len(weights.get("installed") or []))] if weights else [],
+    )
+    series(
+        "weights_uploaded_bytes_total",
+        "counter",
+        "weight shard bytes uploaded",
+        [({}, weights.get("uploaded_bytes"))],
+    )
+    series(
+        "weights_events_total",
+        "counter",
+        "weight exchange events by kind",
+        [({"event": k}, v) for k, v in sorted((weights.get("counters") or {}).items())],
+    )
     series("peers_banned", "gauge", "peers banned now", [({}, status.get("banned"))])
-    series("dropped_by_peers", "gauge", "peers that keep closing our connections (node.dropped_by)",
-           [({}, len(status.get("dropped_by") or {}))])  # fmt: skip
+    series(
+        "dropped_by_peers",
+        "gauge",
+        "peers that keep closing our connections (node.dropped_by)",
+        [({}, len(status.get("dropped_by") or {}))],
+    )
     told = [d for d in (status.get("dropped_by") or {}).values() if d.get("told")]
-    series("refused_by_peers", "gauge", "peers that told us they refuse us (node.host_goodbye)",
-           [({}, len(told))])  # fmt: skip
-    series("refused_until", "gauge", "latest end (unix time) of a refusal a peer told us about",
-           [({}, max(d["until"] for d in told))] if told else [])  # fmt: skip
-    series("reachable", "gauge", "AutoNAT verdict: 1 public, 0 private (absent while unknown)",
-           [({}, {"public": 1, "private": 0}.get(status.get("reachability", "")))])  # fmt: skip
-    series("connected_peers", "gauge", "connected peers by path (direct or through a relay)",
-           [({"path": k}, status.get(f"{k}_peers")) for k in ("direct", "relayed")])  # fmt: skip
-    series("relay_bytes_total", "counter", "bytes this relay forwarded between circuit ends",
-           [({}, status.get("relay_bytes"))])  # fmt: skip
-    series("relay_reservations", "gauge", "peers holding a slot on this relay",
-           [({}, status.get("relay_reservations"))])  # fmt: skip
+    series(
+        "refused_by_peers",
+        "gauge",
+        "peers that told us they refuse us (node.host_goodbye)",
+        [({}, len(told))],
+    )
+    series(
+        "refused_until",
+        "gauge",
+        "latest end (unix time) of a refusal a peer told us about",
+        [({}, max(d["until"] for d in told))] if told else [],
+    )
+    series(
+        "reachable",
+        "gauge",
+        "AutoNAT verdict: 1 public, 0 private (absent while unknown)",
+        [({}, {"public": 1, "private": 0}.get(status.get("reachability", "")))],
+    )
+    series(
+        "connected_peers",
+        "gauge",
+        "connected peers by path (direct or through a relay)",
+        [({"path": k}, status.get(f"{k}_peers")) for k in ("direct", "relayed")],
+    )
+    series(
+        "relay_bytes_total",
+        "counter",
+        "bytes this relay forwarded between circuit ends",
+        [({}, status.get("relay_bytes"))],
+    )
+    series(
+        "relay_reservations",
+        "gauge",
+        "peers holding a slot on this relay",
+        [({}, status.get("relay_reservations"))],
+    )
     return "\n".join(out) + "\n"
 
 

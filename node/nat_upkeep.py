@@ -36,9 +36,14 @@ MAX_ANNOUNCE = 64  # peers told of a new relayed address
 class NatUpkeep:
     """Owns the reachability loop of one node (started in the peer's nursery)."""
 
-    def __init__(self, host: SwarmHost, relay: RelayEndpoint, reach: Reachability,
-                 bootstrap: Sequence[str],
-                 greet: Callable[[str], Awaitable[object]] | None = None) -> None:
+    def __init__(
+        self,
+        host: SwarmHost,
+        relay: RelayEndpoint,
+        reach: Reachability,
+        bootstrap: Sequence[str],
+        greet: Callable[[str], Awaitable[object]] | None = None,
+    ) -> None:
         self._host = host
         self.relay = relay
         self.reach = reach

@@ -51,7 +51,9 @@ def resolve_model(model: str | None, manifest_model: str, data_dir: str | Path |
             return path
     where = " or ".join(str(r) for r in roots)
     hint = f" --data-dir {roots[0]}" if data_dir else ""
-    raise CommandError(f"the built-in policy is not built yet in {where}; run: swarm-node init-model{hint}")
+    raise CommandError(
+        f"the built-in policy is not built yet in {where}; run: swarm-node init-model{hint}"
+    )
 
 
 def required_path(flag_value: str | Path | None, cfg_value: str, flag: str, key: str) -> Path:
@@ -93,7 +95,11 @@ def node_dirs(given: Path) -> list[Path]:
     if (given / "data" / DB_FILENAME).is_file():
         return [given / "data"]
     nodes = given / "nodes"
-    found = sorted(p / "data" for p in nodes.iterdir() if (p / "data" / DB_FILENAME).is_file()) if nodes.is_dir() else []
+    found = (
+        sorted(p / "data" for p in nodes.iterdir() if (p / "data" / DB_FILENAME).is_file())
+        if nodes.is_dir()
+        else []
+    )
     return found or [given]
 
 

@@ -134,7 +134,11 @@ class Peer:
     """
 
     def __init__(
-        self, cfg: PeerConfig, host: SwarmHost, store: Store, admission: Admission,
+        self,
+        cfg: PeerConfig,
+        host: SwarmHost,
+        store: Store,
+        admission: Admission,
         weights_store: WeightsStore | None = None,
     ) -> None:
         self.cfg = cfg
@@ -150,9 +154,13 @@ class Peer:
         # admission settings, assumed to be ours): publish a margin below it.
         limits = admission.config
         self.outbox = Outbox(
-            host, cfg.publish_rate_per_s, max_batch=cfg.header_batch,
-            batch_topics={topic_name(self.run_id, t): topic_name(self.run_id, b)
-                          for t, b in BATCH_TOPICS.items()},
+            host,
+            cfg.publish_rate_per_s,
+            max_batch=cfg.header_batch,
+            batch_topics={
+                topic_name(self.run_id, t): topic_name(self.run_id, b)
+                for t, b in BATCH_TOPICS.items()
+            },
             item_rate_per_s=PACE_MARGIN * min(limits.signer_rate, limits.sender_rate),
             item_burst=PACE_MARGIN * min(limits.signer_burst, limits.sender_burst),
         )
@@ -213,15 +221,17 @@ class Peer:
             rec = decode(RolloutRecord, record)
             env, header, rollout_id = open_header(rec.header)
             check_body(header, rec.body)
-            rows.append(RolloutRow(
-                rollout_id=rollout_id,
-                run_id=env.run_id,
-                producer=env.signer,
-                policy_version=env.policy_version,
-                header=rec.header,
-                body=rec.body,
-                received_at=time.time(),
-            ))  # fmt: skip
+            rows.append(
+                RolloutRow(
+                    rollout_id=rollout_id,
+                    run_id=env.run_id,
+                    producer=env.signer,
+                    policy_version=env.policy_version,
+                    header=rec.header,
+                    body=rec.body,
+                    received_at=time.time(),
+                )
+            )
         await trio.to_thread.run_sync(self.store.put_produced_many, rows)
         self.counters["produced"] += len(rows)
         await self.outbox.put_many(self.topics["rollouts"], [r.header for r in rows])
@@ -229,16 +239,27 @@ class Peer:
 
     def seal(self, obj: WireObject) -> bytes:
         return seal(
-            self.identity, obj, run_id=self.run_id, policy_version=self.policy_version,
-            seq=self.seq.next(), timestamp_ms=int(time.time() * 1000),
+            self.identity,
+            obj,
+            run_id=self.run_id,
+            policy_version=self.policy_version,
+            seq=self.seq.next(),
+            timestamp_ms=int(time.time() * 1000),
         )
 
     async def publish_verdict(self, verdict: Verdict) -> bytes:
         """Sign, store and gossip a verdict; returns its id."""
         data = self.seal(verdict)
         vid = content_id(data)
-        row = VerdictRow(vid, verdict.rollout_id, self.identity.peer_id, bool(verdict.passed),
-                         data, time.time(), verdict.reason)
+        row = VerdictRow(
+            vid,
+            verdict.rollout_id,
+            self.identity.peer_id,
+            bool(verdict.passed),
+            data,
+            time.time(),
+            verdict.reason,
+        )
         await trio.to_thread.run_sync(self.store.put_verdict, row)
         self.counters["verdicts_published"] += 1
         await self.outbox.put(self.topics["verdicts"], data)
@@ -258,7 +279,9 @@ class Peer:
         await self.outbox.put(self.topics["delegations"], data)
         return content_id(data)
 
-    def report(self, peer: bytes | str, penalty: float, reason: str, offence: str | None = None) -> None:
+    def report(
+        self, peer: bytes | str, penalty: float, reason: str, offence: str | None = None
+    ) -> None:
         """A role found fault with `peer` (e.g. a failed audit): score it down by `penalty`
         (<= 0) through admission, which bans it below the threshold; `offence` names it in
         `protocol.penalties` (the ledger's reason)."""
@@ -275,8 +298,9 @@ class Peer:
             self.policy_version = version
             self.submit(VersionChanged(version, time.time()))
 
-    def want_body(self, rollout_id: bytes, sources: Sequence[str],
-                  origin: tuple[bytes, str] | None = None) -> None:
+    def want_body(
+        self, rollout_id: bytes, sources: Sequence[str], origin: tuple[bytes, str] | None = None
+    ) -> None:
         """Pull the body of `rollout_id` (a no-op for peers that do not pull bodies)."""
         if self.puller is not None:
             self.puller.want(rollout_id, sources, origin)
@@ -304,8 +328,11 @@ class Peer:
             "rejected": dict(self.rejects),
             "outbox_pending": self.outbox.pending(),
             "header_batches": self.outbox.stats.batches,
-            "header_batch_mean": (round(self.outbox.stats.batched / self.outbox.stats.batches, 2)
-                                  if self.outbox.stats.batches else None),
+            "header_batch_mean": (
+                round(self.outbox.stats.batched / self.outbox.stats.batches, 2)
+                if self.outbox.stats.batches
+                else None
+            ),
             "pull_pending": self.puller.pending() if self.puller is not None else 0,
             "store_pending": self.writer.pending(),
             "validator_wait_ms_p99": p99_ms(self.validator_waits),
@@ -326,7 +353,11 @@ class Peer:
         return handled
 
     async def admit(
-        self, sender: str, kind: Kind, data: bytes, origin: str | None = None,
+        self,
+        sender: str,
+        kind: Kind,
+        data: bytes,
+        origin: str | None = None,
         wait_s: float | None = None,
     ) -> Handled:
         """Admit a message from `sender` and wait until its actions ran (at most `wait_s`:
@@ -340,9 +371,11 @@ class Peer:
     def _run(self, actions: Sequence[adm.Action], handled: Handled) -> None:
         for i, action in enumerate(actions):
             if isinstance(action, adm.Store):
-                rest = actions[i + 1:]
+                rest = actions[i + 1 :]
 
-                def then(ok: bool, item: Admitted = action.item, rest: Sequence[adm.Action] = rest) -> None:
+                def then(
+                    ok: bool, item: Admitted = action.item, rest: Sequence[adm.Action] = rest
+                ) -> None:
                     if ok:
                         self._run(rest, handled)
                         return
@@ -366,14 +399,24 @@ class Peer:
             self._rejected(action, handled)
         elif isinstance(action, adm.Penalized):
             self.rejects[action.reason] += 1
-            log.info("%s pays %g for %s (%s): %s", str(action.peer)[:16], action.penalty,
-                     action.reason, action.stage, action.detail)
+            log.info(
+                "%s pays %g for %s (%s): %s",
+                str(action.peer)[:16],
+                action.penalty,
+                action.reason,
+                action.stage,
+                action.detail,
+            )
             self.ledger.put(action)
         elif isinstance(action, Disconnect):
             self.spawn(self.host.disconnect, action.peer, f"admission: {action.reason}")
         elif isinstance(action, Ban):
             self.host.goodbyes.expect(str(action.peer))  # its disconnects wait for the goodbye
-            last = [a.reason for a in handled.actions if isinstance(a, Disconnect) and a.peer == action.peer]
+            last = [
+                a.reason
+                for a in handled.actions
+                if isinstance(a, Disconnect) and a.peer == action.peer
+            ]
             self.spawn(self._ban, action, str(last[0]) if last else "-")
         elif isinstance(action, Unban):
             self.host.unban(str(action.peer))
@@ -390,14 +433,23 @@ class Peer:
             for callback in list(self._late_callbacks):
                 callback(action.late)
         if action.penalty < 0:
-            log.info("refused %s from %s: %s %s (%+g)", action.kind or "message",
-                     str(action.peer)[:16], action.reason, action.detail, action.penalty)
+            log.info(
+                "refused %s from %s: %s %s (%+g)",
+                action.kind or "message",
+                str(action.peer)[:16],
+                action.reason,
+                action.detail,
+                action.penalty,
+            )
             self.ledger.put(action)
 
     def _deliver(self, item: Admitted) -> None:
         if item.kind is Kind.ROLLOUT_HEADER:
-            self.want_body(item.content_id, [_b58(item.signer), str(item.sender)],
-                           origin=(item.signer, str(item.sender)))
+            self.want_body(
+                item.content_id,
+                [_b58(item.signer), str(item.sender)],
+                origin=(item.signer, str(item.sender)),
+            )
         for callback in list(self._callbacks):
             callback(item)
 
@@ -406,8 +458,11 @@ class Peer:
         # Stored before it takes effect: a stop during the host's disconnect keeps it.
         with contextlib.suppress(StoreError):
             await trio.to_thread.run_sync(self.store.save_peer, action.record)
-        await self.host.ban(str(action.peer), max(1.0, action.until - time.time()),
-                            f"score below threshold after {action.record.offences} offences, the last {last}")
+        await self.host.ban(
+            str(action.peer),
+            max(1.0, action.until - time.time()),
+            f"score below threshold after {action.record.offences} offences, the last {last}",
+        )
 
     # -- gossip validators ----------------------------------------------------------------
 
@@ -439,14 +494,17 @@ class Peer:
             self.counters["in_header_batch"] += 1
             self.counters[f"in_{kind}"] += len(batch.headers)
             now = time.time()
-            handled = [self.submit(MessageReceived(sender, kind, item, now, origin))
-                       for item in batch.headers]
+            handled = [
+                self.submit(MessageReceived(sender, kind, item, now, origin))
+                for item in batch.headers
+            ]
             return self._answer(t0, handled, lambda: batch_verdict(h.verdict for h in handled))
 
         return check
 
-    def _answer(self, t0: float, handled: list[Handled],
-                verdict: Callable[[], GossipVerdict]) -> bool | Later:
+    def _answer(
+        self, t0: float, handled: list[Handled], verdict: Callable[[], GossipVerdict]
+    ) -> bool | Later:
         """The validator's answer now, or `Later` when a write is still pending (or when any
         of the messages will be judged bad: then the answer is False at once)."""
         self.validator_waits.append(time.monotonic() - t0)
@@ -469,7 +527,8 @@ class Peer:
 
     def _hello_bytes(self) -> bytes:
         hello = PeerHello(
-            roles=tuple(self.cfg.roles), policy_version=self.policy_version,
+            roles=tuple(self.cfg.roles),
+            policy_version=self.policy_version,
             listen_addrs=tuple(self.nat.own_addrs() if self.nat else self.host.listen_addrs()[:16]),
             agent=AGENT,
         )
@@ -520,23 +579,33 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
         # refuses rollouts of versions above its own: it must know them before any arrive).
         installed = await trio.to_thread.run_sync(weights_store.installed)
         admission = Admission(
-            RunRules.from_manifest(cfg.manifest), cfg.admission,
+            RunRules.from_manifest(cfg.manifest),
+            cfg.admission,
             version=max([cfg.policy_version, *installed]),
             scores=PeerScores(records=records),
         )
-        async with open_host(cfg.identity.private_bytes(), list(cfg.listen), cfg.host) as host, \
-                open_relay(host, cfg.relay if "relay" in cfg.roles else None) as relay, \
-                open_reachability(host) as reach:
+        async with (
+            open_host(cfg.identity.private_bytes(), list(cfg.listen), cfg.host) as host,
+            open_relay(host, cfg.relay if "relay" in cfg.roles else None) as relay,
+            open_reachability(host) as reach,
+        ):
             peer = Peer(cfg, host, store, admission, weights_store)
             peer.nat = NatUpkeep(host, relay, reach, cfg.bootstrap, greet=peer.discovery.greet)
             await _restore(peer, now)
             for rec in await trio.to_thread.run_sync(store.active_bans, now):
-                await host.ban(str(rec.peer), max(1.0, rec.banned_until - now), "ban kept from before restart")
+                await host.ban(
+                    str(rec.peer), max(1.0, rec.banned_until - now), "ban kept from before restart"
+                )
             async with trio.open_nursery() as nursery:
                 peer._nursery = nursery
                 await _subscribe(peer, nursery)
-                for loop in (peer.outbox.run, peer.writer.run, peer.ledger.run, peer.upkeep.run,
-                             peer.catch_up.run):
+                for loop in (
+                    peer.outbox.run,
+                    peer.writer.run,
+                    peer.ledger.run,
+                    peer.upkeep.run,
+                    peer.catch_up.run,
+                ):
                     nursery.start_soon(loop)
                 if peer.puller is not None:
                     nursery.start_soon(peer.puller.run)
@@ -577,9 +646,14 @@ async def _restore(peer: Peer, now: float) -> None:
     and owed pulls (headers stored without a body)."""
     ttl = peer.admission.config.dedup_ttl_s
     limit = peer.admission.config.dedup_entries
-    headers, records, verdicts = await trio.to_thread.run_sync(peer.store.known_since, now - ttl, limit)
-    for kind, ids in ((Kind.ROLLOUT_HEADER, headers + records), (Kind.ROLLOUT_RECORD, records),
-                      (Kind.VERDICT, verdicts)):
+    headers, records, verdicts = await trio.to_thread.run_sync(
+        peer.store.known_since, now - ttl, limit
+    )
+    for kind, ids in (
+        (Kind.ROLLOUT_HEADER, headers + records),
+        (Kind.ROLLOUT_RECORD, records),
+        (Kind.VERDICT, verdicts),
+    ):
         peer.submit(Known(kind, tuple(ids), now))
     # Producers and validators we stored are not new identities after a restart.
     signers = await trio.to_thread.run_sync(

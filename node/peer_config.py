@@ -36,7 +36,9 @@ class PeerConfig:
     header_batch: int = MAX_HEADER_BATCH // 2  # headers per gossip message at most (1: no batching)
     store_max_bytes: int | None = None  # the store prunes to stay under it (node.store_retention)
     drain_timeout_s: float = 15.0  # at stop: publish queued headers/verdicts for this long at most
-    relay: RelayLimitsConfig = field(default_factory=RelayLimitsConfig)  # the relay service's (role relay)
+    relay: RelayLimitsConfig = field(
+        default_factory=RelayLimitsConfig
+    )  # the relay service's (role relay)
 
 
 class SeqCounter:

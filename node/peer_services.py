@@ -100,7 +100,12 @@ class CatchUpDriver:
         peer = self.peer
         try:
             ids, ats, more = await sync_exchange.ask(
-                peer.host, a.peer, peer.run_id, a.since, a.min_version, a.producer,
+                peer.host,
+                a.peer,
+                peer.run_id,
+                a.since,
+                a.min_version,
+                a.producer,
                 self.machine.config.page,
             )
         except PeerError as exc:
@@ -117,14 +122,18 @@ class CatchUpDriver:
 
     async def _receipt(self, r: cu.Receipt) -> None:
         with contextlib.suppress(StoreError):
-            n = await trio.to_thread.run_sync(self.peer.store.mark_delivered, r.ids, r.peer, time.time())
+            n = await trio.to_thread.run_sync(
+                self.peer.store.mark_delivered, r.ids, r.peer, time.time()
+            )
             self.peer.counters["receipts"] += n
 
     async def serve(self, stream: Any) -> None:
         store = self.peer.store
 
         async def lookup(since: float, min_version: int, producer: bytes | None, limit: int) -> Any:
-            return await trio.to_thread.run_sync(store.held_since, since, min_version, producer, limit)
+            return await trio.to_thread.run_sync(
+                store.held_since, since, min_version, producer, limit
+            )
 
         try:
             self.peer.counters["catch_up_served"] += await sync_exchange.serve(stream, lookup)
@@ -159,7 +168,9 @@ class CatchUpDriver:
 
 
 def bad_request_event(peer: str, reason: str) -> Misbehaved:
-    return Misbehaved(peer, penalties.BAD_REQUEST.cost, reason, time.time(), offence=penalties.BAD_REQUEST.name)
+    return Misbehaved(
+        peer, penalties.BAD_REQUEST.cost, reason, time.time(), offence=penalties.BAD_REQUEST.name
+    )
 
 
 async def ask_newest(peer: Peer, ask: AskNewest) -> None:

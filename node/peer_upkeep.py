@@ -44,7 +44,9 @@ class Upkeep:
                 last_expiry = time.monotonic()
                 with contextlib.suppress(StoreError):
                     # A header whose body nobody served within the pull window is forgotten.
-                    n = await trio.to_thread.run_sync(self.peer.store.expire_bodyless, now - window_s)
+                    n = await trio.to_thread.run_sync(
+                        self.peer.store.expire_bodyless, now - window_s
+                    )
                     self.peer.counters["bodyless_expired"] += n
 
     async def enforce_retention(self, now: float) -> None:
@@ -53,7 +55,10 @@ class Upkeep:
         below = peer.policy_version - peer.manifest.max_staleness
         try:
             report = await trio.to_thread.run_sync(
-                peer.store.enforce_retention, now, below, peer.admission.config.dedup_ttl_s,
+                peer.store.enforce_retention,
+                now,
+                below,
+                peer.admission.config.dedup_ttl_s,
                 peer.cfg.store_max_bytes,
             )
         except StoreError as exc:
@@ -62,5 +67,8 @@ class Upkeep:
         peer.counters["retention_rollouts_deleted"] += report.rollouts_deleted
         peer.counters["retention_ledger_compacted"] += report.ledger_compacted
         if report.over_budget:
-            log.warning("store holds %d bytes of needed rows, over store.max_bytes %d",
-                        report.bytes_after, peer.cfg.store_max_bytes)
+            log.warning(
+                "store holds %d bytes of needed rows, over store.max_bytes %d",
+                report.bytes_after,
+                peer.cfg.store_max_bytes,
+            )

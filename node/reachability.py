@@ -35,7 +35,9 @@ def describe(r: Reachability) -> list[tuple[str, str]]:
     lines: list[tuple[str, str]] = []
     if r.observed:
         for peer, addr in sorted(r.observed.items()):
-            lines.append(("info", f"observed address: {addr} (as {_short(peer)} sees us, by identify)"))
+            lines.append(
+                ("info", f"observed address: {addr} (as {_short(peer)} sees us, by identify)")
+            )
     else:
         lines.append(("info", "observed address: none yet (no peer told us by identify)"))
     lines.append(_reachable_line(r))
@@ -46,10 +48,15 @@ def describe(r: Reachability) -> list[tuple[str, str]]:
 def _reachable_line(r: Reachability) -> tuple[str, str]:
     asked = ", ".join(_short(p) for p in r.asked)
     if r.dial_back == "public":
-        return "ok", f"reachable: publicly reachable: {asked} dialed us back on a fresh connection (AutoNAT)"
+        return (
+            "ok",
+            f"reachable: publicly reachable: {asked} dialed us back on a fresh connection (AutoNAT)",
+        )
     if r.dial_back == "private":
-        return "info", (f"reachable: not publicly reachable: {asked} could not dial us back (AutoNAT): "
-                        "behind a NAT or a firewall; other peers reach this node through a relay")
+        return "info", (
+            f"reachable: not publicly reachable: {asked} could not dial us back (AutoNAT): "
+            "behind a NAT or a firewall; other peers reach this node through a relay"
+        )
     if not r.asked:
         return "warn", "reachable: unknown: no peer answered to dial us back"
     return "warn", f"reachable: unknown: {asked} gave no verdict (AutoNAT)"
@@ -63,12 +70,19 @@ def _relay_line(r: Reachability) -> tuple[str, str]:
         offer = f"; on offer: {first}" if first else ""
         return "ok", f"relay: none needed (publicly reachable){offer}"
     if first and r.dial_back == "private":
-        return "ok", (f"relay: would use {first} (announced through identify); peers would reach "
-                      "this node at its /p2p-circuit address")
+        return "ok", (
+            f"relay: would use {first} (announced through identify); peers would reach "
+            "this node at its /p2p-circuit address"
+        )
     if first:
-        return "info", f"relay: would use {first} if not publicly reachable (announced through identify)"
+        return (
+            "info",
+            f"relay: would use {first} if not publicly reachable (announced through identify)",
+        )
     if r.dial_back == "private":
-        return "FAIL", (f"relay: {NO_RELAY}: not publicly reachable and no bootstrap peer announces a "
-                        "relay (circuit relay v2 hop, by identify): no peer could reach this node; "
-                        "join through a peer started with --role relay")
+        return "FAIL", (
+            f"relay: {NO_RELAY}: not publicly reachable and no bootstrap peer announces a "
+            "relay (circuit relay v2 hop, by identify): no peer could reach this node; "
+            "join through a peer started with --role relay"
+        )
     return "info", "relay: none announced by the bootstrap peers"

@@ -65,8 +65,13 @@ def decode_request(peer: str, data: bytes) -> list[bytes]:
         raise BadRequest(peer, f"request of {len(data)} bytes (cap {MAX_REQUEST_BYTES})")
     try:
         ids = msgpack.unpackb(
-            data, raw=False, max_bin_len=ID_SIZE, max_array_len=MAX_IDS_PER_REQUEST,
-            max_str_len=0, max_map_len=0, max_ext_len=0,
+            data,
+            raw=False,
+            max_bin_len=ID_SIZE,
+            max_array_len=MAX_IDS_PER_REQUEST,
+            max_str_len=0,
+            max_map_len=0,
+            max_ext_len=0,
         )
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise BadRequest(peer, f"request is not msgpack: {exc}") from None

@@ -34,9 +34,14 @@ MAX_RUNS = 4
 MAX_REQUEST_BYTES = 32
 MAX_ANSWER_BYTES = MAX_RUNS * (RunRelease.MAX_BYTES + 4096)
 SUMMARY_KEYS = {
-    "run": str, "model": str, "policy_version": int, "manifest_version": int,
-    "authority": str, "peers": dict, "time_ms": int,
-}  # fmt: skip
+    "run": str,
+    "model": str,
+    "policy_version": int,
+    "manifest_version": int,
+    "authority": str,
+    "peers": dict,
+    "time_ms": int,
+}
 
 
 class BadRequest(PeerError):
@@ -62,16 +67,26 @@ def encode_answer(runs: list[ServedRun]) -> bytes:
 def decode_answer(peer: str, data: bytes) -> list[ServedRun]:
     """The runs in an answer; `BadAnswer` for anything but the documented shape."""
     try:
-        value = msgpack.unpackb(data, raw=False, max_array_len=MAX_RUNS, max_map_len=16,
-                                max_str_len=256, max_bin_len=RunRelease.MAX_BYTES + 1024)
+        value = msgpack.unpackb(
+            data,
+            raw=False,
+            max_array_len=MAX_RUNS,
+            max_map_len=16,
+            max_str_len=256,
+            max_bin_len=RunRelease.MAX_BYTES + 1024,
+        )
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise BadAnswer(peer, f"run directory is not msgpack: {exc}") from None
     if not isinstance(value, list):
         raise BadAnswer(peer, "run directory is not an array")
     out = []
     for entry in value:
-        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], bytes)
-                and isinstance(entry[1], dict)):
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and isinstance(entry[0], bytes)
+            and isinstance(entry[1], dict)
+        ):
             raise BadAnswer(peer, "run directory entry is not [release, summary]")
         summary = entry[1]
         for key, kind in SUMMARY_KEYS.items():
@@ -103,5 +118,5 @@ async def serve(stream: FramedStream, runs: list[ServedRun]) -> None:
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise BadRequest(stream.peer, f"run directory request is not msgpack: {exc}") from None
     if request != ["runs"]:
-        raise BadRequest(stream.peer, "run directory request is not [\"runs\"]")
+        raise BadRequest(stream.peer, 'run directory request is not ["runs"]')
     await stream.send(encode_answer(runs))

@@ -143,7 +143,9 @@ def manifest_from_table(table: dict[str, Any], source: str = "run manifest") -> 
     try:
         kwargs["calibration_digest"] = bytes.fromhex(kwargs["calibration_digest"])
     except (TypeError, ValueError):
-        raise CommandError(f"{source}: verification.calibration_digest: expected 64 hex characters") from None
+        raise CommandError(
+            f"{source}: verification.calibration_digest: expected 64 hex characters"
+        ) from None
     for name in ("trainer_keys", "validator_keys"):
         kwargs[name] = _peer_ids(kwargs[name], f"{source}: run.{name}")
     datasets = table.get("datasets")
@@ -199,20 +201,31 @@ def load_run_release(path: Path) -> tuple[RunManifest, bytes | None]:
     section = table.get("release")
     if section is None:
         return manifest, None
-    if not isinstance(section, dict) or set(section) != set(RELEASE_KEYS) or not all(
-        type(section[k]) is kind for k, kind in RELEASE_KEYS.items()
+    if (
+        not isinstance(section, dict)
+        or set(section) != set(RELEASE_KEYS)
+        or not all(type(section[k]) is kind for k, kind in RELEASE_KEYS.items())
     ):
-        raise CommandError(f"{path}: [release] needs exactly {', '.join(RELEASE_KEYS)}; "
-                           "sign the file again with `swarm-node run sign`")
+        raise CommandError(
+            f"{path}: [release] needs exactly {', '.join(RELEASE_KEYS)}; "
+            "sign the file again with `swarm-node run sign`"
+        )
     try:
-        data = rm.assemble(manifest, section["version"], peer_id_from_b58(section["authority"]),
-                           section["signed_at_ms"], bytes.fromhex(section["signature"]))
+        data = rm.assemble(
+            manifest,
+            section["version"],
+            peer_id_from_b58(section["authority"]),
+            section["signed_at_ms"],
+            bytes.fromhex(section["signature"]),
+        )
     except (LocalProtocolError, ValueError) as exc:
         raise CommandError(f"{path}: [release]: {_problem(exc)}") from None
     verdict = rm.check(data, None, None)
     if isinstance(verdict, rm.Refuse):
-        raise CommandError(f"{path}: the run authority's signature does not verify ({verdict}): "
-                           "was the file edited after signing? sign it again with `swarm-node run sign`")
+        raise CommandError(
+            f"{path}: the run authority's signature does not verify ({verdict}): "
+            "was the file edited after signing? sign it again with `swarm-node run sign`"
+        )
     return manifest, data
 
 
@@ -221,10 +234,18 @@ def release_to_toml(data: bytes) -> str:
     from protocol import run_manifest as rm
 
     version, authority, signed_at_ms, signature = rm.parts(data)
-    return "\n".join([
-        "[release]", f"version = {version}", f'authority = "{peer_id_to_b58(authority)}"',
-        f"signed_at_ms = {signed_at_ms}", f'signature = "{signature.hex()}"',
-    ]) + "\n"  # fmt: skip
+    return (
+        "\n".join(
+            [
+                "[release]",
+                f"version = {version}",
+                f'authority = "{peer_id_to_b58(authority)}"',
+                f"signed_at_ms = {signed_at_ms}",
+                f'signature = "{signature.hex()}"',
+            ]
+        )
+        + "\n"
+    )
 
 
 def manifest_to_toml(m: RunManifest) -> str:

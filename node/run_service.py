@@ -79,7 +79,9 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def newest_release(candidates: list[bytes | None], pin: bytes | None) -> tuple[bytes, RunRelease] | None:
+def newest_release(
+    candidates: list[bytes | None], pin: bytes | None
+) -> tuple[bytes, RunRelease] | None:
     """The newest of `candidates` that `check` adopts in turn (None: none does)."""
     best: tuple[bytes, RunRelease] | None = None
     for data in candidates:
@@ -123,11 +125,14 @@ class RunService:
             roles.update(peer.discovery.book.roles(other))
         release = self.release
         return {
-            "run": peer.run_id, "model": peer.manifest.model, "policy_version": peer.policy_version,
+            "run": peer.run_id,
+            "model": peer.manifest.model,
+            "policy_version": peer.policy_version,
             "manifest_version": release.manifest_version if release else 0,
             "authority": peer_id_to_b58(release.authority) if release else "",
-            "peers": dict(roles), "time_ms": int(time.time() * 1000),
-        }  # fmt: skip
+            "peers": dict(roles),
+            "time_ms": int(time.time() * 1000),
+        }
 
     async def serve(self, stream: Any) -> None:
         if self._serving[stream.peer] >= MAX_SERVE_STREAMS_PER_PEER:
@@ -189,17 +194,27 @@ class RunService:
         if isinstance(verdict, rm.Refuse):
             self.counters[f"run_release_refused_{verdict.reason.replace(' ', '_')}"] += 1
             quiet = data == self.data  # the same release again: nothing to say
-            log.log(logging.DEBUG if quiet else logging.WARNING,
-                    "run: refused the run manifest %s holds: %s", source[:12], verdict)
+            log.log(
+                logging.DEBUG if quiet else logging.WARNING,
+                "run: refused the run manifest %s holds: %s",
+                source[:12],
+                verdict,
+            )
             return verdict
         self.release, self.data = verdict.release, data
         self.counters["run_release_adopted"] += 1
         manifest = verdict.release.manifest
-        self.peer.admission.set_run_keys(frozenset(manifest.trainer_keys), frozenset(manifest.validator_keys))
+        self.peer.admission.set_run_keys(
+            frozenset(manifest.trainer_keys), frozenset(manifest.validator_keys)
+        )
         with contextlib.suppress(OSError):
             save_release(self.peer.cfg.data_dir, data)
-        log.warning("run: adopted run manifest version %d of %r from %s (authority %s); its trainer "
-                    "and validator keys apply now, other changed settings at the next start",
-                    verdict.release.manifest_version, manifest.run_id, source[:12],
-                    peer_id_to_b58(verdict.release.authority))
+        log.warning(
+            "run: adopted run manifest version %d of %r from %s (authority %s); its trainer "
+            "and validator keys apply now, other changed settings at the next start",
+            verdict.release.manifest_version,
+            manifest.run_id,
+            source[:12],
+            peer_id_to_b58(verdict.release.authority),
+        )
         return verdict

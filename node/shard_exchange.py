@@ -99,15 +99,28 @@ def decode_request(peer: str, data: bytes) -> list:  # type: ignore[type-arg]
         req = msgpack.unpackb(data, raw=False, max_bin_len=32, max_str_len=16, max_array_len=3)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise BadRequest(peer, f"shard request is not msgpack: {exc}") from None
-    ok = isinstance(req, list) and req and (
-        req == ["watch"]
-        or req == ["newest"]
-        or (len(req) == 2 and req[0] == "manifest" and isinstance(req[1], bytes) and len(req[1]) == 32)
-        or (
-            len(req) == 3 and req[0] == "shard" and isinstance(req[1], bytes) and len(req[1]) == 32
-            and isinstance(req[2], int) and 0 <= req[2] < 65_536
+    ok = (
+        isinstance(req, list)
+        and req
+        and (
+            req == ["watch"]
+            or req == ["newest"]
+            or (
+                len(req) == 2
+                and req[0] == "manifest"
+                and isinstance(req[1], bytes)
+                and len(req[1]) == 32
+            )
+            or (
+                len(req) == 3
+                and req[0] == "shard"
+                and isinstance(req[1], bytes)
+                and len(req[1]) == 32
+                and isinstance(req[2], int)
+                and 0 <= req[2] < 65_536
+            )
         )
-    )  # fmt: skip
+    )
     if not ok:
         raise BadRequest(peer, "not a shard request")
     return req
@@ -123,9 +136,15 @@ ShardFn = Callable[[bytes, int], Awaitable[bytes | None]]
 
 
 async def serve(
-    stream: FramedStream, limiter: UploadLimiter, have: HaveFn, changed: ChangedFn,
-    manifest: ManifestFn, shard: ShardFn, watching: dict[str, int], newest: NewestFn,
-) -> int:  # fmt: skip
+    stream: FramedStream,
+    limiter: UploadLimiter,
+    have: HaveFn,
+    changed: ChangedFn,
+    manifest: ManifestFn,
+    shard: ShardFn,
+    watching: dict[str, int],
+    newest: NewestFn,
+) -> int:
     """Answer one request; returns the shard bytes uploaded (0 for other requests).
     `watching`: the node's count of watches served per peer (this call keeps it)."""
     try:
@@ -198,9 +217,11 @@ async def _request(host: SwarmHost, peer: str, run_id: str, req: list) -> Framed
 
 
 async def watch_have(
-    host: SwarmHost, peer: str, run_id: str,
+    host: SwarmHost,
+    peer: str,
+    run_id: str,
     on_have: Callable[[dict[bytes, bytes]], Awaitable[None]],
-) -> None:  # fmt: skip
+) -> None:
     """Call `on_have({manifest id: bitfield})` (unchecked beyond shape) with each have-map
     `peer` pushes, until it ends the watch (after WATCH_MAX_S: returns; we also stop
     listening a little later whatever it does) or the stream breaks, stays silent past the

@@ -426,7 +426,9 @@ class Store(LedgerStore, RetentionStore):
                 (float(before),),
             ).rowcount
 
-    def known_since(self, since: float, limit: int = 65_536) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    def known_since(
+        self, since: float, limit: int = 65_536
+    ) -> tuple[list[bytes], list[bytes], list[bytes]]:
         """Ids stored since `since` (newest first), to refill a dedup cache after a restart:
         (rollouts with a header only, rollouts with a body, verdicts)."""
         with self._read() as c:
@@ -439,7 +441,11 @@ class Store(LedgerStore, RetentionStore):
                 "SELECT verdict_id FROM verdicts WHERE received_at>=? ORDER BY received_at DESC LIMIT ?",
                 (float(since), int(limit)),
             ).fetchall()
-        return [r[0] for r in rows if not r[1]], [r[0] for r in rows if r[1]], [v[0] for v in verdicts]
+        return (
+            [r[0] for r in rows if not r[1]],
+            [r[0] for r in rows if r[1]],
+            [v[0] for v in verdicts],
+        )
 
     def known_signers(self, since: float, limit: int = 65_536) -> list[bytes]:
         """Producers and validators of what was stored since `since` (most recent first):

@@ -150,7 +150,8 @@ class LedgerStore:
         with self._read() as c:
             for d, o, r, n in c.execute(
                 f"SELECT direction, outcome, reason, count(*) FROM ledger{where} "
-                "GROUP BY direction, outcome, reason", args
+                "GROUP BY direction, outcome, reason",
+                args,
             ).fetchall():
                 out[(d, o, r)] = int(n)
             for d, o, r, n in c.execute(

@@ -122,9 +122,7 @@ class RetentionStore:
         total = 0
         while goal is None or self.used_bytes() > goal:
             with self._write() as c:
-                c.execute(
-                    "CREATE TEMP TABLE IF NOT EXISTS doomed (seq INTEGER PRIMARY KEY)"
-                )
+                c.execute("CREATE TEMP TABLE IF NOT EXISTS doomed (seq INTEGER PRIMARY KEY)")
                 c.execute("DELETE FROM doomed")
                 c.execute(
                     f"INSERT INTO doomed SELECT seq FROM ledger WHERE {where} ORDER BY seq LIMIT {CHUNK}"

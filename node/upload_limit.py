@@ -115,6 +115,8 @@ class UploadLimiter:
         if not self._waiting:
             self._busy = False
             return
-        i = next_upload([(w.since, w.left) for w in self._waiting], trio.current_time(), self.max_wait_s)
+        i = next_upload(
+            [(w.since, w.left) for w in self._waiting], trio.current_time(), self.max_wait_s
+        )
         self._busy = True
         self._waiting.pop(i).turn.set()

@@ -70,9 +70,15 @@ class WeightServer:
         """Answer one request on `stream` (the peer's stream handler)."""
         try:
             n = await shard_exchange.serve(
-                stream, self.limiter, self.have_map, self.wait_changed, self.manifest,
-                self.shard, self.watchers, self.newest_envelope,
-            )  # fmt: skip
+                stream,
+                self.limiter,
+                self.have_map,
+                self.wait_changed,
+                self.manifest,
+                self.shard,
+                self.watchers,
+                self.newest_envelope,
+            )
         except shard_exchange.BadRequest:
             self.report(stream.peer, penalties.BAD_REQUEST, "bad shard request")
             raise

@@ -219,7 +219,9 @@ class WeightsStore:
             raise BadShard("shard does not match its digest")
         if m.kind == "full":
             if info.offset + info.size > m.total_bytes:
-                raise WeightsError(f"version {m.version}: a shard outside its manifest's checkpoint")
+                raise WeightsError(
+                    f"version {m.version}: a shard outside its manifest's checkpoint"
+                )
             _fsync_write_at(self._partial(manifest_id), info.offset, data, m.total_bytes)
         else:
             path = self._part(manifest_id, index)
@@ -296,7 +298,9 @@ class WeightsStore:
         if self._installed_digest(m.version) != m.file_digest:
             missing = set(range(len(m.shards))) - self.have(manifest_id)
             if missing:
-                raise WeightsError(f"manifest of version {m.version}: {len(missing)} shards missing")
+                raise WeightsError(
+                    f"manifest of version {m.version}: {len(missing)} shards missing"
+                )
             path = self._partial(manifest_id)
             try:
                 hasher = new_hasher()
@@ -311,7 +315,9 @@ class WeightsStore:
                 os.replace(path, self.version_path(m.version))
                 _fsync_dir(self.version_path(m.version))
             except OSError as exc:
-                raise WeightsError(f"cannot install version {m.version}: {exc.strerror or exc}") from None
+                raise WeightsError(
+                    f"cannot install version {m.version}: {exc.strerror or exc}"
+                ) from None
             self._exec(
                 "INSERT OR REPLACE INTO versions VALUES (?,?,?,?)",
                 (m.version, m.file_digest, m.total_bytes, time.time()),

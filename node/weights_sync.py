@@ -233,9 +233,13 @@ class WeightSync:
         announce = b""
         for e in exported:
             env = seal(
-                self.peer.identity, e.manifest, run_id=self.run_id, policy_version=version,
-                seq=self.peer.seq.next(), timestamp_ms=int(time.time() * 1000),
-            )  # fmt: skip
+                self.peer.identity,
+                e.manifest,
+                run_id=self.run_id,
+                policy_version=version,
+                seq=self.peer.seq.next(),
+                timestamp_ms=int(time.time() * 1000),
+            )
             mid = content_id(env)
 
             def keep(e: Any = e, env: bytes = env, mid: bytes = mid) -> None:
@@ -431,7 +435,9 @@ class WeightSync:
                     )
                 except BadShard:
                     self._bump("bad_shards_received")
-                    self._misbehaved(req.peer, penalties.BAD_SHARD, "shard failed its signed digest")
+                    self._misbehaved(
+                        req.peer, penalties.BAD_SHARD, "shard failed its signed digest"
+                    )
                     self._dispatch(self.sched.on_bad(req.peer, req.manifest_id, req.index, now()))
                     return
                 except ManifestGone:
@@ -557,7 +563,9 @@ class WeightSync:
         self.sched.on_have(peer, mid, shard_exchange.from_bitfield(bits, n), trio.current_time())
 
 
-def _canonical(weights: bytes | Mapping[str, Any] | str | os.PathLike[str], names: set[str]) -> bytes:
+def _canonical(
+    weights: bytes | Mapping[str, Any] | str | os.PathLike[str], names: set[str]
+) -> bytes:
     try:
         if isinstance(weights, bytes | bytearray):
             return canonicalize(bytes(weights))

@@ -95,8 +95,15 @@ class Standing:
 
 class _Producer:
     __slots__ = (
-        "first", "floor", "last", "pending", "published", "reward_sum", "overflow", "snaps"
-    )  # fmt: skip
+        "first",
+        "floor",
+        "last",
+        "pending",
+        "published",
+        "reward_sum",
+        "overflow",
+        "snaps",
+    )
 
     def __init__(self, counter: int) -> None:
         self.first = self.floor = self.last = counter
@@ -212,13 +219,19 @@ class GapCharges:
     """Who to charge for withheld counters, and when (see the module docstring)."""
 
     def __init__(
-        self, ledger: WorkLedger | None = None, *, sweep_every_s: float = 1.0,
-        max_suspects: int = 4096, max_charged: int = 100_000,
-    ) -> None:  # fmt: skip
+        self,
+        ledger: WorkLedger | None = None,
+        *,
+        sweep_every_s: float = 1.0,
+        max_suspects: int = 4096,
+        max_charged: int = 100_000,
+    ) -> None:
         self.ledger = ledger if ledger is not None else WorkLedger()
         self.sweep_every_s, self.max_suspects, self.max_charged = (
-            sweep_every_s, max_suspects, max_charged,
-        )  # fmt: skip
+            sweep_every_s,
+            max_suspects,
+            max_charged,
+        )
         self.charged: set[bytes] = set()  # producers charged for their current gaps
         self.suspects: OrderedDict[bytes, None] = OrderedDict()  # gaps at their last rollout
         self.swept_at = -math.inf

@@ -1094,7 +1094,9 @@ class Admission:
         )
         self._known_signers: OrderedDict[bytes, None] = OrderedDict()
         self._standing: OrderedDict[bytes, int] = OrderedDict()  # producer -> passes
-        self._young = _YoungView(cfg.young_view_signers, cfg.young_view_per_sender, cfg.young_view_s)
+        self._young = _YoungView(
+            cfg.young_view_signers, cfg.young_view_per_sender, cfg.young_view_s
+        )
         self.work = WorkIndex(cfg.work_entries)
         self._replay = ReplayGuard(
             run.run_id,
@@ -1130,11 +1132,19 @@ class Admission:
             NewestShown: self._on_newest_shown,
         }
 
-    def set_run_keys(self, trainer_keys: frozenset[bytes], validator_keys: frozenset[bytes]) -> None:
+    def set_run_keys(
+        self, trainer_keys: frozenset[bytes], validator_keys: frozenset[bytes]
+    ) -> None:
         """A newer release of the run (`protocol.run_manifest`) names these trainer and
         validator keys: who may publish versions and judge rollouts from now on."""
-        self.run = RunRules(self.run.run_id, self.run.max_staleness, frozenset(trainer_keys),
-                            frozenset(validator_keys), self.run.verdict_quorum, self.run.run_seed)
+        self.run = RunRules(
+            self.run.run_id,
+            self.run.max_staleness,
+            frozenset(trainer_keys),
+            frozenset(validator_keys),
+            self.run.verdict_quorum,
+            self.run.run_seed,
+        )
         self.authority.set_keys(validator_keys, trainer_keys)
 
     # -- entry point ---------------------------------------------------------------
@@ -1258,7 +1268,10 @@ class Admission:
             self.claims.unanswered(ev.peer)
             return []
         shown = None
-        if ev.envelope is not None and len(ev.envelope) <= self.rules[Kind.WEIGHT_MANIFEST].max_bytes:
+        if (
+            ev.envelope is not None
+            and len(ev.envelope) <= self.rules[Kind.WEIGHT_MANIFEST].max_bytes
+        ):
             try:
                 op = self.rules[Kind.WEIGHT_MANIFEST].opener(ev.envelope)
             except _RemoteError:
@@ -1437,7 +1450,9 @@ class Admission:
         if rule.work and self.run.run_seed is not None:
             header = op.obj.header if isinstance(op.obj, OpenedRollout) else op.obj
             if header.task_seed != task_seed(self.run.run_seed, header.counter, who):
-                r = refuse(Reason.NOT_BOUND, "task seed not derived from the signer's key and counter")
+                r = refuse(
+                    Reason.NOT_BOUND, "task seed not derived from the signer's key and counter"
+                )
                 r.blame_signer = True  # it signed a claim to work its key did not make
                 raise r
         if rule.versioned:
@@ -1446,8 +1461,13 @@ class Admission:
                 # Who pays: nobody for bytes we asked for (a pull) or for a rollout that
                 # went stale while it was made or on its way; its signer otherwise.
                 fault = rule.gossip and self._stale_by_fault(v, env.timestamp_ms)
-                r = _Refused(Stage.CONTEXT, Reason.STALE, f"version {v} at {t}: {t - v} > S={s}",
-                             None if fault else 0.0, signer=who)  # fmt: skip
+                r = _Refused(
+                    Stage.CONTEXT,
+                    Reason.STALE,
+                    f"version {v} at {t}: {t - v} > S={s}",
+                    None if fault else 0.0,
+                    signer=who,
+                )
                 if rule.work:
                     r.late = Admitted(m.kind, op.content_id, m.peer, env, op.obj, b"", now)
                 raise r
@@ -1487,8 +1507,13 @@ class Admission:
         # of a revocation yet is not to blame.
         pen = 0.0 if _relaying(sender, origin, who) else None
         if not self.authority.may_judge(who):
-            raise _Refused(Stage.CONTEXT, Reason.UNAUTHORIZED, "signer may not judge", pen,
-                           wasteful=not self.authority.ever_named(who))  # fmt: skip
+            raise _Refused(
+                Stage.CONTEXT,
+                Reason.UNAUTHORIZED,
+                "signer may not judge",
+                pen,
+                wasteful=not self.authority.ever_named(who),
+            )
         if v.producer == who:
             raise _Refused(Stage.CONTEXT, Reason.UNAUTHORIZED, "a verdict on its own work", pen)
         if getattr(v, "sample_ticket", b"") and not check_ticket(
@@ -1522,8 +1547,12 @@ class Admission:
             # Free for a relay (it may know these signers; we do not yet). But an honest
             # node publishes only what it signed itself, so a sender that is the gossip
             # origin of another signer's message is no relay: it pays for the refusal.
-            raise _Refused(Stage.QUOTA, Reason.NEW_IDENTITIES, "too many new signers at once",
-                           AUTHORED_NEW_IDENTITY_PENALTY if authored else None)  # fmt: skip
+            raise _Refused(
+                Stage.QUOTA,
+                Reason.NEW_IDENTITIES,
+                "too many new signers at once",
+                AUTHORED_NEW_IDENTITY_PENALTY if authored else None,
+            )
         if not self._signer_rate.allow(signer, m.now, self.signer_rate_factor(signer)):
             # Dropped, never charged: an honest producer may be faster than we accept (a
             # flood still pays at the per-sender stage), and its relays are not to blame.

@@ -28,7 +28,14 @@ import hashlib
 
 from protocol.identity import Identity, verify_signature
 
-__all__ = ["SAMPLE_DOMAIN", "WINDOW_DOMAIN", "check_ticket", "sample_ticket", "sampled", "window_ticket"]
+__all__ = [
+    "SAMPLE_DOMAIN",
+    "WINDOW_DOMAIN",
+    "check_ticket",
+    "sample_ticket",
+    "sampled",
+    "window_ticket",
+]
 
 SAMPLE_DOMAIN = b"swarm-rl/audit-sample/1\x00"
 WINDOW_DOMAIN = b"swarm-rl/audit-window/1\x00"
@@ -45,7 +52,9 @@ def sample_ticket(identity: Identity, run_id: str, rollout_id: bytes) -> bytes:
 
 def window_ticket(identity: Identity, run_id: str, producer: bytes, window: int) -> bytes:
     """The validator's ticket for one window of `producer`'s task counters (64 bytes)."""
-    return identity.sign(WINDOW_DOMAIN + run_id.encode() + b"\x00" + producer + window.to_bytes(8, "big"))
+    return identity.sign(
+        WINDOW_DOMAIN + run_id.encode() + b"\x00" + producer + window.to_bytes(8, "big")
+    )
 
 
 def check_ticket(validator: bytes, run_id: str, rollout_id: bytes, ticket: bytes) -> bool:

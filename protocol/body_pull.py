@@ -256,7 +256,9 @@ class PullSchedule:
         ):
             self.stats.refused_full += 1
             return []
-        p = _Pull(ev.rollout_id, list(dict.fromkeys(ev.sources)), ev.now, ev.origin, producer, ev.now)
+        p = _Pull(
+            ev.rollout_id, list(dict.fromkeys(ev.sources)), ev.now, ev.origin, producer, ev.now
+        )
         self._pulls[ev.rollout_id] = p
         if producer is not None:
             self._per_producer[producer] = self._per_producer.get(producer, 0) + 1
@@ -329,7 +331,11 @@ class PullSchedule:
             key=lambda x: _stable_hash(p.rollout_id, x),
         )
         p.sources += others[: self.config.widen_to]
-        return source if source is not None else next((s for s in p.sources if s in ev.connected), None)
+        return (
+            source
+            if source is not None
+            else next((s for s in p.sources if s in ev.connected), None)
+        )
 
     def _failed(self, p: _Pull, *, answered: bool, now: float) -> list[Action]:
         cfg = self.config
@@ -370,6 +376,8 @@ def _stable_hash(*parts: Hashable) -> bytes:
     return hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
 
 
-def answers_for(ids: Iterable[Hashable], source: Source, outcome: Outcome, now: float) -> list[Answered]:
+def answers_for(
+    ids: Iterable[Hashable], source: Source, outcome: Outcome, now: float
+) -> list[Answered]:
     """The same outcome for every id of a fetch (a failed request)."""
     return [Answered(rid, source, outcome, now) for rid in ids]

@@ -152,10 +152,16 @@ class CreditBook:
     """Claims, held bodies and judgements per (producer, counter) (module docstring)."""
 
     def __init__(
-        self, *, pull_window_s: float = 300.0, tolerance: float = 1e-4,
-        max_open: int = 262_144, max_producers: int = 100_000, max_versions: int = 8,
-        back_window_s: float = 600.0, stale_after_s: float = STALE_AFTER_S,
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        pull_window_s: float = 300.0,
+        tolerance: float = 1e-4,
+        max_open: int = 262_144,
+        max_producers: int = 100_000,
+        max_versions: int = 8,
+        back_window_s: float = 600.0,
+        stale_after_s: float = STALE_AFTER_S,
+    ) -> None:
         if not (math.isfinite(pull_window_s) and pull_window_s > 0) or tolerance < 0:
             raise LocalProtocolError("CreditBook: pull_window_s > 0 and tolerance >= 0")
         if not (math.isfinite(back_window_s) and back_window_s >= 0 and stale_after_s >= 0):
@@ -177,8 +183,9 @@ class CreditBook:
         self._settled: OrderedDict[tuple[bytes, int], str] = OrderedDict()
         self._producers: OrderedDict[bytes, CreditStanding] = OrderedDict()
 
-    def _claim(self, producer: bytes, counter: int, version: int, claimed: float | None,
-               now: float) -> _Claim | None:  # fmt: skip
+    def _claim(
+        self, producer: bytes, counter: int, version: int, claimed: float | None, now: float
+    ) -> _Claim | None:
         """The claim of (producer, counter), opened if new; None if settled or if it names
         another version than the claim heard first. `claimed`: the header's reward, None
         when what we heard was not the header (a verdict)."""
@@ -269,15 +276,23 @@ class CreditBook:
             key, _ = self._open.popitem(last=False)
             self._settle(*key, None, skipped=True)
 
-    def on_header(self, producer: bytes, counter: int, version: int, claimed: float,
-                  now: float) -> OutOfOrder | None:  # fmt: skip
+    def on_header(
+        self, producer: bytes, counter: int, version: int, claimed: float, now: float
+    ) -> OutOfOrder | None:
         """A header (or a record's header) heard at `now`; the `OutOfOrder` to charge if it
         goes back to a version that is not its free one."""
         self._claim(producer, counter, version, claimed, now)
         return self._take_charge()
 
-    def on_body(self, producer: bytes, counter: int, version: int, claimed: float,
-                rescored: float, now: float) -> FalseClaim | OutOfOrder | None:  # fmt: skip
+    def on_body(
+        self,
+        producer: bytes,
+        counter: int,
+        version: int,
+        claimed: float,
+        rescored: float,
+        now: float,
+    ) -> FalseClaim | OutOfOrder | None:
         """We hold the body of (producer, counter) and re-scored it at `rescored`; the
         `FalseClaim` to charge if its claim differs (once per counter), or the
         `OutOfOrder` if the claim, heard first here, goes back (`on_header`)."""
@@ -299,8 +314,9 @@ class CreditBook:
             return FalseClaim(producer, counter, c.claimed, c.rescored)
         return None
 
-    def on_judged(self, producer: bytes, counter: int, version: int, passed: bool,
-                  rescored: float, now: float) -> None:  # fmt: skip
+    def on_judged(
+        self, producer: bytes, counter: int, version: int, passed: bool, rescored: float, now: float
+    ) -> None:
         """A judgement of (producer, counter) at `version`: passed or not, and the judge's
         re-score. Settles the counter if we hold its body (a failure takes back the re-score
         it was credited); otherwise the judge's re-score is credited when the pull window
@@ -339,8 +355,16 @@ class CreditBook:
             self._producers.move_to_end(producer)
         return s
 
-    def _settle(self, producer: bytes, counter: int, reward: float | None, *, skipped: bool = False,
-                refused: str = "", judged: bool = False) -> None:  # fmt: skip
+    def _settle(
+        self,
+        producer: bytes,
+        counter: int,
+        reward: float | None,
+        *,
+        skipped: bool = False,
+        refused: str = "",
+        judged: bool = False,
+    ) -> None:
         """Settle a counter: `reward` added to what it was credited, skipped, or `refused`
         (out of order, stale: never trained on; `reward` None)."""
         s = self._standing(producer)

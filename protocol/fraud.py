@@ -107,15 +107,24 @@ class FraudCases:
         return sum(any(a == accuser for a, _ in c.accusers) for c in self.cases.values())
 
     def accused(
-        self, rollout_id: bytes, producer: bytes, accuser: bytes, reason: str, now: float,
+        self,
+        rollout_id: bytes,
+        producer: bytes,
+        accuser: bytes,
+        reason: str,
+        now: float,
         record_held: bool = False,
-    ) -> list[Action]:  # fmt: skip
+    ) -> list[Action]:
         """A failed verdict on `rollout_id` signed by `accuser` (a key that may judge)."""
         if accuser == producer:
             return []  # admission refuses verdicts on one's own work; never a case
         if rollout_id in self.judged:
             if not self.judged[rollout_id]:
-                return [Punish(accuser, FALSE_ACCUSATION, f"false accusation: {reason}", "false_accusation")]
+                return [
+                    Punish(
+                        accuser, FALSE_ACCUSATION, f"false accusation: {reason}", "false_accusation"
+                    )
+                ]
             return []  # already convicted: nothing more to learn
         case = self.cases.get(rollout_id)
         if case is not None:
@@ -159,7 +168,12 @@ class FraudCases:
             return [Punish(case.producer, FRAUD_PENALTY, f"fraud reproduced: {reason}", "fraud")]
         self.counts["acquitted"] += 1
         return [
-            Punish(key, FALSE_ACCUSATION, f"false accusation: {why} (our audit passed)", "false_accusation")
+            Punish(
+                key,
+                FALSE_ACCUSATION,
+                f"false accusation: {why} (our audit passed)",
+                "false_accusation",
+            )
             for key, why in case.accusers
         ]
 
@@ -173,9 +187,10 @@ class FraudCases:
         pays."""
         ttl = self.config.case_ttl_s
         for rid in [
-            rid for rid, c in self.cases.items()
+            rid
+            for rid, c in self.cases.items()
             if now - c.opened_at > (3 * ttl if c.auditing else ttl)
-        ]:  # fmt: skip
+        ]:
             del self.cases[rid]
             self.counts["expired"] += 1
         return []

@@ -253,8 +253,11 @@ WITHHELD = Offence(
 # -- GossipSub control traffic, counted by the host (node/gossip_guard.py) per peer and window
 
 GRAFT_PRUNE_FLOOD = Offence(
-    "graft_prune_flood", -2.0, Payer.SENDER,
-    "more GRAFT and PRUNE in a window than mesh upkeep needs", repeats=True,
+    "graft_prune_flood",
+    -2.0,
+    Payer.SENDER,
+    "more GRAFT and PRUNE in a window than mesh upkeep needs",
+    repeats=True,
 )
 IHAVE_FLOOD = Offence(
     "ihave_flood", -1.0, Payer.SENDER, "more IHAVE ids in a window than gossip needs", repeats=True
@@ -263,11 +266,17 @@ IWANT_FLOOD = Offence(
     "iwant_flood", -2.0, Payer.SENDER, "more IWANT ids in a window than gossip needs", repeats=True
 )
 TOO_MANY_TOPICS = Offence(
-    "too_many_topics", -1.0, Payer.SENDER, "subscribed to more topics at once than a run has",
+    "too_many_topics",
+    -1.0,
+    Payer.SENDER,
+    "subscribed to more topics at once than a run has",
     repeats=True,
 )
 OVERSIZE_RPC = Offence(
-    "oversize_rpc", -5.0, Payer.SENDER, "a gossip RPC over the library's 1 MiB limit (dropped there)",
+    "oversize_rpc",
+    -5.0,
+    Payer.SENDER,
+    "a gossip RPC over the library's 1 MiB limit (dropped there)",
     repeats=True,
 )
 

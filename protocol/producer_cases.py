@@ -76,7 +76,9 @@ def window_statistic(values: Iterable[float], over: int = WINDOW_OVER) -> float:
     return vals[min(over, len(vals)) - 1]
 
 
-def window_failed(values: Iterable[float], limit: float, missing: int = 0, over: int = WINDOW_OVER) -> bool:
+def window_failed(
+    values: Iterable[float], limit: float, missing: int = 0, over: int = WINDOW_OVER
+) -> bool:
     """Whether a window of audited record statistics, and `missing` records whose bodies
     never arrived, fails."""
     return window_statistic([*values, *[MISSING] * min(missing, over - 1)], over) > limit
@@ -119,16 +121,28 @@ class ProducerCases:
             return []  # admission refuses claims on one's own work; never a case
         ids = tuple(dict.fromkeys(rollout_ids))
         if len(ids) != PRODUCER_WINDOW:
-            return [Punish(accuser, FALSE_ACCUSATION, f"producer claim of {len(ids)} records", "false_accusation")]
+            return [
+                Punish(
+                    accuser,
+                    FALSE_ACCUSATION,
+                    f"producer claim of {len(ids)} records",
+                    "false_accusation",
+                )
+            ]
         cid = claim_id(producer, ids)
         if cid in self.judged:
             if not self.judged[cid]:
-                return [Punish(accuser, FALSE_ACCUSATION, "false producer claim", "false_accusation")]
+                return [
+                    Punish(accuser, FALSE_ACCUSATION, "false producer claim", "false_accusation")
+                ]
             return []
         if cid in self.cases:
             return []  # the first accuser's case stands; a second one adds nothing
         by_accuser = sum(c.accuser == accuser for c in self.cases.values())
-        if len(self.cases) >= self.config.max_open or by_accuser >= self.config.max_open_per_accuser:
+        if (
+            len(self.cases) >= self.config.max_open
+            or by_accuser >= self.config.max_open_per_accuser
+        ):
             self.counts["ignored"] += 1
             return []
         self.cases[cid] = _Claim(producer, accuser, ids, now)

@@ -171,7 +171,9 @@ def _skip(fileobj: BinaryIO, n: int) -> int:
     return done
 
 
-def scan_records(fileobj: BinaryIO, max_bytes: int = RolloutRecord.MAX_BYTES) -> Iterator[StreamItem]:
+def scan_records(
+    fileobj: BinaryIO, max_bytes: int = RolloutRecord.MAX_BYTES
+) -> Iterator[StreamItem]:
     """Every item of a msgpack record stream, in order, each a record or a problem (see
     `StreamItem`); never raises on bad bytes and never holds more than one record (at most
     `max_bytes`) in memory. An empty stream yields one `stream-empty` item."""
@@ -180,32 +182,54 @@ def scan_records(fileobj: BinaryIO, max_bytes: int = RolloutRecord.MAX_BYTES) ->
         head = fileobj.read(1)
         if not head:
             if index == 0:
-                yield StreamItem(0, 0, problem="stream-empty", detail="no records: the file is empty")
+                yield StreamItem(
+                    0, 0, problem="stream-empty", detail="no records: the file is empty"
+                )
             return
         width = _BIN_LEN_BYTES.get(head[0])
         if width is None:
-            yield StreamItem(index, offset, problem="stream-garbage",
-                             detail=f"byte 0x{head[0]:02x} at offset {offset} does not start a record")
+            yield StreamItem(
+                index,
+                offset,
+                problem="stream-garbage",
+                detail=f"byte 0x{head[0]:02x} at offset {offset} does not start a record",
+            )
             return
         raw = _read_exactly(fileobj, width)
         if len(raw) < width:
-            yield StreamItem(index, offset, problem="stream-truncated",
-                             detail=f"stream ends inside the header of item {index} at offset {offset}")
+            yield StreamItem(
+                index,
+                offset,
+                problem="stream-truncated",
+                detail=f"stream ends inside the header of item {index} at offset {offset}",
+            )
             return
         size = int.from_bytes(raw, "big")
         if size > max_bytes:
             got = _skip(fileobj, size)
             if got < size:
-                yield StreamItem(index, offset, problem="stream-truncated",
-                                 detail=f"item {index} promises {size} bytes, the stream ends after {got}")
+                yield StreamItem(
+                    index,
+                    offset,
+                    problem="stream-truncated",
+                    detail=f"item {index} promises {size} bytes, the stream ends after {got}",
+                )
                 return
-            yield StreamItem(index, offset, problem="record-too-large",
-                             detail=f"item {index} is {size} bytes, a record is at most {max_bytes}")
+            yield StreamItem(
+                index,
+                offset,
+                problem="record-too-large",
+                detail=f"item {index} is {size} bytes, a record is at most {max_bytes}",
+            )
         else:
             data = _read_exactly(fileobj, size)
             if len(data) < size:
-                yield StreamItem(index, offset, problem="stream-truncated",
-                                 detail=f"item {index} promises {size} bytes, the stream ends after {len(data)}")
+                yield StreamItem(
+                    index,
+                    offset,
+                    problem="stream-truncated",
+                    detail=f"item {index} promises {size} bytes, the stream ends after {len(data)}",
+                )
                 return
             yield StreamItem(index, offset, record=data)
         index += 1
@@ -222,4 +246,6 @@ def read_records(fileobj: BinaryIO) -> Iterator[bytes]:
         if item.record is not None:
             yield item.record
         elif item.problem != "stream-empty":
-            raise DecodeError("RolloutStream", f"item {item.index}", f"{item.problem}: {item.detail}")
+            raise DecodeError(
+                "RolloutStream", f"item {item.index}", f"{item.problem}: {item.detail}"
+            )

@@ -92,13 +92,20 @@ def seal_release(
         manifest=manifest, manifest_version=manifest_version, authority=authority.peer_id
     )
     return seal(
-        authority, release, run_id=manifest.run_id, policy_version=0, seq=manifest_version,
+        authority,
+        release,
+        run_id=manifest.run_id,
+        policy_version=0,
+        seq=manifest_version,
         timestamp_ms=timestamp_ms,
     )
 
 
 def assemble(
-    manifest: RunManifest, manifest_version: int, authority: bytes, timestamp_ms: int,
+    manifest: RunManifest,
+    manifest_version: int,
+    authority: bytes,
+    timestamp_ms: int,
     signature: bytes,
 ) -> bytes:
     """The envelope bytes of a release kept in parts (a run file keeps the manifest as
@@ -106,8 +113,13 @@ def assemble(
     the result to `check`. Raises `LocalProtocolError` for parts out of shape."""
     release = RunRelease(manifest=manifest, manifest_version=manifest_version, authority=authority)
     env = Envelope(
-        kind=RunRelease.KIND, signer=authority, run_id=manifest.run_id, policy_version=0,
-        seq=manifest_version, timestamp_ms=timestamp_ms, payload=encode(release),
+        kind=RunRelease.KIND,
+        signer=authority,
+        run_id=manifest.run_id,
+        policy_version=0,
+        seq=manifest_version,
+        timestamp_ms=timestamp_ms,
+        payload=encode(release),
         signature=signature,
     )
     return encode(env)

@@ -213,8 +213,9 @@ class F32Array(_PackedArray):
         return self._range_problem(value)
 
     def _range_problem(self, value: Sequence[float]) -> str | None:
-        if value and not (all(map(math.isfinite, value))
-                          and self.lo <= min(value) and max(value) <= self.hi):  # fmt: skip
+        if value and not (
+            all(map(math.isfinite, value)) and self.lo <= min(value) and max(value) <= self.hi
+        ):
             bad = next(v for v in value if not (math.isfinite(v) and self.lo <= v <= self.hi))
             return f"item {bad} not finite or outside [{self.lo}, {self.hi}]"
         return None

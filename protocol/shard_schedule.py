@@ -140,9 +140,13 @@ class ScheduleConfig:
         if self.per_peer < 1 or self.total < 1 or self.endgame_copies < 1:
             raise LocalProtocolError("ScheduleConfig: per_peer, total, endgame_copies must be >= 1")
         for name in (
-            "stall_s", "min_rate_bytes_s", "drop_s", "fail_backoff_s", "bad_drop_s",
+            "stall_s",
+            "min_rate_bytes_s",
+            "drop_s",
+            "fail_backoff_s",
+            "bad_drop_s",
             "optimistic_bytes_s",
-        ):  # fmt: skip
+        ):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise LocalProtocolError(f"ScheduleConfig.{name} must be a positive number")

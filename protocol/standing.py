@@ -59,8 +59,18 @@ from protocol.producer_cases import (
 )
 
 __all__ = [
-    "MISSING", "PROBATION_AUDIT_FRACTION", "PROBATION_CREDIT", "PROBATION_WINDOWS", "WINDOW_OVER",
-    "Banned", "Decision", "HeldPasses", "State", "StandingBook", "cleared_passes", "window_failed",
+    "MISSING",
+    "PROBATION_AUDIT_FRACTION",
+    "PROBATION_CREDIT",
+    "PROBATION_WINDOWS",
+    "WINDOW_OVER",
+    "Banned",
+    "Decision",
+    "HeldPasses",
+    "State",
+    "StandingBook",
+    "cleared_passes",
+    "window_failed",
     "window_statistic",
 ]
 
@@ -102,8 +112,13 @@ class _Record:
 class StandingBook:
     """Per producer key, the audits heard and the standing they give (module docstring)."""
 
-    def __init__(self, probation_passes: int = PROBATION_WINDOWS * PRODUCER_WINDOW, *,
-                 hold_s: float = HOLD_S, max_producers: int = 65_536) -> None:  # fmt: skip
+    def __init__(
+        self,
+        probation_passes: int = PROBATION_WINDOWS * PRODUCER_WINDOW,
+        *,
+        hold_s: float = HOLD_S,
+        max_producers: int = 65_536,
+    ) -> None:
         if probation_passes < 0 or hold_s < 0 or max_producers < 1:
             raise ValueError("StandingBook: probation_passes, hold_s >= 0 and max_producers >= 1")
         self.probation_passes = probation_passes
@@ -154,9 +169,13 @@ class StandingBook:
 
     def credit_weight(self, producer: bytes) -> float:
         """What one unit of `producer`'s credited work counts: 0 banned, capped on probation."""
-        return {State.BANNED: 0.0, State.PROBATION: PROBATION_CREDIT, State.GOOD: 1.0}[self.state(producer)]
+        return {State.BANNED: 0.0, State.PROBATION: PROBATION_CREDIT, State.GOOD: 1.0}[
+            self.state(producer)
+        ]
 
-    def decide(self, producer: bytes, verified: bool | None, arrived_at: float, now: float) -> Decision:
+    def decide(
+        self, producer: bytes, verified: bool | None, arrived_at: float, now: float
+    ) -> Decision:
         """Whether a record of `producer` whose cheap checks passed trains now: `verified`
         is its own verdict (True passed, False failed, None none yet)."""
         state = self.state(producer)

@@ -43,8 +43,9 @@ class AskNewest:
 class VersionClaims:
     """Open questions about claimed versions, per sender (see the module docstring)."""
 
-    def __init__(self, *, min_interval_s: float = 10.0, max_open: int = 64,
-                 max_peers: int = 4096) -> None:  # fmt: skip
+    def __init__(
+        self, *, min_interval_s: float = 10.0, max_open: int = 64, max_peers: int = 4096
+    ) -> None:
         if min_interval_s < 0 or max_open < 1 or max_peers < 1:
             raise LocalProtocolError("VersionClaims limits must be positive")
         self.min_interval_s, self.max_open, self.max_peers = min_interval_s, max_open, max_peers

@@ -166,7 +166,9 @@ class HeaderBatch(WireObject):
     own, exactly as if it had arrived alone; the batch itself carries no authority.
     """
 
-    headers: tuple[bytes, ...] = spec(ListOf(Bytes(4 * KiB, min_len=1), MAX_HEADER_BATCH, min_len=1))
+    headers: tuple[bytes, ...] = spec(
+        ListOf(Bytes(4 * KiB, min_len=1), MAX_HEADER_BATCH, min_len=1)
+    )
 
 
 @wire("metric", schema=1, max_bytes=256)

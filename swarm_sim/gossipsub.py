@@ -140,9 +140,7 @@ class Router:
             return []
         mesh, suspect = self.mesh, self.suspect
         # Only a suspect can score below zero (see `suspect`): ask the score of those only.
-        cands = [
-            p for p in connected if p not in mesh and (p not in suspect or score(p) >= 0)
-        ]
+        cands = [p for p in connected if p not in mesh and (p not in suspect or score(p) >= 0)]
         if len(cands) <= cfg.d_lazy:
             return cands
         return sample(rng, cands, cfg.d_lazy)

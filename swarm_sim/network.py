@@ -208,7 +208,10 @@ class Network:
         True answer is a copy the receiver's router drops from its seen-cache (it uses the
         downlink, costs no CPU and runs no handler), like gossipsub's duplicate check.
         """
-        return self._transmit(a, (b,), nbytes, kind, handler, (args,), seen, need_conn, eta, control) > 0
+        return (
+            self._transmit(a, (b,), nbytes, kind, handler, (args,), seen, need_conn, eta, control)
+            > 0
+        )
 
     def send_many(
         self,
@@ -283,8 +286,19 @@ class Network:
                     continue
                 eta[b] = up_done + lat
             c.in_flight_bytes += nbytes
-            at(up_done + lat, arrive, a, b, nbytes, start + lat, epoch[b], handler, args,
-               seen, control)  # fmt: skip
+            at(
+                up_done + lat,
+                arrive,
+                a,
+                b,
+                nbytes,
+                start + lat,
+                epoch[b],
+                handler,
+                args,
+                seen,
+                control,
+            )
         if sent:
             self.up_free[a] = free
             total = sent * nbytes

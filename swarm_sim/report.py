@@ -115,7 +115,9 @@ def _plots(out: Path, results: dict[str, Any]) -> list[tuple[str, str]]:
     if s.get("completion_cdf_s"):
         plt.figure(figsize=(6, 4))
         plt.plot(*cdf(s["completion_cdf_s"]), label="completion")
-        plt.axvline(fig["lower_bound_s"], ls="--", color="k", label="lower bound for the slowest peer")
+        plt.axvline(
+            fig["lower_bound_s"], ls="--", color="k", label="lower bound for the slowest peer"
+        )
         plt.xlabel("s")
         plt.ylabel("share of peers")
         plt.legend()

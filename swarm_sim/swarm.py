@@ -174,7 +174,9 @@ class Swarm:
         self._pull_msgs: dict[int, SimMessage] = {}  # mid -> message, while some peer pulls it
         self._pull_refs: dict[int, int] = {}  # mid -> pullers pulling it
         self._fetch_token = 0
-        self._asked: dict[tuple[int, int], tuple[int, int]] = {}  # (puller, mid) -> (fetch token, source)
+        self._asked: dict[
+            tuple[int, int], tuple[int, int]
+        ] = {}  # (puller, mid) -> (fetch token, source)
         self._armed: dict[int, float] = {}  # puller -> time of its next scheduled look
         self.recent: list[SimMessage] = []  # published, not yet closed
         self.old: list[SimMessage] = []  # closed (for replayers), bounded
@@ -216,7 +218,11 @@ class Swarm:
         loop.at(wl.tick_s, self._tick)
         loop.at(0.0, self._sample)
         for p in range(1, self.n):
-            if self.publisher[p] and self.behaviour[p] in (HONEST, Behaviour.WITHHOLD, Behaviour.SHOP):
+            if self.publisher[p] and self.behaviour[p] in (
+                HONEST,
+                Behaviour.WITHHOLD,
+                Behaviour.SHOP,
+            ):
                 loop.at(rng.uniform(1.0, wl.publish_interval_s), self._publish_loop, p)
             elif self.behaviour[p] != HONEST:
                 loop.at(self.adv.start_s + rng.random(), self._misbehave, p)
@@ -297,7 +303,11 @@ class Swarm:
                 self.publish(p, counter=counter)
 
     def publish(
-        self, p: int, *, valid: bool = True, body_digest: bytes | None = None,
+        self,
+        p: int,
+        *,
+        valid: bool = True,
+        body_digest: bytes | None = None,
         counter: int | None = None,
     ) -> SimMessage:
         """`p` signs a new rollout header and sends it to its mesh."""
@@ -322,9 +332,16 @@ class Swarm:
         self.recent.append(msg)
         self.loop.after(wl.lifetime_s, self._close, msg)  # then _forget
         self.net.send_many(
-            p, sorted(self.routers[p].mesh), msg.size, "header", self._receive, p, msg,
-            self._seen, eta=msg.eta,
-        )  # fmt: skip
+            p,
+            sorted(self.routers[p].mesh),
+            msg.size,
+            "header",
+            self._receive,
+            p,
+            msg,
+            self._seen,
+            eta=msg.eta,
+        )
         return msg
 
     def _send_msg(self, a: int, b: int, msg: SimMessage, kind: str = "header") -> None:
@@ -383,9 +400,16 @@ class Swarm:
                 o = msg.origin
                 targets = [q for q in sorted(self.routers[b].mesh) if q != a and q != o]
                 self.net.send_many(
-                    b, targets, msg.size, "header", self._receive, b, msg, self._seen,
+                    b,
+                    targets,
+                    msg.size,
+                    "header",
+                    self._receive,
+                    b,
+                    msg,
+                    self._seen,
                     eta=msg.eta,
-                )  # fmt: skip
+                )
             elif t is Deliver:
                 self._delivered(b, a, msg, now)
             elif t is Reject:
@@ -479,7 +503,9 @@ class Swarm:
                 self.m.pulls_failed += 1
                 self._unref(act.rollout_id)
                 signer, sender = act.origin
-                self._body_missing(b, sender, self._pull_msgs_or_none(act.rollout_id), signer, act.answered)
+                self._body_missing(
+                    b, sender, self._pull_msgs_or_none(act.rollout_id), signer, act.answered
+                )
             elif t is bp.Done:
                 self._unref(act.rollout_id)
             elif t is bp.Charge:
@@ -512,9 +538,15 @@ class Swarm:
         for mid in f.ids:
             self._asked[(b, mid)] = (token, src)
         self.net.send(
-            b, src, 100 + 32 * len(f.ids), "pull_request", self._serve, (src, b, f.ids),
-            need_conn=False, control=True,
-        )  # fmt: skip
+            b,
+            src,
+            100 + 32 * len(f.ids),
+            "pull_request",
+            self._serve,
+            (src, b, f.ids),
+            need_conn=False,
+            control=True,
+        )
         self.loop.after(self.wl.pull_timeout_s, self._pull_timeout, b, f.ids, src, token)
 
     def _answer(self, b: int, mid: int, src: int, outcome: bp.Outcome) -> None:
@@ -541,7 +573,9 @@ class Swarm:
             self.m.honest_penalized += 1
             self.m.honest_penalized_reasons[offence] += 1
 
-    def _body_missing(self, b: int, sender: int, msg: SimMessage | None, signer: bytes, answered: int) -> None:
+    def _body_missing(
+        self, b: int, sender: int, msg: SimMessage | None, signer: bytes, answered: int
+    ) -> None:
         """No source served the body: admission charges the signer and the sender when
         some source answered (`BodyMissing`)."""
         origin = self.index[signer]
@@ -573,9 +607,15 @@ class Swarm:
             if msg is None or holders is None or src not in holders:
                 # An empty frame: "no body for that id" (node.rollout_exchange).
                 self.net.send(
-                    src, b, 8, "pull_empty", self._no_body, (b, src, mid),
-                    need_conn=False, control=True,
-                )  # fmt: skip
+                    src,
+                    b,
+                    8,
+                    "pull_empty",
+                    self._no_body,
+                    (b, src, mid),
+                    need_conn=False,
+                    control=True,
+                )
                 continue
             size = msg.size + msg.body_size
             self.net.send(src, b, size, "body", self._got_body, (b, src, msg), need_conn=False)
@@ -651,9 +691,16 @@ class Swarm:
                     size = cfg.control_bytes + cfg.id_bytes * len(ids)
                     self.m.ihave += len(targets)
                     net.send_many(
-                        p, targets, size, "ihave", self._on_ihave, p, ids, self._ihave_idle,
+                        p,
+                        targets,
+                        size,
+                        "ihave",
+                        self._on_ihave,
+                        p,
+                        ids,
+                        self._ihave_idle,
                         control=True,
-                    )  # fmt: skip
+                    )
             r.shift()
 
     @staticmethod

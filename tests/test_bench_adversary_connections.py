@@ -16,11 +16,31 @@ pytestmark = [pytest.mark.slow, pytest.mark.network]
 
 
 def test_connection_cases_meet_the_issue_targets() -> None:
-    out = adversary.run(True, [
-        "--attacks", ",".join(CONN_ATTACKS), "--window", "0.5", "--settle", "0",
-        "--churn", "100", "--flood", "80", "--trainer-cap", "60", "--topics", "5000",
-        "--graft-prune", "1000", "--ihave", "20", "--oversize", "2",
-    ])
+    out = adversary.run(
+        True,
+        [
+            "--attacks",
+            ",".join(CONN_ATTACKS),
+            "--window",
+            "0.5",
+            "--settle",
+            "0",
+            "--churn",
+            "100",
+            "--flood",
+            "80",
+            "--trainer-cap",
+            "60",
+            "--topics",
+            "5000",
+            "--graft-prune",
+            "1000",
+            "--ihave",
+            "20",
+            "--oversize",
+            "2",
+        ],
+    )
     cases = out["connection_attacks"]
     assert set(cases) == set(CONN_ATTACKS)
     details = out["connection_details"]

@@ -20,8 +20,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.network]
 
 def test_credit_cases_meet_the_issue_targets() -> None:
     names = ["claimed_reward_lie", "published_version_shopping", "stay_low_version_shopping"]
-    out = adversary.run(True, ["--attacks", ",".join(names), "--window", "2", "--settle", "8",
-                               "--audit-fraction", "0.25"])  # fmt: skip
+    out = adversary.run(
+        True,
+        [
+            "--attacks",
+            ",".join(names),
+            "--window",
+            "2",
+            "--settle",
+            "8",
+            "--audit-fraction",
+            "0.25",
+        ],
+    )
     cases = out["attacks"]
     assert set(cases) == set(names)
     for name, c in cases.items():

@@ -15,11 +15,25 @@ KEYS = {
 ATTACKER = "attacker-peer"
 
 
-def reports(signers: list[str], *, banned_in_standing: list[str], scores: dict[str, float],
-            trained: dict[str, list[str]]) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
-    t_rep = {"verified": {}, "trained": trained, "made": {}, "banned_producers": banned_in_standing,
-             "admitted_by_signer": {}, "usable": {}, "credit": {}, "counted_reward": {},
-             "admitted_ahead": {}, "double_counted": 0}  # fmt: skip
+def reports(
+    signers: list[str],
+    *,
+    banned_in_standing: list[str],
+    scores: dict[str, float],
+    trained: dict[str, list[str]],
+) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    t_rep = {
+        "verified": {},
+        "trained": trained,
+        "made": {},
+        "banned_producers": banned_in_standing,
+        "admitted_by_signer": {},
+        "usable": {},
+        "credit": {},
+        "counted_reward": {},
+        "admitted_ahead": {},
+        "double_counted": 0,
+    }
     v_rep = {"sampled": [], "standing_banned": []}
     view = {"scores": scores, "banned": {}}
     return t_rep, v_rep, [view, view]
@@ -39,8 +53,9 @@ def test_an_attacker_relaying_for_keys_that_are_all_banned_is_penalized() -> Non
     assert figures(run, *all_banned)["attacker_penalized"]
     one_left = reports(keys, banned_in_standing=keys[:-1], scores={ATTACKER: 1.0}, trained={})
     assert not figures(run, *one_left)["attacker_penalized"]
-    scored_down = reports(keys, banned_in_standing=keys[:-1], scores={ATTACKER: 1.0, keys[-1]: -3.0},
-                          trained={})  # fmt: skip
+    scored_down = reports(
+        keys, banned_in_standing=keys[:-1], scores={ATTACKER: 1.0, keys[-1]: -3.0}, trained={}
+    )
     assert figures(run, *scored_down)["attacker_penalized"]
 
 
@@ -48,7 +63,11 @@ def test_changed_model_rejected_fraction_counts_only_the_changed_records() -> No
     probation = [f"h{i}" for i in range(48)]
     changed = [f"c{i}" for i in range(128)]
     run = {"signers": ["cheat"], "measure": "trained", "sent": 176, "changed_ids": changed}
-    rep = reports(["cheat"], banned_in_standing=["cheat"], scores={},
-                  trained={"cheat": probation + changed[:16]})  # fmt: skip
+    rep = reports(
+        ["cheat"],
+        banned_in_standing=["cheat"],
+        scores={},
+        trained={"cheat": probation + changed[:16]},
+    )
     out = figures(run, *rep)
     assert out["rejected_fraction"] == round(1 - 16 / 128, 4)

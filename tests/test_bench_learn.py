@@ -72,7 +72,9 @@ def test_untrained_control_probes_what_the_peers_probe(monkeypatch):
 
 
 @pytest.mark.slow
-def test_rounds_until_training_alone_gains_stop_on_budget_or_cap_and_match_fixed_rounds(monkeypatch):
+def test_rounds_until_training_alone_gains_stop_on_budget_or_cap_and_match_fixed_rounds(
+    monkeypatch,
+):
     from bench import _learn_sapo as sapo
 
     monkeypatch.setattr(TaskSet, "score", _by_text)
@@ -82,13 +84,17 @@ def test_rounds_until_training_alone_gains_stop_on_budget_or_cap_and_match_fixed
     # round 1 is probed before any training: no gain yet, so a spent budget stops it there
     r, cum, untrained, _w, stop = sapo.isolated_until_gain(model, tok, 2, [3], 5, deadline=0.0)
     assert (r, stop) == (1, "budget")
-    assert cum == [untrained[0], untrained[0]] and untrained[0] == learn._untrained(model, tok, 1, seed=3)
+    assert cum == [untrained[0], untrained[0]] and untrained[0] == learn._untrained(
+        model, tok, 1, seed=3
+    )
     r, cum, untrained, _w, stop = sapo.isolated_until_gain(model, tok, 2, [3], 2, deadline=None)
     assert r == 2 and stop in ("gain", "max_rounds")
     assert cum == learn._sapo_run(model, tok, 2, 2, 8, 0, 2.0, seed=3)[0]  # the fixed-rounds path
     assert untrained == [learn._untrained(model, tok, 2, seed=3)]
     # the gain is not looked at before min_rounds: a gain after a step or two is noise
-    r, _cum, _u, _w, stop = sapo.isolated_until_gain(model, tok, 2, [3], 4, deadline=None, min_rounds=3)
+    r, _cum, _u, _w, stop = sapo.isolated_until_gain(
+        model, tok, 2, [3], 4, deadline=None, min_rounds=3
+    )
     assert r >= 3 and stop in ("gain", "max_rounds"), (r, stop)
 
 
@@ -124,8 +130,15 @@ def test_sapo_grid_and_a_training_step_run_on_cuda(monkeypatch):  # pragma: no c
     tok = tp.build_tokenizer(0)
     model = tp.build_model(tok, seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
     model.eval()
-    groups = generate_groups(HFEngine(model, tok), tok, TaskSet(5), [("tiny-products", k) for k in range(8)],
-                             group_size=4, settings=sapo.sampling(), seed=1)  # fmt: skip
+    groups = generate_groups(
+        HFEngine(model, tok),
+        tok,
+        TaskSet(5),
+        [("tiny-products", k) for k in range(8)],
+        group_size=4,
+        settings=sapo.sampling(),
+        seed=1,
+    )
     on_cpu = sapo.trainer_for(copy.deepcopy(model), tok).train_on(groups)
     on_gpu = sapo.trainer_for(copy.deepcopy(model).to("cuda"), tok).train_on(groups)
     assert on_gpu["samples"] == on_cpu["samples"] > 0
@@ -139,10 +152,16 @@ def test_sapo_grid_and_a_training_step_run_on_cuda(monkeypatch):  # pragma: no c
 def test_options_refuse_what_the_bench_cannot_run():
     from node.errors import CommandError
 
-    for args, says in ((["--device", "cuda"], "--only sapo"), (["--policy", "qwen2-24m"], "built-in policy"),
-                       (["--only", "sapo,foo"], "--only takes"), (["--rounds", "0"], ">= 1"),
-                       (["--bogus"], "bad arguments")):  # fmt: skip
+    for args, says in (
+        (["--device", "cuda"], "--only sapo"),
+        (["--policy", "qwen2-24m"], "built-in policy"),
+        (["--only", "sapo,foo"], "--only takes"),
+        (["--rounds", "0"], ">= 1"),
+        (["--bogus"], "bad arguments"),
+    ):
         with pytest.raises(CommandError, match=says):
             learn._options(args)
-    opts = learn._options(["--only", "sapo", "--device", "cuda", "--policy", "qwen2-24m", "--sapo-budget-s", "300"])
+    opts = learn._options(
+        ["--only", "sapo", "--device", "cuda", "--policy", "qwen2-24m", "--sapo-budget-s", "300"]
+    )
     assert (opts.device, opts.policy, opts.sapo_budget_s) == ("cuda", "qwen2-24m", 300.0)

@@ -29,8 +29,13 @@ BODY_MISSING = NO_REWARD.penalties[Reason.BODY_MISSING]
 def _sim_charges() -> list[float]:
     """Score changes of a withholding producer at the trainer, one per given-up pull."""
     wl = Workload(
-        peers=4, duration_s=40, publish_interval_s=10, pullers=0.0, connect_to=3,
-        pull_tries=PULL.attempts, warm_start=True,
+        peers=4,
+        duration_s=40,
+        publish_interval_s=10,
+        pullers=0.0,
+        connect_to=3,
+        pull_tries=PULL.attempts,
+        warm_start=True,
         admission=AdmissionConfig(admit_reward=0.0, dedup_entries=4096),
     )
     sw = Swarm(wl, adversary=AdversaryConfig(fractions={"withhold": 0.25}, start_s=0.0), seed=3)
@@ -61,18 +66,29 @@ async def test_the_node_charges_a_silent_withholder_as_the_simulator_does(tmp_pa
     settings = HostSettings(io_timeout_s=0.5)
 
     def cfg(name: str, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
-        return PeerConfig(manifest=manifest, identity=Identity.generate(), data_dir=tmp_path / name,
-                          roles=("relay",), host=settings, admission=NO_REWARD, pull=PULL, **kw)
+        return PeerConfig(
+            manifest=manifest,
+            identity=Identity.generate(),
+            data_dir=tmp_path / name,
+            roles=("relay",),
+            host=settings,
+            admission=NO_REWARD,
+            pull=PULL,
+            **kw,
+        )
 
     async def silent(stream) -> None:  # type: ignore[no-untyped-def]
         await trio.sleep(30)  # holds the stream open and answers nothing
 
-    async with open_peer(cfg("t")) as t, open_peer(
-        cfg("w", pull_bodies=False, bootstrap=(t.host.listen_addrs()[0],))
-    ) as w:
+    async with (
+        open_peer(cfg("t")) as t,
+        open_peer(cfg("w", pull_bodies=False, bootstrap=(t.host.listen_addrs()[0],))) as w,
+    ):
         w.host.set_stream_handler(rollout_exchange.protocol_id(manifest.run_id), silent)
         await w.host.wait_for_topic_peers(w.topics["rollouts"], 1, 10)
-        header = decode(RolloutRecord, synthetic_record(w.identity, manifest, 0, n_completion=16)).header
+        header = decode(
+            RolloutRecord, synthetic_record(w.identity, manifest, 0, n_completion=16)
+        ).header
         with trio.fail_after(20):
             while t.counters["in_rollout_header"] < 1:
                 await w.host.publish(w.topics["rollouts"], header)

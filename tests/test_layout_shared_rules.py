@@ -11,8 +11,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Wire formats, keys and errors: data, not rules.
 DATA = {
-    "protocol.codec", "protocol.content_id", "protocol.envelope", "protocol.errors",
-    "protocol.fuzz", "protocol.identity", "protocol.rollout", "protocol.schema", "protocol.wire",
+    "protocol.codec",
+    "protocol.content_id",
+    "protocol.envelope",
+    "protocol.errors",
+    "protocol.fuzz",
+    "protocol.identity",
+    "protocol.rollout",
+    "protocol.schema",
+    "protocol.wire",
 }
 # Rules the simulator does not model, and why.
 NOT_SIMULATED = {
@@ -67,7 +74,9 @@ def test_every_rule_the_node_uses_runs_in_the_simulator_or_is_listed() -> None:
     node_rules = _imports_of("node") - DATA
     simulated = _closure(_imports_of("swarm_sim"))
     missing = node_rules - simulated - set(NOT_SIMULATED)
-    assert not missing, f"rule modules the node uses and the simulator neither runs nor lists: {sorted(missing)}"
+    assert not missing, (
+        f"rule modules the node uses and the simulator neither runs nor lists: {sorted(missing)}"
+    )
     # The list stays honest: nothing in it that the simulator does run, or that the node does not use.
     assert not set(NOT_SIMULATED) & simulated, sorted(set(NOT_SIMULATED) & simulated)
     assert set(NOT_SIMULATED) <= node_rules, sorted(set(NOT_SIMULATED) - node_rules)
@@ -75,5 +84,10 @@ def test_every_rule_the_node_uses_runs_in_the_simulator_or_is_listed() -> None:
 
 def test_the_body_pull_and_admission_rules_are_shared() -> None:
     simulated = _closure(_imports_of("swarm_sim"))
-    assert {"protocol.admission", "protocol.body_pull", "protocol.shard_schedule",
-            "protocol.accounting", "protocol.peer_score"} <= simulated
+    assert {
+        "protocol.admission",
+        "protocol.body_pull",
+        "protocol.shard_schedule",
+        "protocol.accounting",
+        "protocol.peer_score",
+    } <= simulated

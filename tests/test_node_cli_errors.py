@@ -40,8 +40,16 @@ def setup(tmp_path: Path) -> dict[str, Path]:
 def _start(s: dict[str, Path], *extra: str) -> subprocess.CompletedProcess:
     # the listen address is a port nobody should hold; no network is reached in these cases
     return cli(
-        "start", "--run", str(s["run"]), "--key", str(s["key"]), "--data-dir", str(s["tmp"] / "d"),
-        "--duration", "30", *extra,
+        "start",
+        "--run",
+        str(s["run"]),
+        "--key",
+        str(s["key"]),
+        "--data-dir",
+        str(s["tmp"] / "d"),
+        "--duration",
+        "30",
+        *extra,
         # an empty matplotlib cache, as on a fresh machine (its first import logs a line)
         env={"SWARM_NODE_DATA": str(s["empty"]), "MPLCONFIGDIR": str(s["tmp"] / "mpl")},
     )
@@ -105,8 +113,19 @@ def test_a_worker_without_peers_waits_instead_of_piling_up_work(setup):
     run = setup["tmp"] / "tiny-run.toml"
     run.write_text(manifest_to_toml(manifest_from_table(tiny_policy.run_manifest_table("lonely"))))
     res = cli(
-        "start", "--role", "inference", "--run", str(run), "--key", str(setup["key"]),
-        "--data-dir", str(setup["tmp"] / "w"), "--batch-size", "2", "--duration", "15",
+        "start",
+        "--role",
+        "inference",
+        "--run",
+        str(run),
+        "--key",
+        str(setup["key"]),
+        "--data-dir",
+        str(setup["tmp"] / "w"),
+        "--batch-size",
+        "2",
+        "--duration",
+        "15",
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "waiting for peers" in res.stdout, res.stdout

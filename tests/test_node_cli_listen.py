@@ -16,22 +16,45 @@ from protocol.identity import Identity
 from trainer.tiny_policy import run_manifest_table
 
 
-@pytest.mark.parametrize("addr", [
-    "/ip4/127.0.0.1/udp/52010/quic-v1",  # a transport the node does not listen on
-    "/ip4/127.0.0.1",  # no port
-    "/ip4/127.0.0.1/udp/52010",
-    "/dns4/localhost/tcp/4001",  # a name, not an address of this machine
-    "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN",
-])
+@pytest.mark.parametrize(
+    "addr",
+    [
+        "/ip4/127.0.0.1/udp/52010/quic-v1",  # a transport the node does not listen on
+        "/ip4/127.0.0.1",  # no port
+        "/ip4/127.0.0.1/udp/52010",
+        "/dns4/localhost/tcp/4001",  # a name, not an address of this machine
+        "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN",
+    ],
+)
 def test_start_refuses_an_address_it_cannot_listen_on(tmp_path: Path, addr: str) -> None:
     key = tmp_path / "node.key"
     write_key(key, Identity.generate())
     run = tmp_path / "run.toml"
-    run.write_text(manifest_to_toml(manifest_from_table(run_manifest_table(run_id="listen-test", seed=1))))
+    run.write_text(
+        manifest_to_toml(manifest_from_table(run_manifest_table(run_id="listen-test", seed=1)))
+    )
     res = subprocess.run(
-        [sys.executable, "-m", "node.cli", "start", "--role", "relay", "--run", str(run), "--key", str(key),
-         "--data-dir", str(tmp_path / "d"), "--duration", "20", "--listen", addr],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "node.cli",
+            "start",
+            "--role",
+            "relay",
+            "--run",
+            str(run),
+            "--key",
+            str(key),
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--duration",
+            "20",
+            "--listen",
+            addr,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "MPLCONFIGDIR": str(tmp_path / "mpl")},
     )
     err = res.stderr.strip()

@@ -49,7 +49,9 @@ def node_files(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_start_takes_role_key_run_and_data_dir_from_the_config_file(node_files: Path):
     cfg = node_files / "node.toml"
-    cfg.write_text('[node]\nrole = "relay"\nkey = "my.key"\nrun = "my-run.toml"\ndata_dir = "relay-data"\n')
+    cfg.write_text(
+        '[node]\nrole = "relay"\nkey = "my.key"\nrun = "my-run.toml"\ndata_dir = "relay-data"\n'
+    )
     elsewhere = node_files / "elsewhere"
     elsewhere.mkdir()
     res = cli("start", "--config", str(cfg), "--duration", "2", cwd=elsewhere)
@@ -60,7 +62,9 @@ def test_start_takes_role_key_run_and_data_dir_from_the_config_file(node_files: 
 
 def test_start_uses_the_config_model(node_files: Path):
     cfg = node_files / "node.toml"
-    cfg.write_text('[node]\nrole = "inference"\nkey = "my.key"\nrun = "my-run.toml"\nmodel = "no-such-model"\n')
+    cfg.write_text(
+        '[node]\nrole = "inference"\nkey = "my.key"\nrun = "my-run.toml"\nmodel = "no-such-model"\n'
+    )
     res = cli("start", "--config", str(cfg), "--duration", "2")
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert str(node_files / "no-such-model") in res.stderr, res.stderr
@@ -75,8 +79,18 @@ def test_start_without_key_names_the_flag_and_the_config_key(node_files: Path):
 @pytest.mark.slow
 def test_status_without_flags_finds_the_node_start_wrote(node_files: Path):
     env = {"SWARM_NODE_DATA": str(node_files / "root")}
-    res = cli("start", "--role", "relay", "--run", str(node_files / "my-run.toml"),
-              "--key", str(node_files / "my.key"), "--duration", "2", env=env)
+    res = cli(
+        "start",
+        "--role",
+        "relay",
+        "--run",
+        str(node_files / "my-run.toml"),
+        "--key",
+        str(node_files / "my.key"),
+        "--duration",
+        "2",
+        env=env,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     shown = cli("status", env=env)
     assert shown.returncode == 0, shown.stderr

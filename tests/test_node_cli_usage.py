@@ -13,16 +13,24 @@ from node.store import DB_FILENAME, Store
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True,
-                          timeout=60, env={**os.environ})
+    return subprocess.run(
+        [sys.executable, "-m", "node.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ},
+    )
 
 
-@pytest.mark.parametrize("args", [
-    ("ledger", "--bogus"),
-    ("status", "--data-dir"),
-    ("nonsense",),
-    ("start", "--role", "priest"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("ledger", "--bogus"),
+        ("status", "--data-dir"),
+        ("nonsense",),
+        ("start", "--role", "priest"),
+    ],
+)
 def test_a_usage_error_is_one_line(args: tuple[str, ...]) -> None:
     res = cli(*args)
     err = res.stderr.strip()

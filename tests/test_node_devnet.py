@@ -20,8 +20,13 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("devnet-model")
     tok = build_tokenizer(seed=0)
     model = build_model(
-        tok, seed=2, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
+        tok,
+        seed=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
     )
     model_dir = save_model_dir(model, tok, root / "model")
     table = run_manifest_table(run_id="devnet-test", seed=3)
@@ -37,8 +42,15 @@ def test_devnet_runs_workers_validator_trainer_and_writes_a_report(
 ) -> None:
     out = tmp_path / "report"
     report = devnet.main(
-        inference=2, validators=1, duration=30, out=out, run=small_run,
-        audit_fraction=1.0, batch_size=2, live=True, publish_every=8.0,
+        inference=2,
+        validators=1,
+        duration=30,
+        out=out,
+        run=small_run,
+        audit_fraction=1.0,
+        batch_size=2,
+        live=True,
+        publish_every=8.0,
     )  # live, but stderr is not a terminal here: plain progress lines
     err = capsys.readouterr().err
     assert "devnet   10/30 s:" in err and "audits: " in err and " sampled, " in err, err[-3000:]
@@ -52,7 +64,10 @@ def test_devnet_runs_workers_validator_trainer_and_writes_a_report(
     assert totals["audited"] > 0, report
     assert totals["audits_failed"] == 0, report  # honest workers pass their audits
     # the audit backlog is bounded and reported
-    assert 0 < totals["audit_queue_capacity"] and totals["audit_queued"] <= totals["audit_queue_capacity"], totals
+    assert (
+        0 < totals["audit_queue_capacity"]
+        and totals["audit_queued"] <= totals["audit_queue_capacity"]
+    ), totals
     assert "still queued when the swarm stopped (queue bound " in err, err[-3000:]
     # every penalty is listed with its reason, and none is against an honest (devnet) node
     assert "devnet: penalties: " in err, err[-3000:]
@@ -63,16 +78,23 @@ def test_devnet_runs_workers_validator_trainer_and_writes_a_report(
     first = report["versions"][0]
     assert first["version"] == 1 and first["workers_reached"] == 2, report["versions"]
     val = next(n for n in report["nodes"] if n["role"] == "validator")["status"]["role_status"]
-    assert sum(n for k, n in val.items() if k.startswith("audited_v") and k != "audited_v0") > 0, val
+    assert sum(n for k, n in val.items() if k.startswith("audited_v") and k != "audited_v0") > 0, (
+        val
+    )
     roles = sorted(n["role"] for n in report["nodes"])
     assert roles == ["inference", "inference", "trainer", "validator"]
-    assert all(n["exit_code"] == 0 for n in report["nodes"]), [(n["name"], n["exit_code"]) for n in report["nodes"]]
+    assert all(n["exit_code"] == 0 for n in report["nodes"]), [
+        (n["name"], n["exit_code"]) for n in report["nodes"]
+    ]
     assert report["series"] and report["series"][-1]["produced"] <= totals["produced"]
     assert report["learning"]["series"] == []  # the publishing drill does not train
     assert report["learning"]["final"] == {"skipped": "the trainer saved no version"}
     # what became of every produced rollout, each counted once
     fates = report["fates"]
-    assert "error" not in fates and sum(fates["counts"].values()) == fates["produced"] == totals["produced"], fates
+    assert (
+        "error" not in fates
+        and sum(fates["counts"].values()) == fates["produced"] == totals["produced"]
+    ), fates
     assert "devnet: of " in err and " rollouts produced: " in err, err[-3000:]
     for plot in report["plots"]:
         assert (out / plot).stat().st_size > 1000
@@ -80,7 +102,7 @@ def test_devnet_runs_workers_validator_trainer_and_writes_a_report(
         assert (out / n["log"]).exists()
         log = (out / n["log"]).read_text()
         assert "stopped cleanly" in log
-        assert "Traceback" not in log, f"{n['name']}: {log[log.find('Traceback'):][:2000]}"
+        assert "Traceback" not in log, f"{n['name']}: {log[log.find('Traceback') :][:2000]}"
 
 
 def test_a_training_devnet_scores_its_last_version_against_the_warm_start(
@@ -95,17 +117,33 @@ def test_a_training_devnet_scores_its_last_version_against_the_warm_start(
     run = tmp_path / "run.toml"
     run.write_text(manifest_to_toml(manifest_from_table(table)))
     out = tmp_path / "report"
-    report = devnet.main(inference=2, validators=1, duration=30, out=out, run=run, batch_size=2,
-                         audit_fraction=1.0, live=False, eval_tasks=48)  # fmt: skip
+    report = devnet.main(
+        inference=2,
+        validators=1,
+        duration=30,
+        out=out,
+        run=run,
+        batch_size=2,
+        audit_fraction=1.0,
+        live=False,
+        eval_tasks=48,
+    )
     err = capsys.readouterr().err
     final = report["learning"]["final"]
     published = max(v["version"] for v in report["versions"])
     # the trainer's last saved version: the last it published, or one it saved as the stop came
-    assert published >= 1 and published <= final["version"] <= published + 1, (final, report["versions"])
-    assert final["tasks"] == 48 and final["samples_per_task"] == devnet_evaluation.FINAL_EVAL_SAMPLES, final
+    assert published >= 1 and published <= final["version"] <= published + 1, (
+        final,
+        report["versions"],
+    )
+    assert (
+        final["tasks"] == 48 and final["samples_per_task"] == devnet_evaluation.FINAL_EVAL_SAMPLES
+    ), final
     low, high = final["gain_ci95"]
     assert low <= final["gain"] <= high, final
-    assert abs(final["gain"] - (final["final_solve_rate"] - final["warm_start_solve_rate"])) <= 2e-4, final
+    assert (
+        abs(final["gain"] - (final["final_solve_rate"] - final["warm_start_solve_rate"])) <= 2e-4
+    ), final
     assert "devnet: final evaluation (48 held-out tasks x 2 samples)" in err, err[-3000:]
     assert f"-> version {final['version']} " in err, err[-3000:]
     assert json.loads((out / "report.json").read_text())["learning"]["final"] == final

@@ -17,7 +17,11 @@ def test_a_run_file_naming_other_validators_still_counts_the_devnets_own(tmp_pat
     other = Identity.generate().peer_id
 
     src = tmp_path / "given.toml"
-    src.write_text(manifest_to_toml(dataclasses.replace(manifest, validator_keys=(other,), trainer_keys=(other,))))
+    src.write_text(
+        manifest_to_toml(
+            dataclasses.replace(manifest, validator_keys=(other,), trainer_keys=(other,))
+        )
+    )
     root = tmp_path / "out"
     written, path = _write_run(src, root, validators=2)
     mine = [_node_key(root, f"validator{i + 1}").peer_id for i in range(2)]

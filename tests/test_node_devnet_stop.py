@@ -27,8 +27,13 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("devnet-stop-model")
     tok = build_tokenizer(seed=0)
     model = build_model(
-        tok, seed=2, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
+        tok,
+        seed=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
     )
     table = run_manifest_table(run_id="devnet-stop", seed=3)
     table["run"]["model"] = str(save_model_dir(model, tok, root / "model"))
@@ -64,9 +69,27 @@ def _alive(pid: int) -> bool:
 def _start_devnet(run: Path, out: Path) -> tuple[subprocess.Popen[bytes], list[int]]:
     """A devnet in its own process, returned once every node is listening, with its nodes' pids."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "devnet", "--inference", "1", "--validators", "1",
-         "--duration", "120", "--batch-size", "2", "--run", str(run), "--out", str(out), "--no-live"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "node.cli",
+            "devnet",
+            "--inference",
+            "1",
+            "--validators",
+            "1",
+            "--duration",
+            "120",
+            "--batch-size",
+            "2",
+            "--run",
+            str(run),
+            "--out",
+            str(out),
+            "--no-live",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline:
@@ -127,22 +150,43 @@ def test_a_killed_devnet_leaves_no_node_running(small_run: Path, tmp_path: Path)
 def test_the_version_summary_says_what_happened() -> None:
     from node.commands.devnet import version_line
 
-    done = {"version": 3, "published_at": 100.0, "workers": 3, "workers_reached": 3, "spread_s": 1.5,
-            "per_worker_s": {}}
-    assert version_line(done, 200.0) == "devnet: version 3: all 3 workers generating with it within 1.5 s of its publication"
+    done = {
+        "version": 3,
+        "published_at": 100.0,
+        "workers": 3,
+        "workers_reached": 3,
+        "spread_s": 1.5,
+        "per_worker_s": {},
+    }
+    assert (
+        version_line(done, 200.0)
+        == "devnet: version 3: all 3 workers generating with it within 1.5 s of its publication"
+    )
     late = {**done, "version": 16, "workers_reached": 0, "spread_s": None}
     line = version_line(late, 104.0)
-    assert "None" not in line and "0/3 workers" in line and "when the swarm stopped, 4 s after" in line
+    assert (
+        "None" not in line and "0/3 workers" in line and "when the swarm stopped, 4 s after" in line
+    )
 
 
 def test_the_learning_plot_zooms_to_the_data_with_intervals(tmp_path: Path) -> None:
     from node.commands.devnet import NodeProc, _learning, solve_rate_ci95
 
-    series = [{"t": 10.0 * i, "version": i, "solve_rate": 0.2 + 0.02 * i, "reward_mean": 0.25, "steps": i}
-              for i in range(4)]
-    trainer = NodeProc("trainer", "trainer", tmp_path, None, tmp_path / "log",  # type: ignore[arg-type]
-                       status={"role_status": {"learning": series}})
+    series = [
+        {"t": 10.0 * i, "version": i, "solve_rate": 0.2 + 0.02 * i, "reward_mean": 0.25, "steps": i}
+        for i in range(4)
+    ]
+    trainer = NodeProc(
+        "trainer",
+        "trainer",
+        tmp_path,
+        None,
+        tmp_path / "log",  # type: ignore[arg-type]
+        status={"role_status": {"learning": series}},
+    )
     summary = _learning(tmp_path, [trainer])
     assert summary["plot"] == "learning.png" and (tmp_path / "learning.png").stat().st_size > 1000
     lo, hi = summary["solve_rate_ci95"][0]
-    assert lo < 0.2 < hi and abs((hi - lo) / 2 - solve_rate_ci95(0.2, summary["heldout_tasks"])) < 1e-3
+    assert (
+        lo < 0.2 < hi and abs((hi - lo) / 2 - solve_rate_ci95(0.2, summary["heldout_tasks"])) < 1e-3
+    )

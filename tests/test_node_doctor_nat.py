@@ -26,19 +26,48 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 
 def _in_ns(ns: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "node.cli", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        ["ip", "netns", "exec", ns, sys.executable, "-m", "node.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
-def _start_in(ns: str, tmp: Path, name: str, role: str, port: int, run: Path) -> tuple[subprocess.Popen[str], str]:
+def _start_in(
+    ns: str, tmp: Path, name: str, role: str, port: int, run: Path
+) -> tuple[subprocess.Popen[str], str]:
     key = tmp / f"{name}.key"
     write_key(key, Identity.generate())
     proc = subprocess.Popen(
-        ["ip", "netns", "exec", ns, sys.executable, "-m", "node.cli", "start", "--role", role,
-         "--key", str(key), "--data-dir", str(tmp / name), "--listen", f"/ip4/{PUBLIC_IP}/tcp/{port}",
-         "--run", str(run), "--duration", "300"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
-    )  # fmt: skip
+        [
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            sys.executable,
+            "-m",
+            "node.cli",
+            "start",
+            "--role",
+            role,
+            "--key",
+            str(key),
+            "--data-dir",
+            str(tmp / name),
+            "--listen",
+            f"/ip4/{PUBLIC_IP}/tcp/{port}",
+            "--run",
+            str(run),
+            "--duration",
+            "300",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+    )
     return proc, f"/ip4/{PUBLIC_IP}/tcp/{port}/p2p/{run_cli('id', str(key)).stdout.strip()}"
 
 
@@ -61,8 +90,12 @@ def lab(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-de
         home = net.add_nat("cone")
         _wait_status(tmp, "relay", 90)
         _wait_status(tmp, "validator", 120)
-        yield {"home": home, "listen": f"/ip4/{net.host_ip(home)}/tcp/0", "relay": relay_addr,
-               "validator": validator_addr}
+        yield {
+            "home": home,
+            "listen": f"/ip4/{net.host_ip(home)}/tcp/0",
+            "relay": relay_addr,
+            "validator": validator_addr,
+        }
     finally:
         _stop(*procs)
         net.close()
@@ -72,7 +105,9 @@ def test_doctor_behind_a_nat_is_not_reachable_and_names_the_relay_it_would_use(l
     r = _in_ns(lab["home"], "doctor", "--join", lab["relay"], "--listen", lab["listen"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "info reachable: not publicly reachable: " in r.stdout, r.stdout
-    assert f"ok   relay: would use {lab['relay']} (announced through identify)" in r.stdout, r.stdout
+    assert f"ok   relay: would use {lab['relay']} (announced through identify)" in r.stdout, (
+        r.stdout
+    )
     assert r.stdout.strip().endswith("doctor: this node could join")
 
 
@@ -81,7 +116,10 @@ def test_doctor_names_no_relay(lab) -> None:
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"ok   bootstrap {lab['validator']}: answered" in r.stdout, r.stdout
     assert "info reachable: not publicly reachable: " in r.stdout, r.stdout
-    assert "FAIL relay: no relay: not publicly reachable and no bootstrap peer announces a relay" in r.stdout
+    assert (
+        "FAIL relay: no relay: not publicly reachable and no bootstrap peer announces a relay"
+        in r.stdout
+    )
     assert r.stdout.strip().endswith("doctor: this node could NOT join: no relay"), r.stdout
 
 

@@ -7,8 +7,15 @@ from node.dropped_by import DroppedBy
 
 def test_repeated_closes_are_reported_once_with_reason_and_until() -> None:
     d = DroppedBy(window_s=60.0, threshold=3)
-    assert [d.closed("A", t, "connection closed") for t in (0.0, 1.0, 2.0, 3.0)] == [False, False, True, False]
-    assert d.status(3.0) == {"A": {"closes": 4, "reason": "connection closed", "until": 61.0}}  # then fewer than 3 in the window
+    assert [d.closed("A", t, "connection closed") for t in (0.0, 1.0, 2.0, 3.0)] == [
+        False,
+        False,
+        True,
+        False,
+    ]
+    assert d.status(3.0) == {
+        "A": {"closes": 4, "reason": "connection closed", "until": 61.0}
+    }  # then fewer than 3 in the window
     assert d.status(70.0) == {}  # the closes stopped: the report lapsed
     assert d.closed("A", 200.0) is False
 

@@ -18,13 +18,17 @@ pytestmark = pytest.mark.network
 
 
 def _cfg(tmp: Path, name: str, manifest, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
-    return PeerConfig(manifest=manifest, identity=Identity.generate(), data_dir=tmp / name,
-                      roles=("relay",), **kw)
+    return PeerConfig(
+        manifest=manifest, identity=Identity.generate(), data_dir=tmp / name, roles=("relay",), **kw
+    )
 
 
 async def test_a_node_its_peer_banned_reports_it(tmp_path: Path) -> None:
     manifest = net_manifest("dropped")
-    async with open_peer(_cfg(tmp_path, "b", manifest)) as b, open_peer(_cfg(tmp_path, "a", manifest)) as a:
+    async with (
+        open_peer(_cfg(tmp_path, "b", manifest)) as b,
+        open_peer(_cfg(tmp_path, "a", manifest)) as a,
+    ):
         addr = b.host.listen_addrs()[0]
         await a.host.connect(addr)
         with trio.fail_after(10):
@@ -32,7 +36,10 @@ async def test_a_node_its_peer_banned_reports_it(tmp_path: Path) -> None:
                 await trio.sleep(0.05)
         await b.host.ban(a.host.peer_id, 3600, "test")
         with trio.fail_after(30):
-            while a.stats()["dropped_by"].get(b.host.peer_id, {}).get("closes", 0) < a.dropped_by.threshold:  # type: ignore[attr-defined]
+            while (
+                a.stats()["dropped_by"].get(b.host.peer_id, {}).get("closes", 0)
+                < a.dropped_by.threshold
+            ):  # type: ignore[attr-defined]
                 await a.host.connect(addr)
                 await trio.sleep(0.3)
         d = a.stats()["dropped_by"][b.host.peer_id]  # type: ignore[index]

@@ -21,21 +21,26 @@ RUN_S = 20.0
 
 
 def _cfg(tmp: Path, name: str, manifest, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
-    return PeerConfig(manifest=manifest, identity=Identity.generate(), data_dir=tmp / name,
-                      roles=("relay",), **kw)
+    return PeerConfig(
+        manifest=manifest, identity=Identity.generate(), data_dir=tmp / name, roles=("relay",), **kw
+    )
 
 
 async def test_a_worker_at_four_times_the_signer_rate_is_paced_never_banned(tmp_path: Path) -> None:
     manifest = net_manifest("fast")
-    async with open_peer(_cfg(tmp_path, "b", manifest)) as b, open_peer(
-        _cfg(tmp_path, "a", manifest, bootstrap=(b.host.listen_addrs()[0],))
-    ) as a:
+    async with (
+        open_peer(_cfg(tmp_path, "b", manifest)) as b,
+        open_peer(_cfg(tmp_path, "a", manifest, bootstrap=(b.host.listen_addrs()[0],))) as a,
+    ):
         await a.host.wait_for_topic_peers(a.topics["rollouts"], 1, 10)
         rate = b.admission.config.signer_rate
         counter = 0
         started = time.monotonic()
         while time.monotonic() - started < RUN_S:  # 16 records every 16 / (4 x rate) s
-            batch = [synthetic_record(a.identity, manifest, counter + i, n_completion=8) for i in range(16)]
+            batch = [
+                synthetic_record(a.identity, manifest, counter + i, n_completion=8)
+                for i in range(16)
+            ]
             counter += 16
             await a.produce_many(batch)  # waits while the outbox is full
             await trio.sleep(16 / (4 * rate))
@@ -43,7 +48,10 @@ async def test_a_worker_at_four_times_the_signer_rate_is_paced_never_banned(tmp_
         with trio.move_on_after(10):
             while b.counters["in_rollout_header"] < a.outbox.stats.published:
                 await trio.sleep(0.1)
-        assert not b.host.is_banned(a.host.peer_id), (dict(b.rejects), b.store.ledger(direction="in", outcome="rejected", limit=5))
+        assert not b.host.is_banned(a.host.peer_id), (
+            dict(b.rejects),
+            b.store.ledger(direction="in", outcome="rejected", limit=5),
+        )
         assert b.rejects.get("rate_limited", 0) == 0, dict(b.rejects)
         assert a.host.peer_id in b.host.connected_peers()
         got = b.counters["in_rollout_header"]

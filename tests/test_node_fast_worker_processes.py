@@ -21,14 +21,24 @@ RATE, BURST, RUN_S = 4.0, 20.0, 30.0  # the burst holds a header batch (16)
 
 
 async def _spawn(tmp: Path, name: str, *extra: str) -> PeerProcess:
-    args = ["--data-dir", str(tmp / name), "--max-life", "120",
-            "--signer-rate", str(RATE), "--signer-burst", str(BURST)]  # fmt: skip
+    args = [
+        "--data-dir",
+        str(tmp / name),
+        "--max-life",
+        "120",
+        "--signer-rate",
+        str(RATE),
+        "--signer-burst",
+        str(BURST),
+    ]
     return await PeerProcess.start(
         *args, *extra, module="bench._net_peer", stderr_path=str(tmp / f"{name}.log"), timeout=90
     )
 
 
-async def test_a_worker_at_four_times_the_signer_rate_is_paced_and_never_banned(tmp_path: Path) -> None:
+async def test_a_worker_at_four_times_the_signer_rate_is_paced_and_never_banned(
+    tmp_path: Path,
+) -> None:
     procs: list[PeerProcess] = []
     try:
         peer = await _spawn(tmp_path, "peer", "--role", "trainer")
@@ -39,8 +49,9 @@ async def test_a_worker_at_four_times_the_signer_rate_is_paced_and_never_banned(
             while not (await worker.ask({"cmd": "stats"}))["connected"]:
                 await trio.sleep(0.2)
         started = time.monotonic()
-        await worker.ask({"cmd": "produce", "n": int(4 * RATE * RUN_S), "rate": 4 * RATE, "burst": 4,
-                          "size": 16})  # fmt: skip
+        await worker.ask(
+            {"cmd": "produce", "n": int(4 * RATE * RUN_S), "rate": 4 * RATE, "burst": 4, "size": 16}
+        )
         await trio.sleep(RUN_S)
         await worker.ask({"cmd": "stop"})
         elapsed = time.monotonic() - started
@@ -52,7 +63,9 @@ async def test_a_worker_at_four_times_the_signer_rate_is_paced_and_never_banned(
         assert w["peer_id"] in got_stats["connected"] and not w["dropped_by"], w["dropped_by"]
         # Paced a margin below the rate; a receiver that falls behind (2 shared cores) may
         # validate two batches at one instant and drop a few over the signer's burst: free.
-        assert got_stats["rejected"].get("rate_limited", 0) <= 0.1 * counters["in_rollout_header"], counters
+        assert (
+            got_stats["rejected"].get("rate_limited", 0) <= 0.1 * counters["in_rollout_header"]
+        ), counters
         # it delivers what its peer admits: at least the paced rate, at most the peer's rate
         headers = counters["stored_rollout_header"] + got_stats["rejected"].get("duplicate", 0)
         assert headers >= 0.85 * PACE_MARGIN * RATE * RUN_S, (counters, elapsed)

@@ -39,18 +39,30 @@ pytestmark = pytest.mark.network
 
 def _stand_in_audit(rollouts, model, **_kw):  # type: ignore[no-untyped-def]
     return [
-        Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer,
-                passed=ro.header.reward < 0.5, reason="ok" if ro.header.reward < 0.5 else
-                "reward-mismatch", reward_rescored=0.0, metrics=())
+        Verdict(
+            rollout_id=ro.rollout_id,
+            producer=ro.envelope.signer,
+            passed=ro.header.reward < 0.5,
+            reason="ok" if ro.header.reward < 0.5 else "reward-mismatch",
+            reward_rescored=0.0,
+            metrics=(),
+        )
         for ro in rollouts
-    ]  # fmt: skip
+    ]
 
 
 def _record(producer: Identity, manifest, counter: int, cheat: bool) -> bytes:  # type: ignore[no-untyped-def]
     """A record whose claimed reward is on the wanted side (bodies differ by counter)."""
     for seed in range(counter * 1000, counter * 1000 + 100):
-        data = synthetic_record(producer, manifest, counter, n_prompt=8, n_completion=32,
-                                seq=counter + 1, rng=random.Random(seed))  # fmt: skip
+        data = synthetic_record(
+            producer,
+            manifest,
+            counter,
+            n_prompt=8,
+            n_completion=32,
+            seq=counter + 1,
+            rng=random.Random(seed),
+        )
         _env, header, _rid = open_header(decode(RolloutRecord, data).header)
         if (header.reward >= 0.5) == cheat:
             return data
@@ -58,28 +70,55 @@ def _record(producer: Identity, manifest, counter: int, cheat: bool) -> bytes:  
 
 
 def _manifest(run_id: str, *validators: Identity):  # type: ignore[no-untyped-def]
-    return manifest_from_table({
-        "run": {"id": run_id, "seed": 7, "max_staleness": 2,
-                "validator_keys": [v.peer_id_b58 for v in validators]},
-        "datasets": [{"name": "basic_arithmetic", "weight": 1}],
-    })  # fmt: skip
+    return manifest_from_table(
+        {
+            "run": {
+                "id": run_id,
+                "seed": 7,
+                "max_staleness": 2,
+                "validator_keys": [v.peer_id_b58 for v in validators],
+            },
+            "datasets": [{"name": "basic_arithmetic", "weight": 1}],
+        }
+    )
 
 
 @contextlib.asynccontextmanager
-async def _validator(tmp_path: Path, monkeypatch, manifest, me: Identity, audit, fraction: float,
-                     window_fraction: float = 0.0, probation: bool = False):  # type: ignore[no-untyped-def]
+async def _validator(
+    tmp_path: Path,
+    monkeypatch,
+    manifest,
+    me: Identity,
+    audit,
+    fraction: float,
+    window_fraction: float = 0.0,
+    probation: bool = False,
+):  # type: ignore[no-untyped-def]
     """A real peer running the validator role, its audit replaced by `audit`; yields the
     peer and the role's context (whose `status` the role updates). `window_fraction`: the
     share of producers' windows audited whole (0 here unless a test says). Fresh keys
     start in good standing unless `probation` (then their records are all sampled)."""
-    monkeypatch.setattr(validator_role, "load", lambda ctx, m: (object(), None, AuditSettings(), frozenset()))
+    monkeypatch.setattr(
+        validator_role, "load", lambda ctx, m: (object(), None, AuditSettings(), frozenset())
+    )
     if not probation:
-        monkeypatch.setattr(validator_role, "StandingBook", lambda: StandingBook(probation_passes=0))
+        monkeypatch.setattr(
+            validator_role, "StandingBook", lambda: StandingBook(probation_passes=0)
+        )
     monkeypatch.setattr("verify.auditor.audit_many", audit)
-    cfg = PeerConfig(manifest=manifest, identity=me, data_dir=tmp_path / "v",
-                     roles=("validator",), pull_bodies=False)  # fmt: skip
-    ctx = RoleContext(audit_fraction=fraction, data_dir=tmp_path, say=lambda _m: None,
-                      producer_window_fraction=window_fraction)  # fmt: skip
+    cfg = PeerConfig(
+        manifest=manifest,
+        identity=me,
+        data_dir=tmp_path / "v",
+        roles=("validator",),
+        pull_bodies=False,
+    )
+    ctx = RoleContext(
+        audit_fraction=fraction,
+        data_dir=tmp_path,
+        say=lambda _m: None,
+        producer_window_fraction=window_fraction,
+    )
     async with open_peer(cfg) as peer, trio.open_nursery() as nursery:
         nursery.start_soon(validator_role.run, peer, ctx)
         await trio.sleep(0.2)
@@ -105,10 +144,22 @@ async def test_failed_verdicts_are_rechecked_before_anyone_pays(
 
         def accuse(data: bytes, producer: Identity) -> bytes:
             rid = content_id(decode(RolloutRecord, data).header)
-            verdict = Verdict(rollout_id=rid, producer=producer.peer_id, passed=False,
-                              reason="proof-mismatch", reward_rescored=0.0, metrics=())  # fmt: skip
-            return seal(accuser, verdict, run_id=manifest.run_id, policy_version=0,
-                        seq=next(seqs), timestamp_ms=int(time.time() * 1000))  # fmt: skip
+            verdict = Verdict(
+                rollout_id=rid,
+                producer=producer.peer_id,
+                passed=False,
+                reason="proof-mismatch",
+                reward_rescored=0.0,
+                metrics=(),
+            )
+            return seal(
+                accuser,
+                verdict,
+                run_id=manifest.run_id,
+                policy_version=0,
+                seq=next(seqs),
+                timestamp_ms=int(time.time() * 1000),
+            )
 
         assert (await peer.admit(sender, Kind.VERDICT, accuse(honest_rec, honest))).accepted
         assert (await peer.admit(sender, Kind.VERDICT, accuse(cheat_rec, cheat))).accepted
@@ -153,12 +204,23 @@ async def test_a_producer_whose_window_statistic_is_over_the_limit_pays(
         for ro in rollouts:
             if ro.envelope.signer == honest.peer_id:
                 counter[honest.peer_id] += 1  # a few records of the honest one spike
-                value = 3 * limit if counter[honest.peer_id] % (WINDOW // (WINDOW_OVER - 1)) == 0 else limit / 10
+                value = (
+                    3 * limit
+                    if counter[honest.peer_id] % (WINDOW // (WINDOW_OVER - 1)) == 0
+                    else limit / 10
+                )
             else:
                 value = 2 * limit  # each record passes (the per-record limit is higher)
-            out.append(Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer, passed=True,
-                               reason="ok", reward_rescored=0.0,
-                               metrics=(Metric(name="logprob_err_mean", value=value),)))  # fmt: skip
+            out.append(
+                Verdict(
+                    rollout_id=ro.rollout_id,
+                    producer=ro.envelope.signer,
+                    passed=True,
+                    reason="ok",
+                    reward_rescored=0.0,
+                    metrics=(Metric(name="logprob_err_mean", value=value),),
+                )
+            )
         return out
 
     async with _validator(tmp_path, monkeypatch, manifest, me, audit, 1.0) as (peer, ctx):
@@ -193,23 +255,45 @@ async def test_windows_are_audited_whole_when_single_records_are_sampled_rarely(
     limit = AuditSettings().thresholds.producer_logprob_err_median
 
     def audit(rollouts, model, **_kw):  # type: ignore[no-untyped-def]
-        return [Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer, passed=True,
-                        reason="ok", reward_rescored=0.0,
-                        metrics=(Metric(name="logprob_err_mean",
-                                        value=2 * limit if ro.header.counter >= 2 * WINDOW else limit / 10),))
-                for ro in rollouts]  # fmt: skip
+        return [
+            Verdict(
+                rollout_id=ro.rollout_id,
+                producer=ro.envelope.signer,
+                passed=True,
+                reason="ok",
+                reward_rescored=0.0,
+                metrics=(
+                    Metric(
+                        name="logprob_err_mean",
+                        value=2 * limit if ro.header.counter >= 2 * WINDOW else limit / 10,
+                    ),
+                ),
+            )
+            for ro in rollouts
+        ]
 
     published: list[object] = []
-    async with _validator(tmp_path, monkeypatch, manifest, me, audit, 0.0, window_fraction=1.0,
-                          probation=True) as (peer, ctx):
+    async with _validator(
+        tmp_path, monkeypatch, manifest, me, audit, 0.0, window_fraction=1.0, probation=True
+    ) as (peer, ctx):
         monkeypatch.setattr(peer, "publish_verdict", lambda v: published.append(v) or trio.sleep(0))
         sender = Identity.generate().peer_id_b58
         for i in range(2 * WINDOW):  # its probation: every record sampled
-            assert (await peer.admit(sender, Kind.ROLLOUT_RECORD, _record(drifty, manifest, i, cheat=False))).accepted
-        await until("the probation's windows judged", lambda: ctx.status.get("producer_windows") == 2)
+            assert (
+                await peer.admit(
+                    sender, Kind.ROLLOUT_RECORD, _record(drifty, manifest, i, cheat=False)
+                )
+            ).accepted
+        await until(
+            "the probation's windows judged", lambda: ctx.status.get("producer_windows") == 2
+        )
         assert ctx.status["sampled"] == 2 * WINDOW and len(published) == 2 * WINDOW
         for i in range(2 * WINDOW, 3 * WINDOW):
-            assert (await peer.admit(sender, Kind.ROLLOUT_RECORD, _record(drifty, manifest, i, cheat=False))).accepted
+            assert (
+                await peer.admit(
+                    sender, Kind.ROLLOUT_RECORD, _record(drifty, manifest, i, cheat=False)
+                )
+            ).accepted
         await until("the window judged", lambda: ctx.status.get("producer_findings") == 1)
         assert ctx.status["producer_windows"] == 3
         assert ctx.status["window_audited"] == WINDOW and ctx.status["sampled"] == 2 * WINDOW
@@ -217,7 +301,9 @@ async def test_windows_are_audited_whole_when_single_records_are_sampled_rarely(
         assert peer.admission.scores.score(drifty.peer_id_b58, time.time()) <= PRODUCER_PENALTY + 5
 
 
-async def test_a_producer_claim_is_rechecked_before_anyone_pays(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+async def test_a_producer_claim_is_rechecked_before_anyone_pays(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     """Another validator's producer claim: we audit every record of the window ourselves;
     our median over the limit costs the producer, within it the accuser; a claim over
     records that are not one window of the producer costs the accuser at once."""
@@ -227,12 +313,22 @@ async def test_a_producer_claim_is_rechecked_before_anyone_pays(tmp_path: Path, 
     limit = AuditSettings().thresholds.producer_logprob_err_median
 
     def audit(rollouts, model, **_kw):  # type: ignore[no-untyped-def]
-        return [Verdict(rollout_id=ro.rollout_id, producer=ro.envelope.signer, passed=True,
-                        reason="ok", reward_rescored=0.0,
-                        metrics=(Metric(name="logprob_err_mean",
-                                        value=2 * limit if ro.envelope.signer == drifty.peer_id
-                                        else limit / 10),))
-                for ro in rollouts]  # fmt: skip
+        return [
+            Verdict(
+                rollout_id=ro.rollout_id,
+                producer=ro.envelope.signer,
+                passed=True,
+                reason="ok",
+                reward_rescored=0.0,
+                metrics=(
+                    Metric(
+                        name="logprob_err_mean",
+                        value=2 * limit if ro.envelope.signer == drifty.peer_id else limit / 10,
+                    ),
+                ),
+            )
+            for ro in rollouts
+        ]
 
     async with _validator(tmp_path, monkeypatch, manifest, me, audit, 0.0) as (peer, ctx):
         sender = Identity.generate().peer_id_b58  # a relay of everything: never pays
@@ -248,25 +344,45 @@ async def test_a_producer_claim_is_rechecked_before_anyone_pays(tmp_path: Path, 
         seqs = iter(range(1, 100))
 
         def claim(producer: Identity, rids: tuple[bytes, ...]) -> bytes:
-            c = ProducerClaim(producer=producer.peer_id, rollout_ids=rids,
-                              statistic="logprob_err_mean", median=1.0, limit=limit)  # fmt: skip
-            return seal(accuser, c, run_id=manifest.run_id, policy_version=0,
-                        seq=next(seqs), timestamp_ms=int(time.time() * 1000))  # fmt: skip
+            c = ProducerClaim(
+                producer=producer.peer_id,
+                rollout_ids=rids,
+                statistic="logprob_err_mean",
+                median=1.0,
+                limit=limit,
+            )
+            return seal(
+                accuser,
+                c,
+                run_id=manifest.run_id,
+                policy_version=0,
+                seq=next(seqs),
+                timestamp_ms=int(time.time() * 1000),
+            )
 
-        assert (await peer.admit(sender, Kind.PRODUCER_CLAIM, claim(drifty, windows[drifty.peer_id]))).accepted
-        await until("the drifty producer pays",
-                    lambda: scores.score(drifty.peer_id_b58, time.time()) <= PRODUCER_PENALTY + 5)  # fmt: skip
+        assert (
+            await peer.admit(sender, Kind.PRODUCER_CLAIM, claim(drifty, windows[drifty.peer_id]))
+        ).accepted
+        await until(
+            "the drifty producer pays",
+            lambda: scores.score(drifty.peer_id_b58, time.time()) <= PRODUCER_PENALTY + 5,
+        )
         assert scores.score(accuser.peer_id_b58, time.time()) >= 0
-        assert (await peer.admit(sender, Kind.PRODUCER_CLAIM, claim(honest, windows[honest.peer_id]))).accepted
-        await until("the false accuser pays",
-                    lambda: scores.score(accuser.peer_id_b58, time.time()) < 0)  # fmt: skip
+        assert (
+            await peer.admit(sender, Kind.PRODUCER_CLAIM, claim(honest, windows[honest.peer_id]))
+        ).accepted
+        await until(
+            "the false accuser pays", lambda: scores.score(accuser.peer_id_b58, time.time()) < 0
+        )
         assert scores.score(honest.peer_id_b58, time.time()) >= 0
         before = scores.score(accuser.peer_id_b58, time.time())
         # half of each window, claimed as one of the honest producer's
         mixed = windows[honest.peer_id][: WINDOW // 2] + windows[drifty.peer_id][: WINDOW // 2]
         assert (await peer.admit(sender, Kind.PRODUCER_CLAIM, claim(honest, mixed))).accepted
-        await until("a claim that is no window costs its signer",
-                    lambda: scores.score(accuser.peer_id_b58, time.time()) < before - 10)  # fmt: skip
+        await until(
+            "a claim that is no window costs its signer",
+            lambda: scores.score(accuser.peer_id_b58, time.time()) < before - 10,
+        )
         assert scores.score(honest.peer_id_b58, time.time()) >= 0
         assert scores.score(sender, time.time()) >= 0
         assert ctx.status["producer_claims"]["convicted"] == 1

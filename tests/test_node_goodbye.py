@@ -36,15 +36,28 @@ def test_a_goodbye_reads_back_only_from_its_signer_for_its_receiver() -> None:
     assert told is not None and told.reason == "banned: flooding" and told.until == now + 3600
     assert parse_goodbye(data, c.peer_id_b58, a.peer_id_b58, now) is None  # c replays b's
     assert parse_goodbye(data, b.peer_id_b58, c.peer_id_b58, now) is None  # meant for a
-    for junk in (b"", b"\xc1", msgpack.packb([1, "x"]), msgpack.packb([2, "x", 1, b"s" * 64]),
-                 msgpack.packb({"a": 1}), data[:-1], msgpack.packb([1, "x", -1, b"s" * 64])):  # fmt: skip
+    for junk in (
+        b"",
+        b"\xc1",
+        msgpack.packb([1, "x"]),
+        msgpack.packb([2, "x", 1, b"s" * 64]),
+        msgpack.packb({"a": 1}),
+        data[:-1],
+        msgpack.packb([1, "x", -1, b"s" * 64]),
+    ):
         assert parse_goodbye(junk, b.peer_id_b58, a.peer_id_b58, now) is None
-    far = parse_goodbye(goodbye_message(b, a.peer_id_b58, "ban\x1b[2J", now + 1e9), b.peer_id_b58,
-                        a.peer_id_b58, now)  # fmt: skip
+    far = parse_goodbye(
+        goodbye_message(b, a.peer_id_b58, "ban\x1b[2J", now + 1e9),
+        b.peer_id_b58,
+        a.peer_id_b58,
+        now,
+    )
     assert far is not None and far.until == now + MAX_UNTIL_S and far.reason == "ban?[2J"
 
 
-def test_what_a_peer_told_is_shown_until_its_end_and_bounded(caplog: pytest.LogCaptureFixture) -> None:
+def test_what_a_peer_told_is_shown_until_its_end_and_bounded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     d = DroppedBy(keep=4)
     for i in range(20):  # a peer changing its story cannot flood our log
         d.told("X", f"banned: {i}", 500.0, 100.0 + i)
@@ -55,7 +68,9 @@ def test_what_a_peer_told_is_shown_until_its_end_and_bounded(caplog: pytest.LogC
     assert sum("refuses us" in r.getMessage() for r in caplog.records) == 1
     d = DroppedBy(keep=4)
     d.on_event("told", "B", "banned: x", 100.0, until=200.0)
-    assert d.status(150.0) == {"B": {"closes": 0, "reason": "banned: x", "until": 200.0, "told": True}}
+    assert d.status(150.0) == {
+        "B": {"closes": 0, "reason": "banned: x", "until": 200.0, "told": True}
+    }
     assert d.status(201.0) == {}
     d.told("C", "banned: y", 50.0, 100.0)  # an end already past: nothing to show
     assert d.status(100.0) == {}
@@ -65,8 +80,9 @@ def test_what_a_peer_told_is_shown_until_its_end_and_bounded(caplog: pytest.LogC
 
 
 def _cfg(tmp: Path, name: str, manifest, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
-    return PeerConfig(manifest=manifest, identity=Identity.generate(), data_dir=tmp / name,
-                      roles=("relay",), **kw)  # fmt: skip
+    return PeerConfig(
+        manifest=manifest, identity=Identity.generate(), data_dir=tmp / name, roles=("relay",), **kw
+    )
 
 
 @pytest.mark.network
@@ -81,7 +97,10 @@ async def test_a_banned_peer_is_told_and_a_replayed_goodbye_costs_nothing(tmp_pa
         addr_b, addr_a = b.host.listen_addrs()[0], a.host.listen_addrs()[0]
         await a.host.connect(addr_b)
         await c.host.connect(addr_a)
-        await until("b and c connected to a", lambda: {b.host.peer_id, c.host.peer_id} <= set(a.host.connected_peers()))
+        await until(
+            "b and c connected to a",
+            lambda: {b.host.peer_id, c.host.peer_id} <= set(a.host.connected_peers()),
+        )
         banned_at = time.time()
         await b.host.ban(a.host.peer_id, 3600, "test")
         await until("a told", lambda: b.host.peer_id in a.stats()["dropped_by"])  # type: ignore[operator]
@@ -108,7 +127,10 @@ async def test_a_banned_peer_is_told_and_a_replayed_goodbye_costs_nothing(tmp_pa
         shown = a.stats()["dropped_by"]
         assert shown[b.host.peer_id]["reason"] == "banned: test"  # type: ignore[index]
         assert shown[c.host.peer_id]["reason"] == "banned: unsolicited"  # type: ignore[index]
-        assert c.host.peer_id in a.host.connected_peers() and a.host.peer_id in c.host.connected_peers()
+        assert (
+            c.host.peer_id in a.host.connected_peers()
+            and a.host.peer_id in c.host.connected_peers()
+        )
         for p in (a, c):
             assert not p.rejects and p.host.banned_count() == 0, p.rejects
 
@@ -118,7 +140,10 @@ async def test_a_goodbye_is_heard_before_saying_it_returns(tmp_path: Path) -> No
     """`ban` closes the connection as soon as `say` returns: a goodbye still in flight then
     would be lost with the connection (and a redial within `REPEAT_S` is not told again)."""
     manifest = net_manifest("goodbye-heard")
-    async with open_peer(_cfg(tmp_path, "b", manifest)) as b, open_peer(_cfg(tmp_path, "a", manifest)) as a:
+    async with (
+        open_peer(_cfg(tmp_path, "b", manifest)) as b,
+        open_peer(_cfg(tmp_path, "a", manifest)) as a,
+    ):
 
         async def busy_serve(stream: object) -> None:  # a receiver slow to read (a busy loop)
             await trio.sleep(0.3)
@@ -135,7 +160,9 @@ async def test_a_goodbye_is_heard_before_saying_it_returns(tmp_path: Path) -> No
 
 
 @pytest.mark.network
-async def test_a_receiver_that_never_closes_gets_one_goodbye_per_repeat_window(tmp_path: Path) -> None:
+async def test_a_receiver_that_never_closes_gets_one_goodbye_per_repeat_window(
+    tmp_path: Path,
+) -> None:
     manifest = net_manifest("goodbye-stall")
     async with (
         open_peer(_cfg(tmp_path, "b", manifest)) as b,
@@ -158,13 +185,22 @@ async def test_a_receiver_that_never_closes_gets_one_goodbye_per_repeat_window(t
 
 @pytest.mark.network
 @pytest.mark.slow
-async def test_a_peer_process_banned_for_garbage_says_who_refused_it_why_and_until_when(tmp_path: Path) -> None:
+async def test_a_peer_process_banned_for_garbage_says_who_refused_it_why_and_until_when(
+    tmp_path: Path,
+) -> None:
     procs: list[PeerProcess] = []
 
     async def spawn(name: str, *extra: str) -> PeerProcess:
-        p = await PeerProcess.start("--data-dir", str(tmp_path / name), "--max-life", "120", *extra,
-                                    module="bench._net_peer", stderr_path=str(tmp_path / f"{name}.log"),
-                                    timeout=90)  # fmt: skip
+        p = await PeerProcess.start(
+            "--data-dir",
+            str(tmp_path / name),
+            "--max-life",
+            "120",
+            *extra,
+            module="bench._net_peer",
+            stderr_path=str(tmp_path / f"{name}.log"),
+            timeout=90,
+        )
         procs.append(p)
         return p
 
@@ -198,14 +234,29 @@ def test_status_shows_who_refused_us_why_and_until_when(tmp_path: Path) -> None:
 
     Store.open(tmp_path).close()
     until = time.time() + 3000
-    (tmp_path / "status.json").write_text(json.dumps({
-        "pid": 999_999_999, "time": time.time(), "peers": 0,
-        "dropped_by": {"12D3KooWB": {"closes": 0, "reason": "banned: score below threshold", "until": until,
-                                     "told": True},
-                       "12D3KooWC": {"closes": 4, "reason": "connection closed", "until": until}},
-    }))  # fmt: skip
+    (tmp_path / "status.json").write_text(
+        json.dumps(
+            {
+                "pid": 999_999_999,
+                "time": time.time(),
+                "peers": 0,
+                "dropped_by": {
+                    "12D3KooWB": {
+                        "closes": 0,
+                        "reason": "banned: score below threshold",
+                        "until": until,
+                        "told": True,
+                    },
+                    "12D3KooWC": {"closes": 4, "reason": "connection closed", "until": until},
+                },
+            }
+        )
+    )
     r = run_cli("status", "--data-dir", str(tmp_path))
     assert r.returncode == 0, r.stderr
     at = time.strftime("%H:%M:%S", time.localtime(until))
-    assert f"refused by      12D3KooWB: banned: score below threshold, until {at} (as it told us)" in r.stdout
+    assert (
+        f"refused by      12D3KooWB: banned: score below threshold, until {at} (as it told us)"
+        in r.stdout
+    )
     assert "dropped by      12D3KooWC: closed our connections 4 times" in r.stdout, r.stdout

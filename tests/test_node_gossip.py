@@ -105,7 +105,10 @@ async def test_pull_over_a_real_stream_and_missing_ids() -> None:
         records[open_record(rec).rollout_id] = rec
     missing = secrets.token_bytes(32)
 
-    async with open_host(secrets.token_bytes(32)) as server, open_host(secrets.token_bytes(32)) as client:
+    async with (
+        open_host(secrets.token_bytes(32)) as server,
+        open_host(secrets.token_bytes(32)) as client,
+    ):
 
         async def lookup(ids: list[bytes]) -> list[bytes | None]:
             return [records.get(i) for i in ids]
@@ -122,7 +125,10 @@ async def test_pull_over_a_real_stream_and_missing_ids() -> None:
 
 async def test_pull_refuses_an_oversized_answer() -> None:
     small = HostSettings(max_frame_bytes=rx.MAX_RECORD_BYTES + 10)
-    async with open_host(secrets.token_bytes(32), settings=small) as server, open_host(secrets.token_bytes(32)) as client:
+    async with (
+        open_host(secrets.token_bytes(32), settings=small) as server,
+        open_host(secrets.token_bytes(32)) as client,
+    ):
 
         async def handler(stream) -> None:  # type: ignore[no-untyped-def]
             await stream.receive(rx.MAX_REQUEST_BYTES)
@@ -164,14 +170,25 @@ def test_address_book_backoff_flaps_and_bounds() -> None:
 def test_peer_list_codec_is_bounded() -> None:
     addrs = [f"/ip4/127.0.0.1/tcp/{i}/p2p/x" for i in range(40)]
     assert decode_addrs(encode_addrs(addrs)) == addrs[:32]
-    for bad in (b"\xc1", msgpack.packb([1, 2]), msgpack.packb(["a" * 300]), msgpack.packb(["a"] * 33)):
+    for bad in (
+        b"\xc1",
+        msgpack.packb([1, 2]),
+        msgpack.packb(["a" * 300]),
+        msgpack.packb(["a"] * 33),
+    ):
         with pytest.raises(ValueError):
             decode_addrs(bad)
 
 
 def _hello(ident: Identity, run: str) -> bytes:
-    return seal(ident, PeerHello(roles=("relay",), policy_version=0, listen_addrs=(), agent="t"),
-                run_id=run, policy_version=0, seq=1, timestamp_ms=int(time.time() * 1000))
+    return seal(
+        ident,
+        PeerHello(roles=("relay",), policy_version=0, listen_addrs=(), agent="t"),
+        run_id=run,
+        policy_version=0,
+        seq=1,
+        timestamp_ms=int(time.time() * 1000),
+    )
 
 
 def test_hello_must_be_this_run_and_this_peer() -> None:
@@ -191,14 +208,22 @@ async def test_hello_exchange_over_a_stream() -> None:
     async with open_host(ka) as a, open_host(kb) as b:
 
         async def handler(stream) -> None:  # type: ignore[no-untyped-def]
-            got.append(await exchange_hello(stream, initiator=False, own_hello=_hello(ib, "h"),
-                                            own_addrs=["/ip4/1.2.3.4/tcp/1/p2p/x"], run_id="h"))
+            got.append(
+                await exchange_hello(
+                    stream,
+                    initiator=False,
+                    own_hello=_hello(ib, "h"),
+                    own_addrs=["/ip4/1.2.3.4/tcp/1/p2p/x"],
+                    run_id="h",
+                )
+            )
 
         b.set_stream_handler("/swarm-rl/h/hello/1", handler)
         assert (await a.connect(b.listen_addrs()[0])).ok
         stream = await a.open_stream(b.peer_id, "/swarm-rl/h/hello/1")
-        hello, addrs = await exchange_hello(stream, initiator=True, own_hello=_hello(ia, "h"),
-                                            own_addrs=[], run_id="h")
+        hello, addrs = await exchange_hello(
+            stream, initiator=True, own_hello=_hello(ia, "h"), own_addrs=[], run_id="h"
+        )
         assert addrs == ["/ip4/1.2.3.4/tcp/1/p2p/x"] and hello.agent == "t"
         with trio.fail_after(10):
             while not got:

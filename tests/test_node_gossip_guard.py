@@ -101,9 +101,10 @@ async def test_an_oversize_rpc_is_reported() -> None:
 
 async def test_honest_gossip_is_not_reported() -> None:
     notices: list[Misbehaviour] = []
-    async with open_host(secrets.token_bytes(32), settings=LIMITS) as a, open_host(
-        secrets.token_bytes(32), settings=LIMITS
-    ) as b:
+    async with (
+        open_host(secrets.token_bytes(32), settings=LIMITS) as a,
+        open_host(secrets.token_bytes(32), settings=LIMITS) as b,
+    ):
         a.on_misbehaviour(notices.append)
         b.on_misbehaviour(notices.append)
         for i in range(5):

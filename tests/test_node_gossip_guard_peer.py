@@ -27,8 +27,13 @@ pytestmark = pytest.mark.network
 
 async def test_a_topic_flood_is_charged_to_its_sender_with_its_reason(tmp_path: Path) -> None:
     settings = HostSettings(gossip_limits=ControlLimits(window_s=10.0, max_topics=10))
-    cfg = PeerConfig(manifest=net_manifest("guard"), identity=Identity.generate(),
-                     data_dir=tmp_path / "p", roles=("relay",), host=settings)
+    cfg = PeerConfig(
+        manifest=net_manifest("guard"),
+        identity=Identity.generate(),
+        data_dir=tmp_path / "p",
+        roles=("relay",),
+        host=settings,
+    )
     rpc = rpc_pb2.RPC()
     for i in range(50):
         sub = rpc.subscriptions.add()
@@ -45,7 +50,8 @@ async def test_a_topic_flood_is_charged_to_its_sender_with_its_reason(tmp_path: 
             while peer.admission.scores.score(attacker, time.time()) >= 0:
                 await trio.sleep(0.05)
         assert peer.admission.scores.score(attacker, time.time()) == pytest.approx(
-            penalties.TOO_MANY_TOPICS.cost, abs=0.05)
+            penalties.TOO_MANY_TOPICS.cost, abs=0.05
+        )
         with trio.fail_after(5):
             while not peer.store.ledger(direction="in", outcome="rejected", limit=10):
                 await trio.sleep(0.05)

@@ -29,15 +29,24 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 
 def _cfg(tmp: Path, name: str, manifest, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
-    return PeerConfig(manifest=manifest, identity=Identity.generate(), data_dir=tmp / name,
-                      roles=("relay",), header_batch=1, **kw)
+    return PeerConfig(
+        manifest=manifest,
+        identity=Identity.generate(),
+        data_dir=tmp / name,
+        roles=("relay",),
+        header_batch=1,
+        **kw,
+    )
 
 
-async def test_an_ignored_copy_advertised_again_is_not_asked_for_nor_charged(tmp_path: Path) -> None:
+async def test_an_ignored_copy_advertised_again_is_not_asked_for_nor_charged(
+    tmp_path: Path,
+) -> None:
     manifest = net_manifest("seen")
-    async with open_peer(_cfg(tmp_path, "b", manifest)) as b, open_peer(
-        _cfg(tmp_path, "a", manifest, bootstrap=(b.host.listen_addrs()[0],))
-    ) as a:
+    async with (
+        open_peer(_cfg(tmp_path, "b", manifest)) as b,
+        open_peer(_cfg(tmp_path, "a", manifest, bootstrap=(b.host.listen_addrs()[0],))) as a,
+    ):
         topic = a.topics["rollouts"]
         await a.host.wait_for_topic_peers(topic, 1, 10)
         record = synthetic_record(a.identity, manifest, 0, n_completion=8)

@@ -36,8 +36,15 @@ def _free_port() -> int:
 
 def _run_file(tmp: Path, keys: dict[str, Identity]) -> Path:
     tok = build_tokenizer(seed=0)
-    model = build_model(tok, seed=2, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    model = build_model(
+        tok,
+        seed=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     table = run_manifest_table(run_id="hand-trio", seed=3)
     table["run"]["model"] = str(save_model_dir(model, tok, tmp / "model"))
     table["run"]["trainer_keys"] = [keys["trainer"].peer_id_b58]
@@ -54,11 +61,29 @@ def _start(tmp: Path, role: str, run: Path, port: int, *extra: str) -> subproces
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     with open(tmp / f"{role}.log", "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "node.cli", "start", "--role", role, "--run", str(run),
-             "--key", str(tmp / f"{role}.key"), "--data-dir", str(tmp / role / "data"),
-             "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--duration", str(RUN_S), *extra],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "node.cli",
+                "start",
+                "--role",
+                role,
+                "--run",
+                str(run),
+                "--key",
+                str(tmp / f"{role}.key"),
+                "--data-dir",
+                str(tmp / role / "data"),
+                "--listen",
+                f"/ip4/127.0.0.1/tcp/{port}",
+                "--duration",
+                str(RUN_S),
+                *extra,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
 
 
 def _status(tmp: Path, role: str) -> dict:
@@ -90,16 +115,31 @@ def test_hand_started_trio_publishes_installs_and_charges_no_honest_peer(tmp_pat
     worker = _status(tmp_path, "inference")
     assert worker.get("policy_version", 0) >= 1, logs["trainer"][-3000:]  # a version installed
     assert "weights: installed version 1" in logs["inference"], logs["inference"][-3000:]
-    nodes = [NodeProc(role, role, tmp_path / role, proc=None, log=tmp_path / f"{role}.log",  # type: ignore[arg-type]
-                      peer_id=ident.peer_id_b58) for role, ident in keys.items()]  # fmt: skip
+    nodes = [
+        NodeProc(
+            role,
+            role,
+            tmp_path / role,
+            proc=None,
+            log=tmp_path / f"{role}.log",  # type: ignore[arg-type]
+            peer_id=ident.peer_id_b58,
+        )
+        for role, ident in keys.items()
+    ]
     honest = [g for g in penalties(nodes) if g["honest"]]
     assert honest == [], honest
     # from the first node's stop on, its peers may redial it while it closes: not counted
-    stopped = min(_stamp(line) for log in logs.values() for line in log.splitlines()
-                  if "stopping: --duration reached" in line)  # fmt: skip
+    stopped = min(
+        _stamp(line)
+        for log in logs.values()
+        for line in log.splitlines()
+        if "stopping: --duration reached" in line
+    )
     for role, log in logs.items():
-        assert "Traceback" not in log, f"{role}: {log[log.find('Traceback'):][:2000]}"
-        assert "banned" not in log and "keeps closing our connections" not in log, f"{role}: {log[-3000:]}"
+        assert "Traceback" not in log, f"{role}: {log[log.find('Traceback') :][:2000]}"
+        assert "banned" not in log and "keeps closing our connections" not in log, (
+            f"{role}: {log[-3000:]}"
+        )
         # connections hold through the installs: each node connects once to each other one
         running = [line for line in log.splitlines() if _stamp(line) and _stamp(line) < stopped]
         assert sum("peer connected" in line for line in running) == 2, f"{role}: {log[-3000:]}"
@@ -109,4 +149,6 @@ def test_hand_started_trio_publishes_installs_and_charges_no_honest_peer(tmp_pat
 def _stamp(line: str) -> str:
     """The log line's timestamp ("2026-12-04 10:37:44,935", sortable as text), or ""."""
     head = line[:23]
-    return head if len(head) == 23 and head[4] == "-" and head[10] == " " and head[19] == "," else ""
+    return (
+        head if len(head) == 23 and head[4] == "-" and head[10] == " " and head[19] == "," else ""
+    )

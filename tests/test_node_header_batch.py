@@ -24,11 +24,20 @@ async def test_a_busy_producer_sends_its_headers_in_batches(tmp_path: Path) -> N
     manifest = net_manifest("batch")
     n = 24
     async with open_peer(relay_config(tmp_path, "b", manifest)) as b:
-        async with open_peer(relay_config(tmp_path, "a", manifest, publish_rate_per_s=2.0,
-                                          bootstrap=(b.host.listen_addrs()[0],))) as a:
+        async with open_peer(
+            relay_config(
+                tmp_path,
+                "a",
+                manifest,
+                publish_rate_per_s=2.0,
+                bootstrap=(b.host.listen_addrs()[0],),
+            )
+        ) as a:
             await a.host.wait_for_topic_peers(a.topics["rollouts"], 1, 10)
             for i in range(n):
-                await a.produce(synthetic_record(a.identity, manifest, i, n_completion=16, seq=a.seq.next()))
+                await a.produce(
+                    synthetic_record(a.identity, manifest, i, n_completion=16, seq=a.seq.next())
+                )
             await until("b admits every header", lambda: b.counters["in_rollout_header"] >= n)
             assert a.outbox.stats.batches < n // 2  # at 2 messages/s, 24 headers took few messages
             assert a.stats()["header_batch_mean"] > 2
@@ -40,8 +49,16 @@ async def test_each_header_in_a_batch_is_admitted_on_its_own(tmp_path: Path) -> 
     manifest = net_manifest("batch-hop")
     async with (
         open_peer(relay_config(tmp_path, "b", manifest)) as b,
-        open_peer(relay_config(tmp_path, "a", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],))) as a,
-        open_peer(relay_config(tmp_path, "c", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],))) as c,
+        open_peer(
+            relay_config(
+                tmp_path, "a", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],)
+            )
+        ) as a,
+        open_peer(
+            relay_config(
+                tmp_path, "c", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],)
+            )
+        ) as c,
     ):
         await until("chain a - b - c", lambda: len(b.host.connected_peers()) == 2)
         topic = topic_name(manifest.run_id, "header-batches")

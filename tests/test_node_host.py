@@ -525,7 +525,9 @@ async def test_opening_a_stream_proposes_the_protocol_before_reading_the_header_
         monkeypatch.undo()
         await stream.send(b"ping")
         assert await stream.receive() == b"ping"
-    opener = next(s for kind, s, data in events if kind == "write" and b"/multistream/1.0.0" in data)
+    opener = next(
+        s for kind, s, data in events if kind == "write" and b"/multistream/1.0.0" in data
+    )
     before_first_read: list[bytes] = []
     for kind, s, data in events:
         if s != opener:

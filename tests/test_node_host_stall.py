@@ -20,11 +20,17 @@ SETTINGS = HostSettings(heartbeat_interval_s=0.5, peer_dead_after_s=2.0)
 
 async def test_our_own_stall_is_not_a_peers_silence() -> None:
     events: list[tuple[str, str]] = []
-    async with open_host(os.urandom(32), settings=SETTINGS) as a, open_host(os.urandom(32), settings=SETTINGS) as b:
+    async with (
+        open_host(os.urandom(32), settings=SETTINGS) as a,
+        open_host(os.urandom(32), settings=SETTINGS) as b,
+    ):
         a.on_peer_event(lambda e: events.append((e.kind, e.peer)))
         b.on_peer_event(lambda e: events.append((e.kind, e.peer)))
         assert (await a.connect(a_addr := b.listen_addrs()[0])).ok, a_addr
-        await until("both see each other", lambda: a.connected_peers() == [b.peer_id] and b.connected_peers() == [a.peer_id])
+        await until(
+            "both see each other",
+            lambda: a.connected_peers() == [b.peer_id] and b.connected_peers() == [a.peer_id],
+        )
         await trio.sleep(1.0)  # pongs flowing
         time.sleep(SETTINGS.peer_dead_after_s + 2)  # noqa: ASYNC251 - the stall under test
         await trio.sleep(3 * SETTINGS.heartbeat_interval_s + 1)

@@ -62,7 +62,9 @@ async def test_five_peers_delivery_freeze_kill_restart_and_a_malicious_peer(tmp_
             started: dict[int, PeerProcess] = {}
 
             async def start(i: int) -> None:
-                started[i] = await _spawn(tmp_path, f"p{i}", "--bootstrap", boot.addrs[0], key=keys[i - 1])
+                started[i] = await _spawn(
+                    tmp_path, f"p{i}", "--bootstrap", boot.addrs[0], key=keys[i - 1]
+                )
 
             for i in range(1, 5):
                 nursery.start_soon(start, i)
@@ -124,7 +126,8 @@ async def test_five_peers_delivery_freeze_kill_restart_and_a_malicious_peer(tmp_
         new_ids = (await _ids(p1)) - reference
         await _wait(
             "restarted peer receives new records",
-            lambda: _has_at_least(p4, 5, exclude=p4_before | reference), 60,
+            lambda: _has_at_least(p4, 5, exclude=p4_before | reference),
+            60,
         )
 
         # 4. a malicious peer: malformed + oversized gossip and garbage requests

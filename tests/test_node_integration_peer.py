@@ -20,15 +20,27 @@ from tests.support.polling import until
 pytestmark = pytest.mark.network
 
 
-async def test_rejected_gossip_stops_at_the_first_hop_and_valid_gossip_crosses_it(tmp_path: Path) -> None:
+async def test_rejected_gossip_stops_at_the_first_hop_and_valid_gossip_crosses_it(
+    tmp_path: Path,
+) -> None:
     manifest = net_manifest("hop")
     async with (
         open_peer(relay_config(tmp_path, "b", manifest)) as b,
-        open_peer(relay_config(tmp_path, "a", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],))) as a,
-        open_peer(relay_config(tmp_path, "c", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],))) as c,
+        open_peer(
+            relay_config(
+                tmp_path, "a", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],)
+            )
+        ) as a,
+        open_peer(
+            relay_config(
+                tmp_path, "c", manifest, max_peers=1, bootstrap=(b.host.listen_addrs()[0],)
+            )
+        ) as c,
     ):
         await until("chain a - b - c", lambda: len(b.host.connected_peers()) == 2)
-        assert a.host.connected_peers() == [b.host.peer_id] and c.host.connected_peers() == [b.host.peer_id]
+        assert a.host.connected_peers() == [b.host.peer_id] and c.host.connected_peers() == [
+            b.host.peer_id
+        ]
         await a.host.wait_for_topic_peers(a.topics["rollouts"], 1, 10)
         await c.host.wait_for_topic_peers(c.topics["rollouts"], 1, 10)
         for i in range(3):
@@ -67,9 +79,12 @@ async def test_body_streams_per_peer_are_capped(tmp_path: Path) -> None:
     from node.peer_services import MAX_SERVE_STREAMS_PER_PEER
 
     manifest = net_manifest("cap")
-    async with open_peer(relay_config(tmp_path, "s", manifest)) as server, open_peer(
-        relay_config(tmp_path, "c", manifest, bootstrap=(server.host.listen_addrs()[0],))
-    ) as client:
+    async with (
+        open_peer(relay_config(tmp_path, "s", manifest)) as server,
+        open_peer(
+            relay_config(tmp_path, "c", manifest, bootstrap=(server.host.listen_addrs()[0],))
+        ) as client,
+    ):
         await until("connected", lambda: client.host.connected_peers() == [server.host.peer_id])
         streams, refused = [], 0
         for _ in range(MAX_SERVE_STREAMS_PER_PEER + 2):
@@ -80,7 +95,9 @@ async def test_body_streams_per_peer_are_capped(tmp_path: Path) -> None:
                 continue
             streams.append(stream)
             await trio.sleep(0.2)  # let the server's handler start
-        await until("extra streams refused", lambda: server.counters["serve_refused"] >= 2, timeout=10)
+        await until(
+            "extra streams refused", lambda: server.counters["serve_refused"] >= 2, timeout=10
+        )
         # the first ones still work
         await streams[0].send(rx.encode_request([bytes(32)]))
         assert await streams[0].receive() == b""  # unknown id: an empty frame

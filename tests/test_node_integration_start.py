@@ -32,9 +32,24 @@ def _start(tmp: Path, name: str, *extra: str) -> subprocess.Popen[str]:
     if not key.exists():
         write_key(key, Identity.generate())
     return subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "start", "--role", "relay", "--run", str(tmp / "run.toml"),
-         "--key", str(key), "--data-dir", str(tmp / name), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "node.cli",
+            "start",
+            "--role",
+            "relay",
+            "--run",
+            str(tmp / "run.toml"),
+            "--key",
+            str(key),
+            "--data-dir",
+            str(tmp / name),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -102,11 +117,32 @@ def test_log_format_json_writes_one_object_a_line(tmp_path: Path) -> None:
     key = tmp_path / "j.key"
     write_key(key, Identity.generate())
     r = subprocess.run(
-        [sys.executable, "-m", "node.cli", "start", "--role", "relay", "--run", str(tmp_path / "run.toml"),
-         "--key", str(key), "--data-dir", str(tmp_path / "j"), "--bootstrap", dead,
-         "--duration", "3", "--log-level", "debug", "--log-format", "json"],
-        capture_output=True, text=True, timeout=90,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "node.cli",
+            "start",
+            "--role",
+            "relay",
+            "--run",
+            str(tmp_path / "run.toml"),
+            "--key",
+            str(key),
+            "--data-dir",
+            str(tmp_path / "j"),
+            "--bootstrap",
+            dead,
+            "--duration",
+            "3",
+            "--log-level",
+            "debug",
+            "--log-format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [json.loads(x) for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) > 5
@@ -124,9 +160,17 @@ def test_metrics_endpoint_answers_with_the_named_series(tmp_path: Path) -> None:
     a = _start(tmp_path, "m", "--metrics", f"127.0.0.1:{port}", "--duration", "60")
     try:
         _wait_for(tmp_path / "m" / "status.json", 60)
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        for name in ("swarm_peers ", "swarm_policy_version ", "swarm_outbox_pending ",
-                     "swarm_uptime_seconds ", "swarm_peers_banned ", "# TYPE swarm_events_total counter"):  # fmt: skip
+        text = (
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        )
+        for name in (
+            "swarm_peers ",
+            "swarm_policy_version ",
+            "swarm_outbox_pending ",
+            "swarm_uptime_seconds ",
+            "swarm_peers_banned ",
+            "# TYPE swarm_events_total counter",
+        ):
             assert name in text, text
         values = [ln.rsplit(" ", 1) for ln in text.splitlines() if ln and not ln.startswith("#")]
         assert values and all(float(v) == float(v) for _, v in values)  # every sample a number

@@ -168,12 +168,16 @@ def _check(outcome: BaseException | None) -> None:
 @pytest.mark.skipif(
     _js_ready() is not None and not IN_CI, reason=f"js-libp2p peer unavailable: {_js_ready()}"
 )
-def test_an_unpatched_js_libp2p_peer_follows_our_gossip(followed: dict[str, BaseException | None]) -> None:
+def test_an_unpatched_js_libp2p_peer_follows_our_gossip(
+    followed: dict[str, BaseException | None],
+) -> None:
     reason = _js_ready()
     if reason is not None:  # only in CI (SWARM_CI=1): elsewhere the test is skipped
         pytest.fail(f"the js-libp2p interop peer is required in CI: {reason}")
     _check(followed["js"])
 
 
-def test_an_unpatched_py_libp2p_peer_interoperates(followed: dict[str, BaseException | None]) -> None:
+def test_an_unpatched_py_libp2p_peer_interoperates(
+    followed: dict[str, BaseException | None],
+) -> None:
     _check(followed["py"])

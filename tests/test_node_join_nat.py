@@ -23,7 +23,9 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 JOIN_WITHIN_S = 100.0
 
 
-def test_a_worker_behind_a_cone_nat_joins_with_join_and_its_rollouts_are_accepted(tmp_path: Path) -> None:
+def test_a_worker_behind_a_cone_nat_joins_with_join_and_its_rollouts_are_accepted(
+    tmp_path: Path,
+) -> None:
     _need_netlab()
     with NetLab() as lab:
         stack = FullStack(lab, tmp_path)
@@ -36,7 +38,7 @@ def test_a_worker_behind_a_cone_nat_joins_with_join_and_its_rollouts_are_accepte
             worker = read_status(tmp_path / "worker")
             assert worker["role_status"]["produced"] > 0, worker
             log = stack.log_tail("worker", 100_000)
-            assert "Traceback" not in log, log[log.find("Traceback"):][:3000]
+            assert "Traceback" not in log, log[log.find("Traceback") :][:3000]
             # Behind the NAT it is not reachable (AutoNAT) and holds a slot on the relay.
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
@@ -46,7 +48,8 @@ def test_a_worker_behind_a_cone_nat_joins_with_join_and_its_rollouts_are_accepte
                 time.sleep(0.5)
             assert worker.get("reachability") == "private", worker
             assert worker["relayed_addrs"][0].startswith(
-                f"{stack.relay_addr}/p2p-circuit/p2p/{stack.ids['worker']}"), worker
+                f"{stack.relay_addr}/p2p-circuit/p2p/{stack.ids['worker']}"
+            ), worker
             print(f"join_s {join_s:.1f}")
         finally:
             stack.close()

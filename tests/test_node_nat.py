@@ -64,8 +64,10 @@ async def _start_all(*specs: tuple[str, ...]) -> list:  # type: ignore[type-arg]
 
 @pytest.mark.slow
 async def test_a_relay_at_its_limits_refuses_new_reservations_and_keeps_existing_ones() -> None:
-    peers = await _start_all(("", "/ip4/127.0.0.1/tcp/0", "--serve-relay", "--max-reservations", "2"),
-                             *[("", "/ip4/127.0.0.1/tcp/0")] * 4)
+    peers = await _start_all(
+        ("", "/ip4/127.0.0.1/tcp/0", "--serve-relay", "--max-reservations", "2"),
+        *[("", "/ip4/127.0.0.1/tcp/0")] * 4,
+    )
     relay, a, b, flooder, dialer = peers
     try:
         addr = relay.addrs[0]
@@ -105,11 +107,19 @@ async def test_hole_punch_dials_can_leave_from_our_listen_port() -> None:
 
 
 @pytest.mark.slow
-async def test_natted_workers_are_private_reserve_a_relay_and_deliver_through_it(netlab: NetLab) -> None:
-    cone1, cone2, symmetric = netlab.add_nat("cone"), netlab.add_nat("cone"), netlab.add_nat("symmetric")
-    peers = await _start_all((netlab.wan, f"/ip4/{PUBLIC_IP}/tcp/4001", "--serve-relay"),
-                             (netlab.wan, f"/ip4/{PUBLIC_IP}/tcp/4002"),
-                             *[(ns, f"/ip4/{netlab.host_ip(ns)}/tcp/4100") for ns in (cone1, cone2, symmetric)])
+async def test_natted_workers_are_private_reserve_a_relay_and_deliver_through_it(
+    netlab: NetLab,
+) -> None:
+    cone1, cone2, symmetric = (
+        netlab.add_nat("cone"),
+        netlab.add_nat("cone"),
+        netlab.add_nat("symmetric"),
+    )
+    peers = await _start_all(
+        (netlab.wan, f"/ip4/{PUBLIC_IP}/tcp/4001", "--serve-relay"),
+        (netlab.wan, f"/ip4/{PUBLIC_IP}/tcp/4002"),
+        *[(ns, f"/ip4/{netlab.host_ip(ns)}/tcp/4100") for ns in (cone1, cone2, symmetric)],
+    )
     relay, trainer, *workers = peers
     try:
         relayed: dict[str, str] = {}
@@ -120,7 +130,8 @@ async def test_natted_workers_are_private_reserve_a_relay_and_deliver_through_it
         # a dial-back into a NAT waits out its timeout).
         async def private_then_reserve(w) -> None:  # type: ignore[no-untyped-def]
             assert (await w.ask({"cmd": "reach", "servers": [relay.peer_id]}, timeout=40)) == {
-                "reachability": "private"}
+                "reachability": "private"
+            }
             answer = await w.ask({"cmd": "reserve", "addr": relay.addrs[0]})
             assert answer["ok"], answer
             relayed[w.peer_id] = answer["addr"]
@@ -128,13 +139,16 @@ async def test_natted_workers_are_private_reserve_a_relay_and_deliver_through_it
         async with trio.open_nursery() as nursery:
             for w in workers:
                 nursery.start_soon(private_then_reserve, w)
-            assert (await trainer.ask({"cmd": "reach", "servers": [relay.peer_id]}, timeout=40)) == {
-                "reachability": "public"}
+            assert (
+                await trainer.ask({"cmd": "reach", "servers": [relay.peer_id]}, timeout=40)
+            ) == {"reachability": "public"}
         # The trainer reaches every worker through the relay, and their payloads arrive.
         for w in workers:
             dialed = await trainer.ask({"cmd": "connect", "addr": relayed[w.peer_id]})
             assert dialed["ok"] and dialed["peer"] == w.peer_id, dialed
-            sent = await w.ask({"cmd": "send", "peer": trainer.peer_id, "n": 5, "size": 20_000}, timeout=60)
+            sent = await w.ask(
+                {"cmd": "send", "peer": trainer.peer_id, "n": 5, "size": 20_000}, timeout=60
+            )
             assert sent["sent"] == 5, sent
         got = await trainer.ask({"cmd": "stats"})
         assert got["received"] == {"count": 15, "bytes": 15 * 20_000}
@@ -144,11 +158,18 @@ async def test_natted_workers_are_private_reserve_a_relay_and_deliver_through_it
         # defeats it and the pair stays relayed. The payloads arrive either way.
         # A punch that works makes the pair direct at once; the one the symmetric NAT
         # defeats is given a few seconds before the pair counts as relayed.
-        for src, dst, direct, punch_s in ((workers[0], workers[1], True, 15), (workers[0], workers[2], False, 6)):
+        for src, dst, direct, punch_s in (
+            (workers[0], workers[1], True, 15),
+            (workers[0], workers[2], False, 6),
+        ):
             assert (await src.ask({"cmd": "connect", "addr": relayed[dst.peer_id]}))["ok"]
-            punch = await src.ask({"cmd": "punch", "peer": dst.peer_id, "timeout": punch_s}, timeout=30)
+            punch = await src.ask(
+                {"cmd": "punch", "peer": dst.peer_id, "timeout": punch_s}, timeout=30
+            )
             assert punch == {"direct": direct}
-            sent = await src.ask({"cmd": "send", "peer": dst.peer_id, "n": 3, "size": 20_000}, timeout=60)
+            sent = await src.ask(
+                {"cmd": "send", "peer": dst.peer_id, "n": 3, "size": 20_000}, timeout=60
+            )
             assert sent["sent"] == 3, sent
         stats = await workers[0].ask({"cmd": "stats"})
         assert stats["reachability"] == "private" and stats["relayed_peers"] >= 1
@@ -165,7 +186,9 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-async def test_the_library_autonat_says_reachable_without_dialing_and_ours_dials_back(monkeypatch) -> None:
+async def test_the_library_autonat_says_reachable_without_dialing_and_ours_dials_back(
+    monkeypatch,
+) -> None:
     """py-libp2p 0.8.1's AutoNAT server answers with `host.connect()`, a no-op for the
     (always connected) asker: an address nobody listens on is reported reachable.
     `_DialBackAutoNAT` dials afresh. If the first assertion fails, the library is fixed."""
@@ -190,18 +213,26 @@ async def test_the_library_autonat_says_reachable_without_dialing_and_ours_dials
         status, _ = await client.query_server(server_id, advertised)
         assert status != 0  # E_DIAL_ERROR: our server really dialed, and failed
         status, _ = await client.query_server(
-            server_id, [multiaddr.Multiaddr(asker.listen_addrs()[0].split("/p2p/")[0]).to_bytes()])
+            server_id, [multiaddr.Multiaddr(asker.listen_addrs()[0].split("/p2p/")[0]).to_bytes()]
+        )
         assert status == 0  # and a real listener is reachable
 
 
-async def test_a_relay_announces_itself_through_identify_and_a_public_node_reserves_nothing() -> None:
+async def test_a_relay_announces_itself_through_identify_and_a_public_node_reserves_nothing() -> (
+    None
+):
     from node.host_reachability import open_reachability
     from node.host_relay import RelayLimitsConfig, open_relay
     from node.nat_upkeep import NatUpkeep
 
-    async with open_host(os.urandom(32)) as relay_host, open_host(os.urandom(32)) as node, \
-            open_relay(relay_host, RelayLimitsConfig()), open_reachability(relay_host), \
-            open_relay(node) as relay, open_reachability(node) as reach:
+    async with (
+        open_host(os.urandom(32)) as relay_host,
+        open_host(os.urandom(32)) as node,
+        open_relay(relay_host, RelayLimitsConfig()),
+        open_reachability(relay_host),
+        open_relay(node) as relay,
+        open_reachability(node) as reach,
+    ):
         upkeep = NatUpkeep(node, relay, reach, [relay_host.listen_addrs()[0]])
         assert (await node.connect(relay_host.listen_addrs()[0])).ok
         with trio.fail_after(5):
@@ -222,14 +253,21 @@ async def test_a_reservation_is_for_the_connected_peer_and_ends_when_it_leaves()
 
     from node.host_relay import RELAY_HOP_PROTOCOL, RelayLimitsConfig, open_relay
 
-    async with open_host(os.urandom(32)) as relay_host, open_relay(relay_host, RelayLimitsConfig()) as relay:
+    async with (
+        open_host(os.urandom(32)) as relay_host,
+        open_relay(relay_host, RelayLimitsConfig()) as relay,
+    ):
         async with open_host(os.urandom(32)) as client:
             assert (await client.connect(relay_host.listen_addrs()[0])).ok
             made_up = ID.from_base58("12D3KooWRza5dJzJTwK4Qzy55XnGe7aAzNJjbqydFdvj4vmaitaD")
-            stream = await client._lh.new_stream(ID.from_base58(relay_host.peer_id), [RELAY_HOP_PROTOCOL])
+            stream = await client._lh.new_stream(
+                ID.from_base58(relay_host.peer_id), [RELAY_HOP_PROTOCOL]
+            )
             with trio.fail_after(5):
-                await write_delimited_msg(stream, HopMessage(
-                    type=HopMessage.RESERVE, peer=CircuitPeerId(id=made_up.to_bytes())))
+                await write_delimited_msg(
+                    stream,
+                    HopMessage(type=HopMessage.RESERVE, peer=CircuitPeerId(id=made_up.to_bytes())),
+                )
                 answer = await read_delimited_msg(stream, HopMessage)
             assert answer.status == 100  # OK
             held = relay.protocol.resource_manager._reservations
@@ -257,9 +295,28 @@ async def test_full_nodes_behind_nat_go_private_reserve_on_the_relay_role_delive
         log = open(tmp_path / f"{name}.log", "ab")  # noqa: SIM115
         try:
             proc = await trio.lowlevel.open_process(
-                ["ip", "netns", "exec", ns, sys.executable, "-m", "bench._net_peer", "--data-dir",
-                 str(tmp_path / name), "--listen", listen, "--dead-after", "8", "--max-life", "120", *extra],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    sys.executable,
+                    "-m",
+                    "bench._net_peer",
+                    "--data-dir",
+                    str(tmp_path / name),
+                    "--listen",
+                    listen,
+                    "--dead-after",
+                    "8",
+                    "--max-life",
+                    "120",
+                    *extra,
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+            )
         finally:
             log.close()
         peer = PeerProcess(proc)
@@ -286,10 +343,26 @@ async def test_full_nodes_behind_nat_go_private_reserve_on_the_relay_role_delive
             started[name] = await spawn(*args)
 
         async with trio.open_nursery() as nursery:  # both know only the bootstrap: start at once
-            nursery.start_soon(spawn_as, "trainer", netlab.wan, "trainer", f"/ip4/{PUBLIC_IP}/tcp/4002",
-                               "--role", "trainer", "--bootstrap", boot.addrs[0])
-            nursery.start_soon(spawn_as, "worker", worker_ns, "worker",
-                               f"/ip4/{netlab.host_ip(worker_ns)}/tcp/4100", "--bootstrap", boot.addrs[0])
+            nursery.start_soon(
+                spawn_as,
+                "trainer",
+                netlab.wan,
+                "trainer",
+                f"/ip4/{PUBLIC_IP}/tcp/4002",
+                "--role",
+                "trainer",
+                "--bootstrap",
+                boot.addrs[0],
+            )
+            nursery.start_soon(
+                spawn_as,
+                "worker",
+                worker_ns,
+                "worker",
+                f"/ip4/{netlab.host_ip(worker_ns)}/tcp/4100",
+                "--bootstrap",
+                boot.addrs[0],
+            )
         trainer, worker = started["trainer"], started["worker"]
 
         async def relayed() -> dict | None:  # type: ignore[type-arg]
@@ -297,7 +370,9 @@ async def test_full_nodes_behind_nat_go_private_reserve_on_the_relay_role_delive
             return st if st["reachability"] == "private" and st["relayed_addrs"] else None
 
         st = await until("the worker to find itself private and hold a relay slot", relayed)
-        assert st["relayed_addrs"][0].startswith(f"{boot.addrs[0]}/p2p-circuit/p2p/{worker.peer_id}")
+        assert st["relayed_addrs"][0].startswith(
+            f"{boot.addrs[0]}/p2p-circuit/p2p/{worker.peer_id}"
+        )
         boot_stats = await boot.ask({"cmd": "stats"})
         assert boot_stats["relay_serving"] and boot_stats["relay_reservations"] == 1
         assert (await trainer.ask({"cmd": "stats"}))["relay_serving"] is False
@@ -312,8 +387,13 @@ async def test_full_nodes_behind_nat_go_private_reserve_on_the_relay_role_delive
         # A second NATed worker, told only the bootstrap, learns the first one's relayed
         # address through peer exchange and reaches it through the relay.
         other_ns = netlab.add_nat("symmetric")
-        other = await spawn(other_ns, "other", f"/ip4/{netlab.host_ip(other_ns)}/tcp/4100",
-                            "--bootstrap", boot.addrs[0])
+        other = await spawn(
+            other_ns,
+            "other",
+            f"/ip4/{netlab.host_ip(other_ns)}/tcp/4100",
+            "--bootstrap",
+            boot.addrs[0],
+        )
 
         async def met() -> bool:
             return worker.peer_id in (await other.ask({"cmd": "stats"}))["connected"]
@@ -328,8 +408,15 @@ async def test_full_nodes_behind_nat_go_private_reserve_on_the_relay_role_delive
 def test_reachability_and_relay_fields_become_prometheus_series() -> None:
     from node import metrics
 
-    text = metrics.render({"reachability": "private", "direct_peers": 2, "relayed_peers": 1,
-                           "relay_bytes": 4096, "relay_reservations": 3})
+    text = metrics.render(
+        {
+            "reachability": "private",
+            "direct_peers": 2,
+            "relayed_peers": 1,
+            "relay_bytes": 4096,
+            "relay_reservations": 3,
+        }
+    )
     assert "swarm_reachable 0" in text
     assert 'swarm_connected_peers{path="direct"} 2' in text
     assert 'swarm_connected_peers{path="relayed"} 1' in text
@@ -343,9 +430,14 @@ async def test_one_ip_address_cannot_take_every_relay_slot_with_fresh_identities
     limits = RelayLimitsConfig(max_reservations=10, max_reservations_per_ip=2)
     async with open_host(os.urandom(32)) as relay_host, open_relay(relay_host, limits) as relay:
         addr = relay_host.listen_addrs()[0]
-        async with open_host(os.urandom(32)) as a, open_host(os.urandom(32)) as b, \
-                open_host(os.urandom(32)) as c, open_relay(a) as ra, open_relay(b) as rb, \
-                open_relay(c) as rc:
+        async with (
+            open_host(os.urandom(32)) as a,
+            open_host(os.urandom(32)) as b,
+            open_host(os.urandom(32)) as c,
+            open_relay(a) as ra,
+            open_relay(b) as rb,
+            open_relay(c) as rc,
+        ):
             await ra.reserve(addr)
             await rb.reserve(addr)
             with pytest.raises(RelayRefused):
@@ -386,7 +478,10 @@ async def test_a_dial_back_request_costs_a_bounded_number_of_dials_per_asker() -
             await s.bind(("127.0.0.1", 0))
             s.listen(8)
             nursery.start_soon(hang_up, k, s)
-        addrs = [multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/{s.getsockname()[1]}").to_bytes() for s in listeners]
+        addrs = [
+            multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/{s.getsockname()[1]}").to_bytes()
+            for s in listeners
+        ]
         async with open_host(os.urandom(32)) as server, open_host(os.urandom(32)) as asker:
             assert (await asker.connect(server.listen_addrs()[0])).ok
             _DialBackAutoNAT(server._lh, serve=True)

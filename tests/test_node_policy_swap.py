@@ -28,13 +28,26 @@ pytestmark = pytest.mark.network
 @pytest.fixture(scope="module")
 def model():  # type: ignore[no-untyped-def]
     tok = build_tokenizer(seed=0)
-    return build_model(tok, seed=1, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                       num_attention_heads=2, num_key_value_heads=1)
+    return build_model(
+        tok,
+        seed=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
 
 
 def _cfg(tmp: Path, name: str, manifest, identity=None, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
-    return PeerConfig(manifest=manifest, identity=identity or Identity.generate(), data_dir=tmp / name,
-                      roles=("inference",), weights=WeightSettings(), **kw)
+    return PeerConfig(
+        manifest=manifest,
+        identity=identity or Identity.generate(),
+        data_dir=tmp / name,
+        roles=("inference",),
+        weights=WeightSettings(),
+        **kw,
+    )
 
 
 until = functools.partial(polling.until, timeout=90.0)
@@ -47,10 +60,14 @@ def _same(m, state) -> bool:  # type: ignore[no-untyped-def]
 
 async def test_hot_swap_staleness_wait_and_audit_models(tmp_path: Path, model) -> None:  # type: ignore[no-untyped-def]
     trainer = Identity.generate()
-    manifest = dataclasses.replace(net_manifest("swap"), trainer_keys=(trainer.peer_id,), max_staleness=1)
+    manifest = dataclasses.replace(
+        net_manifest("swap"), trainer_keys=(trainer.peer_id,), max_staleness=1
+    )
     v0 = from_state_dict(model.state_dict())
     async with open_peer(_cfg(tmp_path, "t", manifest, trainer)) as t:
-        async with open_peer(_cfg(tmp_path, "w", manifest, bootstrap=(t.host.listen_addrs()[0],))) as w:
+        async with open_peer(
+            _cfg(tmp_path, "w", manifest, bootstrap=(t.host.listen_addrs()[0],))
+        ) as w:
             await t.weights.adopt_base(v0)
             await w.weights.adopt_base(v0)
             worker_model = copy.deepcopy(model)

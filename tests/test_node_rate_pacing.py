@@ -69,14 +69,20 @@ def test_the_outbox_paces_a_fast_worker_to_what_its_peers_admit() -> None:
 
     async def worker() -> None:
         box = Outbox(
-            host, 8.0, max_batch=8, batch_topics={"h": "hb"},  # type: ignore[arg-type]
-            item_rate_per_s=PACE_MARGIN * CFG.signer_rate, item_burst=PACE_MARGIN * CFG.signer_burst,
+            host,
+            8.0,
+            max_batch=8,
+            batch_topics={"h": "hb"},  # type: ignore[arg-type]
+            item_rate_per_s=PACE_MARGIN * CFG.signer_rate,
+            item_burst=PACE_MARGIN * CFG.signer_burst,
         )
         seq = 0
         async with trio.open_nursery() as nursery:
             nursery.start_soon(box.run)
             while trio.current_time() < RUN_S:  # 16 headers every 16/FAST s, or slower when full
-                await box.put_many("h", [_headers(seq + i + 1, T0 + trio.current_time()) for i in range(16)])
+                await box.put_many(
+                    "h", [_headers(seq + i + 1, T0 + trio.current_time()) for i in range(16)]
+                )
                 seq += 16
                 await trio.sleep(16 / FAST)
             nursery.cancel_scope.cancel()

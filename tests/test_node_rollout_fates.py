@@ -24,8 +24,16 @@ from trainer.train_loop import Trainer
 
 
 def _records(engine, manifest, identity, path, n, version, start):
-    generate_records(engine=engine, manifest=manifest, identity=identity, n=n, out=path,
-                     policy_version=version, start_counter=start, batch_size=n)  # fmt: skip
+    generate_records(
+        engine=engine,
+        manifest=manifest,
+        identity=identity,
+        n=n,
+        out=path,
+        policy_version=version,
+        start_counter=start,
+        batch_size=n,
+    )
     with open(path, "rb") as f:
         return [open_record(r) for r in read_records(f)]
 
@@ -90,5 +98,7 @@ def test_shares_refuse_counts_beyond_what_was_produced():
     with pytest.raises(ValueError, match="accounts for 12 rollouts, 10 were produced"):
         shares(10, {"trained": 8, "stale": 4})
     empty = shares(0, {})
-    assert empty["counts"] == dict.fromkeys(("trained", "stale", "unverified", "incomplete_group", "other"), 0)
+    assert empty["counts"] == dict.fromkeys(
+        ("trained", "stale", "unverified", "incomplete_group", "other"), 0
+    )
     assert empty["trained"] is None

@@ -49,15 +49,33 @@ def _run_file(tmp: Path, name: str, run_id: str, authority: Path | None, version
     return path
 
 
-def _start(tmp: Path, name: str, *args: str, role: str = "relay") -> tuple[subprocess.Popen[str], str]:
+def _start(
+    tmp: Path, name: str, *args: str, role: str = "relay"
+) -> tuple[subprocess.Popen[str], str]:
     """A node process listening on a fixed port; returns it and its address."""
     port = _free_port()
     key = _key(tmp, name)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "start", "--role", role, "--key", str(key),
-         "--data-dir", str(tmp / name), "--listen", f"/ip4/127.0.0.1/tcp/{port}", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "node.cli",
+            "start",
+            "--role",
+            role,
+            "--key",
+            str(key),
+            "--data-dir",
+            str(tmp / name),
+            "--listen",
+            f"/ip4/127.0.0.1/tcp/{port}",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
     return proc, f"/ip4/127.0.0.1/tcp/{port}/p2p/{_peer_id(key)}"
 
 
@@ -131,7 +149,9 @@ def test_doctor_names_the_cause(swarm, case: str) -> None:
     else:
         other = _run_file(tmp, "other", "elsewhere", swarm["authority"])
         r = run_cli("doctor", "--run", str(other), "--bootstrap", swarm["good"])
-        expect = f"FAIL bootstrap {swarm['good']}: run not served: it serves 'found', not 'elsewhere'"
+        expect = (
+            f"FAIL bootstrap {swarm['good']}: run not served: it serves 'found', not 'elsewhere'"
+        )
     assert r.returncode == 1, r.stdout + r.stderr
     assert expect in r.stdout, r.stdout
     assert "doctor: this node could NOT join: " in r.stdout
@@ -146,17 +166,54 @@ def test_doctor_usage_errors_exit_2() -> None:
 def test_join_refuses_foreign_unsigned_and_pins_on_first_use(swarm) -> None:
     tmp = swarm["tmp"]
     mallory = Identity.generate().peer_id_b58
-    r = run_cli("start", "--role", "relay", "--key", str(_key(tmp, "j1")), "--data-dir", str(tmp / "j1"),
-                "--join", swarm["good"], "--authority", mallory, "--duration", "1")
-    assert r.returncode == 2 and "foreign-signed" in r.stderr and mallory in r.stderr, r.stdout + r.stderr
+    r = run_cli(
+        "start",
+        "--role",
+        "relay",
+        "--key",
+        str(_key(tmp, "j1")),
+        "--data-dir",
+        str(tmp / "j1"),
+        "--join",
+        swarm["good"],
+        "--authority",
+        mallory,
+        "--duration",
+        "1",
+    )
+    assert r.returncode == 2 and "foreign-signed" in r.stderr and mallory in r.stderr, (
+        r.stdout + r.stderr
+    )
 
-    r = run_cli("start", "--role", "relay", "--key", str(_key(tmp, "j2")), "--data-dir", str(tmp / "j2"),
-                "--join", swarm["bare"], "--duration", "1")
+    r = run_cli(
+        "start",
+        "--role",
+        "relay",
+        "--key",
+        str(_key(tmp, "j2")),
+        "--data-dir",
+        str(tmp / "j2"),
+        "--join",
+        swarm["bare"],
+        "--duration",
+        "1",
+    )
     assert r.returncode == 2 and "unsigned" in r.stderr, r.stdout + r.stderr
 
     # trust on first use: loud, and the authority is written beside the node's data
-    r = run_cli("start", "--role", "relay", "--key", str(_key(tmp, "j3")), "--data-dir", str(tmp / "j3"),
-                "--join", swarm["good"], "--duration", "1")
+    r = run_cli(
+        "start",
+        "--role",
+        "relay",
+        "--key",
+        str(_key(tmp, "j3")),
+        "--data-dir",
+        str(tmp / "j3"),
+        "--join",
+        swarm["good"],
+        "--duration",
+        "1",
+    )
     authority = _peer_id(swarm["authority"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "TRUST ON FIRST USE" in r.stdout and authority in r.stdout
@@ -169,8 +226,19 @@ def test_join_refuses_foreign_unsigned_and_pins_on_first_use(swarm) -> None:
     imposter, imposter_addr = _start(tmp, "imposter", "--run", str(forged), "--duration", "60")
     try:
         _wait_status(tmp, "imposter")
-        r = run_cli("start", "--role", "relay", "--key", str(_key(tmp, "j3")), "--data-dir", str(tmp / "j3"),
-                    "--join", imposter_addr, "--duration", "1")
+        r = run_cli(
+            "start",
+            "--role",
+            "relay",
+            "--key",
+            str(_key(tmp, "j3")),
+            "--data-dir",
+            str(tmp / "j3"),
+            "--join",
+            imposter_addr,
+            "--duration",
+            "1",
+        )
         assert r.returncode == 2 and "foreign-signed" in r.stderr, r.stdout + r.stderr
         assert "TRUST ON FIRST USE" not in r.stdout
     finally:
@@ -185,8 +253,12 @@ def test_peers_adopt_a_newer_release_and_refuse_older_and_foreign(tmp_path: Path
     old, old_addr = _start(tmp_path, "old", "--run", str(v1), "--duration", "25")
     try:
         _wait_status(tmp_path, "old")
-        new, _ = _start(tmp_path, "new", "--run", str(v2), "--bootstrap", old_addr, "--duration", "8")
-        bad, _ = _start(tmp_path, "bad", "--run", str(foreign), "--bootstrap", old_addr, "--duration", "8")
+        new, _ = _start(
+            tmp_path, "new", "--run", str(v2), "--bootstrap", old_addr, "--duration", "8"
+        )
+        bad, _ = _start(
+            tmp_path, "bad", "--run", str(foreign), "--bootstrap", old_addr, "--duration", "8"
+        )
         out_new, _ = new.communicate(timeout=90)
         out_bad, _ = bad.communicate(timeout=90)
         listed = run_cli("runs", old_addr, "--json")
@@ -203,15 +275,39 @@ def test_peers_adopt_a_newer_release_and_refuse_older_and_foreign(tmp_path: Path
     assert "Traceback" not in out_old + out_new + out_bad
     assert (tmp_path / "old" / "run_release.bin").exists()
     # the adopted release is used at the next start, over the older run file
-    r = run_cli("start", "--role", "relay", "--key", str(_key(tmp_path, "old")), "--data-dir",
-                str(tmp_path / "old"), "--run", str(v1), "--duration", "1")
-    assert r.returncode == 0 and "using run manifest version 2 adopted earlier" in r.stdout, r.stdout + r.stderr
+    r = run_cli(
+        "start",
+        "--role",
+        "relay",
+        "--key",
+        str(_key(tmp_path, "old")),
+        "--data-dir",
+        str(tmp_path / "old"),
+        "--run",
+        str(v1),
+        "--duration",
+        "1",
+    )
+    assert r.returncode == 0 and "using run manifest version 2 adopted earlier" in r.stdout, (
+        r.stdout + r.stderr
+    )
     # an older release served by a bootstrap peer is refused with its reason
     stale, stale_addr = _start(tmp_path, "stale", "--run", str(v1), "--duration", "30")
     try:
         _wait_status(tmp_path, "stale")
-        r = run_cli("start", "--role", "relay", "--key", str(_key(tmp_path, "old")), "--data-dir",
-                    str(tmp_path / "old"), "--join", stale_addr, "--duration", "1")
+        r = run_cli(
+            "start",
+            "--role",
+            "relay",
+            "--key",
+            str(_key(tmp_path, "old")),
+            "--data-dir",
+            str(tmp_path / "old"),
+            "--join",
+            stale_addr,
+            "--duration",
+            "1",
+        )
     finally:
         _stop(stale)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -225,8 +321,15 @@ def test_a_worker_joins_with_only_join_and_its_rollout_is_admitted(tmp_path: Pat
     from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
 
     tok = build_tokenizer(seed=0)
-    model = build_model(tok, seed=2, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2)
+    model = build_model(
+        tok,
+        seed=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     table = run_manifest_table(run_id="join-test", seed=3)
     table["run"]["model"] = str(save_model_dir(model, tok, tmp_path / "model"))
     table["sampling"]["max_new_tokens"] = 8
@@ -235,7 +338,9 @@ def test_a_worker_joins_with_only_join_and_its_rollout_is_admitted(tmp_path: Pat
     authority = _key(tmp_path, "authority")
     assert run_cli("run", "sign", str(run), "--key", str(authority)).returncode == 0
 
-    trainer, trainer_addr = _start(tmp_path, "trainer", "--run", str(run), "--duration", "150", role="trainer")
+    trainer, trainer_addr = _start(
+        tmp_path, "trainer", "--run", str(run), "--duration", "150", role="trainer"
+    )
     worker = None
     try:
         _wait_status(tmp_path, "trainer", timeout=90)
@@ -244,8 +349,19 @@ def test_a_worker_joins_with_only_join_and_its_rollout_is_admitted(tmp_path: Pat
         assert "run 'join-test'" in listed.stdout and "trainer 1" in listed.stdout, listed.stdout
         assert f"authority {_peer_id(authority)} (signature good)" in listed.stdout
 
-        worker, _ = _start(tmp_path, "worker", "--join", trainer_addr, "--max-rollouts", "4",
-                           "--batch-size", "2", "--duration", "120", role="inference")
+        worker, _ = _start(
+            tmp_path,
+            "worker",
+            "--join",
+            trainer_addr,
+            "--max-rollouts",
+            "4",
+            "--batch-size",
+            "2",
+            "--duration",
+            "120",
+            role="inference",
+        )
         deadline = time.monotonic() + 120
         admitted = 0
         while time.monotonic() < deadline and not admitted and worker.poll() is None:

@@ -62,34 +62,68 @@ def test_signing_another_authoritys_release_is_refused(tmp_path: Path) -> None:
 
 
 def test_without_release_keeps_every_other_table() -> None:
-    text = "[run]\nid = \"x\"\n\n[release]\nversion = 1\n\n[[datasets]]\nname = \"a\"\n"
+    text = '[run]\nid = "x"\n\n[release]\nversion = 1\n\n[[datasets]]\nname = "a"\n'
     out = run_sign.without_release(text)
     assert "[release]" not in out and "version = 1" not in out
     assert "[run]" in out and "[[datasets]]" in out and 'name = "a"' in out
 
 
-@pytest.mark.parametrize("garbage", [
-    b"\xc1", msgpack.packb({"a": 1}), msgpack.packb([[b"x"]]), msgpack.packb([[b"x", {"run": 1}]]),
-    msgpack.packb([[b"x", {"run": "r", "model": "m", "policy_version": True, "manifest_version": 0,
-                          "authority": "", "peers": {}, "time_ms": 0}]]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\xc1",
+        msgpack.packb({"a": 1}),
+        msgpack.packb([[b"x"]]),
+        msgpack.packb([[b"x", {"run": 1}]]),
+        msgpack.packb(
+            [
+                [
+                    b"x",
+                    {
+                        "run": "r",
+                        "model": "m",
+                        "policy_version": True,
+                        "manifest_version": 0,
+                        "authority": "",
+                        "peers": {},
+                        "time_ms": 0,
+                    },
+                ]
+            ]
+        ),
+    ],
+)
 def test_a_malformed_run_directory_answer_is_refused(garbage: bytes) -> None:
     with pytest.raises(run_exchange.BadAnswer):
         run_exchange.decode_answer("peer", garbage)
 
 
 def test_a_run_directory_answer_round_trips() -> None:
-    summary = {"run": "r", "model": "m", "policy_version": 3, "manifest_version": 1,
-               "authority": "12D3KooW", "peers": {"trainer": 1}, "time_ms": 5}
-    [got] = run_exchange.decode_answer("peer", run_exchange.encode_answer([run_exchange.ServedRun(b"rel", summary)]))
+    summary = {
+        "run": "r",
+        "model": "m",
+        "policy_version": 3,
+        "manifest_version": 1,
+        "authority": "12D3KooW",
+        "peers": {"trainer": 1},
+        "time_ms": 5,
+    }
+    [got] = run_exchange.decode_answer(
+        "peer", run_exchange.encode_answer([run_exchange.ServedRun(b"rel", summary)])
+    )
     assert got.release == b"rel" and got.summary == summary
 
 
-@pytest.mark.parametrize("error, cause", [
-    ("peer id does not correspond to the received pubkey: remote_peer=A, remote_peer_id_from_pubkey=B",
-     join.WRONG_PEER),
-    ("Error connecting to ('127.0.0.1', 1): Connection refused", join.REFUSED),
-    ("no answer within 5 s", join.TIMED_OUT),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "error, cause",
+    [
+        (
+            "peer id does not correspond to the received pubkey: remote_peer=A, remote_peer_id_from_pubkey=B",
+            join.WRONG_PEER,
+        ),
+        ("Error connecting to ('127.0.0.1', 1): Connection refused", join.REFUSED),
+        ("no answer within 5 s", join.TIMED_OUT),
+    ],
+)
 def test_dial_failures_are_named(error: str, cause: str) -> None:
     assert join.dial_cause(error, 5.0)[0] == cause

@@ -35,11 +35,17 @@ async def test_a_newer_release_is_adopted_live_and_an_older_one_refused(
     async with open_peer(relay_config(tmp_path, "old", v1_manifest)) as old:
         old_service = RunService(old, v1, authority.peer_id)
         assert not old.admission.authority.may_judge(validator.peer_id)
-        new_cfg = relay_config(tmp_path, "new", v2_manifest, bootstrap=(old.host.listen_addrs()[0],))
+        new_cfg = relay_config(
+            tmp_path, "new", v2_manifest, bootstrap=(old.host.listen_addrs()[0],)
+        )
         async with open_peer(new_cfg) as new:
             new_service = RunService(new, v2, authority.peer_id)
-            await until("the old peer adopts release 2",
-                        lambda: old_service.release is not None and old_service.release.manifest_version == 2)
+            await until(
+                "the old peer adopts release 2",
+                lambda: (
+                    old_service.release is not None and old_service.release.manifest_version == 2
+                ),
+            )
             assert old.admission.authority.may_judge(validator.peer_id)
             assert old_service.data == v2 and (tmp_path / "old" / RELEASE_FILE).read_bytes() == v2
             for service in (old_service, new_service):
@@ -51,7 +57,9 @@ async def test_a_newer_release_is_adopted_live_and_an_older_one_refused(
     assert "not newer: version 1, we hold 2" in caplog.text and "foreign-signed" in caplog.text
 
 
-async def test_a_garbage_run_directory_request_costs_its_sender_and_breaks_nothing(tmp_path: Path) -> None:
+async def test_a_garbage_run_directory_request_costs_its_sender_and_breaks_nothing(
+    tmp_path: Path,
+) -> None:
     from node import run_exchange
 
     authority = Identity.generate()
@@ -64,7 +72,9 @@ async def test_a_garbage_run_directory_request_costs_its_sender_and_breaks_nothi
             assert result.ok
             stream = await client.host.open_stream(server.host.peer_id, run_exchange.PROTOCOL_ID)
             await stream.send(b"\xc1garbage")
-            await until("the server charges the bad request", lambda: server.rejects["bad_request"] >= 1)
+            await until(
+                "the server charges the bad request", lambda: server.rejects["bad_request"] >= 1
+            )
             # an honest question on a new stream is still answered
             [served] = await run_exchange.fetch_runs(client.host, server.host.peer_id)
             assert served.release == release and served.summary["run"] == "garbage"

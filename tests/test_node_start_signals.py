@@ -19,21 +19,47 @@ from trainer.tiny_policy import run_manifest_table
 
 pytestmark = pytest.mark.network
 
-SILENT = "/ip4/192.0.2.1/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN"  # TEST-NET-1
+SILENT = (
+    "/ip4/192.0.2.1/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN"  # TEST-NET-1
+)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 @pytest.mark.parametrize("after", [1.5, None])  # during start-up; once listening
-def test_a_signal_stops_start_with_exit_0(tmp_path: Path, sig: signal.Signals, after: float | None) -> None:
+def test_a_signal_stops_start_with_exit_0(
+    tmp_path: Path, sig: signal.Signals, after: float | None
+) -> None:
     key = tmp_path / "node.key"
     write_key(key, Identity.generate())
     run = tmp_path / "run.toml"
-    run.write_text(manifest_to_toml(manifest_from_table(run_manifest_table(run_id="sig-test", seed=1))))
+    run.write_text(
+        manifest_to_toml(manifest_from_table(run_manifest_table(run_id="sig-test", seed=1)))
+    )
     boot = ["--bootstrap", SILENT] if after is not None else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "start", "--role", "relay", "--run", str(run), "--key", str(key),
-         "--data-dir", str(tmp_path / "d"), "--listen", "/ip4/127.0.0.1/tcp/0", "--duration", "60", *boot],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ},
+        [
+            sys.executable,
+            "-m",
+            "node.cli",
+            "start",
+            "--role",
+            "relay",
+            "--run",
+            str(run),
+            "--key",
+            str(key),
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--duration",
+            "60",
+            *boot,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
     )
     if after is not None:
         time.sleep(after)

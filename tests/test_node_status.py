@@ -69,20 +69,39 @@ def test_status_without_a_store_is_one_line_exit_2(tmp_path):
 
 def test_status_text_spacing_stopped_node_and_zero_penalty_refusals(tmp_path):
     with Store.open(tmp_path) as store:
-        store.log(LedgerEntry(at=time.time(), direction="in", outcome="accepted",
-                              kind="rollout_header", item_id=b"\x01" * 32, peer=b"\x02" * 38))
-    (tmp_path / "status.json").write_text(json.dumps({
-        "pid": 999_999_999, "time": time.time() - 60, "stopped": True, "peers": 0,
-        "rejected": {"duplicate": 3260, "clock_skew": 500, "malformed": 2},
-    }))
+        store.log(
+            LedgerEntry(
+                at=time.time(),
+                direction="in",
+                outcome="accepted",
+                kind="rollout_header",
+                item_id=b"\x01" * 32,
+                peer=b"\x02" * 38,
+            )
+        )
+    (tmp_path / "status.json").write_text(
+        json.dumps(
+            {
+                "pid": 999_999_999,
+                "time": time.time() - 60,
+                "stopped": True,
+                "peers": 0,
+                "rejected": {"duplicate": 3260, "clock_skew": 500, "malformed": 2},
+            }
+        )
+    )
     result = subprocess.run(
         [sys.executable, "-m", "node.cli", "status", "--data-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "inbound accepted 1" in out, out
-    assert out.startswith("stopped ") and not any(line.startswith("live") for line in out.splitlines()), out
+    assert out.startswith("stopped ") and not any(
+        line.startswith("live") for line in out.splitlines()
+    ), out
     assert "duplicate: 3260" in out and "clock_skew: 500" in out, out
 
 
@@ -92,13 +111,37 @@ def test_ledger_lists_own_work_and_inbound_with_reasons(tmp_path):
     sender = Identity.generate().peer_id
     with Store.open(tmp_path) as store:
         for i in range(5):
-            store.log(LedgerEntry(at=now + i, direction="out", outcome="produced",
-                                  kind="rollout", item_id=bytes([i]) * 32))  # fmt: skip
-        store.log(LedgerEntry(at=now + 6, direction="out", outcome="rejected", kind="rollout",
-                              item_id=b"\x01" * 32, peer=validator, reason="reward-mismatch"))  # fmt: skip
-        store.log(LedgerEntry(at=now + 7, direction="in", outcome="rejected",
-                              kind="rollout_header", item_id=b"\x07" * 32, peer=sender,
-                              reason="bad_signature"))  # fmt: skip
+            store.log(
+                LedgerEntry(
+                    at=now + i,
+                    direction="out",
+                    outcome="produced",
+                    kind="rollout",
+                    item_id=bytes([i]) * 32,
+                )
+            )
+        store.log(
+            LedgerEntry(
+                at=now + 6,
+                direction="out",
+                outcome="rejected",
+                kind="rollout",
+                item_id=b"\x01" * 32,
+                peer=validator,
+                reason="reward-mismatch",
+            )
+        )
+        store.log(
+            LedgerEntry(
+                at=now + 7,
+                direction="in",
+                outcome="rejected",
+                kind="rollout_header",
+                item_id=b"\x07" * 32,
+                peer=sender,
+                reason="bad_signature",
+            )
+        )
     r = run_cli("ledger", "--data-dir", str(tmp_path), "--json")
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines()]
@@ -113,4 +156,8 @@ def test_ledger_lists_own_work_and_inbound_with_reasons(tmp_path):
     r = run_cli("ledger", "--data-dir", str(tmp_path), "--in")
     assert "bad_signature" in r.stdout and "produced" not in r.stdout
     r = run_cli("ledger", "--data-dir", str(tmp_path / "none"))
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no node store" in r.stderr
+    assert (
+        r.returncode == 2
+        and len(r.stderr.strip().splitlines()) == 1
+        and "no node store" in r.stderr
+    )

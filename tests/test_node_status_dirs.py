@@ -12,8 +12,13 @@ from node.store import DB_FILENAME, Store
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True,
-                          timeout=60, env={**os.environ})
+    return subprocess.run(
+        [sys.executable, "-m", "node.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ},
+    )
 
 
 def _report(tmp: Path) -> Path:
@@ -30,7 +35,9 @@ def test_status_on_a_node_folder_and_its_data(tmp_path: Path) -> None:
     for d in (report / "nodes" / "worker1", report / "nodes" / "worker1" / "data"):
         res = cli("status", "--data-dir", str(d))
         assert res.returncode == 0, res.stderr
-        assert f"store           {report / 'nodes' / 'worker1' / 'data' / DB_FILENAME}" in res.stdout
+        assert (
+            f"store           {report / 'nodes' / 'worker1' / 'data' / DB_FILENAME}" in res.stdout
+        )
 
 
 def test_status_on_a_report_folder_shows_every_node(tmp_path: Path) -> None:

@@ -156,7 +156,9 @@ def test_rollouts_round_trip_and_queries(store):
     # Stale rows go, except our own (no source peer) that no trainer acknowledged.
     report = store.enforce_retention(T0 + 100, below_version=5, keep_s=0)
     assert report.rollouts_deleted == 2 and store.count_rollouts() == 5
-    assert store.has_rollout((2).to_bytes(32, "big")) and not store.has_rollout((3).to_bytes(32, "big"))
+    assert store.has_rollout((2).to_bytes(32, "big")) and not store.has_rollout(
+        (3).to_bytes(32, "big")
+    )
 
 
 def test_known_signers_are_the_producers_stored_since(store):
@@ -475,9 +477,18 @@ def test_batched_admitted_items_and_rejects(store):
     items, rejects = [], []
     for i in range(20):
         rec = make_record(
-            ALICE, _body(i), dataset="d", task_index=i, counter=i, task_seed=i, reward=0.0,
-            run_id="run", policy_version=5, seq=i, timestamp_ms=int(T0 * 1000),
-        )  # fmt: skip
+            ALICE,
+            _body(i),
+            dataset="d",
+            task_index=i,
+            counter=i,
+            task_seed=i,
+            reward=0.0,
+            run_id="run",
+            policy_version=5,
+            seq=i,
+            timestamp_ms=int(T0 * 1000),
+        )
         items.append(a.handle(MessageReceived(b"relay", Kind.ROLLOUT_RECORD, rec, T0))[0].item)
         rejects += [
             (x, T0 + i)

@@ -23,8 +23,13 @@ pytestmark = pytest.mark.network
 
 
 def _cfg(tmp: Path, name: str, manifest) -> PeerConfig:  # type: ignore[no-untyped-def]
-    return PeerConfig(manifest=manifest, identity=Identity.generate(), data_dir=tmp / name,
-                      roles=("relay",), pull_bodies=False)
+    return PeerConfig(
+        manifest=manifest,
+        identity=Identity.generate(),
+        data_dir=tmp / name,
+        roles=("relay",),
+        pull_bodies=False,
+    )
 
 
 async def test_a_write_slower_than_the_validator_deadline_still_delivers_once(
@@ -68,6 +73,7 @@ async def test_our_store_failing_costs_the_sender_nothing(tmp_path: Path) -> Non
     manifest = net_manifest("broken-store")
     producer, sender = Identity.generate(), Identity.generate().peer_id_b58
     async with open_peer(_cfg(tmp_path, "t", manifest)) as peer:
+
         def broken(*a, **k):  # type: ignore[no-untyped-def]
             raise ValueError("disk full")
 

@@ -20,8 +20,13 @@ OWN = b"own-peer"
 
 def _rollout(i: int, version: int, *, own: bool = False, size: int = 3000) -> RolloutRow:
     return RolloutRow(
-        rollout_id=i.to_bytes(32, "big"), run_id="run", producer=OWN if own else b"other-%d" % (i % 7),
-        policy_version=version, header=b"h" * 200, body=os.urandom(size), received_at=T0 + i,
+        rollout_id=i.to_bytes(32, "big"),
+        run_id="run",
+        producer=OWN if own else b"other-%d" % (i % 7),
+        policy_version=version,
+        header=b"h" * 200,
+        body=os.urandom(size),
+        received_at=T0 + i,
         source_peer=None if own else "relay",
     )
 
@@ -44,10 +49,13 @@ def test_the_store_stays_within_max_bytes_and_keeps_what_is_needed(tmp_path: Pat
             i += 1
             store.put_produced(_rollout(i, version, own=True))
             own.append(i.to_bytes(32, "big"))
-            store.log_many(LedgerEntry(T0 + i, "in", "rejected", "rollout_header", None, "x", "duplicate")
-                           for _ in range(100))
-            report = store.enforce_retention(T0 + i, below_version=version - 2, keep_s=60.0,
-                                             max_bytes=max_bytes)
+            store.log_many(
+                LedgerEntry(T0 + i, "in", "rejected", "rollout_header", None, "x", "duplicate")
+                for _ in range(100)
+            )
+            report = store.enforce_retention(
+                T0 + i, below_version=version - 2, keep_s=60.0, max_bytes=max_bytes
+            )
             assert not report.over_budget
             assert _files_bytes(store.path) <= max_bytes + 2 * per_round, (version, report)
         assert report.changed
@@ -78,8 +86,12 @@ while True:
 
 def test_a_crash_in_the_middle_of_a_prune_loses_no_count(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen([sys.executable, "-c", _FILL_AND_PRUNE, str(tmp_path)],
-                            stdout=subprocess.PIPE, env=env, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FILL_AND_PRUNE, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "filled"
         watch = sqlite3.connect(tmp_path / DB_FILENAME, timeout=10.0)

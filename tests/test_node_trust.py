@@ -83,8 +83,18 @@ def test_bodyless_headers_expire_from_the_store(tmp_path: Path) -> None:
             op = open_record(rec)
             r = decode(RolloutRecord, rec)
             body = r.body if i == 0 else None
-            store.put_rollout(RolloutRow(op.rollout_id, manifest.run_id, producer.peer_id, 0,
-                                         r.header, body, 1000.0 + i, "12D3KooWsender"))
+            store.put_rollout(
+                RolloutRow(
+                    op.rollout_id,
+                    manifest.run_id,
+                    producer.peer_id,
+                    0,
+                    r.header,
+                    body,
+                    1000.0 + i,
+                    "12D3KooWsender",
+                )
+            )
             rids.append(op.rollout_id)
         assert store.expire_bodyless(1001.5) == 1  # only the old one without a body
         assert store.has_rollout(rids[0]) and not store.has_rollout(rids[1])

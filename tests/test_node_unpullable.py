@@ -25,15 +25,24 @@ async def test_a_body_nobody_serves_is_given_up_and_forgotten(tmp_path: Path) ->
     manifest = net_manifest("unpullable")
 
     def cfg(name: str, **kw) -> PeerConfig:  # type: ignore[no-untyped-def]
-        return PeerConfig(manifest=manifest, identity=Identity.generate(), data_dir=tmp_path / name,
-                          roles=("relay",), pull=PULL, **kw)
+        return PeerConfig(
+            manifest=manifest,
+            identity=Identity.generate(),
+            data_dir=tmp_path / name,
+            roles=("relay",),
+            pull=PULL,
+            **kw,
+        )
 
-    async with open_peer(cfg("t")) as t, open_peer(
-        cfg("w", pull_bodies=False, bootstrap=(t.host.listen_addrs()[0],))
-    ) as w:
+    async with (
+        open_peer(cfg("t")) as t,
+        open_peer(cfg("w", pull_bodies=False, bootstrap=(t.host.listen_addrs()[0],))) as w,
+    ):
         await w.host.wait_for_topic_peers(w.topics["rollouts"], 1, 10)
         # Gossiped without storing the record first: the producer answers "not held".
-        header = decode(RolloutRecord, synthetic_record(w.identity, manifest, 0, n_completion=16)).header
+        header = decode(
+            RolloutRecord, synthetic_record(w.identity, manifest, 0, n_completion=16)
+        ).header
         rid = content_id(header)
         with trio.fail_after(20):
             while t.counters["in_rollout_header"] < 1:

@@ -9,7 +9,9 @@ import trio.testing
 from node.upload_limit import MiB, UploadLimiter
 
 
-async def _send(limiter: UploadLimiter, size: int, chunk: int, done: dict[str, float], name: str) -> None:
+async def _send(
+    limiter: UploadLimiter, size: int, chunk: int, done: dict[str, float], name: str
+) -> None:
     for start in range(0, size, chunk):
         await limiter.acquire(min(chunk, size - start), size - start)
     done[name] = trio.current_time()

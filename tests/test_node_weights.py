@@ -299,7 +299,9 @@ def test_a_shard_of_a_pruned_manifest_is_refused_with_its_own_error(tmp_path: Pa
     store.close()
 
 
-def test_a_full_version_is_assembled_in_place_and_installed_by_rename(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_full_version_is_assembled_in_place_and_installed_by_rename(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     """Shards of a full version go straight into one file at their offsets (served from it
     while the rest arrives); the install checks that file's digest and renames it (no
     second copy written). A full disk says so; a shard placed outside the checkpoint and a
@@ -368,7 +370,9 @@ async def test_have_maps_are_pushed_and_an_idle_swarm_opens_no_streams(tmp_path:
         await t.weights.publish(ckpt(0))
         await until("v0 everywhere", lambda: a.weights.newest() == 0 == b.weights.newest())
         await trio.sleep(1.5)
-        opened = {p.identity.peer_id: p.weights.counters.get("watches_opened", 0) for p in (t, a, b)}
+        opened = {
+            p.identity.peer_id: p.weights.counters.get("watches_opened", 0) for p in (t, a, b)
+        }
         served = t.weights.counters.get("shards_served", 0)
         await trio.sleep(4.0)  # past the keepalive: watches stay open, nothing is polled
         for p in (t, a, b):
@@ -377,7 +381,9 @@ async def test_have_maps_are_pushed_and_an_idle_swarm_opens_no_streams(tmp_path:
         assert t.weights.counters.get("shards_served", 0) == served
         # a change is pushed: a joiner learns of v0 from a's have-map, no poll period
         t0 = trio.current_time()
-        async with open_peer(cfg(tmp_path, "c", t.manifest, bootstrap=(a.host.listen_addrs()[0],))) as c:
+        async with open_peer(
+            cfg(tmp_path, "c", t.manifest, bootstrap=(a.host.listen_addrs()[0],))
+        ) as c:
             await until("c has v0", lambda: c.weights.newest() == 0, timeout=30)
             assert trio.current_time() - t0 < 15
 
@@ -398,14 +404,18 @@ async def test_a_peer_pushing_have_maps_too_fast_is_cut_off(tmp_path: Path) -> N
                 await stream.send(msgpack.packb([]))
 
         t.host.set_stream_handler(shard_exchange.protocol_id(manifest.run_id), flood)
-        async with open_peer(cfg(tmp_path, "a", manifest, bootstrap=(t.host.listen_addrs()[0],))) as a:
+        async with open_peer(
+            cfg(tmp_path, "a", manifest, bootstrap=(t.host.listen_addrs()[0],))
+        ) as a:
             got: list[dict[bytes, bytes]] = []
 
             async def on_have(have: dict[bytes, bytes]) -> None:
                 got.append(have)
 
             with trio.fail_after(20), pytest.raises(PeerError, match="faster"):
-                await shard_exchange.watch_have(a.host, t.identity.peer_id_b58, manifest.run_id, on_have)
+                await shard_exchange.watch_have(
+                    a.host, t.identity.peer_id_b58, manifest.run_id, on_have
+                )
             assert 5 <= len(got) < 100
 
 
@@ -420,16 +430,23 @@ async def test_a_peer_gets_at_most_two_watches_served_at_once(tmp_path: Path) ->
     manifest = run_manifest("watchcap", trainer)
     async with open_peer(cfg(tmp_path, "t", manifest, trainer)) as t:
         await t.weights.publish(ckpt(0))
-        async with open_peer(cfg(tmp_path, "a", manifest, bootstrap=(t.host.listen_addrs()[0],))) as a:
+        async with open_peer(
+            cfg(tmp_path, "a", manifest, bootstrap=(t.host.listen_addrs()[0],))
+        ) as a:
             tid = t.identity.peer_id_b58
-            await until("a watches t", lambda: t.weights.server.watchers.get(a.identity.peer_id_b58) == 1)
+            await until(
+                "a watches t", lambda: t.weights.server.watchers.get(a.identity.peer_id_b58) == 1
+            )
 
             async def on_have(have: dict[bytes, bytes]) -> None:
                 pass
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(shard_exchange.watch_have, a.host, tid, manifest.run_id, on_have)
-                await until("a second watch", lambda: t.weights.server.watchers.get(a.identity.peer_id_b58) == 2)
+                await until(
+                    "a second watch",
+                    lambda: t.weights.server.watchers.get(a.identity.peer_id_b58) == 2,
+                )
                 with trio.fail_after(10), pytest.raises(PeerError):  # the third is closed at once
                     await shard_exchange.watch_have(a.host, tid, manifest.run_id, on_have)
                 assert t.weights.server.watchers[a.identity.peer_id_b58] == MAX_WATCHES_PER_PEER
@@ -452,7 +469,10 @@ async def test_a_future_version_must_be_backed_by_its_sender(tmp_path: Path) -> 
             assert env is not None
             e, m = open_envelope(env, WeightManifest)
             assert m.version == 3 and e.signer == trainer.peer_id
-            assert await shard_exchange.fetch_newest(t.host, liar.host.peer_id, manifest.run_id) is None
+            assert (
+                await shard_exchange.fetch_newest(t.host, liar.host.peer_id, manifest.run_id)
+                is None
+            )
 
             await liar.host.wait_for_topic_peers(liar.topics["rollouts"], 1, 10)
             await trio.sleep(1.0)  # a GossipSub heartbeat: join the mesh

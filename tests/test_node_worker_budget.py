@@ -47,8 +47,16 @@ def _trainer(fates: dict[str, int]) -> NodeProc:
 
 
 def test_the_report_s_fates_add_up_to_the_rollouts_produced() -> None:
-    got = rollout_fates([_trainer({"trained": 70, "stale": 20, "unverified": 5, "incomplete_group": 1})], 100)
-    assert got["counts"] == {"trained": 70, "stale": 20, "unverified": 5, "incomplete_group": 1, "other": 4}
+    got = rollout_fates(
+        [_trainer({"trained": 70, "stale": 20, "unverified": 5, "incomplete_group": 1})], 100
+    )
+    assert got["counts"] == {
+        "trained": 70,
+        "stale": 20,
+        "unverified": 5,
+        "incomplete_group": 1,
+        "other": 4,
+    }
     assert sum(got["counts"].values()) == got["produced"] == 100
     assert got["trained"] == 0.7 and abs(sum(got[k] for k in got["counts"]) - 1) < 1e-9
     assert "70 trained (70%)" in fates_line(got)
@@ -70,5 +78,7 @@ def test_the_held_out_gain_is_paired_over_the_same_tasks() -> None:
     assert 0 < low < 0.15 < high < 0.3
     assert heldout_gain([first]) == {} and heldout_gain([first, {"solved": "1"}]) == {}
     assert heldout_gain([{"solve_rate": 0.2}, {"solve_rate": 0.3}]) == {}  # no outcomes kept
-    text = gain_text({**got, "warm_start_solve_rate": 0.4, "final_solve_rate": 0.55, "heldout_tasks": 100})
+    text = gain_text(
+        {**got, "warm_start_solve_rate": 0.4, "final_solve_rate": 0.55, "heldout_tasks": 100}
+    )
     assert "gain +0.150" in text and "paired over 100 tasks" in text

@@ -412,7 +412,9 @@ def test_garbage_gets_a_peer_disconnected_banned_then_unbanned():
 def test_misbehaved_event_from_a_role():
     a = Admission(rules(), scores=PeerScores(ScoreConfig(ban_threshold=-15.0)))
     first = a.handle(Misbehaved(ALICE.peer_id, -10.0, "failed audit: bad_proof", T0))
-    assert first == [Penalized(ALICE.peer_id, "misbehaved", -10.0, "role", "failed audit: bad_proof")]
+    assert first == [
+        Penalized(ALICE.peer_id, "misbehaved", -10.0, "role", "failed audit: bad_proof")
+    ]
     actions = a.handle(Misbehaved(ALICE.peer_id, -10.0, "fraud reproduced", T0, offence="fraud"))
     assert [type(x) for x in actions] == [Penalized, Disconnect, Ban]
     assert (actions[0].reason, actions[0].detail) == ("fraud", "fraud reproduced")

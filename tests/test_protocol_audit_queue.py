@@ -111,7 +111,9 @@ class _Reference:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from("ptn"), st.integers(0, 12), st.integers(1, 5)), max_size=300))
+@given(
+    st.lists(st.tuples(st.sampled_from("ptn"), st.integers(0, 12), st.integers(1, 5)), max_size=300)
+)
 def test_the_queue_takes_and_evicts_what_the_obvious_rules_say(ops) -> None:  # type: ignore[no-untyped-def]
     """Found by review: eviction scanned the whole queue per push (O(n) under overload);
     the two-heap queue must still take and evict exactly what the rules say."""

@@ -162,7 +162,9 @@ def test_ids_in_flight_are_bounded() -> None:
     s = bp.PullSchedule(bp.PullConfig(max_in_flight=4))
     for i in range(10):
         _want(s, f"r{i}", producer=f"p{i}")
-    fetched = sum(len(f.ids) for f in _fetches(_due(s, 0.0, connected=[f"p{i}" for i in range(10)])))
+    fetched = sum(
+        len(f.ids) for f in _fetches(_due(s, 0.0, connected=[f"p{i}" for i in range(10)]))
+    )
     assert fetched == 4
 
 

@@ -29,17 +29,29 @@ THIEF = BOB
 
 
 def machine() -> Admission:
-    return Admission(RunRules(RUN, max_staleness=2, run_seed=RUN_SEED), AdmissionConfig(), version=10)
+    return Admission(
+        RunRules(RUN, max_staleness=2, run_seed=RUN_SEED), AdmissionConfig(), version=10
+    )
 
 
-def bound_record(producer: Identity, counter: int, *, signer: Identity | None = None, seq: int = 1) -> bytes:
+def bound_record(
+    producer: Identity, counter: int, *, signer: Identity | None = None, seq: int = 1
+) -> bytes:
     """A record of `producer`'s work (its seed), signed by `signer` (default: the producer)."""
     seed = task_seed(RUN_SEED, counter, producer.peer_id)
     return make_record(
-        signer or producer, body(seed=seed), dataset="chain_sum", task_index=counter,
-        counter=counter, task_seed=seed, reward=1.0, run_id=RUN, policy_version=10,
-        seq=seq, timestamp_ms=int(T0 * 1000),
-    )  # fmt: skip
+        signer or producer,
+        body(seed=seed),
+        dataset="chain_sum",
+        task_index=counter,
+        counter=counter,
+        task_seed=seed,
+        reward=1.0,
+        run_id=RUN,
+        policy_version=10,
+        seq=seq,
+        timestamp_ms=int(T0 * 1000),
+    )
 
 
 def header(rec: bytes) -> bytes:
@@ -59,7 +71,9 @@ def test_a_re_signed_copy_arriving_first_is_refused_and_the_producer_keeps_its_w
     assert a.scores.score(THIEF.peer_id, T0 + 0.2) < 0
 
 
-def test_a_re_signed_record_pulled_from_a_relay_blames_the_thief_and_the_relay_not_the_producer() -> None:
+def test_a_re_signed_record_pulled_from_a_relay_blames_the_thief_and_the_relay_not_the_producer() -> (
+    None
+):
     a = machine()
     stolen = bound_record(ALICE, 4, signer=THIEF)
     acts = a.handle(MessageReceived(RELAY, Kind.ROLLOUT_RECORD, stolen, T0))
@@ -85,29 +99,54 @@ def judged_machine(version: int = 10, **cfg) -> Admission:
     rules = RunRules(
         RUN, max_staleness=2, run_seed=RUN_SEED, validator_keys=frozenset({VALIDATOR.peer_id})
     )
-    return Admission(rules, AdmissionConfig(signer_burst=1e4, sender_burst=1e4, **cfg), version=version)
+    return Admission(
+        rules, AdmissionConfig(signer_burst=1e4, sender_burst=1e4, **cfg), version=version
+    )
 
 
-def claimed_record(producer: Identity, counter: int, reward: float, *, version: int = 10, at: float = T0,
-                   salt: int = 0) -> bytes:  # fmt: skip
+def claimed_record(
+    producer: Identity,
+    counter: int,
+    reward: float,
+    *,
+    version: int = 10,
+    at: float = T0,
+    salt: int = 0,
+) -> bytes:
     """`producer`'s record of `counter` at `version`, claiming `reward` (body `salt` differs
     per version: another sample of the same task)."""
     seed = task_seed(RUN_SEED, counter, producer.peer_id)
     return make_record(
-        producer, body(seed=seed + salt), dataset="chain_sum", task_index=counter,
-        counter=counter, task_seed=seed, reward=reward, run_id=RUN, policy_version=version,
-        seq=counter + 1, timestamp_ms=int(at * 1000),
-    )  # fmt: skip
+        producer,
+        body(seed=seed + salt),
+        dataset="chain_sum",
+        task_index=counter,
+        counter=counter,
+        task_seed=seed,
+        reward=reward,
+        run_id=RUN,
+        policy_version=version,
+        seq=counter + 1,
+        timestamp_ms=int(at * 1000),
+    )
 
 
 def pass_verdict(rid: bytes, producer: bytes, rescored: float, seq: int, at: float) -> bytes:
-    v = Verdict(rollout_id=rid, producer=producer, passed=True, reason="ok",
-                reward_rescored=rescored, metrics=())  # fmt: skip
+    v = Verdict(
+        rollout_id=rid,
+        producer=producer,
+        passed=True,
+        reason="ok",
+        reward_rescored=rescored,
+        metrics=(),
+    )
     return seal(VALIDATOR, v, run_id=RUN, policy_version=10, seq=seq, timestamp_ms=int(at * 1000))
 
 
 def delivered(a: Admission, peer, kind: Kind, data: bytes, now: float):
-    return [x.item for x in a.handle(MessageReceived(peer, kind, data, now)) if isinstance(x, Deliver)]
+    return [
+        x.item for x in a.handle(MessageReceived(peer, kind, data, now)) if isinstance(x, Deliver)
+    ]
 
 
 def solved(counter: int, salt: int = 0) -> bool:
@@ -132,7 +171,9 @@ def run_worker(a: Admission, c, who: Identity, counters: range, *, lie: bool, se
         for item in delivered(a, who.peer_id, Kind.ROLLOUT_RECORD, rec, t + 0.1):
             charged += c.on_deliver(item)
             charged += c.on_rescored(item.content_id, 1.0 if ok else 0.0, t + 0.2)
-            v = pass_verdict(item.content_id, who.peer_id, 1.0 if ok else 0.0, seq0 + counter + 1, t)
+            v = pass_verdict(
+                item.content_id, who.peer_id, 1.0 if ok else 0.0, seq0 + counter + 1, t
+            )
             for vi in delivered(a, RELAY, Kind.VERDICT, v, t + 0.3):
                 charged += c.on_deliver(vi)
     return charged, t, sum(truth) / len(truth)
@@ -146,7 +187,9 @@ def collector():
     return a, Collector(a.authority, VerifiedRule(quorum=1))
 
 
-def test_a_worker_claiming_reward_1_and_serving_only_solved_bodies_is_credited_its_true_rate() -> None:
+def test_a_worker_claiming_reward_1_and_serving_only_solved_bodies_is_credited_its_true_rate() -> (
+    None
+):
     a, c = collector()
     charged, t, true_mean = run_worker(a, c, ALICE, range(200), lie=True)
     _, t2, honest_mean = run_worker(a, c, BOB, range(200), lie=False, seq0=1000)
@@ -170,14 +213,18 @@ def test_a_header_without_its_body_is_skipped_only_once_the_pull_window_closes()
     assert book.standing(b"p").skipped == 1 and book.credited_reward(b"p") == 0.0
 
 
-def test_a_claimed_reward_that_differs_from_the_re_score_costs_its_signer_and_credits_the_re_score() -> None:
+def test_a_claimed_reward_that_differs_from_the_re_score_costs_its_signer_and_credits_the_re_score() -> (
+    None
+):
     a, c = collector()
     t = T0 + 1
     rec = claimed_record(ALICE, 1, 1.0, at=t)  # an unsolved body, claimed solved
     (item,) = delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, rec, t)
     assert c.on_deliver(item) == []
     assert c.on_rescored(item.content_id, 0.0, t) == [ALICE.peer_id]
-    assert penalties.FALSE_CLAIM.payer is penalties.Payer.PRODUCER and penalties.FALSE_CLAIM.cost < 0
+    assert (
+        penalties.FALSE_CLAIM.payer is penalties.Payer.PRODUCER and penalties.FALSE_CLAIM.cost < 0
+    )
     v = pass_verdict(item.content_id, ALICE.peer_id, 0.0, 1, t)
     for vi in delivered(a, RELAY, Kind.VERDICT, v, t):
         c.on_deliver(vi)
@@ -185,7 +232,9 @@ def test_a_claimed_reward_that_differs_from_the_re_score_costs_its_signer_and_cr
     assert c.on_rescored(item.content_id, 0.0, t) == []  # charged once per record
 
 
-def test_a_held_body_is_credited_its_re_score_at_once_and_a_failed_judgement_settles_it_at_0() -> None:
+def test_a_held_body_is_credited_its_re_score_at_once_and_a_failed_judgement_settles_it_at_0() -> (
+    None
+):
     a, c = collector()
     t = T0 + 1
     rids = []
@@ -196,8 +245,14 @@ def test_a_held_body_is_credited_its_re_score_at_once_and_a_failed_judgement_set
         c.on_rescored(item.content_id, 1.0, t)
         rids.append(item.content_id)
     assert c.credited_reward(ALICE.peer_id, t) == 1.0  # held, not judged: its re-score
-    v = Verdict(rollout_id=rids[1], producer=ALICE.peer_id, passed=False, reason="bad_proof",
-                reward_rescored=1.0, metrics=())  # fmt: skip
+    v = Verdict(
+        rollout_id=rids[1],
+        producer=ALICE.peer_id,
+        passed=False,
+        reason="bad_proof",
+        reward_rescored=1.0,
+        metrics=(),
+    )
     failed = seal(VALIDATOR, v, run_id=RUN, policy_version=10, seq=1, timestamp_ms=int(t * 1000))
     for vi in delivered(a, RELAY, Kind.VERDICT, failed, t):
         c.on_deliver(vi)
@@ -226,7 +281,9 @@ def test_every_held_body_counts_not_the_judged_sample() -> None:
     book.on_time(T0 + WINDOW_S)
     held_mean = sum(rescores.values()) / len(rescores)
     assert book.credited_reward(b"p") == pytest.approx(held_mean * len(rescores) / n, abs=1e-12)
-    assert book.credited_reward(b"p", withheld=n) == pytest.approx(held_mean * len(rescores) / (2 * n))
+    assert book.credited_reward(b"p", withheld=n) == pytest.approx(
+        held_mean * len(rescores) / (2 * n)
+    )
 
 
 # -- version shopping -----------------------------------------------------------------------
@@ -235,8 +292,13 @@ def test_every_held_body_counts_not_the_judged_sample() -> None:
 def test_one_counter_is_one_task_whatever_version_is_claimed() -> None:
     from trainer.tasks import derive_task
 
-    args = dict(run_seed=RUN_SEED, datasets=[("chain_sum", 1)], group_size=4,
-                producer=ALICE.peer_id, counter=9)  # fmt: skip
+    args = dict(
+        run_seed=RUN_SEED,
+        datasets=[("chain_sum", 1)],
+        group_size=4,
+        producer=ALICE.peer_id,
+        counter=9,
+    )
     import inspect
 
     assert "policy_version" not in inspect.signature(derive_task).parameters
@@ -258,14 +320,19 @@ def test_the_trainer_refuses_a_version_it_has_not_published_and_its_signer_pays(
     trainer = judged_machine(publishes_versions=True)
     other = judged_machine()
     rec = claimed_record(ALICE, 4, 1.0, version=11, at=T0)
-    (r,) = [x for x in trainer.handle(MessageReceived(RELAY, Kind.ROLLOUT_HEADER, header(rec), T0))
-            if isinstance(x, Reject)]  # fmt: skip
+    (r,) = [
+        x
+        for x in trainer.handle(MessageReceived(RELAY, Kind.ROLLOUT_HEADER, header(rec), T0))
+        if isinstance(x, Reject)
+    ]
     assert r.reason is Reason.UNPUBLISHED_VERSION and r.penalty == 0  # the relay: free
     assert trainer.scores.score(ALICE.peer_id, T0) < 0 and trainer.scores.score(RELAY, T0) == 0
     # A peer that is not the trainer may be behind: it admits the claim within its margin.
     assert delivered(other, RELAY, Kind.ROLLOUT_HEADER, header(rec), T0)
     # Versions it has published are admitted.
-    assert delivered(trainer, RELAY, Kind.ROLLOUT_HEADER, header(claimed_record(ALICE, 5, 1.0, at=T0)), T0)
+    assert delivered(
+        trainer, RELAY, Kind.ROLLOUT_HEADER, header(claimed_record(ALICE, 5, 1.0, at=T0)), T0
+    )
 
 
 def test_a_version_shopper_is_credited_its_true_rate_and_pays() -> None:
@@ -282,7 +349,9 @@ def test_a_version_shopper_is_credited_its_true_rate_and_pays() -> None:
         outcomes = [solved(counter, salt) for salt in range(3)]
         truth.append(1.0 if outcomes[0] else 0.0)
         pick = outcomes.index(True) if any(outcomes) else 0
-        rec = claimed_record(ALICE, counter, float(outcomes[pick]), version=10 + pick, at=t, salt=pick)
+        rec = claimed_record(
+            ALICE, counter, float(outcomes[pick]), version=10 + pick, at=t, salt=pick
+        )
         for item in delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, rec, t):
             charged += c.on_deliver(item)
             charged += c.on_rescored(item.content_id, float(outcomes[pick]), t)
@@ -292,7 +361,9 @@ def test_a_version_shopper_is_credited_its_true_rate_and_pays() -> None:
     end = t + WINDOW_S + 60
     c.on_time(end)
     assert a.scores.score(ALICE.peer_id, t) < 0
-    banned = a.handle(MessageReceived(ALICE.peer_id, Kind.ROLLOUT_RECORD, claimed_record(ALICE, 999, 0.0), t))
+    banned = a.handle(
+        MessageReceived(ALICE.peer_id, Kind.ROLLOUT_RECORD, claimed_record(ALICE, 999, 0.0), t)
+    )
     assert banned[0].reason is Reason.BANNED  # banned within a few shopped counters
     heard = c.ledger.standing(ALICE.peer_id).last + 1  # the counters it got through before
     true_mean = sum(truth[:heard]) / heard
@@ -346,7 +417,9 @@ def test_a_shopper_across_published_versions_earns_nothing_for_going_back() -> N
         outcomes = [solved(counter, salt) for salt in range(3)]
         truth.append(1.0 if outcomes[2] else 0.0)  # an honest worker holds the newest
         pick = outcomes.index(True) if any(outcomes) else 2
-        rec = claimed_record(ALICE, counter, float(outcomes[pick]), version=10 + pick, at=t, salt=pick)
+        rec = claimed_record(
+            ALICE, counter, float(outcomes[pick]), version=10 + pick, at=t, salt=pick
+        )
         for item in delivered(a, ALICE.peer_id, Kind.ROLLOUT_RECORD, rec, t):
             c.on_deliver(item)
             waiting[item.content_id] = (item.obj, t)

@@ -173,10 +173,17 @@ def test_replay_guard_keeps_one_sequence_space_per_kind_and_may_only_check():
     now = 1_000_000
     hello = _env(10**12)
     guard.check(hello, now)
-    v = Verdict(rollout_id=bytes(32), producer=ALICE.peer_id, passed=True, reason="ok",
-                reward_rescored=1.0, metrics=())  # fmt: skip
-    low = decode(Envelope, seal(ALICE, v, run_id="test-run", policy_version=1, seq=3,
-                                timestamp_ms=now))  # fmt: skip
+    v = Verdict(
+        rollout_id=bytes(32),
+        producer=ALICE.peer_id,
+        passed=True,
+        reason="ok",
+        reward_rescored=1.0,
+        metrics=(),
+    )
+    low = decode(
+        Envelope, seal(ALICE, v, run_id="test-run", policy_version=1, seq=3, timestamp_ms=now)
+    )
     guard.check(low, now, remember=False)  # far below the hello's seq: another space
     guard.check(low, now, remember=False)  # only checked: nothing remembered
     guard.remember(low)

@@ -58,7 +58,9 @@ def test_a_late_accusation_of_a_rollout_we_already_passed_is_judged_at_once():
     cases = FraudCases()
     assert cases.audited(RID, passed=True, reason="ok", now=0.0) == []  # our own sample
     actions = _open(cases, now=5.0)
-    assert actions == [Punish(VALIDATOR, FALSE_ACCUSATION, "false accusation: proof-mismatch", "false_accusation")]
+    assert actions == [
+        Punish(VALIDATOR, FALSE_ACCUSATION, "false accusation: proof-mismatch", "false_accusation")
+    ]
 
 
 def test_a_case_without_record_expires_and_nobody_pays():

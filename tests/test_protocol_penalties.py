@@ -53,8 +53,15 @@ def test_a_gossip_control_flood_reported_window_after_window_reaches_a_ban():
     a = Admission(RunRules("run", 2))
     banned_at = None
     for window in range(12):  # the host reports a sustained flood once per 10 s window
-        acts = a.handle(Misbehaved("flooder", penalties.IHAVE_FLOOD.cost, "ihave ids", 10.0 * window,
-                                   offence=penalties.IHAVE_FLOOD.name))
+        acts = a.handle(
+            Misbehaved(
+                "flooder",
+                penalties.IHAVE_FLOOD.cost,
+                "ihave ids",
+                10.0 * window,
+                offence=penalties.IHAVE_FLOOD.name,
+            )
+        )
         if any(isinstance(x, Ban) for x in acts):
             banned_at = window
             break
@@ -62,6 +69,13 @@ def test_a_gossip_control_flood_reported_window_after_window_reaches_a_ban():
     # A single report now and then costs only its base price.
     b = Admission(RunRules("run", 2))
     for hour in range(3):
-        b.handle(Misbehaved("rare", penalties.IHAVE_FLOOD.cost, "ihave ids", 3600.0 * hour,
-                            offence=penalties.IHAVE_FLOOD.name))
+        b.handle(
+            Misbehaved(
+                "rare",
+                penalties.IHAVE_FLOOD.cost,
+                "ihave ids",
+                3600.0 * hour,
+                offence=penalties.IHAVE_FLOOD.name,
+            )
+        )
     assert b.scores.score("rare", 7200.0) >= 3 * penalties.IHAVE_FLOOD.cost

@@ -29,11 +29,15 @@ def test_a_reproduced_claim_costs_the_producer_and_a_false_one_the_accuser() -> 
     done = hold_and_audit(cases, [3e-6] * (W // 2 + 1) + [1e-8] * (W // 2 - 1))
     assert [(a.peer, a.penalty) for a in done] == [(P, PRODUCER_PENALTY)]
     cases.claimed(P, ids(1), ACC, now=0.0)
-    done = hold_and_audit(cases, [3e-6] * (WINDOW_OVER - 1) + [1e-8] * (W - WINDOW_OVER + 1), block=1)
+    done = hold_and_audit(
+        cases, [3e-6] * (WINDOW_OVER - 1) + [1e-8] * (W - WINDOW_OVER + 1), block=1
+    )
     assert [(a.peer, a.penalty) for a in done] == [(ACC, FALSE_ACCUSATION)]
     assert cases.counts["convicted"] == cases.counts["acquitted"] == 1
     # judged once: the same false claim again costs at once, a reproduced one nothing
-    assert cases.claimed(P, ids(1), ACC, now=3.0) == [Punish(ACC, FALSE_ACCUSATION, "false producer claim", "false_accusation")]
+    assert cases.claimed(P, ids(1), ACC, now=3.0) == [
+        Punish(ACC, FALSE_ACCUSATION, "false producer claim", "false_accusation")
+    ]
     assert cases.claimed(P, ids(0), b"other", now=3.0) == []
 
 

@@ -20,11 +20,21 @@ T_MS = 1_700_000_000_000
 
 def manifest(run_id: str = "demo", seed: int = 1) -> RunManifest:
     return RunManifest(
-        run_id=run_id, model="builtin:tiny", model_digest=b"",
-        datasets=(DatasetSpec(name="basic_arithmetic", weight=1),), seed=seed, group_size=4,
-        max_staleness=2, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0,
-        proof_chunk=32, proof_topk=128, trainer_keys=(),
-    )  # fmt: skip
+        run_id=run_id,
+        model="builtin:tiny",
+        model_digest=b"",
+        datasets=(DatasetSpec(name="basic_arithmetic", weight=1),),
+        seed=seed,
+        group_size=4,
+        max_staleness=2,
+        max_new_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        proof_chunk=32,
+        proof_topk=128,
+        trainer_keys=(),
+    )
 
 
 def release(version: int = 1, by: Identity = AUTHORITY, **kw) -> bytes:

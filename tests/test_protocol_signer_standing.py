@@ -13,16 +13,25 @@ RATE, PER_STEP = 2.0, 5
 
 
 def _m():  # type: ignore[no-untyped-def]
-    return machine(signer_rate=RATE, signer_burst=RATE, standing_passes_per_step=PER_STEP,
-                   signer_rate_max_factor=3.0)
+    return machine(
+        signer_rate=RATE,
+        signer_burst=RATE,
+        standing_passes_per_step=PER_STEP,
+        signer_rate_max_factor=3.0,
+    )
 
 
 def _verdicts(a, judge, n: int, passed: bool = True, seq0: int = 1) -> None:  # type: ignore[no-untyped-def]
     for i in range(n):
         rid = hashlib.sha256(f"{judge.peer_id_b58}{seq0 + i}".encode()).digest()
-        acts = a.handle(MessageReceived(judge.peer_id_b58, Kind.VERDICT,
-                                        verdict(judge, rid, ALICE.peer_id, passed, seq=seq0 + i),
-                                        T0 + i / RATE))  # within the validator's own rate
+        acts = a.handle(
+            MessageReceived(
+                judge.peer_id_b58,
+                Kind.VERDICT,
+                verdict(judge, rid, ALICE.peer_id, passed, seq=seq0 + i),
+                T0 + i / RATE,
+            )
+        )  # within the validator's own rate
         assert not passed or judge is not VALIDATOR or isinstance(acts[-1], Deliver), acts
 
 
@@ -31,8 +40,14 @@ def _admitted_in_10_s(a, seq0: int) -> int:  # type: ignore[no-untyped-def]
     n = 0
     for i in range(80):
         t = T0 + 100 + seq0 + i / 8
-        acts = a.handle(MessageReceived(ALICE.peer_id, Kind.ROLLOUT_HEADER,
-                                        header(rollout(ALICE, seq=seq0 + i, seed=seq0 + i, at=t)), t))
+        acts = a.handle(
+            MessageReceived(
+                ALICE.peer_id,
+                Kind.ROLLOUT_HEADER,
+                header(rollout(ALICE, seq=seq0 + i, seed=seq0 + i, at=t)),
+                t,
+            )
+        )
         if isinstance(acts[-1], Deliver):
             n += 1
         else:

@@ -48,7 +48,9 @@ def test_a_window_with_a_withheld_body_is_judged_with_that_record_failed() -> No
         tally.expect(P, c, _rid(c), now=0.0)
     values = [CHANGED if c in range(1, WINDOW_OVER) else HONEST for c in range(W)]
     withheld = W - 1
-    found = [tally.add(P, c, _rid(c), {"logprob_err_mean": values[c]}) for c in range(W) if c != withheld]
+    found = [
+        tally.add(P, c, _rid(c), {"logprob_err_mean": values[c]}) for c in range(W) if c != withheld
+    ]
     assert found == [None] * (W - 1)  # the window never fills: one body is withheld
     assert tally.close(now=CLOSE_AFTER_S - 1) == []
     (finding,) = tally.close(now=CLOSE_AFTER_S + 1)
@@ -61,7 +63,12 @@ def test_a_window_with_a_withheld_body_is_judged_with_that_record_failed() -> No
             tally.add(P, c, _rid(c), {"logprob_err_mean": HONEST})
     assert tally.close(now=10.0 + CLOSE_AFTER_S + 1) == []
     assert window_failed([HONEST] * (W - 1), LIMIT, missing=1) is False
-    assert window_failed([HONEST] * (W - WINDOW_OVER) + [CHANGED] * (WINDOW_OVER - 1), LIMIT, missing=1) is True
+    assert (
+        window_failed(
+            [HONEST] * (W - WINDOW_OVER) + [CHANGED] * (WINDOW_OVER - 1), LIMIT, missing=1
+        )
+        is True
+    )
     # bodies that never came never fail a window alone (our own pulls may have failed) ...
     assert window_failed([HONEST] * 8, LIMIT, missing=8) is False
     # ... but they hide no changed record either
@@ -84,7 +91,9 @@ def test_a_window_with_a_minority_of_changed_records_is_caught() -> None:
         acts += cases.audited(_rid(c), v, now=2.0)
     assert [(a.peer, a.penalty) for a in acts] == [(P, PRODUCER_PENALTY)]
     honest = ProducerTally(LIMIT)
-    assert [honest.add(P, c, _rid(c), {"logprob_err_mean": HONEST * (1 + c % 3)}) for c in range(W)] == [None] * W
+    assert [
+        honest.add(P, c, _rid(c), {"logprob_err_mean": HONEST * (1 + c % 3)}) for c in range(W)
+    ] == [None] * W
 
 
 def test_fresh_keys_are_on_probation_and_pay_for_it_in_audits() -> None:
@@ -113,8 +122,15 @@ def test_fresh_keys_are_on_probation_and_pay_for_it_in_audits() -> None:
     assert StandingBook(probation_passes=0).state(b"fresh") is State.GOOD
 
 
-def _run(producer: Identity, n: int, changed_from: int, changed_share: float, seed: int,
-         audit_delay_s: float = 3.0, rate: float = 4.0) -> tuple[int, int, int]:
+def _run(
+    producer: Identity,
+    n: int,
+    changed_from: int,
+    changed_share: float,
+    seed: int,
+    audit_delay_s: float = 3.0,
+    rate: float = 4.0,
+) -> tuple[int, int, int]:
     """One producer's `n` records at `rate`/s, audited by one validator at the default
     fraction (its tickets, the standing's probation fraction), trained by the standing rule.
     Returns (honest records trained, changed records trained, records produced)."""
@@ -161,7 +177,9 @@ def _run(producer: Identity, n: int, changed_from: int, changed_share: float, se
 
 def test_honest_work_trains_when_only_a_sample_is_audited() -> None:
     for seed in range(3):
-        honest, changed, n = _run(Identity.from_private_bytes(bytes([seed + 40]) * 32), 800, 10**9, 0.0, seed)
+        honest, changed, n = _run(
+            Identity.from_private_bytes(bytes([seed + 40]) * 32), 800, 10**9, 0.0, seed
+        )
         assert changed == 0
         assert honest / n >= 0.9, (seed, honest, n)
 
@@ -195,25 +213,37 @@ def test_the_trainer_trains_a_good_producers_unaudited_records_and_drops_a_banne
     rids = []
     for seq in range(1, probation + 9):
         rec = rollout(seq=seq)
-        (item,) = [x.item for x in a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec)) if isinstance(x, Deliver)]
+        (item,) = [
+            x.item for x in a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec)) if isinstance(x, Deliver)
+        ]
         c.on_deliver(item)
         waiting[item.content_id] = (item.obj, t0)
         rids.append(content_id(header(rec)))
     # the probation's records get pass verdicts; the rest none
     for k, rid in enumerate(rids[:probation]):
-        (item,) = [x.item for x in a.handle(msg(RELAY, Kind.VERDICT, verdict(RUN_VALIDATOR, rid, ALICE.peer_id, seq=k + 1)))
-                   if isinstance(x, Deliver)]  # fmt: skip
+        (item,) = [
+            x.item
+            for x in a.handle(
+                msg(RELAY, Kind.VERDICT, verdict(RUN_VALIDATOR, rid, ALICE.peer_id, seq=k + 1))
+            )
+            if isinstance(x, Deliver)
+        ]
         c.on_deliver(item)
         assert judged(book, a.authority, item) == []
     assert book.state(ALICE.peer_id) is State.GOOD
     ready, unaudited = _pick(c, book, waiting, 10, 2, t0 + 1, Fates())
     assert (len(ready), unaudited) == (probation, 0)  # verified: at once
-    assert _pick(c, book, waiting, 10, 2, t0 + HOLD_S - 1, Fates()) == ([], 0)  # the rest wait the hold
+    assert _pick(c, book, waiting, 10, 2, t0 + HOLD_S - 1, Fates()) == (
+        [],
+        0,
+    )  # the rest wait the hold
     ready, unaudited = _pick(c, book, waiting, 10, 2, t0 + HOLD_S, Fates())
     assert (len(ready), unaudited) == (8, 8)
     # a failed verdict bans: what waits of it is dropped, nothing more trains
     rec = rollout(seq=probation + 20)
-    (item,) = [x.item for x in a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec)) if isinstance(x, Deliver)]
+    (item,) = [
+        x.item for x in a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, rec)) if isinstance(x, Deliver)
+    ]
     c.on_deliver(item)
     waiting[item.content_id] = (item.obj, t0)
     bad = verdict(RUN_VALIDATOR, rids[-1], ALICE.peer_id, passed=False, seq=probation + 1)
@@ -226,7 +256,9 @@ def test_a_closed_window_names_its_withheld_records_and_a_late_audit_is_not_miss
     tally = ProducerTally(LIMIT)
     for c in range(W):
         tally.expect(P, c, _rid(c), now=0.0)
-    tally.body_held(P, 0, now=0.0)  # held, its audit still queued at the close: not missing, not counted
+    tally.body_held(
+        P, 0, now=0.0
+    )  # held, its audit still queued at the close: not missing, not counted
     for c in range(1, W - 1):
         tally.add(P, c, _rid(c), {"logprob_err_mean": CHANGED if c < WINDOW_OVER else HONEST})
     (finding,) = tally.close(now=CLOSE_AFTER_S + 1)

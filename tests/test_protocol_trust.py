@@ -138,11 +138,18 @@ def test_a_relay_of_many_verdicts_from_keys_nobody_authorized_pays_past_an_allow
     rid = content_id(header(rollout()))
     sybils = [Identity.from_private_bytes(bytes([40 + i]) * 32) for i in range(5)]
     refused = [
-        reject(a.handle(msg("flooder", Kind.VERDICT,
-                            verdict(sybils[i % 5], rid, ALICE.peer_id, False, seq=i // 5 + 1),
-                            T0 + i * 0.01)))
+        reject(
+            a.handle(
+                msg(
+                    "flooder",
+                    Kind.VERDICT,
+                    verdict(sybils[i % 5], rid, ALICE.peer_id, False, seq=i // 5 + 1),
+                    T0 + i * 0.01,
+                )
+            )
+        )
         for i in range(60)
-    ]  # fmt: skip
+    ]
     assert all(r.reason in (Reason.UNAUTHORIZED, Reason.FLOODING) for r in refused)
     assert refused[0].penalty == 0 and a.scores.score("flooder", T0 + 1) < 0
     # A relay that forwards a handful of a newly delegated validator's verdicts before we
@@ -322,7 +329,11 @@ def test_same_counter_new_content_is_refused():
     assert r.reason is Reason.DOUBLE_WORK
     # The same counter at another policy version is the same task: double work too.
     again = a.handle(
-        msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, header(rollout(seq=3, counter=7, seed=6, version=11)))
+        msg(
+            ALICE.peer_id,
+            Kind.ROLLOUT_HEADER,
+            header(rollout(seq=3, counter=7, seed=6, version=11)),
+        )
     )
     assert reject(again).reason is Reason.DOUBLE_WORK
 
@@ -371,8 +382,12 @@ def test_window_tickets_are_the_validators_own_per_producer_and_window():
     producer = ALICE.peer_id
     t = window_ticket(VALIDATOR, RUN, producer, 3)
     assert t == window_ticket(VALIDATOR, RUN, producer, 3)  # every record of the window agrees
-    others = {window_ticket(VALIDATOR, RUN, producer, 4), window_ticket(VALIDATOR, RUN, BOB.peer_id, 3),
-              window_ticket(DELEGATE, RUN, producer, 3), window_ticket(VALIDATOR, RUN + "x", producer, 3)}  # fmt: skip
+    others = {
+        window_ticket(VALIDATOR, RUN, producer, 4),
+        window_ticket(VALIDATOR, RUN, BOB.peer_id, 3),
+        window_ticket(DELEGATE, RUN, producer, 3),
+        window_ticket(VALIDATOR, RUN + "x", producer, 3),
+    }
     assert t not in others and len(others) == 4
     # never a record's ticket: a window ticket cannot be passed off as a verdict's sample
     assert not check_ticket(VALIDATOR.peer_id, RUN, producer + (3).to_bytes(8, "big"), t)
@@ -401,7 +416,9 @@ def test_validator_role_samples_by_ticket_not_by_public_hash():
 
     rid = content_id(b"r")
     assert role.selected(VALIDATOR, RUN, rid, 1.0) == sample_ticket(VALIDATOR, RUN, rid)
-    picks = [role.selected(VALIDATOR, RUN, content_id(bytes([i])), 0.5) is not None for i in range(64)]
+    picks = [
+        role.selected(VALIDATOR, RUN, content_id(bytes([i])), 0.5) is not None for i in range(64)
+    ]
     expect = [
         sampled(sample_ticket(VALIDATOR, RUN, content_id(bytes([i]))), 0.5) for i in range(64)
     ]
@@ -649,14 +666,29 @@ def test_the_author_of_verdicts_signed_by_keys_nobody_authorized_pays_from_the_f
     rid = content_id(header(rollout()))
     sybils = [Identity.from_private_bytes(bytes([40 + i]) * 32) for i in range(5)]
     a = machine()
-    first = reject(a.handle(MessageReceived(
-        "author", Kind.VERDICT, verdict(sybils[0], rid, ALICE.peer_id, False), T0, origin="author"
-    )))  # fmt: skip
+    first = reject(
+        a.handle(
+            MessageReceived(
+                "author",
+                Kind.VERDICT,
+                verdict(sybils[0], rid, ALICE.peer_id, False),
+                T0,
+                origin="author",
+            )
+        )
+    )
     assert first.reason is Reason.UNAUTHORIZED and first.penalty < 0
-    relayed = reject(a.handle(MessageReceived(
-        "relay", Kind.VERDICT, verdict(sybils[1], rid, ALICE.peer_id, False), T0,
-        origin=sybils[1].peer_id_b58,
-    )))  # fmt: skip
+    relayed = reject(
+        a.handle(
+            MessageReceived(
+                "relay",
+                Kind.VERDICT,
+                verdict(sybils[1], rid, ALICE.peer_id, False),
+                T0,
+                origin=sybils[1].peer_id_b58,
+            )
+        )
+    )
     assert relayed.penalty == 0 and a.scores.score("relay", T0) == 0
 
 
@@ -678,14 +710,20 @@ def test_a_sender_that_authors_headers_of_fresh_identities_pays_and_their_relay_
     for i in range(300):
         fresh = Identity.from_private_bytes((i + 3000).to_bytes(2, "big") * 16)
         h = header(rollout(fresh, seq=1, seed=30_000 + i, at=T0 + i * 0.1))
-        b.handle(MessageReceived("relay", Kind.ROLLOUT_HEADER, h, T0 + i * 0.1, origin=fresh.peer_id_b58))
+        b.handle(
+            MessageReceived("relay", Kind.ROLLOUT_HEADER, h, T0 + i * 0.1, origin=fresh.peer_id_b58)
+        )
     assert b.scores.score("relay", T0 + 30) >= 0
     # A new worker publishing its own headers is refused as new for free, as before.
     c = machine()
     workers = _workers(60)
     for i, w in enumerate(workers):
         h = header(rollout(w, seq=1, seed=40_000 + i, at=T0 + i * 0.01))
-        c.handle(MessageReceived(w.peer_id_b58, Kind.ROLLOUT_HEADER, h, T0 + i * 0.01, origin=w.peer_id_b58))
+        c.handle(
+            MessageReceived(
+                w.peer_id_b58, Kind.ROLLOUT_HEADER, h, T0 + i * 0.01, origin=w.peer_id_b58
+            )
+        )
     assert all(c.scores.score(w.peer_id_b58, T0 + 1) >= 0 for w in workers)
 
 
@@ -715,8 +753,10 @@ def test_a_sender_repeating_the_same_message_pays_past_its_allowance():
     a = machine()
     h = header(rollout(seq=1))
     a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, h))
-    reasons = [reject(a.handle(msg("echo", Kind.ROLLOUT_HEADER, h, T0 + i * 0.1))).reason
-               for i in range(100)]
+    reasons = [
+        reject(a.handle(msg("echo", Kind.ROLLOUT_HEADER, h, T0 + i * 0.1))).reason
+        for i in range(100)
+    ]
     assert reasons[0] is Reason.DUPLICATE and Reason.FLOODING in reasons
     assert a.scores.score("echo", T0 + 10) < 0
 
@@ -811,7 +851,9 @@ def test_a_relayed_copy_refused_over_the_signers_rate_leaves_the_producers_own_c
     the header); the producer's own copy arriving later by its direct path is admitted,
     not refused as a replay, and the producer pays nothing."""
     a = machine(signer_rate=1.0, signer_burst=1.0)
-    assert isinstance(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, header(rollout(seq=1))))[-1], Deliver)
+    assert isinstance(
+        a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, header(rollout(seq=1))))[-1], Deliver
+    )
     h = header(rollout(seq=2))
     r = reject(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, h)))
     assert (r.reason, r.stage, r.penalty) == (Reason.RATE_LIMITED, Stage.QUOTA, 0.0)
@@ -822,7 +864,9 @@ def test_a_relayed_copy_refused_over_the_signers_rate_leaves_the_producers_own_c
 
 def test_a_relayed_copy_refused_as_a_new_identity_leaves_the_producers_own_copy_free():
     a = machine(new_signer_burst=1.0, young_view_signers=0)
-    assert isinstance(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, header(rollout(BOB, seq=1))))[-1], Deliver)
+    assert isinstance(
+        a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, header(rollout(BOB, seq=1))))[-1], Deliver
+    )
     h = header(rollout(ALICE, seq=1, seed=77))
     r = reject(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, h)))
     assert (r.reason, r.penalty) == (Reason.NEW_IDENTITIES, 0.0)
@@ -835,7 +879,9 @@ def test_a_header_refused_as_double_work_is_charged_once_whoever_relays_copies()
     """A refusal that judges the content (the signer signed two rollouts for one unit of
     work) is remembered: copies of it relayed later cost the signer nothing more."""
     a = machine()
-    assert isinstance(a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, header(rollout(seq=1))))[-1], Deliver)
+    assert isinstance(
+        a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, header(rollout(seq=1))))[-1], Deliver
+    )
     twin = header(rollout(seq=2, counter=1))
     first = a.handle(msg(RELAY, Kind.ROLLOUT_HEADER, twin))
     assert reject(first).reason is Reason.DOUBLE_WORK
@@ -860,19 +906,40 @@ def test_one_key_signing_every_kind_interleaved_gets_nothing_refused_as_a_replay
     out = []
     for i in range(1, 6):
         t = T0 + i
-        out.append(a.handle(msg(VALIDATOR.peer_id, Kind.ROLLOUT_HEADER,
-                                header(rollout(VALIDATOR, seq=i, seed=900 + i, at=t)), t)))  # fmt: skip
+        out.append(
+            a.handle(
+                msg(
+                    VALIDATOR.peer_id,
+                    Kind.ROLLOUT_HEADER,
+                    header(rollout(VALIDATOR, seq=i, seed=900 + i, at=t)),
+                    t,
+                )
+            )
+        )
         rid = content_id(header(rollout(seq=i)))
         v = verdict(VALIDATOR, rid, ALICE.peer_id, seq=timed + 3 * i)
         out.append(a.handle(msg(VALIDATOR.peer_id, Kind.VERDICT, v, t)))
-        claim = ProducerClaim(producer=ALICE.peer_id, rollout_ids=(rid,), statistic="toploc",
-                              median=2.0, limit=1.0)  # fmt: skip
-        data = seal(VALIDATOR, claim, run_id=RUN, policy_version=10, seq=timed + 3 * i + 1,
-                    timestamp_ms=int(t * 1000))  # fmt: skip
+        claim = ProducerClaim(
+            producer=ALICE.peer_id, rollout_ids=(rid,), statistic="toploc", median=2.0, limit=1.0
+        )
+        data = seal(
+            VALIDATOR,
+            claim,
+            run_id=RUN,
+            policy_version=10,
+            seq=timed + 3 * i + 1,
+            timestamp_ms=int(t * 1000),
+        )
         out.append(a.handle(msg(VALIDATOR.peer_id, Kind.PRODUCER_CLAIM, data, t)))
         fraud = FraudEvidence(record=rollout(seq=i), reason="bad_proof", detail="", metrics=())
-        data = seal(VALIDATOR, fraud, run_id=RUN, policy_version=10, seq=timed + 3 * i + 2,
-                    timestamp_ms=int(t * 1000))  # fmt: skip
+        data = seal(
+            VALIDATOR,
+            fraud,
+            run_id=RUN,
+            policy_version=10,
+            seq=timed + 3 * i + 2,
+            timestamp_ms=int(t * 1000),
+        )
         out.append(a.handle(msg(VALIDATOR.peer_id, Kind.FRAUD_EVIDENCE, data, t)))
     refused = [acts[0] for acts in out if isinstance(acts[0], Reject)]
     assert not refused, refused
@@ -898,10 +965,21 @@ def test_a_sender_that_keeps_sending_wrong_run_or_skewed_messages_is_banned(faul
         t = T0 + i * gap_s
         at = t + 600.0 if fault == "clock_skew" else t
         run_id = "other-run" if fault == "wrong_run" else RUN
-        h = header(make_record(
-            ALICE, body(seed=i), dataset="chain_sum", task_index=i, counter=i, task_seed=i,
-            reward=1.0, run_id=run_id, policy_version=10, seq=i + 1, timestamp_ms=int(at * 1000),
-        ))  # fmt: skip
+        h = header(
+            make_record(
+                ALICE,
+                body(seed=i),
+                dataset="chain_sum",
+                task_index=i,
+                counter=i,
+                task_seed=i,
+                reward=1.0,
+                run_id=run_id,
+                policy_version=10,
+                seq=i + 1,
+                timestamp_ms=int(at * 1000),
+            )
+        )
         acts = a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, h, t))
         assert reject(acts).reason == fault
         if any(isinstance(x, adm.Ban) for x in acts):
@@ -915,10 +993,20 @@ def test_a_wrong_run_message_now_and_then_costs_only_its_base_price():
     a = machine()
     for i in range(4):
         t = T0 + i * 3600.0
-        h = header(make_record(
-            ALICE, body(seed=i), dataset="chain_sum", task_index=i, counter=i, task_seed=i,
-            reward=1.0, run_id="other-run", policy_version=10, seq=i + 1,
-            timestamp_ms=int(t * 1000),
-        ))  # fmt: skip
+        h = header(
+            make_record(
+                ALICE,
+                body(seed=i),
+                dataset="chain_sum",
+                task_index=i,
+                counter=i,
+                task_seed=i,
+                reward=1.0,
+                run_id="other-run",
+                policy_version=10,
+                seq=i + 1,
+                timestamp_ms=int(t * 1000),
+            )
+        )
         r = reject(a.handle(msg(ALICE.peer_id, Kind.ROLLOUT_HEADER, h, t)))
         assert (r.reason, r.penalty) == (Reason.WRONG_RUN, adm.PENALTIES[Reason.WRONG_RUN])

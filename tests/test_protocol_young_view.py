@@ -26,7 +26,11 @@ def _relayed(a, keys: list[Identity], t0: float, seed: int) -> list[list]:
     for i, k in enumerate(keys):
         t = t0 + i * 0.1
         h = header(rollout(k, seq=1, seed=seed + i, at=t))
-        out.append(a.handle(MessageReceived(RELAYS[i % 12], Kind.ROLLOUT_HEADER, h, t, origin=k.peer_id_b58)))
+        out.append(
+            a.handle(
+                MessageReceived(RELAYS[i % 12], Kind.ROLLOUT_HEADER, h, t, origin=k.peer_id_b58)
+            )
+        )
     return out
 
 
@@ -44,7 +48,9 @@ def test_a_restored_view_is_not_young_and_still_limits_fresh_keys() -> None:
     outcomes = _relayed(a, _keys(300, 9000), T0, 91_000)
     refused = [o for o in outcomes if not isinstance(o[-1], Deliver)]
     assert len(refused) > 150  # the running rates: 64 at once, 2 a second after
-    assert all(reject(o).reason is Reason.NEW_IDENTITIES and reject(o).penalty == 0 for o in refused)
+    assert all(
+        reject(o).reason is Reason.NEW_IDENTITIES and reject(o).penalty == 0 for o in refused
+    )
 
 
 def test_a_sender_authoring_fresh_keys_gets_no_young_allowance_and_pays() -> None:
@@ -62,7 +68,9 @@ def test_one_sender_gets_only_its_share_and_the_window_ends() -> None:
     for i, k in enumerate(keys[:100]):
         t = T0 + i * 0.01
         h = header(rollout(k, seq=1, seed=93_000 + i, at=t))
-        first.append(a.handle(MessageReceived("relay-x", Kind.ROLLOUT_HEADER, h, t, origin=k.peer_id_b58)))
+        first.append(
+            a.handle(MessageReceived("relay-x", Kind.ROLLOUT_HEADER, h, t, origin=k.peer_id_b58))
+        )
     admitted = sum(isinstance(o[-1], Deliver) for o in first)
     assert 50 <= admitted < 100  # its share, plus the running rates' burst
     # past the window, the running rates only: 64 at once for all senders

@@ -41,7 +41,9 @@ def test_sim_writes_identical_results_plots_and_report(tmp_path):
     assert second.returncode == 0, second.stderr
     # quiet: no banner, no closing lines; at most a progress line at each quarter
     quiet_lines = second.stderr.splitlines()
-    assert len(quiet_lines) <= 4 and all("%  virtual" in line for line in quiet_lines), second.stderr
+    assert len(quiet_lines) <= 4 and all("%  virtual" in line for line in quiet_lines), (
+        second.stderr
+    )
     assert (a / "results.json").read_bytes() == (b / "results.json").read_bytes()
     report = (a / "report.md").read_text()
     for png in ("latency_cdf.png", "delivery_over_time.png", "bytes_per_peer.png"):

@@ -38,22 +38,31 @@ def test_single_learner_steps_as_the_trainer_role_does(tok, tmp_path, monkeypatc
     # the swarm: a worker's records, opened, re-scored and trained on by the trainer role
     role_model = copy.deepcopy(base)
     out = tmp_path / "r.msgpack"
-    generate_records(engine=HFEngine(role_model, tok, max_batch=n), manifest=manifest,
-                     identity=identity, n=n, out=out, batch_size=n)  # fmt: skip
+    generate_records(
+        engine=HFEngine(role_model, tok, max_batch=n),
+        manifest=manifest,
+        identity=identity,
+        n=n,
+        out=out,
+        batch_size=n,
+    )
     with open(out, "rb") as f:
         opened = [open_record(r) for r in read_records(f)]
     role = Trainer.from_manifest(role_model, tok, manifest)
     assert _train(role, Rescorer(manifest, tok), opened, 1, 0.0) == 1
 
     # the reference: the same producer's tasks, generated and trained on in one process
-    single = SingleLearner(copy.deepcopy(base), tok, manifest, batch_size=n, threads=1,
-                           producer=identity.peer_id)  # fmt: skip
+    single = SingleLearner(
+        copy.deepcopy(base), tok, manifest, batch_size=n, threads=1, producer=identity.peer_id
+    )
     assert single.turn() == 1
 
     a, b = role.last_stats, single.trainer.last_stats
     assert a["samples"] > 0 and a["loss"] != 0.0
     assert a == b  # loss, gradient norm, rewards, clip and importance statistics
-    for (name, p), q in zip(role_model.named_parameters(), single.trainer.model.parameters(), strict=True):
+    for (name, p), q in zip(
+        role_model.named_parameters(), single.trainer.model.parameters(), strict=True
+    ):
         assert p.grad is not None and torch.equal(p.grad, q.grad), name
         assert torch.equal(p, q), name
     assert not torch.equal(next(base.parameters()), next(role_model.parameters()))  # it stepped

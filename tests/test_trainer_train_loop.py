@@ -226,9 +226,14 @@ def test_in_process_groups_carry_sampler_logprobs_and_scores(tok):
     model = _model(tok)
     tasks = TaskSet(4)
     groups = generate_groups(
-        HFEngine(model, tok, max_batch=8), tok, tasks, [("tiny-products", 0), ("tiny-products", 1)],
-        group_size=3, settings=SamplingSettings(max_new_tokens=6), seed=1,
-    )  # fmt: skip
+        HFEngine(model, tok, max_batch=8),
+        tok,
+        tasks,
+        [("tiny-products", 0), ("tiny-products", 1)],
+        group_size=3,
+        settings=SamplingSettings(max_new_tokens=6),
+        seed=1,
+    )
     assert [len(g) for g in groups] == [3, 3]
     s = groups[0][0]
     assert len(s.sampler_logprobs) == len(s.completion_ids) and s.reward in (0.0, 1.0)

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.slow  # builds a tokenizer and a model, generates rollo
 
 
 def _audit(env, opened, model=None):
-    return audit_records(opened, model or env["model"], judge=env["judge"], settings=env["settings"])
+    return audit_records(
+        opened, model or env["model"], judge=env["judge"], settings=env["settings"]
+    )
 
 
 def _resign(env, ro, body, reward=None):
@@ -35,9 +37,17 @@ def _resign(env, ro, body, reward=None):
         text = env["tok"].decode(list(body.completion_ids), skip_special_tokens=True)
         reward = env["tasks"].score(task, text).reward
     rec = make_record(
-        env["identity"], body, dataset=h.dataset, task_index=h.task_index, counter=h.counter,
-        task_seed=h.task_seed, reward=reward, run_id=e.run_id, policy_version=e.policy_version,
-        seq=e.seq, timestamp_ms=e.timestamp_ms,
+        env["identity"],
+        body,
+        dataset=h.dataset,
+        task_index=h.task_index,
+        counter=h.counter,
+        task_seed=h.task_seed,
+        reward=reward,
+        run_id=e.run_id,
+        policy_version=e.policy_version,
+        seq=e.seq,
+        timestamp_ms=e.timestamp_ms,
     )
     return open_record(rec)
 
@@ -70,15 +80,25 @@ def test_audit_returns_a_wire_verdict(env):
     ro = env["opened"][1]
     v = audit(ro, env["model"], judge=env["judge"], settings=env["settings"])
     assert isinstance(v, Verdict)
-    assert (v.passed, v.reason, v.rollout_id, v.producer) == (True, "ok", ro.rollout_id, ro.envelope.signer)
+    assert (v.passed, v.reason, v.rollout_id, v.producer) == (
+        True,
+        "ok",
+        ro.rollout_id,
+        ro.envelope.signer,
+    )
     names = {m.name for m in v.metrics}
     assert {"proof_mant_mean_all", "sampling_margin_max", "logprob_err_mean"} <= names
 
 
 def test_other_model_fails_the_proof_check(env):
     other = build_model(
-        env["tok"], seed=4, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
+        env["tok"],
+        seed=4,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
     )
     results = _audit(env, env["opened"], model=other)
     assert all(r.reason == "proof-mismatch" for r in results)
@@ -122,10 +142,17 @@ def test_edited_token_fails_the_replay_even_when_reproved(env):
 
 def test_extended_and_truncated_fail_termination(env):
     b = env["opened"][0].body
-    longer = _reprove(env, dataclasses.replace(b, completion_ids=b.completion_ids + (5, 6), logprobs=b.logprobs + (-1.0, -1.0)))
+    longer = _reprove(
+        env,
+        dataclasses.replace(
+            b, completion_ids=b.completion_ids + (5, 6), logprobs=b.logprobs + (-1.0, -1.0)
+        ),
+    )
     assert _one(env, longer).reason == "termination"
     k = len(b.completion_ids) // 2
-    shorter = _reprove(env, dataclasses.replace(b, completion_ids=b.completion_ids[:k], logprobs=b.logprobs[:k]))
+    shorter = _reprove(
+        env, dataclasses.replace(b, completion_ids=b.completion_ids[:k], logprobs=b.logprobs[:k])
+    )
     assert _one(env, shorter).reason == "termination"
 
 
@@ -161,8 +188,14 @@ def test_token_outside_the_vocabulary(env):
 
 
 def test_left_padded_prefill_matches(env):
-    right = prefill(env["model"], [(r.body.prompt_ids, r.body.completion_ids) for r in env["opened"]])
-    left = prefill(env["model"], [(r.body.prompt_ids, r.body.completion_ids) for r in env["opened"]], padding_side="left")
+    right = prefill(
+        env["model"], [(r.body.prompt_ids, r.body.completion_ids) for r in env["opened"]]
+    )
+    left = prefill(
+        env["model"],
+        [(r.body.prompt_ids, r.body.completion_ids) for r in env["opened"]],
+        padding_side="left",
+    )
     for (h1, l1), (h2, l2) in zip(right, left, strict=True):
         assert h1.shape == h2.shape
         assert torch.allclose(l1, l2, atol=1e-4)
@@ -189,12 +222,16 @@ def test_cli_all_pass_exit_0(env):
 
 def test_cli_any_fail_exit_1(env):
     ro = env["opened"][0]
-    bad = _resign(env, ro, dataclasses.replace(ro.body, proofs=tuple(bytes(258) for _ in ro.body.proofs)))
+    bad = _resign(
+        env, ro, dataclasses.replace(ro.body, proofs=tuple(bytes(258) for _ in ro.body.proofs))
+    )
     broken = bytearray(env["records"][2])
     broken[-1] ^= 1  # body no longer matches the signed digest
     path = _write(env, "bad.msgpack", [env["records"][1], bad.record, bytes(broken)])
     out = io.StringIO()
-    code = audit_cmd.main([path], str(env["model_dir"]), as_json=False, manifest=env["run"], out=out)
+    code = audit_cmd.main(
+        [path], str(env["model_dir"]), as_json=False, manifest=env["run"], out=out
+    )
     lines = out.getvalue().splitlines()
     assert code == 1
     assert lines[0].startswith("PASS") and " ok" in lines[0]
@@ -238,10 +275,19 @@ def test_shared_prompt_prefill_matches_the_plain_one(env, monkeypatch):
     seqs += [(ro[3].body.prompt_ids, ro[3].body.completion_ids), (ro[4].body.prompt_ids, (5,))]
     # completions of one prompt sharing their starts: equal, a prefix of another, diverging
     c = tuple(ro[1].body.completion_ids)
-    seqs += [(ro[0].body.prompt_ids, c), (ro[0].body.prompt_ids, c[:3]), (ro[0].body.prompt_ids, c[:4] + (7, 8, 9))]
-    for row_tokens in (prefill_mod.SHARED_ROW_TOKENS, 5):  # rows of a whole group, and a group split in rows
+    seqs += [
+        (ro[0].body.prompt_ids, c),
+        (ro[0].body.prompt_ids, c[:3]),
+        (ro[0].body.prompt_ids, c[:4] + (7, 8, 9)),
+    ]
+    for row_tokens in (
+        prefill_mod.SHARED_ROW_TOKENS,
+        5,
+    ):  # rows of a whole group, and a group split in rows
         monkeypatch.setattr(prefill_mod, "SHARED_ROW_TOKENS", row_tokens)
-        for (h1, l1), (h2, l2) in zip(prefill(env["model"], seqs), prefill_shared(env["model"], seqs), strict=True):
+        for (h1, l1), (h2, l2) in zip(
+            prefill(env["model"], seqs), prefill_shared(env["model"], seqs), strict=True
+        ):
             assert h1.shape == h2.shape and l1.shape == l2.shape
             assert torch.allclose(h1, h2, atol=1e-5) and torch.allclose(l1, l2, atol=1e-4)
 
@@ -272,7 +318,10 @@ def test_verdicts_do_not_depend_on_the_batch(env, bf16_records):
 
     settings = dataclasses.replace(env["settings"], precision="bf16", bf16_thresholds=BF16_FLOOR)
     together = audit_records(bf16_records, env["model"], judge=env["judge"], settings=settings)
-    alone = [audit_records([ro], env["model"], judge=env["judge"], settings=settings)[0] for ro in bf16_records]
+    alone = [
+        audit_records([ro], env["model"], judge=env["judge"], settings=settings)[0]
+        for ro in bf16_records
+    ]
     assert [(r.passed, r.reason) for r in together] == [(r.passed, r.reason) for r in alone]
 
 
@@ -287,13 +336,25 @@ def _mixed_records(env):
     ids = list(b[1].completion_ids)
     ids[len(ids) // 2] = (ids[len(ids) // 2] + 7) % 300 + 2
     tampered = [
-        _resign(env, ro[0], dataclasses.replace(b[0], proofs=tuple((list(b[2].proofs) * 2)[: len(b[0].proofs)]))),
+        _resign(
+            env,
+            ro[0],
+            dataclasses.replace(b[0], proofs=tuple((list(b[2].proofs) * 2)[: len(b[0].proofs)])),
+        ),
         _resign(env, ro[1], _reprove(env, dataclasses.replace(b[1], completion_ids=tuple(ids)))),
-        _resign(env, ro[2], dataclasses.replace(b[2], logprobs=tuple(float(np.float32(x * 0.5)) for x in b[2].logprobs))),
+        _resign(
+            env,
+            ro[2],
+            dataclasses.replace(
+                b[2], logprobs=tuple(float(np.float32(x * 0.5)) for x in b[2].logprobs)
+            ),
+        ),
         _resign(env, ro[3], _reprove(env, b[3], negate=True)),
         _resign(env, ro[4], dataclasses.replace(b[4], temperature=0.7)),
     ]
-    changed = records_file(env, rank1_change(env["model"], 0.05), "changed-4.msgpack", n=4, start_counter=50)
+    changed = records_file(
+        env, rank1_change(env["model"], 0.05), "changed-4.msgpack", n=4, start_counter=50
+    )
     return list(ro) + tampered + open_records_file(changed)
 
 
@@ -301,7 +362,14 @@ def test_batched_audit_equals_one_by_one_on_honest_and_tampered(env):
     mixed = _mixed_records(env)
     alone = [_audit(env, [r])[0] for r in mixed]
     reasons = {r.reason for r in alone}
-    assert {"ok", "proof-mismatch", "sampling-replay", "logprob-mismatch", "proof-sign", "malformed"} <= reasons
+    assert {
+        "ok",
+        "proof-mismatch",
+        "sampling-replay",
+        "logprob-mismatch",
+        "proof-sign",
+        "malformed",
+    } <= reasons
     assert any(not r.passed for r in alone[-4:])  # the changed model is caught
     for max_batch_tokens in (None, 64):  # the default batches, and many small ones
         settings = env["settings"]
@@ -309,7 +377,12 @@ def test_batched_audit_equals_one_by_one_on_honest_and_tampered(env):
             settings = dataclasses.replace(settings, max_batch_tokens=max_batch_tokens)
         together = audit_records(mixed, env["model"], judge=env["judge"], settings=settings)
         for a, t in zip(alone, together, strict=True):
-            assert (t.passed, t.reason, t.failures, t.reward_rescored) == (a.passed, a.reason, a.failures, a.reward_rescored)
+            assert (t.passed, t.reason, t.failures, t.reward_rescored) == (
+                a.passed,
+                a.reason,
+                a.failures,
+                a.reward_rescored,
+            )
             assert t.metrics.keys() == a.metrics.keys()
             for k, v in a.metrics.items():
                 assert t.metrics[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k

@@ -39,7 +39,9 @@ def _body(**kw: object) -> RolloutBody:
 
 def test_termination_accepts_eos_and_length() -> None:
     assert checks.check_termination(_body(), {EOS}).passed
-    body = _body(completion_ids=(9, 10, 11), logprobs=(-1.0,) * 3, max_new_tokens=3, finish_reason="length")
+    body = _body(
+        completion_ids=(9, 10, 11), logprobs=(-1.0,) * 3, max_new_tokens=3, finish_reason="length"
+    )
     assert checks.check_termination(body, {EOS}).passed
 
 
@@ -50,7 +52,10 @@ def test_termination_accepts_eos_and_length() -> None:
         (dict(completion_ids=(9, 10, 11)), "without an EOS"),  # truncated, claims eos
         (dict(completion_ids=(9, 10, 11), finish_reason="length"), "stopped at 3 of 8"),
         (dict(finish_reason="length", max_new_tokens=3), "EOS at 2"),
-        (dict(completion_ids=(9,) * 9, logprobs=(-1.0,) * 9, finish_reason="length"), "> max_new_tokens"),
+        (
+            dict(completion_ids=(9,) * 9, logprobs=(-1.0,) * 9, finish_reason="length"),
+            "> max_new_tokens",
+        ),
     ],
 )
 def test_termination_rejects(kw: dict, detail: str) -> None:
@@ -114,7 +119,11 @@ def test_proof_check_mantissa_limits() -> None:
     drift = x * 1.03  # same exponents mostly, mantissas off by a few units
     strict = Thresholds(proof_mant_mean=0.5, proof_mant_median=0.5)
     assert checks.check_proofs(drift, proofs, th=strict)[0].reason == "proof-mismatch"
-    assert checks.check_proofs(drift, proofs, th=Thresholds(proof_mant_mean=20, proof_mant_median=20, proof_mant_mean_all=20))[0].passed
+    assert checks.check_proofs(
+        drift,
+        proofs,
+        th=Thresholds(proof_mant_mean=20, proof_mant_median=20, proof_mant_mean_all=20),
+    )[0].passed
 
 
 def test_a_far_point_counts_as_a_mismatch_not_as_mantissa_error() -> None:
@@ -126,7 +135,9 @@ def test_a_far_point_counts_as_a_mismatch_not_as_mantissa_error() -> None:
     r, c = divmod(int(y.abs().flatten().argmax()), 64)
     v = float(y[r, c])
     base = 2.0 ** math.floor(math.log2(abs(v)))
-    y[r, c] = math.copysign(base * (1.0 if abs(v) / base > 1.5 else 1.95), v)  # same exponent, mantissa >= 64 away
+    y[r, c] = math.copysign(
+        base * (1.0 if abs(v) / base > 1.5 else 1.95), v
+    )  # same exponent, mantissa >= 64 away
     proof, sign = checks.check_proofs(y, proofs)
     (ref,) = toploc.verify_proofs_bytes(y, proofs)  # TOPLOC averages it in instead
     assert ref.mant_err_mean > 0.5
@@ -149,7 +160,11 @@ def test_proof_chunks_agree_with_toploc_without_far_points() -> None:
     theirs = toploc.verify_proofs_bytes_many(noisy, proofs)
     for a, b in zip(ours, theirs, strict=True):
         for o, t in zip(a, b, strict=True):
-            assert (o.points, o.exp_mismatches, o.sign_mismatches) == (t.points, t.exp_mismatches, t.sign_mismatches)
+            assert (o.points, o.exp_mismatches, o.sign_mismatches) == (
+                t.points,
+                t.exp_mismatches,
+                t.sign_mismatches,
+            )
             if o.far_points == 0:
                 assert (o.mant_err_mean, o.mant_err_median) == (t.mant_err_mean, t.mant_err_median)
     with pytest.raises(toploc.ProofFormatError):
@@ -188,7 +203,9 @@ def test_replay_flags_an_edited_token_with_its_margin() -> None:
     logits = np.random.default_rng(1).normal(size=(20, V)).astype(np.float32) * 3
     body = _sampled_body(logits)
     ids = list(body.completion_ids)
-    scores, _ = sampling.perturbed_scores(logits, temperature=1.0, top_p=1.0, top_k=0, seeds=[77] * 20, steps=list(range(20)))
+    scores, _ = sampling.perturbed_scores(
+        logits, temperature=1.0, top_p=1.0, top_k=0, seeds=[77] * 20, steps=list(range(20))
+    )
     worst = int(np.argmin(scores[10]))
     ids[10] = worst
     edited = dataclasses.replace(body, completion_ids=tuple(ids))
@@ -201,7 +218,9 @@ def test_replay_flags_an_edited_token_with_its_margin() -> None:
 def test_replay_tolerates_only_near_ties() -> None:
     logits = np.random.default_rng(2).normal(size=(30, V)).astype(np.float32)
     body = _sampled_body(logits)
-    scores, _ = sampling.perturbed_scores(logits, temperature=1.0, top_p=1.0, top_k=0, seeds=[77] * 30, steps=list(range(30)))
+    scores, _ = sampling.perturbed_scores(
+        logits, temperature=1.0, top_p=1.0, top_k=0, seeds=[77] * 30, steps=list(range(30))
+    )
     # nudge the verifier's logits so that the runner-up at step 3 wins by a hair
     second = int(np.argsort(scores[3])[-2])
     gap = float(scores[3].max() - scores[3, second])
@@ -211,7 +230,9 @@ def test_replay_tolerates_only_near_ties() -> None:
     assert 0 < rep.margins[3] < 0.01
     assert checks.check_sampling(rep, Thresholds(sampling_margin=0.01)).passed
     assert not checks.check_sampling(rep, Thresholds(sampling_margin=1e-4)).passed
-    assert not checks.check_sampling(rep, Thresholds(sampling_margin=0.01, sampling_near_ties_max=0)).passed
+    assert not checks.check_sampling(
+        rep, Thresholds(sampling_margin=0.01, sampling_near_ties_max=0)
+    ).passed
 
 
 def test_replay_margins_are_in_logit_units_and_filtered_tokens_are_infinite() -> None:
@@ -230,7 +251,13 @@ def test_replay_margins_are_in_logit_units_and_filtered_tokens_are_infinite() ->
 def test_greedy_replay_uses_logit_margins() -> None:
     logits = np.random.default_rng(4).normal(size=(6, V)).astype(np.float32)
     ids = tuple(int(v) for v in logits.argmax(axis=1))
-    body = _body(completion_ids=ids, logprobs=(0.0,) * 6, temperature=0.0, max_new_tokens=6, finish_reason="length")
+    body = _body(
+        completion_ids=ids,
+        logprobs=(0.0,) * 6,
+        temperature=0.0,
+        max_new_tokens=6,
+        finish_reason="length",
+    )
     assert checks.check_sampling(checks.replay(logits, body)).passed
     ids2 = (ids[0], int(logits[1].argmin())) + ids[2:]
     rep = checks.replay(logits, dataclasses.replace(body, completion_ids=ids2))
@@ -240,14 +267,18 @@ def test_greedy_replay_uses_logit_margins() -> None:
 def test_logprob_and_temperature_lies() -> None:
     logits = np.random.default_rng(5).normal(size=(20, V)).astype(np.float32) * 2
     body = _sampled_body(logits)
-    lied = dataclasses.replace(body, logprobs=tuple(float(np.float32(v - 0.2)) for v in body.logprobs))
+    lied = dataclasses.replace(
+        body, logprobs=tuple(float(np.float32(v - 0.2)) for v in body.logprobs)
+    )
     r = checks.check_logprobs(checks.replay(logits, lied), lied.logprobs)
     assert (r.passed, r.reason) == (False, "logprob-mismatch")
     # sampled at 0.5, claimed 1.0: the replay at the claimed temperature disagrees
     cold = _sampled_body(logits, temperature=0.5)
     claim = dataclasses.replace(cold, temperature=1.0)
     rep = checks.replay(logits, claim)
-    assert not (checks.check_sampling(rep).passed and checks.check_logprobs(rep, claim.logprobs).passed)
+    assert not (
+        checks.check_sampling(rep).passed and checks.check_logprobs(rep, claim.logprobs).passed
+    )
 
 
 def test_reward_check() -> None:
@@ -271,8 +302,18 @@ def test_calibrate_takes_twice_the_honest_maximum_above_floors() -> None:
     from verify.thresholds import BF16_FLOOR, STRICT, calibrate
 
     rows = [
-        {"proof_mant_mean_all": 0.3, "logprob_err_mean": 0.0, "drift": 0.0003, "proof_mant_median_max": 1.0},
-        {"proof_mant_mean_all": 0.1, "logprob_err_mean": 0.0001, "drift": 0.0002, "proof_mant_median_max": 0.0},
+        {
+            "proof_mant_mean_all": 0.3,
+            "logprob_err_mean": 0.0,
+            "drift": 0.0003,
+            "proof_mant_median_max": 1.0,
+        },
+        {
+            "proof_mant_mean_all": 0.1,
+            "logprob_err_mean": 0.0001,
+            "drift": 0.0002,
+            "proof_mant_median_max": 0.0,
+        },
     ]
     th = calibrate(rows, STRICT)
     assert th.proof_mant_mean_all == pytest.approx(0.6)
@@ -285,4 +326,6 @@ def test_calibrate_takes_twice_the_honest_maximum_above_floors() -> None:
     loose = calibrate([{"drift": 0.003, "logprob_err_mean": 0.001}], BF16_FLOOR)
     assert loose.drift == pytest.approx(1.5 * 0.003)
     assert loose.logprob_err_mean == pytest.approx(2 * 0.001)
-    assert calibrate([{"drift": 0.003}], BF16_FLOOR, metric_factors={}).drift == pytest.approx(0.006)
+    assert calibrate([{"drift": 0.003}], BF16_FLOOR, metric_factors={}).drift == pytest.approx(
+        0.006
+    )

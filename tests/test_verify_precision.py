@@ -47,7 +47,9 @@ def test_perturbed_fp32_worker_gets_no_looser_second_pass(env):
 
 
 def test_bf16_run_judges_bf16_workers_at_bf16(env):
-    opened = _opened_records(env, copy.deepcopy(env["model"]).to(torch.bfloat16), "bf16-run.msgpack")
+    opened = _opened_records(
+        env, copy.deepcopy(env["model"]).to(torch.bfloat16), "bf16-run.msgpack"
+    )
     results = audit_records(
         opened, env["model"], judge=env["judge"], settings=_settings(env, "bf16")
     )

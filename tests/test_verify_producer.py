@@ -49,9 +49,12 @@ def test_windows_are_blocks_of_counters_in_any_audit_order() -> None:
     assert (tally.held(b"p", 0), tally.held(b"p", 16)) == (8, 8)
     order = list(range(8)) + list(range(24, 32))
     random.Random(1).shuffle(order)
-    found = [f for c in order
-             if (f := tally.add(b"p", c, b"p" + c.to_bytes(4, "big"), {"logprob_err_mean": 1e-3}))
-             is not None]  # fmt: skip
+    found = [
+        f
+        for c in order
+        if (f := tally.add(b"p", c, b"p" + c.to_bytes(4, "big"), {"logprob_err_mean": 1e-3}))
+        is not None
+    ]
     assert len(found) == 2
     assert sorted(found[0].rollout_ids + found[1].rollout_ids) == [
         b"p" + c.to_bytes(4, "big") for c in range(32)
@@ -96,7 +99,10 @@ def test_calibration_sets_the_producer_limit_at_the_largest_honest_record() -> N
     rows = [{"logprob_err_mean": v} for v in (1e-7, 3e-6, 2e-7)]
     assert calibrate(rows, STRICT_FLOOR).producer_logprob_err_median == 3e-6
     assert calibrate(rows[:1], STRICT_FLOOR).producer_logprob_err_median == 1e-6  # the floor
-    assert calibrate([], BF16_FLOOR).producer_logprob_err_median == BF16_FLOOR.producer_logprob_err_median
+    assert (
+        calibrate([], BF16_FLOOR).producer_logprob_err_median
+        == BF16_FLOOR.producer_logprob_err_median
+    )
     # A file written before the limit existed: what calibrate would set, from the file's
     # own measurements; without them, its regime's default (not bf16's).
     measured = {"fp32": {"max": {"logprob_err_mean": 3e-6}}}

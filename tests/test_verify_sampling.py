@@ -157,7 +157,9 @@ def test_batched_noise_equals_the_portable_philox_block_by_block():
         words.append(row[:vocab])
     u = (np.array(words, dtype=np.float64) + 0.5) / 2.0**32
     want = (-np.log(-np.log(u))).astype(np.float32)
-    assert np.array_equal(gumbel_noise_batch(seeds, steps, vocab).view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(
+        gumbel_noise_batch(seeds, steps, vocab).view(np.uint32), want.view(np.uint32)
+    )
 
 
 def test_noise_is_the_same_across_row_slices(monkeypatch):

@@ -147,8 +147,10 @@ def _lagrange_coefficients(xs: list[int], ys: list[int]) -> list[int]:
         basis, denom = [1], 1
         for j in range(n):
             if j != i:
-                basis = [((basis[t - 1] if t else 0) - xs[j] * (basis[t] if t < len(basis) else 0)) % P
-                         for t in range(len(basis) + 1)]
+                basis = [
+                    ((basis[t - 1] if t else 0) - xs[j] * (basis[t] if t < len(basis) else 0)) % P
+                    for t in range(len(basis) + 1)
+                ]
                 denom = denom * (xs[i] - xs[j]) % P
         scale = ys[i] % P * pow(denom, P - 2, P) % P
         out = [(o + scale * b) % P for o, b in zip(out, basis, strict=True)]
@@ -162,8 +164,10 @@ def test_interpolation_is_exact_at_the_edges_of_the_field() -> None:
     coeffs = toploc.interpolate(np.array([xs]), np.array([ys]))
     assert coeffs.tolist()[0] == _lagrange_coefficients(xs, ys)
     assert np.array_equal(toploc.evaluate(coeffs, np.array([xs]))[0], np.array(ys) % P)
-    assert toploc.evaluate(np.array([[P - 1] * 128]), np.array([[P - 1]]))[0, 0] == sum(
-        (P - 1) * pow(P - 1, e, P) for e in range(128)) % P
+    assert (
+        toploc.evaluate(np.array([[P - 1] * 128]), np.array([[P - 1]]))[0, 0]
+        == sum((P - 1) * pow(P - 1, e, P) for e in range(128)) % P
+    )
 
 
 # ------------------------------------------------------------------ chunks and edges

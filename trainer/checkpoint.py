@@ -33,11 +33,22 @@ from protocol.content_id import content_id
 
 # dtype name -> bytes per element (the safetensors dtype names)
 DTYPE_SIZES: Mapping[str, int] = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
-}  # fmt: skip
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own cap
 _LEN = struct.Struct("<Q")
 
@@ -162,9 +173,17 @@ def is_canonical(data: bytes) -> bool:
 
 
 _TORCH_DTYPES = {
-    "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
-    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
-}  # fmt: skip
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float64": "F64",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
 
 
 def from_state_dict(state: Mapping[str, Any], prefer: Collection[str] = ()) -> bytes:

@@ -228,7 +228,9 @@ class HFEngine(Engine):
                 alive = [alive[r] for r in keep_rows]
                 tok = tok[keep_rows]
             new_ids = torch.as_tensor(np.asarray(tok, dtype=np.int64)).view(-1, 1).to(dev)
-            mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=torch.long, device=dev)], dim=1)
+            mask = torch.cat(
+                [mask, torch.ones((len(alive), 1), dtype=torch.long, device=dev)], dim=1
+            )
             step_pos = next_pos[alive].view(-1, 1).to(dev)
             next_pos[alive] += 1
             logits, h, cache = self._forward(new_ids, mask, step_pos, cache)

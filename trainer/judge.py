@@ -38,7 +38,10 @@ def make_judge(manifest: Any, tokenizer: Any) -> Callable[[Any], Any]:
             return TaskJudgement(f"task cannot be derived: {exc}", None)
         for name in ("dataset", "task_index", "task_seed"):
             if getattr(header, name) != getattr(a, name):
-                return TaskJudgement(f"header {name} {getattr(header, name)!r} is not the assigned {getattr(a, name)!r}", None)
+                return TaskJudgement(
+                    f"header {name} {getattr(header, name)!r} is not the assigned {getattr(a, name)!r}",
+                    None,
+                )
         prompt = encode_prompt(task.prompt)
         text = tokenizer.decode(list(body.completion_ids), skip_special_tokens=True)
         reward = tasks.score(task, text).reward

@@ -33,10 +33,15 @@ class LocalTrainer:
         self.own, self.foreign = own, foreign
         self.model = copy.deepcopy(model)  # the peer's own copy, never the generating policy
         self.trainer = Trainer(
-            self.model, tokenizer, group_size=manifest.group_size, max_staleness=None,
-            loss=LossSettings.from_manifest(manifest), lr=manifest.rl_lr,
-            groups_per_step=own + foreign, publish_every=2**62,
-        )  # fmt: skip
+            self.model,
+            tokenizer,
+            group_size=manifest.group_size,
+            max_staleness=None,
+            loss=LossSettings.from_manifest(manifest),
+            lr=manifest.rl_lr,
+            groups_per_step=own + foreign,
+            publish_every=2**62,
+        )
         self.group_size = manifest.group_size
         self._partial: dict[tuple[bytes, int, int], list[Sample]] = {}
         self.queues: dict[bool, deque[list[Sample]]] = {

@@ -71,16 +71,18 @@ def generate_records(
     tally = Tally()
     t_start = time.perf_counter()
     sign = functools.partial(
-        _sign, identity=identity, manifest=manifest, settings=settings, policy_version=policy_version
+        _sign,
+        identity=identity,
+        manifest=manifest,
+        settings=settings,
+        policy_version=policy_version,
     )
     writer = _RecordWriter(build_proofs, manifest, sign)
     try:
         with open(out, "wb") as fh:
             for start in range(start_counter, start_counter + n, batch_size):
                 counters = range(start, min(start + batch_size, start_counter + n))
-                assignments = [
-                    assign_task(manifest, identity.peer_id, c) for c in counters
-                ]
+                assignments = [assign_task(manifest, identity.peer_id, c) for c in counters]
                 gens, items = generate_batch(
                     engine, tasks, credit, assignments, settings, build_proofs is not None, tally
                 )
@@ -169,7 +171,9 @@ class _RecordWriter:
     """Builds each batch's proofs in a background thread while the next batch generates,
     then signs and writes its records, in batch order: at most one batch waits."""
 
-    def __init__(self, build_proofs: ProofBuilder | None, manifest: Any, sign: Callable[..., list[bytes]]) -> None:
+    def __init__(
+        self, build_proofs: ProofBuilder | None, manifest: Any, sign: Callable[..., list[bytes]]
+    ) -> None:
         self.build_proofs, self.manifest, self.sign = build_proofs, manifest, sign
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proofs")
         self.pending: list[tuple[Future[Any] | None, list[Item]]] = []
@@ -188,7 +192,9 @@ class _RecordWriter:
 
     def _proofs_for(self, hiddens: list[Any]) -> list[list[bytes]]:
         assert self.build_proofs is not None
-        return self.build_proofs(hiddens, chunk=self.manifest.proof_chunk, topk=self.manifest.proof_topk)
+        return self.build_proofs(
+            hiddens, chunk=self.manifest.proof_chunk, topk=self.manifest.proof_topk
+        )
 
     def flush(self, fh: Any, upto_all: bool) -> None:
         """Writes the queued batches, all of them or all but the newest."""

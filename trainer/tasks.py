@@ -176,11 +176,7 @@ def derive_task(
     if counter < 0 or run_seed < 0:
         raise TaskError("run seed and counter must be non-negative")
     group = counter // group_size
-    h = content_id(
-        b"swarm-node/task/v1"
-        + struct.pack(">QQ", run_seed, group)
-        + bytes(producer)
-    )
+    h = content_id(b"swarm-node/task/v1" + struct.pack(">QQ", run_seed, group) + bytes(producer))
     total = sum(w for _, w in datasets)
     if total <= 0 or any(w <= 0 for _, w in datasets):
         raise TaskError("dataset weights must be positive integers")

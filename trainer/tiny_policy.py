@@ -413,7 +413,13 @@ def run_manifest_table(run_id: str = "tiny-local", seed: int = 1) -> dict[str, A
     # (`protocol.standing.HOLD_S`) before it trains, longer than a version takes here, and
     # a paced worker (`--rollouts-per-version`) runs S - 1 versions ahead.
     return {
-        "run": {"id": run_id, "model": BUILTIN_MODEL, "seed": seed, "group_size": 4, "max_staleness": 3},
+        "run": {
+            "id": run_id,
+            "model": BUILTIN_MODEL,
+            "seed": seed,
+            "group_size": 4,
+            "max_staleness": 3,
+        },
         "sampling": {
             "max_new_tokens": DEFAULT_MAX_NEW_TOKENS,
             "temperature": 1.0,

@@ -231,9 +231,13 @@ class Trainer:
             for i, s in enumerate(samples):
                 sampler[i, : len(s.sampler_logprobs)] = torch.tensor(s.sampler_logprobs[:t])
             loss, loss_stats = policy_loss(
-                logp, logp.detach(), sampler.to(logp.device), torch.tensor(advs, device=logp.device),
-                mask, self.loss,
-            )  # fmt: skip
+                logp,
+                logp.detach(),
+                sampler.to(logp.device),
+                torch.tensor(advs, device=logp.device),
+                mask,
+                self.loss,
+            )
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["audit", "audit_many", "audit_records", "audit_versions", "audit_bodies", "AuditResult", "AuditSettings", "TaskJudgement"]
+__all__ = [
+    "audit",
+    "audit_many",
+    "audit_records",
+    "audit_versions",
+    "audit_bodies",
+    "AuditResult",
+    "AuditSettings",
+    "TaskJudgement",
+]
 
 
 def __getattr__(name: str) -> Any:

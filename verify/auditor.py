@@ -72,7 +72,9 @@ class AuditSettings:
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     max_record_tokens: int = DEFAULT_MAX_RECORD_TOKENS
     padding_side: str = "right"  # "left" uses explicit position ids (same result, up to noise)
-    share_prompts: bool = True  # shared prefixes once: a GRPO group's prompt, equal completion starts
+    share_prompts: bool = (
+        True  # shared prefixes once: a GRPO group's prompt, equal completion starts
+    )
     expected_settings: Any = None  # a RunManifest (or same attributes): checked when given
 
 
@@ -80,7 +82,10 @@ def settings_for_run(run: Any) -> AuditSettings:
     """The audit settings a run manifest fixes: proof shape, sampling settings, the
     workers' compute precision (the only regime judged)."""
     return AuditSettings(
-        chunk=run.proof_chunk, topk=run.proof_topk, expected_settings=run, precision=run.worker_precision
+        chunk=run.proof_chunk,
+        topk=run.proof_topk,
+        expected_settings=run,
+        precision=run.worker_precision,
     )
 
 
@@ -149,7 +154,9 @@ def _combine(results: list[checks.CheckResult], reward: float | None) -> AuditRe
     failed = [r for r in results if not r.passed]
     if failed:
         first = failed[0]
-        return AuditResult(False, first.reason, first.detail, tuple(f.reason for f in failed), metrics, reward)
+        return AuditResult(
+            False, first.reason, first.detail, tuple(f.reason for f in failed), metrics, reward
+        )
     return AuditResult(True, "ok", "", (), metrics, reward)
 
 
@@ -168,12 +175,26 @@ def cheap_checks(
         return out
     ids = list(body.prompt_ids) + list(body.completion_ids)
     if len(ids) > settings.max_record_tokens:
-        return [checks._fail("structure", "too-large", f"{len(ids)} tokens > the audit's limit of {settings.max_record_tokens} per record")]
+        return [
+            checks._fail(
+                "structure",
+                "too-large",
+                f"{len(ids)} tokens > the audit's limit of {settings.max_record_tokens} per record",
+            )
+        ]
     if max(ids) >= vocab:
-        return [checks._fail("structure", "malformed", f"token id {max(ids)} outside the vocabulary of {vocab}")]
+        return [
+            checks._fail(
+                "structure", "malformed", f"token id {max(ids)} outside the vocabulary of {vocab}"
+            )
+        ]
     out.append(checks.check_settings(body, settings.expected_settings))
     out.append(checks.check_termination(body, eos_ids))
-    out.append(checks.check_proof_format(body.proofs, len(body.completion_ids), settings.chunk, settings.topk))
+    out.append(
+        checks.check_proof_format(
+            body.proofs, len(body.completion_ids), settings.chunk, settings.topk
+        )
+    )
     if judgement is not None:
         if judgement.problem is not None:
             out.append(checks._fail("task", "task-mismatch", judgement.problem))
@@ -203,7 +224,14 @@ def audit_bodies(
     early: list[list[checks.CheckResult]] = []
     for body, reward, judgement in zip(bodies, rewards, judged, strict=True):
         early.append(
-            cheap_checks(body, eos_ids=eos, vocab=vocab, claimed_reward=reward, judgement=judgement, settings=settings)
+            cheap_checks(
+                body,
+                eos_ids=eos,
+                vocab=vocab,
+                claimed_reward=reward,
+                judgement=judgement,
+                settings=settings,
+            )
         )
     todo = [i for i in range(n) if all(r.passed for r in early[i])]
     late = _decide(model, bodies, todo, settings)
@@ -236,7 +264,11 @@ def _clear(results: list[checks.CheckResult], settings: AuditSettings) -> bool:
     metrics: dict[str, float] = {}
     for r in results:
         metrics.update(r.metrics)
-    th = settings.bf16_thresholds if metrics.get("audit_precision_bits") == 16.0 else settings.thresholds
+    th = (
+        settings.bf16_thresholds
+        if metrics.get("audit_precision_bits") == 16.0
+        else settings.thresholds
+    )
     limits = [(m, float(getattr(th, f))) for m, f in CALIBRATED.items()]
     limits.append(("sampling_mismatches", float(th.sampling_near_ties_max)))
     limits.append(("proof_sign_mismatches", float(th.proof_sign_mismatches)))
@@ -270,9 +302,14 @@ def _model_checks(
     todo_bodies = [bodies[i] for i in todo]
     try:  # one batched proof verification for all rollouts; per rollout if any is bad
         chunk_lists = checks.proof_chunks_many(
-            [h for h, _ in recomputed], [list(b.proofs) for b in todo_bodies], settings.chunk, settings.topk
+            [h for h, _ in recomputed],
+            [list(b.proofs) for b in todo_bodies],
+            settings.chunk,
+            settings.topk,
         )
-        proof_res: list[list[checks.CheckResult]] = [checks.judge_proof_chunks(c, th) for c in chunk_lists]
+        proof_res: list[list[checks.CheckResult]] = [
+            checks.judge_proof_chunks(c, th) for c in chunk_lists
+        ]
     except ValueError:  # ProofFormatError is a ValueError too
         proof_res = [
             checks.check_proofs(h, b.proofs, settings.chunk, settings.topk, th)
@@ -376,14 +413,23 @@ def audit(
 
 
 _NO_LIMITS = Thresholds(
-    proof_exp_mismatch_frac=1e300, proof_mant_mean=1e300, proof_mant_median=1e300,
-    proof_exp_mismatch_frac_all=1e300, proof_mant_mean_all=1e300, proof_sign_mismatches=10**9,
-    sampling_margin=1e300, sampling_near_ties_max=10**9, logprob_err_max=1e300,
-    logprob_err_mean=1e300, drift=1e300,
+    proof_exp_mismatch_frac=1e300,
+    proof_mant_mean=1e300,
+    proof_mant_median=1e300,
+    proof_exp_mismatch_frac_all=1e300,
+    proof_mant_mean_all=1e300,
+    proof_sign_mismatches=10**9,
+    sampling_margin=1e300,
+    sampling_near_ties_max=10**9,
+    logprob_err_max=1e300,
+    logprob_err_mean=1e300,
+    drift=1e300,
 )
 
 
-def raw_metrics(model: Any, bodies: Sequence[Any], settings: AuditSettings = AuditSettings()) -> list[dict[str, float]]:
+def raw_metrics(
+    model: Any, bodies: Sequence[Any], settings: AuditSettings = AuditSettings()
+) -> list[dict[str, float]]:
     """The model checks' metrics of each body at `settings.precision`, with no limits
     applied: what calibration measures (`swarm-node calibrate`, the bench)."""
     st = replace(settings, thresholds=_NO_LIMITS, bf16_thresholds=_NO_LIMITS)
@@ -419,11 +465,16 @@ def audit_versions(
         if model is None:
             for i in idx:
                 out[i] = AuditResult(
-                    False, "unknown-version", f"policy version {version} is not held by this auditor",
-                    ("unknown-version",), {"policy_version": float(version)},
+                    False,
+                    "unknown-version",
+                    f"policy version {version} is not held by this auditor",
+                    ("unknown-version",),
+                    {"policy_version": float(version)},
                 )
             continue
-        results = audit_records([rollouts[i] for i in idx], model, judge=judge, eos_ids=eos_ids, settings=settings)
+        results = audit_records(
+            [rollouts[i] for i in idx], model, judge=judge, eos_ids=eos_ids, settings=settings
+        )
         for i, r in zip(idx, results, strict=True):
             out[i] = r
     return [r for r in out if r is not None]

@@ -53,7 +53,9 @@ def _ok(name: str, metrics: dict[str, float] | None = None) -> CheckResult:
     return CheckResult(name, True, "ok", metrics or {})
 
 
-def _fail(name: str, reason: str, detail: str, metrics: dict[str, float] | None = None) -> CheckResult:
+def _fail(
+    name: str, reason: str, detail: str, metrics: dict[str, float] | None = None
+) -> CheckResult:
     return CheckResult(name, False, reason, metrics or {}, detail)
 
 
@@ -162,7 +164,9 @@ def _chunk_stats(claimed: np.ndarray, got: np.ndarray) -> list[ProofChunk]:
     mant_err = np.abs((claimed & toploc.BF16_MANT_MASK) - (got & toploc.BF16_MANT_MASK))
     near = exp_match & (mant_err <= FAR_MANT_ERR)
     far = exp_match & ~near
-    sign = near & (mant_err <= toploc.SIGN_MANT_TOL) & (((claimed ^ got) & toploc.BF16_SIGN_MASK) != 0)
+    sign = (
+        near & (mant_err <= toploc.SIGN_MANT_TOL) & (((claimed ^ got) & toploc.BF16_SIGN_MASK) != 0)
+    )
     count = near.sum(axis=1)
     sums = np.where(near, mant_err, 0).sum(axis=1).tolist()
     ordered = np.sort(np.where(near, mant_err, np.iinfo(np.int64).max), axis=1)
@@ -170,8 +174,13 @@ def _chunk_stats(claimed: np.ndarray, got: np.ndarray) -> list[ProofChunk]:
     points = int(claimed.shape[1])
     out = []
     for c, s, med, e, f, g in zip(
-        count.tolist(), sums, medians, (~exp_match).sum(axis=1).tolist(), far.sum(axis=1).tolist(),
-        sign.sum(axis=1).tolist(), strict=True,
+        count.tolist(),
+        sums,
+        medians,
+        (~exp_match).sum(axis=1).tolist(),
+        far.sum(axis=1).tolist(),
+        sign.sum(axis=1).tolist(),
+        strict=True,
     ):
         mean, median = (s / c, float(med)) if c else (toploc.NO_MATCH, toploc.NO_MATCH)
         out.append(ProofChunk(points, e, f, mean, median, g))
@@ -196,7 +205,9 @@ def check_proofs(
     return judge_proof_chunks(chunks, th)
 
 
-def judge_proof_chunks(chunks: Sequence[ProofChunk], th: Thresholds = THRESHOLDS) -> list[CheckResult]:
+def judge_proof_chunks(
+    chunks: Sequence[ProofChunk], th: Thresholds = THRESHOLDS
+) -> list[CheckResult]:
     """[proof result, sign result] from the per-chunk statistics of one rollout.
 
     The mismatch limits count exponent mismatches and far points together (both are
@@ -212,7 +223,9 @@ def judge_proof_chunks(chunks: Sequence[ProofChunk], th: Thresholds = THRESHOLDS
     points = sum(r.points for r in chunks)
     n_near = sum(r.near_points for r in chunks)
     mean_all = (
-        sum(r.near_points * r.mant_err_mean for r in chunks if r.near_points) / n_near if n_near else toploc.NO_MATCH
+        sum(r.near_points * r.mant_err_mean for r in chunks if r.near_points) / n_near
+        if n_near
+        else toploc.NO_MATCH
     )
     exp_all = 1.0 - n_near / points
     metrics = {
@@ -227,15 +240,38 @@ def judge_proof_chunks(chunks: Sequence[ProofChunk], th: Thresholds = THRESHOLDS
     }
     out = []
     if exp_frac > th.proof_exp_mismatch_frac:
-        out.append(_fail("proof", "proof-mismatch", f"exponent mismatches {exp_frac:.3f} of top-k in a chunk", metrics))
+        out.append(
+            _fail(
+                "proof",
+                "proof-mismatch",
+                f"exponent mismatches {exp_frac:.3f} of top-k in a chunk",
+                metrics,
+            )
+        )
     elif mean > th.proof_mant_mean or median > th.proof_mant_median:
-        out.append(_fail("proof", "proof-mismatch", f"mantissa error mean {mean:.2f} median {median:.1f} in a chunk", metrics))
+        out.append(
+            _fail(
+                "proof",
+                "proof-mismatch",
+                f"mantissa error mean {mean:.2f} median {median:.1f} in a chunk",
+                metrics,
+            )
+        )
     elif exp_all > th.proof_exp_mismatch_frac_all or mean_all > th.proof_mant_mean_all:
-        out.append(_fail("proof", "proof-mismatch", f"rollout exponent mismatches {exp_all:.3f}, mantissa error mean {mean_all:.3f}", metrics))
+        out.append(
+            _fail(
+                "proof",
+                "proof-mismatch",
+                f"rollout exponent mismatches {exp_all:.3f}, mantissa error mean {mean_all:.3f}",
+                metrics,
+            )
+        )
     else:
         out.append(_ok("proof", metrics))
     if sign > th.proof_sign_mismatches:
-        out.append(_fail("proof-sign", "proof-sign", f"{sign} top-k values with flipped sign", metrics))
+        out.append(
+            _fail("proof-sign", "proof-sign", f"{sign} top-k values with flipped sign", metrics)
+        )
     else:
         out.append(_ok("proof-sign"))
     return out
@@ -253,20 +289,41 @@ def check_termination(body: Any, eos_token_ids: Collection[int]) -> CheckResult:
     first_eos = next((i for i, t in enumerate(ids) if t in eos), None)
     metrics = {"n_completion": float(n), "max_new_tokens": float(body.max_new_tokens)}
     if n > body.max_new_tokens:
-        return _fail("termination", "termination", f"{n} tokens > max_new_tokens {body.max_new_tokens}", metrics)
+        return _fail(
+            "termination",
+            "termination",
+            f"{n} tokens > max_new_tokens {body.max_new_tokens}",
+            metrics,
+        )
     if body.finish_reason == "eos":
         if first_eos is None:
-            return _fail("termination", "termination", "finish_reason eos without an EOS token", metrics)
+            return _fail(
+                "termination", "termination", "finish_reason eos without an EOS token", metrics
+            )
         if first_eos != n - 1:
-            return _fail("termination", "termination", f"tokens continue after EOS at {first_eos}", metrics)
+            return _fail(
+                "termination", "termination", f"tokens continue after EOS at {first_eos}", metrics
+            )
         return _ok("termination", metrics)
     if body.finish_reason == "length":
         if first_eos is not None:
-            return _fail("termination", "termination", f"EOS at {first_eos} but finish_reason length", metrics)
+            return _fail(
+                "termination",
+                "termination",
+                f"EOS at {first_eos} but finish_reason length",
+                metrics,
+            )
         if n != body.max_new_tokens:
-            return _fail("termination", "termination", f"stopped at {n} of {body.max_new_tokens} tokens without EOS", metrics)
+            return _fail(
+                "termination",
+                "termination",
+                f"stopped at {n} of {body.max_new_tokens} tokens without EOS",
+                metrics,
+            )
         return _ok("termination", metrics)
-    return _fail("termination", "termination", f"unknown finish_reason {body.finish_reason!r}", metrics)
+    return _fail(
+        "termination", "termination", f"unknown finish_reason {body.finish_reason!r}", metrics
+    )
 
 
 # ------------------------------------------------------------------ sampling
@@ -288,7 +345,11 @@ def replay(logits: torch.Tensor | np.ndarray, body: Any) -> Replay:
     a small positive margin is a near-tie that logit noise can flip; inf means the token
     was filtered out (top-k / top-p) or out of the vocabulary.
     """
-    x = logits.detach().float().cpu().numpy() if isinstance(logits, torch.Tensor) else np.asarray(logits, np.float32)
+    x = (
+        logits.detach().float().cpu().numpy()
+        if isinstance(logits, torch.Tensor)
+        else np.asarray(logits, np.float32)
+    )
     t, v = x.shape
     tokens = np.asarray(body.completion_ids, dtype=np.int64)
     in_vocab = tokens < v
@@ -332,7 +393,12 @@ def replay_many(logits: Sequence[torch.Tensor], bodies: Sequence[Any]) -> list[R
         for a in range(0, len(x), rows):
             b = min(a + rows, len(x))
             scores, zk = sampling.perturbed_scores(
-                x[a:b], temperature=temp, top_p=top_p, top_k=top_k, seeds=seeds[a:b], steps=steps[a:b]
+                x[a:b],
+                temperature=temp,
+                top_p=top_p,
+                top_k=top_k,
+                seeds=seeds[a:b],
+                steps=steps[a:b],
             )
             margins[a:b], lp[a:b] = _replay_rows(scores, zk, tokens[a:b], temp)
         start = 0
@@ -377,13 +443,19 @@ def check_sampling(rep: Replay, th: Thresholds = THRESHOLDS) -> CheckResult:
     over = np.flatnonzero(m > th.sampling_margin)
     if over.size:
         i = int(over[0])
-        return _fail("sampling", "sampling-replay", f"token {i} loses by {m[i]:.4g} logits", metrics)
+        return _fail(
+            "sampling", "sampling-replay", f"token {i} loses by {m[i]:.4g} logits", metrics
+        )
     if mismatched.sum() > th.sampling_near_ties_max:
-        return _fail("sampling", "sampling-replay", f"{int(mismatched.sum())} near-tie tokens", metrics)
+        return _fail(
+            "sampling", "sampling-replay", f"{int(mismatched.sum())} near-tie tokens", metrics
+        )
     return _ok("sampling", metrics)
 
 
-def check_logprobs(rep: Replay, recorded: Sequence[float], th: Thresholds = THRESHOLDS) -> CheckResult:
+def check_logprobs(
+    rep: Replay, recorded: Sequence[float], th: Thresholds = THRESHOLDS
+) -> CheckResult:
     """Recorded sampler log-probs vs recomputed ones (same rule, recomputed logits)."""
     rec = np.asarray(recorded, dtype=np.float64)
     diff = np.abs(rec - rep.logprobs)
@@ -395,7 +467,12 @@ def check_logprobs(rep: Replay, recorded: Sequence[float], th: Thresholds = THRE
         "logprob_err_mean": mean if math.isfinite(mean) else 1e30,
     }
     if worst > th.logprob_err_max or mean > th.logprob_err_mean:
-        return _fail("logprobs", "logprob-mismatch", f"log-prob error max {worst:.3g} mean {mean:.3g}", metrics)
+        return _fail(
+            "logprobs",
+            "logprob-mismatch",
+            f"log-prob error max {worst:.3g} mean {mean:.3g}",
+            metrics,
+        )
     return _ok("logprobs", metrics)
 
 
@@ -428,5 +505,7 @@ def check_reward(claimed: float, rescored: float, th: Thresholds = THRESHOLDS) -
     err = abs(float(claimed) - float(rescored))
     metrics = {"reward_claimed": float(claimed), "reward_rescored": float(rescored)}
     if not err <= th.reward_tolerance:
-        return _fail("reward", "reward-mismatch", f"claimed {claimed} but re-scored {rescored}", metrics)
+        return _fail(
+            "reward", "reward-mismatch", f"claimed {claimed} but re-scored {rescored}", metrics
+        )
     return _ok("reward", metrics)

@@ -23,6 +23,7 @@ DEFAULT_MAX_BATCH_TOKENS = 16_384
 # core's cache, and rollouts sorted by length pad little. Larger batches cost more per token.
 CPU_BATCH_TOKENS = 1_024
 
+
 def batch_tokens(model: Any, max_batch_tokens: int) -> int:
     """The padded tokens of one prefill batch: `max_batch_tokens`, at most
     `CPU_BATCH_TOKENS` for a model on a CPU."""
@@ -81,7 +82,9 @@ def prefill(
         kwargs: dict[str, Any] = {}
         if padding_side == "left":
             kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
-        out = base(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False, **kwargs)
+        out = base(
+            input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False, **kwargs
+        )
         h = out.last_hidden_state
         for r, i in enumerate(batch):
             p, c = sequences[i]
@@ -89,7 +92,9 @@ def prefill(
             rows_of[i] = h[r, start : start + len(c)]
     if not sequences:
         return []
-    return _with_logits(head, torch.cat([rows_of[i] for i in range(len(sequences))]), [len(c) for _, c in sequences])
+    return _with_logits(
+        head, torch.cat([rows_of[i] for i in range(len(sequences))]), [len(c) for _, c in sequences]
+    )
 
 
 def _cache_kwarg(model: Any) -> str:
@@ -146,13 +151,17 @@ def prefill_shared(
     rows_of: dict[int, torch.Tensor] = {}
     for batch in _batches([len(r.tokens) for _, r in rows], max_batch_tokens):
         items = [rows[k] for k in batch]
-        rows_of.update(_tree_pass(base, items, [len(uniq[u]) for u, _ in items], (keys, values), cache_kw))
+        rows_of.update(
+            _tree_pass(base, items, [len(uniq[u]) for u, _ in items], (keys, values), cache_kw)
+        )
     pieces = []
     for i, u in enumerate(prompt_of):
         pieces.append(last_rows[u : u + 1])
         if i in rows_of:
             pieces.append(rows_of[i])
-    return _with_logits(model.get_output_embeddings(), torch.cat(pieces), [len(c) for _, c in sequences])
+    return _with_logits(
+        model.get_output_embeddings(), torch.cat(pieces), [len(c) for _, c in sequences]
+    )
 
 
 def _tree_pass(
@@ -186,8 +195,11 @@ def _tree_pass(
     additive = torch.zeros(mask.shape, dtype=prompt_cache[0][0].dtype)
     additive.masked_fill_(torch.from_numpy(~mask), float("-inf"))
     out = base(
-        input_ids=torch.from_numpy(ids).to(device), attention_mask=additive.to(device),
-        position_ids=torch.from_numpy(pos).to(device), use_cache=True, **{cache_kw: cache},
+        input_ids=torch.from_numpy(ids).to(device),
+        attention_mask=additive.to(device),
+        position_ids=torch.from_numpy(pos).to(device),
+        use_cache=True,
+        **{cache_kw: cache},
     )
     h = out.last_hidden_state
     return {i: h[b, path] for b, (_, row) in enumerate(items) for i, path in row.paths if len(path)}
@@ -201,7 +213,9 @@ class _TreeRow:
 
     tokens: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
-    blocks: list[tuple[int, np.ndarray, int]] = field(default_factory=list)  # (first new node, path, shared)
+    blocks: list[tuple[int, np.ndarray, int]] = field(
+        default_factory=list
+    )  # (first new node, path, shared)
     paths: list[tuple[int, np.ndarray]] = field(default_factory=list)
 
     @property
@@ -265,7 +279,9 @@ def _prefill_prompts(
     for batch in _batches([len(p) for p in prompts], max_batch_tokens):
         width = max(len(prompts[u]) for u in batch)
         lens = torch.tensor([len(prompts[u]) for u in batch], device=device)
-        ids = torch.tensor([list(prompts[u]) + [0] * (width - len(prompts[u])) for u in batch], device=device)
+        ids = torch.tensor(
+            [list(prompts[u]) + [0] * (width - len(prompts[u])) for u in batch], device=device
+        )
         mask = torch.arange(width, device=device)[None, :] < lens[:, None]
         cache = DynamicCache()
         out = base(input_ids=ids, attention_mask=mask.long(), use_cache=True, **{cache_kw: cache})
@@ -286,7 +302,9 @@ def _prefill_prompts(
     return keys, values, last_rows
 
 
-def _with_logits(head: Any, hidden: torch.Tensor, counts: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _with_logits(
+    head: Any, hidden: torch.Tensor, counts: Sequence[int]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(hidden, logits) per sequence from the rows of all sequences in order [sum(counts),
     H], the LM head applied once to all rows."""
     if not counts:
@@ -298,5 +316,3 @@ def _with_logits(head: Any, hidden: torch.Tensor, counts: Sequence[int]) -> list
         out.append((hidden[start : start + n], logits[start : start + n]))
         start += n
     return out
-
-

@@ -75,7 +75,12 @@ class ProducerTally:
     to is forgotten first)."""
 
     def __init__(
-        self, limit: float, *, window: int = WINDOW, stat: str = STAT, max_windows: int = 4096,
+        self,
+        limit: float,
+        *,
+        window: int = WINDOW,
+        stat: str = STAT,
+        max_windows: int = 4096,
         close_after_s: float = CLOSE_AFTER_S,
     ) -> None:
         if window < 1 or max_windows < 1:
@@ -116,7 +121,11 @@ class ProducerTally:
         held.expected.pop(counter, None)
 
     def add(
-        self, producer: bytes, counter: int, rollout_id: bytes, metrics: Mapping[str, float],
+        self,
+        producer: bytes,
+        counter: int,
+        rollout_id: bytes,
+        metrics: Mapping[str, float],
         now: float = 0.0,
     ) -> ProducerFinding | None:
         """One audited record's metrics (its producer's task `counter` places it in a
@@ -161,8 +170,10 @@ class ProducerTally:
             self._cleared.append((producer, index))
             del self._cleared[: -self.max_windows]
             return None
-        ids = tuple({**missing, **{c: rid for c, (rid, _v) in held.values.items()}}[c]
-                    for c in sorted({*missing, *held.values}))  # fmt: skip
+        ids = tuple(
+            {**missing, **{c: rid for c, (rid, _v) in held.values.items()}}[c]
+            for c in sorted({*missing, *held.values})
+        )
         stat = window_statistic(values + [MISSING] * min(len(missing), WINDOW_OVER - 1))
         return ProducerFinding(producer, ids, stat, self.limit, len(missing))
 

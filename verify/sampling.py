@@ -150,7 +150,9 @@ def gumbel_noise_batch(
         st = np.full(len(seed_arr), _check_step(steps), dtype=np.uint64)
     elif isinstance(steps, np.ndarray) and np.issubdtype(steps.dtype, np.integer):
         if steps.size and not (int(steps.min()) >= 0 and int(steps.max()) < 2**32):
-            raise ValueError(f"sampling steps must be in [0, 2^32), got {int(steps.min())}..{int(steps.max())}")
+            raise ValueError(
+                f"sampling steps must be in [0, 2^32), got {int(steps.min())}..{int(steps.max())}"
+            )
         st = steps.astype(np.uint64)
     else:
         st = np.array([_check_step(s) for s in steps], dtype=np.uint64)
@@ -169,7 +171,9 @@ def gumbel_noise_batch(
 CACHE_SLICE_VALUES = 131_072
 
 
-def _philox_np(c0: np.ndarray, c1: np.ndarray, k0: np.ndarray, k1: np.ndarray) -> tuple[np.ndarray, ...]:
+def _philox_np(
+    c0: np.ndarray, c1: np.ndarray, k0: np.ndarray, k1: np.ndarray
+) -> tuple[np.ndarray, ...]:
     """`_philox_core` for numpy uint64 arrays holding uint32 values, with counter words
     (c0, c1, 0, DOMAIN), c0 the block index [1, blocks] and c1, k0, k1 per row [rows, 1]:
     a product of two 32-bit words fits uint64 exactly, so each multiplication is one

@@ -78,7 +78,11 @@ STRICT = Thresholds(
 # have medians up to 2.6e-7, and a 0.3% rank-1 change gives medians from 4.7e-6
 # (verify.producer).
 STRICT_FLOOR = replace(
-    STRICT, logprob_err_max=1e-4, logprob_err_mean=1e-5, drift=1e-4, producer_logprob_err_median=1e-6
+    STRICT,
+    logprob_err_max=1e-4,
+    logprob_err_mean=1e-5,
+    drift=1e-4,
+    producer_logprob_err_median=1e-6,
 )
 
 # Floors of the bf16 regime when calibrated: bf16 decode and bf16 prefill round alike

@@ -215,7 +215,9 @@ def _as_bf16(activations: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- build
 
 
-def _grouped_chunks(xs: list[torch.Tensor], chunk: int) -> dict[tuple[int, int], list[tuple[int, int]]]:
+def _grouped_chunks(
+    xs: list[torch.Tensor], chunk: int
+) -> dict[tuple[int, int], list[tuple[int, int]]]:
     """(rows, H) -> [(rollout, chunk index)]: chunks of equal shape, batched together."""
     groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for i, x in enumerate(xs):
@@ -226,9 +228,13 @@ def _grouped_chunks(xs: list[torch.Tensor], chunk: int) -> dict[tuple[int, int],
     return groups
 
 
-def _select(xs: list[torch.Tensor], items: list[tuple[int, int]], rows: int, h: int, chunk: int, topk: int):
+def _select(
+    xs: list[torch.Tensor], items: list[tuple[int, int]], rows: int, h: int, chunk: int, topk: int
+):
     """Top-k positions and bf16 bit patterns of a batch of equally shaped chunks."""
-    flat = torch.stack([xs[i][c * chunk : c * chunk + rows] for i, c in items]).reshape(len(items), rows * h)
+    flat = torch.stack([xs[i][c * chunk : c * chunk + rows] for i, c in items]).reshape(
+        len(items), rows * h
+    )
     n = min(topk, rows * h)
     idx_t = flat.abs().topk(n, dim=-1).indices  # torch's CPU kernel, as the reference
     vals = torch.gather(flat, 1, idx_t)
@@ -351,7 +357,9 @@ def compare_many(
     xs = _as_bf16_many(activations)
     for x, pl in zip(xs, proofs, strict=True):
         if len(pl) != n_chunks(x.shape[0], chunk):
-            raise ProofFormatError(f"{len(pl)} proofs for {n_chunks(x.shape[0], chunk)} chunks of {x.shape[0]} tokens")
+            raise ProofFormatError(
+                f"{len(pl)} proofs for {n_chunks(x.shape[0], chunk)} chunks of {x.shape[0]} tokens"
+            )
     out: list[list[R | None]] = [[None] * len(pl) for pl in proofs]
     # Top-k per group of equally shaped chunks, then one evaluation and one summary per
     # point count for all chunks (usually every chunk has n = topk points whatever its
@@ -371,12 +379,16 @@ def compare_many(
     return [[r for r in rs if r is not None] for rs in out]
 
 
-def parse_proofs(data: Sequence[bytes], topk: int = TOPK, points: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def parse_proofs(
+    data: Sequence[bytes], topk: int = TOPK, points: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """`parse_proof` of many proofs: (moduli int64 [N], coefficients int64 [N, topk]).
     Raises the `ProofFormatError` of the first malformed proof."""
     size = proof_size(topk)
     if all(isinstance(d, bytes) and len(d) == size for d in data):
-        words = np.frombuffer(b"".join(data), dtype=">u2").reshape(len(data), topk + 1).astype(np.int64)
+        words = (
+            np.frombuffer(b"".join(data), dtype=">u2").reshape(len(data), topk + 1).astype(np.int64)
+        )
         moduli, coeffs = words[:, 0], words[:, 1:]
         low = 1 if points is None else max(1, points)
         if bool(((moduli >= low) & (moduli <= P)).all()) and int(coeffs.max(initial=0)) < P:

@@ -72,7 +72,9 @@ def _load_model(model_dir: str, data_dir: str | None) -> tuple[Any, Any, Path]:
         raise CommandError(str(exc)) from None
 
 
-def _version_models(lm: Any, model_version: int, versions: str | Path | None) -> Callable[[int], Any]:
+def _version_models(
+    lm: Any, model_version: int, versions: str | Path | None
+) -> Callable[[int], Any]:
     """`model_for(version)`: `--model` holds `model_version`; `--versions DIR` holds one model
     directory per version, named by its number (`DIR/3`), loaded when a record claims it.
     Any other version is not held (the record fails `unknown-version`)."""
@@ -161,7 +163,9 @@ def _settings(run: Any, precision: str, tokenizer: Any, model_path: Path) -> tup
         settings = settings_for_run(run)
         judge = make_judge(run, tokenizer)
     else:
-        print("swarm-node audit: no --run: task, reward and run settings not checked", file=sys.stderr)
+        print(
+            "swarm-node audit: no --run: task, reward and run settings not checked", file=sys.stderr
+        )
     settings, note = load_calibration(model_path, settings, run)
     print(f"swarm-node audit: {settings.precision} workers; {note}", file=sys.stderr)
     return settings, judge
@@ -177,14 +181,26 @@ def _open_records(records: list[Item]) -> tuple[list[tuple[int, Any]], list[dict
     lines: list[dict[str, Any] | None] = [None] * len(records)
     for k, (name, i, rec, problem, detail) in enumerate(records):
         if rec is None:
-            lines[k] = {"file": name, "index": i, "rollout_id": None, "passed": False,
-                        "reason": problem, "detail": detail}
+            lines[k] = {
+                "file": name,
+                "index": i,
+                "rollout_id": None,
+                "passed": False,
+                "reason": problem,
+                "detail": detail,
+            }
             continue
         try:
             opened.append((k, open_record(rec)))
         except RemoteProtocolError as exc:
-            lines[k] = {"file": name, "index": i, "rollout_id": None, "passed": False,
-                        "reason": "bad-record", "detail": str(exc) or type(exc).__name__}
+            lines[k] = {
+                "file": name,
+                "index": i,
+                "rollout_id": None,
+                "passed": False,
+                "reason": "bad-record",
+                "detail": str(exc) or type(exc).__name__,
+            }
     return opened, lines
 
 

@@ -165,8 +165,20 @@ def _spawn(name: str, role: str, root: Path, run: Path, extra: list[str]) -> Nod
     key = d / "node.key"
     log = d / "node.log"
     cmd = [
-        sys.executable, "-m", "node.cli", "start", "--role", role, "--run", str(run),
-        "--key", str(key), "--data-dir", str(d / "data"), "--listen", "/ip4/127.0.0.1/tcp/0",
+        sys.executable,
+        "-m",
+        "node.cli",
+        "start",
+        "--role",
+        role,
+        "--run",
+        str(run),
+        "--key",
+        str(key),
+        "--data-dir",
+        str(d / "data"),
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
         *extra,
     ]
     fh = open(log, "ab")  # noqa: SIM115 - the child owns it; closed when we exit
@@ -176,8 +188,14 @@ def _spawn(name: str, role: str, root: Path, run: Path, extra: list[str]) -> Nod
     nice = INFERENCE_NICE if role == "inference" else 0
     # Each node runs in its own session: a Ctrl-C in the terminal reaches only the devnet,
     # which stops the nodes in order and writes the report.
-    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                            preexec_fn=_child_setup(nice, os.getpid()))  # noqa: PLW1509
+    proc = subprocess.Popen(
+        cmd,
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_child_setup(nice, os.getpid()),
+    )  # noqa: PLW1509
     fh.close()
     return NodeProc(name, role, d, proc, log)
 
@@ -190,9 +208,13 @@ def _wait_banner(node: NodeProc, timeout: float) -> None:
             return
         if node.proc.poll() is not None:
             tail = node.log.read_text(errors="replace")[-800:]
-            raise CommandError(f"{node.name} exited with {node.proc.returncode} at start-up: {tail.strip().splitlines()[-1] if tail.strip() else 'no output'}")
+            raise CommandError(
+                f"{node.name} exited with {node.proc.returncode} at start-up: {tail.strip().splitlines()[-1] if tail.strip() else 'no output'}"
+            )
         time.sleep(0.2)
-    raise CommandError(f"{node.name} did not start listening within {timeout:g} s (log: {node.log})")
+    raise CommandError(
+        f"{node.name} did not start listening within {timeout:g} s (log: {node.log})"
+    )
 
 
 def _stop_all(nodes: list[NodeProc], hurry: Any = lambda: False) -> None:
@@ -215,7 +237,9 @@ def _stop_all(nodes: list[NodeProc], hurry: Any = lambda: False) -> None:
 def _table(nodes: list[NodeProc], elapsed: float, duration: float) -> Any:
     from rich.table import Table
 
-    t = Table(title=f"swarm-node devnet  {elapsed:4.0f}/{duration:.0f} s  (Ctrl-C stops)", expand=False)
+    t = Table(
+        title=f"swarm-node devnet  {elapsed:4.0f}/{duration:.0f} s  (Ctrl-C stops)", expand=False
+    )
     for col in ("node", "peer", "peers", "work", "headers", "bodies", "state"):
         t.add_column(col, no_wrap=True)
     for n in nodes:
@@ -224,8 +248,10 @@ def _table(nodes: list[NodeProc], elapsed: float, duration: float) -> Any:
         if n.role == "inference":
             work = f"{rs.get('produced', 0)} made r={rs.get('reward_mean', 0) or 0:.2f}"
         elif n.role == "validator":
-            work = (f"{rs.get('passed', 0)} ok {rs.get('failed', 0)} bad /{rs.get('sampled', 0)}"
-                    f" q{rs.get('queued', 0)}")
+            work = (
+                f"{rs.get('passed', 0)} ok {rs.get('failed', 0)} bad /{rs.get('sampled', 0)}"
+                f" q{rs.get('queued', 0)}"
+            )
         elif n.role == "trainer":
             work = f"{rs.get('verified', 0)} verified"
         else:
@@ -234,9 +260,13 @@ def _table(nodes: list[NodeProc], elapsed: float, duration: float) -> Any:
         alive = n.proc.poll() is None
         state = ("up" if s else "loading") if alive else f"exit {n.proc.returncode}"
         t.add_row(
-            n.name, (n.peer_id or "")[-6:], str(s.get("peers", "-")), work,
+            n.name,
+            (n.peer_id or "")[-6:],
+            str(s.get("peers", "-")),
+            work,
             str(counters.get("stored_rollout_header", 0)),
-            str(counters.get("stored_rollout_record", 0)), state,
+            str(counters.get("stored_rollout_record", 0)),
+            state,
         )
     totals = node_totals(nodes)
     t.caption = (
@@ -273,14 +303,17 @@ def _drain(nodes: list[NodeProc], console: Any) -> float:
     while time.monotonic() - started < DRAIN_S and trainer.proc.poll() is None:
         for n in (trainer, *workers):
             n.read_status()
-        pending = [n.status.get("delivery", {}).get("pending") for n in workers if n.proc.poll() is None]
+        pending = [
+            n.status.get("delivery", {}).get("pending") for n in workers if n.proc.poll() is None
+        ]
         # (a worker accounts its delivery every DELIVERY_CHECK_S: wait for one after the pause)
         settled = time.monotonic() - started > DELIVERY_CHECK_S + 1.0
         waiting = trainer.status.get("role_status", {}).get("waiting", 0)
         if settled and pending and all(p == 0 for p in pending) and not waiting:
             break
         progress = (
-            trainer.status.get("counters", {}).get("stored_rollout_record", 0), waiting,
+            trainer.status.get("counters", {}).get("stored_rollout_record", 0),
+            waiting,
             *(n.status.get("policy_version") for n in workers),
             *pending,
         )
@@ -314,23 +347,39 @@ class _Plan:
         return math.ceil(self.pace * per_version / self.inference) if self.pace > 0 else 0
 
     def check(self) -> None:
-        if (not 1 <= self.inference <= 16 or not 0 <= self.validators <= 8 or not 1 <= self.trainers <= 1
-                or not 0 <= self.relays <= 8):
-            raise CommandError("devnet: --inference 1..16, --validators 0..8, --trainers 1, --relays 0..8")
+        if (
+            not 1 <= self.inference <= 16
+            or not 0 <= self.validators <= 8
+            or not 1 <= self.trainers <= 1
+            or not 0 <= self.relays <= 8
+        ):
+            raise CommandError(
+                "devnet: --inference 1..16, --validators 0..8, --trainers 1, --relays 0..8"
+            )
         if not 5 <= self.duration <= 24 * 3600:
             raise CommandError(f"--duration must be in [5, 86400] seconds, got {self.duration}")
         if not 0 <= self.pace <= 100:
             raise CommandError(f"--pace must be in [0, 100] (0: no pacing), got {self.pace}")
         if not 0 <= self.eval_tasks <= 100_000:
-            raise CommandError(f"--eval-tasks must be in [0, 100000] (0: skip), got {self.eval_tasks}")
+            raise CommandError(
+                f"--eval-tasks must be in [0, 100000] (0: skip), got {self.eval_tasks}"
+            )
 
     def parameters(self, manifest: Any) -> dict[str, Any]:
         """The `parameters` entry of report.json."""
         return {
-            "inference": self.inference, "validators": self.validators, "trainers": self.trainers,
-            "relays": self.relays, "duration_s": self.duration, "audit_fraction": self.audit_fraction,
-            "batch_size": self.batch_size, "pace": self.pace, "eval_tasks": self.eval_tasks,
-            "rollouts_per_version": self.rollouts_per_version(manifest), "run_id": manifest.run_id, "model": manifest.model,
+            "inference": self.inference,
+            "validators": self.validators,
+            "trainers": self.trainers,
+            "relays": self.relays,
+            "duration_s": self.duration,
+            "audit_fraction": self.audit_fraction,
+            "batch_size": self.batch_size,
+            "pace": self.pace,
+            "eval_tasks": self.eval_tasks,
+            "rollouts_per_version": self.rollouts_per_version(manifest),
+            "run_id": manifest.run_id,
+            "model": manifest.model,
             "policy_version": 0,
         }
 
@@ -365,8 +414,18 @@ def main(
     """Run the devnet; returns (and writes) the report dict."""
     from rich.console import Console
 
-    plan = _Plan(inference, validators, trainers, relays, duration, audit_fraction, batch_size, publish_every,
-                 pace, eval_tasks)
+    plan = _Plan(
+        inference,
+        validators,
+        trainers,
+        relays,
+        duration,
+        audit_fraction,
+        batch_size,
+        publish_every,
+        pace,
+        eval_tasks,
+    )
     plan.check()
     console = Console(stderr=True)
     live = live and console.is_terminal  # a pipe or a file gets plain progress lines
@@ -387,7 +446,9 @@ def main(
         _drain_and_sample(swarm, console)
     except KeyboardInterrupt:
         interrupted = True
-        console.print(f"devnet: {signals.first() or 'SIGINT'}: stopping every node, then writing the report ...")
+        console.print(
+            f"devnet: {signals.first() or 'SIGINT'}: stopping every node, then writing the report ..."
+        )
     finally:
         signals.stopping = True
         _stop_all(swarm.nodes, signals.hurry)
@@ -403,8 +464,11 @@ def main(
             "drain_s": swarm.drained_s,
         }
         trainer = next((n.dir for n in swarm.nodes if n.role == "trainer"), None)
-        final = ({"skipped": "stopped by a signal"} if signals.received
-                 else final_evaluation(trainer, manifest, plan.eval_tasks, console.print))
+        final = (
+            {"skipped": "stopped by a signal"}
+            if signals.received
+            else final_evaluation(trainer, manifest, plan.eval_tasks, console.print)
+        )
         report = write_report(root, head, swarm.nodes, swarm.series, final)
         say_summary(console, report, swarm.nodes, root, stopped_at)
     finally:
@@ -430,10 +494,14 @@ def _write_run(run: Path | str | None, root: Path, validators: int) -> tuple[Any
     try:
         keys = [_node_key(root, f"validator{i + 1}").peer_id for i in range(validators)]
     except OSError as exc:
-        raise CommandError(f"--out {root}: cannot write the report directory ({exc.strerror or exc})") from None
+        raise CommandError(
+            f"--out {root}: cannot write the report directory ({exc.strerror or exc})"
+        ) from None
     missing = tuple(k for k in keys if k not in manifest.validator_keys)
     if missing:
-        manifest = dataclasses.replace(manifest, validator_keys=(*manifest.validator_keys, *missing))
+        manifest = dataclasses.replace(
+            manifest, validator_keys=(*manifest.validator_keys, *missing)
+        )
         run_text = manifest_to_toml(manifest)
     # The trainer publishes versions (trained, or perturbed in the --publish-every drill):
     # its key must be one of the run's trainer keys.
@@ -446,7 +514,9 @@ def _write_run(run: Path | str | None, root: Path, validators: int) -> tuple[Any
         root.mkdir(parents=True, exist_ok=True)
         run_path.write_text(_signed(run_text, manifest, root))
     except OSError as exc:
-        raise CommandError(f"--out {root}: cannot write the report directory ({exc.strerror or exc})") from None
+        raise CommandError(
+            f"--out {root}: cannot write the report directory ({exc.strerror or exc})"
+        ) from None
     return manifest, run_path
 
 
@@ -497,15 +567,39 @@ def _start_nodes(swarm: _Swarm, root: Path, run_path: Path, plan: _Plan, per_ver
     _wait_banner(boot, START_TIMEOUT_S)
     extra = [*common, "--bootstrap", f"{boot.addr}"]
     for i in range(plan.validators):
-        swarm.nodes.append(_spawn(f"validator{i + 1}", "validator", root, run_path,
-                                  [*extra, "--audit-fraction", str(plan.audit_fraction),
-                                   "--batch-size", str(plan.batch_size)]))
+        swarm.nodes.append(
+            _spawn(
+                f"validator{i + 1}",
+                "validator",
+                root,
+                run_path,
+                [
+                    *extra,
+                    "--audit-fraction",
+                    str(plan.audit_fraction),
+                    "--batch-size",
+                    str(plan.batch_size),
+                ],
+            )
+        )
     for i in range(plan.relays):
         swarm.nodes.append(_spawn(f"relay{i + 1}", "relay", root, run_path, extra))
     for i in range(plan.inference):
-        swarm.nodes.append(_spawn(f"worker{i + 1}", "inference", root, run_path,
-                                  [*extra, "--batch-size", str(plan.batch_size),
-                                   "--rollouts-per-version", str(per_version)]))
+        swarm.nodes.append(
+            _spawn(
+                f"worker{i + 1}",
+                "inference",
+                root,
+                run_path,
+                [
+                    *extra,
+                    "--batch-size",
+                    str(plan.batch_size),
+                    "--rollouts-per-version",
+                    str(per_version),
+                ],
+            )
+        )
     for n in swarm.nodes[1:]:
         _wait_banner(n, START_TIMEOUT_S)
 
@@ -518,8 +612,11 @@ def _watch(swarm: _Swarm, duration: float, live: bool, console: Any) -> None:
 
     nodes = swarm.nodes
     swarm.started = time.monotonic()
-    with (Live(_table(nodes, 0, duration), console=console, refresh_per_second=2,
-               transient=False) if live else contextlib.nullcontext()) as view:
+    with (
+        Live(_table(nodes, 0, duration), console=console, refresh_per_second=2, transient=False)
+        if live
+        else contextlib.nullcontext()
+    ) as view:
         last_sample = -10.0
         last_line = 0.0
         while (elapsed := time.monotonic() - swarm.started) < duration:
@@ -555,5 +652,10 @@ def _drain_and_sample(swarm: _Swarm, console: Any) -> None:
         n.read_status()
     # the plot shows the drain and ends on the final totals
     swarm.series.append({"t": drain_at, **node_totals(swarm.nodes), "phase": "drain"})
-    swarm.series.append({"t": round(time.monotonic() - swarm.started, 1), **node_totals(swarm.nodes),
-                         "phase": "drain"})
+    swarm.series.append(
+        {
+            "t": round(time.monotonic() - swarm.started, 1),
+            **node_totals(swarm.nodes),
+            "phase": "drain",
+        }
+    )

@@ -40,16 +40,22 @@ def final_evaluation(
         return {"skipped": f"cannot load the policies to compare: {exc}"}
     names = [d.name for d in manifest.datasets for _ in range(d.weight)]
     items = heldout_items(names, tasks)
-    say(f"devnet: scoring the warm-start policy and version {version} on {len(items)} held-out tasks "
-        f"x {FINAL_EVAL_SAMPLES} samples ...")  # fmt: skip
+    say(
+        f"devnet: scoring the warm-start policy and version {version} on {len(items)} held-out tasks "
+        f"x {FINAL_EVAL_SAMPLES} samples ..."
+    )
     before = _shares(base, tok, items, manifest.max_new_tokens)
     after = _shares(trained, tok, items, manifest.max_new_tokens)
     gain = paired_gain(before, after)
     return {
-        "version": version, "tasks": len(items), "samples_per_task": FINAL_EVAL_SAMPLES,
-        "warm_start_solve_rate": gain["solve_rate_before"], "final_solve_rate": gain["solve_rate_after"],
-        "gain": gain["gain"], "gain_ci95": gain["gain_ci95"],
-    }  # fmt: skip
+        "version": version,
+        "tasks": len(items),
+        "samples_per_task": FINAL_EVAL_SAMPLES,
+        "warm_start_solve_rate": gain["solve_rate_before"],
+        "final_solve_rate": gain["solve_rate_after"],
+        "gain": gain["gain"],
+        "gain_ci95": gain["gain_ci95"],
+    }
 
 
 def saved_checkpoint(trainer_dir: Path | None) -> Path | None:

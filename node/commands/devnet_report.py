@@ -17,13 +17,19 @@ if TYPE_CHECKING:
 
 def node_totals(nodes: list[NodeProc]) -> dict[str, Any]:
     """The swarm's totals, from each node's last status read."""
-    produced = sum(n.status.get("role_status", {}).get("produced", 0) for n in nodes if n.role == "inference")
+    produced = sum(
+        n.status.get("role_status", {}).get("produced", 0) for n in nodes if n.role == "inference"
+    )
     trainer = next((n for n in nodes if n.role == "trainer"), None)
     tstat = trainer.status.get("role_status", {}) if trainer else {}
     validators = [n.status.get("role_status", {}) for n in nodes if n.role == "validator"]
     inference_rewards = [
-        (n.status.get("role_status", {}).get("reward_mean"), n.status.get("role_status", {}).get("produced", 0))
-        for n in nodes if n.role == "inference"
+        (
+            n.status.get("role_status", {}).get("reward_mean"),
+            n.status.get("role_status", {}).get("produced", 0),
+        )
+        for n in nodes
+        if n.role == "inference"
     ]
     weighted = [(r * k, k) for r, k in inference_rewards if r is not None and k]
     # Rollouts the trainer refused as beyond the staleness bound, as the workers' receipts
@@ -34,8 +40,9 @@ def node_totals(nodes: list[NodeProc]) -> dict[str, Any]:
     return {
         "produced": produced,
         "too_stale": too_stale,
-        "trainer_bodies": (trainer.status.get("counters", {}).get("stored_rollout_record", 0)
-                           if trainer else 0),
+        "trainer_bodies": (
+            trainer.status.get("counters", {}).get("stored_rollout_record", 0) if trainer else 0
+        ),
         "trainer_verified": tstat.get("verified", 0),
         "trainer_rejected": tstat.get("rejected", 0),
         "trainer_usable": tstat.get("usable_at_version", 0),
@@ -43,7 +50,9 @@ def node_totals(nodes: list[NodeProc]) -> dict[str, Any]:
         "audits_passed": sum(v.get("passed", 0) for v in validators),
         "audits_failed": sum(v.get("failed", 0) for v in validators),
         **audit_backlog(validators),
-        "reward_mean": round(sum(a for a, _ in weighted) / sum(k for _, k in weighted), 4) if weighted else None,
+        "reward_mean": round(sum(a for a, _ in weighted) / sum(k for _, k in weighted), 4)
+        if weighted
+        else None,
         "peers_min": min((n.status.get("peers", 0) for n in nodes), default=0),
     }
 
@@ -88,8 +97,12 @@ def _plots(out: Path, series: list[dict[str, Any]], nodes: list[NodeProc]) -> li
     if series:
         fig, ax = plt.subplots(figsize=(7, 4))
         ts = [p["t"] for p in series]
-        for key, label in (("produced", "produced (workers)"), ("trainer_bodies", "received by trainer"),
-                           ("audited", "audited (validators)"), ("trainer_verified", "verified at trainer")):
+        for key, label in (
+            ("produced", "produced (workers)"),
+            ("trainer_bodies", "received by trainer"),
+            ("audited", "audited (validators)"),
+            ("trainer_verified", "verified at trainer"),
+        ):
             ax.plot(ts, [p[key] for p in series], label=label)
         drain = next((p["t"] for p in series if p.get("phase") == "drain"), None)
         if drain is not None:
@@ -115,15 +128,29 @@ def _plots(out: Path, series: list[dict[str, Any]], nodes: list[NodeProc]) -> li
         panels.append(("workers", names, "node", [("produced", made, None)], "rollouts"))
     names, (passed, failed) = figures("validator", "passed", "failed")
     if names:
-        panels.append(("validators", names, "node",
-                       [("passed", passed, None), ("failed", failed, passed)], "audits"))
+        panels.append(
+            (
+                "validators",
+                names,
+                "node",
+                [("passed", passed, None), ("failed", failed, passed)],
+                "audits",
+            )
+        )
     trainer = [n for n in nodes if n.role == "trainer"]
     if trainer:
         t = trainer[0]
         got = t.status.get("counters", {}).get("stored_rollout_record", 0)
         verified = t.status.get("role_status", {}).get("verified", 0) or 0
-        panels.append(("trainer", ["received", "verified"], t.name,
-                       [("rollouts", [got, verified], None)], "rollouts"))
+        panels.append(
+            (
+                "trainer",
+                ["received", "verified"],
+                t.name,
+                [("rollouts", [got, verified], None)],
+                "rollouts",
+            )
+        )
     if panels:
         fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 1, 4), squeeze=False)
         for ax, (title, names, xlabel, bars, ylabel) in zip(axes[0], panels, strict=True):
@@ -163,14 +190,18 @@ def version_spread(nodes: list[NodeProc]) -> list[dict[str, Any]]:
             times = [s for sv, s in swaps.items() if int(sv) >= int(v)]  # v or a newer one
             if times:
                 reached[n.name] = round(min(times) - t, 2)
-        out.append({
-            "version": int(v),
-            "published_at": t,
-            "workers_reached": len(reached),
-            "workers": len(workers),
-            "per_worker_s": reached,
-            "spread_s": max(reached.values()) if len(reached) == len(workers) and reached else None,
-        })
+        out.append(
+            {
+                "version": int(v),
+                "published_at": t,
+                "workers_reached": len(reached),
+                "workers": len(workers),
+                "per_worker_s": reached,
+                "spread_s": max(reached.values())
+                if len(reached) == len(workers) and reached
+                else None,
+            }
+        )
     return out
 
 
@@ -180,8 +211,10 @@ def version_line(v: dict[str, Any], stopped_at: float) -> str:
     if v["spread_s"] is not None:
         return f"{head}all {v['workers']} workers generating with it within {v['spread_s']:g} s of its publication"
     before = max(0.0, stopped_at - v["published_at"])
-    return (f"{head}{v['workers_reached']}/{v['workers']} workers generating with it when the "
-            f"swarm stopped, {before:.0f} s after its publication")
+    return (
+        f"{head}{v['workers_reached']}/{v['workers']} workers generating with it when the "
+        f"swarm stopped, {before:.0f} s after its publication"
+    )
 
 
 def solve_rate_ci95(rate: float, tasks: int) -> float:
@@ -212,12 +245,16 @@ def gain_text(learning: dict[str, Any]) -> str:
     if "gain" not in learning:
         return ""
     low, high = learning["gain_ci95"]
-    return (f"held-out solve rate {learning['warm_start_solve_rate']:.3f} -> {learning['final_solve_rate']:.3f}: "
-            f"gain {learning['gain']:+.3f} (95% interval {low:+.3f} to {high:+.3f}, paired over "
-            f"{learning['heldout_tasks']} tasks)")
+    return (
+        f"held-out solve rate {learning['warm_start_solve_rate']:.3f} -> {learning['final_solve_rate']:.3f}: "
+        f"gain {learning['gain']:+.3f} (95% interval {low:+.3f} to {high:+.3f}, paired over "
+        f"{learning['heldout_tasks']} tasks)"
+    )
 
 
-def _learning(out: Path, nodes: list[NodeProc], final: dict[str, Any] | None = None) -> dict[str, Any]:
+def _learning(
+    out: Path, nodes: list[NodeProc], final: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The trainer's held-out evaluations (one at the start, one per published version),
     summarised with the gain (`heldout_gain`), the closing evaluation `final` as given,
     and `learning.png`."""
@@ -228,10 +265,12 @@ def _learning(out: Path, nodes: list[NodeProc], final: dict[str, Any] | None = N
         summary["final"] = final
     if series:
         summary.update(
-            warm_start_solve_rate=series[0]["solve_rate"], final_solve_rate=series[-1]["solve_rate"],
-            final_version=series[-1]["version"], heldout_tasks=trainer_eval_tasks(),
+            warm_start_solve_rate=series[0]["solve_rate"],
+            final_solve_rate=series[-1]["solve_rate"],
+            final_version=series[-1]["version"],
+            heldout_tasks=trainer_eval_tasks(),
             **heldout_gain(series),
-        )  # fmt: skip
+        )
     try:
         import matplotlib
 
@@ -244,24 +283,47 @@ def _learning(out: Path, nodes: list[NodeProc], final: dict[str, Any] | None = N
     from matplotlib.ticker import MaxNLocator
 
     closing = final is not None and "gain" in final
-    fig, axes = plt.subplots(1, 3 if closing else 2, figsize=(15 if closing else 10, 4),
-                             gridspec_kw={"width_ratios": [2, 2, 1]} if closing else None)  # fmt: skip
+    fig, axes = plt.subplots(
+        1,
+        3 if closing else 2,
+        figsize=(15 if closing else 10, 4),
+        gridspec_kw={"width_ratios": [2, 2, 1]} if closing else None,
+    )
     a1, a2 = axes[0], axes[1]
     versions = [p["version"] for p in series]
     ts = [p["t"] for p in series]
     rates = [p["solve_rate"] for p in series]
     rewards = [p["reward_mean"] if p["reward_mean"] is not None else float("nan") for p in series]
     half = [solve_rate_ci95(r, summary["heldout_tasks"]) for r in rates]
-    summary["solve_rate_ci95"] = [[round(r - h, 4), round(r + h, 4)] for r, h in zip(rates, half, strict=True)]
-    shown = [v for v in (*(r - h for r, h in zip(rates, half, strict=True)),
-                         *(r + h for r, h in zip(rates, half, strict=True)),
-                         *(x for x in rewards if x == x)) if v == v]  # fmt: skip
+    summary["solve_rate_ci95"] = [
+        [round(r - h, 4), round(r + h, 4)] for r, h in zip(rates, half, strict=True)
+    ]
+    shown = [
+        v
+        for v in (
+            *(r - h for r, h in zip(rates, half, strict=True)),
+            *(r + h for r, h in zip(rates, half, strict=True)),
+            *(x for x in rewards if x == x),
+        )
+        if v == v
+    ]
     low, high = max(0.0, min(shown) - 0.05), min(1.0, max(shown) + 0.05)
-    for ax, x, label in ((a1, versions, "policy version"), (a2, ts, "seconds since the trainer started")):
-        ax.errorbar(x, rates, yerr=half, fmt="o-", capsize=3,
-                    label=f"held-out solve rate (95% interval, {summary['heldout_tasks']} tasks)")
+    for ax, x, label in (
+        (a1, versions, "policy version"),
+        (a2, ts, "seconds since the trainer started"),
+    ):
+        ax.errorbar(
+            x,
+            rates,
+            yerr=half,
+            fmt="o-",
+            capsize=3,
+            label=f"held-out solve rate (95% interval, {summary['heldout_tasks']} tasks)",
+        )
         ax.plot(x, rewards, "s--", label="mean reward (last training batch)")
-        ax.axhline(series[0]["solve_rate"], color="grey", linestyle=":", label="warm-start solve rate")
+        ax.axhline(
+            series[0]["solve_rate"], color="grey", linestyle=":", label="warm-start solve rate"
+        )
         ax.set_xlabel(label)
         ax.set_ylabel("solve rate / reward")
         ax.set_ylim(low, high)
@@ -303,8 +365,13 @@ def trainer_eval_tasks() -> int:
     return LEARN_EVAL_TASKS
 
 
-def write_report(root: Path, head: dict[str, Any], nodes: list[NodeProc],
-                 series: list[dict[str, Any]], final: dict[str, Any]) -> dict[str, Any]:
+def write_report(
+    root: Path,
+    head: dict[str, Any],
+    nodes: list[NodeProc],
+    series: list[dict[str, Any]],
+    final: dict[str, Any],
+) -> dict[str, Any]:
     """`head` (parameters, how and when the run stopped) followed by the totals, the
     nodes, the time series, the versions, the learning (with the closing evaluation
     `final`, `devnet_evaluation.final_evaluation`) and the plots, written to
@@ -316,11 +383,18 @@ def write_report(root: Path, head: dict[str, Any], nodes: list[NodeProc],
         # delivered / (produced - too stale): the definition of `bench churn`
         "delivery_to_trainer": (
             round(totals["trainer_bodies"] / (totals["produced"] - totals["too_stale"]), 4)
-            if totals["produced"] > totals["too_stale"] else None
+            if totals["produced"] > totals["too_stale"]
+            else None
         ),
         "nodes": [
-            {"name": n.name, "role": n.role, "peer_id": n.peer_id, "exit_code": n.exit_code,
-             "log": str(n.log.relative_to(root)), "status": n.status}
+            {
+                "name": n.name,
+                "role": n.role,
+                "peer_id": n.peer_id,
+                "exit_code": n.exit_code,
+                "log": str(n.log.relative_to(root)),
+                "status": n.status,
+            }
             for n in nodes
         ],
         "series": series,
@@ -360,10 +434,18 @@ def penalties(nodes: list[NodeProc]) -> list[dict[str, Any]]:
         for e in lines:
             peer = peer_text(e.peer) if e.peer is not None else "-"
             key = (n.name, peer, e.reason or "-")
-            g = groups.setdefault(key, {
-                "by": n.name, "peer": names.get(peer, peer), "honest": peer in names,
-                "reason": e.reason or "-", "kind": e.kind, "count": 0, "detail": e.detail,
-            })  # fmt: skip
+            g = groups.setdefault(
+                key,
+                {
+                    "by": n.name,
+                    "peer": names.get(peer, peer),
+                    "honest": peer in names,
+                    "reason": e.reason or "-",
+                    "kind": e.kind,
+                    "count": 0,
+                    "detail": e.detail,
+                },
+            )
             g["count"] += 1
     return sorted(groups.values(), key=lambda g: (-g["count"], g["by"], g["peer"]))
 
@@ -371,10 +453,15 @@ def penalties(nodes: list[NodeProc]) -> list[dict[str, Any]]:
 def penalty_lines(found: list[dict[str, Any]]) -> list[str]:
     """The penalties in a few lines: how many against our own (honest) nodes, then each."""
     honest = sum(g["count"] for g in found if g["honest"])
-    out = [f"devnet: penalties: {sum(g['count'] for g in found)} charged, {honest} of them "
-           "against the devnet's own (honest) nodes"]
-    out += [f"devnet:   {g['by']} charged {g['peer']} {g['count']}x {g['reason']} ({g['kind']}: "
-            f"{g['detail']})" for g in found[:20]]
+    out = [
+        f"devnet: penalties: {sum(g['count'] for g in found)} charged, {honest} of them "
+        "against the devnet's own (honest) nodes"
+    ]
+    out += [
+        f"devnet:   {g['by']} charged {g['peer']} {g['count']}x {g['reason']} ({g['kind']}: "
+        f"{g['detail']})"
+        for g in found[:20]
+    ]
     return out
 
 
@@ -394,13 +481,18 @@ def audit_line(totals: dict[str, Any]) -> str:
 def fates_line(fates: dict[str, Any]) -> str:
     """What became of the produced rollouts in one line (`rollout_fates`)."""
     if "error" in fates or not fates.get("produced"):
-        return f"devnet: rollout fates: {fates.get('counts')} ({fates.get('error', 'none produced')})"
+        return (
+            f"devnet: rollout fates: {fates.get('counts')} ({fates.get('error', 'none produced')})"
+        )
     return "devnet: of {} rollouts produced: {}".format(
-        fates["produced"], ", ".join(f"{n} {k} ({fates[k]:.0%})" for k, n in fates["counts"].items()))
+        fates["produced"],
+        ", ".join(f"{n} {k} ({fates[k]:.0%})" for k, n in fates["counts"].items()),
+    )
 
 
-def say_summary(console: Any, report: dict[str, Any], nodes: list[NodeProc], root: Path,
-                stopped_at: float) -> None:
+def say_summary(
+    console: Any, report: dict[str, Any], nodes: list[NodeProc], root: Path, stopped_at: float
+) -> None:
     """The closing lines: totals, audits, each version's spread, nodes that did not stop
     cleanly."""
     totals = report["totals"]

@@ -27,14 +27,20 @@ import click
 from node.errors import CommandError
 
 CHECK_TIMEOUT_S = 60.0
-DIAL_BACK_TIMEOUT_S = 12.0  # one bootstrap peer's AutoNAT answer (its dial-backs time out in 3 s each)
+DIAL_BACK_TIMEOUT_S = (
+    12.0  # one bootstrap peer's AutoNAT answer (its dial-backs time out in 3 s each)
+)
 MAX_DIAL_BACK = 3  # bootstrap peers asked to dial us back
 MAX_SKEW_MS = 120_000  # what admission tolerates on envelope timestamps (max_skew_s)
 WARN_SKEW_MS = 10_000
 GiB = 2**30
 # role -> (free disk GiB, available memory GiB, CPUs) below which the role cannot work well
-NEEDS = {"inference": (1.0, 1.0, 1), "validator": (1.0, 1.0, 1), "trainer": (2.0, 2.0, 2),
-         "relay": (0.2, 0.25, 1)}
+NEEDS = {
+    "inference": (1.0, 1.0, 1),
+    "validator": (1.0, 1.0, 1),
+    "trainer": (2.0, 2.0, 2),
+    "relay": (0.2, 0.25, 1),
+}
 
 
 @dataclass
@@ -63,9 +69,17 @@ class Report:
             {"ok": self.ok, "info": self.info, "warn": self.warn}[level](text)
 
 
-def main(*, join: tuple[str, ...] = (), run: Path | None = None, bootstrap: tuple[str, ...] = (),
-         role: str = "inference", authority: str | None = None, listen: tuple[str, ...] = (),
-         data_dir: Path | None = None, config: Path | None = None) -> int:
+def main(
+    *,
+    join: tuple[str, ...] = (),
+    run: Path | None = None,
+    bootstrap: tuple[str, ...] = (),
+    role: str = "inference",
+    authority: str | None = None,
+    listen: tuple[str, ...] = (),
+    data_dir: Path | None = None,
+    config: Path | None = None,
+) -> int:
     """Run the checks, print the lines; returns the exit status (see the module docstring)."""
     import trio
 
@@ -77,18 +91,41 @@ def main(*, join: tuple[str, ...] = (), run: Path | None = None, bootstrap: tupl
     if bool(join) == bool(run):
         raise CommandError("give --join MULTIADDR or --run RUN.toml (one of them)")
     if join and bootstrap:
-        raise CommandError("--bootstrap goes with --run; with --join the join addresses are the bootstrap")
-    cfg = load_config(config, {"node.listen": list(listen) or None, "node.bootstrap": list(bootstrap) or None,
-                               "node.data_dir": str(data_dir) if data_dir else None})
-    addrs = _check_addrs(join or cfg["node.bootstrap"], "--join" if join else "--bootstrap", need_peer=True)
+        raise CommandError(
+            "--bootstrap goes with --run; with --join the join addresses are the bootstrap"
+        )
+    cfg = load_config(
+        config,
+        {
+            "node.listen": list(listen) or None,
+            "node.bootstrap": list(bootstrap) or None,
+            "node.data_dir": str(data_dir) if data_dir else None,
+        },
+    )
+    addrs = _check_addrs(
+        join or cfg["node.bootstrap"], "--join" if join else "--bootstrap", need_peer=True
+    )
     listen_addrs = _check_listen(cfg["node.listen"])
     flag = parse_authority(authority)
     report = Report()
     quiet_library_logs()
     local = _local_manifest(run, report) if run else None
-    trio.run(_network_checks, report, listen_addrs, addrs, _host_settings(cfg), local, flag,
-             Path(cfg["node.data_dir"]).expanduser() if cfg["node.data_dir"] else None, bool(join))
-    _resources(report, role, Path(cfg["node.data_dir"]).expanduser() if cfg["node.data_dir"] else Path.cwd())
+    trio.run(
+        _network_checks,
+        report,
+        listen_addrs,
+        addrs,
+        _host_settings(cfg),
+        local,
+        flag,
+        Path(cfg["node.data_dir"]).expanduser() if cfg["node.data_dir"] else None,
+        bool(join),
+    )
+    _resources(
+        report,
+        role,
+        Path(cfg["node.data_dir"]).expanduser() if cfg["node.data_dir"] else Path.cwd(),
+    )
     for line in report.lines:
         click.echo(line)
     if report.problems:
@@ -106,17 +143,29 @@ def _local_manifest(run: Path, report: Report) -> Any:
 
     manifest, release = load_run_release(run)
     if release is None:
-        report.warn(f"manifest: {run} is unsigned: peers joining with --join refuse it "
-                    "(sign it with `swarm-node run sign`)")
+        report.warn(
+            f"manifest: {run} is unsigned: peers joining with --join refuse it "
+            "(sign it with `swarm-node run sign`)"
+        )
     else:
         version, authority, _, _ = rm.parts(release)
-        report.ok(f"manifest: run {manifest.run_id!r} version {version}, authority "
-                  f"{peer_id_to_b58(authority)} (from {run})")
+        report.ok(
+            f"manifest: run {manifest.run_id!r} version {version}, authority "
+            f"{peer_id_to_b58(authority)} (from {run})"
+        )
     return manifest
 
 
-async def _network_checks(report: Report, listen: list[str], addrs: list[str], settings: Any,
-                          local: Any, flag: bytes | None, data_dir: Path | None, joining: bool) -> None:
+async def _network_checks(
+    report: Report,
+    listen: list[str],
+    addrs: list[str],
+    settings: Any,
+    local: Any,
+    flag: bytes | None,
+    data_dir: Path | None,
+    joining: bool,
+) -> None:
     import trio
 
     from node import join
@@ -131,8 +180,10 @@ async def _network_checks(report: Report, listen: list[str], addrs: list[str], s
     reach = Reachability(listen=[])
     try:
         with trio.move_on_after(CHECK_TIMEOUT_S):
-            async with open_host(Identity.generate().private_bytes(), listen, settings) as host, \
-                    open_reachability(host) as autonat:
+            async with (
+                open_host(Identity.generate().private_bytes(), listen, settings) as host,
+                open_reachability(host) as autonat,
+            ):
                 reach.listen = host.listen_addrs()
                 report.ok(f"listen: {', '.join(reach.listen)}")
                 for addr in addrs:
@@ -166,7 +217,11 @@ def _bootstrap_lines(report: Report, addrs: list[str], answers: list[Any], local
         report.info("bootstrap: none given: this node would start the network alone")
         return
     for a in answers:
-        if a.answered and local is not None and all(r.summary["run"] != local.run_id for r in a.runs):
+        if (
+            a.answered
+            and local is not None
+            and all(r.summary["run"] != local.run_id for r in a.runs)
+        ):
             names = ", ".join(repr(r.summary["run"]) for r in a.runs)
             a.cause, a.detail = join.NOT_SERVED, f"it serves {names}, not {local.run_id!r}"
         if a.answered:
@@ -174,9 +229,11 @@ def _bootstrap_lines(report: Report, addrs: list[str], answers: list[Any], local
             report.ok(f"bootstrap {a.addr}: answered in {a.rtt_ms:.0f} ms, serves run {runs}")
         else:
             report.fail(f"bootstrap {a.addr}: {a.why()}", f"{a.cause} at {a.addr}")
-    for addr in addrs[len(answers):]:
-        report.fail(f"bootstrap {addr}: {join.TIMED_OUT}: not checked within {CHECK_TIMEOUT_S:g} s",
-                    f"bootstrap {join.TIMED_OUT}")
+    for addr in addrs[len(answers) :]:
+        report.fail(
+            f"bootstrap {addr}: {join.TIMED_OUT}: not checked within {CHECK_TIMEOUT_S:g} s",
+            f"bootstrap {join.TIMED_OUT}",
+        )
     if len(answers) > 1 and not any(a.answered for a in answers):
         report.problems.append("no bootstrap peer answered")
 
@@ -188,15 +245,19 @@ def _clock_lines(report: Report, answers: list[Any]) -> None:
     for addr, off in offsets:
         text = f"clock: {off:+.0f} ms against {addr.rsplit('/', 1)[-1][:12]}..."
         if abs(off) > MAX_SKEW_MS:
-            report.fail(f"{text}: peers refuse messages over ±{MAX_SKEW_MS // 1000} s off; set the clock (NTP)",
-                        "clock skew")
+            report.fail(
+                f"{text}: peers refuse messages over ±{MAX_SKEW_MS // 1000} s off; set the clock (NTP)",
+                "clock skew",
+            )
         elif abs(off) > WARN_SKEW_MS:
             report.warn(f"{text}: large; set the clock (NTP)")
         else:
             report.ok(text)
 
 
-def _joined_manifest(report: Report, answers: list[Any], flag: bytes | None, data_dir: Path | None) -> None:
+def _joined_manifest(
+    report: Report, answers: list[Any], flag: bytes | None, data_dir: Path | None
+) -> None:
     from node import join
     from node.run_service import read_pin
     from protocol import run_manifest as rm
@@ -218,11 +279,18 @@ def _joined_manifest(report: Report, answers: list[Any], flag: bytes | None, dat
         return
     for addr, reason in choice.refusals.items():
         report.warn(f"manifest from {addr} refused: {reason}")
-    how = ("pinned by --authority" if flag else "pinned before" if remembered
-           else "would be trusted on first use: check it with the run's operator")
+    how = (
+        "pinned by --authority"
+        if flag
+        else "pinned before"
+        if remembered
+        else "would be trusted on first use: check it with the run's operator"
+    )
     r = choice.release
-    report.ok(f"manifest: run {r.manifest.run_id!r} version {r.manifest_version}, authority "
-              f"{peer_id_to_b58(r.authority)} ({how})")
+    report.ok(
+        f"manifest: run {r.manifest.run_id!r} version {r.manifest_version}, authority "
+        f"{peer_id_to_b58(r.authority)} ({how})"
+    )
 
 
 def _resources(report: Report, role: str, where: Path) -> None:
@@ -232,13 +300,20 @@ def _resources(report: Report, role: str, where: Path) -> None:
         probe = probe.parent
     free = shutil.disk_usage(probe).free / GiB
     mem = _available_memory() / GiB
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     text = f"resources for {role}: {free:.1f} GiB free disk at {probe}, {mem:.1f} GiB memory available, {cpus} CPUs"
-    short = [what for what, have, need in (("disk", free, disk_need), ("memory", mem, mem_need))
-             if have < need]
+    short = [
+        what
+        for what, have, need in (("disk", free, disk_need), ("memory", mem, mem_need))
+        if have < need
+    ]
     if short:
-        report.fail(f"{text}; needs {disk_need:g} GiB disk, {mem_need:g} GiB memory",
-                    f"not enough {' and '.join(short)}")
+        report.fail(
+            f"{text}; needs {disk_need:g} GiB disk, {mem_need:g} GiB memory",
+            f"not enough {' and '.join(short)}",
+        )
     elif cpus < cpu_need:
         report.warn(f"{text}; {cpu_need} CPUs advised")
     else:

@@ -28,9 +28,12 @@ KINDS = ("rollout", *(k.value for k in Kind))
 
 
 def entries(
-    data_dir: Path, direction: str | None = None, rejected: bool = False,
-    kind: str | None = None, last: int = 100,
-) -> list[LedgerEntry]:  # fmt: skip
+    data_dir: Path,
+    direction: str | None = None,
+    rejected: bool = False,
+    kind: str | None = None,
+    last: int = 100,
+) -> list[LedgerEntry]:
     """The newest `last` ledger lines under `data_dir` matching the filters, oldest first."""
     path = data_dir / DB_FILENAME
     if not path.is_file():
@@ -69,9 +72,13 @@ def _line(e: LedgerEntry) -> str:
 
 
 def main(
-    data_dir: Path | None, direction: str | None, rejected: bool, kind: str | None,
-    last: int, as_json: bool,
-) -> None:  # fmt: skip
+    data_dir: Path | None,
+    direction: str | None,
+    rejected: bool,
+    kind: str | None,
+    last: int,
+    as_json: bool,
+) -> None:
     data_dir = find_node_dir(data_dir)
     lines = entries(data_dir, direction, rejected, kind, last)
     for e in lines:

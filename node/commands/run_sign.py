@@ -49,7 +49,9 @@ def main(path: Path, key: Path, version: int | None = None, out: Path | None = N
         )
     version = old_version + 1 if version is None else version
     if version < 1 or version <= old_version:
-        raise CommandError(f"--version must be above the file's current release {old_version}, got {version}")
+        raise CommandError(
+            f"--version must be above the file's current release {old_version}, got {version}"
+        )
     data = rm.seal_release(authority, manifest, version, int(time.time() * 1000))
     target = out or path
     try:
@@ -57,5 +59,7 @@ def main(path: Path, key: Path, version: int | None = None, out: Path | None = N
         target.write_text(f"{text}\n{release_to_toml(data)}")
     except OSError as exc:
         raise CommandError(f"cannot write {target}: {exc.strerror or exc}") from None
-    click.echo(f"released run {manifest.run_id!r} version {version} signed by "
-               f"{peer_id_to_b58(authority.peer_id)} -> {target}")
+    click.echo(
+        f"released run {manifest.run_id!r} version {version} signed by "
+        f"{peer_id_to_b58(authority.peer_id)} -> {target}"
+    )

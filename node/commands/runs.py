@@ -57,8 +57,10 @@ async def _ask_all(addrs: list[str]) -> list[Any]:
         async with open_host(Identity.generate().private_bytes(), ["/ip4/127.0.0.1/tcp/0"]) as host:
             for addr in addrs:
                 out.append(await join.ask(host, addr))
-    out += [join.Answer(a, cause=join.TIMED_OUT, detail=f"not asked within {ASK_TIMEOUT_S:g} s")
-            for a in addrs[len(out):]]
+    out += [
+        join.Answer(a, cause=join.TIMED_OUT, detail=f"not asked within {ASK_TIMEOUT_S:g} s")
+        for a in addrs[len(out) :]
+    ]
     return out
 
 
@@ -66,16 +68,22 @@ def _row(answer: Any, served: Any) -> dict[str, Any]:
     verdict = rm.check(served.release, None, None)
     s = served.summary
     return {
-        "run": s["run"], "model": s["model"], "policy_version": s["policy_version"],
-        "manifest_version": s["manifest_version"], "authority": s["authority"],
+        "run": s["run"],
+        "model": s["model"],
+        "policy_version": s["policy_version"],
+        "manifest_version": s["manifest_version"],
+        "authority": s["authority"],
         "signature": "good" if isinstance(verdict, rm.Adopt) else str(verdict),
-        "peers": s["peers"], "served_by": answer.addr,
-    }  # fmt: skip
+        "peers": s["peers"],
+        "served_by": answer.addr,
+    }
 
 
 def _print(row: dict[str, Any]) -> None:
-    click.echo(f"run {row['run']!r}  model {row['model']}  policy version {row['policy_version']}"
-               f"  manifest version {row['manifest_version']}")
+    click.echo(
+        f"run {row['run']!r}  model {row['model']}  policy version {row['policy_version']}"
+        f"  manifest version {row['manifest_version']}"
+    )
     click.echo(f"  authority {row['authority'] or '(none)'} (signature {row['signature']})")
     peers = ", ".join(f"{role} {n}" for role, n in sorted(row["peers"].items())) or "none known"
     click.echo(f"  peers: {peers}")

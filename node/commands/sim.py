@@ -25,7 +25,11 @@ def main(scenario: str, out: Path, seed: int, quiet: bool = False) -> None:
     if not quiet:
         print(f"sim: {scn.name} (seed {seed}) -> {out}", file=sys.stderr, flush=True)
     # quiet: no banner and a progress line only at each quarter of the run
-    progress = None if scn.kind != "gossip" else progress_printer(total, every_fraction=0.25 if quiet else 0.0)
+    progress = (
+        None
+        if scn.kind != "gossip"
+        else progress_printer(total, every_fraction=0.25 if quiet else 0.0)
+    )
     results, info = run_scenario(scn, seed, progress)
     try:
         files = write_outputs(out, results, info)

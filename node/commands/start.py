@@ -76,7 +76,12 @@ def _check_listen(addrs: Sequence[str]) -> list[str]:
     out = []
     for a in _check_addrs(addrs, "--listen", need_peer=False):
         parts = a.strip("/").split("/")
-        ok = len(parts) == 4 and parts[0] in ("ip4", "ip6") and parts[2] == "tcp" and parts[3].isdigit()
+        ok = (
+            len(parts) == 4
+            and parts[0] in ("ip4", "ip6")
+            and parts[2] == "tcp"
+            and parts[3].isdigit()
+        )
         if ok:
             try:
                 ipaddress.ip_address(parts[1])
@@ -159,7 +164,9 @@ def parse_local_train(value: str | None, role: str | None) -> tuple[int, int] | 
     if own < 0 or foreign < 0 or own + foreign < 1 or own + foreign > 256:
         raise CommandError(f"--local-train: need I, J >= 0 and 1 <= I + J <= 256, got {value!r}")
     if role != "inference":
-        raise CommandError("--local-train is for --role inference (a trainer publishes; it does not train locally)")
+        raise CommandError(
+            "--local-train is for --role inference (a trainer publishes; it does not train locally)"
+        )
     return own, foreign
 
 
@@ -239,8 +246,21 @@ def main(
     try:
         import trio
 
-        trio.run(_run, role, manifest, identity, ddir, listen_addrs, boot, ctx, cfg, duration, base,
-                 metrics_at, run_choice)
+        trio.run(
+            _run,
+            role,
+            manifest,
+            identity,
+            ddir,
+            listen_addrs,
+            boot,
+            ctx,
+            cfg,
+            duration,
+            base,
+            metrics_at,
+            run_choice,
+        )
     finally:
         lock.close()
 
@@ -272,7 +292,9 @@ def _configure_logging(cfg: Any) -> None:
     logging.getLogger("matplotlib").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-def _run_key_and_dir(cfg: Any, role: str, join: list[str], authority: str | None) -> tuple[Any, Any, Path]:
+def _run_key_and_dir(
+    cfg: Any, role: str, join: list[str], authority: str | None
+) -> tuple[Any, Any, Path]:
     """(`node.commands.start_run.RunChoice`, identity, data directory): the run from the
     run file, or found through `--join`; says so when a trainer's key is not one of the
     run's trainer keys."""
@@ -292,29 +314,51 @@ def _run_key_and_dir(cfg: Any, role: str, join: list[str], authority: str | None
         choice = start_run.from_network(join, ddir, flag, _host_settings(cfg))
     manifest = choice.manifest
     if role == "trainer" and identity.peer_id not in manifest.trainer_keys:
-        _say("  trainer: this key is not in the run's trainer_keys: training, but no peer "
-             "will accept the versions it publishes (add its peer id to the run file)")
+        _say(
+            "  trainer: this key is not in the run's trainer_keys: training, but no peer "
+            "will accept the versions it publishes (add its peer id to the run file)"
+        )
     return choice, identity, ddir
 
 
-def _role_context(cfg: Any, ddir: Path, threads: int | None, max_rollouts: int | None,
-                  split: tuple[int, int] | None) -> Any:
+def _role_context(
+    cfg: Any,
+    ddir: Path,
+    threads: int | None,
+    max_rollouts: int | None,
+    split: tuple[int, int] | None,
+) -> Any:
     from node.roles import RoleContext
 
     return RoleContext(
-        model=cfg["node.model"] or None, models_dir=str(ddir), batch_size=cfg["inference.batch_size"],
-        engine=cfg["inference.engine"], threads=threads,
+        model=cfg["node.model"] or None,
+        models_dir=str(ddir),
+        batch_size=cfg["inference.batch_size"],
+        engine=cfg["inference.engine"],
+        threads=threads,
         rollouts_per_version=cfg["inference.rollouts_per_version"],
-        audit_fraction=cfg["validator.audit_fraction"], max_rollouts=max_rollouts,
+        audit_fraction=cfg["validator.audit_fraction"],
+        max_rollouts=max_rollouts,
         producer_window_fraction=cfg["validator.producer_window_fraction"],
-        local_train=split, data_dir=ddir, say=lambda m: _say(f"  {m}"),
+        local_train=split,
+        data_dir=ddir,
+        say=lambda m: _say(f"  {m}"),
     )
 
 
 async def _run(
-    role: str, manifest: Any, identity: Any, data_dir: Path, listen: list[str], boot: list[str],
-    ctx: Any, cfg: Any, duration: float | None, base: bytes | None = None,
-    metrics_at: tuple[str, int] | None = None, run_choice: Any = None,
+    role: str,
+    manifest: Any,
+    identity: Any,
+    data_dir: Path,
+    listen: list[str],
+    boot: list[str],
+    ctx: Any,
+    cfg: Any,
+    duration: float | None,
+    base: bytes | None = None,
+    metrics_at: tuple[str, int] | None = None,
+    run_choice: Any = None,
 ) -> None:
     import trio
 
@@ -324,7 +368,9 @@ async def _run(
 
     module = role_module(role)
     pcfg = _peer_config(role, manifest, identity, data_dir, listen, boot, ctx, cfg, module)
-    scrape = await _bind_metrics(metrics_at)  # before joining: a busy port fails before any network IO
+    scrape = await _bind_metrics(
+        metrics_at
+    )  # before joining: a busy port fails before any network IO
     try:
         async with open_peer(pcfg) as peer:
             if run_choice is not None:
@@ -333,7 +379,9 @@ async def _run(
                 RunService(peer, run_choice.release, run_choice.pin)  # serves until the host closes
             if base is not None and peer.weights is not None:
                 await peer.weights.adopt_base(base)  # version 0: the model directory
-            _say_started(peer, role, manifest, data_dir, boot, metrics_at if scrape is not None else None)
+            _say_started(
+                peer, role, manifest, data_dir, boot, metrics_at if scrape is not None else None
+            )
             await _serve(peer, module, ctx, data_dir, scrape, duration)
             write_status(data_dir, {**_status(peer, ctx), "stopped": True})
     except ListenFailed as exc:
@@ -346,20 +394,37 @@ async def _run(
     _say_stopped(peer, data_dir)
 
 
-def _peer_config(role: str, manifest: Any, identity: Any, data_dir: Path, listen: list[str],
-                 boot: list[str], ctx: Any, cfg: Any, module: Any) -> Any:
+def _peer_config(
+    role: str,
+    manifest: Any,
+    identity: Any,
+    data_dir: Path,
+    listen: list[str],
+    boot: list[str],
+    ctx: Any,
+    cfg: Any,
+    module: Any,
+) -> Any:
     from node.peer import PeerConfig
     from protocol.admission import AdmissionConfig
 
     settings = _host_settings(cfg)
     return PeerConfig(
-        manifest=manifest, identity=identity, data_dir=data_dir, roles=(role,),
-        listen=tuple(listen), bootstrap=tuple(boot), pull_bodies=module.PULLS_BODIES or ctx.local_train is not None,
-        publish_rate_per_s=cfg["network.publish_rate_per_s"], max_peers=cfg["network.max_peers"],
+        manifest=manifest,
+        identity=identity,
+        data_dir=data_dir,
+        roles=(role,),
+        listen=tuple(listen),
+        bootstrap=tuple(boot),
+        pull_bodies=module.PULLS_BODIES or ctx.local_train is not None,
+        publish_rate_per_s=cfg["network.publish_rate_per_s"],
+        max_peers=cfg["network.max_peers"],
         header_batch=cfg["network.header_batch"],
         # The trainer knows which versions exist: a rollout of any other costs its signer.
         admission=AdmissionConfig(publishes_versions=role == "trainer"),
-        host=settings, weights=_weight_settings(cfg), store_max_bytes=cfg["store.max_bytes"],
+        host=settings,
+        weights=_weight_settings(cfg),
+        store_max_bytes=cfg["store.max_bytes"],
         relay=relay_limits(cfg),
     )
 
@@ -374,7 +439,9 @@ def parse_relay_limits(items: Sequence[str]) -> dict[str, Any]:
                 raise ValueError
             out[f"relay.{name.strip()}"] = int(value)
         except ValueError:
-            raise CommandError(f"--relay-limit: expected NAME=INTEGER (like max_reservations=64), got {item!r}") from None
+            raise CommandError(
+                f"--relay-limit: expected NAME=INTEGER (like max_reservations=64), got {item!r}"
+            ) from None
     return out
 
 
@@ -382,8 +449,14 @@ def relay_limits(cfg: Any) -> Any:
     """The relay service's limits from the config's `[relay]` keys."""
     from node.host_relay import RelayLimitsConfig
 
-    names = ("max_reservations", "max_reservations_per_ip", "max_circuits_per_peer", "max_circuit_bytes",
-             "max_circuit_s", "reservation_ttl_s")
+    names = (
+        "max_reservations",
+        "max_reservations_per_ip",
+        "max_circuits_per_peer",
+        "max_circuit_bytes",
+        "max_circuit_s",
+        "reservation_ttl_s",
+    )
     return RelayLimitsConfig(**{name: cfg[f"relay.{name}"] for name in names})
 
 
@@ -414,12 +487,20 @@ async def _bind_metrics(metrics_at: tuple[str, int] | None) -> Any:
     return scrape
 
 
-def _say_started(peer: Any, role: str, manifest: Any, data_dir: Path, boot: list[str],
-                 metrics_at: tuple[str, int] | None) -> None:
+def _say_started(
+    peer: Any,
+    role: str,
+    manifest: Any,
+    data_dir: Path,
+    boot: list[str],
+    metrics_at: tuple[str, int] | None,
+) -> None:
     """The start-up lines: peer id, run, listen addresses, bootstrap results, peers, and
     the metrics endpoint when one is served."""
     _say(f"swarm-node: peer {peer.host.peer_id}")
-    _say(f"  role {role}, run {manifest.run_id!r} at policy version {peer.policy_version}, data {data_dir}")
+    _say(
+        f"  role {role}, run {manifest.run_id!r} at policy version {peer.policy_version}, data {data_dir}"
+    )
     for a in peer.host.listen_addrs():
         _say(f"  listening on {a}")
     if boot:
@@ -438,8 +519,9 @@ def _status(peer: Any, ctx: Any) -> dict[str, Any]:
     return {**peer.stats(), "role_status": ctx.status, "pid": os.getpid(), "time": time.time()}
 
 
-async def _serve(peer: Any, module: Any, ctx: Any, data_dir: Path, scrape: Any,
-                 duration: float | None) -> None:
+async def _serve(
+    peer: Any, module: Any, ctx: Any, data_dir: Path, scrape: Any, duration: float | None
+) -> None:
     """Run the role, `status.json` once a second and the metrics endpoint until SIGINT,
     SIGTERM or `duration` seconds."""
     import trio
@@ -483,6 +565,8 @@ async def _status_loop(peer: Any, ctx: Any, data_dir: Path) -> None:
 def _say_stopped(peer: Any, data_dir: Path) -> None:
     left = peer.outbox.pending()
     with contextlib.suppress(Exception):  # stdout may be gone (a closed pipe)
-        _say(f"swarm-node: published {peer.drained} queued messages while stopping"
-             + (f" ({left} left unpublished: drain timed out)" if left else ""))
+        _say(
+            f"swarm-node: published {peer.drained} queued messages while stopping"
+            + (f" ({left} left unpublished: drain timed out)" if left else "")
+        )
         _say(f"swarm-node: stopped cleanly ({data_dir})")

@@ -60,8 +60,10 @@ def from_run_file(path: Path, ddir: Path, flag: bytes | None) -> RunChoice:
     assert best is not None
     data, chosen = best
     if data != release:
-        _say(f"  run: using run manifest version {chosen.manifest_version} adopted earlier "
-             f"(the run file has version {file_verdict.release.manifest_version})")
+        _say(
+            f"  run: using run manifest version {chosen.manifest_version} adopted earlier "
+            f"(the run file has version {file_verdict.release.manifest_version})"
+        )
     return RunChoice(chosen.manifest, data, chosen.authority)
 
 
@@ -70,7 +72,9 @@ def _pin(flag: bytes | None, remembered: bytes | None, ddir: Path) -> bytes | No
 
     pin = rm.choose_pin(flag, remembered)
     if isinstance(pin, rm.Refuse):
-        raise CommandError(f"{pin.detail}; remove {ddir / AUTHORITY_FILE} to trust another authority")
+        raise CommandError(
+            f"{pin.detail}; remove {ddir / AUTHORITY_FILE} to trust another authority"
+        )
     return pin.authority
 
 
@@ -102,7 +106,9 @@ def from_network(addrs: list[str], ddir: Path, flag: bytes | None, settings: Any
         untrusted = (rm.FOREIGN, rm.UNSIGNED, rm.BAD_SIGNATURE, rm.MALFORMED, rm.OTHER_RUN)
         if saved is None or any(r.startswith(untrusted) for r in choice.refusals.values()):
             why = "; ".join(f"{a}: {r}" for a, r in choice.refusals.items()) or "no answer"
-            raise CommandError(f"--join: no bootstrap peer served a run this node can trust ({why})")
+            raise CommandError(
+                f"--join: no bootstrap peer served a run this node can trust ({why})"
+            )
         _say(f"  join: using the run manifest version {saved[1].manifest_version} adopted earlier")
         return RunChoice(saved[1].manifest, saved[0], saved[1].authority)
     release = choice.release
@@ -111,13 +117,19 @@ def from_network(addrs: list[str], ddir: Path, flag: bytes | None, settings: Any
         save_release(ddir, choice.data)
     if choice.first_use:
         path = write_pin(ddir, release.authority)
-        _say("  !! TRUST ON FIRST USE: nothing pinned this run's authority, so this node now trusts")
-        _say(f"  !! {peer_id_to_b58(release.authority)} (run {release.manifest.run_id!r}, "
-             f"from {choice.source}),")
+        _say(
+            "  !! TRUST ON FIRST USE: nothing pinned this run's authority, so this node now trusts"
+        )
+        _say(
+            f"  !! {peer_id_to_b58(release.authority)} (run {release.manifest.run_id!r}, "
+            f"from {choice.source}),"
+        )
         _say(f"  !! written to {path}; a manifest signed by any other key will be refused.")
         _say("  !! Check this id with the run's operator, or pass --authority PEER_ID.")
-    _say(f"  join: run {release.manifest.run_id!r} manifest version {release.manifest_version}, "
-         f"authority {peer_id_to_b58(release.authority)} (from {choice.source})")
+    _say(
+        f"  join: run {release.manifest.run_id!r} manifest version {release.manifest_version}, "
+        f"authority {peer_id_to_b58(release.authority)} (from {choice.source})"
+    )
     return RunChoice(release.manifest, choice.data, release.authority)
 
 
@@ -131,7 +143,9 @@ async def _fetch(addrs: list[str], pin: bytes | None, settings: Any, held: Any) 
 
     answers: list[join.Answer] = []
     with trio.move_on_after(JOIN_TIMEOUT_S):
-        async with open_host(Identity.generate().private_bytes(), ["/ip4/127.0.0.1/tcp/0"], settings) as host:
+        async with open_host(
+            Identity.generate().private_bytes(), ["/ip4/127.0.0.1/tcp/0"], settings
+        ) as host:
             for addr in addrs:
                 answers.append(await join.ask(host, addr))
     return join.choose(answers, pin, held=held)

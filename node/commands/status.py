@@ -146,7 +146,11 @@ def _show(data_dir: Path) -> None:
     for outcome, reasons in sorted(status["inbound"].items()):
         line = f"inbound {outcome} {sum(reasons.values())}"
         if set(reasons) != {"-"}:
-            line += " (" + ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items(), key=lambda x: -x[1])) + ")"
+            line += (
+                " ("
+                + ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items(), key=lambda x: -x[1]))
+                + ")"
+            )
         click.echo(line)
     refused = (live or {}).get("rejected") or {}
     if refused:

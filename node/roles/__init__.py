@@ -34,7 +34,9 @@ class RoleContext:
     # validator: the share of producers' windows (`verify.producer`) audited whole
     producer_window_fraction: float = 0.0625
     max_rollouts: int | None = None  # inference: stop producing after this many (None: forever)
-    rollouts_per_version: int = 0  # inference: made per published version, S - 1 versions ahead (0: no bound)
+    rollouts_per_version: int = (
+        0  # inference: made per published version, S - 1 versions ahead (0: no bound)
+    )
     local_train: tuple[int, int] | None = None  # inference: SAPO-style I own + J swarm groups
     data_dir: Path = Path(".")
     status: dict[str, Any] = field(default_factory=dict)  # live figures the role reports

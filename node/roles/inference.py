@@ -50,8 +50,10 @@ async def _wait_for_peers(peer: Any, ctx: RoleContext, produced: int) -> None:
     topic = peer.topics["rollouts"]
     if peer.host.topic_peers(topic):
         return
-    ctx.say(f"inference: no peers on {topic}; waiting for peers before producing more "
-            f"({produced} rollouts made so far)")
+    ctx.say(
+        f"inference: no peers on {topic}; waiting for peers before producing more "
+        f"({produced} rollouts made so far)"
+    )
     ctx.status["waiting_for_peers"] = True
     while not peer.host.topic_peers(topic) and ctx.producing:
         await trio.sleep(PEER_POLL_S)
@@ -75,11 +77,16 @@ async def _within_budget(peer: Any, ctx: RoleContext, swap: Any, produced: int, 
     lead = max(1, peer.manifest.max_staleness - 1)  # its last rollouts still train within S
     deadline = trio.current_time() + BUDGET_WAIT_S
     waited = trio.current_time()
-    while (at_budget(produced, version - first, ctx.rollouts_per_version, lead)
-           and ctx.producing and trio.current_time() < deadline):  # fmt: skip
+    while (
+        at_budget(produced, version - first, ctx.rollouts_per_version, lead)
+        and ctx.producing
+        and trio.current_time() < deadline
+    ):
         await trio.sleep(BUDGET_POLL_S)
         version = await swap.before_batch(say)
-    ctx.status["budget_wait_s"] = round(ctx.status.get("budget_wait_s", 0.0) + trio.current_time() - waited, 1)
+    ctx.status["budget_wait_s"] = round(
+        ctx.status.get("budget_wait_s", 0.0) + trio.current_time() - waited, 1
+    )
     return version
 
 
@@ -132,14 +139,24 @@ class _Local:
                     m = self.peer.manifest
                     names = [d.name for d in m.datasets for _ in range(d.weight)]
                     engine = HFEngine(self.local.model, self.engine.tokenizer, max_batch=64)
-                    solved = heldout_solved(engine, self.engine.tokenizer, heldout_items(names, 64), m.max_new_tokens)
-                    self.evals.append({"round": self.local.rounds, "solve_rate": round(sum(solved) / len(solved), 4)})
+                    solved = heldout_solved(
+                        engine, self.engine.tokenizer, heldout_items(names, 64), m.max_new_tokens
+                    )
+                    self.evals.append(
+                        {
+                            "round": self.local.rounds,
+                            "solve_rate": round(sum(solved) / len(solved), 4),
+                        }
+                    )
         st = self.local.trainer.status()
         self.ctx.status["local_train"] = {
-            "own": self.local.own, "foreign": self.local.foreign, "rounds": self.local.rounds,
+            "own": self.local.own,
+            "foreign": self.local.foreign,
+            "rounds": self.local.rounds,
             "published": [],  # local training never publishes
             "heldout_solve_rate": self.evals[-1]["solve_rate"] if self.evals else None,
-            "evals": self.evals[-20:], "refused": self.refused,
+            "evals": self.evals[-20:],
+            "refused": self.refused,
             "train_tokens_per_s": st["train_tokens_per_s"],
         }
 
@@ -170,7 +187,9 @@ async def run(peer: Any, ctx: RoleContext) -> None:
             left = sorted(engine_pids & set(child_pids()))
             ctx.status["engine_processes"] = {"started": len(engine_pids), "left": left}
             if engine_pids:
-                ctx.say(f"inference: engine closed; {len(left)} of its {len(engine_pids)} processes left")
+                ctx.say(
+                    f"inference: engine closed; {len(left)} of its {len(engine_pids)} processes left"
+                )
 
 
 def child_pids() -> list[int]:
@@ -245,13 +264,25 @@ async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
         await _wait_for_peers(peer, ctx, produced)
         version = await _within_budget(peer, ctx, swap, produced, first_version)
         ctx.status.update(policy_version=version, swaps={str(v): t for v, t in swap.swaps.items()})
-        n = ctx.batch_size if ctx.max_rollouts is None else min(ctx.batch_size, ctx.max_rollouts - produced)
+        n = (
+            ctx.batch_size
+            if ctx.max_rollouts is None
+            else min(ctx.batch_size, ctx.max_rollouts - produced)
+        )
         out = tmp / f"batch-{counter}.msgpack"
         summary = await trio.to_thread.run_sync(
             functools.partial(
-                generate_records, engine=engine, manifest=manifest, identity=peer.identity, n=n,
-                out=out, policy_version=version, start_counter=counter,
-                batch_size=n, build_proofs=build_proofs_bytes_many, say=lambda _m: None,
+                generate_records,
+                engine=engine,
+                manifest=manifest,
+                identity=peer.identity,
+                n=n,
+                out=out,
+                policy_version=version,
+                start_counter=counter,
+                batch_size=n,
+                build_proofs=build_proofs_bytes_many,
+                say=lambda _m: None,
             )
         )
         with open(out, "rb") as fh:
@@ -274,8 +305,10 @@ async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
         )
         if time.monotonic() - last_print >= 30.0:
             last_print = time.monotonic()
-            ctx.say(f"inference: {produced} rollouts produced, reward mean {ctx.status['reward_mean']}, "
-                    f"{ctx.status['rollouts_per_min']}/min")
+            ctx.say(
+                f"inference: {produced} rollouts produced, reward mean {ctx.status['reward_mean']}, "
+                f"{ctx.status['rollouts_per_min']}/min"
+            )
     else:
         ctx.say(f"inference: produced {produced} rollouts (bound reached)")
     await trio.sleep_forever()

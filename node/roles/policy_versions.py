@@ -60,9 +60,7 @@ def _tied(model: Any, name: str, state: dict[str, Any]) -> bool:
 class HotSwap:
     """The inference worker's model and the version it holds."""
 
-    def __init__(
-        self, peer: Any, model: Any, version: int = 0, also_load: Any = None
-    ) -> None:
+    def __init__(self, peer: Any, model: Any, version: int = 0, also_load: Any = None) -> None:
         """`also_load(state)`, when given, runs after `model` took the new weights (an
         engine holding a second copy of them, e.g. vLLM's, loads it there)."""
         self.peer = peer
@@ -132,5 +130,3 @@ class HeldVersions:
         model = copy.deepcopy(self.base)
         load_weights(model, state)  # strict, except tied tensors a checkpoint holds once
         return model.eval()
-
-

@@ -58,7 +58,9 @@ def shares(produced: int, counts: dict[str, int]) -> dict[str, Any]:
     known = {k: int(counts.get(k, 0)) for k in KINDS[:-1]}
     other = produced - sum(known.values())
     if produced < 0 or other < 0:
-        raise ValueError(f"the trainer accounts for {sum(known.values())} rollouts, {produced} were produced")
+        raise ValueError(
+            f"the trainer accounts for {sum(known.values())} rollouts, {produced} were produced"
+        )
     out: dict[str, Any] = {"produced": produced, "counts": {**known, "other": other}}
     for k, n in out["counts"].items():
         out[k] = round(n / produced, 4) if produced else None

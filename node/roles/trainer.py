@@ -97,8 +97,13 @@ class _Track:
 class Collector:
     """What the trainer heard: rollouts, votes and counters (driven by `on_deliver`)."""
 
-    def __init__(self, authority: Authority, rule: VerifiedRule, ledger: WorkLedger | None = None,
-                 pull_window_s: float = PullConfig().window_s):  # fmt: skip
+    def __init__(
+        self,
+        authority: Authority,
+        rule: VerifiedRule,
+        ledger: WorkLedger | None = None,
+        pull_window_s: float = PullConfig().window_s,
+    ):
         self.authority, self.rule = authority, rule
         self.gaps = GapCharges(ledger)
         self.ledger = self.gaps.ledger
@@ -306,8 +311,13 @@ _VERDICT = {Status.VERIFIED: True, Status.REJECTED: False, Status.PENDING: None}
 
 
 def _pick(
-    collector: Collector, standing: StandingBook, waiting: OrderedDict[bytes, tuple[Any, float]],
-    version: int, s: int, now: float, fates: Fates,
+    collector: Collector,
+    standing: StandingBook,
+    waiting: OrderedDict[bytes, tuple[Any, float]],
+    version: int,
+    s: int,
+    now: float,
+    fates: Fates,
 ) -> tuple[list[Any], int]:
     """Take the rollouts that train now out of `waiting` (`StandingBook.decide` on each
     one's verdict, producer and arrival); drop rejected, banned and stale ones. Returns
@@ -348,7 +358,9 @@ class TrainerRole:
         self.collector = Collector(
             peer.admission.authority, VerifiedRule(quorum=self.manifest.verdict_quorum)
         )
-        self.waiting: OrderedDict[bytes, tuple[Any, float]] = OrderedDict()  # rid -> (record, arrived)
+        self.waiting: OrderedDict[bytes, tuple[Any, float]] = (
+            OrderedDict()
+        )  # rid -> (record, arrived)
         self.standing = StandingBook()
         self.trained = {"trained_verified": 0, "trained_unaudited": 0}
         self.fates = Fates()  # what became of the rollouts heard of (status: `fates`)
@@ -366,10 +378,16 @@ class TrainerRole:
 
     def on_deliver(self, item: Admitted) -> None:
         for bad in self.collector.on_deliver(item):
-            self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name)
+            self.peer.report(
+                bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name
+            )
         for bad in self.collector.take_went_back():
-            self.peer.report(bad, penalties.OUT_OF_ORDER.cost, "went back to an older version again",
-                             penalties.OUT_OF_ORDER.name)  # fmt: skip
+            self.peer.report(
+                bad,
+                penalties.OUT_OF_ORDER.cost,
+                "went back to an older version again",
+                penalties.OUT_OF_ORDER.name,
+            )
         if item.kind is Kind.ROLLOUT_RECORD:
             if len(self.unscored) < MAX_WAITING:
                 self.unscored.append(item.obj)
@@ -383,13 +401,17 @@ class TrainerRole:
     def on_judgement(self, item: Admitted) -> None:
         """A verdict or a producer claim (`judged`); a ban drops the producer's waiting rollouts."""
         for ban in judged(self.standing, self.peer.admission.authority, item):
-            for rid in [r for r, (ro, _t) in self.waiting.items() if ro.envelope.signer == ban.producer]:
+            for rid in [
+                r for r, (ro, _t) in self.waiting.items() if ro.envelope.signer == ban.producer
+            ]:
                 del self.waiting[rid]
 
     def on_late(self, item: Admitted) -> None:
         self.fates.on_late(item.content_id)
         for bad in self.collector.on_late(item):
-            self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name)
+            self.peer.report(
+                bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name
+            )
 
     async def start(self) -> None:
         """Load the model (adopted as version 0) and the trainer, resuming from its
@@ -430,10 +452,15 @@ class TrainerRole:
         rate = round(sum(solved) / len(solved), 4)
         reward = trainer.last_stats.get("reward_mean")
         self.learning.append(
-            {"t": round(time.time() - self.started, 1), "version": trainer.version, "solve_rate": rate,
-             "reward_mean": None if reward is None else round(reward, 4), "steps": trainer.steps,
-             "solved": "".join("1" if x else "0" for x in solved)}
-        )  # fmt: skip
+            {
+                "t": round(time.time() - self.started, 1),
+                "version": trainer.version,
+                "solve_rate": rate,
+                "reward_mean": None if reward is None else round(reward, 4),
+                "steps": trainer.steps,
+                "solved": "".join("1" if x else "0" for x in solved),
+            }
+        )
         self.ctx.status["learning"] = self.learning
         self.ctx.say(f"trainer: held-out solve rate {rate:.3f} at version {trainer.version}")
 
@@ -457,17 +484,28 @@ class TrainerRole:
         now = time.time()
         for rid, reward in scored:
             for bad in self.collector.on_rescored(rid, reward, now):
-                self.peer.report(bad, penalties.FALSE_CLAIM.cost, "claimed a reward its body does not earn",
-                                 penalties.FALSE_CLAIM.name)  # fmt: skip
+                self.peer.report(
+                    bad,
+                    penalties.FALSE_CLAIM.cost,
+                    "claimed a reward its body does not earn",
+                    penalties.FALSE_CLAIM.name,
+                )
         for bad in self.collector.on_time(now):
-            self.peer.report(bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name)
+            self.peer.report(
+                bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name
+            )
 
     async def train(self) -> int:
         """Train on the rollouts waiting that may train now; returns the steps taken."""
         ready, unaudited = _pick(
-            self.collector, self.standing, self.waiting, self.trainer.version,
-            self.manifest.max_staleness, time.time(), self.fates,
-        )  # fmt: skip
+            self.collector,
+            self.standing,
+            self.waiting,
+            self.trainer.version,
+            self.manifest.max_staleness,
+            time.time(),
+            self.fates,
+        )
         self.trained["trained_unaudited"] += unaudited
         self.trained["trained_verified"] += len(ready) - unaudited
         return await trio.to_thread.run_sync(
@@ -499,12 +537,18 @@ class TrainerRole:
         summary = self.collector.summarize(
             trainer.version, self.manifest.max_staleness, time.time()
         )
-        states = [self.standing.state(p) for p in {ro.envelope.signer for ro, _t in self.waiting.values()}]
+        states = [
+            self.standing.state(p) for p in {ro.envelope.signer for ro, _t in self.waiting.values()}
+        ]
         ctx.status.update(
-            summary, **trainer.status(), **self.trained, published=self.published,
-            waiting=len(self.waiting), producers_banned=self.standing.count(State.BANNED),
+            summary,
+            **trainer.status(),
+            **self.trained,
+            published=self.published,
+            waiting=len(self.waiting),
+            producers_banned=self.standing.count(State.BANNED),
             producers_probation=sum(s is State.PROBATION for s in states),
-        )  # fmt: skip
+        )
         ctx.status["publish_error"] = self.publish_error
         ctx.status["fates"] = self.fates.counts(trainer, self.waiting)
         ctx.status["updated_at"] = time.time()

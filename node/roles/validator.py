@@ -108,14 +108,25 @@ class ValidatorRole:
     holds, the producer tally and the open fraud and claim cases. Admitted items come in
     through `on_deliver` (event loop); `audit_forever` audits the queue batch by batch."""
 
-    def __init__(self, peer: Any, ctx: RoleContext, model: Any, judge: Any, settings: Any,
-                 eos_ids: Any) -> None:  # fmt: skip
+    def __init__(
+        self, peer: Any, ctx: RoleContext, model: Any, judge: Any, settings: Any, eos_ids: Any
+    ) -> None:
         self.peer, self.ctx = peer, ctx
         self.judge, self.settings, self.eos_ids = judge, settings, eos_ids
         self.queue = AuditQueue(peer.manifest.max_staleness, QUEUE)
         self.kick_send, self.kick_receive = trio.open_memory_channel[None](1)
-        self.counts = {"seen": 0, "sampled": 0, "passed": 0, "failed": 0, "queue_full": 0, "unauthorized": 0,
-                       "rechecks": 0, "dropped_stale": 0, "producer_findings": 0, "window_audited": 0}  # fmt: skip
+        self.counts = {
+            "seen": 0,
+            "sampled": 0,
+            "passed": 0,
+            "failed": 0,
+            "queue_full": 0,
+            "unauthorized": 0,
+            "rechecks": 0,
+            "dropped_stale": 0,
+            "producer_findings": 0,
+            "window_audited": 0,
+        }
         self.reasons: dict[str, int] = {}
         self.fraud = FraudCases()
         th = settings.thresholds if settings.precision == "fp32" else settings.bf16_thresholds
@@ -237,7 +248,9 @@ class ValidatorRole:
 
     async def publish_cleared(self) -> None:
         """Publish the held pass verdicts of the windows judged clean."""
-        for verdict in cleared_passes(self.producers.take_cleared(), self.held_passes, self.standing):
+        for verdict in cleared_passes(
+            self.producers.take_cleared(), self.held_passes, self.standing
+        ):
             await self.peer.publish_verdict(verdict)
 
     def on_record(self, item: Admitted) -> None:
@@ -319,8 +332,13 @@ class ValidatorRole:
         with torch_threads(self.ctx.threads):
             for version, items in sorted(by_version.items()):
                 rollouts = [ro for ro, _ in items]
-                verdicts = audit_many(rollouts, self.held.get(version), judge=self.judge,
-                                      eos_ids=self.eos_ids, settings=self.settings)  # fmt: skip
+                verdicts = audit_many(
+                    rollouts,
+                    self.held.get(version),
+                    judge=self.judge,
+                    eos_ids=self.eos_ids,
+                    settings=self.settings,
+                )
                 out += list(zip(items, verdicts, strict=True))
                 key = f"audited_v{version}"
                 self.counts[key] = self.counts.get(key, 0) + len(items)
@@ -356,13 +374,19 @@ class ValidatorRole:
             self.counts["unauthorized"] += 1
         elif verdict.passed and probation:  # published (and counted) once its window is clean
             window = ro.header.counter // self.producers.window
-            self.held_passes.hold(signer, window, dataclasses.replace(verdict, sample_ticket=ticket))
+            self.held_passes.hold(
+                signer, window, dataclasses.replace(verdict, sample_ticket=ticket)
+            )
         else:
             now_verdict = dataclasses.replace(verdict, sample_ticket=ticket)
         found = self.producers.add(signer, ro.header.counter, ro.rollout_id, metrics, now)
         if found is not None:
             await self.on_finding(found, authorized)
-        if now_verdict is not None and now_verdict.passed and self.standing.state(signer) is State.BANNED:
+        if (
+            now_verdict is not None
+            and now_verdict.passed
+            and self.standing.state(signer) is State.BANNED
+        ):
             self.counts["withheld_passes"] = self.counts.get("withheld_passes", 0) + 1
         elif now_verdict is not None:
             await self.peer.publish_verdict(now_verdict)
@@ -373,7 +397,9 @@ class ValidatorRole:
             self.counts["failed"] += 1
             self.reasons[verdict.reason] = self.reasons.get(verdict.reason, 0) + 1
             self.peer.report(
-                ro.envelope.signer, FAILED_AUDIT_PENALTY, f"failed audit: {verdict.reason}",
+                ro.envelope.signer,
+                FAILED_AUDIT_PENALTY,
+                f"failed audit: {verdict.reason}",
                 penalties.FAILED_AUDIT.name,
             )
 
@@ -384,18 +410,32 @@ class ValidatorRole:
         self.counts["producer_findings"] += 1
         self.standing.ban(found.producer, "producer window over the limit")
         self.held_passes.failed(found.producer)
-        self.peer.report(found.producer, PRODUCER_PENALTY,
-                         f"producer window statistic {found.statistic:.3g} over {found.limit:.3g}",
-                         penalties.PRODUCER_WINDOW.name)  # fmt: skip
-        self.findings.append({"producer": found.producer.hex()[-12:], "statistic": found.statistic,
-                              "limit": found.limit, "records": len(found.rollout_ids),
-                              "missing": found.missing})  # fmt: skip
+        self.peer.report(
+            found.producer,
+            PRODUCER_PENALTY,
+            f"producer window statistic {found.statistic:.3g} over {found.limit:.3g}",
+            penalties.PRODUCER_WINDOW.name,
+        )
+        self.findings.append(
+            {
+                "producer": found.producer.hex()[-12:],
+                "statistic": found.statistic,
+                "limit": found.limit,
+                "records": len(found.rollout_ids),
+                "missing": found.missing,
+            }
+        )
         del self.findings[:-8]
         if authorized and len(found.rollout_ids) == self.producers.window:
-            await self.peer.publish_producer_claim(ProducerClaim(
-                producer=found.producer, rollout_ids=found.rollout_ids,
-                statistic=self.producers.stat, median=found.statistic, limit=found.limit,
-            ))  # fmt: skip
+            await self.peer.publish_producer_claim(
+                ProducerClaim(
+                    producer=found.producer,
+                    rollout_ids=found.rollout_ids,
+                    statistic=self.producers.stat,
+                    median=found.statistic,
+                    limit=found.limit,
+                )
+            )
 
     def publish_status(self, started: float, audited: int) -> None:
         self.ctx.status.update(

@@ -62,14 +62,21 @@ async def main(target: str, topic: str, seconds: float) -> None:
             raw = await read_identify(host, info.peer_id)
             agent = re.search(rb"swarm-node/[0-9A-Za-z.+-]*", raw)
             protocols = [p.decode() for p in re.findall(rb"/[a-z0-9/._-]+", raw)]
-            say("identify", peer=info.peer_id.to_base58(),
-                agent=agent.group().decode() if agent else raw[:80].hex(), protocols=protocols)
+            say(
+                "identify",
+                peer=info.peer_id.to_base58(),
+                agent=agent.group().decode() if agent else raw[:80].hex(),
+                protocols=protocols,
+            )
 
             async def follow() -> None:
                 while True:
                     msg = await subscription.get()
-                    say("message", data=bytes(msg.data).decode(errors="replace"),
-                        **{"from": bytes(msg.from_id) and _b58(bytes(msg.from_id))})
+                    say(
+                        "message",
+                        data=bytes(msg.data).decode(errors="replace"),
+                        **{"from": bytes(msg.from_id) and _b58(bytes(msg.from_id))},
+                    )
 
             ping = PingService(host)
             async with trio.open_nursery() as nursery:

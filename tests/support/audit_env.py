@@ -34,8 +34,13 @@ def build_audit_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("audit")
     tok = build_tokenizer(seed=0)
     model = build_model(
-        tok, seed=3, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
+        tok,
+        seed=3,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
     )
     model_dir = save_model_dir(model, tok, root / "model")
     table = run_manifest_table(run_id="audit-test", seed=9)
@@ -53,17 +58,31 @@ def build_audit_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         records = list(read_records(f))
     manifest = load_run_manifest(run)
     return dict(
-        root=root, tok=tok, model=model, model_dir=model_dir, run=run, identity=identity,
-        records=records, opened=[open_record(r) for r in records], manifest=manifest,
-        judge=make_judge(manifest, tok), tasks=TaskSet(manifest.seed),
+        root=root,
+        tok=tok,
+        model=model,
+        model_dir=model_dir,
+        run=run,
+        identity=identity,
+        records=records,
+        opened=[open_record(r) for r in records],
+        manifest=manifest,
+        judge=make_judge(manifest, tok),
+        tasks=TaskSet(manifest.seed),
         settings=AuditSettings(expected_settings=manifest),
     )
 
 
 def records_file(
-    env: dict[str, Any], model: Any, name: str, *, n: int = 8, max_batch: int | None = None,
-    start_counter: int = 0, policy_version: int = 0,
-) -> Path:  # fmt: skip
+    env: dict[str, Any],
+    model: Any,
+    name: str,
+    *,
+    n: int = 8,
+    max_batch: int | None = None,
+    start_counter: int = 0,
+    policy_version: int = 0,
+) -> Path:
     """`n` records of `env`'s producer made with `model` (proofs included), written to
     `env["root"] / name`."""
     out = env["root"] / name

@@ -11,5 +11,6 @@ from protocol.identity import Identity
 
 def relay_config(tmp: Path, name: str, manifest: Any, **kw: Any) -> PeerConfig:
     """A relay with a fresh identity and its data under `tmp / name`."""
-    return PeerConfig(manifest=manifest, identity=Identity.generate(), data_dir=tmp / name,
-                      roles=("relay",), **kw)
+    return PeerConfig(
+        manifest=manifest, identity=Identity.generate(), data_dir=tmp / name, roles=("relay",), **kw
+    )
