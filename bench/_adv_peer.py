@@ -1,6 +1,6 @@
 """One peer process of `bench adversary`: trainer, validator, honest worker or attacker.
 
-The full peer (`node.peer.open_peer`: py-libp2p, admission, SQLite) with synthetic signed
+The full peer (`node.peer.peer.open_peer`: py-libp2p, admission, SQLite) with synthetic signed
 records instead of model output. What stands in for the model (said plainly, because the
 benchmark measures the network's rules, not the audit): a record's true reward is
 `true_reward(body)` (1.0 for about 23% of bodies, by their digest, else 0.0); honest
@@ -46,8 +46,8 @@ import trio
 
 from bench._gossip_peer import json_lines, reply
 from bench._records import net_manifest, synthetic_record
-from node.host import HostSettings
-from node.peer import PeerConfig, open_peer
+from node.host.host import HostSettings
+from node.peer.peer import PeerConfig, open_peer
 from node.roles import RoleContext
 from node.roles.rollout_fates import Fates
 from node.roles.trainer import Collector, _pick, judged

@@ -30,9 +30,9 @@ from typing import Any
 import trio
 
 from bench._adv_peer import CHANGED_MARK, SLIGHT_MARK, VERSION, honest_record, true_reward
-from node.host import HostSettings, MessageTooLarge, PeerError
-from node.peer import PeerConfig, open_peer
-from node.store import RolloutRow
+from node.host.host import HostSettings, MessageTooLarge, PeerError
+from node.peer.peer import PeerConfig, open_peer
+from node.store.store import RolloutRow
 from protocol.admission import Admitted, Kind
 from protocol.codec import decode, encode
 from protocol.content_id import content_id

@@ -35,9 +35,9 @@ from libp2p.pubsub.pubsub import PUBSUB_SIGNING_PREFIX
 from libp2p.utils.varint import encode_uvarint
 
 from bench._adv_peer import honest_record
-from node.gossip import topic_name
-from node.gossip_guard import ControlLimits
-from node.host import key_pair_from_private_bytes, open_host
+from node.host.gossip_guard import ControlLimits
+from node.host.host import key_pair_from_private_bytes, open_host
+from node.peer.gossip import topic_name
 from protocol.codec import decode
 from protocol.identity import Identity
 from protocol.wire import RolloutRecord
@@ -70,7 +70,7 @@ def _connected(host: Any, peer: Any) -> bool:
 
 
 async def honest_probe(addr: str, topic: str, timeout: float = 10.0) -> dict[str, Any]:
-    """A fresh honest peer (the node's own host, `node.host.open_host`, new key):
+    """A fresh honest peer (the node's own host, `node.host.host.open_host`, new key):
     connect, ping (`/ipfs/ping/1.0.0`, 32 bytes echoed) and see the target in the
     GossipSub peers of `topic` (subscriptions exchanged both ways). `ok` when all of it
     worked within `timeout`."""
@@ -313,7 +313,7 @@ async def _gossip_control_abuse(cmd: dict[str, Any], m: Any) -> dict[str, Any]:
         await trio.sleep(1.0)
         still = _connected(host, info.peer_id)
     elapsed = time.monotonic() - start
-    # What the guard lets through at most (per-peer budgets per window, node.gossip_guard
+    # What the guard lets through at most (per-peer budgets per window, node.host.gossip_guard
     # defaults): the rest is dropped before the library sees it.
     lim = ControlLimits()
     windows = max(1, math.ceil(elapsed / lim.window_s))

@@ -26,7 +26,7 @@ import time
 
 import trio
 
-from node.host import HostSettings, PeerEvent, open_host
+from node.host.host import HostSettings, PeerEvent, open_host
 
 _STAMP = struct.Struct(">dQ")  # send time (time.time()), sequence number
 

@@ -1,5 +1,5 @@
-"""A host with circuit relay v2, AutoNAT and DCUtR (`node.host_relay`,
-`node.host_reachability`), driven by JSON lines: the peer of the NAT tests and `bench reach`.
+"""A host with circuit relay v2, AutoNAT and DCUtR (`node.host.relay`,
+`node.host.reachability`), driven by JSON lines: the peer of the NAT tests and `bench reach`.
 
 Start-up prints `{"peer_id", "addrs"}`. With `--serve-relay` it runs the relay service
 with the limits given. Commands on stdin, one JSON object per line, each answered by one
@@ -28,9 +28,9 @@ import time
 import trio
 
 from bench._gossip_peer import json_lines, reply
-from node.host import FramedStream, HostSettings, PeerError, open_host
-from node.host_reachability import open_reachability
-from node.host_relay import RelayLimitsConfig, RelayRefused, connection_kinds, open_relay
+from node.host.host import FramedStream, HostSettings, PeerError, open_host
+from node.host.reachability import open_reachability
+from node.host.relay import RelayLimitsConfig, RelayRefused, connection_kinds, open_relay
 
 PAYLOAD_PROTOCOL = "/swarm-test/payload/1"
 PAYLOAD_DEADLINE_S = 5.0  # one payload: stream open, send, acknowledgement, retries

@@ -1,4 +1,4 @@
-"""A full peer (`node.peer.open_peer`) producing synthetic records, driven by JSON lines.
+"""A full peer (`node.peer.peer.open_peer`) producing synthetic records, driven by JSON lines.
 
 For integration tests and `bench gossip`; the records come from `bench._records`
 (well-formed and signed, not model output). Start-up prints
@@ -34,9 +34,9 @@ import trio
 
 from bench._gossip_peer import json_lines, reply
 from bench._records import net_manifest, synthetic_record
-from node.host import HostSettings, MessageTooLarge, PeerError
-from node.peer import PeerConfig, open_peer
-from node.rollout_exchange import protocol_id
+from node.exchange.rollouts import protocol_id
+from node.host.host import HostSettings, MessageTooLarge, PeerError
+from node.peer.peer import PeerConfig, open_peer
 from protocol.admission import AdmissionConfig, Admitted, Kind
 from protocol.identity import Identity
 from protocol.wire import RunManifest

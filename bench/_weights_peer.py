@@ -36,10 +36,10 @@ import trio
 
 from bench._gossip_peer import json_lines
 from bench._records import net_manifest
-from node import shard_exchange
-from node.host import HostSettings
-from node.peer import PeerConfig, open_peer
-from node.weights_sync import WeightSettings
+from node.exchange import shards as shard_exchange
+from node.host.host import HostSettings
+from node.peer.peer import PeerConfig, open_peer
+from node.weights.sync import WeightSettings
 from protocol.admission import Admitted, Kind
 from protocol.identity import Identity, peer_id_from_b58
 from trainer.checkpoint import weights_digest

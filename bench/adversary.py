@@ -110,7 +110,7 @@ relay_copy_quota: signer_penalty 0.0 instead), not honest_banned, rss_mb_growth 
                            subscriptions (quick 10,000, full 100,000), `--graft-prune`
                            GRAFT/PRUNE (2,000 / 12,000), `--ihave` IHAVEs of 5,000 ids (50 /
                            300), interleaved. rejected: what the control budgets
-                           (`node.gossip_guard.ControlLimits` defaults) drop at least, plus
+                           (`node.host.gossip_guard.ControlLimits` defaults) drop at least, plus
                            writes that failed. penalized: scored below 0 or banned at the
                            trainer (`too_many_topics`, `graft_prune_flood`, `ihave_flood`).
     oversize_library_drop  `--oversize` 1.5 MB gossip RPCs (quick 3, full 10), each on a new
@@ -143,7 +143,7 @@ from bench._attacks import ATTACKS
 from bench._conn_attacks import CONN_ATTACKS, conn_attack, honest_probe
 from bench._gossip_peer import PeerProcess
 from node.console import sayer
-from node.gossip import topic_name
+from node.peer.gossip import topic_name
 from protocol.identity import Identity
 from protocol.standing import HOLD_S
 from verify.producer import CLOSE_AFTER_S

@@ -45,7 +45,7 @@ import trio
 
 from bench._gossip_peer import PeerProcess
 from node.console import sayer
-from node.store import DB_FILENAME, Store
+from node.store.store import DB_FILENAME, Store
 
 ROLES = ("trainer", "validator", "w1", "w2")
 WORKERS = ("w1", "w2")

@@ -68,7 +68,7 @@ import trio
 from bench._gossip_peer import PeerProcess
 from node.config import NODE_KEYS
 from node.console import sayer
-from node.peer import PeerConfig
+from node.peer.peer import PeerConfig
 
 DEAD_AFTER_S = 4.0  # the peers' heartbeat timeout (passed to each as --dead-after)
 # A worker publishes each generation batch at once (`inference.batch_size`), not one

@@ -167,7 +167,7 @@ NODE_KEYS: tuple[Key, ...] = (
         "a number in [0, 1]",
         "share of each producer's windows of 16 records audited whole (per-producer evidence)",
     ),
-    # The relay service's limits (`--role relay`; node.host_relay.RelayLimitsConfig's defaults)
+    # The relay service's limits (`--role relay`; node.host.relay.RelayLimitsConfig's defaults)
     Key(
         "relay.max_reservations",
         128,

@@ -1,7 +1,7 @@
 """Asking bootstrap peers which run they serve, and saying in plain words why one did not
 answer: what `swarm-node start --join`, `swarm-node runs` and `swarm-node doctor` share.
 
-`ask(host, addr)` dials one multiaddr and asks it over `node.run_exchange`; the answer
+`ask(host, addr)` dials one multiaddr and asks it over `node.exchange.runs`; the answer
 (`Answer`) holds the runs served, the round trip, the peer's clock offset, or the cause of
 the failure (`dial_cause`, `stream_cause`; `probe_tcp` asks the OS why when a dial timed
 out: no route, refused). `choose(answers, pin, current)` picks the
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from node import run_exchange
-from node.host import PeerError, SwarmHost
+from node.exchange import runs as run_exchange
+from node.host.host import PeerError, SwarmHost
 from protocol import run_manifest as rm
 from protocol.wire import RunRelease
 

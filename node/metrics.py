@@ -113,14 +113,14 @@ def render(status: dict[str, Any]) -> str:
     series(
         "dropped_by_peers",
         "gauge",
-        "peers that keep closing our connections (node.dropped_by)",
+        "peers that keep closing our connections (node.peer.dropped_by)",
         [({}, len(status.get("dropped_by") or {}))],
     )
     told = [d for d in (status.get("dropped_by") or {}).values() if d.get("told")]
     series(
         "refused_by_peers",
         "gauge",
-        "peers that told us they refuse us (node.host_goodbye)",
+        "peers that told us they refuse us (node.host.goodbye)",
         [({}, len(told))],
     )
     series(

@@ -73,7 +73,7 @@ def node_dir(data_dir: str | Path | None, peer_id_b58: str, role: str) -> Path:
 
 def find_node_dirs(root: Path) -> list[Path]:
     """Node directories holding a store: `root` itself, or those under `root/nodes/`."""
-    from node.store import DB_FILENAME
+    from node.store.store import DB_FILENAME
 
     if (root / DB_FILENAME).is_file():
         return [root]
@@ -87,7 +87,7 @@ def node_dirs(given: Path) -> list[Path]:
     """The node data directories a folder names: a data directory itself, a devnet node
     folder (`<name>/data`), or a devnet report folder (`nodes/<name>/data` each). A folder
     holding none is returned as is (the caller says no store is there)."""
-    from node.store import DB_FILENAME
+    from node.store.store import DB_FILENAME
 
     given = Path(given).expanduser()
     if (given / DB_FILENAME).is_file():

@@ -1,6 +1,6 @@
 """What a node can tell about how others reach it, in plain lines for `swarm-node doctor`:
 the addresses peers observe it at (identify), whether it is publicly reachable (an AutoNAT
-dial-back by the peers asked, `node.host_reachability`), and the relay it uses or would
+dial-back by the peers asked, `node.host.reachability`), and the relay it uses or would
 use (a relay announces the circuit relay v2 hop protocol through identify).
 
 `describe(r)` returns (level, text) pairs, level one of `ok`, `info`, `warn`, `FAIL`; a

@@ -52,7 +52,7 @@ signers, the body already held under another signer, a store that failed) record
 nothing, so the producer's own copy arriving later by another path is admitted, not
 charged as a replay. Each signer has one sequence space per kind (a rollout header's seq
 is its task counter; other objects number themselves apart) and never reuses a number
-across restarts (`node.store.Store.reserve`).
+across restarts (`node.store.store.Store.reserve`).
 
 Staleness: a rollout made at policy version v is usable at version t only if t - v <= S,
 S = `RunRules.max_staleness` (the run manifest's `max_staleness`). The current version t
@@ -774,7 +774,9 @@ class Disconnect:
 class Ban:
     peer: PeerId
     until: float
-    record: PeerRecord  # persist this (node.store.Store.save_peer) so the ban survives restart
+    record: (
+        PeerRecord  # persist this (node.store.store.Store.save_peer) so the ban survives restart
+    )
 
 
 @dataclass(frozen=True, slots=True)

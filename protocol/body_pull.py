@@ -1,7 +1,7 @@
 """The body-pull schedule: whom to ask for the body of an admitted header, when to ask
 again, when to give up, and whom a missing body costs.
 
-Pure (no IO, no clock): the node (`node.body_puller`) and the simulator
+Pure (no IO, no clock): the node (`node.peer.body_puller`) and the simulator
 (`swarm_sim.swarm`) feed it events with the current time and carry out its actions.
 
     Want(rollout_id, sources, now, origin)   a header was admitted; its body is wanted

@@ -4,7 +4,7 @@ what became of our own. Pure rules: time passed in, actions returned, no IO.
 Why: gossip offers a header once. What is published while a receiver is down, or sits in
 a producer's outbox when it crashes, is never offered again; only asking closes the gap.
 
-The exchange (carried by `node.sync_exchange`): a peer asks a neighbour "the rollouts you
+The exchange (carried by `node.exchange.sync`): a peer asks a neighbour "the rollouts you
 hold with a body, received at or after `since` (your clock), made at policy version >=
 `min_version`, optionally only those of `producer`", one page at a time, oldest first.
 

@@ -250,7 +250,7 @@ WITHHELD = Offence(
     "counters never published past its allowance (each time it passes it)",
 )
 
-# -- GossipSub control traffic, counted by the host (node/gossip_guard.py) per peer and window
+# -- GossipSub control traffic, counted by the host (node/host/gossip_guard.py) per peer and window
 
 GRAFT_PRUNE_FLOOD = Offence(
     "graft_prune_flood",

@@ -244,7 +244,7 @@ class Swarm:
             self.loop.after(self.churn.session_s(self._churn_rng), self._leave, p)
         if self.wl.version_interval_s > 0 and p != 0:
             # A joining peer learns the newest version its new neighbours hold (the node
-            # reads it from their hellos, `node.weights_sync`) and fetches it.
+            # reads it from their hellos, `node.weights.sync`) and fetches it.
             best = max((self.version[q] for q in self.net.conns[p]), default=0)
             if best > self.version[p]:
                 self.loop.after(self.wl.checkpoint_bytes / self.net.down[p], self._adopt, p, best)
@@ -605,7 +605,7 @@ class Swarm:
             msg = self._pull_msgs.get(mid)
             holders = self.bodies.get(mid)
             if msg is None or holders is None or src not in holders:
-                # An empty frame: "no body for that id" (node.rollout_exchange).
+                # An empty frame: "no body for that id" (node.exchange.rollouts).
                 self.net.send(
                     src,
                     b,

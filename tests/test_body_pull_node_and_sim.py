@@ -10,9 +10,9 @@ import pytest
 import trio
 
 from bench._records import net_manifest, synthetic_record
-from node import rollout_exchange
-from node.host import HostSettings
-from node.peer import PeerConfig, open_peer
+from node.exchange import rollouts as rollout_exchange
+from node.host.host import HostSettings
+from node.peer.peer import PeerConfig, open_peer
 from protocol import body_pull as bp
 from protocol.admission import AdmissionConfig, Reason
 from protocol.codec import decode

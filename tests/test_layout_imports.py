@@ -83,7 +83,7 @@ def test_roles_do_not_import_commands():
 
 def test_checker_sees_a_violation(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("import os\nfrom node.store import Store\nfrom . import sibling\n")
+    module.write_text("import os\nfrom node.store.store import Store\nfrom . import sibling\n")
     assert imported_packages(module) == {"node"}
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from node.store import DB_FILENAME, Store
+from node.store.store import DB_FILENAME, Store
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

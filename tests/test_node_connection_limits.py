@@ -1,4 +1,4 @@
-"""Connection slots and limits of `node.host`: an inbound slot is released when its
+"""Connection slots and limits of `node.host.host`: an inbound slot is released when its
 connection closes (py-libp2p 0.8.1 held it until the swarm stopped, so a node refused
 every peer after `max_connections` connections had come and gone), per-peer and per-IP
 caps, and at the total cap the lowest-scored / least active connection makes room."""
@@ -21,7 +21,7 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.transport.tcp.tcp import TCP
 from libp2p.transport.upgrader import TransportUpgrader
 
-from node.host import HostSettings, PeerEvent, open_host
+from node.host.host import HostSettings, PeerEvent, open_host
 from tests.support.polling import until
 
 pytestmark = pytest.mark.network

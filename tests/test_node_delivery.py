@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench._records import net_manifest, synthetic_record
-from node.peer import PeerConfig, open_peer
-from node.store import RolloutRow, Store
+from node.peer.peer import PeerConfig, open_peer
+from node.store.store import RolloutRow, Store
 from protocol.admission import Kind
 from protocol.codec import decode
 from protocol.identity import Identity

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from node.commands.devnet import NodeProc
 from node.commands.devnet_report import penalties, penalty_lines
-from node.store import Store
+from node.store.store import Store
 from protocol.admission import Reason, Reject, Stage
 from protocol.identity import Identity
 

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from bench._records import net_manifest, synthetic_record
-from node.peer import open_peer
+from node.peer.peer import open_peer
 from tests.support.peers import relay_config
 
 pytestmark = pytest.mark.network

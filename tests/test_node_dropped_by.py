@@ -1,8 +1,8 @@
-"""`node.dropped_by`: a node notices peers that keep closing its connections."""
+"""`node.peer.dropped_by`: a node notices peers that keep closing its connections."""
 
 from __future__ import annotations
 
-from node.dropped_by import DroppedBy
+from node.peer.dropped_by import DroppedBy
 
 
 def test_repeated_closes_are_reported_once_with_reason_and_until() -> None:

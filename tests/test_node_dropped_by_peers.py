@@ -11,7 +11,7 @@ import trio
 
 from bench._records import net_manifest
 from node import metrics
-from node.peer import PeerConfig, open_peer
+from node.peer.peer import PeerConfig, open_peer
 from protocol.identity import Identity
 
 pytestmark = pytest.mark.network
@@ -43,6 +43,6 @@ async def test_a_node_its_peer_banned_reports_it(tmp_path: Path) -> None:
                 await a.host.connect(addr)
                 await trio.sleep(0.3)
         d = a.stats()["dropped_by"][b.host.peer_id]  # type: ignore[index]
-        # it was told (node.host_goodbye): the reason and the ban's end, not a reporting window
+        # it was told (node.host.goodbye): the reason and the ban's end, not a reporting window
         assert d["told"] and d["reason"] == "banned: test" and d["until"] > time.time() + 3000, d
         assert "swarm_dropped_by_peers 1" in metrics.render(a.stats())

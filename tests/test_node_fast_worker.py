@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from bench._records import net_manifest, synthetic_record
-from node.peer import PACE_MARGIN, PeerConfig, open_peer
+from node.peer.peer import PACE_MARGIN, PeerConfig, open_peer
 from protocol.identity import Identity
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]

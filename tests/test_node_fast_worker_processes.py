@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from bench._gossip_peer import PeerProcess
-from node.peer import PACE_MARGIN
+from node.peer.peer import PACE_MARGIN
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 

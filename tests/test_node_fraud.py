@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from bench._records import synthetic_record
-from node.peer import PeerConfig, open_peer
+from node.peer.peer import PeerConfig, open_peer
 from node.roles import RoleContext
 from node.roles import validator as validator_role
 from node.run_file import manifest_from_table

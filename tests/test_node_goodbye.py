@@ -1,4 +1,4 @@
-"""`node.host_goodbye`: a peer that bans us says why and until when; what it says is shown
+"""`node.host.goodbye`: a peer that bans us says why and until when; what it says is shown
 (log, status, metrics) and never acted on. Garbage, replayed or unsolicited goodbyes cost
 nobody anything."""
 
@@ -14,8 +14,7 @@ import trio
 from bench._gossip_peer import PeerProcess
 from bench._records import net_manifest
 from node import metrics
-from node.dropped_by import DroppedBy
-from node.host_goodbye import (
+from node.host.goodbye import (
     GOODBYE_PROTOCOL,
     GOODBYE_S,
     MAX_UNTIL_S,
@@ -23,7 +22,8 @@ from node.host_goodbye import (
     goodbye_message,
     parse_goodbye,
 )
-from node.peer import PeerConfig, open_peer
+from node.peer.dropped_by import DroppedBy
+from node.peer.peer import PeerConfig, open_peer
 from protocol.identity import Identity
 from tests.support.polling import until
 
@@ -229,7 +229,7 @@ async def test_a_peer_process_banned_for_garbage_says_who_refused_it_why_and_unt
 def test_status_shows_who_refused_us_why_and_until_when(tmp_path: Path) -> None:
     import json
 
-    from node.store import Store
+    from node.store.store import Store
     from tests.support.cli import run_cli
 
     Store.open(tmp_path).close()

@@ -11,8 +11,10 @@ import trio
 import trio.testing
 
 from bench._records import net_manifest, synthetic_record
-from node import rollout_exchange as rx
-from node.discovery import (
+from node.exchange import rollouts as rx
+from node.host.host import FrameTooLarge, HostSettings, open_host
+from node.peer.config import SeqCounter
+from node.peer.discovery import (
     BACKOFF_MAX_S,
     AddressBook,
     check_hello,
@@ -20,9 +22,7 @@ from node.discovery import (
     encode_addrs,
     exchange_hello,
 )
-from node.gossip import Outbox, run_topics, topic_name
-from node.host import FrameTooLarge, HostSettings, open_host
-from node.peer_config import SeqCounter
+from node.peer.gossip import Outbox, run_topics, topic_name
 from protocol.admission import Kind
 from protocol.envelope import seal
 from protocol.identity import Identity

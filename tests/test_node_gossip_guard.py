@@ -1,4 +1,4 @@
-"""GossipSub control budgets per peer (`node.gossip_guard`): a peer flooding GRAFT/PRUNE,
+"""GossipSub control budgets per peer (`node.host.gossip_guard`): a peer flooding GRAFT/PRUNE,
 IHAVE or IWANT, subscribing to too many topics, or sending an RPC over the size limit is
 reported once through `SwarmHost.on_misbehaviour`, and the excess is dropped; an honest
 peer's gossip is never reported."""
@@ -16,8 +16,8 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import encode_uvarint
 
-from node.gossip_guard import ControlLimits
-from node.host import HostSettings, Misbehaviour, open_host
+from node.host.gossip_guard import ControlLimits
+from node.host.host import HostSettings, Misbehaviour, open_host
 
 pytestmark = pytest.mark.network
 

@@ -16,9 +16,9 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import encode_uvarint
 
 from bench._records import net_manifest
-from node.gossip_guard import ControlLimits
-from node.host import HostSettings
-from node.peer import PeerConfig, open_peer
+from node.host.gossip_guard import ControlLimits
+from node.host.host import HostSettings
+from node.peer.peer import PeerConfig, open_peer
 from protocol import penalties
 from protocol.identity import Identity
 

@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from bench._records import net_manifest, synthetic_record
-from node.peer import PeerConfig, open_peer
+from node.peer.peer import PeerConfig, open_peer
 from protocol.codec import decode
 from protocol.identity import Identity
 from protocol.wire import RolloutRecord

@@ -10,8 +10,8 @@ import pytest
 import trio
 
 from bench._records import net_manifest, synthetic_record
-from node.gossip import topic_name
-from node.peer import open_peer
+from node.peer.gossip import topic_name
+from node.peer.peer import open_peer
 from protocol.codec import decode, encode
 from protocol.wire import HeaderBatch, RolloutRecord
 from tests.support.peers import relay_config

@@ -1,4 +1,4 @@
-"""One test per py-libp2p workaround in `node/host.py`: each fails if the library default
+"""One test per py-libp2p workaround in `node/host/host.py`: each fails if the library default
 comes back (plaintext offered, spam drops, 32-slot queues, own echo, early publish,
 silent size drop, frozen peers blocking, sequential dials, leaked listener)."""
 
@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from bench._gossip_peer import PeerProcess
-from node.host import (
+from node.host.host import (
     MAX_GOSSIP_BYTES,
     FrameTooLarge,
     HostClosed,
@@ -449,7 +449,7 @@ async def test_a_writer_out_of_window_wakes_at_the_window_update_not_a_poll(
 ) -> None:
     # Workaround 21: with the backstop poll at 30 s, only the window lock's wake-up can
     # move 2 MiB through a 256 KiB window (the library's zero-window wait gives up at 5 s).
-    import node.libp2p_patches as host_module
+    import node.host.libp2p_patches as host_module
 
     monkeypatch.setattr(host_module, "ZERO_WINDOW_POLL_S", 30.0)
     async with open_host(_key()) as a, open_host(_key()) as b:
@@ -607,7 +607,7 @@ async def test_received_bytes_are_handed_on_without_copies() -> None:
     import libp2p.stream_muxer.yamux.yamux as yamux
     from libp2p.security.secure_session import SecureSession
 
-    from node import libp2p_patches
+    from node.host import libp2p_patches
 
     libp2p_patches.apply()
     session = types.SimpleNamespace(buf=io.BytesIO(), low_watermark=0, high_watermark=0)

@@ -1,4 +1,4 @@
-"""`node.host_heartbeat`: a node whose own trio loop stood still (a model loading or a
+"""`node.host.heartbeat`: a node whose own trio loop stood still (a model loading or a
 checkpoint written in the loop's thread, a busy machine) does not drop its peers for the
 answers it could not hear meanwhile; a peer that really is silent is still dropped."""
 
@@ -10,7 +10,7 @@ import time
 import pytest
 import trio
 
-from node.host import HostSettings, open_host
+from node.host.host import HostSettings, open_host
 from tests.support.polling import until
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from bench._records import net_manifest, synthetic_record
-from node.peer import open_peer
+from node.peer.peer import open_peer
 from protocol.admission import Kind
 from protocol.identity import Identity
 from tests.support.peers import relay_config
@@ -74,9 +74,9 @@ async def test_a_ban_survives_a_restart(tmp_path: Path) -> None:
 
 
 async def test_body_streams_per_peer_are_capped(tmp_path: Path) -> None:
-    from node import rollout_exchange as rx
-    from node.host import PeerError
-    from node.peer_services import MAX_SERVE_STREAMS_PER_PEER
+    from node.exchange import rollouts as rx
+    from node.host.host import PeerError
+    from node.peer.services import MAX_SERVE_STREAMS_PER_PEER
 
     manifest = net_manifest("cap")
     async with (

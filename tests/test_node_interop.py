@@ -1,6 +1,6 @@
 """Our node against peers that run no patch of ours: js-libp2p 2.x (from the npm registry,
 installed by `.ci/run` into `tests/interop/js/node_modules`) and a py-libp2p process that
-never imports `node.libp2p_patches`. Each connects, identifies, pings and follows gossip
+never imports `node.host.libp2p_patches`. Each connects, identifies, pings and follows gossip
 both ways with our host (every patch of ours applied on this side). The two peers follow
 at the same time, each against a host of its own."""
 
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import trio
 
-from node.host import HostSettings, open_host
+from node.host.host import HostSettings, open_host
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""Circuit relay v2, AutoNAT and DCUtR (`node.host_relay`, `node.host_reachability`) with
+"""Circuit relay v2, AutoNAT and DCUtR (`node.host.relay`, `node.host.reachability`) with
 real peer processes (`bench._nat_peer`): on loopback for the relay's limits, and on an
 emulated network of namespaces behind cone and symmetric NATs (`bench._netlab`).
 
@@ -17,7 +17,7 @@ import trio
 
 from bench._nat_peer import start_in
 from bench._netlab import PUBLIC_IP, NetLab, unavailable
-from node.host import open_host
+from node.host.host import open_host
 
 IN_CI = os.environ.get("SWARM_CI") == "1"
 
@@ -93,7 +93,7 @@ async def test_a_relay_at_its_limits_refuses_new_reservations_and_keeps_existing
 
 async def test_hole_punch_dials_can_leave_from_our_listen_port() -> None:
     """DCUtR's TCP hole punch binds its dial to our listen port: that needs SO_REUSEPORT
-    on the listener (`node.libp2p_patches` workaround 16 keeps it, and claims the port
+    on the listener (`node.host.libp2p_patches` workaround 16 keeps it, and claims the port
     first so two nodes still cannot share one)."""
     async with open_host(os.urandom(32), ["/ip4/127.0.0.1/tcp/0"]) as host:
         port = int(host.listen_addrs()[0].split("/tcp/")[1].split("/")[0])
@@ -195,8 +195,8 @@ async def test_the_library_autonat_says_reachable_without_dialing_and_ours_dials
     from libp2p.host.autonat import AutoNATService
     from libp2p.peer.id import ID
 
-    from node import host_reachability
-    from node.host_reachability import _DialBackAutoNAT
+    from node.host import reachability as host_reachability
+    from node.host.reachability import _DialBackAutoNAT
 
     monkeypatch.setattr(host_reachability, "DIAL_BACK_EVERY_S", 0.0)  # one asker, two questions
 
@@ -221,9 +221,9 @@ async def test_the_library_autonat_says_reachable_without_dialing_and_ours_dials
 async def test_a_relay_announces_itself_through_identify_and_a_public_node_reserves_nothing() -> (
     None
 ):
-    from node.host_reachability import open_reachability
-    from node.host_relay import RelayLimitsConfig, open_relay
-    from node.nat_upkeep import NatUpkeep
+    from node.host.reachability import open_reachability
+    from node.host.relay import RelayLimitsConfig, open_relay
+    from node.peer.nat_upkeep import NatUpkeep
 
     async with (
         open_host(os.urandom(32)) as relay_host,
@@ -245,13 +245,13 @@ async def test_a_relay_announces_itself_through_identify_and_a_public_node_reser
 
 async def test_a_reservation_is_for_the_connected_peer_and_ends_when_it_leaves() -> None:
     """The library reserved for whatever id the request named, and kept the slot after
-    the peer left; `node.host_relay._CountingRelay` closes both."""
+    the peer left; `node.host.relay._CountingRelay` closes both."""
     from libp2p.peer.id import ID
     from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage
     from libp2p.relay.circuit_v2.pb.circuit_pb2 import PeerId as CircuitPeerId
     from libp2p.relay.circuit_v2.utils import read_delimited_msg, write_delimited_msg
 
-    from node.host_relay import RELAY_HOP_PROTOCOL, RelayLimitsConfig, open_relay
+    from node.host.relay import RELAY_HOP_PROTOCOL, RelayLimitsConfig, open_relay
 
     async with (
         open_host(os.urandom(32)) as relay_host,
@@ -284,7 +284,7 @@ async def test_a_reservation_is_for_the_connected_peer_and_ends_when_it_leaves()
 async def test_full_nodes_behind_nat_go_private_reserve_on_the_relay_role_deliver_and_meet(
     netlab: NetLab, tmp_path
 ) -> None:
-    """Full peers (`bench._net_peer`: `node.peer.open_peer`): a `relay`-role bootstrap and a
+    """Full peers (`bench._net_peer`: `node.peer.peer.open_peer`): a `relay`-role bootstrap and a
     trainer on the public side, workers behind NATs that know only the bootstrap."""
     from bench._gossip_peer import PeerProcess
 
@@ -425,7 +425,7 @@ def test_reachability_and_relay_fields_become_prometheus_series() -> None:
 
 
 async def test_one_ip_address_cannot_take_every_relay_slot_with_fresh_identities() -> None:
-    from node.host_relay import RelayLimitsConfig, RelayRefused, open_relay
+    from node.host.relay import RelayLimitsConfig, RelayRefused, open_relay
 
     limits = RelayLimitsConfig(max_reservations=10, max_reservations_per_ip=2)
     async with open_host(os.urandom(32)) as relay_host, open_relay(relay_host, limits) as relay:
@@ -459,7 +459,7 @@ async def test_a_dial_back_request_costs_a_bounded_number_of_dials_per_asker() -
     from libp2p.host.autonat import AutoNATService
     from libp2p.peer.id import ID
 
-    from node.host_reachability import DIAL_BACK_ADDRS, _DialBackAutoNAT
+    from node.host.reachability import DIAL_BACK_ADDRS, _DialBackAutoNAT
 
     accepted = 0
     hit: set[int] = set()

@@ -13,10 +13,10 @@ import torch
 import trio
 
 from bench._records import net_manifest
-from node.peer import PeerConfig, open_peer
+from node.peer.peer import PeerConfig, open_peer
 from node.roles.policy_versions import HeldVersions, HotSwap, load_weights
 from node.roles.publisher import perturb
-from node.weights_sync import WeightSettings
+from node.weights.sync import WeightSettings
 from protocol.identity import Identity
 from tests.support import polling
 from trainer.checkpoint import from_state_dict, to_state_dict

@@ -10,9 +10,9 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from node.gossip import Outbox
-from node.host import HostSettings
-from node.peer import PACE_MARGIN
+from node.host.host import HostSettings
+from node.peer.gossip import Outbox
+from node.peer.peer import PACE_MARGIN
 from protocol.admission import (
     Admission,
     AdmissionConfig,

@@ -1,5 +1,5 @@
 """The relay service's limits come from the config file's `[relay]` keys or `--relay-limit`
-flags: defaults are what `node.host_relay.RelayLimitsConfig` grants, a bad value is a clear
+flags: defaults are what `node.host.relay.RelayLimitsConfig` grants, a bad value is a clear
 one-line error (exit 2), and the values reach the limits the relay enforces."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from node.commands.start import parse_relay_limits, relay_limits
 from node.config import load_config
 from node.errors import CommandError
-from node.host_relay import RelayLimitsConfig
+from node.host.relay import RelayLimitsConfig
 from tests.support.cli import run_cli
 
 

@@ -379,7 +379,7 @@ def test_a_worker_joins_with_only_join_and_its_rollout_is_admitted(tmp_path: Pat
 def test_doctor_names_a_protocol_mismatch() -> None:
     import trio
 
-    from node.host import open_host
+    from node.host.host import open_host
 
     async def main() -> object:
         async with open_host(Identity.generate().private_bytes(), ["/ip4/127.0.0.1/tcp/0"]) as host:

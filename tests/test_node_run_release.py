@@ -9,9 +9,10 @@ import msgpack
 import pytest
 
 from bench._records import net_manifest
-from node import join, run_exchange
+from node import join
 from node.commands import run_sign
 from node.errors import CommandError
+from node.exchange import runs as run_exchange
 from node.keyfile import write_key
 from node.run_file import load_run_release, manifest_to_toml
 from protocol import run_manifest as rm

@@ -13,8 +13,8 @@ import pytest
 import trio
 
 from bench._records import net_manifest
-from node.peer import open_peer
-from node.run_service import RELEASE_FILE, RunService
+from node.peer.peer import open_peer
+from node.peer.run_service import RELEASE_FILE, RunService
 from protocol import run_manifest as rm
 from protocol.identity import Identity
 from tests.support.peers import relay_config
@@ -60,7 +60,7 @@ async def test_a_newer_release_is_adopted_live_and_an_older_one_refused(
 async def test_a_garbage_run_directory_request_costs_its_sender_and_breaks_nothing(
     tmp_path: Path,
 ) -> None:
-    from node import run_exchange
+    from node.exchange import runs as run_exchange
 
     authority = Identity.generate()
     manifest = net_manifest("garbage")

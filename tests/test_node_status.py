@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from node.store import LedgerEntry, Store
+from node.store.store import LedgerEntry, Store
 from protocol.identity import Identity, peer_id_to_b58
 from protocol.peer_score import PeerRecord
 from tests.support.cli import run_cli

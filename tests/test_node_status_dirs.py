@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from node.store import DB_FILENAME, Store
+from node.store.store import DB_FILENAME, Store
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

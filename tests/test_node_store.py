@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from node.store import (
+from node.store.store import (
     DB_FILENAME,
     SCHEMA_VERSION,
     LedgerEntry,
@@ -76,7 +76,7 @@ def store(tmp_path):
 
 _CHILD = r"""
 import sys
-from node.store import RolloutRow, Store
+from node.store.store import RolloutRow, Store
 store = Store.open(sys.argv[1])
 for i in range(int(sys.argv[2])):
     body = bytes([i % 251]) * 20_000  # about the size of a real rollout body
@@ -393,7 +393,7 @@ def test_counters_never_repeat_across_restarts(tmp_path):
 
 
 def test_version_1_database_is_migrated(tmp_path):
-    from node.store import APPLICATION_ID, MIGRATIONS
+    from node.store.store import APPLICATION_ID, MIGRATIONS
 
     conn = sqlite3.connect(tmp_path / DB_FILENAME)
     for stmt in MIGRATIONS[1]:

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from node.store import DB_FILENAME, LedgerEntry, RolloutRow, Store
+from node.store.store import DB_FILENAME, LedgerEntry, RolloutRow, Store
 from protocol.peer_score import PeerRecord
 
 T0 = 1_700_000_000.0
@@ -74,7 +74,7 @@ def test_the_store_stays_within_max_bytes_and_keeps_what_is_needed(tmp_path: Pat
 
 _FILL_AND_PRUNE = """
 import sys, time
-from node.store import LedgerEntry, Store
+from node.store.store import LedgerEntry, Store
 store = Store.open(sys.argv[1])
 store.log_many(LedgerEntry(1.0 + k, "in", "rejected", "rollout_header", None, "x", "malformed")
                for k in range(400_000))

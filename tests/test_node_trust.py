@@ -10,8 +10,8 @@ import pytest
 import trio
 
 from bench._records import net_manifest, synthetic_record
-from node.host import Later
-from node.peer import open_peer
+from node.host.host import Later
+from node.peer.peer import open_peer
 from protocol.admission import Kind
 from protocol.codec import decode
 from protocol.content_id import content_id
@@ -71,7 +71,7 @@ def test_bodyless_headers_expire_from_the_store(tmp_path: Path) -> None:
     """Rows of headers whose body never came are pruned from the store."""
     import time as _time
 
-    from node.store import RolloutRow, Store
+    from node.store.store import RolloutRow, Store
     from protocol.rollout import open_record
 
     manifest = net_manifest("expire")
@@ -104,7 +104,7 @@ def test_bodyless_headers_expire_from_the_store(tmp_path: Path) -> None:
 
 async def test_a_small_request_cannot_pull_more_than_the_byte_budget(tmp_path: Path) -> None:
     """A 1 KB request pulls at most MAX_RESPONSE_BYTES (not 32 x 4 MiB)."""
-    from node import rollout_exchange as rx
+    from node.exchange import rollouts as rx
 
     class FakeStream:
         peer = "client"
@@ -114,7 +114,7 @@ async def test_a_small_request_cannot_pull_more_than_the_byte_budget(tmp_path: P
 
         async def receive(self, _cap: int) -> bytes:
             if not self.requests:
-                from node.host import PeerUnreachable
+                from node.host.host import PeerUnreachable
 
                 raise PeerUnreachable(self.peer, "closed")
             return self.requests.pop(0)

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from bench._records import net_manifest, synthetic_record
-from node.peer import PeerConfig, open_peer
+from node.peer.peer import PeerConfig, open_peer
 from protocol import body_pull as bp
 from protocol.codec import decode
 from protocol.content_id import content_id

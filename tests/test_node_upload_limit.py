@@ -1,4 +1,4 @@
-"""The node's upload cap (`node.upload_limit`): the rate it keeps, and the order in which
+"""The node's upload cap (`node.weights.upload_limit`): the rate it keeps, and the order in which
 transfers that share it finish (virtual time: trio's MockClock)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from node.upload_limit import MiB, UploadLimiter
+from node.weights.upload_limit import MiB, UploadLimiter
 
 
 async def _send(

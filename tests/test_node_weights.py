@@ -14,11 +14,11 @@ import pytest
 import trio
 
 from bench._records import net_manifest, synthetic_record
-from node import shard_exchange
-from node.host import PeerUnreachable
-from node.peer import PeerConfig, open_peer
-from node.weights_store import WeightsError, WeightsStore
-from node.weights_sync import WeightSettings
+from node.exchange import shards as shard_exchange
+from node.host.host import PeerUnreachable
+from node.peer.peer import PeerConfig, open_peer
+from node.weights.store import WeightsError, WeightsStore
+from node.weights.sync import WeightSettings
 from protocol.codec import decode
 from protocol.envelope import open_envelope, seal
 from protocol.identity import Identity
@@ -286,7 +286,7 @@ def test_a_shard_of_a_pruned_manifest_is_refused_with_its_own_error(tmp_path: Pa
     """Found by the devnet test: a validator crashed (exit 1) when a shard arrived after
     newer versions had pruned its manifest (`ValueError` out of the fetch task). The store
     now says so with `ManifestGone`, which the fetcher takes as "no longer wanted"."""
-    from node.weights_store import ManifestGone
+    from node.weights.store import ManifestGone
     from protocol.content_id import content_id
     from trainer.export import export_version
 
@@ -391,8 +391,8 @@ async def test_have_maps_are_pushed_and_an_idle_swarm_opens_no_streams(tmp_path:
 async def test_a_peer_pushing_have_maps_too_fast_is_cut_off(tmp_path: Path) -> None:
     import msgpack
 
-    from node import shard_exchange
-    from node.host import PeerError
+    from node.exchange import shards as shard_exchange
+    from node.host.host import PeerError
 
     trainer = Identity.generate()
     manifest = run_manifest("flood", trainer)
@@ -422,8 +422,8 @@ async def test_a_peer_pushing_have_maps_too_fast_is_cut_off(tmp_path: Path) -> N
 async def test_a_peer_gets_at_most_two_watches_served_at_once(tmp_path: Path) -> None:
     # Each served watch is a task for up to WATCH_MAX_S: a peer opening watches in a loop
     # must not pile them up on us.
-    from node import shard_exchange
-    from node.host import PeerError
+    from node.exchange import shards as shard_exchange
+    from node.host.host import PeerError
     from protocol.shard_schedule import MAX_WATCHES_PER_PEER
 
     trainer = Identity.generate()

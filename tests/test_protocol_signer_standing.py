@@ -76,7 +76,7 @@ def test_verdicts_of_a_key_that_may_not_judge_earn_nothing() -> None:
 
 
 def test_the_worker_paces_to_what_its_standing_lets_peers_admit() -> None:
-    from node.peer import PACE_MARGIN
+    from node.peer.peer import PACE_MARGIN
     from node.roles.inference import pace_for
 
     a = _m()

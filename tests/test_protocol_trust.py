@@ -897,7 +897,7 @@ def test_a_header_refused_as_double_work_is_charged_once_whoever_relays_copies()
 
 def test_one_key_signing_every_kind_interleaved_gets_nothing_refused_as_a_replay():
     """A rollout header's seq is its task counter (small, dense); every other signed object
-    of the same key takes its seq from a time-based counter (`node.peer.SeqCounter`, about
+    of the same key takes its seq from a time-based counter (`node.peer.peer.SeqCounter`, about
     time x 4096). Each kind has its own replay window, so neither space shadows the other."""
     from protocol.wire import FraudEvidence, ProducerClaim
 

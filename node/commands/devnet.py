@@ -285,7 +285,7 @@ def _drain(nodes: list[NodeProc], console: Any) -> float:
     when every worker has nothing pending and nothing waits at the trainer, or when nothing
     moves for 5 s (for the hold and 5 s while rollouts wait at the trainer); returns the
     seconds spent (everyone is stopped afterwards)."""
-    from node.peer_services import DELIVERY_CHECK_S
+    from node.peer.services import DELIVERY_CHECK_S
     from protocol.standing import HOLD_S
 
     workers = [n for n in nodes if n.role == "inference"]

@@ -417,7 +417,7 @@ def penalties(nodes: list[NodeProc]) -> list[dict[str, Any]]:
     """Every penalty a node's admission or role charged (its store's ledger: charges only),
     grouped by (node, peer charged, reason), with the peer named when it is one of ours
     (`honest`: every devnet node is) and the first line's detail."""
-    from node.store import DB_FILENAME, Store, StoreError
+    from node.store.store import DB_FILENAME, Store, StoreError
     from protocol.identity import peer_text
 
     names = {n.peer_id: n.name for n in nodes if n.peer_id}

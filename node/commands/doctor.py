@@ -169,10 +169,10 @@ async def _network_checks(
     import trio
 
     from node import join
-    from node.host import ListenFailed, open_host
-    from node.host_identify import identify
-    from node.host_reachability import open_reachability
-    from node.host_relay import RELAY_HOP_PROTOCOL
+    from node.host.host import ListenFailed, open_host
+    from node.host.identify import identify
+    from node.host.reachability import open_reachability
+    from node.host.relay import RELAY_HOP_PROTOCOL
     from node.reachability import NO_RELAY, Reachability, describe
     from protocol.identity import Identity
 
@@ -259,7 +259,7 @@ def _joined_manifest(
     report: Report, answers: list[Any], flag: bytes | None, data_dir: Path | None
 ) -> None:
     from node import join
-    from node.run_service import read_pin
+    from node.peer.run_service import read_pin
     from protocol import run_manifest as rm
     from protocol.identity import peer_id_to_b58
 

@@ -19,7 +19,7 @@ import click
 
 from node.errors import CommandError
 from node.paths import find_node_dir
-from node.store import DB_FILENAME, LedgerEntry, Store
+from node.store.store import DB_FILENAME, LedgerEntry, Store
 from protocol.admission import Kind
 from protocol.identity import peer_text
 

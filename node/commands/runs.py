@@ -49,7 +49,7 @@ async def _ask_all(addrs: list[str]) -> list[Any]:
     import trio
 
     from node import join
-    from node.host import open_host
+    from node.host.host import open_host
     from protocol.identity import Identity
 
     out: list[join.Answer] = []

@@ -144,7 +144,7 @@ def _base_weights(model_dir: Path, manifest: Any) -> bytes:
 
 
 def _weight_settings(cfg: Any) -> Any:
-    from node.weights_sync import WeightSettings
+    from node.weights.sync import WeightSettings
 
     return WeightSettings(
         upload_limit_mib_s=cfg["network.upload_limit_mib_s"],
@@ -280,7 +280,7 @@ def _configure_logging(cfg: Any) -> None:
     configure(cfg["node.log_level"], cfg["node.log_format"])
     # py-libp2p logs every failed dial at ERROR; our own lines already say what failed.
     # (Import it first: importing libp2p resets its loggers' levels.)
-    import node.host  # noqa: F401
+    import node.host.host  # noqa: F401
 
     quiet = logging.DEBUG if cfg["node.log_level"] == "debug" else logging.CRITICAL
     for noisy in ("libp2p", "multiaddr", "async_service"):
@@ -362,8 +362,8 @@ async def _run(
 ) -> None:
     import trio
 
-    from node.host import ListenFailed
-    from node.peer import open_peer
+    from node.host.host import ListenFailed
+    from node.peer.peer import open_peer
     from node.roles import role_module
 
     module = role_module(role)
@@ -374,7 +374,7 @@ async def _run(
     try:
         async with open_peer(pcfg) as peer:
             if run_choice is not None:
-                from node.run_service import RunService
+                from node.peer.run_service import RunService
 
                 RunService(peer, run_choice.release, run_choice.pin)  # serves until the host closes
             if base is not None and peer.weights is not None:
@@ -405,7 +405,7 @@ def _peer_config(
     cfg: Any,
     module: Any,
 ) -> Any:
-    from node.peer import PeerConfig
+    from node.peer.peer import PeerConfig
     from protocol.admission import AdmissionConfig
 
     settings = _host_settings(cfg)
@@ -447,7 +447,7 @@ def parse_relay_limits(items: Sequence[str]) -> dict[str, Any]:
 
 def relay_limits(cfg: Any) -> Any:
     """The relay service's limits from the config's `[relay]` keys."""
-    from node.host_relay import RelayLimitsConfig
+    from node.host.relay import RelayLimitsConfig
 
     names = (
         "max_reservations",
@@ -461,7 +461,7 @@ def relay_limits(cfg: Any) -> Any:
 
 
 def _host_settings(cfg: Any) -> Any:
-    from node.host import HostSettings
+    from node.host.host import HostSettings
 
     return HostSettings(
         dial_timeout_s=cfg["network.dial_timeout_s"],

@@ -3,7 +3,7 @@ network (`--join MULTIADDR`), checked against the run authority (`--authority`, 
 this node pinned before, else trust on first use, said loudly and written beside the
 node's data).
 
-A release adopted earlier (`node.run_service`: `run_release.bin`) is used when it is newer
+A release adopted earlier (`node.peer.run_service`: `run_release.bin`) is used when it is newer
 than what the run file or the bootstrap peers offer.
 """
 
@@ -46,8 +46,8 @@ def parse_authority(text: str | None) -> bytes | None:
 
 def from_run_file(path: Path, ddir: Path, flag: bytes | None) -> RunChoice:
     """The run file's manifest (and release), or a newer release adopted before."""
+    from node.peer.run_service import load_saved_release, newest_release, read_pin
     from node.run_file import load_run_release
-    from node.run_service import load_saved_release, newest_release, read_pin
 
     manifest, release = load_run_release(path)
     if release is None:
@@ -68,7 +68,7 @@ def from_run_file(path: Path, ddir: Path, flag: bytes | None) -> RunChoice:
 
 
 def _pin(flag: bytes | None, remembered: bytes | None, ddir: Path) -> bytes | None:
-    from node.run_service import AUTHORITY_FILE
+    from node.peer.run_service import AUTHORITY_FILE
 
     pin = rm.choose_pin(flag, remembered)
     if isinstance(pin, rm.Refuse):
@@ -82,7 +82,7 @@ def from_network(addrs: list[str], ddir: Path, flag: bytes | None, settings: Any
     """Fetch the run's release from the bootstrap peers, check it, pin on first use."""
     import trio
 
-    from node.run_service import (
+    from node.peer.run_service import (
         AUTHORITY_FILE,
         load_saved_release,
         newest_release,
@@ -138,7 +138,7 @@ async def _fetch(addrs: list[str], pin: bytes | None, settings: Any, held: Any) 
     import trio
 
     from node import join
-    from node.host import open_host
+    from node.host.host import open_host
     from protocol.identity import Identity
 
     answers: list[join.Answer] = []

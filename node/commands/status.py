@@ -19,7 +19,7 @@ import click
 
 from node.errors import CommandError
 from node.paths import find_node_dir, node_dirs
-from node.store import DB_FILENAME, Store
+from node.store.store import DB_FILENAME, Store
 from protocol.identity import peer_text
 
 
@@ -61,7 +61,7 @@ def collect(data_dir: Path, now: float | None = None) -> dict[str, Any]:
 
 def _weights(data_dir: Path, live: dict[str, Any] | None) -> dict[str, Any]:
     """Installed versions from the weights store; the download from the live status."""
-    from node.weights_store import WeightsError, WeightsStore
+    from node.weights.store import WeightsError, WeightsStore
 
     out: dict[str, Any] = {"installed": {}, "download": None, "error": None}
     if (data_dir / "weights" / "weights.sqlite3").is_file():

@@ -214,7 +214,7 @@ def pace_for(config: Any, factor: float) -> tuple[float, float]:
     """(headers a second, burst) a worker publishes at: `PACE_MARGIN` of what its peers
     admit from it (`signer_rate` and `signer_burst` scaled by its verified standing,
     `factor`, within the per-connection `sender_rate`/`sender_burst`)."""
-    from node.peer import PACE_MARGIN
+    from node.peer.peer import PACE_MARGIN
 
     rate = PACE_MARGIN * min(config.signer_rate * factor, config.sender_rate)
     burst = PACE_MARGIN * min(config.signer_burst * factor, config.sender_burst)

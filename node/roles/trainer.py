@@ -54,7 +54,7 @@ import trio
 
 from node.roles import RoleContext
 from node.roles.rollout_fates import Fates
-from node.weights_store import WeightsError
+from node.weights.store import WeightsError
 from protocol import penalties
 from protocol.accounting import WITHHELD_PENALTY, GapCharges, WorkLedger
 from protocol.admission import Admitted, Kind

@@ -1,6 +1,6 @@
 """An unpatched py-libp2p peer for tests/test_node_interop.py.
 
-Imports `libp2p` only (never `node.*`, so none of `node.libp2p_patches` is applied) and
+Imports `libp2p` only (never `node.*`, so none of `node.host.libp2p_patches` is applied) and
 runs the library's defaults: `new_host()` and GossipSub as constructed in its docs.
 Usage: python py_unpatched_peer.py <our multiaddr with /p2p/> <topic> <seconds>
 Dials the node, reads its identify answer, pings it every 2 s, follows <topic> and

@@ -1,11 +1,11 @@
-"""Peer configurations for in-process peers (`node.peer.open_peer`)."""
+"""Peer configurations for in-process peers (`node.peer.peer.open_peer`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from node.peer import PeerConfig
+from node.peer.peer import PeerConfig
 from protocol.identity import Identity
 
 

@@ -1,0 +1,177 @@
+"""Reachability of a `SwarmHost` behind NAT: AutoNAT dial-back, a relay slot when not
+reachable, and DCUtR hole punching to turn relayed connections into direct ones.
+
+Uses py-libp2p 0.8.1's `AutoNATService` and `DCUtRProtocol`. What we change and why
+(each pinned by a test in `tests/test_node_nat.py`):
+
+- The library's AutoNAT server answers a dial-back request with `host.connect()`, which
+  returns at once when a connection to the asker exists -- and the asker is always
+  connected, it sent the request on that connection. So every asker was told "reachable".
+  `_DialBackAutoNAT` dials the advertised address afresh (`network.dial_addr`, a new
+  TCP + Noise + Yamux connection) and closes that connection after.
+- The asker advertises its listen addresses and the addresses DCUtR predicts from what
+  peers observed (the NAT's public address with our listen port); the server dials only
+  those on the IP it sees the asker come from (the library's rule).
+- The library flips its verdict after more than three servers agree; a run may have one
+  bootstrap, so the count is `min(3, servers asked)`.
+
+DCUtR runs as the library ships it: every 2 s it tries to upgrade each relayed
+connection (dials from our listen port to the address the peer's NAT showed, both sides at
+once) and closes the relayed connection once a direct one is verified; stream opens then
+use the direct connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+import trio
+from libp2p.host.autonat import AutoNATService, AutoNATStatus
+from libp2p.peer.id import ID
+from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+from libp2p.tools.anyio_service import background_trio_service
+from multiaddr import Multiaddr
+
+from node.host.relay import connection_kinds
+
+if TYPE_CHECKING:
+    from node.host.host import SwarmHost
+
+log = logging.getLogger("swarm.reachability")
+
+DIAL_BACK_TIMEOUT_S = 3.0  # SYN retries at 1 s and 3 s; a NAT that drops the dial costs this
+# What one asker may cost us: at most this many of its addresses dialed per request, one
+# request per DIAL_BACK_EVERY_S (honest nodes ask every 2 min), and at most
+# DIAL_BACKS_AT_ONCE dial-backs for all askers together; beyond, the answer is "not dialed".
+DIAL_BACK_ADDRS = 4
+DIAL_BACK_EVERY_S = 10.0
+DIAL_BACKS_AT_ONCE = 8
+MAX_ASKERS = 4096  # askers remembered for DIAL_BACK_EVERY_S
+_STATUS_NAMES = {
+    AutoNATStatus.UNKNOWN: "unknown",
+    AutoNATStatus.PUBLIC: "public",
+    AutoNATStatus.PRIVATE: "private",
+}
+
+
+class _DialBackAutoNAT(AutoNATService):
+    """AutoNAT whose server side really dials back (see the module docstring), within the
+    per-asker and overall bounds above."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._asked: dict[ID, float] = {}
+        self._dialing = 0
+
+    def _admit(self, peer_id: ID) -> bool:
+        now = trio.current_time()
+        if len(self._asked) >= MAX_ASKERS:
+            self._asked = {p: t for p, t in self._asked.items() if now - t < DIAL_BACK_EVERY_S}
+        last = self._asked.get(peer_id)
+        if (
+            (last is not None and now - last < DIAL_BACK_EVERY_S)
+            or self._dialing >= DIAL_BACKS_AT_ONCE
+            or len(self._asked) >= MAX_ASKERS
+        ):
+            return False
+        self._asked[peer_id] = now
+        return True
+
+    async def _try_dial(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
+        if not self._admit(peer_id):
+            log.debug(
+                "dial-back for %s refused: asked within %s s, or too many at once",
+                peer_id,
+                DIAL_BACK_EVERY_S,
+            )
+            return None
+        self._dialing += 1
+        try:
+            return await self._dial_back(peer_id, addrs[:DIAL_BACK_ADDRS])
+        finally:
+            self._dialing -= 1
+
+    async def _dial_back(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
+        network = self.host.get_network()
+        for raw in addrs:
+            try:
+                with trio.fail_after(DIAL_BACK_TIMEOUT_S):
+                    conn = await network.dial_addr(Multiaddr(raw), peer_id)
+            except trio.Cancelled:
+                raise
+            except Exception as exc:
+                log.debug("dial-back to %s at %s failed: %s", peer_id, Multiaddr(raw), exc)
+                continue
+            with trio.move_on_after(DIAL_BACK_TIMEOUT_S), contextlib.suppress(Exception):
+                await conn.close()
+            return bytes(raw)
+        return None
+
+
+class Reachability:
+    """AutoNAT (client and server) and DCUtR on one host."""
+
+    def __init__(self, host: SwarmHost) -> None:
+        self._host = host
+        self.autonat = _DialBackAutoNAT(host._lh, serve=True, confirmations=1)
+        self.dcutr = DCUtRProtocol(host._lh)
+
+    @property
+    def status(self) -> str:
+        """ "public", "private" or "unknown" (not asked yet, or no verdict)."""
+        return _STATUS_NAMES.get(self.autonat.get_status(), "unknown")
+
+    async def check(self, servers: Sequence[str], timeout_s: float = 15.0) -> str:
+        """Ask each connected peer in `servers` to dial us back; returns `status`."""
+        ids = [ID.from_base58(s) for s in servers]
+        if not ids:
+            return self.status
+        self.autonat.confirmations = min(3, len(ids))
+        advertised = await self._advertised()
+        for server in ids:
+            try:
+                with trio.fail_after(timeout_s):
+                    await self.autonat.query_server(server, advertised)
+            except trio.Cancelled:
+                raise
+            except Exception as exc:  # a failed or timed-out query counts as "not reachable"
+                log.info("AutoNAT query to %s failed: %s", server, exc)
+                self.autonat.dial_results[server] = False
+        self.autonat.update_status()
+        return self.status
+
+    async def _advertised(self) -> list[bytes]:
+        addrs = [
+            a.decapsulate(Multiaddr(f"/p2p/{self._host.peer_id}")).to_bytes()
+            for a in self._host._lh.get_addrs()
+            if "/p2p-circuit" not in str(a)
+        ]
+        with contextlib.suppress(Exception):
+            for raw in await self.dcutr._get_observed_addrs():
+                if raw not in addrs:
+                    addrs.append(raw)
+        return addrs
+
+    async def hole_punch(self, peer: str) -> bool:
+        """Try DCUtR with `peer` now (it runs on its own every 2 s as well)."""
+        return bool(await self.dcutr.initiate_hole_punch(ID.from_base58(peer)))
+
+    def stats(self) -> dict[str, object]:
+        kinds = connection_kinds(self._host)
+        return {
+            "reachability": self.status,
+            "direct_peers": sum(1 for k in kinds.values() if k == "direct"),
+            "relayed_peers": sum(1 for k in kinds.values() if k == "relayed"),
+        }
+
+
+@contextlib.asynccontextmanager
+async def open_reachability(host: SwarmHost) -> AsyncIterator[Reachability]:
+    """Serve AutoNAT and run DCUtR on `host` until exit."""
+    reach = Reachability(host)
+    async with background_trio_service(reach.dcutr):
+        await reach.dcutr.event_started.wait()
+        yield reach
