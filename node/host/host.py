@@ -97,6 +97,7 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
+from node.host import libp2p_patches
 from node.host.framed_stream import (
     FramedStream,
     FrameTooLarge,
@@ -118,7 +119,6 @@ from node.host.gossip_guard import (
     new_budget,
 )
 from node.host.heartbeat import PING_PROTOCOL, HeartbeatMixin, LoopStalls
-from node.host import libp2p_patches
 from node.host.libp2p_patches import AGENT
 from node.host.limits import ConnectionLimitsMixin, IpGate, library_cap
 from node.host.listen import explain, listen_failures, plain_listen_failed
