@@ -20,7 +20,7 @@ from node.keyfile import write_key
 from protocol.identity import Identity
 from tests.support.cli import ROOT, run_cli
 from tests.test_node_nat import _need_netlab
-from tests.test_node_run_discovery import _run_file, _stop, _wait_status
+from tests.test_node_run_discovery import _random_model_run, _stop, _wait_status
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -79,7 +79,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-de
     tmp = tmp_path_factory.mktemp("doctor-nat")
     authority = tmp / "authority.key"
     write_key(authority, Identity.generate())
-    run = _run_file(tmp, "run", "natted", authority)
+    run = _random_model_run(tmp, "natted", authority)
     net = NetLab()
     procs: list[subprocess.Popen[str]] = []
     try:

@@ -315,7 +315,9 @@ def test_peers_adopt_a_newer_release_and_refuse_older_and_foreign(tmp_path: Path
     assert "using the run manifest version 2 adopted earlier" in r.stdout
 
 
-def test_a_worker_joins_with_only_join_and_its_rollout_is_admitted(tmp_path: Path) -> None:
+def _random_model_run(tmp: Path, run_id: str, authority: Path) -> Path:
+    """A run file signed by `authority` whose model is a small random-weight policy saved
+    in `tmp/model` (builds in seconds, unlike the built-in policy's warm start)."""
     from node.run_file import manifest_from_table
     from trainer.model_dir import save_model_dir
     from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
@@ -330,13 +332,18 @@ def test_a_worker_joins_with_only_join_and_its_rollout_is_admitted(tmp_path: Pat
         num_attention_heads=4,
         num_key_value_heads=2,
     )
-    table = run_manifest_table(run_id="join-test", seed=3)
-    table["run"]["model"] = str(save_model_dir(model, tok, tmp_path / "model"))
+    table = run_manifest_table(run_id=run_id, seed=3)
+    table["run"]["model"] = str(save_model_dir(model, tok, tmp / "model"))
     table["sampling"]["max_new_tokens"] = 8
-    run = tmp_path / "run.toml"
+    run = tmp / "run.toml"
     run.write_text(manifest_to_toml(manifest_from_table(table)))
-    authority = _key(tmp_path, "authority")
     assert run_cli("run", "sign", str(run), "--key", str(authority)).returncode == 0
+    return run
+
+
+def test_a_worker_joins_with_only_join_and_its_rollout_is_admitted(tmp_path: Path) -> None:
+    authority = _key(tmp_path, "authority")
+    run = _random_model_run(tmp_path, "join-test", authority)
 
     trainer, trainer_addr = _start(
         tmp_path, "trainer", "--run", str(run), "--duration", "150", role="trainer"
