@@ -148,7 +148,7 @@ def test_a_killed_devnet_leaves_no_node_running(small_run: Path, tmp_path: Path)
 
 
 def test_the_version_summary_says_what_happened() -> None:
-    from node.commands.devnet import version_line
+    from node.commands.devnet_report import version_line
 
     done = {
         "version": 3,
@@ -170,7 +170,8 @@ def test_the_version_summary_says_what_happened() -> None:
 
 
 def test_the_learning_plot_zooms_to_the_data_with_intervals(tmp_path: Path) -> None:
-    from node.commands.devnet import NodeProc, _learning, solve_rate_ci95
+    from node.commands.devnet_nodes import NodeProc
+    from node.commands.devnet_report import learning, solve_rate_ci95
 
     series = [
         {"t": 10.0 * i, "version": i, "solve_rate": 0.2 + 0.02 * i, "reward_mean": 0.25, "steps": i}
@@ -184,7 +185,7 @@ def test_the_learning_plot_zooms_to_the_data_with_intervals(tmp_path: Path) -> N
         tmp_path / "log",  # type: ignore[arg-type]
         status={"role_status": {"learning": series}},
     )
-    summary = _learning(tmp_path, [trainer])
+    summary = learning(tmp_path, [trainer])
     assert summary["plot"] == "learning.png" and (tmp_path / "learning.png").stat().st_size > 1000
     lo, hi = summary["solve_rate_ci95"][0]
     assert (

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from node.commands.start import parse_relay_limits, relay_limits
-from node.config import load_config
+from node.config import load_config, parse_relay_limits
 from node.errors import CommandError
 from node.host.relay import RelayLimitsConfig
+from node.settings import relay_limits
 from tests.support.cli import run_cli
 
 

@@ -33,6 +33,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import click
+
+from node.cli_errors import one_line_errors
 from node.errors import CommandError
 from protocol.wire import WORKER_PRECISIONS as PRECISIONS
 
@@ -240,3 +243,58 @@ def _write_lines(lines: list[dict[str, Any] | None], as_json: bool, out: Any) ->
                 text += f": {line['detail']}"
             out.write(text + "\n")
     return failed
+
+
+@click.command(name="audit")
+@click.argument("files", nargs=-1, type=click.Path(path_type=Path))
+@click.option(
+    "--model", default="builtin:tiny", show_default=True, help="Model directory (or builtin:tiny)."
+)
+@click.option(
+    "--run",
+    "--manifest",
+    "manifest",
+    type=click.Path(path_type=Path),
+    help="Run manifest: re-derive tasks and re-score rewards.",
+)
+@click.option("--data-dir", help="Data directory holding the built-in policy (init-model's).")
+@click.option(
+    "--precision",
+    help="Without a manifest: the workers' compute precision, fp32 (default) or bf16.",
+)
+@click.option(
+    "--model-version", default=0, show_default=True, type=int, help="The version --model holds."
+)
+@click.option(
+    "--versions",
+    type=click.Path(path_type=Path),
+    help="Directory of model directories named by policy version (DIR/3).",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per rollout.")
+@one_line_errors
+def command(
+    files: tuple[Path, ...],
+    model: str,
+    manifest: Path | None,
+    data_dir: str | None,
+    precision: str | None,
+    model_version: int,
+    versions: Path | None,
+    as_json: bool,
+) -> None:
+    """Audit rollout records: proofs, sampling replay, log-probs, termination, reward.
+
+    Exit status 0 when every rollout passed, 1 when any failed, 2 on usage or IO errors.
+    """
+    sys.exit(
+        main(
+            files=list(files),
+            model=model,
+            as_json=as_json,
+            manifest=manifest,
+            data_dir=data_dir,
+            precision=precision,
+            model_version=model_version,
+            versions=versions,
+        )
+    )

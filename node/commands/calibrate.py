@@ -30,6 +30,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import click
+
+from node.cli_errors import one_line_errors
 from node.console import sayer
 from node.errors import CommandError
 
@@ -189,3 +192,17 @@ def main(
     result = calibrate_dir(resolve_model(model, model, data_dir), n=n, precisions=wanted)
     print(json.dumps(result), flush=True)
     return result
+
+
+@click.command(name="calibrate")
+@click.option("--model", required=True, help="Model directory (or builtin:tiny).")
+@click.option("--n", default=32, show_default=True, help="Honest rollouts per variation.")
+@click.option("--precisions", default="fp32,bf16", show_default=True, help="Regimes to calibrate.")
+@click.option("--data-dir", help="Data directory holding the built-in policy (init-model's).")
+@one_line_errors
+def command(model: str, n: int, precisions: str, data_dir: str | None) -> None:
+    """Measure honest variation and write the audit limits next to the model.
+
+    Prints the calibration file's digest, to pin as [verification] calibration_digest.
+    """
+    main(model=model, n=n, precisions=precisions, data_dir=data_dir)

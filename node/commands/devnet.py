@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import json
 import math
 import os
 import signal
@@ -42,13 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node.commands.devnet_evaluation import FINAL_EVAL_TASKS, final_evaluation
+import click
 
-# (_learning, solve_rate_ci95 and version_line are re-exported: tests import them from here)
-from node.commands.devnet_report import _learning as _learning
+from node.cli_errors import one_line_errors
+from node.commands.devnet_evaluation import FINAL_EVAL_TASKS, final_evaluation
+from node.commands.devnet_nodes import NodeProc
 from node.commands.devnet_report import node_totals, say_summary, write_report
-from node.commands.devnet_report import solve_rate_ci95 as solve_rate_ci95
-from node.commands.devnet_report import version_line as version_line
 from node.errors import CommandError
 from protocol.identity import Identity
 
@@ -60,39 +58,6 @@ DRAIN_S = 30.0
 # Workers together make this many times what the trainer trains per version (`--pace`):
 # a little over 1 covers groups that never complete and records an audit rejects.
 DEFAULT_PACE = 1.1
-
-
-@dataclass
-class NodeProc:
-    name: str
-    role: str
-    dir: Path
-    proc: subprocess.Popen[bytes]
-    log: Path
-    peer_id: str = ""
-    addr: str = ""
-    status: dict[str, Any] = field(default_factory=dict)
-    exit_code: int | None = None
-
-    def read_status(self) -> None:
-        try:
-            self.status = json.loads((self.dir / "data" / "status.json").read_text())
-        except (OSError, ValueError):
-            pass
-
-    def banner(self) -> tuple[str, str]:
-        """(peer id, first listen address) from the node's start-up lines, if printed yet."""
-        try:
-            text = self.log.read_text(errors="replace")
-        except OSError:
-            return "", ""
-        peer = addr = ""
-        for line in text.splitlines():
-            if line.startswith("swarm-node: peer "):
-                peer = line.split()[-1]
-            elif line.strip().startswith("listening on ") and not addr:
-                addr = line.strip().split()[-1]
-        return peer, addr
 
 
 def _node_key(root: Path, name: str) -> Identity:
@@ -659,3 +624,50 @@ def _drain_and_sample(swarm: _Swarm, console: Any) -> None:
             "phase": "drain",
         }
     )
+
+
+@click.command(name="devnet")
+@click.option("--inference", default=3, show_default=True, help="Inference workers.")
+@click.option("--validators", default=1, show_default=True, help="Validators.")
+@click.option("--relays", default=0, show_default=True, help="Relays.")
+@click.option("--duration", default=300.0, show_default=True, help="Seconds to run, then stop.")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    help="Report directory (default ./devnet-reports/<time>).",
+)
+@click.option(
+    "--run",
+    "run",
+    type=click.Path(path_type=Path),
+    help="Run manifest (default: the built-in tiny run).",
+)
+@click.option("--audit-fraction", default=0.25, show_default=True, help="Validator audit share.")
+@click.option("--batch-size", default=16, show_default=True, help="Inference and audit batch size.")
+@click.option("--no-live", is_flag=True, help="Plain progress lines instead of a live table.")
+@click.option(
+    "--publish-every",
+    default=0.0,
+    show_default=True,
+    help="Trainer publishes perturbed weights every S seconds (0: never).",
+)
+@click.option(
+    "--pace",
+    default=1.1,
+    show_default=True,
+    help="Workers together make this many times what the trainer trains per version (0: flat out).",
+)
+@click.option(
+    "--eval-tasks",
+    default=FINAL_EVAL_TASKS,
+    show_default=True,
+    help="Held-out tasks (2 samples each) on which the warm start and the last version are compared "
+    "after the stop (0: skip).",
+)
+@one_line_errors
+def command(no_live: bool, **kwargs: Any) -> None:
+    """Run a local swarm of real processes on loopback with the built-in tiny policy."""
+    report = main(live=not no_live, **kwargs)
+    if report.get("stopped_by"):
+        # stopped by a signal: the report is written, the exit status says which signal
+        sys.exit(128 + int(signal.Signals[report["stopped_by"]]))

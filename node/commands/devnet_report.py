@@ -7,12 +7,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from node.commands.devnet_evaluation import final_text
-
-if TYPE_CHECKING:
-    from node.commands.devnet import NodeProc
+from node.commands.devnet_nodes import NodeProc
 
 
 def node_totals(nodes: list[NodeProc]) -> dict[str, Any]:
@@ -252,7 +250,7 @@ def gain_text(learning: dict[str, Any]) -> str:
     )
 
 
-def _learning(
+def learning(
     out: Path, nodes: list[NodeProc], final: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The trainer's held-out evaluations (one at the start, one per published version),
@@ -403,7 +401,7 @@ def write_report(
         "fates": rollout_fates(nodes, totals["produced"]),
     }
     report["plots"] = _plots(root, series, nodes)
-    report["learning"] = _learning(root, nodes, final)
+    report["learning"] = learning(root, nodes, final)
     if "plot" in report["learning"]:
         report["plots"].append(report["learning"]["plot"])
     (root / "report.json").write_text(json.dumps(report, indent=2))

@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
+from node.cli_errors import one_line_errors
+from node.commands.addrs import check_addrs, check_listen
+from node.config import load_config
 from node.errors import CommandError
 
 CHECK_TIMEOUT_S = 60.0
@@ -83,9 +87,8 @@ def main(
     """Run the checks, print the lines; returns the exit status (see the module docstring)."""
     import trio
 
-    from node.commands.start import _check_addrs, _check_listen, _host_settings
+    from node import settings  # deferred: heavy import
     from node.commands.start_run import parse_authority
-    from node.config import load_config
     from node.join import quiet_library_logs
 
     if bool(join) == bool(run):
@@ -102,10 +105,10 @@ def main(
             "node.data_dir": str(data_dir) if data_dir else None,
         },
     )
-    addrs = _check_addrs(
-        join or cfg["node.bootstrap"], "--join" if join else "--bootstrap", need_peer=True
+    addrs = check_addrs(
+        join or cfg.node.bootstrap, "--join" if join else "--bootstrap", need_peer=True
     )
-    listen_addrs = _check_listen(cfg["node.listen"])
+    listen_addrs = check_listen(cfg.node.listen)
     flag = parse_authority(authority)
     report = Report()
     quiet_library_logs()
@@ -115,16 +118,16 @@ def main(
         report,
         listen_addrs,
         addrs,
-        _host_settings(cfg),
+        settings.host_settings(cfg),
         local,
         flag,
-        Path(cfg["node.data_dir"]).expanduser() if cfg["node.data_dir"] else None,
+        Path(cfg.node.data_dir).expanduser() if cfg.node.data_dir else None,
         bool(join),
     )
     _resources(
         report,
         role,
-        Path(cfg["node.data_dir"]).expanduser() if cfg["node.data_dir"] else Path.cwd(),
+        Path(cfg.node.data_dir).expanduser() if cfg.node.data_dir else Path.cwd(),
     )
     for line in report.lines:
         click.echo(line)
@@ -329,3 +332,26 @@ def _available_memory() -> float:
     except OSError:
         pass
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+@click.command(name="doctor")
+@click.option("--join", multiple=True, metavar="MULTIADDR", help="Bootstrap peer to join through.")
+@click.option("--run", "run", type=click.Path(path_type=Path), help="Run manifest TOML.")
+@click.option(
+    "--bootstrap", multiple=True, metavar="MULTIADDR", help="With --run: a bootstrap peer."
+)
+@click.option(
+    "--role",
+    type=click.Choice(["inference", "trainer", "validator", "relay"]),
+    default="inference",
+    show_default=True,
+    help="The role to check resources for.",
+)
+@click.option("--authority", metavar="PEER_ID", help="The run authority to trust.")
+@click.option("--listen", multiple=True, help="Multiaddr to listen on (default the config's).")
+@click.option("--data-dir", type=click.Path(path_type=Path), help="The node's data directory.")
+@click.option("--config", type=click.Path(path_type=Path), help="Node configuration TOML.")
+@one_line_errors
+def command(**kwargs: Any) -> None:
+    """Check that this machine can join a run; one line per check (exit 0: it can)."""
+    sys.exit(main(**kwargs))

@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import click
+
+from node.cli_errors import one_line_errors
 from node.console import say as _say
 from node.errors import CommandError
 
@@ -74,3 +77,19 @@ def main(
     }
     print(json.dumps(result), flush=True)
     return result
+
+
+@click.command(name="init-model")
+@click.option(
+    "--data-dir", help="Where models are cached (default $SWARM_NODE_DATA or ~/.cache/swarm-node)."
+)
+@click.option(
+    "--seed", default=0, show_default=True, type=int, help="Seed of the build (deterministic)."
+)
+@click.option("--force", is_flag=True, help="Rebuild even if the cache has it.")
+@click.option("--threads", type=int, help="Torch CPU threads.")
+@click.option("--quiet", is_flag=True, help="No progress output.")
+@one_line_errors
+def command(data_dir: str | None, seed: int, force: bool, threads: int | None, quiet: bool) -> None:
+    """Build and warm-start the built-in tiny policy (cached; a Hugging Face model directory)."""
+    main(data_dir=data_dir, seed=seed, force=force, threads=threads, quiet=quiet)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from node.cli_errors import one_line_errors
 from node.keyfile import read_key, write_key
 from protocol.identity import Identity
 
@@ -19,3 +20,22 @@ def keygen(out: Path, *, force: bool = False) -> None:
 
 def show_id(path: Path) -> None:
     click.echo(read_key(path).peer_id_b58)
+
+
+@click.command(name="keygen")
+@click.option(
+    "--out", "out", required=True, type=click.Path(path_type=Path), help="Key file to write."
+)
+@click.option("--force", is_flag=True, help="Overwrite an existing key file.")
+@one_line_errors
+def keygen_command(out: Path, force: bool) -> None:
+    """Create an Ed25519 identity key file (owner-readable only)."""
+    keygen(out, force=force)
+
+
+@click.command(name="id")
+@click.argument("path", type=click.Path(path_type=Path))
+@one_line_errors
+def id_command(path: Path) -> None:
+    """Print the libp2p peer id of a key file."""
+    show_id(path)

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from node.cli_errors import one_line_errors
 from node.errors import CommandError
 from node.paths import find_node_dir
 from node.store.store import DB_FILENAME, LedgerEntry, Store
@@ -85,3 +86,29 @@ def main(
         click.echo(json.dumps(as_dict(e)) if as_json else _line(e))
     if not as_json and not lines:
         click.echo(f"ledger of {data_dir}: no lines match")
+
+
+@click.command(name="ledger")
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    help="The node's directory (default: the one node under <data root>/nodes/).",
+)
+@click.option("--out", "direction", flag_value="out", help="Only this node's own work.")
+@click.option("--in", "direction", flag_value="in", help="Only what others sent us.")
+@click.option("--rejected", is_flag=True, help="Only rejections.")
+@click.option("--kind", help="Only this kind (rollout, verdict, rollout_header, ...).")
+@click.option("--last", default=100, show_default=True, help="The newest N lines.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+@one_line_errors
+def command(
+    data_dir: Path | None,
+    direction: str | None,
+    rejected: bool,
+    kind: str | None,
+    last: int,
+    as_json: bool,
+) -> None:
+    """List the node's ledger: its own work (produced, accepted or rejected by validators,
+    with reasons) and what others sent it (accepted, or rejected and why)."""
+    main(data_dir, direction, rejected, kind, last, as_json)

@@ -13,6 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import click
+
+from node.cli_errors import one_line_errors
 from node.console import say as _say
 from node.errors import CommandError
 from trainer.produce import DEFAULT_BATCH_SIZE
@@ -90,3 +93,35 @@ def main(
     summary["engine"] = engine
     print(json.dumps(summary), flush=True)
     return summary
+
+
+@click.command(name="rollouts")
+@click.option(
+    "--run", "run", required=True, type=click.Path(path_type=Path), help="Run manifest TOML."
+)
+@click.option("--key", required=True, type=click.Path(path_type=Path), help="Identity key file.")
+@click.option("--n", "n", required=True, type=int, help="How many rollouts.")
+@click.option(
+    "--out", required=True, type=click.Path(path_type=Path), help="Output file (msgpack stream)."
+)
+@click.option("--model", help="Model directory or builtin:tiny (default: the manifest's model).")
+@click.option("--data-dir", help="Data directory holding the built-in policy.")
+@click.option("--policy-version", default=0, show_default=True, type=int)
+@click.option(
+    "--start-counter", default=0, show_default=True, type=int, help="First assignment counter."
+)
+@click.option("--batch-size", default=16, show_default=True, type=int)
+@click.option("--threads", type=int, help="Torch CPU threads.")
+@click.option(
+    "--engine",
+    default="hf",
+    show_default=True,
+    type=click.Choice(["hf", "vllm"]),
+    help="Generation engine: transformers or vLLM.",
+)
+@click.option("--no-proofs", is_flag=True, help="Leave activation proofs empty.")
+@click.option("--quiet", is_flag=True, help="No progress output.")
+@one_line_errors
+def command(no_proofs: bool, **kwargs: Any) -> None:
+    """Generate N signed rollout records offline, with activation proofs."""
+    main(proofs=not no_proofs, **kwargs)

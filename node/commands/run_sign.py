@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from node.cli_errors import one_line_errors
 from node.config import read_toml
 from node.errors import CommandError
 from node.keyfile import read_key
@@ -63,3 +64,29 @@ def main(path: Path, key: Path, version: int | None = None, out: Path | None = N
         f"released run {manifest.run_id!r} version {version} signed by "
         f"{peer_id_to_b58(authority.peer_id)} -> {target}"
     )
+
+
+@click.group(name="run")
+def group() -> None:
+    """Release a run: sign its manifest as the run authority."""
+
+
+@group.command(name="sign")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option(
+    "--key",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The run authority's key file.",
+)
+@click.option(
+    "--version",
+    "version",
+    type=int,
+    help="Manifest version (default: one above the file's current release, or 1).",
+)
+@click.option("--out", type=click.Path(path_type=Path), help="Write here instead of in place.")
+@one_line_errors
+def sign(path: Path, key: Path, version: int | None, out: Path | None) -> None:
+    """Sign run file PATH as the run authority (adds a [release] section)."""
+    main(path, key, version, out)

@@ -16,7 +16,8 @@ from typing import Any
 
 import click
 
-from node.commands.start import _check_addrs
+from node.cli_errors import one_line_errors
+from node.commands.addrs import check_addrs
 from node.errors import CommandError
 from protocol import run_manifest as rm
 
@@ -28,7 +29,7 @@ def main(addrs: list[str], *, as_json: bool = False) -> None:
 
     from node import join
 
-    addrs = _check_addrs(addrs, "MULTIADDR", need_peer=True)
+    addrs = check_addrs(addrs, "MULTIADDR", need_peer=True)
     join.quiet_library_logs()
     answers = trio.run(_ask_all, addrs)
     rows = [_row(a, r) for a in answers if a.answered for r in a.runs]
@@ -88,3 +89,12 @@ def _print(row: dict[str, Any]) -> None:
     peers = ", ".join(f"{role} {n}" for role, n in sorted(row["peers"].items())) or "none known"
     click.echo(f"  peers: {peers}")
     click.echo(f"  served by {row['served_by']}")
+
+
+@click.command(name="runs")
+@click.argument("addrs", nargs=-1, required=True, metavar="MULTIADDR...")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@one_line_errors
+def command(addrs: tuple[str, ...], as_json: bool) -> None:
+    """List the runs the peers at MULTIADDR... serve."""
+    main(list(addrs), as_json=as_json)

@@ -10,6 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import click
+
+from node.cli_errors import one_line_errors
 from node.errors import CommandError
 from swarm_sim.report import start_note, write_outputs
 from swarm_sim.runner import progress_printer, run_scenario
@@ -44,3 +47,19 @@ def main(scenario: str, out: Path, seed: int, quiet: bool = False) -> None:
             f" wrote {', '.join(f.name for f in files)}",
             file=sys.stderr,
         )
+
+
+@click.command(name="sim")
+@click.argument("scenario")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Output directory.")
+@click.option(
+    "--seed", default=0, show_default=True, type=int, help="Seed (same seed, same results)."
+)
+@click.option(
+    "--quiet", is_flag=True, help="Less output: a progress line at each quarter of the run."
+)
+@one_line_errors
+def command(scenario: str, out: Path, seed: int, quiet: bool) -> None:
+    """Simulate a swarm: SCENARIO is a built-in (gossip-1k, churn, byzantine, broadcast, run)
+    or a TOML file; writes results.json, plots and report.md into --out."""
+    main(scenario, out, seed, quiet)

@@ -28,10 +28,15 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
+
+from node.cli_errors import one_line_errors
+from node.commands.addrs import check_addrs, check_listen
+from node.config import NodeConfig, config_options, flag_overrides, load_config
 from node.console import sayer
 from node.errors import CommandError
 
@@ -50,50 +55,6 @@ def _metrics_addr(text: str) -> tuple[str, int] | None:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise CommandError(f"--metrics: expected HOST:PORT (e.g. 127.0.0.1:9464), got {text!r}")
     return host.strip("[]"), int(port)
-
-
-def _check_addrs(addrs: Sequence[str], what: str, need_peer: bool) -> list[str]:
-    import multiaddr
-
-    out = []
-    for a in addrs:
-        try:
-            multiaddr.Multiaddr(a)
-        except Exception as exc:
-            raise CommandError(f"{what} {a!r} is not a multiaddr ({exc})") from None
-        if need_peer and "/p2p/" not in a:
-            raise CommandError(f"{what} {a!r} must end in /p2p/<peer id>")
-        out.append(a)
-    return out
-
-
-def _check_listen(addrs: Sequence[str]) -> list[str]:
-    """Listen addresses the node can bind: `/ip4/<address>/tcp/<port>` or
-    `/ip6/<address>/tcp/<port>` (port 0: any free port), nothing after the port; the node
-    listens on TCP only."""
-    import ipaddress
-
-    out = []
-    for a in _check_addrs(addrs, "--listen", need_peer=False):
-        parts = a.strip("/").split("/")
-        ok = (
-            len(parts) == 4
-            and parts[0] in ("ip4", "ip6")
-            and parts[2] == "tcp"
-            and parts[3].isdigit()
-        )
-        if ok:
-            try:
-                ipaddress.ip_address(parts[1])
-            except ValueError:
-                ok = False
-        if not ok or not 0 <= int(parts[3]) <= 65535:
-            raise CommandError(
-                f"--listen {a!r}: cannot listen there; give /ip4/<address>/tcp/<port> or "
-                "/ip6/<address>/tcp/<port> (port 0: any free port; the node listens on TCP only)"
-            )
-        out.append(a)
-    return out
 
 
 def _lock(data_dir: Path) -> Any:
@@ -143,16 +104,6 @@ def _base_weights(model_dir: Path, manifest: Any) -> bytes:
     return data
 
 
-def _weight_settings(cfg: Any) -> Any:
-    from node.weights.sync import WeightSettings
-
-    return WeightSettings(
-        upload_limit_mib_s=cfg["network.upload_limit_mib_s"],
-        max_version_bytes=int(cfg["weights.max_version_mib"] * 2**20),
-        shard_bytes=int(cfg["weights.shard_mib"] * 2**20),
-    )
-
-
 def parse_local_train(value: str | None, role: str | None) -> tuple[int, int] | None:
     """`--local-train I:J` as (I, J); only an inference peer trains locally."""
     if value is None:
@@ -170,81 +121,82 @@ def parse_local_train(value: str | None, role: str | None) -> tuple[int, int] | 
     return own, foreign
 
 
-def main(
-    *,
-    role: str | None = None,
-    run: Path | str | None = None,
-    key: Path | str | None = None,
-    listen: Sequence[str] = (),
-    bootstrap: Sequence[str] = (),
-    data_dir: Path | str | None = None,
-    model: str | None = None,
-    config: Path | str | None = None,
-    batch_size: int | None = None,
-    audit_fraction: float | None = None,
-    max_rollouts: int | None = None,
-    rollouts_per_version: int | None = None,
-    local_train: str | None = None,
-    duration: float | None = None,
-    threads: int | None = 1,
-    log_level: str | None = None,
-    log_format: str | None = None,
-    metrics: str | None = None,
-    publish_every: float | None = None,
-    upload_limit: float | None = None,
-    engine: str | None = None,
-    join: Sequence[str] = (),
-    authority: str | None = None,
-    relay_limit: Sequence[str] = (),
-) -> None:
-    """Run a node until SIGINT/SIGTERM or `duration` seconds; see the module docstring.
-    Flags override the config file; paths resolve as `node.paths` says."""
-    from node.config import ROLES, load_config
+@dataclass(frozen=True)
+class StartOptions:
+    """What `start` takes besides the configuration tree: how long and how much to run,
+    local training, and where to find the run on the network."""
 
-    if role is not None and role not in ROLES:
-        raise CommandError(f"--role must be one of {', '.join(ROLES)}, got {role!r}")
-    cfg = load_config(
-        Path(config) if config else None,
-        {
-            "node.role": role,
-            "node.key": str(key) if key else None,
-            "node.run": str(run) if run else None,
-            "node.model": model,
-            "node.data_dir": str(data_dir) if data_dir else None,
-            "node.listen": list(listen) or None,
-            "node.bootstrap": list(bootstrap) or None,
-            "node.log_level": log_level,
-            "node.log_format": log_format,
-            "node.metrics": metrics,
-            "inference.batch_size": batch_size,
-            "inference.engine": engine,
-            "inference.rollouts_per_version": rollouts_per_version,
-            "validator.audit_fraction": audit_fraction,
-            "trainer.publish_every_s": publish_every,
-            "network.upload_limit_mib_s": upload_limit,
-            **parse_relay_limits(relay_limit),
-        },
-    )
-    role = cfg["node.role"]
-    _check_limits(duration, max_rollouts)
-    split = parse_local_train(local_train, role)
+    max_rollouts: int | None = None
+    local_train: str | None = None
+    duration: float | None = None
+    threads: int | None = 1
+    join: tuple[str, ...] = ()
+    authority: str | None = None
+
+
+@click.command()
+@config_options
+@click.option("--config", type=click.Path(path_type=Path), help="Node configuration TOML.")
+@click.option("--max-rollouts", type=int, help="Inference: stop producing after this many.")
+@click.option(
+    "--local-train",
+    metavar="I:J",
+    help="Inference: train an own copy on I own + J swarm groups a round (never published).",
+)
+@click.option("--duration", type=float, help="Stop by itself after this many seconds.")
+@click.option("--threads", default=1, show_default=True, type=int, help="Torch CPU threads.")
+@click.option(
+    "--join",
+    multiple=True,
+    metavar="MULTIADDR",
+    help="Find the run at this peer instead of --run (repeatable; also a bootstrap peer).",
+)
+@click.option(
+    "--authority",
+    metavar="PEER_ID",
+    help="With --join: the run authority to trust (default: trust on first use).",
+)
+@one_line_errors
+def command(config: Path | None, join: tuple[str, ...], **kwargs: Any) -> None:
+    """Join a training run as one role (inference, trainer, validator, relay)."""
+    # Until the node runs (it then handles both signals itself and exits 0 once stopped),
+    # SIGTERM stops start-up as SIGINT does; either way the exit status is 0.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        cfg = load_config(config, flag_overrides(kwargs))
+        main(cfg, StartOptions(join=tuple(join), **kwargs))
+    except KeyboardInterrupt:
+        click.echo("swarm-node: stopped before it was running", err=True)
+    except BaseExceptionGroup as group:  # raised inside a trio nursery
+        if group.split(KeyboardInterrupt)[1] is not None:
+            raise
+        click.echo("swarm-node: stopped before it was running", err=True)
+
+
+def main(cfg: NodeConfig, opts: StartOptions | None = None) -> None:
+    """Run a node until SIGINT/SIGTERM or `opts.duration` seconds; see the module docstring.
+    `cfg` is the file with the flags applied; paths resolve as `node.paths` says."""
+    opts = opts or StartOptions()
+    role = cfg.node.role
+    _check_limits(opts.duration, opts.max_rollouts)
+    split = parse_local_train(opts.local_train, role)
     _configure_logging(cfg)
-    metrics_at = _metrics_addr(cfg["node.metrics"])
-    listen_addrs = _check_listen(cfg["node.listen"])
-    boot = _check_addrs(cfg["node.bootstrap"], "--bootstrap", need_peer=True)
-    join_addrs = _check_addrs(join, "--join", need_peer=True)
+    metrics_at = _metrics_addr(cfg.node.metrics)
+    listen_addrs = check_listen(cfg.node.listen)
+    boot = check_addrs(cfg.node.bootstrap, "--bootstrap", need_peer=True)
+    join_addrs = check_addrs(opts.join, "--join", need_peer=True)
     boot += [a for a in join_addrs if a not in boot]
-    run_choice, identity, ddir = _run_key_and_dir(cfg, role, join_addrs, authority)
+    run_choice, identity, ddir = _run_key_and_dir(cfg, role, join_addrs, opts.authority)
     manifest = run_choice.manifest
-    ctx = _role_context(cfg, ddir, threads, max_rollouts, split)
-    from node.roles import check_local
+    ctx = _role_context(cfg, ddir, opts.threads, opts.max_rollouts, split)
+    from node.roles import check_local  # deferred: heavy import
 
     model_dir = check_local(role, ctx, manifest)  # model and datasets: before the network
     base = _base_weights(model_dir, manifest) if model_dir is not None else None
-    ctx.publish_every_s = cfg["trainer.publish_every_s"]
+    ctx.publish_every_s = cfg.trainer.publish_every_s
     lock = _lock(ddir)
     try:
-        import trio
+        import trio  # deferred: heavy import
 
         trio.run(
             _run,
@@ -256,7 +208,7 @@ def main(
             boot,
             ctx,
             cfg,
-            duration,
+            opts.duration,
             base,
             metrics_at,
             run_choice,
@@ -272,17 +224,17 @@ def _check_limits(duration: float | None, max_rollouts: int | None) -> None:
         raise CommandError(f"--max-rollouts must be >= 1, got {max_rollouts}")
 
 
-def _configure_logging(cfg: Any) -> None:
+def _configure_logging(cfg: NodeConfig) -> None:
     """Our log level and format, py-libp2p's loggers quiet unless at debug, matplotlib's
     font-cache lines hidden."""
     from node.log_format import configure
 
-    configure(cfg["node.log_level"], cfg["node.log_format"])
+    configure(cfg.node.log_level, cfg.node.log_format)
     # py-libp2p logs every failed dial at ERROR; our own lines already say what failed.
     # (Import it first: importing libp2p resets its loggers' levels.)
     import node.host.host  # noqa: F401
 
-    quiet = logging.DEBUG if cfg["node.log_level"] == "debug" else logging.CRITICAL
+    quiet = logging.DEBUG if cfg.node.log_level == "debug" else logging.CRITICAL
     for noisy in ("libp2p", "multiaddr", "async_service"):
         logging.getLogger(noisy).setLevel(quiet)
         # py-libp2p detaches its logger (no handler, no propagation): at debug its lines
@@ -293,25 +245,26 @@ def _configure_logging(cfg: Any) -> None:
 
 
 def _run_key_and_dir(
-    cfg: Any, role: str, join: list[str], authority: str | None
+    cfg: NodeConfig, role: str, join: list[str], authority: str | None
 ) -> tuple[Any, Any, Path]:
     """(`node.commands.start_run.RunChoice`, identity, data directory): the run from the
     run file, or found through `--join`; says so when a trainer's key is not one of the
     run's trainer keys."""
+    from node import settings  # deferred: heavy import
     from node.commands import start_run
     from node.keyfile import read_key
     from node.paths import node_dir, required_path
 
     flag = start_run.parse_authority(authority)
-    if join and cfg["node.run"]:
+    if join and cfg.node.run:
         raise CommandError("give --run RUN.toml or --join MULTIADDR, not both")
-    run_path = None if join else required_path(None, cfg["node.run"], "--run", "node.run")
-    identity = read_key(required_path(None, cfg["node.key"], "--key", "node.key"))
-    ddir = node_dir(cfg["node.data_dir"], identity.peer_id_b58, role)
+    run_path = None if join else required_path(None, cfg.node.run, "--run", "node.run")
+    identity = read_key(required_path(None, cfg.node.key, "--key", "node.key"))
+    ddir = node_dir(cfg.node.data_dir, identity.peer_id_b58, role)
     if run_path is not None:
         choice = start_run.from_run_file(run_path, ddir, flag)
     else:
-        choice = start_run.from_network(join, ddir, flag, _host_settings(cfg))
+        choice = start_run.from_network(join, ddir, flag, settings.host_settings(cfg))
     manifest = choice.manifest
     if role == "trainer" and identity.peer_id not in manifest.trainer_keys:
         _say(
@@ -322,7 +275,7 @@ def _run_key_and_dir(
 
 
 def _role_context(
-    cfg: Any,
+    cfg: NodeConfig,
     ddir: Path,
     threads: int | None,
     max_rollouts: int | None,
@@ -331,15 +284,15 @@ def _role_context(
     from node.roles import RoleContext
 
     return RoleContext(
-        model=cfg["node.model"] or None,
+        model=cfg.node.model or None,
         models_dir=str(ddir),
-        batch_size=cfg["inference.batch_size"],
-        engine=cfg["inference.engine"],
+        batch_size=cfg.inference.batch_size,
+        engine=cfg.inference.engine,
         threads=threads,
-        rollouts_per_version=cfg["inference.rollouts_per_version"],
-        audit_fraction=cfg["validator.audit_fraction"],
+        rollouts_per_version=cfg.inference.rollouts_per_version,
+        audit_fraction=cfg.validator.audit_fraction,
         max_rollouts=max_rollouts,
-        producer_window_fraction=cfg["validator.producer_window_fraction"],
+        producer_window_fraction=cfg.validator.producer_window_fraction,
         local_train=split,
         data_dir=ddir,
         say=lambda m: _say(f"  {m}"),
@@ -354,7 +307,7 @@ async def _run(
     listen: list[str],
     boot: list[str],
     ctx: Any,
-    cfg: Any,
+    cfg: NodeConfig,
     duration: float | None,
     base: bytes | None = None,
     metrics_at: tuple[str, int] | None = None,
@@ -367,7 +320,7 @@ async def _run(
     from node.roles import role_module
 
     module = role_module(role)
-    pcfg = _peer_config(role, manifest, identity, data_dir, listen, boot, ctx, cfg, module)
+    pcfg = _peer_config(manifest, identity, data_dir, listen, boot, ctx, cfg, module)
     scrape = await _bind_metrics(
         metrics_at
     )  # before joining: a busy port fails before any network IO
@@ -395,80 +348,27 @@ async def _run(
 
 
 def _peer_config(
-    role: str,
     manifest: Any,
     identity: Any,
     data_dir: Path,
     listen: list[str],
     boot: list[str],
     ctx: Any,
-    cfg: Any,
+    cfg: NodeConfig,
     module: Any,
 ) -> Any:
-    from node.peer.peer import PeerConfig
-    from protocol.admission import AdmissionConfig
+    """The peer's configuration: the settings objects from `cfg` (`node.settings`); a role
+    that trains locally pulls rollout bodies as a validator does."""
+    from node import settings  # deferred: heavy import
 
-    settings = _host_settings(cfg)
-    return PeerConfig(
+    return settings.peer_config(
+        cfg,
         manifest=manifest,
         identity=identity,
         data_dir=data_dir,
-        roles=(role,),
         listen=tuple(listen),
         bootstrap=tuple(boot),
         pull_bodies=module.PULLS_BODIES or ctx.local_train is not None,
-        publish_rate_per_s=cfg["network.publish_rate_per_s"],
-        max_peers=cfg["network.max_peers"],
-        header_batch=cfg["network.header_batch"],
-        # The trainer knows which versions exist: a rollout of any other costs its signer.
-        admission=AdmissionConfig(publishes_versions=role == "trainer"),
-        host=settings,
-        weights=_weight_settings(cfg),
-        store_max_bytes=cfg["store.max_bytes"],
-        relay=relay_limits(cfg),
-    )
-
-
-def parse_relay_limits(items: Sequence[str]) -> dict[str, Any]:
-    """`--relay-limit NAME=INTEGER` flags as config overrides (`relay.NAME`)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        try:
-            if not sep or not name:
-                raise ValueError
-            out[f"relay.{name.strip()}"] = int(value)
-        except ValueError:
-            raise CommandError(
-                f"--relay-limit: expected NAME=INTEGER (like max_reservations=64), got {item!r}"
-            ) from None
-    return out
-
-
-def relay_limits(cfg: Any) -> Any:
-    """The relay service's limits from the config's `[relay]` keys."""
-    from node.host.relay import RelayLimitsConfig
-
-    names = (
-        "max_reservations",
-        "max_reservations_per_ip",
-        "max_circuits_per_peer",
-        "max_circuit_bytes",
-        "max_circuit_s",
-        "reservation_ttl_s",
-    )
-    return RelayLimitsConfig(**{name: cfg[f"relay.{name}"] for name in names})
-
-
-def _host_settings(cfg: Any) -> Any:
-    from node.host.host import HostSettings
-
-    return HostSettings(
-        dial_timeout_s=cfg["network.dial_timeout_s"],
-        io_timeout_s=cfg["network.io_timeout_s"],
-        heartbeat_interval_s=cfg["network.heartbeat_interval_s"],
-        peer_dead_after_s=cfg["network.heartbeat_timeout_s"],
-        max_gossip_bytes=cfg["network.max_message_bytes"],
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from node.cli_errors import one_line_errors
 from node.errors import CommandError
 from node.paths import find_node_dir, node_dirs
 from node.store.store import DB_FILENAME, Store
@@ -183,3 +184,17 @@ def _show(data_dir: Path) -> None:
         click.echo(
             f"  banned {ban['peer']} for {ban['until_s']} s more ({ban['offences']} offences)"
         )
+
+
+@click.command(name="status")
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    help="The node's data directory, a devnet node folder or a devnet report folder "
+    "(every node) (default: the one node under <data root>/nodes/).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (one a node).")
+@one_line_errors
+def command(data_dir: Path | None, as_json: bool) -> None:
+    """Show a node's store: rollouts, its own work's verdicts, rejections, bans."""
+    main(data_dir=data_dir, as_json=as_json)

@@ -16,6 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import click
+
+from node.cli_errors import one_line_errors
 from node.errors import CommandError
 
 
@@ -88,3 +91,22 @@ def main(
     summary["versions_published"] = trainer.published
     print(json.dumps(summary))
     return summary
+
+
+@click.command(name="train")
+@click.argument("files", nargs=-1, type=click.Path(path_type=Path))
+@click.option(
+    "--run", "run", required=True, type=click.Path(path_type=Path), help="Run manifest TOML."
+)
+@click.option("--model", help="Model directory or builtin:tiny (default: the manifest's model).")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    help="Versions (v<N>/) and checkpoint (ckpt/) go here (default ./train-out).",
+)
+@click.option("--data-dir", help="Where the built-in policy is cached.")
+@click.option("--threads", default=1, show_default=True, type=int, help="Torch CPU threads.")
+@one_line_errors
+def command(files: tuple[Path, ...], **kwargs: Any) -> None:
+    """Train on rollout record files offline with the run's loss and loop (debugging, tests)."""
+    main(files=list(files), **kwargs)
