@@ -202,12 +202,14 @@ class NodeSection:
         ("/ip4/127.0.0.1/tcp/0",),
         MultiaddrList(),
         "multiaddrs like /ip4/127.0.0.1/tcp/4001",
+        "addresses to listen on (TCP; port 0: any free port)",
         flag=Flag("--listen", "Multiaddr to listen on (repeatable).", multiple=True),
     )
     bootstrap: tuple[str, ...] = setting(
         (),
         MultiaddrList(),
         "multiaddrs ending in /p2p/<peer id>",
+        "peers to join the network through",
         flag=Flag(
             "--bootstrap",
             "Multiaddr of a peer, ending in /p2p/<id> (repeatable).",
@@ -215,12 +217,17 @@ class NodeSection:
         ),
     )
     log_level: str = setting(
-        "info", Choice(LOG_LEVELS), " | ".join(LOG_LEVELS), flag=Flag("--log-level")
+        "info",
+        Choice(LOG_LEVELS),
+        " | ".join(LOG_LEVELS),
+        "the lowest level of the log lines written on stderr",
+        flag=Flag("--log-level"),
     )
     log_format: str = setting(
         "text",
         Choice(("text", "json")),
         "text | json",
+        "log lines on stderr: text, or one JSON object a line (ts, level, logger, msg)",
         flag=Flag(
             "--log-format",
             "Log lines on stderr: text, or one JSON object a line (or node.log_format).",
@@ -243,21 +250,51 @@ class NodeSection:
 class NetworkSection:
     """`[network]`: timeouts, message sizes and rates of the peer-to-peer host."""
 
-    dial_timeout_s: float = setting(10.0, Number(0, 600, lo_open=True), NUMBER_0_600)
-    io_timeout_s: float = setting(10.0, Number(0, 600, lo_open=True), NUMBER_0_600)
-    heartbeat_interval_s: float = setting(1.0, Number(0, 60, lo_open=True), "a number in (0, 60]")
-    heartbeat_timeout_s: float = setting(6.0, Number(0, 600, lo_open=True), NUMBER_0_600)
-    max_message_bytes: int = setting(
-        1_000_000, Integer(1024, 1_000_000), "an integer in [1024, 1000000]"
+    dial_timeout_s: float = setting(
+        10.0,
+        Number(0, 600, lo_open=True),
+        NUMBER_0_600,
+        "seconds one connect (TCP, Noise, Yamux, protocol negotiation) may take",
     )
-    publish_rate_per_s: float = setting(8.0, Number(0, 10, lo_open=True), "a number in (0, 10]")
+    io_timeout_s: float = setting(
+        10.0,
+        Number(0, 600, lo_open=True),
+        NUMBER_0_600,
+        "deadline in seconds on every read and write of a stream",
+    )
+    heartbeat_interval_s: float = setting(
+        1.0,
+        Number(0, 60, lo_open=True),
+        "a number in (0, 60]",
+        "seconds between application pings to each peer",
+    )
+    heartbeat_timeout_s: float = setting(
+        6.0,
+        Number(0, 600, lo_open=True),
+        NUMBER_0_600,
+        "a silent peer is dropped after this many seconds (more than heartbeat_interval_s)",
+    )
+    max_message_bytes: int = setting(
+        1_000_000,
+        Integer(1024, 1_000_000),
+        "an integer in [1024, 1000000]",
+        "largest gossip message sent or accepted; a larger one is refused",
+    )
+    publish_rate_per_s: float = setting(
+        8.0,
+        Number(0, 10, lo_open=True),
+        "a number in (0, 10]",
+        "gossip messages this node publishes per second at most",
+    )
     header_batch: int = setting(
         32,
         Integer(1, 64),
         "an integer in [1, 64]",
         "signed rollout headers per gossip message at most (1: no batching)",
     )
-    max_peers: int = setting(64, Integer(1, 10_000), "an integer in [1, 10000]")
+    max_peers: int = setting(
+        64, Integer(1, 10_000), "an integer in [1, 10000]", "peers this node keeps track of"
+    )
     upload_limit_mib_s: float = setting(
         0.0,
         Number(0, 100_000),
@@ -306,6 +343,7 @@ class InferenceSection:
         8,
         Integer(1, 4096),
         "an integer in [1, 4096]",
+        "rollouts generated together in one batch",
         flag=Flag("--batch-size", "Inference batch size."),
     )
     rollouts_per_version: int = setting(
@@ -336,6 +374,7 @@ class ValidatorSection:
         0.25,
         Number(0, 1),
         "a number in [0, 1]",
+        "share of the rollouts seen that this validator audits",
         flag=Flag("--audit-fraction", "Validator: share of rollouts to audit."),
     )
     producer_window_fraction: float = setting(
