@@ -590,7 +590,7 @@ def _watch(swarm: _Swarm, duration: float, live: bool, console: Any) -> None:
             if elapsed - last_sample >= 2.0:
                 last_sample = elapsed
                 swarm.series.append({"t": round(elapsed, 1), **node_totals(nodes)})
-            if live:
+            if view is not None:
                 view.update(_table(nodes, elapsed, duration))
             elif elapsed - last_line >= 10.0:
                 last_line = elapsed

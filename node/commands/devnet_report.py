@@ -328,7 +328,7 @@ def learning(
         ax.legend(fontsize=8)
     a1.xaxis.set_major_locator(MaxNLocator(integer=True))
     a1.set_title("devnet learning")
-    if closing:
+    if closing and final is not None:
         _closing_panel(axes[2], final)
     if "gain" in summary:
         fig.suptitle(gain_text(summary), fontsize=9)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -40,8 +41,9 @@ def main(path: Path, key: Path, version: int | None = None, out: Path | None = N
     authority = read_key(key)
     table = read_toml(path, "run manifest")
     manifest = manifest_from_table(table, source=str(path))
-    old = table.get("release") if isinstance(table.get("release"), dict) else {}
-    old_version = old.get("version") if type(old.get("version")) is int else 0
+    release = table.get("release")
+    old: dict[str, Any] = release if isinstance(release, dict) else {}
+    old_version: int = old["version"] if type(old.get("version")) is int else 0
     old_authority = old.get("authority")
     if old_authority and old_authority != authority.peer_id_b58:
         raise CommandError(
