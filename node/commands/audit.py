@@ -37,7 +37,13 @@ import click
 
 from node.cli_errors import one_line_errors
 from node.errors import CommandError
+from node.local_model import load_calibration
+from node.paths import resolve_model
+from node.run_file import load_run_manifest
+from protocol.errors import RemoteProtocolError
+from protocol.rollout import open_record, scan_records
 from protocol.wire import WORKER_PRECISIONS as PRECISIONS
+from trainer.model_dir import ModelDirError, load_model_dir
 
 # One item of the input files: (file, index, record bytes or None, problem, detail)
 Item = tuple[str, int, bytes | None, str, str]
@@ -47,8 +53,6 @@ def _load_records(files: Sequence[Path]) -> list[Item]:
     """(file, index, record bytes or None, problem, detail) for every item of every file:
     a stream problem (`protocol.rollout.scan_records`) is an item of its own that fails,
     and the records around it are still audited."""
-    from protocol.rollout import scan_records
-
     out = []
     for path in files:
         try:
@@ -65,9 +69,6 @@ def _load_records(files: Sequence[Path]) -> list[Item]:
 
 
 def _load_model(model_dir: str, data_dir: str | None) -> tuple[Any, Any, Path]:
-    from node.paths import resolve_model
-    from trainer.model_dir import ModelDirError, load_model_dir
-
     path = resolve_model(model_dir, model_dir, data_dir)
     try:
         return (*load_model_dir(path), Path(path))
@@ -81,8 +82,6 @@ def _version_models(
     """`model_for(version)`: `--model` holds `model_version`; `--versions DIR` holds one model
     directory per version, named by its number (`DIR/3`), loaded when a record claims it.
     Any other version is not held (the record fails `unknown-version`)."""
-    from trainer.model_dir import ModelDirError, load_model_dir
-
     if not 0 <= model_version < 2**32:
         raise CommandError(f"--model-version must be in [0, 2^32), got {model_version}")
     root = Path(versions) if versions is not None else None
@@ -118,7 +117,7 @@ def main(
 ) -> int:
     """Run the audit; returns the exit status (0 all passed, 1 any failed). Usage and IO
     problems raise `CommandError` (exit status 2)."""
-    from verify.auditor import audit_versions
+    from verify.auditor import audit_versions  # deferred: heavy import
 
     out = out or sys.stdout
     precision = _precision(precision, manifest)
@@ -127,8 +126,6 @@ def main(
     records = _load_records([Path(f) for f in files])
     run = None
     if manifest is not None:
-        from node.run_file import load_run_manifest
-
         run = load_run_manifest(Path(manifest))
     lm, tokenizer, model_path = _load_model(model, data_dir)
     settings, judge = _settings(run, precision, tokenizer, model_path)
@@ -156,9 +153,8 @@ def _precision(precision: str | None, manifest: str | Path | None) -> str:
 def _settings(run: Any, precision: str, tokenizer: Any, model_path: Path) -> tuple[Any, Any]:
     """The audit settings (the run's, or defaults at `precision`) with the model's
     calibrated limits, and the run's judge (None without a run); says both on stderr."""
-    from node.local_model import load_calibration
-    from trainer.judge import make_judge
-    from verify.auditor import AuditSettings, settings_for_run
+    from trainer.judge import make_judge  # deferred: heavy import
+    from verify.auditor import AuditSettings, settings_for_run  # deferred: heavy import
 
     settings = AuditSettings(precision=precision)
     judge = None
@@ -177,9 +173,6 @@ def _settings(run: Any, precision: str, tokenizer: Any, model_path: Path) -> tup
 def _open_records(records: list[Item]) -> tuple[list[tuple[int, Any]], list[dict[str, Any] | None]]:
     """(item position, opened record) of each record that opens; the output lines with the
     failed line of each stream problem and record that does not open filled in."""
-    from protocol.errors import RemoteProtocolError
-    from protocol.rollout import open_record
-
     opened: list[tuple[int, Any]] = []
     lines: list[dict[str, Any] | None] = [None] * len(records)
     for k, (name, i, rec, problem, detail) in enumerate(records):

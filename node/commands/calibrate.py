@@ -23,10 +23,12 @@ whose digest is not the pinned one.
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,16 @@ import click
 from node.cli_errors import one_line_errors
 from node.console import sayer
 from node.errors import CommandError
+from node.paths import resolve_model
+from node.run_file import manifest_from_table
+from protocol.content_id import content_id
+from protocol.wire import WORKER_PRECISIONS
+from trainer.engine import SamplingSettings, rollout_body
+from trainer.model_dir import ModelDirError, load_model_dir
+from trainer.tasks import TaskSet, assign_task
+from trainer.tiny_policy import run_manifest_table
+from verify.calibration import FILE_NAME, calibration_digest, encode_calibration
+from verify.thresholds import BF16_FLOOR, STRICT_FLOOR, calibrate
 
 DEFAULT_N = 32
 COUNTER0 = 10**7  # calibration tasks: counters no run of the built-in manifest reaches early
@@ -48,11 +60,8 @@ def _bodies(
     model: Any, tok: Any, manifest: Any, n: int, counter0: int, **engine_kw: Any
 ) -> list[Any]:
     """n honest rollout bodies (assigned tasks, seeded sampling, proofs) from `model`."""
-    from protocol.content_id import content_id
-    from trainer.engine import SamplingSettings, rollout_body
-    from trainer.engine_hf import HFEngine
-    from trainer.tasks import TaskSet, assign_task
-    from verify.toploc import build_proofs_bytes_many
+    from trainer.engine_hf import HFEngine  # deferred: heavy import
+    from verify.toploc import build_proofs_bytes_many  # deferred: heavy import
 
     producer = content_id(b"calibration-producer")[:32]
     engine = HFEngine(model, tok, **engine_kw)
@@ -80,11 +89,7 @@ def measure(
     say: Callable[[str], None] = _say,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(limits per precision, measurements per precision) from honest rollouts."""
-    import copy
-    from dataclasses import replace
-
-    from verify.auditor import AuditSettings, at_precision, raw_metrics
-    from verify.thresholds import BF16_FLOOR, STRICT_FLOOR, calibrate
+    from verify.auditor import AuditSettings, at_precision, raw_metrics  # deferred: heavy import
 
     base = AuditSettings(chunk=manifest.proof_chunk, topk=manifest.proof_topk)
     regimes: dict[str, Any] = {}
@@ -123,8 +128,6 @@ def measure(
 
 def write(model_dir: Path, data: bytes) -> Path:
     """Write the file atomically next to the model."""
-    from verify.calibration import FILE_NAME
-
     path = model_dir / FILE_NAME
     tmp = model_dir / f".{FILE_NAME}.tmp-{os.getpid()}"
     tmp.write_bytes(data)
@@ -140,11 +143,6 @@ def calibrate_dir(
     say: Callable[[str], None] = _say,
 ) -> dict[str, Any]:
     """Measure and write `model_dir/calibration.json`; returns the summary printed."""
-    from node.run_file import manifest_from_table
-    from trainer.model_dir import ModelDirError, load_model_dir
-    from trainer.tiny_policy import run_manifest_table
-    from verify.calibration import calibration_digest, encode_calibration
-
     try:
         model, tok = load_model_dir(model_dir)
     except ModelDirError as exc:
@@ -164,8 +162,6 @@ def calibrate_dir(
 def ensure_calibration(model_dir: Path, *, force: bool, say: Callable[[str], None] = _say) -> str:
     """The model's calibration file (`swarm-node calibrate`), measured once and cached with
     the model; returns its digest (hex). One process measures at a time."""
-    from verify.calibration import FILE_NAME, calibration_digest
-
     path = model_dir / FILE_NAME
     with open(model_dir.parent / f".{model_dir.name}.calibration.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -178,8 +174,9 @@ def ensure_calibration(model_dir: Path, *, force: bool, say: Callable[[str], Non
 def main(
     *, model: str, n: int = DEFAULT_N, precisions: str = "fp32,bf16", data_dir: str | None = None
 ) -> dict[str, Any]:
-    from protocol.wire import WORKER_PRECISIONS
-
+    """Calibrate `model` (n honest rollouts a variation, each precision in `precisions`),
+    write the audit limits next to it and print the calibration file's digest; returns the
+    summary."""
     wanted = tuple(p.strip() for p in precisions.split(",") if p.strip())
     if not wanted or set(wanted) - set(WORKER_PRECISIONS):
         raise CommandError(
@@ -187,7 +184,6 @@ def main(
         )
     if not 4 <= n <= 4096:
         raise CommandError(f"--n must be in [4, 4096], got {n}")
-    from node.paths import resolve_model
 
     result = calibrate_dir(resolve_model(model, model, data_dir), n=n, precisions=wanted)
     print(json.dumps(result), flush=True)

@@ -42,13 +42,23 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
 
 from node.cli_errors import one_line_errors
+from node.commands.calibrate import ensure_calibration
 from node.commands.devnet_evaluation import FINAL_EVAL_TASKS, final_evaluation
 from node.commands.devnet_nodes import NodeProc
 from node.commands.devnet_report import node_totals, say_summary, write_report
+from node.commands.run_sign import without_release
 from node.errors import CommandError
+from node.keyfile import read_key, write_key
+from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml, release_to_toml
 from protocol.identity import Identity
+from protocol.run_manifest import seal_release
+from protocol.standing import HOLD_S
+from trainer import tiny_policy
 
 DEFAULT_DURATION_S = 300.0
 START_TIMEOUT_S = 120.0
@@ -62,8 +72,6 @@ DEFAULT_PACE = 1.1
 
 def _node_key(root: Path, name: str) -> Identity:
     """The node's key file under `root/nodes/<name>/node.key`, made on first use."""
-    from node.keyfile import read_key, write_key
-
     d = root / "nodes" / name
     d.mkdir(parents=True, exist_ok=True)
     key = d / "node.key"
@@ -102,12 +110,14 @@ class _Signals:
     stopping: bool = False
 
     def handler(self, signum: int, _frame: Any) -> None:
+        """The signal handler: count the signal; the first one interrupts the devnet."""
         self.received.append(signum)
         if len(self.received) == 1 and not self.stopping:
             self.stopping = True
             raise KeyboardInterrupt
 
     def hurry(self) -> bool:
+        """A second signal came: kill what still runs instead of waiting."""
         return len(self.received) >= 2
 
     def first(self) -> str | None:
@@ -200,8 +210,6 @@ def _stop_all(nodes: list[NodeProc], hurry: Any = lambda: False) -> None:
 
 
 def _table(nodes: list[NodeProc], elapsed: float, duration: float) -> Any:
-    from rich.table import Table
-
     t = Table(
         title=f"swarm-node devnet  {elapsed:4.0f}/{duration:.0f} s  (Ctrl-C stops)", expand=False
     )
@@ -250,8 +258,7 @@ def _drain(nodes: list[NodeProc], console: Any) -> float:
     when every worker has nothing pending and nothing waits at the trainer, or when nothing
     moves for 5 s (for the hold and 5 s while rollouts wait at the trainer); returns the
     seconds spent (everyone is stopped afterwards)."""
-    from node.peer.services import DELIVERY_CHECK_S
-    from protocol.standing import HOLD_S
+    from node.peer.services import DELIVERY_CHECK_S  # deferred: heavy import
 
     workers = [n for n in nodes if n.role == "inference"]
     for n in workers:
@@ -312,6 +319,7 @@ class _Plan:
         return math.ceil(self.pace * per_version / self.inference) if self.pace > 0 else 0
 
     def check(self) -> None:
+        """Refuse a swarm outside the sizes a devnet runs (`CommandError`)."""
         if (
             not 1 <= self.inference <= 16
             or not 0 <= self.validators <= 8
@@ -377,8 +385,6 @@ def main(
     eval_tasks: int = FINAL_EVAL_TASKS,
 ) -> dict[str, Any]:
     """Run the devnet; returns (and writes) the report dict."""
-    from rich.console import Console
-
     plan = _Plan(
         inference,
         validators,
@@ -445,9 +451,6 @@ def _write_run(run: Path | str | None, root: Path, validators: int) -> tuple[Any
     """The run manifest (the file given, or the built-in tiny run) with the devnet's
     validator and trainer keys added where missing, written to `root/run.toml`; returns
     the manifest and that path."""
-    from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml
-    from trainer import tiny_policy
-
     if run is not None:
         manifest = load_run_manifest(Path(run))
         run_text = Path(run).read_text()
@@ -488,13 +491,6 @@ def _write_run(run: Path | str | None, root: Path, validators: int) -> tuple[Any
 def _signed(run_text: str, manifest: Any, root: Path) -> str:
     """The devnet's run file released by the devnet's own run authority (`root/authority.key`),
     so its peers serve a signed manifest that `swarm-node runs` and `start --join` accept."""
-    import time
-
-    from node.commands.run_sign import without_release
-    from node.keyfile import read_key, write_key
-    from node.run_file import release_to_toml
-    from protocol.run_manifest import seal_release
-
     key = root / "authority.key"
     if not key.exists():
         write_key(key, Identity.generate())
@@ -506,9 +502,6 @@ def _prepare_policy(manifest: Any, console: Any) -> None:
     """Build (first time) or find the built-in policy when the run names it, and its audit
     limits (`calibration.json` beside it, measured once as `init-model` does), so the
     validator audits with calibrated limits from the first run on."""
-    from node.commands.calibrate import ensure_calibration
-    from trainer import tiny_policy
-
     if manifest.model.startswith("builtin:"):
         console.print("devnet: preparing the built-in policy (first run builds and caches it) ...")
         path, _report, built = tiny_policy.ensure_policy(progress=lambda m: console.print(f"  {m}"))
@@ -573,8 +566,6 @@ def _watch(swarm: _Swarm, duration: float, live: bool, console: Any) -> None:
     """Read every node's status until `duration` seconds have passed (or every node has
     exited), sampling the totals every 2 s, showing the live table or a progress line
     every 10 s."""
-    from rich.live import Live
-
     nodes = swarm.nodes
     swarm.started = time.monotonic()
     with (

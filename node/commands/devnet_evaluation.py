@@ -11,6 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from node.errors import CommandError
+from node.paths import resolve_model
+from trainer.groups import heldout_items, heldout_shares, paired_gain
+from trainer.model_dir import load_model_dir
+
 FINAL_EVAL_TASKS = 512
 FINAL_EVAL_SAMPLES = 2  # seeded samples per task: a task's score is its share solved
 EVAL_MAX_BATCH = 128
@@ -23,11 +28,6 @@ def final_evaluation(
     trainer node's folder) on `tasks` held-out tasks: `trainer.groups.paired_gain` with
     the version, the tasks and the samples per task; `{"skipped": why}` when there is
     nothing to compare or it cannot be loaded."""
-    from node.errors import CommandError
-    from node.paths import resolve_model
-    from trainer.groups import heldout_items, paired_gain
-    from trainer.model_dir import load_model_dir
-
     if tasks <= 0:
         return {"skipped": "--eval-tasks 0"}
     ckpt = saved_checkpoint(trainer_dir)
@@ -61,7 +61,7 @@ def final_evaluation(
 def saved_checkpoint(trainer_dir: Path | None) -> Path | None:
     """The trainer's checkpoint under `trainer_dir` (a trainer node's folder, or a folder
     holding one), None when it saved none."""
-    from trainer.train_loop import CKPT_FILE
+    from trainer.train_loop import CKPT_FILE  # deferred: heavy import
 
     ckpts = sorted(trainer_dir.rglob(CKPT_FILE)) if trainer_dir is not None else []
     return ckpts[0] if ckpts else None
@@ -69,7 +69,7 @@ def saved_checkpoint(trainer_dir: Path | None) -> Path | None:
 
 def load_version(ckpt: Path, base: Any) -> tuple[Any, int]:
     """(a copy of `base` with the weights of the checkpoint `ckpt`, its version)."""
-    import torch
+    import torch  # deferred: heavy import
 
     state = torch.load(ckpt, map_location="cpu", weights_only=True)
     trained = copy.deepcopy(base)
@@ -78,8 +78,7 @@ def load_version(ckpt: Path, base: Any) -> tuple[Any, int]:
 
 
 def _shares(model: Any, tok: Any, items: list[tuple[str, int]], max_new_tokens: int) -> list[float]:
-    from trainer.engine_hf import HFEngine
-    from trainer.groups import heldout_shares
+    from trainer.engine_hf import HFEngine  # deferred: heavy import
 
     engine = HFEngine(model.eval(), tok, max_batch=EVAL_MAX_BATCH)
     return heldout_shares(engine, tok, items, max_new_tokens, FINAL_EVAL_SAMPLES)

@@ -11,6 +11,10 @@ from typing import Any
 
 from node.commands.devnet_evaluation import final_text
 from node.commands.devnet_nodes import NodeProc
+from node.roles.rollout_fates import shares
+from node.store.store import DB_FILENAME, Store, StoreError
+from protocol.identity import peer_text
+from trainer.groups import paired_ci95
 
 
 def node_totals(nodes: list[NodeProc]) -> dict[str, Any]:
@@ -60,8 +64,6 @@ def rollout_fates(nodes: list[NodeProc], produced: int) -> dict[str, Any]:
     (`node.roles.rollout_fates.shares`: counts and shares of trained, stale, unverified,
     incomplete_group, other); with `error` instead of shares when its counts explain more
     than was produced (a node's last status lagged, one killed at the stop)."""
-    from node.roles.rollout_fates import shares
-
     trainer = next((n for n in nodes if n.role == "trainer"), None)
     counts = (trainer.status.get("role_status", {}).get("fates") or {}) if trainer else {}
     try:
@@ -85,10 +87,10 @@ def audit_backlog(validators: list[dict[str, Any]]) -> dict[str, int]:
 
 def _plots(out: Path, series: list[dict[str, Any]], nodes: list[NodeProc]) -> list[str]:
     try:
-        import matplotlib
+        import matplotlib  # deferred: heavy import
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # deferred: heavy import
     except ImportError:
         return []
     written = []
@@ -225,8 +227,6 @@ def heldout_gain(series: list[dict[str, Any]]) -> dict[str, Any]:
     of that change paired over the same tasks (`trainer.groups.paired_ci95`; the trainer
     scores the same tasks with the same sampling seeds each time); empty unless both carry
     their tasks' outcomes (`solved`)."""
-    from trainer.groups import paired_ci95
-
     if len(series) < 2:
         return {}
     first, last = series[0].get("solved"), series[-1].get("solved")
@@ -270,15 +270,15 @@ def learning(
             **heldout_gain(series),
         )
     try:
-        import matplotlib
+        import matplotlib  # deferred: heavy import
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # deferred: heavy import
     except ImportError:
         return summary
     if not series:
         return summary
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # deferred: heavy import
 
     closing = final is not None and "gain" in final
     fig, axes = plt.subplots(
@@ -358,7 +358,9 @@ def _closing_panel(ax: Any, final: dict[str, Any]) -> None:
 
 
 def trainer_eval_tasks() -> int:
-    from node.roles.trainer import LEARN_EVAL_TASKS
+    """How many held-out tasks the trainer's learning evaluation scores
+    (`node.roles.trainer`)."""
+    from node.roles.trainer import LEARN_EVAL_TASKS  # deferred: heavy import
 
     return LEARN_EVAL_TASKS
 
@@ -415,9 +417,6 @@ def penalties(nodes: list[NodeProc]) -> list[dict[str, Any]]:
     """Every penalty a node's admission or role charged (its store's ledger: charges only),
     grouped by (node, peer charged, reason), with the peer named when it is one of ours
     (`honest`: every devnet node is) and the first line's detail."""
-    from node.store.store import DB_FILENAME, Store, StoreError
-    from protocol.identity import peer_text
-
     names = {n.peer_id: n.name for n in nodes if n.peer_id}
     groups: dict[tuple[str, str, str], dict[str, Any]] = {}
     for n in nodes:

@@ -24,11 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import click
+import trio
 
 from node.cli_errors import one_line_errors
 from node.commands.addrs import check_addrs, check_listen
+from node.commands.start_run import parse_authority
 from node.config import load_config
 from node.errors import CommandError
+from node.reachability import NO_RELAY, Reachability, describe
+from node.run_file import load_run_release
+from protocol import run_manifest as rm
+from protocol.identity import Identity, peer_id_to_b58
 
 CHECK_TIMEOUT_S = 60.0
 DIAL_BACK_TIMEOUT_S = (
@@ -49,19 +55,25 @@ NEEDS = {
 
 @dataclass
 class Report:
+    """The check lines printed so far and the problems that stop the node from joining."""
+
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     def ok(self, text: str) -> None:
+        """A passed check."""
         self.lines.append(f"ok   {text}")
 
     def info(self, text: str) -> None:
+        """A fact, neither good nor bad."""
         self.lines.append(f"info {text}")
 
     def warn(self, text: str) -> None:
+        """A problem that does not stop the node from joining."""
         self.lines.append(f"warn {text}")
 
     def fail(self, text: str, why: str | None = None) -> None:
+        """A failed check; `why` (default: the text) is the cause reported at the end."""
         self.lines.append(f"FAIL {text}")
         self.problems.append(why or text)
 
@@ -85,11 +97,8 @@ def main(
     config: Path | None = None,
 ) -> int:
     """Run the checks, print the lines; returns the exit status (see the module docstring)."""
-    import trio
-
     from node import settings  # deferred: heavy import
-    from node.commands.start_run import parse_authority
-    from node.join import quiet_library_logs
+    from node.join import quiet_library_logs  # deferred: heavy import
 
     if bool(join) == bool(run):
         raise CommandError("give --join MULTIADDR or --run RUN.toml (one of them)")
@@ -140,10 +149,6 @@ def main(
 
 def _local_manifest(run: Path, report: Report) -> Any:
     """The run file's manifest (and release), with its line."""
-    from node.run_file import load_run_release
-    from protocol import run_manifest as rm
-    from protocol.identity import peer_id_to_b58
-
     manifest, release = load_run_release(run)
     if release is None:
         report.warn(
@@ -169,15 +174,11 @@ async def _network_checks(
     data_dir: Path | None,
     joining: bool,
 ) -> None:
-    import trio
-
-    from node import join
-    from node.host.host import ListenFailed, open_host
-    from node.host.identify import identify
-    from node.host.reachability import open_reachability
-    from node.host.relay import RELAY_HOP_PROTOCOL
-    from node.reachability import NO_RELAY, Reachability, describe
-    from protocol.identity import Identity
+    from node import join  # deferred: heavy import
+    from node.host.host import ListenFailed, open_host  # deferred: heavy import
+    from node.host.identify import identify  # deferred: heavy import
+    from node.host.reachability import open_reachability  # deferred: heavy import
+    from node.host.relay import RELAY_HOP_PROTOCOL  # deferred: heavy import
 
     answers: list[join.Answer] = []
     reach = Reachability(listen=[])
@@ -214,7 +215,7 @@ async def _network_checks(
 
 
 def _bootstrap_lines(report: Report, addrs: list[str], answers: list[Any], local: Any) -> None:
-    from node import join
+    from node import join  # deferred: heavy import
 
     if not addrs:
         report.info("bootstrap: none given: this node would start the network alone")
@@ -261,10 +262,8 @@ def _clock_lines(report: Report, answers: list[Any]) -> None:
 def _joined_manifest(
     report: Report, answers: list[Any], flag: bytes | None, data_dir: Path | None
 ) -> None:
-    from node import join
-    from node.peer.run_service import read_pin
-    from protocol import run_manifest as rm
-    from protocol.identity import peer_id_to_b58
+    from node import join  # deferred: heavy import
+    from node.peer.run_service import read_pin  # deferred: heavy import
 
     if not any(a.answered for a in answers):
         report.lines.append("FAIL manifest: not fetched: no bootstrap peer answered")

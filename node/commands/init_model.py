@@ -16,8 +16,11 @@ from typing import Any
 import click
 
 from node.cli_errors import one_line_errors
+from node.commands.calibrate import ensure_calibration
 from node.console import say as _say
 from node.errors import CommandError
+from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml
+from trainer import tiny_policy
 
 
 def main(
@@ -29,10 +32,6 @@ def main(
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Build (or find) the tiny policy; returns its path, run manifest path and report."""
-    from node.commands.calibrate import ensure_calibration
-    from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml
-    from trainer import tiny_policy
-
     if not 0 <= seed < 2**31:
         raise CommandError(f"--seed must be in [0, 2^31), got {seed}")
     if threads is not None and threads < 1:

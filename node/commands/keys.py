@@ -12,6 +12,7 @@ from protocol.identity import Identity
 
 
 def keygen(out: Path, *, force: bool = False) -> None:
+    """Write a new identity key file at `out` and print its peer id."""
     identity = Identity.generate()
     write_key(out, identity, force=force)
     click.echo(f"wrote {out} (mode 0600)", err=True)
@@ -19,6 +20,7 @@ def keygen(out: Path, *, force: bool = False) -> None:
 
 
 def show_id(path: Path) -> None:
+    """Print the peer id of the key file at `path`."""
     click.echo(read_key(path).peer_id_b58)
 
 

@@ -50,6 +50,7 @@ def entries(
 
 
 def as_dict(e: LedgerEntry) -> dict[str, Any]:
+    """One ledger entry as the JSON object `ledger --json` prints."""
     return {
         "seq": e.seq,
         "at": e.at,
@@ -80,6 +81,8 @@ def main(
     last: int,
     as_json: bool,
 ) -> None:
+    """Print the ledger lines of the node at `data_dir`, newest `last`, filtered as the
+    flags say."""
     data_dir = find_node_dir(data_dir)
     lines = entries(data_dir, direction, rejected, kind, last)
     for e in lines:

@@ -18,7 +18,12 @@ import click
 from node.cli_errors import one_line_errors
 from node.console import say as _say
 from node.errors import CommandError
-from trainer.produce import DEFAULT_BATCH_SIZE
+from node.keyfile import read_key
+from node.local_model import check_datasets, load_engine
+from node.paths import resolve_model
+from node.run_file import load_run_manifest
+from trainer.produce import DEFAULT_BATCH_SIZE, generate_records
+from trainer.tasks import TaskError
 
 MAX_N = 1_000_000
 
@@ -40,13 +45,6 @@ def main(
     engine: str = "hf",
 ) -> dict[str, Any]:
     """Generate `n` records into `out`; returns (and prints on stdout) the summary."""
-    from node.keyfile import read_key
-    from node.local_model import check_datasets, load_engine
-    from node.paths import resolve_model
-    from node.run_file import load_run_manifest
-    from trainer.produce import generate_records
-    from trainer.tasks import TaskError
-
     if not isinstance(n, int) or not 1 <= n <= MAX_N:
         raise CommandError(f"--n must be an integer in [1, {MAX_N}], got {n!r}")
     if not 1 <= batch_size <= 4096:
@@ -69,7 +67,7 @@ def main(
     gen = load_engine(model_path, batch_size=batch_size, threads=threads, engine=engine)
     build = None
     if proofs:
-        from verify.toploc import build_proofs_bytes_many as build
+        from verify.toploc import build_proofs_bytes_many as build  # deferred: heavy import
     try:
         summary = generate_records(
             engine=gen,

@@ -38,6 +38,8 @@ def without_release(text: str) -> str:
 
 
 def main(path: Path, key: Path, version: int | None = None, out: Path | None = None) -> None:
+    """Sign the run file at `path` with the authority key `key` as release `version`
+    (default: one above the current), writing `out` or the file itself."""
     authority = read_key(key)
     table = read_toml(path, "run manifest")
     manifest = manifest_from_table(table, source=str(path))

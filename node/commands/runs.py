@@ -15,19 +15,21 @@ import json
 from typing import Any
 
 import click
+import trio
 
 from node.cli_errors import one_line_errors
 from node.commands.addrs import check_addrs
 from node.errors import CommandError
 from protocol import run_manifest as rm
+from protocol.identity import Identity
 
 ASK_TIMEOUT_S = 30.0
 
 
 def main(addrs: list[str], *, as_json: bool = False) -> None:
-    import trio
-
-    from node import join
+    """Ask every peer at `addrs` which runs it serves and print them (a table, or one JSON
+    object)."""
+    from node import join  # deferred: heavy import
 
     addrs = check_addrs(addrs, "MULTIADDR", need_peer=True)
     join.quiet_library_logs()
@@ -47,11 +49,8 @@ def main(addrs: list[str], *, as_json: bool = False) -> None:
 
 
 async def _ask_all(addrs: list[str]) -> list[Any]:
-    import trio
-
-    from node import join
-    from node.host.host import open_host
-    from protocol.identity import Identity
+    from node import join  # deferred: heavy import
+    from node.host.host import open_host  # deferred: heavy import
 
     out: list[join.Answer] = []
     with trio.move_on_after(ASK_TIMEOUT_S):

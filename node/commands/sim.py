@@ -20,6 +20,8 @@ from swarm_sim.scenario import ScenarioError, load
 
 
 def main(scenario: str, out: Path, seed: int, quiet: bool = False) -> None:
+    """Run `scenario` (a built-in name or a TOML file) with `seed` and write its outputs
+    into `out`."""
     try:
         scn = load(scenario)
     except ScenarioError as exc:

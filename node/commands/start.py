@@ -33,12 +33,21 @@ from pathlib import Path
 from typing import Any
 
 import click
+import trio
 
+from node import metrics
 from node.cli_errors import one_line_errors
+from node.commands import start_run
 from node.commands.addrs import check_addrs, check_listen
 from node.config import NodeConfig, config_options, flag_overrides, load_config
 from node.console import sayer
 from node.errors import CommandError
+from node.keyfile import read_key
+from node.log_format import configure
+from node.paths import node_dir, required_path
+from node.roles import RoleContext, check_local, role_module
+from protocol.content_id import content_id
+from trainer.checkpoint import CheckpointError, from_model_dir
 
 STATUS_FILE = "status.json"
 LOCK_FILE = "node.lock"
@@ -88,9 +97,6 @@ def write_status(data_dir: Path, status: dict[str, Any]) -> None:
 def _base_weights(model_dir: Path, manifest: Any) -> bytes:
     """The model directory's weights as a canonical checkpoint (policy version 0), checked
     against the run manifest's `model_digest` when it names one."""
-    from protocol.content_id import content_id
-    from trainer.checkpoint import CheckpointError, from_model_dir
-
     try:
         data = from_model_dir(model_dir)
     except (CheckpointError, OSError) as exc:
@@ -189,15 +195,12 @@ def main(cfg: NodeConfig, opts: StartOptions | None = None) -> None:
     run_choice, identity, ddir = _run_key_and_dir(cfg, role, join_addrs, opts.authority)
     manifest = run_choice.manifest
     ctx = _role_context(cfg, ddir, opts.threads, opts.max_rollouts, split)
-    from node.roles import check_local  # deferred: heavy import
 
     model_dir = check_local(role, ctx, manifest)  # model and datasets: before the network
     base = _base_weights(model_dir, manifest) if model_dir is not None else None
     ctx.publish_every_s = cfg.trainer.publish_every_s
     lock = _lock(ddir)
     try:
-        import trio  # deferred: heavy import
-
         trio.run(
             _run,
             role,
@@ -227,12 +230,10 @@ def _check_limits(duration: float | None, max_rollouts: int | None) -> None:
 def _configure_logging(cfg: NodeConfig) -> None:
     """Our log level and format, py-libp2p's loggers quiet unless at debug, matplotlib's
     font-cache lines hidden."""
-    from node.log_format import configure
-
     configure(cfg.node.log_level, cfg.node.log_format)
     # py-libp2p logs every failed dial at ERROR; our own lines already say what failed.
     # (Import it first: importing libp2p resets its loggers' levels.)
-    import node.host.host  # noqa: F401
+    import node.host.host  # noqa: F401  # deferred: heavy import
 
     quiet = logging.DEBUG if cfg.node.log_level == "debug" else logging.CRITICAL
     for noisy in ("libp2p", "multiaddr", "async_service"):
@@ -251,9 +252,6 @@ def _run_key_and_dir(
     run file, or found through `--join`; says so when a trainer's key is not one of the
     run's trainer keys."""
     from node import settings  # deferred: heavy import
-    from node.commands import start_run
-    from node.keyfile import read_key
-    from node.paths import node_dir, required_path
 
     flag = start_run.parse_authority(authority)
     if join and cfg.node.run:
@@ -281,8 +279,6 @@ def _role_context(
     max_rollouts: int | None,
     split: tuple[int, int] | None,
 ) -> Any:
-    from node.roles import RoleContext
-
     return RoleContext(
         model=cfg.node.model or None,
         models_dir=str(ddir),
@@ -313,11 +309,8 @@ async def _run(
     metrics_at: tuple[str, int] | None = None,
     run_choice: Any = None,
 ) -> None:
-    import trio
-
-    from node.host.host import ListenFailed
-    from node.peer.peer import open_peer
-    from node.roles import role_module
+    from node.host.host import ListenFailed  # deferred: heavy import
+    from node.peer.peer import open_peer  # deferred: heavy import
 
     module = role_module(role)
     pcfg = _peer_config(manifest, identity, data_dir, listen, boot, ctx, cfg, module)
@@ -327,7 +320,7 @@ async def _run(
     try:
         async with open_peer(pcfg) as peer:
             if run_choice is not None:
-                from node.peer.run_service import RunService
+                from node.peer.run_service import RunService  # deferred: heavy import
 
                 RunService(peer, run_choice.release, run_choice.pin)  # serves until the host closes
             if base is not None and peer.weights is not None:
@@ -374,8 +367,6 @@ def _peer_config(
 
 async def _bind_metrics(metrics_at: tuple[str, int] | None) -> Any:
     """The metrics endpoint's TCP listener, or None without `--metrics`."""
-    import trio
-
     if metrics_at is None:
         return None
     try:
@@ -424,10 +415,6 @@ async def _serve(
 ) -> None:
     """Run the role, `status.json` once a second and the metrics endpoint until SIGINT,
     SIGTERM or `duration` seconds."""
-    import trio
-
-    from node import metrics
-
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signal, signals, ctx, nursery.cancel_scope)
@@ -455,8 +442,6 @@ async def _stop_on_signal(signals: Any, ctx: Any, scope: Any) -> None:
 
 
 async def _status_loop(peer: Any, ctx: Any, data_dir: Path) -> None:
-    import trio
-
     while True:
         write_status(data_dir, _status(peer, ctx))
         await trio.sleep(1.0)

@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from node.console import sayer
 from node.errors import CommandError
+from node.run_file import load_run_release
 from protocol import run_manifest as rm
 from protocol.errors import LocalProtocolError
-from protocol.identity import peer_id_from_b58, peer_id_to_b58
+from protocol.identity import Identity, peer_id_from_b58, peer_id_to_b58
 from protocol.wire import RunManifest
 
 _say = sayer(stdout=True)
@@ -36,6 +39,7 @@ class RunChoice:
 
 
 def parse_authority(text: str | None) -> bytes | None:
+    """`--authority PEER_ID` as raw peer id bytes (None when not given)."""
     if not text:
         return None
     try:
@@ -46,8 +50,11 @@ def parse_authority(text: str | None) -> bytes | None:
 
 def from_run_file(path: Path, ddir: Path, flag: bytes | None) -> RunChoice:
     """The run file's manifest (and release), or a newer release adopted before."""
-    from node.peer.run_service import load_saved_release, newest_release, read_pin
-    from node.run_file import load_run_release
+    from node.peer.run_service import (  # deferred: heavy import
+        load_saved_release,
+        newest_release,
+        read_pin,
+    )
 
     manifest, release = load_run_release(path)
     if release is None:
@@ -68,7 +75,7 @@ def from_run_file(path: Path, ddir: Path, flag: bytes | None) -> RunChoice:
 
 
 def _pin(flag: bytes | None, remembered: bytes | None, ddir: Path) -> bytes | None:
-    from node.peer.run_service import AUTHORITY_FILE
+    from node.peer.run_service import AUTHORITY_FILE  # deferred: heavy import
 
     pin = rm.choose_pin(flag, remembered)
     if isinstance(pin, rm.Refuse):
@@ -80,9 +87,7 @@ def _pin(flag: bytes | None, remembered: bytes | None, ddir: Path) -> bytes | No
 
 def from_network(addrs: list[str], ddir: Path, flag: bytes | None, settings: Any) -> RunChoice:
     """Fetch the run's release from the bootstrap peers, check it, pin on first use."""
-    import trio
-
-    from node.peer.run_service import (
+    from node.peer.run_service import (  # deferred: heavy import
         AUTHORITY_FILE,
         load_saved_release,
         newest_release,
@@ -135,11 +140,8 @@ def from_network(addrs: list[str], ddir: Path, flag: bytes | None, settings: Any
 
 async def _fetch(addrs: list[str], pin: bytes | None, settings: Any, held: Any) -> Any:
     """Ask each bootstrap address from a short-lived host of a throwaway identity."""
-    import trio
-
-    from node import join
-    from node.host.host import open_host
-    from protocol.identity import Identity
+    from node import join  # deferred: heavy import
+    from node.host.host import open_host  # deferred: heavy import
 
     answers: list[join.Answer] = []
     with trio.move_on_after(JOIN_TIMEOUT_S):

@@ -11,6 +11,7 @@ installed policy versions (`<data dir>/weights/`) with any weight download in pr
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ def collect(data_dir: Path, now: float | None = None) -> dict[str, Any]:
 
 def _weights(data_dir: Path, live: dict[str, Any] | None) -> dict[str, Any]:
     """Installed versions from the weights store; the download from the live status."""
-    from node.weights.store import WeightsError, WeightsStore
+    from node.weights.store import WeightsError, WeightsStore  # deferred: heavy import
 
     out: dict[str, Any] = {"installed": {}, "download": None, "error": None}
     if (data_dir / "weights" / "weights.sqlite3").is_file():
@@ -83,8 +84,6 @@ def _weights(data_dir: Path, live: dict[str, Any] | None) -> dict[str, Any]:
 
 def _state(live: dict[str, Any]) -> str:
     """'live' only for a running node: not marked stopped, its pid alive, written lately."""
-    import os
-
     pid = live.get("pid")
     alive = False
     if isinstance(pid, int) and pid > 0:
@@ -109,6 +108,8 @@ def _read_live(data_dir: Path) -> dict[str, Any] | None:
 
 
 def main(data_dir: Path | None, as_json: bool) -> None:
+    """Show the node at `data_dir` (or every node of a devnet report folder), as text or
+    JSON."""
     many = node_dirs(Path(data_dir)) if data_dir else []
     if len(many) > 1:  # a devnet report folder: every node in turn
         for d in many:

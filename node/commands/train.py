@@ -20,6 +20,12 @@ import click
 
 from node.cli_errors import one_line_errors
 from node.errors import CommandError
+from node.paths import resolve_model
+from node.run_file import load_run_manifest
+from protocol.errors import RemoteProtocolError
+from protocol.rollout import open_record, read_records
+from trainer.model_dir import ModelDirError, load_model_dir, save_model_dir
+from trainer.samples import Refused, Rescorer
 
 
 def main(
@@ -32,14 +38,10 @@ def main(
     threads: int = 1,
     quiet: bool = False,
 ) -> dict[str, Any]:
-    from node.paths import resolve_model
-    from node.run_file import load_run_manifest
-    from protocol.errors import RemoteProtocolError
-    from protocol.rollout import open_record, read_records
-    from trainer.engine_hf import torch_threads
-    from trainer.model_dir import ModelDirError, load_model_dir, save_model_dir
-    from trainer.samples import Refused, Rescorer
-    from trainer.train_loop import Trainer
+    """Train offline on the rollout files with the run's loss and loop; returns the summary
+    printed as JSON."""
+    from trainer.engine_hf import torch_threads  # deferred: heavy import
+    from trainer.train_loop import Trainer  # deferred: heavy import
 
     if not files:
         raise CommandError("train: give at least one rollout record file", exit_code=2)
