@@ -19,7 +19,6 @@ objects of the host, peer and relay are built from the tree by `node.settings`.
 from __future__ import annotations
 
 import dataclasses
-import os
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -515,11 +514,6 @@ def _keys() -> tuple[Key, ...]:
 
 NODE_KEYS: tuple[Key, ...] = _keys()
 PATH_KEYS = tuple(k.name for k in NODE_KEYS if k.path)
-
-
-def default_data_dir() -> str:
-    """The data root: `$SWARM_NODE_DATA`, else `~/.cache/swarm-node`."""
-    return os.environ.get("SWARM_NODE_DATA") or str(Path.home() / ".cache" / "swarm-node")
 
 
 def read_toml(path: Path, what: str) -> dict[str, Any]:
