@@ -14,6 +14,7 @@ else escapes. The size limit of the object kind is checked before msgpack sees a
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import msgpack
@@ -44,13 +45,13 @@ class WireObject:
     _FIELDS: ClassVar[tuple[tuple[str, Spec], ...]]
 
     def __post_init__(self) -> None:
-        for name, s in self._fields():
+        for name, s in self.wire_fields():
             problem = s.check(getattr(self, name))
             if problem is not None:
                 raise LocalProtocolError(f"{type(self).__name__}.{name}: {problem}")
 
     @classmethod
-    def _fields(cls) -> tuple[tuple[str, Spec], ...]:
+    def wire_fields(cls) -> tuple[tuple[str, Spec], ...]:
         fields = cls.__dict__.get("_FIELDS")
         if fields is None:
             fields = tuple((f.name, f.metadata["spec"]) for f in dataclasses.fields(cls))
@@ -83,7 +84,7 @@ REGISTRY: dict[str, type] = {}
 def to_wire(obj: WireObject) -> list[Any]:
     """The msgpack-ready array of an object (schema version first)."""
     out: list[Any] = [obj.SCHEMA]
-    for name, s in obj._fields():
+    for name, s in obj.wire_fields():
         out.append(s.to_wire(getattr(obj, name)))
     return out
 
@@ -93,7 +94,7 @@ def from_wire(cls: type[T], raw: Any, where: str | None = None) -> T:
     name = where or cls.__name__
     if type(raw) is not list:
         raise DecodeError(name, None, f"expected an array, got {type(raw).__name__}")
-    fields = cls._fields()
+    fields = cls.wire_fields()
     if not raw:
         raise DecodeError(name, None, "empty array (no schema version)")
     if raw[0] != cls.SCHEMA or type(raw[0]) is not int:
@@ -107,6 +108,27 @@ def from_wire(cls: type[T], raw: Any, where: str | None = None) -> T:
     for (field, s), value in zip(fields, raw[1:], strict=True):
         object.__setattr__(obj, field, s.from_wire(value, name, field))
     return obj
+
+
+@dataclass(frozen=True, slots=True)
+class Nested(Spec):
+    """Another wire dataclass, encoded in place as its own array (schema version first)."""
+
+    cls: type
+
+    def check(self, value: Any) -> str | None:
+        """A problem string unless `value` is an instance of exactly `cls`."""
+        if type(value) is not self.cls:
+            return f"expected {self.cls.__name__}, got {type(value).__name__}"
+        return None  # a built wire object validated itself
+
+    def to_wire(self, value: Any) -> list[Any]:
+        """The nested object's msgpack-ready array."""
+        return to_wire(value)
+
+    def from_wire(self, raw: Any, obj: str, field: str) -> Any:
+        """Build the nested object, naming its place (`obj.field`) in any error."""
+        return from_wire(self.cls, raw, where=f"{obj}.{field}")
 
 
 def encode(obj: WireObject) -> bytes:

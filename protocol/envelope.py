@@ -62,7 +62,7 @@ def seal(
 
 
 def _as_dict(env: Envelope) -> dict[str, object]:
-    return {name: getattr(env, name) for name, _ in env._fields()}
+    return {name: getattr(env, name) for name, _ in env.wire_fields()}
 
 
 def open_envelope(data: bytes, cls: type[T]) -> tuple[Envelope, T]:

@@ -254,25 +254,3 @@ class ListOf(Spec):
                 obj, field, f"{len(raw)} items, outside [{self.min_len}, {self.max_len}]"
             )
         return tuple(self.item.from_wire(v, obj, f"{field}[{i}]") for i, v in enumerate(raw))
-
-
-@dataclass(frozen=True, slots=True)
-class Nested(Spec):
-    """Another wire dataclass, encoded in place as its own array (schema version first)."""
-
-    cls: type
-
-    def check(self, value: Any) -> str | None:
-        if type(value) is not self.cls:
-            return f"expected {self.cls.__name__}, got {type(value).__name__}"
-        return None  # a built wire object validated itself
-
-    def to_wire(self, value: Any) -> list[Any]:
-        from protocol.codec import to_wire
-
-        return to_wire(value)
-
-    def from_wire(self, raw: Any, obj: str, field: str) -> Any:
-        from protocol.codec import from_wire
-
-        return from_wire(self.cls, raw, where=f"{obj}.{field}")

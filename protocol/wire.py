@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import string
 
-from protocol.codec import WireObject, spec, wire
+from protocol.codec import Nested, WireObject, spec, wire
 from protocol.identity import SIGNATURE_SIZE
 from protocol.schema import (
     U16,
@@ -29,7 +29,6 @@ from protocol.schema import (
     Float,
     Int,
     ListOf,
-    Nested,
     PeerId,
     Str,
     U32Array,
