@@ -10,7 +10,7 @@ its records are over the limit (the largest statistic an honest record reached i
 calibration), a record whose body never arrived counting as over (`MISSING`; at most
 `WINDOW_OVER` - 1 of them, so missing bodies alone never fail a window). Not the
 median: a worker that changes only a minority of each window keeps the median honest, but
-not the count of records over the limit; and one withheld body per window no longer keeps
+not the count of records over the limit; and one withheld body per window does not keep
 the window from being judged.
 
 Standing (`StandingBook`), per producer key, from the audits heard about it:
