@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import msgpack
 
@@ -52,9 +52,10 @@ class WireObject:
 
     @classmethod
     def wire_fields(cls) -> tuple[tuple[str, Spec], ...]:
+        """(name, spec) of each field in declaration order, the wire order (cached)."""
         fields = cls.__dict__.get("_FIELDS")
         if fields is None:
-            fields = tuple((f.name, f.metadata["spec"]) for f in dataclasses.fields(cls))
+            fields = tuple((f.name, f.metadata["spec"]) for f in dataclasses.fields(cast(Any, cls)))
             cls._FIELDS = fields
         return fields
 
@@ -79,6 +80,11 @@ def wire(kind: str, schema: int, max_bytes: int) -> Any:
 
 
 REGISTRY: dict[str, type] = {}
+
+
+def pack(value: Any) -> bytes:
+    """msgpack's bytes of `value`, bin for bytes and str for text (the canonical forms)."""
+    return cast(bytes, msgpack.packb(value, use_bin_type=True))
 
 
 def to_wire(obj: WireObject) -> list[Any]:
@@ -133,7 +139,7 @@ class Nested(Spec):
 
 def encode(obj: WireObject) -> bytes:
     """The canonical bytes of a wire object."""
-    data = msgpack.packb(to_wire(obj), use_bin_type=True)
+    data = pack(to_wire(obj))
     if len(data) > obj.MAX_BYTES:
         raise LocalProtocolError(
             f"{type(obj).__name__} encodes to {len(data)} bytes, over its limit {obj.MAX_BYTES}"
@@ -165,6 +171,6 @@ def decode(cls: type[T], data: bytes | bytearray | memoryview) -> T:
     if len(data) > cls.MAX_BYTES:
         raise OversizeError(name, None, f"{len(data)} bytes, over the limit of {cls.MAX_BYTES}")
     obj = from_wire(cls, _unpack(name, data, cls.MAX_BYTES))
-    if msgpack.packb(to_wire(obj), use_bin_type=True) != data:
+    if pack(to_wire(obj)) != data:
         raise DecodeError(name, None, "non-canonical encoding")
     return obj

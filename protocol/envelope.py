@@ -16,9 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import msgpack
-
-from protocol.codec import WireObject, decode, encode, to_wire
+from protocol.codec import WireObject, decode, encode, pack, to_wire
 from protocol.errors import DecodeError, LocalProtocolError, ReplayError, SignatureError
 from protocol.identity import Identity, verify_signature
 from protocol.wire import SIGNED_KINDS, Envelope
@@ -31,7 +29,7 @@ DOMAIN = b"swarm-rl/v1/"
 def signing_bytes(env: Envelope) -> bytes:
     """The exact bytes a signature covers (see the module docstring)."""
     fields = to_wire(env)[:-1]  # everything but the signature
-    return DOMAIN + env.kind.encode() + b"\x00" + msgpack.packb(fields, use_bin_type=True)
+    return DOMAIN + env.kind.encode() + b"\x00" + pack(fields)
 
 
 def seal(

@@ -6,8 +6,10 @@ views) that returns, or raises `Refused`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from protocol.admission.config import AdmissionConfig, RunRules
-from protocol.admission.inflight import InFlight, Refused, relaying, same_peer
+from protocol.admission.inflight import InFlight, Refused, relaying, rollout_header, same_peer
 from protocol.admission.kinds import Opened
 from protocol.admission.messages import Admitted
 from protocol.admission.version_view import VersionView
@@ -17,7 +19,6 @@ from protocol.audit_sample import check_ticket
 from protocol.authority import Authority
 from protocol.errors import DecodeError, IntegrityError, RemoteProtocolError, SignatureError
 from protocol.peer_score import PeerId
-from protocol.rollout import OpenedRollout
 from protocol.version_claims import VersionClaims
 
 __all__ = ["check_context", "check_decode", "check_judge", "check_size"]
@@ -62,6 +63,7 @@ def check_context(
     rule, op, now = m.rule, m.opened, m.now
     env = op.envelope
     who = env.signer
+    obj: Any = op.obj  # the kind's decoded object
 
     def refuse(reason: Reason, detail: str) -> Refused:
         return Refused(Stage.CONTEXT, reason, detail, signer=who)
@@ -69,7 +71,7 @@ def check_context(
     if env.run_id != run.run_id:
         raise refuse(Reason.WRONG_RUN, f"run {env.run_id!r}, this is {run.run_id!r}")
     if rule.work and run.run_seed is not None:
-        header = op.obj.header if isinstance(op.obj, OpenedRollout) else op.obj
+        header = rollout_header(op)
         if header.task_seed != task_seed(run.run_seed, header.counter, who):
             r = refuse(Reason.NOT_BOUND, "task seed not derived from the signer's key and counter")
             r.blame_signer = True  # it signed a claim to work its key did not make
@@ -90,7 +92,7 @@ def check_context(
                 signer=who,
             )
             if rule.work:
-                r.late = Admitted(m.kind, op.content_id, m.peer, env, op.obj, b"", now)
+                r.late = Admitted(m.kind, op.content_id, m.peer, env, obj, b"", now)
             raise r
         if v > t and rule.work and config.publishes_versions:
             r = refuse(Reason.UNPUBLISHED_VERSION, f"version {v}, the newest published is {t}")
@@ -106,7 +108,7 @@ def check_context(
     if rule.weights:
         if who not in run.trainer_keys:
             raise refuse(Reason.UNAUTHORIZED, "weights not signed by a trainer key")
-        version = op.obj.version
+        version = obj.version
         if rule.gossip and not view.weights_are_new(version):
             raise refuse(Reason.OUTDATED, f"weights version {version} is not new")
     if rule.judged:

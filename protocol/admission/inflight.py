@@ -14,8 +14,17 @@ from protocol.identity import peer_id_to_b58
 from protocol.peer_score import PeerId
 from protocol.rollout import OpenedRollout
 from protocol.version_claims import AskNewest
+from protocol.wire import RolloutHeader
 
-__all__ = ["InFlight", "Refused", "as_peer_form", "relaying", "same_peer", "work_key"]
+__all__ = [
+    "InFlight",
+    "Refused",
+    "as_peer_form",
+    "relaying",
+    "rollout_header",
+    "same_peer",
+    "work_key",
+]
 
 
 class Refused(Exception):
@@ -77,9 +86,14 @@ def as_peer_form(like: PeerId, peer_id: bytes) -> PeerId:
     return peer_id_to_b58(peer_id) if isinstance(like, str) else peer_id
 
 
+def rollout_header(op: Opened) -> RolloutHeader:
+    """The `RolloutHeader` of an opened rollout header or record."""
+    obj = op.obj
+    return obj.header if isinstance(obj, OpenedRollout) else obj
+
+
 def work_key(op: Opened) -> tuple[int, bytes]:
     """(counter, body digest) of an opened rollout header or record. The policy version is
     not part of the unit: one counter is one task whatever version a rollout claims."""
-    obj = op.obj
-    header = obj.header if isinstance(obj, OpenedRollout) else obj
+    header = rollout_header(op)
     return header.counter, header.body_digest
