@@ -22,11 +22,14 @@ from protocol.wire import ALL_OBJECTS
 
 @dataclass
 class FuzzReport:
+    """What a fuzz run tried and what broke the decoder invariant (a few examples kept)."""
+
     cases: int = 0
     failures: int = 0
     examples: list[str] = field(default_factory=list)
 
     def fail(self, what: str) -> None:
+        """Count a failure and keep its description among the first few."""
         self.failures += 1
         if len(self.examples) < 5:
             self.examples.append(what)

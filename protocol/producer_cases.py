@@ -213,6 +213,7 @@ class ProducerCases:
         return []
 
     def wants(self, rollout_id: bytes) -> bool:
+        """Whether an open case waits for the record `rollout_id`."""
         return rollout_id in self._by_record
 
     def _drop(self, cid: bytes) -> None:

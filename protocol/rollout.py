@@ -43,6 +43,8 @@ def make_header(
     task_seed: int,
     reward: float,
 ) -> RolloutHeader:
+    """The `RolloutHeader` of a body: the task's identifiers, the reward, the token counts,
+    and the body's digest and size."""
     return RolloutHeader(
         dataset=dataset,
         task_index=task_index,

@@ -119,6 +119,8 @@ Key = tuple[bytes, int]
 
 @dataclass(frozen=True, slots=True)
 class ScheduleConfig:
+    """Concurrency, deadlines and penalties of shard requests."""
+
     per_peer: int = 2  # requests in flight to one peer
     total: int = 8  # requests in flight overall
     endgame_copies: int = 2  # copies of one shard in flight during the endgame
@@ -150,6 +152,8 @@ class ScheduleConfig:
 
 @dataclass(frozen=True, slots=True)
 class Request:
+    """Request shard `index` of `manifest_id` (`size` bytes) from `peer` (action)."""
+
     peer: str
     manifest_id: bytes
     index: int
@@ -158,6 +162,8 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
+    """Cancel the request of shard `index` of `manifest_id` at `peer` (action)."""
+
     peer: str
     manifest_id: bytes
     index: int
@@ -166,6 +172,8 @@ class Cancel:
 
 @dataclass(frozen=True, slots=True)
 class DropPeer:
+    """Ask `peer` for nothing until `until` (action)."""
+
     peer: str
     until: float
     reason: str
@@ -206,6 +214,7 @@ class ShardScheduler:
     # -- what we want -----------------------------------------------------------------
 
     def want(self, manifest_id: bytes, sizes: Sequence[int], have: Iterable[int] = ()) -> None:
+        """Fetch the shards of `manifest_id` (sizes in index order), except those in `have`."""
         if manifest_id in self._sizes:
             return
         self._sizes[manifest_id] = tuple(sizes)
@@ -214,6 +223,7 @@ class ShardScheduler:
         self._done_bytes += sum(sizes[i] for i in got if 0 <= i < len(sizes))
 
     def forget(self, manifest_id: bytes) -> list[Cancel]:
+        """Stop fetching `manifest_id`; returns the cancels of its requests in flight."""
         out = []
         for key in [k for k in self._flights if k[0] == manifest_id]:
             for f in self._flights.pop(key):
@@ -224,12 +234,15 @@ class ShardScheduler:
         return out
 
     def missing(self, manifest_id: bytes) -> frozenset[int]:
+        """Indices of `manifest_id`'s shards not yet held."""
         return frozenset(self._missing.get(manifest_id, ()))
 
     def complete(self, manifest_id: bytes) -> bool:
+        """Whether every shard of `manifest_id` is held."""
         return manifest_id in self._sizes and not self._missing[manifest_id]
 
     def progress(self) -> dict[str, int]:
+        """Bytes wanted and done, shards missing and requests in flight."""
         total = sum(sum(s) for s in self._sizes.values())
         return {
             "bytes_total": total,
@@ -239,6 +252,7 @@ class ShardScheduler:
         }
 
     def rate(self, peer: str) -> float | None:
+        """`peer`'s throughput estimate in bytes/s (None if unknown)."""
         p = self._peers.get(peer)
         return None if p is None else p.rate
 
@@ -251,6 +265,7 @@ class ShardScheduler:
         return p
 
     def on_have(self, peer: str, manifest_id: bytes, indices: Iterable[int], now: float) -> None:
+        """`peer` holds these shards of `manifest_id` (replaces its earlier announcement)."""
         self._peer(peer).have[manifest_id] = frozenset(indices)
 
     def on_peer_gone(self, peer: str, now: float) -> list[Cancel]:
@@ -297,6 +312,7 @@ class ShardScheduler:
         return None if best is None else best[2]
 
     def next_requests(self, now: float) -> list[Request]:
+        """The requests to send now (rarest first, best source first, endgame copies)."""
         c = self.config
         out: list[Request] = []
         in_flight = sum(len(f) for f in self._flights.values())
@@ -415,6 +431,7 @@ class ShardScheduler:
         return self._drop_peer(peer, now, "transfer failed", self.config.fail_backoff_s)
 
     def tick(self, now: float) -> list[Action]:
+        """Drop the peers whose requests passed their deadline (cancels and drops)."""
         out: list[Action] = []
         stalled = {
             f.peer for flights in self._flights.values() for f in flights if f.deadline <= now
