@@ -236,6 +236,11 @@ class PullSchedule:
         """Fetches sent and not yet answered."""
         return self._in_flight
 
+    def sources(self, rollout_id: Hashable) -> tuple[Source, ...]:
+        """The sources the pull of `rollout_id` may ask now (empty if it is not pending)."""
+        p = self._pulls.get(rollout_id)
+        return () if p is None else tuple(p.sources)
+
     def next_due(self) -> float | None:
         """The earliest time a waiting pull becomes due (None: nothing waits)."""
         while self._heap:

@@ -114,6 +114,10 @@ class ReplayGuard:
         self.max_signers = max_signers
         self._signers: OrderedDict[tuple[bytes, str], _SignerWindow] = OrderedDict()
 
+    def held(self) -> list[int]:
+        """How many sequence numbers each tracked (signer, kind) window holds (its memory)."""
+        return [len(w.seen) for w in self._signers.values()]
+
     def check(self, env: Envelope, now_ms: int, *, remember: bool = True) -> None:
         """Raise `ReplayError` if `env` must be refused; otherwise remember it (unless
         `remember` is False)."""
