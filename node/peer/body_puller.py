@@ -11,6 +11,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from typing import cast
 
 import trio
 
@@ -20,7 +21,7 @@ from node.peer.ports import Admit
 from node.store.store import Store, StoreError
 from protocol import body_pull as bp
 from protocol import penalties
-from protocol.admission import BodyMissing, Kind, Misbehaved
+from protocol.admission import BodyMissing, Kind, Misbehaved, PeerId
 from protocol.codec import decode
 from protocol.content_id import content_id
 from protocol.errors import RemoteProtocolError
@@ -109,9 +110,14 @@ class BodyPuller:
                 self.counters["pull_gave_up"] += 1
                 if a.origin is not None:
                     signer, sender = a.origin
-                    self.admission.submit(
-                        BodyMissing(a.rollout_id, signer, sender, a.now, a.answered)
+                    event = BodyMissing(
+                        cast(bytes, a.rollout_id),
+                        cast(bytes, signer),
+                        cast(PeerId, sender),
+                        a.now,
+                        a.answered,
                     )
+                    self.admission.submit(event)
             elif isinstance(a, bp.Done):
                 self.counters["pull_done"] += 1
 
@@ -120,7 +126,7 @@ class BodyPuller:
         self._wake.set()
 
     async def _fetch(self, f: bp.Fetch) -> None:
-        source, ids = str(f.source), list(f.ids)
+        source, ids = str(f.source), cast(list[bytes], list(f.ids))
         async with self._fetches:
             try:
                 held = await trio.to_thread.run_sync(self.store.bodies_held, ids)

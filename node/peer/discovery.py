@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import msgpack
 import trio
@@ -42,6 +43,7 @@ EXCHANGE_MAX_S = 60.0
 
 
 def hello_protocol(run_id: str) -> str:
+    """The hello stream protocol id of a run."""
     return f"/swarm-rl/{run_id}/hello/1"
 
 
@@ -94,6 +96,7 @@ class AddressBook:
         return peer
 
     def set_hello(self, peer: str, hello: PeerHello) -> None:
+        """Keep `peer`'s hello and learn the listen addresses it announces."""
         for a in hello.listen_addrs:
             if a.endswith(f"/p2p/{peer}"):
                 self.add(a)
@@ -122,10 +125,12 @@ class AddressBook:
         return [p for p, e in self._peers.items() if e.addrs]
 
     def addrs(self, peer: str) -> list[str]:
+        """The addresses known for `peer`, the one to try first first."""
         entry = self._peers.get(peer)
         return list(entry.addrs) if entry else []
 
     def shareable(self, connected: list[str]) -> list[str]:
+        """One address per connected peer, for peer exchange (at most `MAX_SHARED_ADDRS`)."""
         out: list[str] = []
         for peer in connected:
             out.extend(self.addrs(peer)[:1])
@@ -140,6 +145,7 @@ class AddressBook:
         ]
 
     def failed(self, peer: str, error: str, now: float) -> None:
+        """A dial failed: back off (doubling) and try its next address next time."""
         e = self._peers.get(peer)
         if e is None:
             return
@@ -163,15 +169,21 @@ class AddressBook:
         )
 
     def roles(self, peer: str) -> tuple[str, ...]:
+        """The roles `peer`'s hello announced (none before a hello)."""
         e = self._peers.get(peer)
         return e.hello.roles if e and e.hello else ()
 
 
 def encode_addrs(addrs: list[str]) -> bytes:
-    return msgpack.packb([a for a in addrs if len(a) <= 256][:MAX_SHARED_ADDRS], use_bin_type=True)
+    """The peer-exchange frame: a msgpack array of at most `MAX_SHARED_ADDRS` addresses."""
+    return cast(
+        bytes,
+        msgpack.packb([a for a in addrs if len(a) <= 256][:MAX_SHARED_ADDRS], use_bin_type=True),
+    )
 
 
 def decode_addrs(data: bytes) -> list[str]:
+    """Read a peer-exchange frame; raises `ValueError` when it is not an array of strings."""
     try:
         value = msgpack.unpackb(
             data,

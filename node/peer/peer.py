@@ -613,9 +613,11 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
                     yield peer
                 finally:
                     # Stopping loses no queued work: publish what the outbox holds, bounded.
-                    with trio.CancelScope(shield=True), trio.move_on_after(cfg.drain_timeout_s):
+                    with trio.move_on_after(cfg.drain_timeout_s) as scope:
+                        scope.shield = True
                         peer.drained = await peer.outbox.drain()
-                    with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    with trio.move_on_after(5) as scope:
+                        scope.shield = True
                         await peer.ledger.save_scores()
                     nursery.cancel_scope.cancel()
     finally:

@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -23,7 +23,7 @@ from node.peer.ports import Admit, BadRequests, BodyWants, Spawn, VersionView
 from node.store.store import Store, StoreError
 from protocol import catch_up as cu
 from protocol import penalties
-from protocol.admission import Kind, Misbehaved, NewestShown
+from protocol.admission import Kind, Misbehaved, NewestShown, PeerId
 from protocol.codec import encode
 from protocol.version_claims import AskNewest
 from protocol.wire import RolloutRecord
@@ -212,7 +212,7 @@ async def ask_newest(
             answered = True
         except PeerError as exc:
             log.debug("peer: %s did not back its version claim: %s", who[:12], exc)
-    handled = admission.submit(NewestShown(ask.peer, env, time.time(), answered))
+    handled = admission.submit(NewestShown(cast(PeerId, ask.peer), env, time.time(), answered))
     # Only a backing manifest goes on to the weights (an unbacked answer was charged
     # once already, and is not opened a second time).
     if env is not None and takes_weights and not handled.actions:
