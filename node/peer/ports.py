@@ -14,6 +14,7 @@ never against `Peer` itself, so none of them imports `node.peer.peer`.
 - `Publisher`: produce rollouts, publish verdicts and producer claims.
 - `Reporter`: a role's fault-finding about a peer.
 - `RunPeer`: what the run release service uses.
+- `WeightsView`: the peer's weight sync and run manifest (hot swap, held versions).
 - `RelayPeer`, `InferencePeer`, `ValidatorPeer`, `TrainerPeer`: what each role uses.
 """
 
@@ -173,6 +174,13 @@ class RunPeer(VersionView, Protocol):
     def bad_request(self, peer: str, reason: str) -> None:
         """Charge `peer` for a malformed request."""
         ...
+
+
+class WeightsView(Protocol):
+    """The peer's policy weights (None when it keeps none) and its run's manifest."""
+
+    manifest: RunManifest
+    weights: WeightSync | None
 
 
 class RelayPeer(Protocol):
