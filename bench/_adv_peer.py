@@ -48,9 +48,9 @@ from bench._gossip_peer import json_lines, reply
 from bench._records import net_manifest, synthetic_record
 from node.host.host import HostSettings
 from node.peer.peer import PeerConfig, open_peer
-from node.roles import RoleContext
+from node.roles import ValidatorConfig
 from node.roles.rollout_fates import Fates
-from node.roles.trainer import Collector, pick_ready, judged
+from node.roles.trainer import Collector, judged, pick_ready
 from protocol import penalties
 from protocol.accounting import WorkLedger
 from protocol.admission import AdmissionConfig, Admitted, Kind
@@ -69,8 +69,8 @@ from protocol.wire import Metric, ProducerClaim, RolloutBody, RolloutRecord, Ver
 from verify.producer import CLOSE_AFTER_S, STAT, ProducerTally
 
 VERSION = 5  # everyone runs at this policy version (S = 2: version 2 and below is stale)
-AUDIT_FRACTION = RoleContext.audit_fraction  # the node's default (`--audit-fraction`)
-WINDOW_FRACTION = RoleContext.producer_window_fraction
+AUDIT_FRACTION = ValidatorConfig.audit_fraction  # the node's default (`--audit-fraction`)
+WINDOW_FRACTION = ValidatorConfig.producer_window_fraction
 # The stand-in model audit: a record's first log-prob says what model made it (an honest
 # one is in [-5, 0]): SLIGHT_MARK a slightly changed model, CHANGED_MARK a changed one.
 SLIGHT_MARK, CHANGED_MARK = -150.0, -300.0

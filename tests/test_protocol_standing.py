@@ -198,7 +198,7 @@ def test_the_trainer_trains_a_good_producers_unaudited_records_and_drops_a_banne
     the hold; a failed verdict bans it and its waiting records never train."""
     from collections import OrderedDict
 
-    from node.roles.trainer import Collector, pick_ready, judged
+    from node.roles.trainer import Collector, judged, pick_ready
     from protocol.admission import Deliver, Kind
     from protocol.verified import VerifiedRule
     from tests.test_protocol_admission import ALICE, RELAY, header

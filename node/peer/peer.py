@@ -38,7 +38,7 @@ from node.host.host import AGENT, Later, Misbehaviour, PeerEvent, SwarmHost, ope
 from node.host.reachability import open_reachability
 from node.host.relay import open_relay
 from node.peer.body_puller import BodyPuller
-from node.peer.config import PeerConfig, SeqCounter
+from node.peer.config import PACE_MARGIN, PeerConfig, SeqCounter
 from node.peer.discovery import Discovery
 from node.peer.dropped_by import DroppedBy
 from node.peer.gossip import BATCH_TOPICS, TOPIC_KINDS, Outbox, topic_name
@@ -93,7 +93,6 @@ from protocol.wire import (
 log = logging.getLogger("swarm.peer")
 
 ADMITTED_QUEUE = 4096
-PACE_MARGIN = 0.8  # share of the peers' per-producer rate and burst a node publishes at
 STORE_WAIT_S = 20.0  # a gossip message whose write takes longer is not forwarded from here
 RESTORED_PULLS = 4096  # owed pulls queued again at start
 VALIDATOR_WAITS_KEPT = 4096  # recent gossip validator waits, for the p99 in stats()

@@ -61,7 +61,9 @@ def _tied(model: Any, name: str, state: dict[str, Any]) -> bool:
 class HotSwap:
     """The inference worker's model and the version it holds."""
 
-    def __init__(self, peer: WeightsView, model: Any, version: int = 0, also_load: Any = None) -> None:
+    def __init__(
+        self, peer: WeightsView, model: Any, version: int = 0, also_load: Any = None
+    ) -> None:
         """`also_load(state)`, when given, runs after `model` took the new weights (an
         engine holding a second copy of them, e.g. vLLM's, loads it there)."""
         self.peer = peer

@@ -528,10 +528,11 @@ class TrainerRole:
 
     async def publish(self) -> None:
         """Publish the trained version (retried at the next turn if it fails)."""
-        trainer, io = self.trainer, self.io
+        trainer, io, weights = self.trainer, self.io, self.peer.weights
+        assert weights is not None, "called only for a peer that keeps weights"
         try:
             state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-            self.published = await self.peer.weights.publish(state)
+            self.published = await weights.publish(state)
             self.collector.on_published(self.published, time.time())
             self.publish_error = None
             if self.published != trainer.version:  # the store numbered it: follow the store
