@@ -55,5 +55,6 @@ class SeqCounter:
         self._last = int(time.time() if start_s is None else start_s) * self.PER_SECOND
 
     def next(self) -> int:
+        """The next sequence number."""
         self._last += 1
         return self._last

@@ -103,6 +103,8 @@ class Peer:
 
     `produce(record)`, `publish_verdict(verdict)`, `on_deliver(callback)`, `report()`,
     `stats()`, plus `host`, `store`, `admission`, `discovery`, `identity`, `manifest`.
+    It satisfies every protocol of `node.peer.ports`; its drivers (body puller, catch-up,
+    body server, upkeep) are handed the pieces they use, not the peer.
     """
 
     def __init__(

@@ -116,7 +116,9 @@ class VersionView(Protocol):
     """The peer's current policy version (the newest installed)."""
 
     @property
-    def policy_version(self) -> int: ...
+    def policy_version(self) -> int:
+        """The newest installed policy version; staleness is judged from it."""
+        ...
 
 
 class Deliveries(Protocol):
