@@ -322,7 +322,7 @@ def _run_key_and_dir(
 
 
 def _role_settings(
-    role: str,
+    role: str | None,
     cfg: Any,
     ddir: Path,
     threads: int | None,
