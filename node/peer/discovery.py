@@ -105,6 +105,7 @@ class AddressBook:
         return peer
 
     def set_hello(self, peer: str, hello: PeerHello) -> None:
+        """Keep `peer`'s hello and learn the listen addresses it announces."""
         for a in hello.listen_addrs:
             if a.endswith(f"/p2p/{peer}"):
                 self.add(a)
@@ -133,10 +134,12 @@ class AddressBook:
         return [p for p, e in self._peers.items() if e.addrs]
 
     def addrs(self, peer: str) -> list[str]:
+        """The addresses known for `peer`, the one to try first first."""
         entry = self._peers.get(peer)
         return list(entry.addrs) if entry else []
 
     def shareable(self, connected: list[str]) -> list[str]:
+        """One address per connected peer, for peer exchange (at most `MAX_SHARED_ADDRS`)."""
         out: list[str] = []
         for peer in connected:
             out.extend(self.addrs(peer)[:1])
@@ -151,6 +154,7 @@ class AddressBook:
         ]
 
     def failed(self, peer: str, error: str, now: float) -> None:
+        """A dial failed: back off (doubling) and try its next address next time."""
         e = self._peers.get(peer)
         if e is None:
             return
@@ -174,6 +178,7 @@ class AddressBook:
         )
 
     def roles(self, peer: str) -> tuple[str, ...]:
+        """The roles `peer`'s hello announced (none before a hello)."""
         e = self._peers.get(peer)
         return e.hello.roles if e and e.hello else ()
 

@@ -20,18 +20,16 @@ import os
 import time
 from collections import Counter, OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from node.exchange import runs as run_exchange
 from node.host.host import PeerError, PeerEvent
+from node.peer.ports import RunPeer
 from protocol import run_manifest as rm
 from protocol.identity import peer_id_from_b58, peer_id_to_b58
 from protocol.wire import RunRelease
-
-if TYPE_CHECKING:
-    from node.peer.peer import Peer
 
 log = logging.getLogger("swarm.run")
 
@@ -56,18 +54,21 @@ def read_pin(data_dir: Path) -> bytes | None:
 
 
 def write_pin(data_dir: Path, authority: bytes) -> Path:
+    """Pin `authority` as the one this node trusts; returns the file written."""
     path = data_dir / AUTHORITY_FILE
     _write_atomic(path, (peer_id_to_b58(authority) + "\n").encode())
     return path
 
 
 def load_saved_release(data_dir: Path) -> bytes | None:
+    """The release this node adopted before (envelope bytes), or None."""
     with contextlib.suppress(FileNotFoundError):
         return (data_dir / RELEASE_FILE).read_bytes()
     return None
 
 
 def save_release(data_dir: Path, data: bytes) -> None:
+    """Keep `data` as the release this node adopted."""
     _write_atomic(data_dir / RELEASE_FILE, data)
 
 
@@ -96,7 +97,7 @@ def newest_release(
 class RunService:
     """Serves this peer's run on `/swarm-rl/runs/1` and adopts newer releases of it."""
 
-    def __init__(self, peer: Peer, release: bytes | None, pin: bytes | None = None) -> None:
+    def __init__(self, peer: RunPeer, release: bytes | None, pin: bytes | None = None) -> None:
         self.peer = peer
         self.release: RunRelease | None = None
         self.data = rm.encode_unsigned(peer.manifest)
