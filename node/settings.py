@@ -3,7 +3,7 @@
 `node.config.NodeConfig` is what the operator wrote (file and flags); this module turns it
 into what each component takes: `HostSettings` (the libp2p adapter), `WeightSettings`
 (policy versions), `RelayLimitsConfig` (the relay service), `AdmissionConfig` and the
-`PeerConfig` that carries them all. Call sites use these functions instead of copying keys
+`PeerConfig` that carries them all, and each role's own config (`node.roles.config`). Call sites use these functions instead of copying keys
 by hand. It imports the host (libp2p): commands import it only when they run.
 """
 
@@ -15,6 +15,14 @@ from node.config import NodeConfig
 from node.host.host import HostSettings
 from node.host.relay import RelayLimitsConfig
 from node.peer.config import PeerConfig
+from node.roles.config import (
+    InferenceConfig,
+    ModelChoice,
+    RelayConfig,
+    RoleConfig,
+    TrainerConfig,
+    ValidatorConfig,
+)
 from node.weights.sync import WeightSettings
 from protocol.admission import AdmissionConfig
 from protocol.identity import Identity
@@ -93,3 +101,40 @@ def peer_config(
         store_max_bytes=cfg.store.max_bytes,
         relay=relay_limits(cfg),
     )
+
+
+def role_config(
+    cfg: NodeConfig,
+    *,
+    data_dir: Path,
+    threads: int | None,
+    max_rollouts: int | None,
+    local_train: tuple[int, int] | None,
+) -> RoleConfig:
+    """The config of `cfg.node.role` from `[node]`, `[inference]`, `[validator]` and
+    `[trainer]`, with what `start` takes besides the tree (threads, a bound on rollouts,
+    the local-training split); built-in models are cached under `data_dir`."""
+    model = ModelChoice(model=cfg.node.model or None, models_dir=str(data_dir), threads=threads)
+    role = cfg.node.role
+    if role == "inference":
+        return InferenceConfig(
+            model=model,
+            batch_size=cfg.inference.batch_size,
+            engine=cfg.inference.engine,
+            max_rollouts=max_rollouts,
+            rollouts_per_version=cfg.inference.rollouts_per_version,
+            local_train=local_train,
+            data_dir=data_dir,
+        )
+    if role == "validator":
+        return ValidatorConfig(
+            model=model,
+            batch_size=cfg.inference.batch_size,
+            audit_fraction=cfg.validator.audit_fraction,
+            producer_window_fraction=cfg.validator.producer_window_fraction,
+        )
+    if role == "trainer":
+        return TrainerConfig(
+            model=model, data_dir=data_dir, publish_every_s=cfg.trainer.publish_every_s
+        )
+    return RelayConfig()
