@@ -1,6 +1,6 @@
 """Each role's own settings (frozen dataclasses), and `RoleIO`, what a role reports through.
 
-`node.commands.start` fills them from the node's options; a role reads only its own.
+`node.settings.role_config` fills them from the node's configuration; a role reads only its own.
 """
 
 from __future__ import annotations
