@@ -189,6 +189,7 @@ def test_kl_step_runs_against_the_starting_weights(tok):
     assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # π_θ = π_ref before the first step
     second = trainer.train_on(groups)
     assert second["kl"] > 0.0 and trainer.steps == 2
+    assert trainer.ref_model is not None
     assert all(not p.requires_grad for p in trainer.ref_model.parameters())
 
 

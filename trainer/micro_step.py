@@ -207,7 +207,12 @@ def accumulate_gradients(
     n_tokens = sum(len(s.completion_ids) for s in samples)
     total = float(n_tokens if loss.aggregation == "token" else len(samples))
     value = 0.0
-    stats = dict.fromkeys(("clip_fraction", "is_weight_mean", "is_truncated_fraction", "kl"), 0.0)
+    stats: dict[str, float] = {
+        "clip_fraction": 0.0,
+        "is_weight_mean": 0.0,
+        "is_truncated_fraction": 0.0,
+        "kl": 0.0,
+    }
     for lo in range(0, len(samples), settings.micro_batch):
         mb = samples[lo : lo + settings.micro_batch]
         adv = list(advantages[lo : lo + settings.micro_batch])
