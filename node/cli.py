@@ -381,6 +381,13 @@ def audit(
 )
 @click.option("--data-dir", help="Where the built-in policy is cached.")
 @click.option("--threads", default=1, show_default=True, type=int, help="Torch CPU threads.")
+@click.option(
+    "--micro-batch",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Sequences per forward/backward pass; gradients accumulate into one step.",
+)
 @_one_line_errors
 def train(files: tuple[Path, ...], **kwargs: Any) -> None:
     """Train on rollout record files offline with the run's loss and loop (debugging, tests)."""
