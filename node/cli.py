@@ -190,6 +190,11 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
     "--publish-every", type=float, help="Trainer: publish perturbed weights every S seconds."
 )
 @click.option("--upload-limit", type=float, help="Weight shard upload cap, MiB/s (0: none).")
+@click.option(
+    "--micro-batch",
+    type=click.IntRange(min=1),
+    help="Trainer: sequences per forward/backward pass of a step (default 8).",
+)
 @click.option("--threads", default=1, show_default=True, type=int, help="Torch CPU threads.")
 @click.option(
     "--engine", type=click.Choice(["hf", "vllm"]), help="Inference: generation engine (default hf)."

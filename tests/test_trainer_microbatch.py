@@ -198,3 +198,13 @@ def test_step_settings_refuse_nonsense():
         StepSettings(micro_batch=0)
     with pytest.raises(ValueError, match="logit_chunk"):
         StepSettings(logit_chunk=0)
+
+
+def test_node_config_sets_the_trainer_micro_batch():
+    from node.config import load_config
+    from node.errors import CommandError
+
+    assert load_config(None, {})["trainer.micro_batch"] == 8
+    assert load_config(None, {"trainer.micro_batch": 3})["trainer.micro_batch"] == 3
+    with pytest.raises(CommandError, match="trainer.micro_batch"):
+        load_config(None, {"trainer.micro_batch": 0})

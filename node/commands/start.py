@@ -191,6 +191,7 @@ def main(
     log_format: str | None = None,
     metrics: str | None = None,
     publish_every: float | None = None,
+    micro_batch: int | None = None,
     upload_limit: float | None = None,
     engine: str | None = None,
     join: Sequence[str] = (),
@@ -221,6 +222,7 @@ def main(
             "inference.rollouts_per_version": rollouts_per_version,
             "validator.audit_fraction": audit_fraction,
             "trainer.publish_every_s": publish_every,
+            "trainer.micro_batch": micro_batch,
             "network.upload_limit_mib_s": upload_limit,
             **parse_relay_limits(relay_limit),
         },
@@ -242,6 +244,7 @@ def main(
     model_dir = check_local(role, ctx, manifest)  # model and datasets: before the network
     base = _base_weights(model_dir, manifest) if model_dir is not None else None
     ctx.publish_every_s = cfg["trainer.publish_every_s"]
+    ctx.micro_batch = cfg["trainer.micro_batch"]
     lock = _lock(ddir)
     try:
         import trio

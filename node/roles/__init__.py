@@ -42,6 +42,7 @@ class RoleContext:
     status: dict[str, Any] = field(default_factory=dict)  # live figures the role reports
     say: Callable[[str], None] = print
     producing: bool = True  # cleared by SIGUSR1: stop making new work, keep serving it
+    micro_batch: int = 8  # trainer: sequences per forward/backward pass of a step
     publish_every_s: float = 0.0  # trainer: publish perturbed weights this often (0: never)
 
 

@@ -416,6 +416,7 @@ class TrainerRole:
     async def start(self) -> None:
         """Load the model (adopted as version 0) and the trainer, resuming from its
         checkpoint at the version last published."""
+        from trainer.micro_step import StepSettings  # deferred: heavy import
         from trainer.samples import Rescorer
         from trainer.train_loop import Trainer
 
@@ -425,7 +426,11 @@ class TrainerRole:
             await peer.weights.adopt_base(base)
         trainer = await trio.to_thread.run_sync(
             lambda: Trainer.from_manifest(
-                model, tokenizer, manifest, ckpt_dir=ctx.data_dir / "trainer"
+                model,
+                tokenizer,
+                manifest,
+                ckpt_dir=ctx.data_dir / "trainer",
+                step_settings=StepSettings(micro_batch=ctx.micro_batch),
             )
         )
         self.model, self.tokenizer, self.trainer = model, tokenizer, trainer
