@@ -208,3 +208,32 @@ def test_node_config_sets_the_trainer_micro_batch():
     assert load_config(None, {"trainer.micro_batch": 3})["trainer.micro_batch"] == 3
     with pytest.raises(CommandError, match="trainer.micro_batch"):
         load_config(None, {"trainer.micro_batch": 0})
+
+
+def test_no_vocabulary_wide_tensor_beyond_one_chunk_is_kept_for_backward():
+    """Every tensor autograd keeps for backward, outside the checkpointed chunks: none is
+    as wide as the vocabulary over more rows than one chunk (the full path keeps (B, L, V))."""
+    model = _qwen()
+    vocab, chunk = model.config.vocab_size, 4
+    samples = _samples(model, 6, vocab, seed=9)
+    kept: list[tuple[int, ...]] = []
+
+    def pack_hook(t: torch.Tensor) -> torch.Tensor:
+        kept.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t):
+        accumulate_gradients(
+            model, samples, [1.0, -1.0] * 3, 0, LossSettings(), StepSettings(3, chunk)
+        )
+    assert kept, "the hook saw the body's saved tensors"
+    head_t = (model.config.hidden_size, vocab)  # the LM head's weight, transposed by linear
+
+    def too_wide(s: tuple[int, ...]) -> bool:
+        return bool(s) and s[-1] == vocab and s != head_t and torch.Size(s).numel() > chunk * vocab
+
+    assert not [s for s in kept if too_wide(s)]
+    with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t):
+        kept.clear()
+        full_logprobs_reference(model, samples, 0)
+    assert any(too_wide(s) for s in kept)  # the full path keeps (B, L, V) logits
