@@ -10,13 +10,12 @@ from __future__ import annotations
 import contextlib
 import struct
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import libp2p.stream_muxer.yamux.yamux as _libp2p_yamux
 import trio
 
-if TYPE_CHECKING:
-    from node.host.host import HostSettings
+from node.host.settings import HostSettings
 
 _FRAME_HEADER = struct.Struct(">I")
 

@@ -116,8 +116,8 @@ class Reachability:
 
     def __init__(self, host: SwarmHost) -> None:
         self._host = host
-        self.autonat = _DialBackAutoNAT(host._lh, serve=True, confirmations=1)
-        self.dcutr = DCUtRProtocol(host._lh)
+        self.autonat = _DialBackAutoNAT(host.libp2p, serve=True, confirmations=1)
+        self.dcutr = DCUtRProtocol(host.libp2p)
 
     @property
     def status(self) -> str:
@@ -146,7 +146,7 @@ class Reachability:
     async def _advertised(self) -> list[bytes]:
         addrs = [
             a.decapsulate(Multiaddr(f"/p2p/{self._host.peer_id}")).to_bytes()
-            for a in self._host._lh.get_addrs()
+            for a in self._host.libp2p.get_addrs()
             if "/p2p-circuit" not in str(a)
         ]
         with contextlib.suppress(Exception):
