@@ -17,8 +17,8 @@ What GossipSub does by default, and what `Gossip` does about it:
 A message our validator refused, ignored or accepted `Later` is marked seen, as go-libp2p
 marks every message it validated: py-libp2p marks only accepted ones and remembers failed
 validations in a cache of 1,000 messages, which a busy peer turns over in seconds, so each
-IHAVE for such a message drew an IWANT and its copy came back through admission, charging
-the peer that answered for handing over a copy again (`tests/test_node_gossip_seen.py`)."""
+IHAVE for such a message would draw an IWANT and its copy would come back through admission,
+charging the peer that answered for handing over a copy again (`tests/test_node_gossip_seen.py`)."""
 
 from __future__ import annotations
 

@@ -137,6 +137,7 @@ class GuardedGossipSub(GossipSub):
         self.budget = budget
 
     async def handle_rpc(self, rpc: Any, sender_peer_id: ID) -> None:
+        """Drop the control entries over the sender's budgets, then handle the rest."""
         control = rpc.control
         b, lim = self.budget, self.budget.limits
         grafts = len(control.graft) + len(control.prune)
@@ -174,6 +175,7 @@ class GuardedPubsub(Pubsub):
         self.budget = budget
 
     async def continuously_read_stream(self, stream: Any) -> None:
+        """The library's reader, with oversize RPCs reported and garbage ending the stream."""
         peer = stream.muxed_conn.peer_id
         detail_prefix = "inbound RPC over the size limit"
         token = OVERSIZE_REPORT.set(
@@ -197,6 +199,7 @@ class GuardedPubsub(Pubsub):
         self._forget_all_subscriptions(peer_id)
 
     def handle_subscription(self, origin_id: ID, sub_message: Any) -> None:
+        """The library's handling, with a subscription past `max_topics` reported."""
         topic = sub_message.topicid
         was_new = sub_message.subscribe and origin_id not in self.peer_topics.get(topic, ())
         super().handle_subscription(origin_id, sub_message)

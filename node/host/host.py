@@ -24,7 +24,8 @@ has a test in `tests/test_node_host.py` that fails if the default comes back:
 - A SIGSTOPped peer blocks writes forever -> every dial, read, write and close here
   runs under a deadline, and the heartbeat (`node.host.heartbeat`) drops a peer that has
   not answered for `peer_dead_after_s`.
-- `connect()` takes ~250 ms -> `connect_many()` dials concurrently.
+- A dial takes several round trips (TCP, Noise, Yamux, multistream-select) ->
+  `connect_many()` dials concurrently.
 - Leaving `host.run()` without `close()` leaks the listener; in-flight publishes at
   shutdown raise "Nursery is closed" -> `open_host()` refuses new publishes, drains
   the in-flight ones, then stops pubsub and calls `close()`.
@@ -41,7 +42,7 @@ has a test in `tests/test_node_host.py` that fails if the default comes back:
   requested address got a listener and raises `ListenFailed` naming it and why.
 - GossipSub offered only `/meshsub/1.0.0` -> it offers 1.2, 1.1 and 1.0
   (`GOSSIPSUB_PROTOCOLS`), the newest both sides speak wins.
-- Garbage GossipSub RPCs and ban races crashed the host -> `GuardedPubsub`
+- Garbage GossipSub RPCs and ban races crash the library's pubsub -> `GuardedPubsub`
   (`node.host.gossip_guard`).
 - A reply of known size (a shard) started at Yamux's 256 KiB window and grew it one
   round trip at a time -> the asker grants the window it expects up front

@@ -681,7 +681,7 @@ def _read_exactly_whole(
 
 
 def _session_fill(self: Any, msg: bytes) -> None:
-    """The rest of a Noise message kept as bytes (was copied into a BytesIO)."""
+    """The rest of a Noise message kept as bytes (the library copies it into a BytesIO)."""
     self._swarm_rest = msg
     self.low_watermark = 0
     self.high_watermark = len(msg)
@@ -780,8 +780,8 @@ def _slot_held_while_open(
 
     The library's handler holds an inbound slot (`Swarm._inbound_limiter`, capacity
     max_connections - min_connections) and, after a successful upgrade, waits for the
-    whole swarm to stop: every connection that ever came in kept its slot, and once
-    `max_connections` had come and gone every new peer was refused. Here the library's
+    whole swarm to stop: every connection that ever came in keeps its slot, and once
+    `max_connections` have come and gone every new peer is refused. Here the library's
     handler runs as it is in a child task; once its upgrade produced a muxed connection
     and that connection closed (the library's own close and cleanup having run: the
     close event is set at the end of them), the child is cancelled where it waits for

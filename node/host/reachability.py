@@ -6,7 +6,7 @@ Uses py-libp2p 0.8.1's `AutoNATService` and `DCUtRProtocol`. What we change and 
 
 - The library's AutoNAT server answers a dial-back request with `host.connect()`, which
   returns at once when a connection to the asker exists -- and the asker is always
-  connected, it sent the request on that connection. So every asker was told "reachable".
+  connected, it sent the request on that connection. So every asker is told "reachable".
   `_DialBackAutoNAT` dials the advertised address afresh (`network.dial_addr`, a new
   TCP + Noise + Yamux connection) and closes that connection after.
 - The asker advertises its listen addresses and the addresses DCUtR predicts from what
@@ -160,6 +160,7 @@ class Reachability:
         return bool(await self.dcutr.initiate_hole_punch(ID.from_base58(peer)))
 
     def stats(self) -> dict[str, object]:
+        """Status and metrics fields: the verdict and how many peers are direct or relayed."""
         kinds = connection_kinds(self._host)
         return {
             "reachability": self.status,

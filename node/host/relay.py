@@ -66,6 +66,7 @@ class RelayLimitsConfig:
     reservation_ttl_s: int = 3600  # a slot lasts this long unless refreshed
 
     def check(self) -> None:
+        """Raise `ValueError` naming the first limit below 1."""
         for name in (
             "max_reservations",
             "max_reservations_per_ip",
@@ -80,6 +81,7 @@ class RelayLimitsConfig:
                 )
 
     def library_limits(self) -> RelayLimits:
+        """These limits as py-libp2p's `RelayLimits`."""
         return RelayLimits(
             duration=self.max_circuit_s,
             data=self.max_circuit_bytes,
