@@ -44,7 +44,6 @@ PULL_DELAYS_S = (1.0, 3.0)
 ASK_AGAIN_S = 300.0  # ask one peer for its release at most this often
 MAX_PULLS = 4  # pulls at once
 MAX_ASKED = 4096  # peers remembered as asked
-MAX_SERVE_STREAMS_PER_PEER = 2
 
 
 def read_pin(data_dir: Path) -> bytes | None:
@@ -111,8 +110,12 @@ class RunService:
         self.counters: Counter[str] = Counter()
         self._asked: OrderedDict[str, float] = OrderedDict()
         self._pulls = 0
-        self._serving: Counter[str] = Counter()  # peer -> run directory streams we answer
-        peer.host.set_stream_handler(run_exchange.PROTOCOL_ID, self.serve)
+        run_exchange.serve_runs(
+            peer.host,
+            lambda: [run_exchange.ServedRun(self.data, self.summary())],
+            peer.bad_request,
+            self._refused,
+        )
         peer.host.on_peer_event(self._on_peer_event)
         for other in peer.host.connected_peers():  # connected before this service started
             self._on_peer_event(PeerEvent("connected", other))
@@ -134,21 +137,8 @@ class RunService:
             "time_ms": int(time.time() * 1000),
         }
 
-    async def serve(self, stream: Any) -> None:
-        if self._serving[stream.peer] >= MAX_SERVE_STREAMS_PER_PEER:
-            self.counters["run_directory_refused"] += 1
-            await stream.reset()  # one question at a time is all an honest peer asks
-            return
-        self._serving[stream.peer] += 1
-        try:
-            await run_exchange.serve(stream, [run_exchange.ServedRun(self.data, self.summary())])
-        except run_exchange.BadRequest:
-            self.peer.bad_request(stream.peer, "bad run directory request")
-            raise
-        finally:
-            self._serving[stream.peer] -= 1
-            if self._serving[stream.peer] <= 0:
-                del self._serving[stream.peer]
+    def _refused(self, _peer: str) -> None:
+        self.counters["run_directory_refused"] += 1
 
     def _on_peer_event(self, event: PeerEvent) -> None:
         if event.kind != "connected" or self.release is None or self._pulls >= MAX_PULLS:
@@ -181,7 +171,7 @@ class RunService:
                     if served.summary["run"] == self.peer.run_id:
                         self.consider(served.release, who)
                 return True
-        except run_exchange.BadAnswer as exc:
+        except run_exchange.BadResponse as exc:
             self.peer.bad_request(who, f"bad run directory answer: {exc}")
             return True
         except PeerError as exc:

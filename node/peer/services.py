@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("swarm.peer")
 
-MAX_SERVE_STREAMS_PER_PEER = 4
 CATCH_UP_TICK_S = 1.0
 DELIVERY_CHECK_S = 5.0
 ASK_NEWEST_S = 10.0  # a sender backs a future version it handed us within this
@@ -42,7 +41,17 @@ class BodyServer:
 
     def __init__(self, peer: Peer) -> None:
         self.peer = peer
-        self._serving: dict[str, int] = {}  # peer -> open body streams we serve
+        counters = peer.counters
+
+        def sent(n: int) -> None:
+            counters["served"] += n
+
+        def refused(_peer: str) -> None:
+            counters["serve_refused"] += 1
+
+        self._server = rollout_exchange.server(
+            peer.run_id, self._lookup, sent, peer.bad_request, refused
+        )
 
     def _lookup_sync(self, ids: list[bytes]) -> list[bytes | None]:
         out: list[bytes | None] = []
@@ -54,28 +63,12 @@ class BodyServer:
                 out.append(encode(RolloutRecord(header=row.header, body=row.body)))
         return out
 
-    async def serve(self, stream: Any) -> None:
-        async def lookup(ids: list[bytes]) -> list[bytes | None]:
-            return await trio.to_thread.run_sync(self._lookup_sync, ids)
+    async def _lookup(self, ids: list[bytes]) -> list[bytes | None]:
+        return await trio.to_thread.run_sync(self._lookup_sync, ids)
 
-        peer, counters = self.peer, self.peer.counters
-        active = self._serving.get(stream.peer, 0)
-        if active >= MAX_SERVE_STREAMS_PER_PEER:
-            counters["serve_refused"] += 1
-            await stream.reset()  # a peer gets a few body streams at a time, not the store
-            return
-        self._serving[stream.peer] = active + 1
-        try:
-            counters["served"] += await rollout_exchange.serve(stream, lookup)
-        except rollout_exchange.BadRequest:
-            peer.bad_request(stream.peer, "bad rollout request")
-            raise
-        finally:
-            left = self._serving.get(stream.peer, 1) - 1
-            if left > 0:
-                self._serving[stream.peer] = left
-            else:
-                self._serving.pop(stream.peer, None)
+    async def serve(self, stream: Any) -> None:
+        """Answer one inbound body stream."""
+        await self._server(stream)
 
 
 class CatchUpDriver:
@@ -85,6 +78,17 @@ class CatchUpDriver:
     def __init__(self, peer: Peer) -> None:
         self.peer = peer
         self.machine = cu.CatchUp(pulls=peer.cfg.pull_bodies, producer=peer.identity.peer_id)
+        counters, store = peer.counters, peer.store
+
+        async def lookup(since: float, min_version: int, producer: bytes | None, limit: int) -> Any:
+            return await trio.to_thread.run_sync(
+                store.held_since, since, min_version, producer, limit
+            )
+
+        def offered(n: int) -> None:
+            counters["catch_up_served"] += n
+
+        self._server = sync_exchange.server(peer.run_id, lookup, offered, peer.bad_request)
 
     def handle(self, event: cu.Event) -> None:
         peer = self.peer
@@ -130,18 +134,8 @@ class CatchUpDriver:
             self.peer.counters["receipts"] += n
 
     async def serve(self, stream: Any) -> None:
-        store = self.peer.store
-
-        async def lookup(since: float, min_version: int, producer: bytes | None, limit: int) -> Any:
-            return await trio.to_thread.run_sync(
-                store.held_since, since, min_version, producer, limit
-            )
-
-        try:
-            self.peer.counters["catch_up_served"] += await sync_exchange.serve(stream, lookup)
-        except sync_exchange.BadRequest:
-            self.peer.bad_request(stream.peer, "bad catch-up request")
-            raise
+        """Answer one inbound catch-up question."""
+        await self._server(stream)
 
     async def run(self) -> None:
         """Tick the machine every second; a worker also accounts its rollouts (delivered,
