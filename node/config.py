@@ -119,6 +119,7 @@ class Flag:
     metavar: str | None = None
     path: bool = False  # a click.Path (its value passed on as a string)
     multiple: bool = False  # repeatable; the values form a list, none given: the file's
+    click_min: bool = False  # click refuses a value under the key's lower bound (usage error)
 
 
 @dataclass(frozen=True)
@@ -331,6 +332,17 @@ class TrainerSection:
         "a number in [0, 86400] (0: never)",
         "until training lands: publish perturbed weights every this many seconds",
         flag=Flag("--publish-every", "Trainer: publish perturbed weights every S seconds."),
+    )
+    micro_batch: int = setting(
+        8,
+        Integer(1, 4096),
+        "an integer in [1, 4096]",
+        "sequences per forward/backward pass; gradients accumulate into one step",
+        flag=Flag(
+            "--micro-batch",
+            "Trainer: sequences per forward/backward pass of a step (default 8).",
+            click_min=True,
+        ),
     )
 
 
@@ -604,7 +616,7 @@ def _click_type(key: Key) -> Any:
     if isinstance(key.check, Choice):
         return click.Choice(list(key.check.options))
     if isinstance(key.check, Integer):
-        return int
+        return click.IntRange(min=key.check.lo) if spec.click_min else int
     if isinstance(key.check, Number):
         return float
     return None

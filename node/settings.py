@@ -135,6 +135,9 @@ def role_config(
         )
     if role == "trainer":
         return TrainerConfig(
-            model=model, data_dir=data_dir, publish_every_s=cfg.trainer.publish_every_s
+            model=model,
+            data_dir=data_dir,
+            publish_every_s=cfg.trainer.publish_every_s,
+            micro_batch=cfg.trainer.micro_batch,
         )
     return RelayConfig()

@@ -36,11 +36,13 @@ def main(
     out: Path | None = None,
     data_dir: str | None = None,
     threads: int = 1,
+    micro_batch: int = 8,
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Train offline on the rollout files with the run's loss and loop; returns the summary
     printed as JSON."""
     from trainer.engine_hf import torch_threads  # deferred: heavy import
+    from trainer.micro_step import StepSettings  # deferred: heavy import
     from trainer.train_loop import Trainer  # deferred: heavy import
 
     if not files:
@@ -108,6 +110,13 @@ def main(
 )
 @click.option("--data-dir", help="Where the built-in policy is cached.")
 @click.option("--threads", default=1, show_default=True, type=int, help="Torch CPU threads.")
+@click.option(
+    "--micro-batch",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Sequences per forward/backward pass; gradients accumulate into one step.",
+)
 @one_line_errors
 def command(files: tuple[Path, ...], **kwargs: Any) -> None:
     """Train on rollout record files offline with the run's loss and loop (debugging, tests)."""
