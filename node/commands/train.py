@@ -59,7 +59,12 @@ def main(
         save_model_dir(m, tokenizer, out / f"v{version}")
 
     trainer = Trainer.from_manifest(
-        net, tokenizer, manifest, ckpt_dir=out / "ckpt", publish=publish
+        net,
+        tokenizer,
+        manifest,
+        ckpt_dir=out / "ckpt",
+        publish=publish,
+        step_settings=StepSettings(micro_batch=micro_batch),
     )
     rescorer = Rescorer(manifest, tokenizer)
     admitted = 0
