@@ -1,9 +1,9 @@
 """The `swarm-node` command: argument parsing and dispatch only.
 
 Each command's work lives in `node.commands.<name>`, imported when the command runs so that
-`swarm-node --help` does not load torch. Benchmarks live in the top-level `bench` package
-(`bench.<name>`), which may import every layer; this module's `bench` command is the one
-place outside `bench/` and `tests/` that imports it, lazily.
+`swarm-node --help` does not load torch. Benchmarks live in the `swarm_node_bench` package
+(`BENCH_PACKAGE`, one module per benchmark), which may import every layer; this module's
+`bench` command is the one place outside it and `tests/` that imports it, by name at run time.
 A `CommandError` becomes one line on stderr and its exit code.
 """
 
@@ -21,6 +21,9 @@ import click
 
 from node.commands.devnet_evaluation import FINAL_EVAL_TASKS
 from node.errors import CommandError
+
+# The package of the benchmarks `swarm-node bench NAME` runs (`BENCH_PACKAGE.NAME`).
+BENCH_PACKAGE = "swarm_node_bench"
 
 
 def _one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -134,12 +137,12 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
     if not name.isidentifier():
         raise CommandError(f"unknown benchmark {name!r}")
     try:
-        module = importlib.import_module(f"bench.{name}")
+        module = importlib.import_module(f"{BENCH_PACKAGE}.{name}")
     except ModuleNotFoundError as exc:
-        if exc.name != f"bench.{name}":
+        if exc.name != f"{BENCH_PACKAGE}.{name}":
             raise
-        import bench as benches
-
+        benches = importlib.import_module(BENCH_PACKAGE)
+        assert benches.__file__ is not None
         available = sorted(p.stem for p in Path(benches.__file__).parent.glob("[a-z]*.py"))
         raise CommandError(
             f"unknown benchmark {name!r}; available: {', '.join(available)}"

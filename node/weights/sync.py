@@ -326,7 +326,7 @@ class WeightSync:
 
     @property
     def _watchers(self) -> dict[str, int]:
-        """Watches of our have-map served per peer (read by bench/_weights_peer.py)."""
+        """Watches of our have-map served per peer (read by swarm_node_bench/parts/weights_peer.py)."""
         return self.server.watchers
 
     def _misbehaved(self, peer: str, offence: penalties.Offence, why: str) -> None:

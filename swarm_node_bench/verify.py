@@ -60,8 +60,8 @@ differs in compute precision only.
 Edited-record attacks are made by a careful attacker: after the edit the proofs and
 log-probs are recomputed from an honest prefill of the edited sequence, the reward is
 re-scored and the record re-signed, so only the checks that matter can catch them.
-How records are made, edited and audited is `bench._verify_records`, the changed models
-the cases generate with `bench._verify_models`; this module holds the cases, the
+How records are made, edited and audited is `swarm_node_bench.parts.verify_records`, the changed models
+the cases generate with `swarm_node_bench.parts.verify_models`; this module holds the cases, the
 sensitivity sweep and the report.
 """
 
@@ -74,7 +74,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from bench._verify_models import (
+from node.console import sayer
+from swarm_node_bench.parts.verify_models import (
     bf16_copy,
     changed_fraction,
     dropped_layer,
@@ -84,7 +85,7 @@ from bench._verify_models import (
     other_model,
     perturbed,
 )
-from bench._verify_records import (
+from swarm_node_bench.parts.verify_records import (
     Ctx,
     Made,
     audit,
@@ -98,7 +99,6 @@ from bench._verify_records import (
     resign,
     truncate,
 )
-from node.console import sayer
 
 HONEST = {
     "kv_cache_vs_prefill": "baseline worker (fp32, KV-cache decode, batch 64) vs the verifier's prefill",
@@ -152,7 +152,7 @@ _say = sayer("bench verify")
 # ------------------------------------------------------------------ setup
 
 
-def _setup(hidden: int | None, n: int, quick: bool) -> tuple[Ctx, Any]:
+def setup(hidden: int | None, n: int, quick: bool) -> tuple[Ctx, Any]:
     from node.run_file import manifest_from_table
     from protocol.content_id import content_id
     from protocol.identity import Identity
@@ -210,7 +210,7 @@ def _paired_overhead_pct(with_: list[float], without: list[float]) -> float:
 # ------------------------------------------------------------------ calibration
 
 
-def _calibrate(ctx: Ctx, model_dir: Any) -> tuple[Any, str]:
+def calibrate(ctx: Ctx, model_dir: Any) -> tuple[Any, str]:
     """The audit limits from the model's calibration file (`swarm-node calibrate`; measured
     and cached now if the model has none yet). A random-init model (`--hidden`) has no
     directory: the same procedure measures it (`node.commands.calibrate.measure`), in the
@@ -259,7 +259,7 @@ def _sens_matrices(model: Any, quick: bool) -> dict[str, Any]:
     return out
 
 
-def _rank1_changed(model: Any, name: str, rel: float, seed: int, quick: bool) -> Any:
+def rank1_changed(model: Any, name: str, rel: float, seed: int, quick: bool) -> Any:
     """A copy of `model` with a rank-1 change of relative Frobenius size `rel` to one
     matrix (a vector for the norm)."""
     import torch
@@ -284,13 +284,13 @@ def _sensitivity(ctx: Ctx, quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"records": n, "sizes": list(SENS_SIZES), "target": SENS_TARGET}
     for precision in ("fp32", "bf16"):
         settings = replace(ctx.audit_settings, precision=precision)
-        limit = _producer_limit(ctx.audit_settings, precision)
+        limit = producer_limit(ctx.audit_settings, precision)
         table: dict[str, Any] = {}
         by_producer: dict[str, Any] = {}
         for name in _sens_matrices(ctx.model, quick):
             table[name] = by_producer[name] = None
             for k, rel in enumerate(SENS_SIZES):
-                worker = _rank1_changed(ctx.model, name, rel, seed=k, quick=quick)
+                worker = rank1_changed(ctx.model, name, rel, seed=k, quick=quick)
                 if precision == "bf16":
                     worker = bf16_copy(worker)
                 made = make_records(sctx, make_engine(worker, ctx.tokenizer, max_batch=64))
@@ -430,7 +430,7 @@ def _producer_window() -> int:
     return WINDOW
 
 
-def _producer_limit(settings: Any, precision: str) -> float:
+def producer_limit(settings: Any, precision: str) -> float:
     th = settings.thresholds if precision == "fp32" else settings.bf16_thresholds
     return float(th.producer_logprob_err_median)
 
@@ -543,7 +543,7 @@ def _thresholds(
     report: dict[str, Any] = {"calibrated": not ns.no_calibrate}
     digest = None
     if not ns.no_calibrate:
-        ctx.audit_settings, digest = _calibrate(ctx, model_dir)
+        ctx.audit_settings, digest = calibrate(ctx, model_dir)
         _say(f"thresholds from calibration {digest[:16]}")
     for name, th in (
         ("fp32", ctx.audit_settings.thresholds),
@@ -572,7 +572,7 @@ class Cases:
     def add_honest(self, name: str, res: list[Any], precision: str = "fp32") -> None:
         self.honest[name] = _frac_failed(res)
         self.producer_honest[name] = _producer_flagged(
-            res, _producer_limit(self.settings, precision)
+            res, producer_limit(self.settings, precision)
         )
         self.calib_honest[name] = _summary(res, attack=False)
         bad = [r for r in res if not r.passed]
@@ -585,7 +585,7 @@ class Cases:
         frac = _frac_failed(res)
         self.attacks_by_seed.setdefault(name, []).append(frac)
         self.attacks[name] = min(self.attacks_by_seed[name])
-        flagged = _producer_flagged(res, _producer_limit(self.settings, "fp32"))
+        flagged = _producer_flagged(res, producer_limit(self.settings, "fp32"))
         if flagged is not None:
             self.producer_by_seed.setdefault(name, []).append(flagged)
         if name not in self.calib_attack:
@@ -796,7 +796,7 @@ def _producer_report(ctx: Ctx, cases: Cases) -> dict[str, Any]:
     return {
         "window": _producer_window(),
         "statistic": "logprob_err_mean",
-        "limits": {p: _producer_limit(ctx.audit_settings, p) for p in ("fp32", "bf16")},
+        "limits": {p: producer_limit(ctx.audit_settings, p) for p in ("fp32", "bf16")},
         "attacks": {k: min(v) for k, v in cases.producer_by_seed.items()},
         "attacks_by_seed": cases.producer_by_seed,
         "honest_flagged": cases.producer_honest,
@@ -811,7 +811,7 @@ def run(quick: bool, args: list[str]) -> dict:
     ns = _parse(args, quick)
     only = set(ns.only.split(",")) if ns.only else None
     t_start = time.perf_counter()
-    ctx, model_dir = _setup(ns.hidden, ns.n, quick)
+    ctx, model_dir = setup(ns.hidden, ns.n, quick)
 
     def want(name: str) -> bool:
         return only is None or name in only

@@ -81,13 +81,13 @@ def sapo(
         totals[(8, 0, 2.0)], is_weights[(8, 0, 2.0)] = iso, weights
     else:
         rounds, stop = rounds or 2, "fixed"
-        untrained = [_untrained(base, tok, rounds, seed) for seed in seeds]
+        untrained = [untrained_reward(base, tok, rounds, seed) for seed in seeds]
         later.insert(0, (8, 0, 2.0))
     for i, j, c in later:
         vals: list[float] = []
         for seed in seeds:
             t = time.perf_counter()
-            got, w = _sapo_run(base, tok, peers, rounds, i, j, c, seed)
+            got, w = sapo_run(base, tok, peers, rounds, i, j, c, seed)
             vals += got
             is_weights.setdefault((i, j, c), []).append(w)
             _say(
@@ -102,7 +102,7 @@ def sapo(
         "device": str(next(base.parameters()).device),
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    per_peer = [u for u in untrained for _ in range(peers)]  # the order _sapo_run's lists add up in
+    per_peer = [u for u in untrained for _ in range(peers)]  # the order sapo_run's lists add up in
     out.update(sapo_summary(totals, per_peer, configs))
     for key, ws in is_weights.items():
         if key[2] > 0:
@@ -124,7 +124,7 @@ def isolated_until_gain(
     """Training alone (8/0), every seed a round at a time, until its mean gain over the
     untrained policy exceeds two standard errors (`rounds_stop` "gain", looked at from
     `min_rounds` on), `max_rounds` ("max_rounds") or `deadline` ("budget"): (rounds,
-    per-peer cumulative rewards in `_sapo_run`'s order, the untrained policy's per seed,
+    per-peer cumulative rewards in `sapo_run`'s order, the untrained policy's per seed,
     importance weights, stop)."""
     from trainer.engine_hf import HFEngine
     from trainer.tasks import TaskSet
@@ -222,7 +222,7 @@ def _probe(engine: Any, tok: Any, tasks: Any, r: int, seed: int) -> float:
     return sum(g[0].reward for g in probed) / PROBE
 
 
-def _untrained(base: Any, tok: Any, rounds: int, seed: int) -> float:
+def untrained_reward(base: Any, tok: Any, rounds: int, seed: int) -> float:
     """The cumulative probe reward of the policy every peer starts from, never trained."""
     from trainer.engine_hf import HFEngine
     from trainer.tasks import TaskSet
@@ -232,7 +232,7 @@ def _untrained(base: Any, tok: Any, rounds: int, seed: int) -> float:
     return sum(_probe(engine, tok, tasks, r, seed) for r in range(rounds))
 
 
-def _sapo_run(
+def sapo_run(
     base: Any,
     tok: Any,
     n_peers: int,

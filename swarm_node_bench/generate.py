@@ -13,7 +13,7 @@
   policy's report (building it first if missing) and runs in under a minute.
 - Where vLLM is installed, the full run adds `vllm_tokens_per_s`, `hf_tokens_per_s`,
   `vllm_warmup_s`, `cross_engine_audits`, `cross_engine_false_failures`,
-  `sampling_tie_disagreements` and more (`bench._generate_vllm` says what each is), at
+  `sampling_tie_disagreements` and more (`swarm_node_bench.parts.generate_vllm` says what each is), at
   batch 64 with 512 audited vLLM rollouts. `--quick` skips it (vLLM's start-up alone takes
   15-60 s here) unless `--vllm` is given (then 64 audited rollouts); `--audits N` sets it.
   The same part adds `crossover`: both engines, side by side, on randomly initialised
@@ -213,7 +213,7 @@ def _vllm_part(
         skipped = "--quick (pass --vllm to include it)"
     if skipped is not None:
         return {**{k: None for k in VLLM_KEYS}, "vllm_skipped": skipped}
-    from bench._generate_vllm import (
+    from swarm_node_bench.parts.generate_vllm import (
         CROSSOVER_SIZES,
         CROSSOVER_SIZES_QUICK,
         run_crossover,

@@ -13,7 +13,7 @@ run publishes), cast to bf16; `patch_bytes_ratio_trained_fp32`: the same version
 fp32 state the trainer holds (every fp32 value moves in an AdamW step: a patch is no
 smaller than the checkpoint, so a run should publish bf16).
 
-real: see `bench._broadcast_real` (1 origin + N receivers as processes on loopback,
+real: see `swarm_node_bench.parts.broadcast_real` (1 origin + N receivers as processes on loopback,
 upload capped by the node's own limiter).
 """
 
@@ -151,7 +151,7 @@ def run(quick: bool, args: list[str]) -> dict:
     if "delta" in chosen:
         result.update(delta_part(quick))
     if "real" in chosen:
-        from bench._broadcast_real import real_part
+        from swarm_node_bench.parts.broadcast_real import real_part
 
         result.update(real_part(quick))
     return result

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from bench._verify_records import Ctx, canonical_bf16
+from swarm_node_bench.parts.verify_records import Ctx, canonical_bf16
 
 # "One training step" for stale_version: one AdamW step at this learning rate on the honest
 # rollouts (REINFORCE, advantages r - mean), the result rounded to bf16 as a published

@@ -14,7 +14,7 @@ attacker made and their true (re-scored) rewards, for `credit_gain`.
 Every loop is bounded in count and time.
 
 The cases of the per-producer window rule and of standing use the stand-in models of
-`bench._adv_peer.model_change` (SLIGHT_CHANGE: passes alone, over the producer limit;
+`swarm_node_bench.parts.adv_peer.model_change` (SLIGHT_CHANGE: passes alone, over the producer limit;
 FAILING_CHANGE: fails its audit) and publish at `WINDOW_RATE` records a second.
 """
 
@@ -29,10 +29,16 @@ from typing import Any
 
 import trio
 
-from bench._adv_peer import CHANGED_MARK, SLIGHT_MARK, VERSION, honest_record, true_reward
 from node.host.host import HostSettings, MessageTooLarge, PeerError
 from node.peer.peer import PeerConfig, open_peer
 from node.store.store import RolloutRow
+from node.testing.adversary_records import (
+    CHANGED_MARK,
+    SLIGHT_MARK,
+    VERSION,
+    honest_record,
+    true_reward,
+)
 from protocol.admission import Admitted, Kind
 from protocol.codec import decode, encode
 from protocol.content_id import content_id

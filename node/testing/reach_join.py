@@ -2,7 +2,7 @@
 `bench reach` (`join_s` of the full-stack worker) and `tests/test_node_join_nat.py`.
 
 `FullStack(lab, tmp)` runs real `swarm-node start` processes on an emulated network
-(`bench._netlab`): a relay (the bootstrap peer), a trainer and a validator on the public
+(`node.testing.netlab`): a relay (the bootstrap peer), a trainer and a validator on the public
 side, sharing one signed run of a small untrained policy (`small_run`). `join(ns)` starts
 `swarm-node start --role inference --join <relay> --authority <id>` in namespace `ns` and
 returns the seconds from that start to the validator's first passed audit (the validator
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._netlab import PUBLIC_IP, NetLab
+from node.testing.netlab import PUBLIC_IP, NetLab
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: the processes run from there
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 

@@ -1,6 +1,6 @@
 """`swarm-node bench gossip`: rollout gossip among 8 real peer processes on loopback.
 
-Each peer is a full node (`bench._net_peer`: host, admission, SQLite store, body
+Each peer is a full node (`node.testing.net_peer`: host, admission, SQLite store, body
 pulls). Producers publish signed ~20 KB records (header gossiped, body pulled; token ids,
 log-probs and real TOPLOC proofs built from random activations) at a fixed rate for a
 fixed time; every peer pulls every body. Midway one non-producing peer is frozen with
@@ -65,10 +65,10 @@ from typing import Any
 
 import trio
 
-from bench._gossip_peer import PeerProcess
 from node.config import NODE_KEYS
 from node.console import sayer
 from node.peer.peer import PeerConfig
+from node.testing.peer_process import PeerProcess
 
 DEAD_AFTER_S = 4.0  # the peers' heartbeat timeout (passed to each as --dead-after)
 # A worker publishes each generation batch at once (`inference.batch_size`), not one
@@ -122,7 +122,10 @@ class Swarm:
         if boot:
             args += ["--bootstrap", boot]
         return await PeerProcess.start(
-            *args, module="bench._net_peer", stderr_path=str(self.tmp / f"p{i}.log"), timeout=120
+            *args,
+            module="node.testing.net_peer",
+            stderr_path=str(self.tmp / f"p{i}.log"),
+            timeout=120,
         )
 
     async def start(self) -> None:
@@ -316,7 +319,7 @@ async def _final_figures(receivers: list[PeerProcess]) -> dict[str, Any]:
 async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import msgpack
 
-    from bench._records import make_proof_pool
+    from node.testing.records import make_proof_pool
 
     pool_path = tmp / "proofs.msgpack"
     pool_path.write_bytes(msgpack.packb([list(p) for p in make_proof_pool(8, opts.size)]))
@@ -566,7 +569,7 @@ async def _saturate(
 
 
 def _record_size(n_completion: int) -> tuple[int, int]:
-    from bench._records import net_manifest, synthetic_record
+    from node.testing.records import net_manifest, synthetic_record
     from protocol.codec import decode
     from protocol.identity import Identity
     from protocol.wire import RolloutRecord

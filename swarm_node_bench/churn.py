@@ -1,6 +1,6 @@
 """`swarm-node bench churn`: delivery under crashes and restarts.
 
-Real processes on loopback (`bench._net_peer`: the full peer, py-libp2p, SQLite):
+Real processes on loopback (`node.testing.net_peer`: the full peer, py-libp2p, SQLite):
 a trainer and a validator (both pull bodies) and two workers producing signed synthetic
 records (well-formed, not model output: this measures delivery, not generation) at
 `--rate` per second each. Each trial waits a random moment, SIGKILLs a random role (or a
@@ -43,9 +43,9 @@ from typing import Any
 
 import trio
 
-from bench._gossip_peer import PeerProcess
 from node.console import sayer
 from node.store.store import DB_FILENAME, Store
+from node.testing.peer_process import PeerProcess
 
 ROLES = ("trainer", "validator", "w1", "w2")
 WORKERS = ("w1", "w2")
@@ -101,7 +101,7 @@ class _Node:
     async def start(self, bootstrap: list[str], log: Path) -> float:
         t0 = time.monotonic()
         self.proc = await PeerProcess.start(
-            *self.args(bootstrap), module="bench._net_peer", stderr_path=str(log), timeout=90
+            *self.args(bootstrap), module="node.testing.net_peer", stderr_path=str(log), timeout=90
         )
         self.addr = self.proc.addrs[0]
         return time.monotonic() - t0

@@ -1,12 +1,12 @@
-"""`swarm-node bench reach`: peers behind NAT on an emulated network (`bench._netlab`:
+"""`swarm-node bench reach`: peers behind NAT on an emulated network (`node.testing.netlab`:
 namespaces, veth, iptables MASQUERADE; needs root and iptables).
 
 Public segment: a bootstrap + relay host (relay service with limits), a trainer and a
 validator. Behind NAT: two workers behind cone NATs, one behind the symmetric variant.
-The peers are `bench._nat_peer` processes (a `SwarmHost` with circuit relay v2, AutoNAT
+The peers are `node.testing.nat_peer` processes (a `SwarmHost` with circuit relay v2, AutoNAT
 and DCUtR), not the full role stack: a "rollout" is a payload of rollout size sent on a
 stream and acknowledged by the receiver. Then, without `--quick` (or with `--full-join`),
-on a fresh emulated network, one worker of the full role stack (`bench._reach_join`:
+on a fresh emulated network, one worker of the full role stack (`node.testing.reach_join`:
 real `swarm-node start` relay, trainer and validator of a small untrained policy):
 
     join_s                 per light worker ("cone-0", ...): process start -> AutoNAT
@@ -42,14 +42,14 @@ from typing import Any
 
 import trio
 
-from bench._nat_peer import start_in
-from bench._netlab import PUBLIC_IP, NetLab, unavailable
+from node.testing.nat_peer import start_in
+from node.testing.netlab import PUBLIC_IP, NetLab, unavailable
 
 PAYLOAD_BYTES = 20_000
 KINDS = ("cone", "cone", "symmetric")
 MAX_CIRCUITS = 4
 LIGHT_JOIN = (
-    "cone-0, cone-1, symmetric-2: light peers (bench._nat_peer), start -> first payload "
+    "cone-0, cone-1, symmetric-2: light peers (node.testing.nat_peer), start -> first payload "
     "acknowledged by the trainer"
 )
 FULL_JOIN = (
@@ -211,16 +211,16 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
         "send_retries": retries,
         "payloads_per_worker": opts.payloads,
         "payload_bytes": PAYLOAD_BYTES,
-        "peers": "light (bench._nat_peer), not the full role stack, except join_s's cone-full",
+        "peers": "light (node.testing.nat_peer), not the full role stack, except join_s's cone-full",
     }
 
 
 def _full_join() -> float:
-    """`bench._reach_join`: one full-stack worker's join, on a fresh emulated network."""
+    """`node.testing.reach_join`: one full-stack worker's join, on a fresh emulated network."""
     import tempfile
     from pathlib import Path
 
-    from bench._reach_join import FullStack
+    from node.testing.reach_join import FullStack
 
     with tempfile.TemporaryDirectory(prefix="bench-reach-") as tmp, NetLab() as lab:
         stack = FullStack(lab, Path(tmp))

@@ -34,10 +34,10 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import PUBSUB_SIGNING_PREFIX
 from libp2p.utils.varint import encode_uvarint
 
-from bench._adv_peer import honest_record
 from node.host.gossip_guard import ControlLimits
 from node.host.host import key_pair_from_private_bytes, open_host
 from node.peer.gossip import topic_name
+from node.testing.adversary_records import honest_record
 from protocol.codec import decode
 from protocol.identity import Identity
 from protocol.wire import RolloutRecord

@@ -1,6 +1,6 @@
 """One peer of `bench broadcast`'s real part: an origin (trainer key), a receiver, or a liar.
 
-    python -m bench._weights_peer --run-id R --trainer-key HEX --data-dir D
+    python -m swarm_node_bench.parts.weights_peer --run-id R --trainer-key HEX --data-dir D
         [--key HEX] [--bootstrap ADDR] [--upload-limit MIB_S] [--shard-bytes N]
         [--checkpoint PATH] [--liar] [--trace FILE]
 
@@ -34,11 +34,11 @@ from pathlib import Path
 
 import trio
 
-from bench._gossip_peer import json_lines
-from bench._records import net_manifest
 from node.exchange import shards as shard_exchange
 from node.host.host import HostSettings
 from node.peer.peer import PeerConfig, open_peer
+from node.testing.peer_process import json_lines
+from node.testing.records import net_manifest
 from node.weights.sync import WeightSettings
 from protocol.admission import Admitted, Kind
 from protocol.identity import Identity, peer_id_from_b58

@@ -159,7 +159,7 @@ def scale(quick: bool, seed: int) -> dict[str, Any]:
 
 def _cpu_costs() -> tuple[float, float]:
     """Seconds to admit one real signed header and one real record (decode + verify)."""
-    from bench._records import net_manifest, synthetic_record
+    from node.testing.records import net_manifest, synthetic_record
     from protocol.admission import KIND_RULES, Kind
     from protocol.codec import decode
     from protocol.identity import Identity
@@ -187,7 +187,7 @@ def fidelity(quick: bool, seed: int, gossip_json: Path | None) -> dict[str, Any]
 
             raise CommandError(f"cannot read bench gossip JSON {gossip_json}: {exc}") from None
     else:
-        from bench import gossip
+        from swarm_node_bench import gossip
 
         _say("fidelity: running bench gossip --quick for the real figures")
         real = gossip.run(quick=True, args=[])

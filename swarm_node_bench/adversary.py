@@ -1,9 +1,9 @@
 """`swarm-node bench adversary`: the network's rules against attackers.
 
-Real processes on loopback (`bench._adv_peer`: the full peer, py-libp2p, SQLite): one
+Real processes on loopback (`swarm_node_bench.parts.adv_peer`: the full peer, py-libp2p, SQLite): one
 trainer, one validator (the run manifest's only validator key), two honest workers
 producing signed synthetic records, and one attacker process that runs each attack from
-`bench._attacks` with a fresh identity and peer, one after the other, while the
+`swarm_node_bench.parts.attacks` with a fresh identity and peer, one after the other, while the
 honest workers keep producing. The records are synthetic (not model output) and the
 validator's audit re-scores a stand-in reward fixed by each body (`true_reward`): this
 measures the trust rules (admission, authority, sampling, accounting, scoring), not the
@@ -39,7 +39,7 @@ validator at the default `audit_fraction`) and `cheater_records_trained` (record
 `changed_model`'s changed model trained on before it was cut off; it passes its probation
 honestly, then a quarter of its records fail their audit).
 
-Cases of the window rule and standing (`bench._attacks`): `window_withheld_body`,
+Cases of the window rule and standing (`swarm_node_bench.parts.attacks`): `window_withheld_body`,
 `window_many_keys` and `window_minority_changed` (a slightly changed model hiding from
 the window rule: a body withheld per window, six keys of half a window each, four changed
 records a window), and `changed_model` (above). The trainer's hold is `--hold` (quick 5 s,
@@ -68,7 +68,7 @@ over the mean reward their headers claim, which is their true one: 1.0 means cre
 honest work nothing) and `rss_mb_max` (peak RSS of any process).
 
 Connection cases, in the sibling dict `connection_attacks[name]`, run after
-the attacks above by this driver process from plain py-libp2p hosts (`bench._conn_attacks`)
+the attacks above by this driver process from plain py-libp2p hosts (`node.testing.conn_attacks`)
 against the trainer process, each followed by a fresh honest peer. Per case:
     honest_connect_after   a fresh honest peer (the node's own host, new key) connects to the
                            trainer, pings it (`/ipfs/ping/1.0.0`) and sees it in the GossipSub
@@ -138,17 +138,17 @@ from typing import Any
 
 import trio
 
-from bench._adv_peer import manifest
-from bench._attacks import ATTACKS
-from bench._conn_attacks import CONN_ATTACKS, conn_attack, honest_probe
-from bench._gossip_peer import PeerProcess
 from node.console import sayer
 from node.peer.gossip import topic_name
+from node.testing.adversary_records import manifest
+from node.testing.conn_attacks import CONN_ATTACKS, conn_attack, honest_probe
+from node.testing.peer_process import PeerProcess
 from protocol.identity import Identity
 from protocol.standing import HOLD_S
+from swarm_node_bench.parts.attacks import ATTACKS
 from verify.producer import CLOSE_AFTER_S
 
-MODULE = "bench._adv_peer"
+MODULE = "swarm_node_bench.parts.adv_peer"
 
 
 _say = sayer("bench adversary")
@@ -265,7 +265,7 @@ async def _run(
             cleanup.shield = True
             for p in procs.values():
                 await p.stop()
-    out = _figures(runs, t_rep, v_rep, views, keys, baseline, max(rss))
+    out = figures(runs, t_rep, v_rep, views, keys, baseline, max(rss))
     if conn:
         out["connection_attacks"] = {k: v["figures"] for k, v in conn.items()}
         out["connection_details"] = {k: v["details"] for k, v in conn.items()}
@@ -378,7 +378,7 @@ def _trained_fraction(
     return round(sum(rid in trained for rid in made) / len(made), 4) if made else None
 
 
-def _figures(
+def figures(
     runs: dict[str, dict[str, Any]],
     t_rep: dict[str, Any],
     v_rep: dict[str, Any],

@@ -23,14 +23,16 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import subprocess
+import sys
 import time
 
 import trio
 
-from bench._gossip_peer import json_lines, reply
 from node.host.host import FramedStream, HostSettings, PeerError, open_host
 from node.host.reachability import open_reachability
 from node.host.relay import RelayLimitsConfig, RelayRefused, connection_kinds, open_relay
+from node.testing.peer_process import PeerProcess, json_lines, reply
 
 PAYLOAD_PROTOCOL = "/swarm-test/payload/1"
 PAYLOAD_DEADLINE_S = 5.0  # one payload: stream open, send, acknowledgement, retries
@@ -158,17 +160,12 @@ def cli() -> None:
 
 async def start_in(ns: str | None, listen: str, *extra: str, stderr_path: str | None = None):  # type: ignore[no-untyped-def]
     """Start a peer process inside network namespace `ns` (None: this one); returns its
-    `bench._gossip_peer.PeerProcess` driver (always `stop()` it)."""
-    import subprocess
-    import sys
-
-    from bench._gossip_peer import PeerProcess
-
+    `node.testing.peer_process.PeerProcess` driver (always `stop()` it)."""
     prefix = ["ip", "netns", "exec", ns] if ns else []
     err = open(stderr_path, "ab") if stderr_path else subprocess.DEVNULL  # noqa: SIM115
     try:
         proc = await trio.lowlevel.open_process(
-            [*prefix, sys.executable, "-m", "bench._nat_peer", "--listen", listen, *extra],
+            [*prefix, sys.executable, "-m", "node.testing.nat_peer", "--listen", listen, *extra],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=err,

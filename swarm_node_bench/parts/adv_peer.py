@@ -44,102 +44,41 @@ from typing import Any
 
 import trio
 
-from bench._gossip_peer import json_lines, reply
-from bench._records import net_manifest, synthetic_record
 from node.host.host import HostSettings
 from node.peer.peer import PeerConfig, open_peer
 from node.roles import RoleContext
 from node.roles.rollout_fates import Fates
 from node.roles.trainer import Collector, _pick, judged
+from node.testing.adversary_records import (
+    VERSION,
+    honest_record,
+    manifest,
+    model_change,
+    true_reward,
+)
+from node.testing.peer_process import json_lines, reply
 from protocol import penalties
 from protocol.accounting import WorkLedger
 from protocol.admission import AdmissionConfig, Admitted, Kind
-from protocol.assignment import task_seed
 from protocol.audit_sample import sample_ticket, sampled, window_ticket
 from protocol.body_pull import PullConfig
-from protocol.codec import decode, encode
-from protocol.content_id import content_id
 from protocol.credit import STALE_AFTER_S
 from protocol.identity import Identity, peer_id_from_b58, peer_id_to_b58
 from protocol.producer_cases import PRODUCER_PENALTY
-from protocol.rollout import make_record, open_record
+from protocol.rollout import open_record
 from protocol.standing import HOLD_S, HeldPasses, StandingBook, State, cleared_passes
 from protocol.verified import Status, VerifiedRule
-from protocol.wire import Metric, ProducerClaim, RolloutBody, RolloutRecord, Verdict
+from protocol.wire import Metric, ProducerClaim, Verdict
+from swarm_node_bench.parts.attacks import attack
 from verify.producer import CLOSE_AFTER_S, STAT, ProducerTally
 
-VERSION = 5  # everyone runs at this policy version (S = 2: version 2 and below is stale)
 AUDIT_FRACTION = RoleContext.audit_fraction  # the node's default (`--audit-fraction`)
 WINDOW_FRACTION = RoleContext.producer_window_fraction
-# The stand-in model audit: a record's first log-prob says what model made it (an honest
-# one is in [-5, 0]): SLIGHT_MARK a slightly changed model, CHANGED_MARK a changed one.
-SLIGHT_MARK, CHANGED_MARK = -150.0, -300.0
 STAT_LIMIT = 1e-6  # the producer limit; honest records' statistic HONEST_STAT, slight SLIGHT_STAT
 HONEST_STAT, SLIGHT_STAT = 1e-7, 5e-6
 
 
-def model_change(body: RolloutBody) -> str:
-    """ "honest", "slight" (passes alone, over the producer limit) or "changed" (fails)."""
-    first = body.logprobs[0] if body.logprobs else 0.0
-    return "honest" if first > -100.0 else "slight" if first > -200.0 else "changed"
-
-
 CREDIT_WINDOW_S = 12.0  # the trainer's body pull window: a header unserved this long is skipped
-
-
-def true_reward(body: RolloutBody) -> float:
-    """The stand-in for re-scoring a task: fixed by the body, ~23% solved."""
-    return 1.0 if content_id(encode(body))[0] < 59 else 0.0
-
-
-def manifest(run: str, validator: str) -> Any:
-    return dataclasses.replace(
-        net_manifest(run), validator_keys=(peer_id_from_b58(validator),) if validator else ()
-    )
-
-
-def honest_record(
-    ident: Identity,
-    m: Any,
-    counter: int,
-    seq: int,
-    *,
-    lie: bool = False,
-    version: int = VERSION,
-    run_id: str | None = None,
-    rng: random.Random,
-    change: float = 0.0,
-    claim: float | None = None,
-) -> bytes:
-    """A synthetic record claiming its true reward (or lying: claiming the opposite, or
-    `claim` whatever the truth); `change` (SLIGHT_MARK, CHANGED_MARK) makes it a changed
-    model's (`model_change`)."""
-    base = synthetic_record(ident, m, counter, n_prompt=16, n_completion=64, seq=seq, rng=rng)
-    rec = decode(RolloutRecord, base)
-    # The task seed derives from the run, the counter and the signer's key
-    # (admission refuses any other as `not_bound`), and the body was sampled with it.
-    seed = task_seed(m.seed, counter, ident.peer_id)
-    body = dataclasses.replace(decode(RolloutBody, rec.body), sampling_seed=seed)
-    if change:
-        body = dataclasses.replace(body, logprobs=(change, *body.logprobs[1:]))
-    reward = true_reward(body)
-    if lie:
-        reward = 1.0 - reward
-    if claim is not None:
-        reward = claim
-    return make_record(
-        ident,
-        body,
-        dataset=m.datasets[0].name,
-        task_index=counter,
-        counter=counter,
-        task_seed=seed,
-        reward=reward,
-        run_id=run_id or m.run_id,
-        policy_version=version,
-        seq=seq,
-        timestamp_ms=int(time.time() * 1000),
-    )
 
 
 class _Counting:
@@ -483,8 +422,6 @@ async def main(args: argparse.Namespace) -> None:
                 elif kind == "probe":
                     reply(_probe(peer, counting, cmd.get("ids", [])))
                 elif kind == "attack":
-                    from bench._attacks import attack
-
                     reply(await attack(cmd, m, Path(args.data_dir)))
                 elif kind == "quit":
                     break

@@ -1,6 +1,6 @@
 """A full peer (`node.peer.peer.open_peer`) producing synthetic records, driven by JSON lines.
 
-For integration tests and `bench gossip`; the records come from `bench._records`
+For integration tests and `bench gossip`; the records come from `node.testing.records`
 (well-formed and signed, not model output). Start-up prints
 `{"peer_id", "addrs", "bootstrap": [[addr, ok, error], ...]}`. Commands on stdin, one JSON
 object per line, each answered by one JSON line:
@@ -32,11 +32,11 @@ from typing import Any
 
 import trio
 
-from bench._gossip_peer import json_lines, reply
-from bench._records import net_manifest, synthetic_record
 from node.exchange.rollouts import protocol_id
 from node.host.host import HostSettings, MessageTooLarge, PeerError
 from node.peer.peer import PeerConfig, open_peer
+from node.testing.peer_process import json_lines, reply
+from node.testing.records import net_manifest, synthetic_record
 from protocol.admission import AdmissionConfig, Admitted, Kind
 from protocol.identity import Identity
 from protocol.wire import RunManifest

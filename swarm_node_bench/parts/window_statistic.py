@@ -1,6 +1,6 @@
 """Which window statistic catches a window in which only some records are changed.
 
-`python -m bench._window_statistic [N]`: on the built-in policy (fp32 worker and audit,
+`python -m swarm_node_bench.parts.window_statistic [N]`: on the built-in policy (fp32 worker and audit,
 the run's calibrated limits), N honest records and N records of a worker with a rank-1
 change of 0.3% to the middle layer's MLP down projection are audited; then windows of
 `PRODUCER_WINDOW` records with m changed ones (m = 0..16, drawn 2,000 times each from the
@@ -24,18 +24,18 @@ def _values(results: list[Any], stat: str) -> list[float]:
 
 
 def main(n: int = 64, draws: int = 2000) -> dict[str, Any]:
-    from bench._verify_records import audit, make_engine, make_records, open_records
-    from bench.verify import _calibrate, _producer_limit, _rank1_changed, _setup
     from protocol.producer_cases import PRODUCER_WINDOW, window_failed, window_median
+    from swarm_node_bench.parts.verify_records import audit, make_engine, make_records, open_records
+    from swarm_node_bench.verify import calibrate, producer_limit, rank1_changed, setup
     from verify.producer import STAT
 
-    ctx, model_dir = _setup(None, n, quick=False)
-    settings, _digest = _calibrate(ctx, model_dir)
+    ctx, model_dir = setup(None, n, quick=False)
+    settings, _digest = calibrate(ctx, model_dir)
     settings = replace(settings, precision="fp32")
     ctx = replace(ctx, audit_settings=settings, counter0=7 * 100_000)
-    limit = _producer_limit(settings, "fp32")
+    limit = producer_limit(settings, "fp32")
     honest_made = make_records(ctx, make_engine(ctx.model, ctx.tokenizer, max_batch=64))
-    worker = _rank1_changed(ctx.model, "middle.down_proj", 0.003, seed=0, quick=False)
+    worker = rank1_changed(ctx.model, "middle.down_proj", 0.003, seed=0, quick=False)
     changed_made = make_records(ctx, make_engine(worker, ctx.tokenizer, max_batch=64))
     honest = _values(audit(ctx, open_records(honest_made.records))[0], STAT)
     changed_res = audit(ctx, open_records(changed_made.records))[0]

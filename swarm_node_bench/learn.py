@@ -1,12 +1,12 @@
 """`swarm-node bench learn`: does training make the built-in policy better, and what helps.
 
-- `efficiency` (`bench._learn_swarm`): what a default devnet learns in T seconds against
+- `efficiency` (`swarm_node_bench.parts.learn_swarm`): what a default devnet learns in T seconds against
   what the single-process reference (`trainer.single`, plain on-policy GRPO) learns in the
   same T on the same machine, on the same held-out tasks: `single_gain`, `swarm_gain` with
   paired 95% intervals, `swarm_over_single`, and the swarm's produced rollouts by fate at
   the trainer (`trained`, `stale`, `unverified`, `incomplete_group`, `other`). T: `--seconds`,
   else the devnet's default duration (`--quick`: 8 s, 64 held-out tasks, one worker).
-- `sapo` (`bench._learn_sapo`): P peers (8; `--quick` 2), each training its own copy locally for R rounds on
+- `sapo` (`swarm_node_bench.parts.learn_sapo`): P peers (8; `--quick` 2), each training its own copy locally for R rounds on
   I own + J foreign groups per round (I + J = 8 groups of G = 4: the same number of
   training samples in every configuration), I/J in 8/0, 6/2, 4/4, 2/6 (`--quick`: 8/0,
   4/4), over seeds (3; `--quick` 1). Identical peers on one task mix gain nothing from
@@ -64,12 +64,9 @@ import threading
 import time
 from typing import Any
 
-from bench import _learn_sapo, _learn_swarm
-from bench._learn_sapo import GROUP, GROUPS_PER_ROUND, sampling, trainer_for
-from bench._learn_sapo import _sapo_run as _sapo_run  # (tests import these from here)
-from bench._learn_sapo import _untrained as _untrained
-from bench._learn_sapo import sapo_summary as sapo_summary
 from node.console import say as _say
+from swarm_node_bench.parts import learn_sapo, learn_swarm
+from swarm_node_bench.parts.learn_sapo import GROUP, GROUPS_PER_ROUND, sampling, trainer_for
 
 PARTS = ("efficiency", "sapo", "async")
 # --policy qwen2-24m: a Qwen2 built here from its config, 8x the built-in policy's width x
@@ -84,7 +81,7 @@ QWEN2_24M = dict(
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:
-    opts = _options(args)
+    opts = options(args)
     import torch
 
     from trainer.engine_hf import torch_threads
@@ -97,11 +94,11 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     status: dict[str, Any] = {}
     with torch_threads(1):
         if "sapo" in parts:
-            sapo = _learn_sapo.sapo(base, tok, quick, opts.rounds, opts.sapo_budget_s)
+            sapo = learn_sapo.sapo(base, tok, quick, opts.rounds, opts.sapo_budget_s)
         if "async" in parts:
             asy, status = _async(base.to("cpu"), tok, quick, opts.steps)
     if "efficiency" in parts:
-        efficiency, devnet = _learn_swarm.efficiency(
+        efficiency, devnet = learn_swarm.efficiency(
             base.to("cpu"), tok, quick, opts.seconds, not opts.no_devnet
         )
     return {
@@ -117,7 +114,7 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     }
 
 
-def _options(args: list[str]) -> argparse.Namespace:
+def options(args: list[str]) -> argparse.Namespace:
     from node.errors import CommandError
 
     ap = argparse.ArgumentParser(prog="swarm-node bench learn", add_help=False)

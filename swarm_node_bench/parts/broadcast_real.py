@@ -65,7 +65,7 @@ def make_checkpoint(total: int, seed: int = 0) -> bytes:
 class Proc:
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "bench._weights_peer", *args],
+            [sys.executable, "-m", "swarm_node_bench.parts.weights_peer", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
