@@ -19,23 +19,30 @@ upload capped by the node's own limiter).
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
 from node.console import say as _say
+from trainer.checkpoint import from_state_dict, weights_digest
+from trainer.engine import SamplingSettings
+from trainer.groups import generate_groups
+from trainer.model_dir import load_model_dir
+from trainer.tasks import TaskSet
+from trainer.tiny_policy import DEFAULT_MAX_NEW_TOKENS, RL_LR, TASK_MIX, ensure_policy
 
 LRS = (("lr1e-5", 1e-5), ("lr1e-6", 1e-6))
 
 
 def bf16_state(model: Any) -> dict[str, Any]:
-    import torch
+    import torch  # deferred: heavy import
 
     return {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
 
 
 def one_adamw_step(model: Any, lr: float, seed: int = 0) -> None:
     """One AdamW step (fp32 master weights) on a next-token loss over random sequences."""
-    import torch
+    import torch  # deferred: heavy import
 
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
@@ -50,14 +57,10 @@ def one_adamw_step(model: Any, lr: float, seed: int = 0) -> None:
 
 
 def delta_part(quick: bool) -> dict[str, Any]:
-    import copy
 
-    import torch
+    import torch  # deferred: heavy import
 
-    from trainer.checkpoint import from_state_dict, weights_digest
-    from trainer.delta import apply_patch, make_patch, patch_stats
-    from trainer.model_dir import load_model_dir
-    from trainer.tiny_policy import ensure_policy
+    from trainer.delta import apply_patch, make_patch, patch_stats  # deferred: heavy import
 
     path, _, _ = ensure_policy(progress=_say)
     torch.set_num_threads(1)
@@ -86,17 +89,12 @@ def delta_part(quick: bool) -> dict[str, Any]:
 def trained_part(quick: bool, model: Any, tok: Any) -> dict[str, Any]:
     """Patch ratios between consecutive versions of real RL training of `model` (module
     docstring)."""
-    import torch
+    import torch  # deferred: heavy import
 
-    from trainer.checkpoint import from_state_dict, weights_digest
-    from trainer.delta import apply_patch, make_patch
-    from trainer.engine import SamplingSettings
-    from trainer.engine_hf import HFEngine
-    from trainer.groups import generate_groups
-    from trainer.loss import LossSettings
-    from trainer.tasks import TaskSet
-    from trainer.tiny_policy import DEFAULT_MAX_NEW_TOKENS, RL_LR, TASK_MIX
-    from trainer.train_loop import Trainer
+    from trainer.delta import apply_patch, make_patch  # deferred: heavy import
+    from trainer.engine_hf import HFEngine  # deferred: heavy import
+    from trainer.loss import LossSettings  # deferred: heavy import
+    from trainer.train_loop import Trainer  # deferred: heavy import
 
     groups_per_step, steps_per_version, group = (4, 1 if quick else 2, 4)
     trainer = Trainer(
@@ -151,7 +149,7 @@ def run(quick: bool, args: list[str]) -> dict:
     if "delta" in chosen:
         result.update(delta_part(quick))
     if "real" in chosen:
-        from swarm_node_bench.parts.broadcast_real import real_part
+        from swarm_node_bench.parts.broadcast_real import real_part  # deferred: heavy import
 
         result.update(real_part(quick))
     return result

@@ -46,6 +46,7 @@ import trio
 from node.console import sayer
 from node.store.store import DB_FILENAME, Store
 from node.testing.peer_process import PeerProcess
+from protocol.rollout import open_header
 
 ROLES = ("trainer", "validator", "w1", "w2")
 WORKERS = ("w1", "w2")
@@ -123,7 +124,6 @@ def _store_ok(data_dir: Path) -> bool:
 
 
 def _final_figures(nodes: dict[str, _Node]) -> dict[str, Any]:
-    from protocol.rollout import open_header
 
     produced: set[bytes] = set()
     too_stale = 0

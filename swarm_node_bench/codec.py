@@ -7,6 +7,7 @@ log-probs, 16 activation proofs of 258 bytes (TOPLOC's k = 128), signed header.
 
 from __future__ import annotations
 
+import array
 import random
 import sys
 import time
@@ -21,7 +22,6 @@ from protocol.wire import Envelope, RolloutBody, RolloutHeader, RolloutRecord
 
 
 def typical_body(rng: random.Random) -> RolloutBody:
-    import array
 
     def f32(x: float) -> float:
         return array.array("f", [x])[0]

@@ -26,12 +26,26 @@ Extra arguments: `--data-dir DIR`, `--threads N`, `--prompts N`, `--vllm`, `--au
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import tempfile
 import time
 from typing import Any
 
 from node.console import say as _say
+from node.errors import CommandError
+from node.run_file import manifest_from_table
+from protocol.identity import Identity
+from swarm_node_bench.parts.generate_vllm import (
+    CROSSOVER_SIZES,
+    CROSSOVER_SIZES_QUICK,
+    run_crossover,
+    run_vllm_part,
+)
+from trainer import tiny_policy
+from trainer.engine import SamplingSettings
+from trainer.model_dir import load_model_dir
+from trainer.tasks import TaskSet, assign_task
 
 
 def _timed(engine: Any, prompts: list[list[int]], settings: Any, seeds: list[int], capture: bool):
@@ -42,7 +56,6 @@ def _timed(engine: Any, prompts: list[list[int]], settings: Any, seeds: list[int
 
 
 def _parse(args: list[str]) -> argparse.Namespace:
-    from node.errors import CommandError
 
     ap = argparse.ArgumentParser(prog="swarm-node bench generate", add_help=False)
     ap.add_argument("--data-dir")
@@ -63,7 +76,6 @@ def _policy(quick: bool, data_dir: str | None) -> tuple[Any, dict[str, Any], flo
     """The built-in policy's directory, its warm-start report and the init-model seconds
     (quick: from the cached policy's report; full: built afresh in a temporary directory,
     timed)."""
-    from trainer import tiny_policy
 
     if quick:
         path, report, _built = tiny_policy.ensure_policy(data_dir, progress=_say)
@@ -80,11 +92,6 @@ def _policy(quick: bool, data_dir: str | None) -> tuple[Any, dict[str, Any], flo
 def _workload(tok: Any, n: int) -> tuple[Any, Any, list[list[int]], list[int]]:
     """The built-in manifest, its sampling settings, and the prompts and sampler seeds of
     the first n tasks assigned to one producer."""
-    from node.run_file import manifest_from_table
-    from protocol.identity import Identity
-    from trainer import tiny_policy
-    from trainer.engine import SamplingSettings
-    from trainer.tasks import TaskSet, assign_task
 
     manifest = manifest_from_table(tiny_policy.run_manifest_table(), source="built-in manifest")
     settings = SamplingSettings.from_manifest(manifest)
@@ -114,7 +121,7 @@ def _overhead_ratios(
 
     In steady decoding: EOS ignored, so every call makes the same number of tokens
     (n x max_new_tokens); paired runs in alternating order."""
-    from trainer.engine_hf import HFEngine
+    from trainer.engine_hf import HFEngine  # deferred: heavy import
 
     n = len(prompts)
     capture = HFEngine(model, tok, max_batch=n)
@@ -136,10 +143,9 @@ def _overhead_ratios(
 def run(quick: bool, args: list[str]) -> dict[str, Any]:
     opts = _parse(args)
 
-    import torch
+    import torch  # deferred: heavy import
 
-    from trainer.engine_hf import HFEngine
-    from trainer.model_dir import load_model_dir
+    from trainer.engine_hf import HFEngine  # deferred: heavy import
 
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -204,7 +210,6 @@ def _vllm_part(
     seeds: list[int],
 ) -> dict[str, Any]:
     """The vLLM figures, or the same keys as null with `vllm_skipped` saying why."""
-    import importlib.util
 
     skipped = None
     if importlib.util.find_spec("vllm") is None:
@@ -213,12 +218,6 @@ def _vllm_part(
         skipped = "--quick (pass --vllm to include it)"
     if skipped is not None:
         return {**{k: None for k in VLLM_KEYS}, "vllm_skipped": skipped}
-    from swarm_node_bench.parts.generate_vllm import (
-        CROSSOVER_SIZES,
-        CROSSOVER_SIZES_QUICK,
-        run_crossover,
-        run_vllm_part,
-    )
 
     audits = opts.audits or (64 if quick else 512)
     out = run_vllm_part(

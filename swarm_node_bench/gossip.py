@@ -63,12 +63,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgpack
+import psutil
 import trio
 
 from node.config import NODE_KEYS
 from node.console import sayer
+from node.errors import CommandError
 from node.peer.peer import PeerConfig
 from node.testing.peer_process import PeerProcess
+from node.testing.records import make_proof_pool, net_manifest, synthetic_record
+from protocol.codec import decode
+from protocol.identity import Identity
+from protocol.wire import RolloutRecord
 
 DEAD_AFTER_S = 4.0  # the peers' heartbeat timeout (passed to each as --dead-after)
 # A worker publishes each generation batch at once (`inference.batch_size`), not one
@@ -98,7 +105,6 @@ class Swarm:
         self.excluded: set[str] = set()  # peer ids frozen or killed
 
     def sample_rss(self) -> None:
-        import psutil
 
         for p in self.procs:
             try:
@@ -317,9 +323,6 @@ async def _final_figures(receivers: list[PeerProcess]) -> dict[str, Any]:
 
 
 async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    import msgpack
-
-    from node.testing.records import make_proof_pool
 
     pool_path = tmp / "proofs.msgpack"
     pool_path.write_bytes(msgpack.packb([list(p) for p in make_proof_pool(8, opts.size)]))
@@ -441,7 +444,6 @@ def _params(
 
 def _cpu_s(procs: list[PeerProcess]) -> float:
     """User + system CPU seconds of every peer process so far (gone ones count 0)."""
-    import psutil
 
     total = 0.0
     for p in procs:
@@ -569,10 +571,6 @@ async def _saturate(
 
 
 def _record_size(n_completion: int) -> tuple[int, int]:
-    from node.testing.records import net_manifest, synthetic_record
-    from protocol.codec import decode
-    from protocol.identity import Identity
-    from protocol.wire import RolloutRecord
 
     rec = synthetic_record(Identity.generate(), net_manifest(), 0, n_completion=n_completion)
     return len(rec), len(decode(RolloutRecord, rec).header)
@@ -599,8 +597,6 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     if opts.window is None:
         opts.window = 3.0 if quick else 8.0
     if not 2 <= opts.peers <= 32 or not 1 <= opts.producers <= opts.peers or opts.burst < 1:
-        from node.errors import CommandError
-
         raise CommandError("--peers must be 2..32, --producers 1..peers, --burst >= 1")
     with tempfile.TemporaryDirectory(prefix="bench-gossip-") as tmp:
         return trio.run(_bench, opts, Path(tmp))

@@ -65,8 +65,14 @@ import time
 from typing import Any
 
 from node.console import say as _say
+from node.errors import CommandError
 from swarm_node_bench.parts import learn_sapo, learn_swarm
 from swarm_node_bench.parts.learn_sapo import GROUP, GROUPS_PER_ROUND, sampling, trainer_for
+from trainer import tiny_policy
+from trainer.groups import generate_groups, heldout_items, heldout_solved
+from trainer.model_dir import load_model_dir
+from trainer.tasks import TaskSet
+from trainer.tiny_policy import DEFAULT_MAX_NEW_TOKENS, TASK_MIX
 
 PARTS = ("efficiency", "sapo", "async")
 # --policy qwen2-24m: a Qwen2 built here from its config, 8x the built-in policy's width x
@@ -82,9 +88,9 @@ QWEN2_24M = dict(
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:
     opts = options(args)
-    import torch
+    import torch  # deferred: heavy import
 
-    from trainer.engine_hf import torch_threads
+    from trainer.engine_hf import torch_threads  # deferred: heavy import
 
     torch.set_num_threads(1)
     base, tok = _policy(opts.policy, opts.device, opts.data_dir, opts.warm_steps)
@@ -115,7 +121,6 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
 
 
 def options(args: list[str]) -> argparse.Namespace:
-    from node.errors import CommandError
 
     ap = argparse.ArgumentParser(prog="swarm-node bench learn", add_help=False)
     ap.add_argument("--data-dir")
@@ -160,8 +165,6 @@ def _policy(
     """(model on `device`, tokenizer): the cached built-in policy, or a Qwen2 built here
     from `QWEN2_24M` and warm-started on `device` as the built-in one is (at most
     `warm_steps` steps, default the built-in's)."""
-    from trainer import tiny_policy
-    from trainer.model_dir import load_model_dir
 
     if name == "builtin":
         path, _report, _built = tiny_policy.ensure_policy(data_dir, progress=_say)
@@ -179,9 +182,7 @@ def _policy(
 
 # ------------------------------------------------------------------------------ async
 def _async(base: Any, tok: Any, quick: bool, steps: int | None) -> tuple[dict[str, Any], dict]:
-    from trainer.engine_hf import HFEngine
-    from trainer.groups import heldout_items, heldout_solved
-    from trainer.tiny_policy import DEFAULT_MAX_NEW_TOKENS, TASK_MIX
+    from trainer.engine_hf import HFEngine  # deferred: heavy import
 
     steps = steps or (3 if quick else 40)
     n_eval = 64 if quick else 512
@@ -210,10 +211,7 @@ def _async(base: Any, tok: Any, quick: bool, steps: int | None) -> tuple[dict[st
 def _async_run(model: Any, tok: Any, trainer: Any, steps: int, lag: int) -> None:
     """K steps; batch k is sampled by the weights of step max(0, k - lag). With lag > 0
     the next batch is generated in a thread while this one trains."""
-    from trainer.engine_hf import HFEngine, torch_threads
-    from trainer.groups import generate_groups
-    from trainer.tasks import TaskSet
-    from trainer.tiny_policy import TASK_MIX
+    from trainer.engine_hf import HFEngine, torch_threads  # deferred: heavy import
 
     names = [n for n, w in TASK_MIX for _ in range(w)]
     tasks = TaskSet(3000)

@@ -37,13 +37,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from node.testing.nat_peer import start_in
 from node.testing.netlab import PUBLIC_IP, NetLab, unavailable
+from node.testing.reach_join import FullStack
 
 PAYLOAD_BYTES = 20_000
 KINDS = ("cone", "cone", "symmetric")
@@ -217,10 +220,6 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
 
 def _full_join() -> float:
     """`node.testing.reach_join`: one full-stack worker's join, on a fresh emulated network."""
-    import tempfile
-    from pathlib import Path
-
-    from node.testing.reach_join import FullStack
 
     with tempfile.TemporaryDirectory(prefix="bench-reach-") as tmp, NetLab() as lab:
         stack = FullStack(lab, Path(tmp))

@@ -41,6 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from node.console import sayer
+from node.errors import CommandError
+from node.testing.records import net_manifest, synthetic_record
+from protocol.admission import KIND_RULES, Kind
+from protocol.codec import decode
+from protocol.identity import Identity
+from protocol.wire import RolloutRecord
 from swarm_sim.broadcast import BroadcastConfig, simulate_broadcast
 from swarm_sim.churn import ChurnConfig
 from swarm_sim.network import NetConfig
@@ -159,11 +165,6 @@ def scale(quick: bool, seed: int) -> dict[str, Any]:
 
 def _cpu_costs() -> tuple[float, float]:
     """Seconds to admit one real signed header and one real record (decode + verify)."""
-    from node.testing.records import net_manifest, synthetic_record
-    from protocol.admission import KIND_RULES, Kind
-    from protocol.codec import decode
-    from protocol.identity import Identity
-    from protocol.wire import RolloutRecord
 
     rec = synthetic_record(Identity.generate(), net_manifest(), 0, n_completion=1024)
     header = decode(RolloutRecord, rec).header
@@ -183,11 +184,9 @@ def fidelity(quick: bool, seed: int, gossip_json: Path | None) -> dict[str, Any]
         try:
             real = json.loads(gossip_json.read_text().strip().splitlines()[-1])
         except (OSError, ValueError, IndexError) as exc:
-            from node.errors import CommandError
-
             raise CommandError(f"cannot read bench gossip JSON {gossip_json}: {exc}") from None
     else:
-        from swarm_node_bench import gossip
+        from swarm_node_bench import gossip  # deferred: heavy import (py-libp2p)
 
         _say("fidelity: running bench gossip --quick for the real figures")
         real = gossip.run(quick=True, args=[])

@@ -69,12 +69,27 @@ from __future__ import annotations
 
 import argparse
 import copy
+import io
+import json
+import shutil
 import statistics
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
+import msgpack
+
+from node.commands import audit as audit_cmd
+from node.commands.calibrate import ensure_calibration, measure
 from node.console import sayer
+from node.errors import CommandError
+from node.run_file import manifest_from_table, manifest_to_toml
+from protocol.content_id import content_id
+from protocol.identity import Identity
+from protocol.rollout import write_records
+from protocol.wire import RolloutRecord
 from swarm_node_bench.parts.verify_models import (
     bf16_copy,
     changed_fraction,
@@ -99,6 +114,12 @@ from swarm_node_bench.parts.verify_records import (
     resign,
     truncate,
 )
+from trainer import tiny_policy
+from trainer.model_dir import load_model_dir, save_model_dir
+from trainer.produce import DEFAULT_BATCH_SIZE
+from trainer.tasks import TaskSet
+from verify.calibration import FILE_NAME, apply, decode_calibration, encode_calibration
+from verify.producer import WINDOW, ProducerTally
 
 HONEST = {
     "kv_cache_vs_prefill": "baseline worker (fp32, KV-cache decode, batch 64) vs the verifier's prefill",
@@ -153,14 +174,8 @@ _say = sayer("bench verify")
 
 
 def setup(hidden: int | None, n: int, quick: bool) -> tuple[Ctx, Any]:
-    from node.run_file import manifest_from_table
-    from protocol.content_id import content_id
-    from protocol.identity import Identity
-    from trainer import tiny_policy
-    from trainer.judge import make_judge
-    from trainer.model_dir import load_model_dir
-    from trainer.tasks import TaskSet
-    from verify.auditor import AuditSettings
+    from trainer.judge import make_judge  # deferred: heavy import
+    from verify.auditor import AuditSettings  # deferred: heavy import
 
     manifest = manifest_from_table(tiny_policy.run_manifest_table("bench-verify", seed=7), "bench")
     if hidden is None:
@@ -215,8 +230,6 @@ def calibrate(ctx: Ctx, model_dir: Any) -> tuple[Any, str]:
     and cached now if the model has none yet). A random-init model (`--hidden`) has no
     directory: the same procedure measures it (`node.commands.calibrate.measure`), in the
     open and reported, on tasks the benchmark cases never see."""
-    from node.commands.calibrate import ensure_calibration, measure
-    from verify.calibration import FILE_NAME, apply, decode_calibration, encode_calibration
 
     if model_dir is not None:
         ensure_calibration(model_dir, force=False, say=_say)
@@ -262,7 +275,7 @@ def _sens_matrices(model: Any, quick: bool) -> dict[str, Any]:
 def rank1_changed(model: Any, name: str, rel: float, seed: int, quick: bool) -> Any:
     """A copy of `model` with a rank-1 change of relative Frobenius size `rel` to one
     matrix (a vector for the norm)."""
-    import torch
+    import torch  # deferred: heavy import
 
     m = copy.deepcopy(model)
     w = _sens_matrices(m, quick)[name]
@@ -339,19 +352,6 @@ def _stream_cases(ctx: Ctx, model_dir: Any, records: list[bytes]) -> tuple[int, 
     """Record files that must fail, through `swarm-node audit`: a truncated stream, trailing
     garbage, an empty file, an oversized record between good ones. Correct: exit 1, the bad
     item's line has its reason, every good record still passes."""
-    import io
-    import json
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    import msgpack
-
-    from node.commands import audit as audit_cmd
-    from protocol.rollout import write_records
-    from protocol.wire import RolloutRecord
-    from trainer.model_dir import save_model_dir
-    from verify.calibration import FILE_NAME
 
     buf = io.BytesIO()
     write_records(buf, records[:2])
@@ -366,7 +366,6 @@ def _stream_cases(ctx: Ctx, model_dir: Any, records: list[bytes]) -> tuple[int, 
     out: dict[str, bool] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        from node.run_file import manifest_to_toml
 
         run_toml = root / "run.toml"
         run_toml.write_text(manifest_to_toml(ctx.manifest))
@@ -412,7 +411,6 @@ def _frac_failed(results: list[Any]) -> float:
 def _producer_flagged(results: list[Any], limit: float) -> float | None:
     """The share of full windows (`verify.producer.WINDOW` records, in order) of one
     producer's audited records that the per-producer rule flags; None: no full window."""
-    from verify.producer import WINDOW, ProducerTally
 
     tally = ProducerTally(limit)
     flagged = sum(  # the records' counters are consecutive: record i is counter0 + i
@@ -425,7 +423,6 @@ def _producer_flagged(results: list[Any], limit: float) -> float | None:
 
 
 def _producer_window() -> int:
-    from verify.producer import WINDOW
 
     return WINDOW
 
@@ -451,22 +448,16 @@ def _parse(args: list[str], quick: bool) -> argparse.Namespace:
     try:
         ns = ap.parse_args(args)
     except SystemExit:
-        from node.errors import CommandError
-
         raise CommandError(
             f"bench verify: bad arguments {args} (know --hidden H, --n N, --only a,b, --no-calibrate, --no-sensitivity, --seeds S)"
         ) from None
     if ns.hidden is not None and not 16 <= ns.hidden <= 8192:
-        from node.errors import CommandError
-
         raise CommandError(f"--hidden must be in [16, 8192], got {ns.hidden}")
     if ns.n is None:
         ns.n = QUICK_N if quick else FULL_N
     if ns.seeds is None:
         ns.seeds = 1 if quick else SEEDS
     if not 1 <= ns.seeds <= 16:
-        from node.errors import CommandError
-
         raise CommandError(f"--seeds must be in [1, 16], got {ns.seeds}")
     return ns
 
@@ -494,7 +485,6 @@ class Baseline:
 def _time_generation(ctx: Ctx, rounds: int) -> Baseline:
     """Generation timed with and without proofs, at the worker's usual batch size
     (`trainer.produce.DEFAULT_BATCH_SIZE`), one thread."""
-    from trainer.produce import DEFAULT_BATCH_SIZE
 
     timing_engine = make_engine(ctx.model, ctx.tokenizer, max_batch=DEFAULT_BATCH_SIZE, threads=1)
     make_records(replace(ctx, n=min(ctx.n, 4)), timing_engine)  # warm-up
@@ -523,7 +513,7 @@ def _time_generation(ctx: Ctx, rounds: int) -> Baseline:
 
 def _time_audit(ctx: Ctx, base: Baseline, rounds: int) -> None:
     """The baseline's records opened and audited `rounds` times, one thread."""
-    from trainer.engine_hf import torch_threads
+    from trainer.engine_hf import torch_threads  # deferred: heavy import
 
     base.opened = open_records(base.made.records)
     with torch_threads(1):
@@ -698,7 +688,7 @@ def _edit_attacks(
     ctx: Ctx, cases: Cases, base_opened: list[Any], engine: Any, seed: int, want: Any
 ) -> None:
     """Edited records (careful attacker: re-proved, re-scored, re-signed)."""
-    import torch
+    import torch  # deferred: heavy import
 
     gen = torch.Generator().manual_seed(5 + seed)  # shared by the edits, in this order
     eos = set(engine.eos_token_ids)
@@ -804,9 +794,7 @@ def _producer_report(ctx: Ctx, cases: Cases) -> dict[str, Any]:
 
 
 def run(quick: bool, args: list[str]) -> dict:
-    import torch
-
-    from trainer.produce import DEFAULT_BATCH_SIZE
+    import torch  # deferred: heavy import
 
     ns = _parse(args, quick)
     only = set(ns.only.split(",")) if ns.only else None

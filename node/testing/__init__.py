@@ -15,7 +15,9 @@ The code is organized as follows:
 - `conn_attacks.py`: connection and GossipSub-control attacks from plain py-libp2p hosts, and the honest probe
 
 The process modules (`gossip_peer`, `net_peer`, `nat_peer`) are run with `python -m` and are
-not re-exported here: a module the package had already imported would run twice.
+not re-exported here: a module the package had already imported would run twice. Neither is
+`conn_attacks`, which imports py-libp2p: importing the records must stay light (the
+simulator benchmark measures its own memory).
 """
 
 from node.testing.adversary_records import (
@@ -27,7 +29,6 @@ from node.testing.adversary_records import (
     model_change,
     true_reward,
 )
-from node.testing.conn_attacks import CONN_ATTACKS, conn_attack, honest_probe
 from node.testing.netlab import NAT_KINDS, PUBLIC_IP, NetLab, unavailable
 from node.testing.peer_process import PeerProcess, json_lines, reply
 from node.testing.reach_join import FullStack, read_status, small_run
@@ -35,7 +36,6 @@ from node.testing.records import PROOF_BYTES, make_proof_pool, net_manifest, syn
 
 __all__ = [
     "CHANGED_MARK",
-    "CONN_ATTACKS",
     "NAT_KINDS",
     "PROOF_BYTES",
     "PUBLIC_IP",
@@ -44,8 +44,6 @@ __all__ = [
     "FullStack",
     "NetLab",
     "PeerProcess",
-    "conn_attack",
-    "honest_probe",
     "honest_record",
     "json_lines",
     "make_proof_pool",

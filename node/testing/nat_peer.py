@@ -21,6 +21,7 @@ JSON line:
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import secrets
 import subprocess
@@ -150,8 +151,6 @@ def cli() -> None:
     )
     args = parser.parse_args()
     if args.debug:
-        import logging
-
         logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
         for name in args.debug.split(","):
             logging.getLogger(name).setLevel(logging.DEBUG)

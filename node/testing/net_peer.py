@@ -23,6 +23,7 @@ object per line, each answered by one JSON line:
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import sys
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import trio
 
 from node.exchange.rollouts import protocol_id
@@ -62,7 +64,6 @@ def _proof_pool(path: str) -> list[tuple[bytes, ...]] | None:
     """The proof lists of `--proof-pool` (None: none given, proofs are built per record)."""
     if not path:
         return None
-    import msgpack
 
     return [tuple(x) for x in msgpack.unpackb(Path(path).read_bytes())]
 
@@ -249,8 +250,6 @@ def cli() -> None:
     parser.add_argument("--proof-pool", default="", help="msgpack file of real proof lists")
     args = parser.parse_args()
     if os.environ.get("SWARM_LOG"):  # e.g. SWARM_LOG=INFO: peer events and their reasons
-        import logging
-
         ours = logging.getLogger("swarm")
         ours.addHandler(logging.StreamHandler(sys.stderr))
         ours.setLevel(os.environ["SWARM_LOG"])

@@ -20,7 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from node.keyfile import write_key
+from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml
 from node.testing.netlab import PUBLIC_IP, NetLab
+from protocol.identity import Identity
+from trainer.model_dir import save_model_dir
+from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: the processes run from there
 START_TIMEOUT_S = 120.0
@@ -29,9 +34,6 @@ STOP_TIMEOUT_S = 30.0
 
 def small_run(root: Path, run_id: str = "reach-join") -> Path:
     """A run manifest (unsigned) of a small untrained policy saved under `root`."""
-    from node.run_file import manifest_from_table, manifest_to_toml
-    from trainer.model_dir import save_model_dir
-    from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
 
     tok = build_tokenizer(seed=0)
     model = build_model(
@@ -63,9 +65,6 @@ class FullStack:
     """Public relay + trainer + validator of one signed run; workers join from NATs."""
 
     def __init__(self, lab: NetLab, tmp: Path, template: Path | None = None) -> None:
-        from node.keyfile import write_key
-        from node.run_file import load_run_manifest, manifest_to_toml
-        from protocol.identity import Identity
 
         self.lab, self.tmp = lab, tmp
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -174,8 +173,6 @@ class FullStack:
 
     def join(self, ns: str, name: str = "worker", timeout: float = START_TIMEOUT_S) -> float:
         """Seconds from `start --join` of a worker in `ns` to the validator's first passed audit."""
-        from node.keyfile import write_key
-        from protocol.identity import Identity
 
         key = Identity.generate()
         write_key(self.tmp / f"{name}.key", key)

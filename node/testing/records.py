@@ -12,6 +12,7 @@ import random
 import struct
 import time
 
+from node.run_file import manifest_from_table
 from protocol.assignment import task_seed
 from protocol.identity import Identity
 from protocol.rollout import make_record
@@ -39,9 +40,9 @@ def synthetic_record(
     if proof_pool:
         proofs = rng.choice(proof_pool)[:n_chunks]
     elif real_proofs:
-        import torch
+        import torch  # deferred: heavy import
 
-        from verify.toploc import build_proofs_bytes
+        from verify.toploc import build_proofs_bytes  # deferred: heavy import
 
         gen = torch.Generator().manual_seed(rng.getrandbits(32))
         proofs = tuple(build_proofs_bytes(torch.randn(n_completion, 64, generator=gen)))
@@ -84,9 +85,9 @@ def synthetic_record(
 
 def make_proof_pool(n: int, n_completion: int = 1024, seed: int = 0) -> list[tuple[bytes, ...]]:
     """`n` lists of real TOPLOC proofs (from random activations) to draw from cheaply."""
-    import torch
+    import torch  # deferred: heavy import
 
-    from verify.toploc import build_proofs_bytes
+    from verify.toploc import build_proofs_bytes  # deferred: heavy import
 
     gen = torch.Generator().manual_seed(seed)
     return [
@@ -96,7 +97,6 @@ def make_proof_pool(n: int, n_completion: int = 1024, seed: int = 0) -> list[tup
 
 def net_manifest(run_id: str = "net-test", max_staleness: int = 2) -> RunManifest:
     """A minimal run manifest for network tests and benchmarks (no model is loaded)."""
-    from node.run_file import manifest_from_table
 
     return manifest_from_table(
         {

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -78,7 +79,6 @@ class Proc:
         return self
 
     def read(self, timeout: float) -> dict[str, Any]:
-        import select
 
         assert self.p.stdout is not None
         r, _, _ = select.select([self.p.stdout], [], [], timeout)

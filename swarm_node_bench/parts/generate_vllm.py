@@ -21,6 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from node.local_model import load_calibration
+from protocol.identity import Identity
+from protocol.rollout import open_record, read_records
+from trainer.model_dir import save_model_dir
+from trainer.produce import generate_records
+from trainer.tiny_policy import build_model
+
 
 def _tokens(gens: list[Any]) -> int:
     return sum(len(g.completion_ids) for g in gens)
@@ -38,8 +45,8 @@ def run_vllm_part(
     audits: int,
     say: Any,
 ) -> dict[str, Any]:
-    from trainer.engine_hf import HFEngine
-    from trainer.engine_vllm import VLLMEngine
+    from trainer.engine_hf import HFEngine  # deferred: heavy import
+    from trainer.engine_vllm import VLLMEngine  # deferred: heavy import
 
     n = len(prompts)
     hf = HFEngine(model, tok, max_batch=n)
@@ -91,10 +98,7 @@ def _timed_pair(
 
 def _vllm_records(engine: Any, manifest: Any, n: int, batch_size: int) -> list[Any]:
     """n signed records with proofs made by `rollouts`' own code on the vLLM engine, opened."""
-    from protocol.identity import Identity
-    from protocol.rollout import open_record, read_records
-    from trainer.produce import generate_records
-    from verify.toploc import build_proofs_bytes_many
+    from verify.toploc import build_proofs_bytes_many  # deferred: heavy import
 
     identity = Identity.from_private_bytes(bytes(range(32)))
     with tempfile.TemporaryDirectory(prefix="swarm-node-bench-vllm-") as tmp:
@@ -116,9 +120,8 @@ def _vllm_records(engine: Any, manifest: Any, n: int, batch_size: int) -> list[A
 def _audit_as_run(path: Path, model: Any, tok: Any, manifest: Any, opened: list[Any]) -> list[Any]:
     """The transformers audit with the limits `swarm-node audit --run` applies: the run's
     settings, the model's calibration, the run's judge."""
-    from node.local_model import load_calibration
-    from trainer.judge import make_judge
-    from verify.auditor import audit_records, settings_for_run
+    from trainer.judge import make_judge  # deferred: heavy import
+    from verify.auditor import audit_records, settings_for_run  # deferred: heavy import
 
     audit_settings, _ = load_calibration(path, settings_for_run(manifest), manifest)
     return audit_records(opened, model, judge=make_judge(manifest, tok), settings=audit_settings)
@@ -129,7 +132,7 @@ def _completions_differing(
 ) -> int:
     """How many of the records' completions transformers samples differently from the same
     prompt and seed."""
-    from trainer.engine_hf import HFEngine
+    from trainer.engine_hf import HFEngine  # deferred: heavy import
 
     hf_same = HFEngine(model, tok, max_batch=batch_size)
     differ = 0
@@ -186,10 +189,8 @@ def run_crossover(
     prefill the vLLM engine adds for hidden states and log-probs. `crossover_params` is the smallest size at which vLLM
     made at least as many tokens per second as transformers (null if none did);
     `crossover_params_decode` the same for vLLM's decode alone."""
-    from trainer.engine_hf import HFEngine
-    from trainer.engine_vllm import VLLMEngine
-    from trainer.model_dir import save_model_dir
-    from trainer.tiny_policy import build_model
+    from trainer.engine_hf import HFEngine  # deferred: heavy import
+    from trainer.engine_vllm import VLLMEngine  # deferred: heavy import
 
     rows = []
     for hidden, layers in sizes:

@@ -21,7 +21,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from node.console import say as _say
-from trainer.tiny_policy import RL_LR
+from trainer.engine import SamplingSettings
+from trainer.groups import generate_groups
+from trainer.tasks import TaskSet
+from trainer.tiny_policy import DEFAULT_MAX_NEW_TOKENS, RL_LR, TASK_MIX
 
 GROUP = 4
 GROUPS_PER_ROUND = 8
@@ -40,8 +43,8 @@ Key = tuple[int, int, float]  # (I own, J foreign, importance bound C)
 
 def trainer_for(model: Any, tok: Any, *, is_bound: float = 2.0, lr: float = LR) -> Any:
     """A `Trainer` taking one step on the groups it is given (no staleness, no versions)."""
-    from trainer.loss import LossSettings
-    from trainer.train_loop import Trainer
+    from trainer.loss import LossSettings  # deferred: heavy import
+    from trainer.train_loop import Trainer  # deferred: heavy import
 
     return Trainer(
         model,
@@ -56,8 +59,6 @@ def trainer_for(model: Any, tok: Any, *, is_bound: float = 2.0, lr: float = LR) 
 
 
 def sampling() -> Any:
-    from trainer.engine import SamplingSettings
-    from trainer.tiny_policy import DEFAULT_MAX_NEW_TOKENS
 
     return SamplingSettings(temperature=1.0, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
 
@@ -126,8 +127,7 @@ def isolated_until_gain(
     `min_rounds` on), `max_rounds` ("max_rounds") or `deadline` ("budget"): (rounds,
     per-peer cumulative rewards in `sapo_run`'s order, the untrained policy's per seed,
     importance weights, stop)."""
-    from trainer.engine_hf import HFEngine
-    from trainer.tasks import TaskSet
+    from trainer.engine_hf import HFEngine  # deferred: heavy import
 
     runs = [sapo_rounds(base, tok, peers, 8, 0, 2.0, seed) for seed in seeds]
     engine = HFEngine(base, tok, max_batch=64)
@@ -205,7 +205,6 @@ def sapo_summary(
 
 
 def _probe_items(r: int) -> list[tuple[str, int]]:
-    from trainer.tiny_policy import TASK_MIX
 
     names = [n for n, _ in TASK_MIX]
     return [(names[k % len(names)], r * PROBE + k) for k in range(PROBE)]
@@ -214,7 +213,6 @@ def _probe_items(r: int) -> list[tuple[str, int]]:
 def _probe(engine: Any, tok: Any, tasks: Any, r: int, seed: int) -> float:
     """Mean reward over round r's probe: PROBE tasks of the full mix, one sample each,
     with the round's sampler seed (the same for every peer and for the untrained policy)."""
-    from trainer.groups import generate_groups
 
     probed = generate_groups(
         engine, tok, tasks, _probe_items(r), group_size=1, settings=sampling(), seed=seed * 31 + r
@@ -224,8 +222,7 @@ def _probe(engine: Any, tok: Any, tasks: Any, r: int, seed: int) -> float:
 
 def untrained_reward(base: Any, tok: Any, rounds: int, seed: int) -> float:
     """The cumulative probe reward of the policy every peer starts from, never trained."""
-    from trainer.engine_hf import HFEngine
-    from trainer.tasks import TaskSet
+    from trainer.engine_hf import HFEngine  # deferred: heavy import
 
     engine = HFEngine(base, tok, max_batch=64)
     tasks = TaskSet(2000 + seed)
@@ -265,10 +262,7 @@ def sapo_rounds(
 ) -> Iterator[tuple[list[float], list[float]]]:
     """Round after round: each peer's probe reward (probed before it trains that round)
     and the mean importance weights of the round's steps."""
-    from trainer.engine_hf import HFEngine
-    from trainer.groups import generate_groups
-    from trainer.tasks import TaskSet
-    from trainer.tiny_policy import TASK_MIX
+    from trainer.engine_hf import HFEngine  # deferred: heavy import
 
     names = [n for n, _ in TASK_MIX]
     rng = random.Random(seed)

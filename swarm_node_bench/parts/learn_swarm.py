@@ -21,7 +21,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from node.commands import devnet
+from node.commands.devnet import DEFAULT_DURATION_S
+from node.commands.devnet_evaluation import load_version, saved_checkpoint
 from node.console import say as _say
+from node.run_file import manifest_from_table
+from trainer import tiny_policy
+from trainer.groups import heldout_items, heldout_shares, paired_gain
 
 SINGLE_THREADS = 1  # as each devnet node runs (`--threads`); the swarm's nodes share all cores
 DEVNET_SAMPLES = 2  # samples per held-out task (narrows the intervals)
@@ -49,10 +55,6 @@ def efficiency(
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(`efficiency`, `devnet`): the comparison, and the swarm's run on its own (None
     without the swarm)."""
-    from node.commands.devnet import DEFAULT_DURATION_S
-    from node.run_file import manifest_from_table
-    from trainer import tiny_policy
-    from trainer.groups import heldout_items
 
     t_s = float(seconds or (QUICK_T_S if quick else DEFAULT_DURATION_S))
     manifest = manifest_from_table(tiny_policy.run_manifest_table("devnet"))
@@ -90,8 +92,7 @@ def efficiency(
 
 def _solved(model: Any, tok: Any, items: list[tuple[str, int]], max_new_tokens: int) -> list[float]:
     """Per held-out task, the share of its `DEVNET_SAMPLES` seeded samples that solved it."""
-    from trainer.engine_hf import HFEngine
-    from trainer.groups import heldout_shares
+    from trainer.engine_hf import HFEngine  # deferred: heavy import
 
     return heldout_shares(
         HFEngine(model, tok, max_batch=128), tok, items, max_new_tokens, DEVNET_SAMPLES
@@ -99,7 +100,6 @@ def _solved(model: Any, tok: Any, items: list[tuple[str, int]], max_new_tokens: 
 
 
 def _gain(who: str, before: list[float], after: list[float]) -> dict[str, Any]:
-    from trainer.groups import paired_gain
 
     g = paired_gain(before, after)
     return {
@@ -111,7 +111,7 @@ def _gain(who: str, before: list[float], after: list[float]) -> dict[str, Any]:
 
 
 def _single(model: Any, tok: Any, manifest: Any, t_s: float) -> dict[str, Any]:
-    from trainer.single import SingleLearner
+    from trainer.single import SingleLearner  # deferred: heavy import
 
     learner = SingleLearner(model, tok, manifest, threads=SINGLE_THREADS)
     run = {**learner.run_for(t_s), "threads": SINGLE_THREADS, "cores": len(os.sched_getaffinity(0))}
@@ -125,8 +125,6 @@ def _swarm(
     """A devnet for `t_s` seconds, default but for `settings` (`devnet.main`'s keywords):
     (the weights its trainer last published, the `devnet` figures so far, the rollout
     shares)."""
-    from node.commands import devnet
-    from node.commands.devnet_evaluation import load_version, saved_checkpoint
 
     with tempfile.TemporaryDirectory() as d:
         # the bench scores the trainer's last version itself, beside the single process's

@@ -23,7 +23,7 @@ STALE_LR = 1e-5
 
 
 def perturbed(model: Any, rel: float, seed: int) -> Any:
-    import torch
+    import torch  # deferred: heavy import
 
     m = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(seed)
@@ -34,7 +34,7 @@ def perturbed(model: Any, rel: float, seed: int) -> Any:
 
 
 def dropped_layer(model: Any) -> Any:
-    import torch
+    import torch  # deferred: heavy import
 
     m = copy.deepcopy(model)
     layer = m.base_model.layers[len(m.base_model.layers) // 2]
@@ -48,7 +48,7 @@ def dropped_layer(model: Any) -> Any:
 
 
 def int8(model: Any) -> Any:
-    import torch
+    import torch  # deferred: heavy import
 
     m = copy.deepcopy(model)
     with torch.no_grad():
@@ -62,7 +62,7 @@ def int8(model: Any) -> Any:
 
 
 def bf16_copy(model: Any) -> Any:
-    import torch
+    import torch  # deferred: heavy import
 
     return copy.deepcopy(model).to(torch.bfloat16)
 
@@ -75,7 +75,7 @@ def eager(model: Any) -> Any:
 
 def other_model(ctx: Ctx, seed: int = 0) -> Any:
     """A freshly initialised model of the same configuration."""
-    import torch
+    import torch  # deferred: heavy import
 
     torch.manual_seed(12345 + seed)
     m = type(ctx.model)(copy.deepcopy(ctx.model.config))
@@ -86,7 +86,7 @@ def other_model(ctx: Ctx, seed: int = 0) -> Any:
 def one_training_step(ctx: Ctx, opened: list[Any]) -> Any:
     """The policy after one REINFORCE step (group-free advantages r - mean) with AdamW at
     STALE_LR on the given rollouts: what a trainer publishes as the next version."""
-    import torch
+    import torch  # deferred: heavy import
 
     m = copy.deepcopy(ctx.model).train()
     opt = torch.optim.AdamW(m.parameters(), lr=STALE_LR, weight_decay=0.0)

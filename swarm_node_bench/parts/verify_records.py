@@ -15,6 +15,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from protocol.rollout import make_record, open_record
+from trainer.engine import SamplingSettings, rollout_body
+from trainer.tasks import assign_task
+
 
 @dataclass
 class Ctx:
@@ -35,7 +39,7 @@ class Ctx:
 def canonical_bf16(model: Any) -> Any:
     """The model's weights rounded to bf16 in place (kept in their dtype), as a network
     ships them."""
-    import torch
+    import torch  # deferred: heavy import
 
     with torch.no_grad():
         for p in model.parameters():
@@ -44,7 +48,7 @@ def canonical_bf16(model: Any) -> Any:
 
 
 def make_engine(model: Any, tok: Any, **kw: Any) -> Any:
-    from trainer.engine_hf import HFEngine
+    from trainer.engine_hf import HFEngine  # deferred: heavy import
 
     return HFEngine(model, tok, **kw)
 
@@ -75,10 +79,7 @@ def make_records(
 ) -> Made:
     """Generate ctx.n records as a worker would (task assignment, seeded sampling, proofs,
     signed records), with the knobs the attacks need."""
-    from protocol.rollout import make_record
-    from trainer.engine import SamplingSettings, rollout_body
-    from trainer.tasks import assign_task
-    from verify.toploc import build_proofs_bytes_many
+    from verify.toploc import build_proofs_bytes_many  # deferred: heavy import
 
     m = ctx.manifest
     counter0 = ctx.counter0 if counter0 is None else counter0
@@ -139,14 +140,12 @@ def make_records(
 
 
 def open_records(records: list[bytes]) -> list[Any]:
-    from protocol.rollout import open_record
 
     return [open_record(r) for r in records]
 
 
 def resign(ctx: Ctx, ro: Any, body: Any) -> bytes:
     """The attacker's own signed record for a doctored body, reward re-scored honestly."""
-    from protocol.rollout import make_record
 
     h, env = ro.header, ro.envelope
     task = ctx.tasks.task(h.dataset, h.task_index)
@@ -169,10 +168,10 @@ def resign(ctx: Ctx, ro: Any, body: Any) -> bytes:
 
 def reprove(ctx: Ctx, bodies: list[Any]) -> list[Any]:
     """Recompute proofs and sampler log-probs of doctored bodies from an honest prefill."""
-    import numpy as np
+    import numpy as np  # deferred: heavy import
 
-    from verify import checks, toploc
-    from verify.auditor import prefill
+    from verify import checks, toploc  # deferred: heavy import
+    from verify.auditor import prefill  # deferred: heavy import
 
     out = []
     pre = prefill(ctx.model, [(b.prompt_ids, b.completion_ids) for b in bodies])
@@ -196,7 +195,7 @@ def reprove(ctx: Ctx, bodies: list[Any]) -> list[Any]:
 def audit(
     ctx: Ctx, opened: list[Any], model: Any = None, settings: Any = None
 ) -> tuple[list[Any], float]:
-    from verify.auditor import audit_records
+    from verify.auditor import audit_records  # deferred: heavy import
 
     t0 = time.perf_counter()
     res = audit_records(
@@ -219,7 +218,7 @@ def edited(ctx: Ctx, opened: list[Any], fn: Any) -> list[Any]:
 
 def edit_token(b: Any, non_eos: list[int], gen: Any) -> Any:
     """The middle completion token replaced by another non-EOS token."""
-    import torch
+    import torch  # deferred: heavy import
 
     ids = list(b.completion_ids)
     i = len(ids) // 2
@@ -242,7 +241,7 @@ def truncate(b: Any) -> Any:
 
 def extend(b: Any, non_eos: list[int], gen: Any) -> Any:
     """4 random non-EOS tokens appended."""
-    import torch
+    import torch  # deferred: heavy import
 
     extra = tuple(non_eos[int(torch.randint(len(non_eos), (1,), generator=gen))] for _ in range(4))
     return replace(b, completion_ids=b.completion_ids + extra, logprobs=b.logprobs + (-1.0,) * 4)

@@ -27,6 +27,7 @@ every shard) and serves each shard with one byte flipped: injected bad shards.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -51,7 +52,6 @@ def _out(obj: dict) -> None:  # type: ignore[type-arg]
 
 async def main(a: argparse.Namespace) -> None:
     identity = Identity.from_private_bytes(bytes.fromhex(a.key)) if a.key else Identity.generate()
-    import dataclasses
 
     manifest = dataclasses.replace(
         net_manifest(a.run_id), trainer_keys=(peer_id_from_b58(a.trainer_key),)

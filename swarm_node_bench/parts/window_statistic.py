@@ -18,16 +18,17 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from protocol.producer_cases import PRODUCER_WINDOW, window_failed, window_median
+from swarm_node_bench.parts.verify_records import audit, make_engine, make_records, open_records
+from swarm_node_bench.verify import calibrate, producer_limit, rank1_changed, setup
+from verify.producer import STAT
+
 
 def _values(results: list[Any], stat: str) -> list[float]:
     return [r.metrics[stat] for r in results if stat in r.metrics]
 
 
 def main(n: int = 64, draws: int = 2000) -> dict[str, Any]:
-    from protocol.producer_cases import PRODUCER_WINDOW, window_failed, window_median
-    from swarm_node_bench.parts.verify_records import audit, make_engine, make_records, open_records
-    from swarm_node_bench.verify import calibrate, producer_limit, rank1_changed, setup
-    from verify.producer import STAT
 
     ctx, model_dir = setup(None, n, quick=False)
     settings, _digest = calibrate(ctx, model_dir)
