@@ -489,6 +489,7 @@ def _credit_gain(r: dict[str, Any], credit: dict[str, Any]) -> float | None:
     truth = {int(k): v for k, v in (r.get("truth") or {}).items()}
     first, last = credit.get("first"), credit.get("last")
     if truth and first is not None:
+        assert last is not None  # the credit figures name both ends or neither
         seen = [v for k, v in truth.items() if first <= k <= last]
         true_mean = sum(seen) / len(seen) if seen else 0.0
     else:

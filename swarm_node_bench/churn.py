@@ -75,6 +75,12 @@ class _Node:
         self.proc: PeerProcess | None = None
         self.addr = ""
 
+    @property
+    def running(self) -> PeerProcess:
+        """The peer process, which `start` has started."""
+        assert self.proc is not None
+        return self.proc
+
     def args(self, bootstrap: list[str]) -> list[str]:
         role = "inference" if self.name in WORKERS else self.name
         out = [
@@ -137,9 +143,9 @@ def _final_figures(nodes: dict[str, _Node]) -> dict[str, Any]:
         counters: dict[tuple[bytes, int], int] = {}
         for row in s.rollouts(with_body=True, limit=10_000_000):
             _env, header, _rid = open_header(row.header)
-            key = (bytes(row.producer), header.counter)
+            key = (bytes(row.producer), header.counter)  # pyright: ignore[reportArgumentType]
             counters[key] = counters.get(key, 0) + 1
-        lines: dict[bytes, int] = {}
+        lines: dict[bytes | None, int] = {}
         for e in s.ledger(
             direction="in", outcome="accepted", kind="rollout_record", limit=10_000_000
         ):
@@ -174,9 +180,9 @@ async def _catch_up(
     else:
         return time.monotonic() - started
     _say(f"catch-up: the trainer still lacks {len(missing)} of {len(target)} after {bound_s:g} s")
-    stats = await nodes["trainer"].proc.ask({"cmd": "stats"}, timeout=60)
+    stats = await nodes["trainer"].running.ask({"cmd": "stats"}, timeout=60)
     connected = set(stats.get("connected", ()))
-    links = {n: nodes[n].proc.peer_id in connected for n in ROLES[1:] if nodes[n].proc}
+    links = {n: nodes[n].running.peer_id in connected for n in ROLES[1:] if nodes[n].proc}
     _say(f"trainer counters: {stats.get('counters')}; connected to {links}")
     return None
 
@@ -198,7 +204,9 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
             for n in ROLES[1:]:
                 nursery.start_soon(nodes[n].start, [nodes["trainer"].addr], logs / f"{n}.log")
         for w in WORKERS:
-            await nodes[w].proc.ask({"cmd": "produce", "n": 10**7, "rate": opts.rate, "size": 256})
+            await nodes[w].running.ask(
+                {"cmd": "produce", "n": 10**7, "rate": opts.rate, "size": 256}
+            )
         _say(f"4 nodes up under {root}; {opts.trials} trials")
         for trial in range(opts.trials):
             await trio.sleep(rng.uniform(0.5, 2.5))
@@ -207,9 +215,9 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
             )
             before = {v: await nodes[v].ids() for v in victims}
             for v in victims:
-                nodes[v].proc.proc.kill()
+                nodes[v].running.proc.kill()
                 with trio.move_on_after(10):
-                    await nodes[v].proc.proc.wait()
+                    await nodes[v].running.proc.wait()
             corrupt += sum(not _store_ok(nodes[v].dir) for v in victims)
             if rng.random() < 0.5:
                 await trio.sleep(rng.uniform(0.5, 3.0))
@@ -224,7 +232,7 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
             started = time.monotonic()
             for v in victims:
                 if v in WORKERS:
-                    await nodes[v].proc.ask(
+                    await nodes[v].running.ask(
                         {"cmd": "produce", "n": 10**7, "rate": opts.rate, "size": 256}
                     )
             for v in victims:
@@ -238,11 +246,11 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
             trials += 1
             _say(f"trial {trial + 1}: killed {'+'.join(victims)}")
         for w in WORKERS:
-            await nodes[w].proc.ask({"cmd": "stop"})
+            await nodes[w].running.ask({"cmd": "stop"})
         drained = await _catch_up(nodes, time.monotonic(), opts.drain)
         _say(f"final drain: {'not complete' if drained is None else f'done in {drained:.1f} s'}")
         await trio.sleep(6.0)  # one receipt round for the workers' own accounting
-        delivery = {w: await nodes[w].proc.ask({"cmd": "delivery"}) for w in WORKERS}
+        delivery = {w: await nodes[w].running.ask({"cmd": "delivery"}) for w in WORKERS}
     finally:
         for n in nodes.values():
             if n.proc is not None:

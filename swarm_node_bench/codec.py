@@ -12,6 +12,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from protocol.codec import decode, encode
 from protocol.envelope import signing_bytes
@@ -59,8 +60,12 @@ def run(quick: bool, args: list[str]) -> dict:
     rng = random.Random(1)
     identity = Identity.generate()
     body = typical_body(rng)
-    fields = dict(dataset="basic_arithmetic", task_index=7, counter=3, task_seed=11, reward=1.0)
-    stamp = dict(run_id="bench", policy_version=3, seq=1, timestamp_ms=1_700_000_000_000)
+    fields: dict[str, Any] = dict(
+        dataset="basic_arithmetic", task_index=7, counter=3, task_seed=11, reward=1.0
+    )
+    stamp: dict[str, Any] = dict(
+        run_id="bench", policy_version=3, seq=1, timestamp_ms=1_700_000_000_000
+    )
     record = make_record(identity, body, **fields, **stamp)
     rec = decode(RolloutRecord, record)
     env = decode(Envelope, rec.header)

@@ -325,7 +325,9 @@ async def _final_figures(receivers: list[PeerProcess]) -> dict[str, Any]:
 async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     pool_path = tmp / "proofs.msgpack"
-    pool_path.write_bytes(msgpack.packb([list(p) for p in make_proof_pool(8, opts.size)]))
+    packed = msgpack.packb([list(p) for p in make_proof_pool(8, opts.size)])
+    assert packed is not None
+    pool_path.write_bytes(packed)
     swarm = Swarm(opts, tmp, pool_path)
     try:
         await swarm.start()

@@ -191,7 +191,8 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
             ]
             held = held and all(r["sent"] == 3 for r in after)
         finally:
-            with trio.CancelScope(shield=True):
+            # pyright reads trio's `cancelled_caught` (an attrs field, init=False) as required
+            with trio.CancelScope(shield=True):  # pyright: ignore[reportCallIssue]
                 async with trio.open_nursery() as nursery:
                     for p in out["peers"]:
                         nursery.start_soon(p.stop)

@@ -357,6 +357,7 @@ def _stream_cases(ctx: Ctx, model_dir: Any, records: list[bytes]) -> tuple[int, 
     write_records(buf, records[:2])
     good = buf.getvalue()
     oversized = msgpack.packb(b"\0" * (RolloutRecord.MAX_BYTES + 1), use_bin_type=True)
+    assert oversized is not None
     cases = {  # name: (bytes, reasons expected line by line)
         "truncated": (good + b"\xc4\x80", ["ok", "ok", "stream-truncated"]),
         "trailing_garbage": (good + b"\x93\x01\x02", ["ok", "ok", "stream-garbage"]),

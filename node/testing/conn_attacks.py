@@ -31,7 +31,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.pb import rpc_pb2
-from libp2p.pubsub.pubsub import PUBSUB_SIGNING_PREFIX
+from libp2p.pubsub.pubsub import PUBSUB_SIGNING_PREFIX  # pyright: ignore[reportPrivateImportUsage]
 from libp2p.utils.varint import encode_uvarint
 
 from node.host.gossip_guard import ControlLimits
@@ -85,6 +85,7 @@ async def honest_probe(addr: str, topic: str, timeout: float = 10.0) -> dict[str
                 if not dial.ok:
                     out["error"] = dial.error
                     return out
+                assert dial.peer is not None  # a dial that succeeded names its peer
                 stream = await host._lh.new_stream(ID.from_base58(dial.peer), [PING])
                 payload = os.urandom(32)
                 await stream.write(payload)

@@ -170,7 +170,7 @@ async def start_in(ns: str | None, listen: str, *extra: str, stderr_path: str | 
             stderr=err,
         )
     finally:
-        if stderr_path:
+        if not isinstance(err, int):
             err.close()
     peer = PeerProcess(proc)
     try:

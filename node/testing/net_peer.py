@@ -96,12 +96,14 @@ class Driver:
             self.next_counter = status["produced"]  # dense, never reused across restarts
         # Seeded by the first counter too: a second produce call must not repeat the
         # first one's bodies (the same body twice is double work, and gets us banned).
+        assert self.next_counter is not None  # set above
         rng = random.Random(os.getpid() * 1_000_003 + self.next_counter)
         batch: list[bytes] = []
         for i in range(n):
             if self.production != mine:
                 return
             counter = self.next_counter  # one per record even when produce calls overlap
+            assert counter is not None  # set above
             self.next_counter = counter + 1
             record = synthetic_record(
                 self.identity,

@@ -46,6 +46,13 @@ class PeerProcess:
         self.addrs: list[str] = []
         self.hello: dict = {}  # type: ignore[type-arg]
 
+    # Labels a driver may set on its peers (the reach benchmark: kind, index, relay address,
+    # join time); declared only, so a peer without one has no such attribute.
+    kind: str
+    index: int
+    relayed: str
+    join_s: float
+
     @classmethod
     async def start(
         cls,
@@ -63,7 +70,7 @@ class PeerProcess:
                 stderr=err,
             )
         finally:
-            if stderr_path:
+            if not isinstance(err, int):
                 err.close()
         peer = cls(proc)
         hello = await peer.read(timeout)

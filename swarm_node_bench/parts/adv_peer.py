@@ -38,7 +38,7 @@ import os
 import random
 import sys
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,7 @@ class _Counting:
         ] = {}  # rid -> producer, t, counter, digest
         self.admitted_by_signer: Counter[str] = Counter()
         self.standing = StandingBook(hold_s=hold_s)
-        self.waiting: dict[bytes, tuple[Any, float]] = {}
+        self.waiting: OrderedDict[bytes, tuple[Any, float]] = OrderedDict()
         self.trained: dict[str, list[str]] = {}  # producer -> rollout ids trained on
         self.admitted_ahead: Counter[str] = Counter()  # rollouts of versions above ours
         # Everyone runs VERSION from the start: it was published long enough ago that

@@ -109,8 +109,10 @@ def make_records(
     t0 = time.perf_counter()
     if proofs:  # all rollouts of the batch at once (the worker does this off the decode path)
         proof_lists = build_proofs_bytes_many(
-            [g.hidden for _, g in best], m.proof_chunk, m.proof_topk
-        )  # type: ignore[misc]
+            [g.hidden for _, g in best],  # pyright: ignore[reportGeneralTypeIssues]
+            m.proof_chunk,
+            m.proof_topk,
+        )
     else:
         proof_lists = [[] for _ in best]
     proof_s = time.perf_counter() - t0

@@ -37,10 +37,10 @@ import trio
 
 from node.exchange import shards as shard_exchange
 from node.host.host import HostSettings
-from node.peer.peer import PeerConfig, open_peer
+from node.peer.peer import Peer, PeerConfig, open_peer
 from node.testing.peer_process import json_lines
 from node.testing.records import net_manifest
-from node.weights.sync import WeightSettings
+from node.weights.sync import WeightSettings, WeightSync
 from protocol.admission import Admitted, Kind
 from protocol.identity import Identity, peer_id_from_b58
 from trainer.checkpoint import weights_digest
@@ -106,7 +106,7 @@ async def main(a: argparse.Namespace) -> None:
             nursery.cancel_scope.cancel()
 
 
-async def _trace(peer: object, w: object, path: str) -> None:
+async def _trace(peer: Peer, w: WeightSync, path: str) -> None:
     installs: list[list[float]] = []
     store = w.store  # type: ignore[attr-defined]
     install_full = store.install_full
@@ -118,7 +118,7 @@ async def _trace(peer: object, w: object, path: str) -> None:
         finally:
             installs.append([round(t0, 3), round(time.time() - t0, 3)])
 
-    store.install_full = timed_install
+    store.install_full = timed_install  # pyright: ignore[reportAttributeAccessIssue]
     announced: list[float] = []
 
     def first_announcement(item: Admitted) -> None:
@@ -148,7 +148,7 @@ async def _trace(peer: object, w: object, path: str) -> None:
             await trio.sleep(0.5)
 
 
-async def _commands(peer: object, w: object, checkpoint: bytes, served_bad: dict) -> None:  # type: ignore[type-arg]
+async def _commands(peer: Peer, w: WeightSync, checkpoint: bytes, served_bad: dict) -> None:  # type: ignore[type-arg]
     async for cmd in json_lines(trio.lowlevel.FdStream(sys.stdin.fileno())):
         c = cmd["cmd"]
         if c == "quit":
@@ -191,10 +191,11 @@ async def _commands(peer: object, w: object, checkpoint: bytes, served_bad: dict
             _out({"error": f"unknown command {c!r}"})
 
 
-async def _stream(peer: object, source: str, version: int, in_flight: int = 1) -> dict:  # type: ignore[type-arg]
+async def _stream(peer: Peer, source: str, version: int, in_flight: int = 1) -> dict:  # type: ignore[type-arg]
     """Fetch every shard of `version`'s full manifest from `source`, `in_flight` requests
     at a time (each a shard fetch on its own stream, as the node's scheduler makes them)."""
-    w = peer.weights  # type: ignore[attr-defined]
+    w = peer.weights
+    assert w is not None  # the peer runs with weight settings
     full = [
         (mid, m) for mid, m in w._manifests.items() if m.version == version and m.kind == "full"
     ]
