@@ -179,7 +179,7 @@ async def _commands(peer: Peer, w: WeightSync, checkpoint: bytes, served_bad: di
                     "error": w.error,
                     "installed": sorted(w.installed()),
                     "peers": len(peer.host.connected_peers()),
-                    "watched_by": sum(w._watchers.values()),
+                    "watched_by": sum(w.server.watchers.values()),
                 }
             )
         elif c == "cap":
@@ -197,7 +197,9 @@ async def _stream(peer: Peer, source: str, version: int, in_flight: int = 1) -> 
     w = peer.weights
     assert w is not None  # the peer runs with weight settings
     full = [
-        (mid, m) for mid, m in w._manifests.items() if m.version == version and m.kind == "full"
+        (mid, m)
+        for mid, m in w.server.manifests.items()
+        if m.version == version and m.kind == "full"
     ]
     if not full:
         return {"error": "no full manifest"}
