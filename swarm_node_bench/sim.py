@@ -42,7 +42,6 @@ from typing import Any
 
 from node.console import sayer
 from node.errors import CommandError
-from node.testing.records import net_manifest, synthetic_record
 from protocol.admission import KIND_RULES, Kind
 from protocol.codec import decode
 from protocol.identity import Identity
@@ -165,6 +164,8 @@ def scale(quick: bool, seed: int) -> dict[str, Any]:
 
 def _cpu_costs() -> tuple[float, float]:
     """Seconds to admit one real signed header and one real record (decode + verify)."""
+    # The harness loads trio: deferred so that the simulator's peak RSS stays its own.
+    from node.testing.records import net_manifest, synthetic_record  # deferred: heavy import
 
     rec = synthetic_record(Identity.generate(), net_manifest(), 0, n_completion=1024)
     header = decode(RolloutRecord, rec).header
