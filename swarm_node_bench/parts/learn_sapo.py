@@ -1,4 +1,4 @@
-"""`bench learn`'s `sapo` grid (the setting, and why it is fair, are in `bench.learn`'s
+"""`swarm_node_bench.learn`'s `sapo` grid (the setting, and why it is fair, are in `bench.learn`'s
 docstring): peers training their own copies on I own + J foreign groups a round, probed
 every round, against training alone and against not training at all.
 
