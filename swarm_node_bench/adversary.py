@@ -387,6 +387,7 @@ def figures(
     baseline: tuple[float, float],
     rss: float,
 ) -> dict[str, Any]:
+    """The benchmark's figures from the runs' reports: per attack what it cost the honest workers and the attacker."""
     workers = {keys["w1"].peer_id_b58, keys["w2"].peer_id_b58}
     cut_off = set(t_rep["banned_producers"]) | set(v_rep.get("standing_banned", []))
     honest_all = {k.peer_id_b58 for k in keys.values()}
@@ -500,6 +501,7 @@ def _credit_gain(r: dict[str, Any], credit: dict[str, Any]) -> float | None:
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:
+    """Run the benchmark (arguments as in the module docstring); returns its figures."""
     parser = argparse.ArgumentParser(prog="swarm-node bench adversary")
     parser.add_argument("--window", type=float, default=2.5 if quick else 10.0)
     parser.add_argument("--rate", type=float, default=2.0)

@@ -35,6 +35,7 @@ LRS = (("lr1e-5", 1e-5), ("lr1e-6", 1e-6))
 
 
 def bf16_state(model: Any) -> dict[str, Any]:
+    """The model's state dict in bfloat16."""
     import torch  # deferred: heavy import
 
     return {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
@@ -57,6 +58,7 @@ def one_adamw_step(model: Any, lr: float, seed: int = 0) -> None:
 
 
 def delta_part(quick: bool) -> dict[str, Any]:
+    """The delta figures: patch size, changed values and time to make and apply a patch between versions of the built-in policy."""
 
     import torch  # deferred: heavy import
 
@@ -141,6 +143,7 @@ def _elements(model: Any) -> int:
 
 
 def run(quick: bool, args: list[str]) -> dict:
+    """Run the chosen parts (`delta`, `real`; default both); returns their figures."""
     parts = {"delta", "real"}
     chosen = set(args) or parts
     if chosen - parts:

@@ -272,6 +272,7 @@ async def _main(opts: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:
+    """Run the benchmark (arguments as in the module docstring); returns its figures."""
     parser = argparse.ArgumentParser(prog="swarm-node bench churn")
     parser.add_argument("--trials", type=int, default=None)
     parser.add_argument("--rate", type=float, default=4.0)

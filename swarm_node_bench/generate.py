@@ -141,6 +141,7 @@ def _overhead_ratios(
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:
+    """Run the benchmark (arguments as in the module docstring); returns its figures."""
     opts = _parse(args)
 
     import torch  # deferred: heavy import

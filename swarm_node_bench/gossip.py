@@ -105,6 +105,7 @@ class Swarm:
         self.excluded: set[str] = set()  # peer ids frozen or killed
 
     def sample_rss(self) -> None:
+        """Update the largest resident set size seen among the peer processes."""
 
         for p in self.procs:
             try:
@@ -115,6 +116,7 @@ class Swarm:
                 pass
 
     async def spawn(self, i: int, boot: str | None) -> PeerProcess:
+        """Start peer `i`, bootstrapping from `boot` when given."""
         args = [
             "--data-dir",
             str(self.tmp / f"p{i}"),
@@ -177,6 +179,7 @@ class Swarm:
         return None
 
     def live(self) -> list[PeerProcess]:
+        """The peers not excluded from the figures."""
         return [p for p in self.procs if p.peer_id not in self.excluded]
 
     async def stop(self) -> None:
@@ -579,6 +582,7 @@ def _record_size(n_completion: int) -> tuple[int, int]:
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:
+    """Run the benchmark (arguments as in the module docstring); returns its figures."""
     parser = argparse.ArgumentParser(prog="swarm-node bench gossip")
     parser.add_argument("--peers", type=int, default=8)
     parser.add_argument("--producers", type=int, default=4)

@@ -87,6 +87,7 @@ QWEN2_24M = dict(
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:
+    """Run the chosen parts (arguments as in the module docstring); returns their figures."""
     opts = options(args)
     import torch  # deferred: heavy import
 
@@ -121,6 +122,7 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
 
 
 def options(args: list[str]) -> argparse.Namespace:
+    """Parse the benchmark's arguments (see the module docstring)."""
 
     ap = argparse.ArgumentParser(prog="swarm-node bench learn", add_help=False)
     ap.add_argument("--data-dir")

@@ -286,6 +286,7 @@ async def _connection_kinds(
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:
+    """Run the benchmark (arguments as in the module docstring); returns its figures."""
     parser = argparse.ArgumentParser(prog="swarm-node bench reach")
     parser.add_argument("--payloads", type=int, default=None, help="per worker and target")
     parser.add_argument("--settle", type=float, default=None, help="seconds for DCUtR")

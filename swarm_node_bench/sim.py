@@ -90,6 +90,7 @@ def _gossip(wl: Workload, seed: int, net: NetConfig | None = None) -> tuple[dict
 
 
 def default(quick: bool, seed: int) -> dict[str, Any]:
+    """The default workload (and a cold-start quick run): delivery, latency, wall time."""
     wl = QUICK_WORKLOAD if quick else DEFAULT_WORKLOAD
     _say(f"default: {wl.peers} peers, {wl.duration_s:.0f} virtual s")
     fig, wall, events = _gossip(wl, seed)
@@ -124,6 +125,7 @@ def default(quick: bool, seed: int) -> dict[str, Any]:
 
 
 def broadcast(quick: bool, seed: int) -> dict[str, Any]:
+    """A weight broadcast through the simulator: how long until the peers hold it."""
     cfg = BroadcastConfig(peers=150 if quick else 1000)
     _say(
         f"broadcast: {cfg.peers} peers, {cfg.size_bytes / 1e9:g} GB in {cfg.shard_bytes / 1e6:g} MB shards"
@@ -145,6 +147,7 @@ def broadcast(quick: bool, seed: int) -> dict[str, Any]:
 
 
 def scale(quick: bool, seed: int) -> dict[str, Any]:
+    """The scale workload: the simulator's speed and memory at many peers."""
     wl = QUICK_SCALE if quick else SCALE_WORKLOAD
     _say(f"scale: {wl.peers} peers, {wl.duration_s:.0f} virtual s")
     fig, wall, events = _gossip(wl, seed)
@@ -181,6 +184,7 @@ def _cpu_costs() -> tuple[float, float]:
 
 
 def fidelity(quick: bool, seed: int, gossip_json: Path | None) -> dict[str, Any]:
+    """The simulator against real `bench gossip` figures (run here, or read from `gossip_json`)."""
     if gossip_json is not None:
         try:
             real = json.loads(gossip_json.read_text().strip().splitlines()[-1])
@@ -245,6 +249,7 @@ def fidelity(quick: bool, seed: int, gossip_json: Path | None) -> dict[str, Any]
 
 
 def run(quick: bool, args: list[str]) -> dict[str, Any]:
+    """Run the chosen modes (arguments as in the module docstring); returns their figures."""
     parser = argparse.ArgumentParser(prog="swarm-node bench sim")
     parser.add_argument("mode", nargs="?", choices=("default", "broadcast"))
     parser.add_argument("--scale", action="store_true")

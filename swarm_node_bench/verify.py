@@ -174,6 +174,7 @@ _say = sayer("bench verify")
 
 
 def setup(hidden: int | None, n: int, quick: bool) -> tuple[Ctx, Any]:
+    """The context of the cases: the model (built-in, or random with `hidden`), tokenizer, tasks, manifest, audit settings."""
     from trainer.judge import make_judge  # deferred: heavy import
     from verify.auditor import AuditSettings  # deferred: heavy import
 
@@ -429,6 +430,7 @@ def _producer_window() -> int:
 
 
 def producer_limit(settings: Any, precision: str) -> float:
+    """The producer statistic's limit at `precision` under `settings`."""
     th = settings.thresholds if precision == "fp32" else settings.bf16_thresholds
     return float(th.producer_logprob_err_median)
 
@@ -561,6 +563,7 @@ class Cases:
     copied_skipped: int | None = None
 
     def add_honest(self, name: str, res: list[Any], precision: str = "fp32") -> None:
+        """Record an honest case's results."""
         self.honest[name] = _frac_failed(res)
         self.producer_honest[name] = _producer_flagged(
             res, producer_limit(self.settings, precision)
@@ -573,6 +576,7 @@ class Cases:
         )
 
     def add_attack(self, name: str, res: list[Any]) -> None:
+        """Record an attack case's results (one seed)."""
         frac = _frac_failed(res)
         self.attacks_by_seed.setdefault(name, []).append(frac)
         self.attacks[name] = min(self.attacks_by_seed[name])
@@ -795,6 +799,7 @@ def _producer_report(ctx: Ctx, cases: Cases) -> dict[str, Any]:
 
 
 def run(quick: bool, args: list[str]) -> dict:
+    """Run the cases (arguments as in the module docstring); returns the figures."""
     import torch  # deferred: heavy import
 
     ns = _parse(args, quick)

@@ -31,6 +31,7 @@ _STAMP = struct.Struct(">dQ")  # send time (time.time()), sequence number
 
 
 async def main(args: argparse.Namespace) -> None:
+    """Run the peer: listen, subscribe, answer commands until `quit` or `--max-life`."""
     settings = HostSettings(peer_dead_after_s=args.dead_after)
     received: dict[str, int] = {}
     latencies: list[float] = []
@@ -109,6 +110,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 def cli() -> None:
+    """Parse the command line and run `main`."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
     parser.add_argument("--topic", default="bench")

@@ -75,6 +75,7 @@ async def _send(host, peer: str, n: int, size: int) -> dict:  # type: ignore[no-
 
 
 async def main(args: argparse.Namespace) -> None:
+    """Run the host (a relay server with `--serve-relay`) and answer commands until `quit` or `--max-life`."""
     received = {"count": 0, "bytes": 0}
     serve = (
         RelayLimitsConfig(
@@ -136,6 +137,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 def cli() -> None:
+    """Parse the command line and run `main`."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
     parser.add_argument("--serve-relay", action="store_true")

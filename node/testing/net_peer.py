@@ -82,6 +82,7 @@ class Driver:
         self.next_counter: int | None = None
 
     def on_deliver(self, item: Admitted) -> None:
+        """Record the latency of a delivered header or record."""
         lat = (item.received_at - item.envelope.timestamp_ms / 1000.0) * 1000.0
         if item.kind is Kind.ROLLOUT_HEADER:
             self.header_lat.append(lat)
@@ -121,6 +122,7 @@ class Driver:
                 await trio.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
 
     async def cmd_produce(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Start producing `n` synthetic records in the background; answers at once."""
         self.nursery.start_soon(
             self.produce,
             cmd["n"],
@@ -131,6 +133,7 @@ class Driver:
         return {"ok": True}
 
     async def cmd_stats(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """The peer's stats, the stored rollout count and the latencies seen."""
         stored = await trio.to_thread.run_sync(self.peer.store.count_rollouts)
         return {
             **self.peer.stats(),
@@ -141,21 +144,26 @@ class Driver:
         }
 
     async def cmd_stop(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Stop any production in progress."""
         self.production += 1
         return {"ok": True}
 
     async def cmd_delivery(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """The store's delivery status of our own rollouts."""
         return await trio.to_thread.run_sync(self.peer.store.delivery_status)
 
     async def cmd_ids(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Hex ids of the rollouts stored with their body (`own`: ours only)."""
         own = self.identity.peer_id if cmd.get("own") else None
         ids = await trio.to_thread.run_sync(self.peer.store.rollout_ids_with_body, own)
         return {"ids": [i.hex() for i in ids]}
 
     async def cmd_evil(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Publish the misbehaving messages of `_evil` and say what was sent."""
         return await _evil(self.peer, self.manifest)
 
     async def cmd_batch(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Set the outbox's header batch size."""
         self.peer.outbox.set_max_batch(int(cmd["n"]))
         return {"ok": True}
 
@@ -207,6 +215,7 @@ async def _evil(peer: Any, manifest: RunManifest) -> dict[str, object]:
 
 
 async def main(args: argparse.Namespace) -> None:
+    """Open the peer and answer commands until `quit` or `--max-life`."""
     identity = (
         Identity.from_private_bytes(bytes.fromhex(args.key)) if args.key else Identity.generate()
     )
@@ -230,6 +239,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 def cli() -> None:
+    """Parse the command line and run `main`."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--run", default="net-test")

@@ -137,6 +137,7 @@ class NetLab:
         return f"192.168.{int(ns.rsplit('-h', 1)[1])}.2"
 
     def close(self) -> None:
+        """Delete every namespace this lab made (the links go with them)."""
         for ns in reversed(self.namespaces):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self.namespaces.clear()

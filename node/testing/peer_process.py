@@ -61,6 +61,7 @@ class PeerProcess:
         module: str = "node.testing.gossip_peer",
         stderr_path: str | None = None,
     ) -> PeerProcess:
+        """Start `python -m module` with `extra` arguments and wait for its start-up line."""
         err = open(stderr_path, "ab") if stderr_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             proc = await trio.lowlevel.open_process(
@@ -78,6 +79,7 @@ class PeerProcess:
         return peer
 
     async def read(self, timeout: float = 30.0) -> dict:  # type: ignore[type-arg]
+        """The next JSON line from the process (fails after `timeout` seconds)."""
         assert self.proc.stdout is not None
         with trio.fail_after(timeout):
             while b"\n" not in self._buf:
@@ -104,6 +106,7 @@ class PeerProcess:
         return answer
 
     async def stop(self, grace: float = 5.0) -> None:
+        """Ask the process to quit; kill it when it has not exited after `grace` seconds."""
         if self.proc.poll() is None:
             with trio.move_on_after(grace):
                 try:

@@ -144,6 +144,7 @@ class FullStack:
                 raise RuntimeError(f"{name} exited with {proc.returncode}: {self.log_tail(name)}")
 
     def log_tail(self, name: str, chars: int = 2000) -> str:
+        """The last `chars` characters of node `name`'s log (empty when it has none)."""
         try:
             return (self.tmp / f"{name}.log").read_text(errors="replace")[-chars:]
         except OSError:
@@ -200,9 +201,11 @@ class FullStack:
         )
 
     def validator_counts(self) -> dict[str, Any]:
+        """The validator's role status, read from its status file."""
         return read_status(self.tmp / "validator").get("role_status", {})
 
     def close(self) -> None:
+        """Stop every node: terminate, then kill one not gone after `STOP_TIMEOUT_S`."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()

@@ -358,6 +358,7 @@ class _Validator:
 
 
 async def main(args: argparse.Namespace) -> None:
+    """Open the peer in its role and answer commands until `quit`."""
     ident = (
         Identity.from_private_bytes(bytes.fromhex(args.key)) if args.key else Identity.generate()
     )
@@ -445,6 +446,7 @@ async def _produce(peer: Any, m: Any, rate: float, stopping: trio.Event) -> None
 
 
 def cli() -> None:
+    """Parse the command line and run `main`."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--run", default="adversary")

@@ -58,6 +58,7 @@ SERVE_S = 6.0  # a credit attacker serves what it stored this long after its las
 
 
 async def attack(cmd: dict[str, Any], manifest: Any, data_dir: Path) -> dict[str, Any]:
+    """Run attack `cmd["name"]` for `cmd["seconds"]` from a fresh identity and peer; returns what it did."""
     name, seconds = cmd["name"], float(cmd.get("seconds", 5.0))
     ident = Identity.generate()
     cfg = PeerConfig(

@@ -64,6 +64,8 @@ def make_checkpoint(total: int, seed: int = 0) -> bytes:
 
 
 class Proc:
+    """One `weights_peer` process, driven over its stdin and stdout."""
+
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.p = subprocess.Popen(
             [sys.executable, "-m", "swarm_node_bench.parts.weights_peer", *args],
@@ -75,10 +77,12 @@ class Proc:
         self.info: dict[str, Any] = {}
 
     def started(self) -> Proc:
+        """Wait for the process's start-up line (its peer id and address)."""
         self.info = self.read(180)  # its banner: peer id and address
         return self
 
     def read(self, timeout: float) -> dict[str, Any]:
+        """The next JSON line from the process (fails after `timeout` seconds)."""
 
         assert self.p.stdout is not None
         r, _, _ = select.select([self.p.stdout], [], [], timeout)
@@ -90,11 +94,13 @@ class Proc:
         return json.loads(line)
 
     def send(self, cmd: dict[str, Any]) -> None:
+        """Send one JSON command."""
         assert self.p.stdin is not None
         self.p.stdin.write((json.dumps(cmd) + "\n").encode())
         self.p.stdin.flush()
 
     def ask(self, cmd: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
+        """Send one JSON command and read its answer."""
         self.send(cmd)
         return self.read(timeout)
 
@@ -239,6 +245,7 @@ def _mean(xs: list[float]) -> float:
 
 
 def real_part(quick: bool) -> dict[str, Any]:
+    """The real part: a checkpoint from 1 origin to N receivers as processes on loopback."""
     size = (64 if quick else 256) * MiB
     shard = (2 if quick else 4) * MiB
     lower = size / (CAP_MIB_S * MiB)

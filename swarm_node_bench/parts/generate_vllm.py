@@ -45,6 +45,7 @@ def run_vllm_part(
     audits: int,
     say: Any,
 ) -> dict[str, Any]:
+    """The vLLM figures against HF on the same prompts and seeds (see the module docstring)."""
     from trainer.engine_hf import HFEngine  # deferred: heavy import
     from trainer.engine_vllm import VLLMEngine  # deferred: heavy import
 

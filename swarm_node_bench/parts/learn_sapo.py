@@ -59,6 +59,7 @@ def trainer_for(model: Any, tok: Any, *, is_bound: float = 2.0, lr: float = LR) 
 
 
 def sampling() -> Any:
+    """The sampling settings of the grid: temperature 1, the built-in policy's token budget."""
 
     return SamplingSettings(temperature=1.0, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
 

@@ -23,6 +23,7 @@ STALE_LR = 1e-5
 
 
 def perturbed(model: Any, rel: float, seed: int) -> Any:
+    """A copy of `model` with every weight perturbed by relative noise `rel` (seeded)."""
     import torch  # deferred: heavy import
 
     m = copy.deepcopy(model)
@@ -34,6 +35,7 @@ def perturbed(model: Any, rel: float, seed: int) -> Any:
 
 
 def dropped_layer(model: Any) -> Any:
+    """A copy of `model` whose middle layer adds nothing to the residual stream."""
     import torch  # deferred: heavy import
 
     m = copy.deepcopy(model)
@@ -48,6 +50,7 @@ def dropped_layer(model: Any) -> Any:
 
 
 def int8(model: Any) -> Any:
+    """A copy of `model` with its layers' linear weights rounded to int8 (per-row scale) and back."""
     import torch  # deferred: heavy import
 
     m = copy.deepcopy(model)
@@ -62,12 +65,14 @@ def int8(model: Any) -> Any:
 
 
 def bf16_copy(model: Any) -> Any:
+    """A copy of `model` in bfloat16."""
     import torch  # deferred: heavy import
 
     return copy.deepcopy(model).to(torch.bfloat16)
 
 
 def eager(model: Any) -> Any:
+    """A copy of `model` with eager attention."""
     m = copy.deepcopy(model)
     m.set_attn_implementation("eager")
     return m
@@ -109,6 +114,7 @@ def one_training_step(ctx: Ctx, opened: list[Any]) -> Any:
 
 
 def changed_fraction(a: Any, b: Any) -> float:
+    """The fraction of parameters that differ between `a` and `b`."""
     changed = total = 0
     for p, q in zip(a.parameters(), b.parameters(), strict=True):
         changed += int((p != q).sum())

@@ -48,6 +48,7 @@ def canonical_bf16(model: Any) -> Any:
 
 
 def make_engine(model: Any, tok: Any, **kw: Any) -> Any:
+    """An HF engine on `model`."""
     from trainer.engine_hf import HFEngine  # deferred: heavy import
 
     return HFEngine(model, tok, **kw)
@@ -142,6 +143,7 @@ def make_records(
 
 
 def open_records(records: list[bytes]) -> list[Any]:
+    """The opened form of each signed record."""
 
     return [open_record(r) for r in records]
 
@@ -197,6 +199,7 @@ def reprove(ctx: Ctx, bodies: list[Any]) -> list[Any]:
 def audit(
     ctx: Ctx, opened: list[Any], model: Any = None, settings: Any = None
 ) -> tuple[list[Any], float]:
+    """Audit `opened` (against `model` and `settings`, by default the context's); returns the results and the seconds taken."""
     from verify.auditor import audit_records  # deferred: heavy import
 
     t0 = time.perf_counter()

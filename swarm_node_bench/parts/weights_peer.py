@@ -51,6 +51,7 @@ def _out(obj: dict) -> None:  # type: ignore[type-arg]
 
 
 async def main(a: argparse.Namespace) -> None:
+    """Open the peer in its part (origin, receiver or liar) and answer commands until `quit`."""
     identity = Identity.from_private_bytes(bytes.fromhex(a.key)) if a.key else Identity.generate()
 
     manifest = dataclasses.replace(

@@ -29,6 +29,7 @@ def _values(results: list[Any], stat: str) -> list[float]:
 
 
 def main(n: int = 64, draws: int = 2000) -> dict[str, Any]:
+    """Compare the window statistics on `n` honest and partly changed records over `draws` windows."""
 
     ctx, model_dir = setup(None, n, quick=False)
     settings, _digest = calibrate(ctx, model_dir)
