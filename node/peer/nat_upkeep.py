@@ -67,6 +67,7 @@ class NatUpkeep:
         return found
 
     async def run(self) -> None:
+        """Check reachability every `CHECK_EVERY_S`, until cancelled."""
         await trio.sleep(FIRST_CHECK_AFTER_S)
         while True:
             with trio.move_on_after(CHECK_EVERY_S / 2):
@@ -74,6 +75,8 @@ class NatUpkeep:
             await trio.sleep(CHECK_EVERY_S)
 
     async def check_once(self) -> str:
+        """Ask a few peers whether we are reachable; when we are not, reserve relay slots
+        and announce them. Returns the reachability status."""
         servers = self._host.connected_peers()[:MAX_SERVERS]
         status = await self.reach.check(servers)
         if status != "private" or len(self.relay.reservations) >= MAX_RELAYS:
@@ -112,4 +115,5 @@ class NatUpkeep:
         return None
 
     def stats(self) -> dict[str, object]:
+        """Reachability and relay figures for status and metrics."""
         return {**self.reach.stats(), **self.relay.stats()}

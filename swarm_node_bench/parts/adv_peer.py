@@ -10,8 +10,8 @@ a changed model's record fails its audit, a slightly changed one passes alone bu
 statistic is over the producer limit. Sampling (at the default `audit_fraction`, with
 probation), verdicts, authority, accounting, standing, the window rule and every
 admission rule are the real ones (`protocol.*`, `verify.producer.ProducerTally`,
-`node.roles.trainer.Collector`, `_pick` and `judged`); the trainer "trains" (counts) what
-`_pick` hands it and its re-score (`true_reward`) accepts. The trainer credits each body it
+`node.roles.trainer.Collector`, `pick_ready` and `judged`); the trainer "trains" (counts) what
+`pick_ready` hands it and its re-score (`true_reward`) accepts. The trainer credits each body it
 holds at `true_reward` and charges `false_claim` for a header that claimed otherwise
 (`protocol.credit`); its admission
 refuses versions above its own (`publishes_versions`), and its body pull window is
@@ -46,9 +46,9 @@ import trio
 
 from node.host.host import HostSettings
 from node.peer.peer import PeerConfig, open_peer
-from node.roles import RoleContext
+from node.roles import ValidatorConfig
 from node.roles.rollout_fates import Fates
-from node.roles.trainer import Collector, _pick, judged
+from node.roles.trainer import Collector, judged, pick_ready
 from node.testing.adversary_records import (
     VERSION,
     honest_record,
@@ -72,8 +72,8 @@ from protocol.wire import Metric, ProducerClaim, Verdict
 from swarm_node_bench.parts.attacks import attack
 from verify.producer import CLOSE_AFTER_S, STAT, ProducerTally
 
-AUDIT_FRACTION = RoleContext.audit_fraction  # the node's default (`--audit-fraction`)
-WINDOW_FRACTION = RoleContext.producer_window_fraction
+AUDIT_FRACTION = ValidatorConfig.audit_fraction  # the node's default (`--audit-fraction`)
+WINDOW_FRACTION = ValidatorConfig.producer_window_fraction
 STAT_LIMIT = 1e-6  # the producer limit; honest records' statistic HONEST_STAT, slight SLIGHT_STAT
 HONEST_STAT, SLIGHT_STAT = 1e-7, 5e-6
 
@@ -107,7 +107,7 @@ class _Counting:
 
     async def train_loop(self) -> None:
         while True:
-            ready, _unaudited = _pick(
+            ready, _unaudited = pick_ready(
                 self.collector, self.standing, self.waiting, VERSION, 2, time.time(), Fates()
             )
             for ro in ready:
