@@ -130,7 +130,6 @@ def _store_ok(data_dir: Path) -> bool:
 
 
 def _final_figures(nodes: dict[str, _Node]) -> dict[str, Any]:
-
     produced: set[bytes] = set()
     too_stale = 0
     for w in WORKERS:

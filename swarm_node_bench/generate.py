@@ -56,7 +56,6 @@ def _timed(engine: Any, prompts: list[list[int]], settings: Any, seeds: list[int
 
 
 def _parse(args: list[str]) -> argparse.Namespace:
-
     ap = argparse.ArgumentParser(prog="swarm-node bench generate", add_help=False)
     ap.add_argument("--data-dir")
     ap.add_argument("--threads", type=int)

@@ -326,7 +326,6 @@ async def _final_figures(receivers: list[PeerProcess]) -> dict[str, Any]:
 
 
 async def _bench(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-
     pool_path = tmp / "proofs.msgpack"
     packed = msgpack.packb([list(p) for p in make_proof_pool(8, opts.size)])
     assert packed is not None
@@ -576,7 +575,6 @@ async def _saturate(
 
 
 def _record_size(n_completion: int) -> tuple[int, int]:
-
     rec = synthetic_record(Identity.generate(), net_manifest(), 0, n_completion=n_completion)
     return len(rec), len(decode(RolloutRecord, rec).header)
 

@@ -425,7 +425,6 @@ def _producer_flagged(results: list[Any], limit: float) -> float | None:
 
 
 def _producer_window() -> int:
-
     return WINDOW
 
 

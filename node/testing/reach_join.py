@@ -65,7 +65,6 @@ class FullStack:
     """Public relay + trainer + validator of one signed run; workers join from NATs."""
 
     def __init__(self, lab: NetLab, tmp: Path, template: Path | None = None) -> None:
-
         self.lab, self.tmp = lab, tmp
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ids: dict[str, str] = {}

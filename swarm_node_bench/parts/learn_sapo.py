@@ -206,7 +206,6 @@ def sapo_summary(
 
 
 def _probe_items(r: int) -> list[tuple[str, int]]:
-
     names = [n for n, _ in TASK_MIX]
     return [(names[k % len(names)], r * PROBE + k) for k in range(PROBE)]
 

@@ -100,7 +100,6 @@ def _solved(model: Any, tok: Any, items: list[tuple[str, int]], max_new_tokens: 
 
 
 def _gain(who: str, before: list[float], after: list[float]) -> dict[str, Any]:
-
     g = paired_gain(before, after)
     return {
         "solve_rate_before": g["solve_rate_before"],
