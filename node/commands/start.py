@@ -191,6 +191,7 @@ def main(
     log_format: str | None = None,
     metrics: str | None = None,
     publish_every: float | None = None,
+    micro_batch: int | None = None,
     upload_limit: float | None = None,
     engine: str | None = None,
     join: Sequence[str] = (),
@@ -221,6 +222,7 @@ def main(
             "inference.rollouts_per_version": rollouts_per_version,
             "validator.audit_fraction": audit_fraction,
             "trainer.publish_every_s": publish_every,
+            "trainer.micro_batch": micro_batch,
             "network.upload_limit_mib_s": upload_limit,
             **parse_relay_limits(relay_limit),
         },
@@ -360,7 +362,10 @@ def _role_settings(
         ), io
     if role == "trainer":
         return TrainerConfig(
-            model=model, data_dir=ddir, publish_every_s=cfg["trainer.publish_every_s"]
+            model=model,
+            data_dir=ddir,
+            publish_every_s=cfg["trainer.publish_every_s"],
+            micro_batch=cfg["trainer.micro_batch"],
         ), io
     return RelayConfig(), io
 

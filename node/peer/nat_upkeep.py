@@ -9,13 +9,11 @@ read `stats()`: `reachability`, `direct_peers`, `relayed_peers`, `relay_bytes`, 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import trio
-from libp2p.peer.id import ID
 
 from node.host.framed_stream import PeerError
 from node.host.relay import RELAY_HOP_PROTOCOL, RelayEndpoint, RelayRefused
@@ -58,12 +56,10 @@ class NatUpkeep:
 
     def relays_known(self) -> list[str]:
         """Connected peers that announce the relay service (identify protocols)."""
-        store = self._host._lh.get_peerstore()
         found = []
         for peer in self._host.connected_peers():
-            with contextlib.suppress(Exception):
-                if RELAY_HOP_PROTOCOL in store.get_protocols(ID.from_base58(peer)):
-                    found.append(peer)
+            if RELAY_HOP_PROTOCOL in self._host.peer_protocols(peer):
+                found.append(peer)
         return found
 
     async def run(self) -> None:
@@ -108,10 +104,9 @@ class NatUpkeep:
         for addr in self._bootstrap:
             if addr.endswith(f"/p2p/{peer}"):
                 return addr
-        with contextlib.suppress(Exception):
-            for a in self._host._lh.get_peerstore().addrs(ID.from_base58(peer)):
-                if "/p2p-circuit" not in str(a):
-                    return f"{a}/p2p/{peer}"
+        for a in self._host.peer_addrs(peer):
+            if "/p2p-circuit" not in a:
+                return f"{a}/p2p/{peer}"
         return None
 
     def stats(self) -> dict[str, object]:

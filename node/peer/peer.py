@@ -306,7 +306,7 @@ class Peer:
 
     def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         """Start `fn(*args)` in the peer's nursery (nothing new starts while stopping)."""
-        if self._nursery is None or self.host._closing:
+        if self._nursery is None or self.host.closing:
             return
         self._nursery.start_soon(fn, *args)
 

@@ -50,6 +50,7 @@ class TrainerConfig:
     model: ModelChoice = field(default_factory=ModelChoice)
     data_dir: Path = Path(".")  # the node's data directory (the checkpoint goes to trainer/)
     publish_every_s: float = 0.0  # publish perturbed weights this often, no training (0: never)
+    micro_batch: int = 8  # sequences per forward/backward pass of a step
 
 
 @dataclass(frozen=True)

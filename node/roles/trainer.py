@@ -425,6 +425,7 @@ class TrainerRole:
     async def start(self) -> None:
         """Load the model (adopted as version 0) and the trainer, resuming from its
         checkpoint at the version last published."""
+        from trainer.micro_step import StepSettings  # deferred: heavy import
         from trainer.train_loop import Trainer  # deferred: heavy import
 
         peer, config, manifest = self.peer, self.config, self.manifest
@@ -433,7 +434,11 @@ class TrainerRole:
             await peer.weights.adopt_base(base)
         trainer = await trio.to_thread.run_sync(
             lambda: Trainer.from_manifest(
-                model, tokenizer, manifest, ckpt_dir=config.data_dir / "trainer"
+                model,
+                tokenizer,
+                manifest,
+                ckpt_dir=config.data_dir / "trainer",
+                step_settings=StepSettings(micro_batch=config.micro_batch),
             )
         )
         self.model, self.tokenizer, self.trainer = model, tokenizer, trainer

@@ -221,7 +221,7 @@ def _probe(peer: Any, counting: _Counting | None, ids: list[str]) -> dict[str, A
     sc = peer.admission.scores
     host = peer.host
     try:
-        connections = len(host._lh.get_network().get_connections())
+        connections = host.connection_count()
     except Exception:  # noqa: BLE001 - a bench figure, not the peer's business
         connections = -1
     return {
