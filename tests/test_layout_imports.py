@@ -34,9 +34,6 @@ TESTING_IMPORTERS = ("swarm_node_bench/", "tests/", "node/testing/")
 # too (the connection attacks). (`multiaddr`, its own distribution, is not counted.)
 LIBP2P = {"libp2p"}
 LIBP2P_IMPORTERS = ("node/host/", "node/testing/")
-# Modules outside those that still name a py-libp2p type, left out of the check until they
-# reach py-libp2p through node/host.
-LIBP2P_EXCLUDED = {"node/peer/nat_upkeep.py"}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -112,11 +109,7 @@ def harness_violations(files: list[Path]) -> dict[str, list[str]]:
 def libp2p_violations(files: list[Path]) -> dict[str, list[str]]:
     """Imports of py-libp2p from anywhere but node/host and node/testing."""
     found = importers_of(files, is_libp2p)
-    return {
-        f: n
-        for f, n in found.items()
-        if not f.startswith(LIBP2P_IMPORTERS) and f not in LIBP2P_EXCLUDED
-    }
+    return {f: n for f, n in found.items() if not f.startswith(LIBP2P_IMPORTERS)}
 
 
 def test_only_benchmarks_and_tests_import_the_testing_harness():
