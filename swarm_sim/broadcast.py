@@ -12,8 +12,8 @@ the have-maps of its neighbours (a random graph of `neighbours` links per peer; 
 is the neighbour of `origin_fanout` peers). A peer that completes a shard announces its
 have-map to its neighbours at once (announcements are not queued on the network); a
 request takes the link's latency and no bandwidth queue (the real node caps only shard
-bytes, so that small frames are not starved; queued behind whole 64 MB shards, a
-10 Mb/s peer's requests waited up to 51 s behind its own uploads); a server sends one
+bytes, so that small frames are not starved behind a slow peer's own shard uploads); a
+server sends one
 shard at a time from its queue of requests, skipping those whose client got the shard
 meanwhile (cancelled), and a copy already on the wire arrives and is ignored
 (`bytes_wasted`). A server declines a request while its uplink has more than

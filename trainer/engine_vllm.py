@@ -256,8 +256,7 @@ class VLLMEngine(Engine):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
             if (os.cpu_count() or 1) <= SMALL_CPU_COUNT:
                 # vLLM keeps one core of each worker for its scheduler process; on 2 cores
-                # that leaves its model one thread (decode 184 -> 308 tokens/s with both,
-                # 126M-parameter Qwen2, batch 64, measured here)
+                # that leaves its model one thread (docs/BENCHMARKS.md has the gain)
                 os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
             kwargs.update(enforce_eager=True)
         else:

@@ -10,7 +10,7 @@ failure into a one-line `StoreError`.
 Threads and trio
 ----------------
 A `Store` holds one connection guarded by a lock, so it may be called from any thread; calls
-serialize. A write transaction costs an fsync (about 4 ms on the dev VM's disk), so a
+serialize. A write transaction costs an fsync (milliseconds on a common disk), so a
 trio task should call it through `await trio.to_thread.run_sync(store.put_rollout, ...)`
 (or batch with `put_admitted_many`) rather than on the event loop. Reads are short indexed
 queries; `rollouts()` and `ledger()` take a `limit`.

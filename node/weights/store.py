@@ -14,8 +14,8 @@ Rules: a shard is written only after its digest matched the signed manifest
 after a crash or restart every recorded shard is a verified one and is never fetched
 again (`have(manifest)`). Installing a full version reads its file once to check the
 digest against the manifest's `file_digest`, then renames it into place (no second copy
-of the checkpoint is written: with 8 receivers finishing at once on 2 cores, joining
-the shards and writing them out again took 1-3.5 s of the broadcast's critical path);
+of the checkpoint is written: joining the shards and writing them out again sat on the
+broadcast's critical path, see docs/BENCHMARKS.md);
 a patch's result is written to a temporary file, fsynced and checked the same way.
 A version that is listed is complete and verified, and a failed install (bad patch,
 wrong base, disk full) leaves the previous versions as they were.
