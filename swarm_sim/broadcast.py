@@ -220,11 +220,12 @@ class _Broadcast:
             cfg.size_bytes, cfg.shard_bytes, net.up[0], net.up[1:].tolist(), net.down[1:].tolist()
         )
         completion = max(times) if times and not unfinished else None
+        p50 = percentile(times, 0.5)
         return {
             "peers": cfg.peers,
             "shards": shards,
             "completion_max_s": None if completion is None else round(completion, 3),
-            "completion_p50_s": None if not times else round(percentile(times, 0.5), 3),
+            "completion_p50_s": None if p50 is None else round(p50, 3),
             "unfinished": unfinished,
             "lower_bound_s": round(bounds["lower_bound_s"], 3),
             "lower_bound_ratio": None

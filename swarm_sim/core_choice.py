@@ -8,6 +8,7 @@ with 1,000 pending, on a plain heapq loop, stdlib `sched`, and simpy when it is 
 from __future__ import annotations
 
 import heapq
+import importlib.util
 import random
 import sched
 import sys
@@ -54,7 +55,7 @@ def sched_core(n: int) -> float:
 
 
 def simpy_core(n: int) -> float:
-    import simpy
+    import simpy  # deferred: heavy import  # pyright: ignore[reportMissingImports]
 
     env = simpy.Environment()
     rnd = random.Random(1)
@@ -76,11 +77,9 @@ def simpy_core(n: int) -> float:
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 300_000
     cores = [("heapq", heap_core), ("sched", sched_core)]
-    try:
-        import simpy  # noqa: F401
-
+    if importlib.util.find_spec("simpy") is not None:
         cores.append(("simpy", simpy_core))
-    except ImportError:
+    else:
         print("simpy not installed: skipped")
     for name, fn in cores:
         d = fn(n)

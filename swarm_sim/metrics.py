@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["Metrics", "percentile"]
 
 
-def percentile(values: array | list[float], q: float) -> float | None:
+def percentile(values: array | Sequence[float], q: float) -> float | None:
     """The q-quantile (nearest rank on the sorted values), None when there are none."""
     if not len(values):
         return None

@@ -194,7 +194,7 @@ def from_state_dict(state: Mapping[str, Any], prefer: Collection[str] = ()) -> b
     layout stays the same), else the one that sorts last (`model.embed_tokens.weight` over
     `lm_head.weight`, as `save_pretrained` writes them); loading restores the tie
     (`node.roles.policy_versions.load_weights`)."""
-    import torch
+    import torch  # deferred: heavy import
 
     out: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
     seen: set[tuple[int, tuple[int, ...], tuple[int, ...], str]] = set()
@@ -220,7 +220,7 @@ def from_state_dict(state: Mapping[str, Any], prefer: Collection[str] = ()) -> b
 
 def to_state_dict(data: bytes) -> dict[str, Any]:
     """Torch tensors of a checkpoint (what `model.load_state_dict` takes)."""
-    from safetensors.torch import load
+    from safetensors.torch import load  # deferred: heavy import
 
     try:
         return load(bytes(data))

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from trainer.engine import Engine, Generation, SamplingSettings, check_batch
+from trainer.model_dir import load_model_dir
 from verify.sampling import sample_tokens
 
 SMALL_MODEL_PARAMS = 20_000_000  # below this the engine defaults to one thread
@@ -101,8 +102,6 @@ class HFEngine(Engine):
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike[str], **kwargs: Any) -> HFEngine:
-        from trainer.model_dir import load_model_dir
-
         model, tok = load_model_dir(path)
         return cls(model, tok, **kwargs)
 
@@ -182,7 +181,7 @@ class HFEngine(Engine):
         seeds: list[int],
         capture_hidden: bool,
     ) -> list[Generation]:
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # deferred: heavy import
 
         b = len(prompts)
         lengths = [len(p) for p in prompts]

@@ -123,7 +123,7 @@ _SMALL_SPACES = {"acre": 1_000, "word_ladder": 1_000}
 
 
 def _rg_names() -> frozenset[str]:
-    from reasoning_gym.factory import DATASETS
+    from reasoning_gym.factory import DATASETS  # deferred: heavy import
 
     return frozenset(DATASETS)
 
@@ -253,7 +253,7 @@ class TaskSet:
             return ds
 
     def _build(self, name: str) -> Any:
-        import reasoning_gym
+        import reasoning_gym  # deferred: heavy import
 
         source = resolve_dataset(name)
         try:

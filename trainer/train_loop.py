@@ -27,6 +27,7 @@ Model work here is synchronous; callers on a trio loop run it in a thread.
 from __future__ import annotations
 
 import os
+import resource
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -306,6 +307,4 @@ class Trainer:
 
 def rss_mb() -> float:
     """This process's peak resident set size in MiB (Linux reports KiB)."""
-    import resource
-
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

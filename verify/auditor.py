@@ -34,6 +34,7 @@ pass per generated token; the bench measures the ratio (`verify_speedup`).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -176,7 +177,7 @@ def cheap_checks(
     ids = list(body.prompt_ids) + list(body.completion_ids)
     if len(ids) > settings.max_record_tokens:
         return [
-            checks._fail(
+            checks.check_failed(
                 "structure",
                 "too-large",
                 f"{len(ids)} tokens > the audit's limit of {settings.max_record_tokens} per record",
@@ -184,7 +185,7 @@ def cheap_checks(
         ]
     if max(ids) >= vocab:
         return [
-            checks._fail(
+            checks.check_failed(
                 "structure", "malformed", f"token id {max(ids)} outside the vocabulary of {vocab}"
             )
         ]
@@ -197,9 +198,9 @@ def cheap_checks(
     )
     if judgement is not None:
         if judgement.problem is not None:
-            out.append(checks._fail("task", "task-mismatch", judgement.problem))
+            out.append(checks.check_failed("task", "task-mismatch", judgement.problem))
         else:
-            out.append(checks._ok("task"))
+            out.append(checks.check_ok("task"))
         if judgement.reward is not None and claimed_reward is not None:
             out.append(checks.check_reward(claimed_reward, judgement.reward, settings.thresholds))
     return out
@@ -326,7 +327,7 @@ def _model_checks(
         for r in res:
             merged.update(r.metrics)
         res.append(checks.check_drift(merged, th))
-        res.append(checks._ok("precision", {"audit_precision_bits": bits}))
+        res.append(checks.check_ok("precision", {"audit_precision_bits": bits}))
         late[i] = res
     return late
 
@@ -343,7 +344,6 @@ def at_precision(model: Any, precision: str) -> Any:
         raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISION_DTYPES)}")
     if next(model.parameters()).dtype == dtype:
         return model
-    import copy
 
     hit = _CONVERTED.get(id(model))
     if hit is not None and hit[0] is model and hit[1] == precision:

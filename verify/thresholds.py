@@ -139,4 +139,3 @@ def calibrate(
     if values:
         changes["producer_logprob_err_median"] = max(floor.producer_logprob_err_median, max(values))
     return replace(floor, **changes)
-

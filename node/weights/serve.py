@@ -40,7 +40,7 @@ class WeightServer:
         limiter: UploadLimiter,
         newest: Callable[[], int | None],
         bump: Callable[[str], None],
-        report: Callable[[str, float, str], None],
+        report: Callable[[str, penalties.Offence, str], None],
     ) -> None:
         self.store = store
         self.manifests = manifests  # the sync's: every manifest known, by id

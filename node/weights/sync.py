@@ -146,6 +146,7 @@ class WeightSync:
         elapsed = max(time.monotonic() - self._started, 1e-9)
         left = prog["bytes_total"] - prog["bytes_done"]
         rate = self.counters.get("bytes_downloaded", 0) / elapsed
+        newest = self.newest()
         return {
             "installed": sorted(self._installed),
             "target": self.target,
@@ -154,7 +155,7 @@ class WeightSync:
                 "rate_mib_s": round(rate / 2**20, 2),
                 "eta_s": round(left / rate, 1) if rate > 0 and left > 0 else None,
             }
-            if self.target > (self.newest() if self.newest() is not None else -1)
+            if self.target > (newest if newest is not None else -1)
             else None,
             "uploaded_bytes": self.limiter.sent,
             "published_at": {str(v): t for v, t in self.published_at.items()},
@@ -167,7 +168,7 @@ class WeightSync:
         """Wait until `version` (or newer) is installed, calling `say(line)` with the
         download's progress (rate, ETA) every `every_s`. The caller puts a deadline on it."""
         last = -math.inf
-        while (-1 if self.newest() is None else self.newest()) < version:
+        while (-1 if (newest := self.newest()) is None else newest) < version:
             if say is not None and time.monotonic() - last >= every_s:
                 last = time.monotonic()
                 st = self.status()
@@ -393,7 +394,9 @@ class WeightSync:
 
     def _do(self, action: Any, nursery: trio.Nursery) -> None:
         if isinstance(action, Request):
-            scope = trio.CancelScope()
+            # trio declares `cancelled_caught` with attrs' `init=False`, which pyright reads
+            # as a constructor argument
+            scope = trio.CancelScope()  # pyright: ignore[reportCallIssue]
             self._flights[(action.peer, action.manifest_id, action.index)] = scope
             nursery.start_soon(self._fetch, action, scope)
         elif isinstance(action, Cancel):
