@@ -86,9 +86,6 @@ class Router:
         self.mcache[-1].append(msg)
         self.live = self.history
 
-    def needs_heartbeat(self, cfg: GossipConfig) -> bool:
-        return self.dirty or not cfg.d_lo <= len(self.mesh) <= cfg.d_hi or self.live > 0
-
     def maintain(
         self,
         connected: set[int],

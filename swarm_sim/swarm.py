@@ -673,7 +673,8 @@ class Swarm:
         d_lo, d_hi, routers, rng = cfg.d_lo, cfg.d_hi, self.routers, self.rng
         for p in list(self.online_list):
             r = routers[p]
-            # Router.needs_heartbeat, inlined: most routers are idle most beats.
+            # A router needs a beat when dirty, advertising, or off its mesh bounds; most
+            # are idle most beats.
             if not r.dirty and not r.live and d_lo <= len(r.mesh) <= d_hi:
                 continue
             score = self._score(p)

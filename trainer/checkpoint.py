@@ -165,13 +165,6 @@ def canonicalize(data: bytes) -> bytes:
     return canonical_bytes({t.name: (t.dtype, t.shape, ck.tensor_bytes(t)) for t in ck.tensors})
 
 
-def is_canonical(data: bytes) -> bool:
-    try:
-        return canonicalize(data) == bytes(data)
-    except CheckpointError:
-        return False
-
-
 _TORCH_DTYPES = {
     "float32": "F32",
     "float16": "F16",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,7 +23,6 @@ import numpy as np
 import torch
 
 from trainer.engine import Engine, Generation, SamplingSettings, check_batch
-from trainer.model_dir import load_model_dir
 from verify.sampling import sample_tokens
 
 SMALL_MODEL_PARAMS = 20_000_000  # below this the engine defaults to one thread
@@ -99,11 +97,6 @@ class HFEngine(Engine):
         self._keep_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self._dtype = next(model.parameters()).dtype
         self._device = next(model.parameters()).device  # inputs go where the weights are
-
-    @classmethod
-    def from_dir(cls, path: str | os.PathLike[str], **kwargs: Any) -> HFEngine:
-        model, tok = load_model_dir(path)
-        return cls(model, tok, **kwargs)
 
     # ------------------------------------------------------------------ forward
     def _forward(
