@@ -55,9 +55,11 @@ class Answer:
 
     @property
     def answered(self) -> bool:
+        """Whether the peer answered."""
         return self.cause is None
 
     def why(self) -> str:
+        """The cause, with its detail when there is one."""
         return f"{self.cause}: {self.detail}" if self.detail else str(self.cause)
 
 

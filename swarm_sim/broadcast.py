@@ -48,6 +48,8 @@ __all__ = ["BroadcastConfig", "simulate_broadcast"]
 
 @dataclass(frozen=True, slots=True)
 class BroadcastConfig:
+    """One checkpoint broadcast: its size and shards, the peers and their links."""
+
     peers: int = 1000  # receivers (the origin is one more)
     size_bytes: int = 1_000_000_000
     shard_bytes: int = 64_000_000

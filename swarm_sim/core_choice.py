@@ -16,6 +16,7 @@ import time
 
 
 def heap_core(n: int) -> float:
+    """Seconds for `n` events on a plain heapq loop."""
     q: list = []
     rnd = random.Random(1)
     count = 0
@@ -37,6 +38,7 @@ def heap_core(n: int) -> float:
 
 
 def sched_core(n: int) -> float:
+    """Seconds for `n` events on stdlib `sched`."""
     clock = [0.0]
     s = sched.scheduler(lambda: clock[0], lambda d: clock.__setitem__(0, clock[0] + d))
     rnd = random.Random(1)
@@ -55,6 +57,7 @@ def sched_core(n: int) -> float:
 
 
 def simpy_core(n: int) -> float:
+    """Seconds for `n` events on simpy (needs simpy installed)."""
     import simpy  # deferred: heavy import  # pyright: ignore[reportMissingImports]
 
     env = simpy.Environment()
@@ -75,6 +78,7 @@ def simpy_core(n: int) -> float:
 
 
 def main() -> None:
+    """Time each available core and print its cost per event."""
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 300_000
     cores = [("heapq", heap_core), ("sched", sched_core)]
     if importlib.util.find_spec("simpy") is not None:

@@ -29,6 +29,8 @@ __all__ = ["GossipConfig", "Router", "sample"]
 
 @dataclass(frozen=True, slots=True)
 class GossipConfig:
+    """GossipSub's mesh degrees, heartbeat and cache windows, as the node's."""
+
     d: int = 6
     d_lo: int = 4
     d_hi: int = 12

@@ -27,11 +27,14 @@ __all__ = ["RunInfo", "progress_printer", "run_scenario"]
 
 @dataclass(slots=True)
 class RunInfo:
+    """How long a run took in wall time, and how many events it ran."""
+
     wall_s: float = 0.0
     events: int = 0
 
     @property
     def events_per_s(self) -> float:
+        """Events per wall second."""
         return self.events / self.wall_s if self.wall_s > 0 else 0.0
 
 

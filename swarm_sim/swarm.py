@@ -82,6 +82,8 @@ SEEN, ADMITTED = 2, 1  # SimMessage.got[peer]: 0 never seen, 2 seen (refused), 1
 
 @dataclass(frozen=True, slots=True)
 class Workload:
+    """What the simulated run does: peers, duration, publishing rates, roles and pulls."""
+
     peers: int = 100
     duration_s: float = 300.0
     publish_interval_s: float = 60.0  # each worker publishes one rollout per interval
@@ -838,6 +840,7 @@ class Swarm:
             return self.summary()
 
     def summary(self) -> dict:
+        """The run's summary figures: the metrics' and the network's."""
         c = self.net.c
         self.m.duplicates_suppressed = c.copies_suppressed
         out = self.m.summary()

@@ -69,6 +69,7 @@ class TensorEntry:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the tensor's data."""
         return self.end - self.begin
 
     @property
@@ -88,9 +89,11 @@ class Checkpoint:
     tensors: tuple[TensorEntry, ...]
 
     def tensor_bytes(self, entry: TensorEntry) -> bytes:
+        """The raw data bytes of one tensor."""
         return self.data[entry.begin : entry.end]
 
     def by_name(self) -> dict[str, TensorEntry]:
+        """The tensor entries by name."""
         return {t.name: t for t in self.tensors}
 
 

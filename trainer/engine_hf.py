@@ -133,6 +133,7 @@ class HFEngine(Engine):
         seeds: Sequence[int],
         capture_hidden: bool = True,
     ) -> list[Generation]:
+        """Generate one completion per prompt with transformers; `seeds[i]` seeds sample i."""
         check_batch(prompts, seeds, self.vocab_size)
         results: list[Generation] = []
         with torch_threads(self.threads), torch.inference_mode():

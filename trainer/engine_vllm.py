@@ -296,6 +296,8 @@ class VLLMEngine(Engine):
         seeds: Sequence[int],
         capture_hidden: bool = True,
     ) -> list[Generation]:
+        """Generate one completion per prompt with vLLM; `seeds[i]` seeds sample i. Hidden states,
+        when asked for, come from a transformers prefill of the result."""
         from verify.auditor import prefill  # deferred: heavy import
 
         check_batch(prompts, seeds, self.vocab_size)

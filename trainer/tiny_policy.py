@@ -86,10 +86,12 @@ def default_data_dir(value: str | os.PathLike[str] | None = None) -> Path:
 
 
 def policy_dir(data_dir: str | os.PathLike[str] | None = None, seed: int = 0) -> Path:
+    """Where the built-in policy of `seed` is built under a data directory."""
     return default_data_dir(data_dir) / "models" / f"tiny-{RECIPE}-seed{seed}"
 
 
 def is_built(path: Path) -> bool:
+    """Whether `path` holds a finished built-in policy (its report and config written)."""
     return (path / "warm_start.json").is_file() and (path / "config.json").is_file()
 
 
@@ -194,6 +196,9 @@ def build_model(tokenizer: Any, seed: int = 0, **overrides: Any) -> Any:
 # ----------------------------------------------------------------------------- training
 @dataclass
 class WarmStartReport:
+    """What the warm start did and how well the result solves held-out tasks (written as
+    `warm_start.json`)."""
+
     recipe: str
     seed: int
     steps: int

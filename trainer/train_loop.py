@@ -128,6 +128,7 @@ class Trainer:
 
     @classmethod
     def from_manifest(cls, model: Any, tokenizer: Any, manifest: Any, **kwargs: Any) -> Trainer:
+        """A trainer with the group size, staleness bound and loss settings of a run manifest."""
         kwargs.setdefault("max_staleness", manifest.max_staleness)
         return cls(
             model,
@@ -262,6 +263,7 @@ class Trainer:
         self.published.append(self.version)
 
     def save_checkpoint(self) -> None:
+        """Write the model and optimizer state to `ckpt_dir` (nothing without one)."""
         if self.ckpt_dir is None:
             return
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)

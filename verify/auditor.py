@@ -65,6 +65,9 @@ class TaskJudgement:
 
 @dataclass(frozen=True, slots=True)
 class AuditSettings:
+    """How a run's records are audited: proof shape, the workers' precision and each regime's
+    limits."""
+
     chunk: int = toploc.CHUNK
     topk: int = toploc.TOPK
     precision: str = "fp32"  # the workers' compute precision (the run's); the only regime judged
@@ -92,6 +95,8 @@ def settings_for_run(run: Any) -> AuditSettings:
 
 @dataclass(frozen=True, slots=True)
 class AuditResult:
+    """The verdict on one record: passed or the first failing reason, every failure, the metrics."""
+
     passed: bool
     reason: str  # "ok" or the first failing check's reason
     detail: str
@@ -142,6 +147,7 @@ def eos_token_ids(model: Any) -> frozenset[int]:
 
 
 def vocab_size(model: Any) -> int:
+    """Rows of the model's output embedding (its logits' width)."""
     return int(model.get_output_embeddings().weight.shape[0])
 
 

@@ -42,6 +42,8 @@ from verify.thresholds import THRESHOLDS, Thresholds
 
 @dataclass(frozen=True, slots=True)
 class CheckResult:
+    """One check's outcome: its name, pass or fail with a reason code, metrics and a detail line."""
+
     name: str
     passed: bool
     reason: str  # "ok" when passed
@@ -143,10 +145,12 @@ class ProofChunk:
 
     @property
     def mismatches(self) -> int:
+        """Points counted as mismatches: differing exponents plus far points."""
         return self.exp_mismatches + self.far_points
 
     @property
     def near_points(self) -> int:
+        """Points whose mantissa error is measured (the rest)."""
         return self.points - self.mismatches
 
 
@@ -510,6 +514,7 @@ def check_drift(metrics: dict[str, float], th: Thresholds = THRESHOLDS) -> Check
 
 
 def check_reward(claimed: float, rescored: float, th: Thresholds = THRESHOLDS) -> CheckResult:
+    """The claimed reward against the re-scored one, within `th.reward_tolerance`."""
     err = abs(float(claimed) - float(rescored))
     metrics = {"reward_claimed": float(claimed), "reward_rescored": float(rescored)}
     if not err <= th.reward_tolerance:

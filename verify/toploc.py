@@ -93,6 +93,7 @@ class ChunkResult:
     points: int
 
     def as_tuple(self) -> tuple[int, float, float]:
+        """The reference's (exp mismatches, mantissa mean, mantissa median)."""
         return (self.exp_mismatches, self.mant_err_mean, self.mant_err_median)
 
 
@@ -102,6 +103,8 @@ def proof_size(topk: int = TOPK) -> int:
 
 
 def n_chunks(n_tokens: int, chunk: int = CHUNK) -> int:
+    """Proof chunks of `chunk` tokens that `n_tokens` generated tokens make (the last may be
+    short)."""
     return (n_tokens + chunk - 1) // chunk
 
 

@@ -38,6 +38,7 @@ class LedgerStore:
         return (r.peer, float(r.score), float(r.updated_at), float(r.banned_until), int(r.offences))
 
     def save_peer(self, record: PeerRecord) -> None:
+        """Insert or replace one peer record."""
         self.save_peers([record])
 
     def save_peers(self, records: Iterable[PeerRecord]) -> None:
@@ -53,6 +54,7 @@ class LedgerStore:
             )
 
     def load_peers(self) -> list[PeerRecord]:
+        """Every stored peer record."""
         with self._read() as c:
             rows = c.execute(
                 "SELECT peer, score, updated_at, banned_until, offences FROM peers"
@@ -60,6 +62,7 @@ class LedgerStore:
         return [PeerRecord(*r) for r in rows]
 
     def active_bans(self, now: float) -> list[PeerRecord]:
+        """Peer records banned past `now`, soonest to end first."""
         with self._read() as c:
             rows = c.execute(
                 "SELECT peer, score, updated_at, banned_until, offences FROM peers "
@@ -92,9 +95,11 @@ class LedgerStore:
         )
 
     def log(self, entry: LedgerEntry) -> None:
+        """Append one ledger line."""
         self.log_many([entry])
 
     def log_many(self, entries: Iterable[LedgerEntry]) -> None:
+        """Append ledger lines in one transaction."""
         params = [self._ledger_params(e) for e in entries]
         with self._write() as c:
             self._insert_ledger(c, params)

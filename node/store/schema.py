@@ -99,6 +99,8 @@ class StoreError(CommandError):
 
 @dataclass(frozen=True, slots=True)
 class RolloutRow:
+    """A stored rollout: its signed header envelope and, once pulled, its body."""
+
     rollout_id: bytes
     run_id: str
     producer: PeerId
@@ -111,6 +113,8 @@ class RolloutRow:
 
 @dataclass(frozen=True, slots=True)
 class VerdictRow:
+    """A stored verdict on a rollout, with its signed envelope."""
+
     verdict_id: bytes
     rollout_id: bytes
     validator: PeerId

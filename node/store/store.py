@@ -189,6 +189,7 @@ class Store(LedgerStore, RetentionStore):
             version = nxt
 
     def schema_version(self) -> int:
+        """The schema version of the open file."""
         with self._read() as c:
             return int(c.execute("PRAGMA user_version").fetchone()[0])
 
@@ -202,6 +203,7 @@ class Store(LedgerStore, RetentionStore):
     # -- plumbing ------------------------------------------------------------------
 
     def close(self) -> None:
+        """Close the connection (idempotent)."""
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -307,6 +309,7 @@ class Store(LedgerStore, RetentionStore):
             return self._insert_rollout(c, params)
 
     def get_rollout(self, rollout_id: bytes) -> RolloutRow | None:
+        """The stored rollout `rollout_id`, or None."""
         with self._read() as c:
             row = c.execute(
                 f"SELECT {ROLLOUT_COLS} FROM rollouts WHERE rollout_id=?", (rollout_id,)
@@ -314,6 +317,7 @@ class Store(LedgerStore, RetentionStore):
         return None if row is None else rollout_from_row(row)
 
     def has_rollout(self, rollout_id: bytes) -> bool:
+        """Whether rollout `rollout_id` is stored."""
         with self._read() as c:
             row = c.execute("SELECT 1 FROM rollouts WHERE rollout_id=?", (rollout_id,)).fetchone()
         return row is not None
@@ -460,6 +464,7 @@ class Store(LedgerStore, RetentionStore):
         return [bytes(r[0]) for r in rows]
 
     def count_rollouts(self, run_id: str | None = None) -> int:
+        """Rollouts stored, of one run or of all."""
         with self._read() as c:
             if run_id is None:
                 return int(c.execute("SELECT count(*) FROM rollouts").fetchone()[0])
@@ -470,6 +475,7 @@ class Store(LedgerStore, RetentionStore):
     # -- verdicts ------------------------------------------------------------------
 
     def put_verdict(self, row: VerdictRow) -> bool:
+        """Store one verdict durably; False when its id was already there."""
         check_peer(row.validator, "validator")
         check_time(row.received_at, "received_at")
         if not isinstance(row.envelope, bytes):
@@ -494,6 +500,7 @@ class Store(LedgerStore, RetentionStore):
         return cur.rowcount == 1
 
     def verdicts_for(self, rollout_id: bytes) -> list[VerdictRow]:
+        """The verdicts on rollout `rollout_id`, oldest first."""
         with self._read() as c:
             rows = c.execute(
                 f"SELECT {VERDICT_COLS} FROM verdicts WHERE rollout_id=? ORDER BY received_at",

@@ -86,6 +86,7 @@ class WeightServer:
             self.bump("shards_served")
 
     async def manifest(self, mid: bytes) -> bytes | None:
+        """The signed envelope of manifest `mid`, or None."""
         return await trio.to_thread.run_sync(self.store.envelope, mid)
 
     async def shard(self, mid: bytes, index: int) -> bytes | None:

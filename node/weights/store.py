@@ -146,9 +146,11 @@ class WeightsStore:
 
     @classmethod
     def open(cls, data_dir: Path) -> WeightsStore:
+        """The weights store under a node's data directory."""
         return cls(Path(data_dir) / "weights")
 
     def close(self) -> None:
+        """Close the SQLite connection."""
         with self._lock:
             self._db.close()
 
@@ -173,14 +175,17 @@ class WeightsStore:
         return True
 
     def manifest(self, manifest_id: bytes) -> WeightManifest | None:
+        """The stored manifest `manifest_id`, or None."""
         rows = self._exec("SELECT manifest FROM manifests WHERE id=?", (manifest_id,))
         return decode(WeightManifest, rows[0][0]) if rows else None
 
     def manifests(self) -> list[tuple[bytes, WeightManifest]]:
+        """Every stored manifest with its id, by version."""
         rows = self._exec("SELECT id, manifest FROM manifests ORDER BY version, kind")
         return [(bytes(i), decode(WeightManifest, m)) for i, m in rows]
 
     def envelope(self, manifest_id: bytes) -> bytes | None:
+        """The signed envelope of manifest `manifest_id`, or None."""
         rows = self._exec("SELECT envelope FROM manifests WHERE id=?", (manifest_id,))
         return bytes(rows[0][0]) if rows else None
 
@@ -265,9 +270,11 @@ class WeightsStore:
     # -- versions ---------------------------------------------------------------------------
 
     def version_path(self, version: int) -> Path:
+        """The file an installed `version` lives in."""
         return self.root / "versions" / f"{version}.safetensors"
 
     def installed(self) -> dict[int, bytes]:
+        """Installed versions and their digests."""
         return {v: bytes(d) for v, d in self._exec("SELECT version, digest FROM versions")}
 
     def _installed_digest(self, version: int) -> bytes | None:
@@ -275,6 +282,7 @@ class WeightsStore:
         return bytes(rows[0][0]) if rows else None
 
     def read_version(self, version: int) -> bytes:
+        """The bytes of an installed version."""
         try:
             return self.version_path(version).read_bytes()
         except OSError as exc:
@@ -327,6 +335,8 @@ class WeightsStore:
         return m.version
 
     def install_delta(self, manifest_id: bytes) -> int:
+        """Apply a delta manifest's patch to its installed base and install the result; returns its
+        version."""
         m = self._need(manifest_id, "delta")
         if self._installed_digest(m.base_version) != m.base_digest:
             raise WeightsError(

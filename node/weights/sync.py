@@ -85,6 +85,8 @@ MAX_MANIFEST_FETCHES = 8  # unknown manifest ids fetched per have-map poll
 
 @dataclass(frozen=True)
 class WeightSettings:
+    """A node's settings for storing, serving and fetching weights."""
+
     upload_limit_mib_s: float = 0.0  # 0: no cap
     max_version_bytes: int = 16 * 1024**3  # refuse larger manifests before any download
     shard_bytes: int = DEFAULT_SHARD_BYTES  # what this node cuts when it publishes
@@ -129,19 +131,24 @@ class WeightSync:
     # -- public -------------------------------------------------------------------------
 
     def installed(self) -> dict[int, bytes]:
+        """Installed versions and their digests."""
         return dict(self._installed)
 
     def newest(self) -> int | None:
+        """The newest installed version, or None."""
         return max(self._installed) if self._installed else None
 
     def path(self, version: int) -> Path:
+        """The file of an installed version."""
         return self.store.version_path(version)
 
     async def load_state_dict(self, version: int) -> dict[str, Any]:
+        """The torch tensors of an installed version, read off the event loop."""
         data = await trio.to_thread.run_sync(self.store.read_version, version)
         return await trio.to_thread.run_sync(to_state_dict, data)
 
     def status(self) -> dict[str, Any]:
+        """Installed versions, the download's progress, uploads and counters, for `status`."""
         prog = self.sched.progress()
         elapsed = max(time.monotonic() - self._started, 1e-9)
         left = prog["bytes_total"] - prog["bytes_done"]
@@ -309,6 +316,7 @@ class WeightSync:
         self._notify()  # our have-map lists it now if we hold any of its shards
 
     def on_hello(self, peer: str, version: int) -> None:
+        """Remember the newest version `peer` said it has."""
         self._peer_versions[peer] = version
 
     def on_peer_gone(self, peer: str) -> None:
