@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.engine import Engine, Generation, SamplingSettings, check_batch
+from trainer.engine import Engine, FinishReason, Generation, SamplingSettings, check_batch
 from verify.sampling import sample_tokens
 
 SMALL_MODEL_PARAMS = 20_000_000  # below this the engine defaults to one thread
@@ -193,7 +193,7 @@ class HFEngine(Engine):
         logps: list[list[float]] = [[] for _ in range(b)]
         # per step: the batch's hidden rows [alive, H] and which sample each row is
         step_hidden: list[tuple[torch.Tensor, list[int]]] = []
-        finish: list[str] = ["length"] * b
+        finish: list[FinishReason] = ["length"] * b
         alive = list(range(b))  # original indices of the rows still in the batch
         next_pos = torch.tensor(lengths, dtype=torch.long)
 
@@ -229,7 +229,7 @@ class HFEngine(Engine):
             logits, h, cache = self._forward(new_ids, mask, step_pos, cache)
 
         hidden = _per_sample(step_hidden, b) if capture_hidden else [None] * b
-        return [Generation(tokens[i], logps[i], hidden[i], finish[i]) for i in range(b)]  # type: ignore[arg-type]
+        return [Generation(tokens[i], logps[i], hidden[i], finish[i]) for i in range(b)]
 
 
 def _per_sample(step_hidden: list[tuple[torch.Tensor, list[int]]], b: int) -> list[torch.Tensor]:

@@ -42,7 +42,7 @@ import numpy as np
 import psutil
 import torch
 
-from trainer.engine import Engine, Generation, SamplingSettings, check_batch
+from trainer.engine import Engine, FinishReason, Generation, SamplingSettings, check_batch
 from trainer.engine_hf import SMALL_MODEL_PARAMS, torch_threads
 from trainer.model_dir import load_model_dir
 from verify.sampling import gumbel_noise_torch, perturbed_scores
@@ -296,8 +296,8 @@ class VLLMEngine(Engine):
         seeds: Sequence[int],
         capture_hidden: bool = True,
     ) -> list[Generation]:
-        """Generate one completion per prompt with vLLM; `seeds[i]` seeds sample i. Hidden states,
-        when asked for, come from a transformers prefill of the result."""
+        """Generate one completion per prompt with vLLM; `seeds[i]` seeds sample i. The
+        log-probs and hidden states come from a transformers prefill of the completions."""
         from verify.auditor import prefill  # deferred: heavy import
 
         check_batch(prompts, seeds, self.vocab_size)
@@ -328,10 +328,10 @@ class VLLMEngine(Engine):
             rows = prefill(self.model, list(zip(prompts, comps, strict=True)))
         results = []
         for comp, seed, (h, logits) in zip(comps, seeds, rows, strict=True):
-            finish = "eos" if comp and comp[-1] in self.eos_token_ids else "length"
+            finish: FinishReason = "eos" if comp and comp[-1] in self.eos_token_ids else "length"
             logprobs = recorded_logprobs(logits.cpu(), comp, settings, int(seed))
             hidden = h.float().cpu() if capture_hidden else None
-            results.append(Generation(comp, logprobs, hidden, finish))  # type: ignore[arg-type]
+            results.append(Generation(comp, logprobs, hidden, finish))
         self.last_timing = {"decode_s": t1 - t0, "prefill_s": time.perf_counter() - t1}
         return results
 

@@ -107,7 +107,7 @@ def _check_seed(seed: int) -> int:
     return seed
 
 
-def seed_array(seeds: Sequence[int]) -> np.ndarray:
+def seed_array(seeds: Sequence[int] | np.ndarray) -> np.ndarray:
     """Sampling seeds as a numpy uint64 array, each checked to be an unsigned 64-bit int."""
     return np.array([_check_seed(s) for s in seeds], dtype=np.uint64)
 
@@ -199,7 +199,8 @@ def _philox_np(
         hi0 ^= k1
         p0 &= m32
         c0, c1, c2, c3 = hi1, p1, hi0, p0
-    return c0, c1, c2, c3  # type: ignore[return-value]
+    assert c1 is not None  # set by every round after the first
+    return c0, c1, c2, c3
 
 
 def _words_np(lo: np.ndarray, hi: np.ndarray, steps: np.ndarray, vocab_size: int) -> np.ndarray:

@@ -44,6 +44,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from node.errors import CommandError
 from protocol.codec import decode, encode
@@ -154,7 +155,7 @@ class WeightsStore:
         with self._lock:
             self._db.close()
 
-    def _exec(self, sql: str, args: tuple = ()) -> list[tuple]:  # type: ignore[type-arg]
+    def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         try:
             with self._lock, self._db:
                 return self._db.execute(sql, args).fetchall()
