@@ -10,8 +10,8 @@ a changed model's record fails its audit, a slightly changed one passes alone bu
 statistic is over the producer limit. Sampling (at the default `audit_fraction`, with
 probation), verdicts, authority, accounting, standing, the window rule and every
 admission rule are the real ones (`protocol.*`, `verify.producer.ProducerTally`,
-`node.roles.trainer.Collector`, `_pick` and `judged`); the trainer "trains" (counts) what
-`_pick` hands it and its re-score (`true_reward`) accepts. The trainer credits each body it
+`node.roles.trainer.Collector`, `pick_ready` and `judged`); the trainer "trains" (counts) what
+`pick_ready` hands it and its re-score (`true_reward`) accepts. The trainer credits each body it
 holds at `true_reward` and charges `false_claim` for a header that claimed otherwise
 (`protocol.credit`); its admission
 refuses versions above its own (`publishes_versions`), and its body pull window is
@@ -48,9 +48,9 @@ from bench._gossip_peer import json_lines, reply
 from bench._records import net_manifest, synthetic_record
 from node.host.host import HostSettings
 from node.peer.peer import PeerConfig, open_peer
-from node.roles import RoleContext
+from node.roles import ValidatorConfig
 from node.roles.rollout_fates import Fates
-from node.roles.trainer import Collector, _pick, judged
+from node.roles.trainer import Collector, judged, pick_ready
 from protocol import penalties
 from protocol.accounting import WorkLedger
 from protocol.admission import AdmissionConfig, Admitted, Kind
@@ -69,8 +69,8 @@ from protocol.wire import Metric, ProducerClaim, RolloutBody, RolloutRecord, Ver
 from verify.producer import CLOSE_AFTER_S, STAT, ProducerTally
 
 VERSION = 5  # everyone runs at this policy version (S = 2: version 2 and below is stale)
-AUDIT_FRACTION = RoleContext.audit_fraction  # the node's default (`--audit-fraction`)
-WINDOW_FRACTION = RoleContext.producer_window_fraction
+AUDIT_FRACTION = ValidatorConfig.audit_fraction  # the node's default (`--audit-fraction`)
+WINDOW_FRACTION = ValidatorConfig.producer_window_fraction
 # The stand-in model audit: a record's first log-prob says what model made it (an honest
 # one is in [-5, 0]): SLIGHT_MARK a slightly changed model, CHANGED_MARK a changed one.
 SLIGHT_MARK, CHANGED_MARK = -150.0, -300.0
@@ -168,7 +168,7 @@ class _Counting:
 
     async def train_loop(self) -> None:
         while True:
-            ready, _unaudited = _pick(
+            ready, _unaudited = pick_ready(
                 self.collector, self.standing, self.waiting, VERSION, 2, time.time(), Fates()
             )
             for ro in ready:
@@ -282,7 +282,7 @@ def _probe(peer: Any, counting: _Counting | None, ids: list[str]) -> dict[str, A
     sc = peer.admission.scores
     host = peer.host
     try:
-        connections = len(host._lh.get_network().get_connections())
+        connections = host.connection_count()
     except Exception:  # noqa: BLE001 - a bench figure, not the peer's business
         connections = -1
     return {

@@ -36,7 +36,7 @@ from libp2p.utils.varint import encode_uvarint
 
 from bench._adv_peer import honest_record
 from node.host.gossip_guard import ControlLimits
-from node.host.host import key_pair_from_private_bytes, open_host
+from node.host.host import PeerError, key_pair_from_private_bytes, open_host
 from node.peer.gossip import topic_name
 from protocol.codec import decode
 from protocol.identity import Identity
@@ -85,18 +85,16 @@ async def honest_probe(addr: str, topic: str, timeout: float = 10.0) -> dict[str
                 if not dial.ok:
                     out["error"] = dial.error
                     return out
-                stream = await host._lh.new_stream(ID.from_base58(dial.peer), [PING])
+                assert dial.peer is not None
+                stream = await host.open_stream(dial.peer, PING)
                 payload = os.urandom(32)
-                await stream.write(payload)
-                echo = b""
-                while len(echo) < 32:
-                    chunk = await stream.read(32 - len(echo))
-                    if not chunk:
-                        break
-                    echo += chunk
+                await stream.write_raw(payload)
+                try:
+                    echo = await stream.read_exactly(32)
+                except PeerError:  # closed before the whole echo came back
+                    echo = b""
                 out["ping"] = echo == payload
-                with contextlib.suppress(Exception):
-                    await stream.close()
+                await stream.close()
                 out["gossip"] = await host.wait_for_topic_peers(topic, 1, timeout) >= 1
                 out["ok"] = out["ping"] and out["gossip"]
     except Exception as exc:  # noqa: BLE001 - the probe's failure is the finding

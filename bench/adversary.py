@@ -27,7 +27,7 @@ Per attack (`attacks[name]`):
                            validator sampled, made during the attack, divided by the same
                            during a window of the same run without an attacker
     honest_trained_fraction  honest rollouts made during the attack that the trainer trained
-                           on (`node.roles.trainer._pick`: its own pass verdict, or a producer
+                           on (`node.roles.trainer.pick_ready`: its own pass verdict, or a producer
                            in good standing and the hold waited) per honest rollout made then
     signers_cut_off        share of the attack's signers that the trainer or the validator
                            banned in its standing (`protocol.standing`)

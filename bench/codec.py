@@ -71,7 +71,7 @@ def run(quick: bool, args: list[str]) -> dict:
     def encode_all() -> bytes:
         body_bytes = encode(body)
         h = make_header(body, body_bytes, **fields)
-        e = Envelope(**{**{n: getattr(env, n) for n, _ in env._fields()}, "payload": encode(h)})
+        e = Envelope(**{**{n: getattr(env, n) for n, _ in env.wire_fields()}, "payload": encode(h)})
         return encode(RolloutRecord(header=encode(e), body=body_bytes))
 
     def decode_all() -> None:

@@ -190,6 +190,11 @@ def bench(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
     "--publish-every", type=float, help="Trainer: publish perturbed weights every S seconds."
 )
 @click.option("--upload-limit", type=float, help="Weight shard upload cap, MiB/s (0: none).")
+@click.option(
+    "--micro-batch",
+    type=click.IntRange(min=1),
+    help="Trainer: sequences per forward/backward pass of a step (default 8).",
+)
 @click.option("--threads", default=1, show_default=True, type=int, help="Torch CPU threads.")
 @click.option(
     "--engine", type=click.Choice(["hf", "vllm"]), help="Inference: generation engine (default hf)."
@@ -381,6 +386,13 @@ def audit(
 )
 @click.option("--data-dir", help="Where the built-in policy is cached.")
 @click.option("--threads", default=1, show_default=True, type=int, help="Torch CPU threads.")
+@click.option(
+    "--micro-batch",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Sequences per forward/backward pass; gradients accumulate into one step.",
+)
 @_one_line_errors
 def train(files: tuple[Path, ...], **kwargs: Any) -> None:
     """Train on rollout record files offline with the run's loss and loop (debugging, tests)."""

@@ -150,6 +150,13 @@ NODE_KEYS: tuple[Key, ...] = (
         "a number in [0, 86400] (0: never)",
         "until training lands: publish perturbed weights every this many seconds",
     ),
+    Key(
+        "trainer.micro_batch",
+        8,
+        integer(1, 4096),
+        "an integer in [1, 4096]",
+        "sequences per forward/backward pass; gradients accumulate into one step",
+    ),
     Key("inference.batch_size", 8, integer(1, 4096), "an integer in [1, 4096]"),
     Key(
         "inference.rollouts_per_version",

@@ -96,7 +96,7 @@ def stream_cause(exc: PeerError) -> tuple[str, str]:
             f"it does not speak {run_exchange.PROTOCOL_ID} (not a swarm-node "
             "peer, or one too old to serve runs)"
         )
-    if isinstance(exc, run_exchange.BadAnswer):
+    if isinstance(exc, run_exchange.BadResponse):
         return PROTOCOL_MISMATCH, f"its run directory answer is malformed ({exc})"
     if "took over" in str(exc) or "deadline" in str(exc).lower():
         return TIMED_OUT, str(exc)

@@ -72,11 +72,15 @@ class GapRule:
             raise ValueError("GapRule: grace_s must be a finite number >= 0")
 
     def limit(self, produced: int) -> float:
+        """The number of withheld counters allowed after `produced` counters."""
         return self.allowance + self.allowance_fraction * produced
 
 
 @dataclass(frozen=True, slots=True)
 class Standing:
+    """A producer's work record: counters first..last, how many were published or withheld, their
+    reward sum, and whether it is still allowed."""
+
     first: int
     last: int
     published: int
@@ -86,10 +90,12 @@ class Standing:
 
     @property
     def produced(self) -> int:
+        """Counters from the first to the last seen, inclusive."""
         return self.last - self.first + 1
 
     @property
     def weight(self) -> float:
+        """The published share of the produced counters (0 when none)."""
         return self.published / self.produced if self.produced else 0.0
 
 
@@ -180,6 +186,7 @@ class WorkLedger:
         return True
 
     def standing(self, producer: bytes, now: float = math.inf) -> Standing | None:
+        """`producer`'s record as judged at `now` (None if never seen)."""
         p = self._producers.get(producer)
         if p is None:
             return None
@@ -201,6 +208,7 @@ class WorkLedger:
         return Standing(p.first, p.last, p.published, withheld, p.reward_sum, allowed)
 
     def allowed(self, producer: bytes, now: float = math.inf) -> bool:
+        """Whether `producer` may still be trained on (an unknown producer is)."""
         s = self.standing(producer, now)
         return s is None or s.allowed
 

@@ -29,6 +29,9 @@ __all__ = ["AuditQueue"]
 
 
 class AuditQueue:
+    """The validator's queue of sampled records (see the module docstring for its order and
+    bounds)."""
+
     def __init__(self, max_staleness: int, capacity: int) -> None:
         if max_staleness < 0 or capacity < 1:
             raise ValueError("AuditQueue: max_staleness >= 0 and capacity >= 1")

@@ -48,9 +48,12 @@ class Authority:
         self.trainer_keys = frozenset(trainer_keys)
 
     def may_delegate(self, key: bytes) -> bool:
+        """Whether `key` may grant or revoke the right to judge (a trainer key)."""
         return key in self.trainer_keys
 
     def may_judge(self, key: bytes) -> bool:
+        """Whether `key` may judge now: its latest delegation decides, else the run's validator
+        keys."""
         d = self._delegations.get(key)
         if d is not None:
             return d[1]
@@ -63,6 +66,8 @@ class Authority:
         return key in self.validator_keys or key in self._delegations
 
     def apply(self, signer: bytes, validator: bytes, granted: bool, order: tuple[int, int]) -> bool:
+        """Apply a trainer-signed grant or revocation for `validator`; False if an equal or newer
+        `order` (timestamp, seq) was applied before."""
         if not self.may_delegate(signer):
             raise PermissionError("delegation not signed by a trainer key")
         old = self._delegations.get(validator)

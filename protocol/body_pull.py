@@ -63,6 +63,8 @@ Source = Hashable
 
 
 class Outcome(StrEnum):
+    """How one attempt to pull a body ended (what it says about the source)."""
+
     SERVED = "served"  # the body arrived and was admitted (or was a duplicate)
     EMPTY = "empty"  # the source answered that it does not hold the body
     BAD_BODY = "bad_body"  # a body that admission refused (the source paid there)
@@ -82,6 +84,8 @@ WRONG_RECORD = penalties.WRONG_RECORD.name
 
 @dataclass(frozen=True, slots=True)
 class PullConfig:
+    """Limits and timing of body pulls."""
+
     attempts: int = 8  # answers or failures before a pull gives up
     retry_s: float = 1.0  # first retry delay; doubles per attempt ...
     retry_max_s: float = 8.0  # ... up to this
@@ -124,6 +128,8 @@ class Due:
 
 @dataclass(frozen=True, slots=True)
 class Answered:
+    """An attempt at `source` for `rollout_id` ended with `outcome`."""
+
     rollout_id: Hashable
     source: Source
     outcome: Outcome
@@ -139,6 +145,8 @@ class Forget:
 
 @dataclass(frozen=True, slots=True)
 class Fetch:
+    """Ask `source` for the bodies of `ids` (action)."""
+
     source: Source
     ids: tuple[Hashable, ...]
 
@@ -165,6 +173,8 @@ class GiveUp:
 
 @dataclass(frozen=True, slots=True)
 class Done:
+    """The pull of `rollout_id` ended (its body came, or it gave up)."""
+
     rollout_id: Hashable
 
 
@@ -189,6 +199,8 @@ class _Pull:
 
 @dataclass
 class PullStats:
+    """Counters of what the schedule did, for status and benches."""
+
     wanted: int = 0
     refused_full: int = 0  # not taken: too many pending (in all or for the producer)
     fetched: int = 0
@@ -221,7 +233,13 @@ class PullSchedule:
         return len(self._pulls)
 
     def in_flight(self) -> int:
+        """Fetches sent and not yet answered."""
         return self._in_flight
+
+    def sources(self, rollout_id: Hashable) -> tuple[Source, ...]:
+        """The sources the pull of `rollout_id` may ask now (empty if it is not pending)."""
+        p = self._pulls.get(rollout_id)
+        return () if p is None else tuple(p.sources)
 
     def next_due(self) -> float | None:
         """The earliest time a waiting pull becomes due (None: nothing waits)."""
@@ -236,6 +254,7 @@ class PullSchedule:
     # -- events -----------------------------------------------------------------------
 
     def handle(self, event: Event) -> list[Action]:
+        """Feed one event; returns the actions to carry out, in order."""
         if isinstance(event, Want):
             return self._on_want(event)
         if isinstance(event, Due):

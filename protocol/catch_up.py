@@ -69,6 +69,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class CatchUpConfig:
+    """Timing and page sizes of catch-up rounds."""
+
     interval_s: float = 5.0  # a round per peer this often
     overlap_s: float = 60.0  # each round re-reads this much before the last watermark
     retry_s: float = 2.0  # after a failed question
@@ -88,6 +90,8 @@ class CatchUpConfig:
 
 @dataclass(frozen=True, slots=True)
 class PeerJoined:
+    """`peer` connected: catch up with it (and ask it for receipts if it is a trainer)."""
+
     peer: str
     now: float
     receipts_from: bool = False  # the peer is a trainer: ask it for receipts of our work
@@ -95,12 +99,16 @@ class PeerJoined:
 
 @dataclass(frozen=True, slots=True)
 class PeerLeft:
+    """`peer` disconnected: stop catching up with it."""
+
     peer: str
     now: float
 
 
 @dataclass(frozen=True, slots=True)
 class Tick:
+    """Time passed; our current version `version` and the staleness bound `max_staleness`."""
+
     now: float
     version: int = 0  # our policy version t
     max_staleness: int = 0  # S
@@ -121,6 +129,8 @@ class Answered:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
+    """The question to `peer` failed (no answer, a broken stream)."""
+
     peer: str
     now: float
 
@@ -133,6 +143,8 @@ Event = PeerJoined | PeerLeft | Tick | Answered | Failed
 
 @dataclass(frozen=True, slots=True)
 class Ask:
+    """Ask `peer` for ids of rollouts since `since` of at least `min_version` (action)."""
+
     peer: str
     since: float
     min_version: int
@@ -141,12 +153,16 @@ class Ask:
 
 @dataclass(frozen=True, slots=True)
 class Pull:
+    """Pull the records of `ids` from `peer` (action)."""
+
     peer: str
     ids: tuple[bytes, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Receipt:
+    """`peer` (a trainer) holds these of our rollouts: they are delivered (action)."""
+
     peer: str
     ids: tuple[bytes, ...]
 
@@ -180,6 +196,7 @@ class CatchUp:
     _peers: dict[str, _Peer] = field(default_factory=dict)
 
     def handle(self, event: Event) -> list[Action]:
+        """Feed one event; returns the actions to carry out, in order."""
         if isinstance(event, PeerJoined):
             return self._joined(event)
         if isinstance(event, PeerLeft):
@@ -264,11 +281,14 @@ class CatchUp:
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
+    """Our own rollouts split into delivered, too stale to train on, and pending."""
+
     delivered: frozenset[bytes]
     too_stale: frozenset[bytes]
     pending: frozenset[bytes]
 
     def counts(self) -> dict[str, int]:
+        """How many rollouts are in each group, and produced in all."""
         return {
             "produced": len(self.delivered) + len(self.too_stale) + len(self.pending),
             "delivered": len(self.delivered),

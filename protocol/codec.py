@@ -14,7 +14,8 @@ else escapes. The size limit of the object kind is checked before msgpack sees a
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar, cast
 
 import msgpack
 
@@ -44,16 +45,17 @@ class WireObject:
     _FIELDS: ClassVar[tuple[tuple[str, Spec], ...]]
 
     def __post_init__(self) -> None:
-        for name, s in self._fields():
+        for name, s in self.wire_fields():
             problem = s.check(getattr(self, name))
             if problem is not None:
                 raise LocalProtocolError(f"{type(self).__name__}.{name}: {problem}")
 
     @classmethod
-    def _fields(cls) -> tuple[tuple[str, Spec], ...]:
+    def wire_fields(cls) -> tuple[tuple[str, Spec], ...]:
+        """(name, spec) of each field in declaration order, the wire order (cached)."""
         fields = cls.__dict__.get("_FIELDS")
         if fields is None:
-            fields = tuple((f.name, f.metadata["spec"]) for f in dataclasses.fields(cls))
+            fields = tuple((f.name, f.metadata["spec"]) for f in dataclasses.fields(cast(Any, cls)))
             cls._FIELDS = fields
         return fields
 
@@ -80,10 +82,15 @@ def wire(kind: str, schema: int, max_bytes: int) -> Any:
 REGISTRY: dict[str, type] = {}
 
 
+def pack(value: Any) -> bytes:
+    """msgpack's bytes of `value`, bin for bytes and str for text (the canonical forms)."""
+    return cast(bytes, msgpack.packb(value, use_bin_type=True))
+
+
 def to_wire(obj: WireObject) -> list[Any]:
     """The msgpack-ready array of an object (schema version first)."""
     out: list[Any] = [obj.SCHEMA]
-    for name, s in obj._fields():
+    for name, s in obj.wire_fields():
         out.append(s.to_wire(getattr(obj, name)))
     return out
 
@@ -93,7 +100,7 @@ def from_wire(cls: type[T], raw: Any, where: str | None = None) -> T:
     name = where or cls.__name__
     if type(raw) is not list:
         raise DecodeError(name, None, f"expected an array, got {type(raw).__name__}")
-    fields = cls._fields()
+    fields = cls.wire_fields()
     if not raw:
         raise DecodeError(name, None, "empty array (no schema version)")
     if raw[0] != cls.SCHEMA or type(raw[0]) is not int:
@@ -109,9 +116,30 @@ def from_wire(cls: type[T], raw: Any, where: str | None = None) -> T:
     return obj
 
 
+@dataclass(frozen=True, slots=True)
+class Nested(Spec):
+    """Another wire dataclass, encoded in place as its own array (schema version first)."""
+
+    cls: type
+
+    def check(self, value: Any) -> str | None:
+        """A problem string unless `value` is an instance of exactly `cls`."""
+        if type(value) is not self.cls:
+            return f"expected {self.cls.__name__}, got {type(value).__name__}"
+        return None  # a built wire object validated itself
+
+    def to_wire(self, value: Any) -> list[Any]:
+        """The nested object's msgpack-ready array."""
+        return to_wire(value)
+
+    def from_wire(self, raw: Any, obj: str, field: str) -> Any:
+        """Build the nested object, naming its place (`obj.field`) in any error."""
+        return from_wire(self.cls, raw, where=f"{obj}.{field}")
+
+
 def encode(obj: WireObject) -> bytes:
     """The canonical bytes of a wire object."""
-    data = msgpack.packb(to_wire(obj), use_bin_type=True)
+    data = pack(to_wire(obj))
     if len(data) > obj.MAX_BYTES:
         raise LocalProtocolError(
             f"{type(obj).__name__} encodes to {len(data)} bytes, over its limit {obj.MAX_BYTES}"
@@ -143,6 +171,6 @@ def decode(cls: type[T], data: bytes | bytearray | memoryview) -> T:
     if len(data) > cls.MAX_BYTES:
         raise OversizeError(name, None, f"{len(data)} bytes, over the limit of {cls.MAX_BYTES}")
     obj = from_wire(cls, _unpack(name, data, cls.MAX_BYTES))
-    if msgpack.packb(to_wire(obj), use_bin_type=True) != data:
+    if pack(to_wire(obj)) != data:
         raise DecodeError(name, None, "non-canonical encoding")
     return obj

@@ -129,6 +129,8 @@ class OutOfOrder:
 
 @dataclass(slots=True)
 class CreditStanding:
+    """What a producer's counters earned: held, judged, skipped, refused and their reward sum."""
+
     held: int = 0  # counters whose body we re-scored or a judge judged
     judged: int = 0  # ... of which judged
     skipped: int = 0  # headers whose body never came within the pull window
@@ -261,9 +263,11 @@ class CreditBook:
         return bool(newer) and now - min(newer) >= self.stale_after_s
 
     def out_of_order(self, producer: bytes, counter: int) -> bool:
+        """Whether the (producer, counter) claim was refused as out of order."""
         return self._settled.get((producer, counter)) == "out_of_order"
 
     def not_trained(self, producer: bytes, counter: int) -> bool:
+        """Whether the (producer, counter) claim was settled without being trained on."""
         return bool(self._settled.get((producer, counter)))
 
     def _evict(self) -> None:
@@ -377,6 +381,7 @@ class CreditBook:
             self._settled.popitem(last=False)
 
     def standing(self, producer: bytes) -> CreditStanding | None:
+        """`producer`'s credit record (None if never seen)."""
         return self._producers.get(producer)
 
     def credited_reward(self, producer: bytes, withheld: int = 0) -> float | None:

@@ -16,9 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import msgpack
-
-from protocol.codec import WireObject, decode, encode, to_wire
+from protocol.codec import WireObject, decode, encode, pack, to_wire
 from protocol.errors import DecodeError, LocalProtocolError, ReplayError, SignatureError
 from protocol.identity import Identity, verify_signature
 from protocol.wire import SIGNED_KINDS, Envelope
@@ -31,7 +29,7 @@ DOMAIN = b"swarm-rl/v1/"
 def signing_bytes(env: Envelope) -> bytes:
     """The exact bytes a signature covers (see the module docstring)."""
     fields = to_wire(env)[:-1]  # everything but the signature
-    return DOMAIN + env.kind.encode() + b"\x00" + msgpack.packb(fields, use_bin_type=True)
+    return DOMAIN + env.kind.encode() + b"\x00" + pack(fields)
 
 
 def seal(
@@ -62,7 +60,7 @@ def seal(
 
 
 def _as_dict(env: Envelope) -> dict[str, object]:
-    return {name: getattr(env, name) for name, _ in env._fields()}
+    return {name: getattr(env, name) for name, _ in env.wire_fields()}
 
 
 def open_envelope(data: bytes, cls: type[T]) -> tuple[Envelope, T]:
@@ -115,6 +113,10 @@ class ReplayGuard:
         self.window = window
         self.max_signers = max_signers
         self._signers: OrderedDict[tuple[bytes, str], _SignerWindow] = OrderedDict()
+
+    def held(self) -> list[int]:
+        """How many sequence numbers each tracked (signer, kind) window holds (its memory)."""
+        return [len(w.seen) for w in self._signers.values()]
 
     def check(self, env: Envelope, now_ms: int, *, remember: bool = True) -> None:
         """Raise `ReplayError` if `env` must be refused; otherwise remember it (unless

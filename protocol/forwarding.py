@@ -18,6 +18,9 @@ __all__ = ["GossipVerdict", "batch_verdict", "verdict_of"]
 
 
 class GossipVerdict(StrEnum):
+    """A GossipSub validator's answer: accept (deliver and forward), ignore (drop, no blame),
+    reject (drop and blame the forwarder)."""
+
     ACCEPT = "accept"
     IGNORE = "ignore"
     REJECT = "reject"

@@ -36,6 +36,8 @@ FALSE_ACCUSATION = penalties.FALSE_ACCUSATION.cost  # as much as a failed audit 
 
 @dataclass(frozen=True, slots=True)
 class FraudConfig:
+    """Bounds of the open fraud cases."""
+
     max_open: int = 256
     max_open_per_accuser: int = 32
     case_ttl_s: float = 120.0
@@ -196,6 +198,7 @@ class FraudCases:
         return []
 
     def is_open(self, rollout_id: bytes) -> bool:
+        """Whether a fraud case about `rollout_id` is open."""
         return rollout_id in self.cases
 
     def _remember(self, rollout_id: bytes, convicted: bool) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from protocol.codec import decode
+from protocol.codec import decode, pack
 from protocol.errors import RemoteProtocolError
 from protocol.rollout import open_record
 from protocol.wire import ALL_OBJECTS
@@ -22,11 +22,14 @@ from protocol.wire import ALL_OBJECTS
 
 @dataclass
 class FuzzReport:
+    """What a fuzz run tried and what broke the decoder invariant (a few examples kept)."""
+
     cases: int = 0
     failures: int = 0
     examples: list[str] = field(default_factory=list)
 
     def fail(self, what: str) -> None:
+        """Count a failure and keep its description among the first few."""
         self.failures += 1
         if len(self.examples) < 5:
             self.examples.append(what)
@@ -106,8 +109,8 @@ def _structured(rng: random.Random, record: bytes) -> bytes:
         inner[i] = v + "x"
     elif isinstance(v, list):
         inner[i] = v[:-1] if v else [0]
-    outer[part] = msgpack.packb(inner, use_bin_type=True)
-    return msgpack.packb(outer, use_bin_type=True)
+    outer[part] = pack(inner)
+    return pack(outer)
 
 
 def _mutate_part(rng: random.Random, record: bytes) -> bytes:
@@ -118,10 +121,10 @@ def _mutate_part(rng: random.Random, record: bytes) -> bytes:
     if part == 1 and rng.random() < 0.5:
         env = msgpack.unpackb(outer[1], raw=False)
         env[7] = _mutate(rng, env[7])  # the signed payload
-        outer[1] = msgpack.packb(env, use_bin_type=True)
+        outer[1] = pack(env)
     else:
         outer[part] = _mutate(rng, outer[part])
-    return msgpack.packb(outer, use_bin_type=True)
+    return pack(outer)
 
 
 def fuzz_record(

@@ -94,6 +94,7 @@ class Identity:
 
     @classmethod
     def generate(cls) -> Identity:
+        """A new random Ed25519 identity."""
         return cls(Ed25519PrivateKey.generate())
 
     @classmethod
@@ -109,13 +110,16 @@ class Identity:
 
     @property
     def public_key(self) -> bytes:
+        """The raw 32-byte Ed25519 public key."""
         return self.peer_id[len(PEER_ID_PREFIX) :]
 
     @property
     def peer_id_b58(self) -> str:
+        """The peer id as libp2p's base58 text."""
         return peer_id_to_b58(self.peer_id)
 
     def sign(self, message: bytes) -> bytes:
+        """The Ed25519 signature of `message`."""
         return self._key.sign(message)
 
     def __repr__(self) -> str:

@@ -95,6 +95,7 @@ class ScoreConfig:
 
     @property
     def min_score(self) -> float:
+        """The floor of a score (twice the ban threshold)."""
         return 2.0 * self.ban_threshold
 
     def ban_duration(self, offences: int) -> float:
@@ -182,6 +183,7 @@ class PeerScores:
         return 0.0 if st is None else self._decayed(st, now)
 
     def is_banned(self, peer: PeerId, now: float) -> bool:
+        """Whether `peer` is banned at `now`."""
         _check_time(now)
         st = self._peers.get(peer)
         return st is not None and st.banned_until > now
@@ -195,6 +197,7 @@ class PeerScores:
         return st.banned_until
 
     def record(self, peer: PeerId, now: float) -> PeerRecord | None:
+        """`peer`'s record at `now` (score decayed to it), or None if unknown."""
         _check_time(now)
         st = self._peers.get(peer)
         if st is None:
@@ -202,6 +205,7 @@ class PeerScores:
         return PeerRecord(peer, self._decayed(st, now), now, st.banned_until, st.offences)
 
     def snapshot(self, now: float) -> list[PeerRecord]:
+        """Every known peer's record at `now`."""
         _check_time(now)
         return [
             PeerRecord(p, self._decayed(st, now), now, st.banned_until, st.offences)
@@ -236,11 +240,13 @@ class PeerScores:
         return ScoreChange(peer, delta, st.score, None)
 
     def penalize(self, peer: PeerId, penalty: float, now: float) -> ScoreChange:
+        """Lower `peer`'s score by `penalty` (>= 0)."""
         if penalty < 0:
             raise ValueError("penalty must be >= 0")
         return self.adjust(peer, -penalty, now)
 
     def reward(self, peer: PeerId, amount: float, now: float) -> ScoreChange:
+        """Raise `peer`'s score by `amount` (>= 0)."""
         if amount < 0:
             raise ValueError("reward must be >= 0")
         return self.adjust(peer, amount, now)
@@ -254,6 +260,7 @@ class PeerScores:
         return self._start_ban(peer, st, now, duration_s)
 
     def unban(self, peer: PeerId) -> None:
+        """Lift `peer`'s ban, if any."""
         st = self._peers.get(peer)
         if st is not None:
             st.banned_until = 0.0

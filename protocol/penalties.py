@@ -50,6 +50,8 @@ MAX_DOUBLINGS = 6
 
 
 class Payer(enum.StrEnum):
+    """Who pays an offence (see the module docstring)."""
+
     SENDER = "sender"
     SIGNER = "signer"
     PRODUCER = "producer"

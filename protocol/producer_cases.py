@@ -62,7 +62,7 @@ class _Claim:
 WINDOW_OVER = 4
 # ... a record whose body never arrived counting as over any limit, but at most
 # WINDOW_OVER - 1 of them: bodies that never came (our own pull may have failed) never
-# fail a window alone, and can no longer hide a changed record either.
+# fail a window alone, and cannot hide a changed record either.
 MISSING = math.inf
 
 
@@ -213,6 +213,7 @@ class ProducerCases:
         return []
 
     def wants(self, rollout_id: bytes) -> bool:
+        """Whether an open case waits for the record `rollout_id`."""
         return rollout_id in self._by_record
 
     def _drop(self, cid: bytes) -> None:

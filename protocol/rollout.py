@@ -14,9 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-import msgpack
-
-from protocol.codec import decode, encode
+from protocol.codec import decode, encode, pack
 from protocol.content_id import content_id
 from protocol.envelope import open_envelope, seal
 from protocol.errors import DecodeError, IntegrityError
@@ -45,6 +43,8 @@ def make_header(
     task_seed: int,
     reward: float,
 ) -> RolloutHeader:
+    """The `RolloutHeader` of a body: the task's identifiers, the reward, the token counts,
+    and the body's digest and size."""
     return RolloutHeader(
         dataset=dataset,
         task_index=task_index,
@@ -124,7 +124,7 @@ def write_records(fileobj: BinaryIO, records: Iterable[bytes]) -> int:
     """Append records to a msgpack stream; returns how many were written."""
     n = 0
     for rec in records:
-        fileobj.write(msgpack.packb(rec, use_bin_type=True))
+        fileobj.write(pack(rec))
         n += 1
     return n
 

@@ -35,12 +35,16 @@ class Spec:
     """Base of all field types."""
 
     def check(self, value: Any) -> str | None:
+        """A problem string, or None when `value` is legal."""
         raise NotImplementedError
 
     def to_wire(self, value: Any) -> Any:
+        """What msgpack packs for `value`."""
         return value
 
     def from_wire(self, raw: Any, obj: str, field: str) -> Any:
+        """The Python value of what msgpack unpacked; `DecodeError` naming `obj.field` if illegal.
+        The Python value of what msgpack unpacked; `DecodeError` naming `obj.field` if illegal."""
         problem = self.check(raw)
         if problem is not None:
             raise DecodeError(obj, field, problem)
@@ -49,10 +53,13 @@ class Spec:
 
 @dataclass(frozen=True, slots=True)
 class Int(Spec):
+    """An integer in [lo, hi]."""
+
     lo: int
     hi: int
 
     def check(self, value: Any) -> str | None:
+        """A problem string unless `value` is an int in range."""
         if type(value) is not int:
             return f"expected an integer, got {type(value).__name__}"
         if not self.lo <= value <= self.hi:
@@ -62,10 +69,13 @@ class Int(Spec):
 
 @dataclass(frozen=True, slots=True)
 class Float(Spec):
+    """A finite float in [lo, hi]."""
+
     lo: float
     hi: float
 
     def check(self, value: Any) -> str | None:
+        """A problem string unless `value` is a finite float in range."""
         if type(value) is not float:
             return f"expected a float, got {type(value).__name__}"
         if not math.isfinite(value):
@@ -77,7 +87,10 @@ class Float(Spec):
 
 @dataclass(frozen=True, slots=True)
 class Bool(Spec):
+    """A bool."""
+
     def check(self, value: Any) -> str | None:
+        """A problem string unless `value` is a bool."""
         if type(value) is not bool:
             return f"expected a bool, got {type(value).__name__}"
         return None
@@ -85,12 +98,15 @@ class Bool(Spec):
 
 @dataclass(frozen=True, slots=True)
 class Str(Spec):
+    """Text of bounded length, optionally one of `choices` or within `charset`."""
+
     max_len: int
     min_len: int = 0
     choices: tuple[str, ...] | None = None
     charset: str | None = None  # when set, every character must be in it
 
     def check(self, value: Any) -> str | None:
+        """A problem string unless `value` is text within the bounds."""
         if type(value) is not str:
             return f"expected a string, got {type(value).__name__}"
         if not self.min_len <= len(value) <= self.max_len:
@@ -104,11 +120,14 @@ class Str(Spec):
 
 @dataclass(frozen=True, slots=True)
 class Bytes(Spec):
+    """Bytes of bounded length, or of one of `sizes`."""
+
     max_len: int
     min_len: int = 0
     sizes: tuple[int, ...] | None = None  # when set, the length must be one of these
 
     def check(self, value: Any) -> str | None:
+        """A problem string unless `value` is bytes of a legal length."""
         if type(value) is not bytes:
             return f"expected bytes, got {type(value).__name__}"
         if self.sizes is not None:
@@ -124,6 +143,7 @@ class PeerId(Spec):
     """A 38-byte Ed25519 identity-multihash peer id."""
 
     def check(self, value: Any) -> str | None:
+        """A problem string unless `value` is an Ed25519 identity-multihash peer id."""
         if type(value) is not bytes:
             return f"expected bytes, got {type(value).__name__}"
         if not is_peer_id(value):
@@ -165,7 +185,7 @@ class _PackedArray(Spec):
 
     def _check_unpacked(self, arr: array) -> str | None:
         """`check` for values that came out of packed bytes: their type and width hold by
-        construction (the per-item checks of `check` cost ~1 ms per 1,000 items)."""
+        construction, so the per-item checks of `check` are skipped."""
         if len(arr) > self.max_len:
             return f"{len(arr)} items, more than {self.max_len}"
         return None
@@ -179,6 +199,7 @@ class U32Array(_PackedArray):
     itemsize = 4
 
     def check(self, value: Any) -> str | None:
+        """A problem string unless `value` is a tuple of at most `max_len` uint32s."""
         if type(value) is not tuple:
             return f"expected a tuple, got {type(value).__name__}"
         if len(value) > self.max_len:
@@ -202,6 +223,7 @@ class F32Array(_PackedArray):
     itemsize = 4
 
     def check(self, value: Any) -> str | None:
+        """A problem string unless `value` is a tuple of float32-exact floats in range."""
         if type(value) is not tuple:
             return f"expected a tuple, got {type(value).__name__}"
         if len(value) > self.max_len:
@@ -228,11 +250,14 @@ class F32Array(_PackedArray):
 
 @dataclass(frozen=True, slots=True)
 class ListOf(Spec):
+    """A tuple of `item`s, between `min_len` and `max_len` of them."""
+
     item: Spec
     max_len: int
     min_len: int = 0
 
     def check(self, value: Any) -> str | None:
+        """A problem string unless `value` is a tuple of legal items of a legal count."""
         if type(value) is not tuple:
             return f"expected a tuple, got {type(value).__name__}"
         if not self.min_len <= len(value) <= self.max_len:
@@ -244,9 +269,11 @@ class ListOf(Spec):
         return None
 
     def to_wire(self, value: tuple[Any, ...]) -> list[Any]:
+        """The msgpack array of the items."""
         return [self.item.to_wire(v) for v in value]
 
     def from_wire(self, raw: Any, obj: str, field: str) -> tuple[Any, ...]:
+        """The tuple of items of an unpacked array; `DecodeError` naming the bad item."""
         if type(raw) is not list:
             raise DecodeError(obj, field, f"expected an array, got {type(raw).__name__}")
         if not self.min_len <= len(raw) <= self.max_len:
@@ -254,25 +281,3 @@ class ListOf(Spec):
                 obj, field, f"{len(raw)} items, outside [{self.min_len}, {self.max_len}]"
             )
         return tuple(self.item.from_wire(v, obj, f"{field}[{i}]") for i, v in enumerate(raw))
-
-
-@dataclass(frozen=True, slots=True)
-class Nested(Spec):
-    """Another wire dataclass, encoded in place as its own array (schema version first)."""
-
-    cls: type
-
-    def check(self, value: Any) -> str | None:
-        if type(value) is not self.cls:
-            return f"expected {self.cls.__name__}, got {type(value).__name__}"
-        return None  # a built wire object validated itself
-
-    def to_wire(self, value: Any) -> list[Any]:
-        from protocol.codec import to_wire
-
-        return to_wire(value)
-
-    def from_wire(self, raw: Any, obj: str, field: str) -> Any:
-        from protocol.codec import from_wire
-
-        return from_wire(self.cls, raw, where=f"{obj}.{field}")

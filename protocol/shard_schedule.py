@@ -21,14 +21,12 @@ What it owns
   again from other holders (at most `endgame_copies` copies of a shard); the first copy
   that completes wins and the others are cancelled (`Cancel`). A shard whose holders are
   all busy or dropped is missing and not in flight: no endgame yet (duplicating the
-  shards in flight meanwhile only loaded the uplinks the waiting shard needs; in the
-  1,000-peer simulation a third of the bytes sent were such copies).
+  shards in flight meanwhile would only load the uplinks the waiting shard needs).
 - **Busy**: a peer that answers "busy" (its uplink is full, `upload_busy`; `on_busy`) is
-  not asked for anything for `HAVE_KEEPALIVE_S`. Asking it for its next shard at once only
-  drew the next refusal, shard after shard (1,000-peer simulation). "Not held" (a stale
-  have-map, or first copies first) is not busy: that peer is asked for other shards at
-  once — treating the trainer's first-copies answer as busy kept 8 receivers off its
-  uplink for seconds at a time (bench broadcast's ratio 1.4 -> 1.7-1.9).
+  not asked for anything for `HAVE_KEEPALIVE_S` (asking it for its next shard at once
+  would only draw the next refusal). "Not held" (a stale have-map, or first copies first)
+  is not busy: that peer is asked for other shards at once, so receivers are not kept off
+  the trainer's uplink by its first-copies answer.
 - Stalls: a request not done by its deadline (`stall_s` plus the time its size needs at
   `min_rate_bytes_s`) is cancelled, its peer dropped for `drop_s` (`DropPeer`) and the
   shard becomes requestable elsewhere. The node also puts a deadline on every read and
@@ -64,27 +62,23 @@ The serving side has three rules. `next_upload(waiting, now)`: a capped uplink i
 of chunks, and the chunk whose shard has the fewest bytes left goes next (shortest
 remaining first), except that a chunk that has waited `UPLOAD_MAX_WAIT_S` goes before
 any other (oldest first), so no transfer waits past the readers' deadlines. Sharing the
-uplink chunk by chunk in turn made every shard in flight finish late together: the
-trainer serving 16 requests for 2 MiB shards at 10 MiB/s completed none for 3.2 s, and
-nobody could relay anything meanwhile; shortest-first completes one every 0.2 s, each
+uplink chunk by chunk in turn would make every shard in flight finish late together, with
+nothing relayable meanwhile; shortest-first completes shards one after the other, each
 relayable at once (the mean completion time is the least any order gives).
 `upload_busy(queued_bytes, rate)`: a server declines a new request ("busy" on the wire,
 no blame; BitTorrent's choke) while what its uplink already has to send takes longer
-than `UPLOAD_MAX_WAIT_S` at its upload rate; an idle server takes any request. A FIFO or
-shortest-first queue that takes everything makes a slow uplink (10 Mb/s: 51 s for a 64 MB
-shard) collect requests it serves minutes later, while faster holders idle: in the
-1,000-peer simulation the slowest peer waited 200 s for a shard queued at a 12 Mb/s peer.
-Declined, the asker takes the shard from a holder that has room (see **Busy**).
+than `UPLOAD_MAX_WAIT_S` at its upload rate; an idle server takes any request. A queue
+that takes everything would let a slow uplink collect requests it serves minutes later
+while faster holders idle. Declined, the asker takes the shard from a holder that has
+room (see **Busy**).
 And `first_copies_first(served, shards, index)`: the publisher of a manifest (the trainer,
 whose copies are the only ones) sends a shard a second time only once every shard of it
 has gone out at least once; until then it answers "not held" (no blame: the asker takes it
-from whoever got the first copy, or asks for another shard). Without it the origin's uplink
-carried the same rare shards to several receivers at once (3.6 checkpoints out of the
-origin for 8 receivers), BitTorrent's reason for super-seeding. Only the publisher applies
-it: a receiver that finished got every shard from another holder, and applying it there
-deadlocks: its neighbours, all finished, had each sent shard 4 once and nothing else, and
-nobody asks them for the other shards, so they declined shard 4 to the last three
-receivers for ever (the 1,000-peer simulation, seed 1).
+from whoever got the first copy, or asks for another shard), so the origin's uplink does
+not carry the same rare shards to several receivers at once (BitTorrent's reason for
+super-seeding). Only the publisher applies it: a receiver that finished got every shard
+from another holder, and applying it there can deadlock (finished neighbours that each
+sent one shard once would decline it to the last receivers for ever).
 
 Have-maps are pushed over one watch per pair of peers (the node's `shard_exchange`): at
 most every `HAVE_DEBOUNCE_S`, again after `HAVE_KEEPALIVE_S` without a change, for at most
@@ -125,6 +119,8 @@ Key = tuple[bytes, int]
 
 @dataclass(frozen=True, slots=True)
 class ScheduleConfig:
+    """Concurrency, deadlines and penalties of shard requests."""
+
     per_peer: int = 2  # requests in flight to one peer
     total: int = 8  # requests in flight overall
     endgame_copies: int = 2  # copies of one shard in flight during the endgame
@@ -156,6 +152,8 @@ class ScheduleConfig:
 
 @dataclass(frozen=True, slots=True)
 class Request:
+    """Request shard `index` of `manifest_id` (`size` bytes) from `peer` (action)."""
+
     peer: str
     manifest_id: bytes
     index: int
@@ -164,6 +162,8 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
+    """Cancel the request of shard `index` of `manifest_id` at `peer` (action)."""
+
     peer: str
     manifest_id: bytes
     index: int
@@ -172,6 +172,8 @@ class Cancel:
 
 @dataclass(frozen=True, slots=True)
 class DropPeer:
+    """Ask `peer` for nothing until `until` (action)."""
+
     peer: str
     until: float
     reason: str
@@ -212,6 +214,7 @@ class ShardScheduler:
     # -- what we want -----------------------------------------------------------------
 
     def want(self, manifest_id: bytes, sizes: Sequence[int], have: Iterable[int] = ()) -> None:
+        """Fetch the shards of `manifest_id` (sizes in index order), except those in `have`."""
         if manifest_id in self._sizes:
             return
         self._sizes[manifest_id] = tuple(sizes)
@@ -220,6 +223,7 @@ class ShardScheduler:
         self._done_bytes += sum(sizes[i] for i in got if 0 <= i < len(sizes))
 
     def forget(self, manifest_id: bytes) -> list[Cancel]:
+        """Stop fetching `manifest_id`; returns the cancels of its requests in flight."""
         out = []
         for key in [k for k in self._flights if k[0] == manifest_id]:
             for f in self._flights.pop(key):
@@ -230,12 +234,15 @@ class ShardScheduler:
         return out
 
     def missing(self, manifest_id: bytes) -> frozenset[int]:
+        """Indices of `manifest_id`'s shards not yet held."""
         return frozenset(self._missing.get(manifest_id, ()))
 
     def complete(self, manifest_id: bytes) -> bool:
+        """Whether every shard of `manifest_id` is held."""
         return manifest_id in self._sizes and not self._missing[manifest_id]
 
     def progress(self) -> dict[str, int]:
+        """Bytes wanted and done, shards missing and requests in flight."""
         total = sum(sum(s) for s in self._sizes.values())
         return {
             "bytes_total": total,
@@ -245,6 +252,7 @@ class ShardScheduler:
         }
 
     def rate(self, peer: str) -> float | None:
+        """`peer`'s throughput estimate in bytes/s (None if unknown)."""
         p = self._peers.get(peer)
         return None if p is None else p.rate
 
@@ -257,6 +265,7 @@ class ShardScheduler:
         return p
 
     def on_have(self, peer: str, manifest_id: bytes, indices: Iterable[int], now: float) -> None:
+        """`peer` holds these shards of `manifest_id` (replaces its earlier announcement)."""
         self._peer(peer).have[manifest_id] = frozenset(indices)
 
     def on_peer_gone(self, peer: str, now: float) -> list[Cancel]:
@@ -303,6 +312,7 @@ class ShardScheduler:
         return None if best is None else best[2]
 
     def next_requests(self, now: float) -> list[Request]:
+        """The requests to send now (rarest first, best source first, endgame copies)."""
         c = self.config
         out: list[Request] = []
         in_flight = sum(len(f) for f in self._flights.values())
@@ -421,6 +431,7 @@ class ShardScheduler:
         return self._drop_peer(peer, now, "transfer failed", self.config.fail_backoff_s)
 
     def tick(self, now: float) -> list[Action]:
+        """Drop the peers whose requests passed their deadline (cancels and drops)."""
         out: list[Action] = []
         stalled = {
             f.peer for flights in self._flights.values() for f in flights if f.deadline <= now

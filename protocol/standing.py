@@ -10,7 +10,7 @@ its records are over the limit (the largest statistic an honest record reached i
 calibration), a record whose body never arrived counting as over (`MISSING`; at most
 `WINDOW_OVER` - 1 of them, so missing bodies alone never fail a window). Not the
 median: a worker that changes only a minority of each window keeps the median honest, but
-not the count of records over the limit; and one withheld body per window no longer keeps
+not the count of records over the limit; and one withheld body per window does not keep
 the window from being judged.
 
 Standing (`StandingBook`), per producer key, from the audits heard about it:
@@ -84,12 +84,16 @@ HOLD_S = 20.0
 
 
 class State(enum.StrEnum):
+    """A producer's standing: on probation, good, or banned."""
+
     PROBATION = "probation"
     GOOD = "good"
     BANNED = "banned"
 
 
 class Decision(enum.StrEnum):
+    """What to do with a producer's rollout: train on it, wait, or drop it."""
+
     TRAIN = "train"
     WAIT = "wait"
     DROP = "drop"
@@ -151,6 +155,7 @@ class StandingBook:
         return [Banned(producer, reason)]
 
     def state(self, producer: bytes) -> State:
+        """`producer`'s standing."""
         rec = self._book.get(producer)
         if rec is not None and rec.banned:
             return State.BANNED
@@ -205,6 +210,7 @@ class HeldPasses:
         return self._count
 
     def hold(self, producer: bytes, window: int, verdict: Any) -> None:
+        """Hold a passing verdict about `producer`'s `window` until the window is judged."""
         self._held.setdefault((producer, window), []).append(verdict)
         self._count += 1
         while self._count > self.max_held:
@@ -213,11 +219,13 @@ class HeldPasses:
             self.dropped += len(old)
 
     def cleared(self, producer: bytes, window: int) -> list[Any]:
+        """The window passed: its held verdicts, released."""
         out = self._held.pop((producer, window), [])
         self._count -= len(out)
         return out
 
     def failed(self, producer: bytes) -> int:
+        """The producer failed: drop its held verdicts; returns how many."""
         keys = [k for k in self._held if k[0] == producer]
         n = sum(len(self._held.pop(k)) for k in keys)
         self._count -= n

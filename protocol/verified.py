@@ -27,6 +27,8 @@ __all__ = ["Status", "VerifiedRule", "Vote", "judge"]
 
 
 class Status(enum.StrEnum):
+    """Whether a rollout is verified, rejected, or still pending."""
+
     PENDING = "pending"
     VERIFIED = "verified"
     REJECTED = "rejected"
@@ -34,6 +36,8 @@ class Status(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Vote:
+    """One validator's verdict about a producer's rollout."""
+
     signer: bytes
     producer: bytes
     passed: bool
@@ -41,6 +45,8 @@ class Vote:
 
 @dataclass(frozen=True, slots=True)
 class VerifiedRule:
+    """How many passing (`quorum`) or failing (`fail_quorum`) votes decide."""
+
     quorum: int = 1
     fail_quorum: int = 1
 

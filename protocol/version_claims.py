@@ -84,4 +84,5 @@ class VersionClaims:
         self._open.pop(peer, None)
 
     def open_count(self) -> int:
+        """Questions asked and not yet answered."""
         return len(self._open)

@@ -84,4 +84,5 @@ def plan(target: int, installed: Iterable[int], offers: Iterable[Offer]) -> list
 
 
 def plan_bytes(steps: Iterable[Offer]) -> int:
+    """The bytes a plan's steps download in all."""
     return sum(o.total_bytes for o in steps)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import string
 
-from protocol.codec import WireObject, spec, wire
+from protocol.codec import Nested, WireObject, spec, wire
 from protocol.identity import SIGNATURE_SIZE
 from protocol.schema import (
     U16,
@@ -29,7 +29,6 @@ from protocol.schema import (
     Float,
     Int,
     ListOf,
-    Nested,
     PeerId,
     Str,
     U32Array,
@@ -173,6 +172,8 @@ class HeaderBatch(WireObject):
 
 @wire("metric", schema=1, max_bytes=256)
 class Metric(WireObject):
+    """A named number (an audit's or a run's measurement)."""
+
     name: str = spec(Str(64, min_len=1))
     value: float = spec(Float(-1e300, 1e300))
 
@@ -234,6 +235,8 @@ class FraudEvidence(WireObject):
 
 @wire("shard_info", schema=1, max_bytes=256)
 class ShardInfo(WireObject):
+    """One shard of a weights file: its index, byte offset, size and digest."""
+
     index: int = spec(Int(*U32))
     offset: int = spec(Int(*U63))
     size: int = spec(Int(1, MAX_SHARD_BYTES))
@@ -255,12 +258,16 @@ class WeightManifest(WireObject):
 
 @wire("shard_request", schema=1, max_bytes=256)
 class ShardRequest(WireObject):
+    """A request for shard `index` of the manifest with digest `manifest_digest`."""
+
     manifest_digest: bytes = spec(DIGEST)
     index: int = spec(Int(*U32))
 
 
 @wire("shard_response", schema=1, max_bytes=MAX_SHARD_BYTES + 1 * KiB)
 class ShardResponse(WireObject):
+    """The bytes of shard `index` of the manifest with digest `manifest_digest`."""
+
     manifest_digest: bytes = spec(DIGEST)
     index: int = spec(Int(*U32))
     data: bytes = spec(Bytes(MAX_SHARD_BYTES))

@@ -64,9 +64,10 @@ def _closure(modules: set[str]) -> set[str]:
         if m in seen:
             continue
         seen.add(m)
-        path = ROOT / (m.replace(".", "/") + ".py")
-        if path.exists():
-            todo.extend(_protocol_imports(path))
+        module = ROOT / m.replace(".", "/")
+        for path in (module.with_suffix(".py"), module / "__init__.py"):
+            if path.exists():
+                todo.extend(_protocol_imports(path))
     return seen
 
 

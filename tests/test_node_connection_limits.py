@@ -82,7 +82,7 @@ async def test_closed_connections_give_their_inbound_slot_back() -> None:
     started = time.monotonic()
     async with open_host(_key()) as host:
         addr = host.listen_addrs()[0]
-        assert 2 * host._lh.get_network()._inbound_limiter.total_tokens <= 500
+        assert 2 * host.libp2p.get_network()._inbound_limiter.total_tokens <= 500
         for i in range(500):
             ok = await _visit(addr)
             assert ok, f"connection {i + 1} from a fresh identity was refused"
@@ -97,7 +97,7 @@ async def test_closed_connections_give_their_inbound_slot_back() -> None:
             for _ in range(300):
                 nursery.start_soon(one)
         assert ok_count >= 150, f"only {ok_count} of 300 concurrent connections got in"
-        network = host._lh.get_network()
+        network = host.libp2p.get_network()
         with trio.fail_after(20):
             while host.connected_peers() or network.get_connections():
                 await trio.sleep(0.05)
@@ -120,9 +120,9 @@ async def test_inbound_connections_per_ip_are_capped_and_released() -> None:
             for _ in range(6):
                 nursery.start_soon(one)
         assert sum(results) == 3, results
-        assert host._inbound_gate.refused == 3
+        assert host.inbound_gate.refused == 3
         with trio.fail_after(10):
-            while host._inbound_gate.counts:
+            while host.inbound_gate.counts:
                 await trio.sleep(0.05)
         assert await _visit(addr)
 
@@ -133,7 +133,7 @@ async def test_connections_per_peer_are_capped() -> None:
         addr = host.listen_addrs()[0]
         key_pair = create_new_key_pair()
         peer = ID.from_pubkey(key_pair.public_key)
-        network = host._lh.get_network()
+        network = host.libp2p.get_network()
         settled: list[int] = []
         async with trio.open_nursery() as visits:
             for _ in range(3):
@@ -221,8 +221,8 @@ async def test_the_library_never_dials_peers_on_its_own() -> None:
     banned peer came back, and dials went out that nothing of ours asked for."""
     async with open_host(_key()) as host, open_host(_key()) as other:
         info = info_from_p2p_addr(multiaddr.Multiaddr(other.listen_addrs()[0]))
-        host._lh.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
-        network = host._lh.get_network()
+        host.libp2p.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+        network = host.libp2p.get_network()
         await network.auto_connector.maybe_connect()
         await trio.sleep(2.0)
         assert network.get_connections(info.peer_id) == []

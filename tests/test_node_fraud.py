@@ -18,7 +18,7 @@ import trio
 
 from bench._records import synthetic_record
 from node.peer.peer import PeerConfig, open_peer
-from node.roles import RoleContext
+from node.roles import RoleIO, ValidatorConfig
 from node.roles import validator as validator_role
 from node.run_file import manifest_from_table
 from protocol.admission import Kind
@@ -99,7 +99,9 @@ async def _validator(
     share of producers' windows audited whole (0 here unless a test says). Fresh keys
     start in good standing unless `probation` (then their records are all sampled)."""
     monkeypatch.setattr(
-        validator_role, "load", lambda ctx, m: (object(), None, AuditSettings(), frozenset())
+        validator_role,
+        "load",
+        lambda config, m, say: (object(), None, AuditSettings(), frozenset()),
     )
     if not probation:
         monkeypatch.setattr(
@@ -113,14 +115,10 @@ async def _validator(
         roles=("validator",),
         pull_bodies=False,
     )
-    ctx = RoleContext(
-        audit_fraction=fraction,
-        data_dir=tmp_path,
-        say=lambda _m: None,
-        producer_window_fraction=window_fraction,
-    )
+    config = ValidatorConfig(audit_fraction=fraction, producer_window_fraction=window_fraction)
+    ctx = RoleIO(say=lambda _m: None)
     async with open_peer(cfg) as peer, trio.open_nursery() as nursery:
-        nursery.start_soon(validator_role.run, peer, ctx)
+        nursery.start_soon(validator_role.run, peer, config, ctx)
         await trio.sleep(0.2)
         yield peer, ctx
         nursery.cancel_scope.cancel()

@@ -113,10 +113,9 @@ async def test_pull_over_a_real_stream_and_missing_ids() -> None:
         async def lookup(ids: list[bytes]) -> list[bytes | None]:
             return [records.get(i) for i in ids]
 
-        async def handler(stream) -> None:  # type: ignore[no-untyped-def]
-            await rx.serve(stream, lookup)
-
-        server.set_stream_handler(rx.protocol_id("pull"), handler)
+        server.set_stream_handler(
+            rx.protocol_id("pull"), rx.server("pull", lookup, lambda _n: None)
+        )
         assert (await client.connect(server.listen_addrs()[0])).ok
         ids = [*records, missing]
         got = await rx.pull(client, server.peer_id, "pull", ids)

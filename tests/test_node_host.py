@@ -1,5 +1,5 @@
-"""One test per py-libp2p workaround in `node/host/host.py`: each fails if the library default
-comes back (plaintext offered, spam drops, 32-slot queues, own echo, early publish,
+"""One test per py-libp2p default that `node.host` changes (`node/host/host.py`'s list and
+the patches of `node.host.libp2p_patches`): each fails if the library default comes back (plaintext offered, spam drops, 32-slot queues, own echo, early publish,
 silent size drop, frozen peers blocking, sequential dials, leaked listener)."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ async def test_noise_yamux_connect_and_stream_frames() -> None:
         from libp2p.peer.id import ID
         from libp2p.stream_muxer.yamux.yamux import Yamux
 
-        conn = a._lh.get_network().get_connections(ID.from_base58(b.peer_id))[0]
+        conn = a.libp2p.get_network().get_connections(ID.from_base58(b.peer_id))[0]
         assert isinstance(conn.muxed_conn, Yamux)
         assert str(conn.muxed_conn.negotiated_security_protocol) == "/noise"
         stream = await a.open_stream(b.peer_id, "/t/echo/1")
@@ -390,10 +390,11 @@ async def test_two_hosts_cannot_share_a_port_so_reuseport_is_off() -> None:
 async def test_bulk_frames_cost_one_noise_message_per_yamux_frame_and_few_socket_calls(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Workaround 19: without it a full Yamux frame is split into two Noise messages, the
-    # receiver answers every read with a window update, and every Noise message costs
-    # two socket reads (its length, then its body). Workaround 20: without it every
-    # frame is its own socket write.
+    # Without one_noise_message_per_yamux_frame, batch_yamux_window_updates and
+    # buffer_tcp_reads a full Yamux frame is split into two Noise messages, the receiver
+    # answers every read with a window update, and every Noise message costs two socket
+    # reads (its length, then its body). Without batch_yamux_writes and
+    # batch_noise_writes every frame is its own socket write.
     from libp2p.security.noise import io as noise_io
 
     counts = {"noise": 0, "reads": 0, "writes": 0}
@@ -437,9 +438,7 @@ async def test_bulk_frames_cost_one_noise_message_per_yamux_frame_and_few_socket
         monkeypatch.undo()
     assert got == [b"warm", *payloads]  # the same bytes, in order
     frames = 7 * 1024 * 1024 / noise_io.MAX_PLAINTEXT_LENGTH  # the least possible: ~112
-    # measured per frame: 1.3 Noise messages (window updates included), 0.5 socket reads
-    # and 0.33 socket writes (both sides); without workaround 20 1.6 / 1.6 / 1.6, without
-    # workaround 19 also ~2.1 Noise messages and ~6 socket reads
+    # the figures with and without the patches: docs/BENCHMARKS.md, "Bytes per frame"
     assert counts["noise"] < 1.8 * frames and counts["reads"] < 2 * frames, counts
     assert counts["writes"] < 0.7 * frames, counts
 
@@ -447,7 +446,7 @@ async def test_bulk_frames_cost_one_noise_message_per_yamux_frame_and_few_socket
 async def test_a_writer_out_of_window_wakes_at_the_window_update_not_a_poll(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Workaround 21: with the backstop poll at 30 s, only the window lock's wake-up can
+    # wake_writer_on_window_update: with the backstop poll at 30 s, only the window lock's wake-up can
     # move 2 MiB through a 256 KiB window (the library's zero-window wait gives up at 5 s).
     import node.host.libp2p_patches as host_module
 
@@ -471,7 +470,7 @@ async def test_a_writer_out_of_window_wakes_at_the_window_update_not_a_poll(
 
 
 async def test_expect_lets_the_remote_send_a_whole_reply_before_anything_is_read() -> None:
-    # Workaround 22: without the grant the server's write stops at the 256 KiB window
+    # FramedStream.expect: without the grant the server's write stops at the 256 KiB window
     # until the asker reads (and the library gives up after 5 s).
     size = 4 * 1024 * 1024
     payload = secrets.token_bytes(size)
@@ -496,7 +495,7 @@ async def test_expect_lets_the_remote_send_a_whole_reply_before_anything_is_read
 async def test_opening_a_stream_proposes_the_protocol_before_reading_the_header_answer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Workaround 23: the library wrote multistream's header, waited for its echo, then
+    # pipeline_multistream_select: the library wrote multistream's header, waited for its echo, then
     # proposed the protocol: two round trips per stream opened.
     from libp2p.network.stream.net_stream import NetStream
     from libp2p.protocol_muxer.multiselect_communicator import MultiselectCommunicator
@@ -539,7 +538,7 @@ async def test_opening_a_stream_proposes_the_protocol_before_reading_the_header_
 
 
 async def test_small_messages_cost_no_window_updates(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Workaround 24: the library answered every read below half the window with a
+    # window_update_at_half: the library answered every read below half the window with a
     # window update (here: one per message).
     from libp2p.stream_muxer.yamux.yamux import YamuxStream
 
@@ -596,7 +595,7 @@ async def test_banning_connected_peers_does_not_crash() -> None:
 
 
 async def test_received_bytes_are_handed_on_without_copies() -> None:
-    """Workaround 20, receiving side: the secure session keeps a Noise message as it is
+    """keep_noise_plaintext_uncopied and return_whole_reads_uncopied, the receiving side: the secure session keeps a Noise message as it is
     and hands out views of it (the library copied it into a BytesIO and out again), and
     `read_exactly` returns a first read that was whole as it is (the library copied it
     twice)."""

@@ -76,7 +76,6 @@ async def test_a_ban_survives_a_restart(tmp_path: Path) -> None:
 async def test_body_streams_per_peer_are_capped(tmp_path: Path) -> None:
     from node.exchange import rollouts as rx
     from node.host.host import PeerError
-    from node.peer.services import MAX_SERVE_STREAMS_PER_PEER
 
     manifest = net_manifest("cap")
     async with (
@@ -87,7 +86,7 @@ async def test_body_streams_per_peer_are_capped(tmp_path: Path) -> None:
     ):
         await until("connected", lambda: client.host.connected_peers() == [server.host.peer_id])
         streams, refused = [], 0
-        for _ in range(MAX_SERVE_STREAMS_PER_PEER + 2):
+        for _ in range(rx.MAX_SERVE_STREAMS_PER_PEER + 2):
             try:
                 stream = await client.host.open_stream(server.host.peer_id, rx.protocol_id("cap"))
             except PeerError:
@@ -101,7 +100,7 @@ async def test_body_streams_per_peer_are_capped(tmp_path: Path) -> None:
         # the first ones still work
         await streams[0].send(rx.encode_request([bytes(32)]))
         assert await streams[0].receive() == b""  # unknown id: an empty frame
-        for late in streams[MAX_SERVE_STREAMS_PER_PEER:]:
+        for late in streams[rx.MAX_SERVE_STREAMS_PER_PEER :]:
             with pytest.raises(PeerError):
                 await late.send(rx.encode_request([bytes(32)]))
                 await late.receive()

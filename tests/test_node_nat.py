@@ -93,7 +93,7 @@ async def test_a_relay_at_its_limits_refuses_new_reservations_and_keeps_existing
 
 async def test_hole_punch_dials_can_leave_from_our_listen_port() -> None:
     """DCUtR's TCP hole punch binds its dial to our listen port: that needs SO_REUSEPORT
-    on the listener (`node.host.libp2p_patches` workaround 16 keeps it, and claims the port
+    on the listener (`node.host.libp2p_patches.exclusive_listen_port` keeps it, and claims the port
     first so two nodes still cannot share one)."""
     async with open_host(os.urandom(32), ["/ip4/127.0.0.1/tcp/0"]) as host:
         port = int(host.listen_addrs()[0].split("/tcp/")[1].split("/")[0])

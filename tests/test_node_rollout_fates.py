@@ -9,7 +9,7 @@ from collections import OrderedDict
 import pytest
 
 from node.roles.rollout_fates import Fates, shares
-from node.roles.trainer import Collector, _pick, _train
+from node.roles.trainer import Collector, pick_ready, train_ready
 from node.run_file import manifest_from_table
 from protocol.authority import Authority
 from protocol.identity import Identity
@@ -69,9 +69,9 @@ def test_stale_means_refused_for_staleness_and_the_shares_add_up(tok, tmp_path):
     trainer.version = version
     rescorer = Rescorer(manifest, tok)
     fates = Fates()
-    ready, _unaudited = _pick(collector, StandingBook(), waiting, version, s, now, fates)
+    ready, _unaudited = pick_ready(collector, StandingBook(), waiting, version, s, now, fates)
     assert sorted(r.rollout_id for r in ready) == sorted(r.rollout_id for r in full + partial)
-    assert _train(trainer, rescorer, ready, 1, now) == 1
+    assert train_ready(trainer, rescorer, ready, 1, now) == 1
     refusals = [trainer.add(rescorer.sample(ro), now) for ro in stale_queued]
     assert all(r is not None and r.startswith("stale:") for r in refusals), refusals
     fates.on_late(stale_queued[0].rollout_id)

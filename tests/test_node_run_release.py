@@ -95,7 +95,7 @@ def test_without_release_keeps_every_other_table() -> None:
     ],
 )
 def test_a_malformed_run_directory_answer_is_refused(garbage: bytes) -> None:
-    with pytest.raises(run_exchange.BadAnswer):
+    with pytest.raises(run_exchange.BadResponse):
         run_exchange.decode_answer("peer", garbage)
 
 

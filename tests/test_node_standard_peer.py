@@ -64,7 +64,7 @@ async def test_a_standard_libp2p_peer_stays_connected_and_sees_our_agent() -> No
 
 
 async def test_garbage_gossipsub_rpc_does_not_crash_the_host() -> None:
-    """Workaround 18 (`node/host/host.py`): a GossipSub RPC that is not protobuf does not take
+    """`node.host.gossip_guard.GuardedPubsub`: a GossipSub RPC that is not protobuf does not take
     the host down (unpatched, it raises out of the library's reader and does)."""
     from libp2p import new_host
     from libp2p.crypto.ed25519 import create_new_key_pair

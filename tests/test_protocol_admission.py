@@ -466,7 +466,7 @@ def test_dedup_memory_is_bounded():
     recs = [record(seq=i) for i in range(1, 6)]
     for r in recs:
         assert isinstance(a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, r))[-1], Deliver)
-    assert len(a._dedup) == 3
+    assert len(a.seen.dedup) == 3
     # The oldest was forgotten (a bounded cache), the newest is still a duplicate.
     assert isinstance(a.handle(msg(RELAY, Kind.ROLLOUT_RECORD, recs[0]))[-1], Deliver)
     assert (
@@ -562,7 +562,7 @@ def test_bytes_like_input_and_dedup_expiry():
         Reason.DUPLICATE
     )
     a.handle(Tick(T0 + 61))
-    assert len(a._dedup) == 0
+    assert len(a.seen.dedup) == 0
 
 
 # -- every score change is reported, and each message gets one gossipsub verdict -----------

@@ -135,7 +135,7 @@ def test_other_connected_peers_are_asked_after_widen_after_attempts() -> None:
         now = s.next_due()
     assert asked == [PRODUCER, SENDER, PRODUCER]
     (f,) = _fetches(_due(s, now, connected=connected))
-    assert OTHER in s._pulls["r1"].sources
+    assert OTHER in s.sources("r1")
 
 
 def test_the_pull_window_ends_a_pull() -> None:

@@ -405,7 +405,7 @@ def test_a_shopper_across_published_versions_earns_nothing_for_going_back() -> N
     version, its claims at older ones are out of order: credited 0, never trained on, and
     those going back to a second older version cost it."""
     from node.roles.rollout_fates import Fates
-    from node.roles.trainer import Collector, _pick
+    from node.roles.trainer import Collector, pick_ready
     from protocol.standing import StandingBook
     from protocol.verified import VerifiedRule
 
@@ -434,7 +434,7 @@ def test_a_shopper_across_published_versions_earns_nothing_for_going_back() -> N
     assert c.credit.standing(ALICE.peer_id).out_of_order > 50
     from collections import OrderedDict
 
-    ready, _unaudited = _pick(c, StandingBook(), OrderedDict(waiting), 12, 2, t, Fates())
+    ready, _unaudited = pick_ready(c, StandingBook(), OrderedDict(waiting), 12, 2, t, Fates())
     back = [ro for ro in ready if ro.header.counter > 2 and ro.envelope.policy_version < 12]
     assert len(ready) > 100 and back == []  # after reaching v12 at counter 2, none gone back
     # Going back to one version is free (an honest restart may); to the other, it costs.
@@ -573,7 +573,7 @@ def test_the_trainer_never_trains_a_stale_claim_and_credits_it_0() -> None:
     from collections import OrderedDict
 
     from node.roles.rollout_fates import Fates
-    from node.roles.trainer import Collector, _pick
+    from node.roles.trainer import Collector, pick_ready
     from protocol.credit import STALE_AFTER_S
     from protocol.standing import StandingBook
     from protocol.verified import VerifiedRule
@@ -592,7 +592,7 @@ def test_the_trainer_never_trains_a_stale_claim_and_credits_it_0() -> None:
             v = pass_verdict(item.content_id, ALICE.peer_id, 1.0, counter, t)
             for vi in delivered(a, RELAY, Kind.VERDICT, v, t):
                 c.on_deliver(vi)
-    ready, _ = _pick(c, StandingBook(), waiting, 10, 2, t, Fates())
+    ready, _ = pick_ready(c, StandingBook(), waiting, 10, 2, t, Fates())
     assert [ro.header.counter for ro in ready] == [2]
     assert c.credited_reward(ALICE.peer_id, t) == 0.5
     assert c.credit.standing(ALICE.peer_id).stale == 1

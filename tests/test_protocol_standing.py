@@ -198,7 +198,7 @@ def test_the_trainer_trains_a_good_producers_unaudited_records_and_drops_a_banne
     the hold; a failed verdict bans it and its waiting records never train."""
     from collections import OrderedDict
 
-    from node.roles.trainer import Collector, _pick, judged
+    from node.roles.trainer import Collector, judged, pick_ready
     from protocol.admission import Deliver, Kind
     from protocol.verified import VerifiedRule
     from tests.test_protocol_admission import ALICE, RELAY, header
@@ -231,13 +231,13 @@ def test_the_trainer_trains_a_good_producers_unaudited_records_and_drops_a_banne
         c.on_deliver(item)
         assert judged(book, a.authority, item) == []
     assert book.state(ALICE.peer_id) is State.GOOD
-    ready, unaudited = _pick(c, book, waiting, 10, 2, t0 + 1, Fates())
+    ready, unaudited = pick_ready(c, book, waiting, 10, 2, t0 + 1, Fates())
     assert (len(ready), unaudited) == (probation, 0)  # verified: at once
-    assert _pick(c, book, waiting, 10, 2, t0 + HOLD_S - 1, Fates()) == (
+    assert pick_ready(c, book, waiting, 10, 2, t0 + HOLD_S - 1, Fates()) == (
         [],
         0,
     )  # the rest wait the hold
-    ready, unaudited = _pick(c, book, waiting, 10, 2, t0 + HOLD_S, Fates())
+    ready, unaudited = pick_ready(c, book, waiting, 10, 2, t0 + HOLD_S, Fates())
     assert (len(ready), unaudited) == (8, 8)
     # a failed verdict bans: what waits of it is dropped, nothing more trains
     rec = rollout(seq=probation + 20)
@@ -249,7 +249,7 @@ def test_the_trainer_trains_a_good_producers_unaudited_records_and_drops_a_banne
     bad = verdict(RUN_VALIDATOR, rids[-1], ALICE.peer_id, passed=False, seq=probation + 1)
     (item,) = [x.item for x in a.handle(msg(RELAY, Kind.VERDICT, bad)) if isinstance(x, Deliver)]
     assert judged(book, a.authority, item) == [Banned(ALICE.peer_id, "bad_proof")]
-    assert _pick(c, book, waiting, 10, 2, t0 + 10 * HOLD_S, Fates()) == ([], 0) and not waiting
+    assert pick_ready(c, book, waiting, 10, 2, t0 + 10 * HOLD_S, Fates()) == ([], 0) and not waiting
 
 
 def test_a_closed_window_names_its_withheld_records_and_a_late_audit_is_not_missing() -> None:

@@ -9,7 +9,7 @@ import zlib
 
 import torch
 
-from node.roles.trainer import _train
+from node.roles.trainer import train_ready
 from node.run_file import manifest_from_table
 from protocol.identity import Identity
 from protocol.rollout import open_record, read_records
@@ -49,7 +49,7 @@ def test_single_learner_steps_as_the_trainer_role_does(tok, tmp_path, monkeypatc
     with open(out, "rb") as f:
         opened = [open_record(r) for r in read_records(f)]
     role = Trainer.from_manifest(role_model, tok, manifest)
-    assert _train(role, Rescorer(manifest, tok), opened, 1, 0.0) == 1
+    assert train_ready(role, Rescorer(manifest, tok), opened, 1, 0.0) == 1
 
     # the reference: the same producer's tasks, generated and trained on in one process
     single = SingleLearner(

@@ -182,13 +182,13 @@ def test_a_claimed_reward_that_differs_is_never_trained_on(tok):
 
 
 def test_every_held_body_is_re_scored_for_credit_whatever_it_claims(tok):
-    """The trainer's credit path (`node.roles.trainer._rescore`): the reward of each body
+    """The trainer's credit path (`node.roles.trainer.rescore_bodies`): the reward of each body
     from its task, not from its header."""
-    from node.roles.trainer import _rescore
+    from node.roles.trainer import rescore_bodies
 
     manifest = _manifest()
     recs = [open_record(r) for r in _records(tok, manifest, Identity.generate(), 2, lie_every=2)]
-    scored = dict(_rescore(Rescorer(manifest, tok), recs))
+    scored = dict(rescore_bodies(Rescorer(manifest, tok), recs))
     assert len(scored) == 4
     for r in recs:
         solved = r.header.counter % 2 == 0

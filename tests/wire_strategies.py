@@ -6,6 +6,7 @@ import dataclasses
 
 from hypothesis import strategies as st
 
+from protocol.codec import Nested
 from protocol.identity import PEER_ID_PREFIX
 from protocol.schema import (
     Bool,
@@ -14,7 +15,6 @@ from protocol.schema import (
     Float,
     Int,
     ListOf,
-    Nested,
     PeerId,
     Spec,
     Str,

@@ -101,8 +101,14 @@ def policy_loss(
     mask: torch.Tensor,  # (B, T) 1 for completion tokens, 0 for padding
     settings: LossSettings,
     ref_logp: torch.Tensor | None = None,  # (B, T) log π_ref, needed when kl_coef > 0
+    total: float | None = None,  # the step's Σ m (token mean) or B (sequence mean)
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The scalar loss to minimise and a few statistics (module docstring has the math)."""
+    """The scalar loss to minimise and a few statistics (module docstring has the math).
+
+    `total` replaces this batch's own denominator when the batch is one micro-batch of a
+    larger step (`trainer.micro_step`): the step's completion tokens for the token mean, its
+    sequences for the sequence mean; summed over the micro-batches, the losses and their
+    gradients are then those of one pass over the whole step."""
     mask = mask.to(logp.dtype)
     old_logp = old_logp.detach()
     adv = advantages.to(logp.dtype)[:, None]  # (B, 1)
@@ -114,13 +120,13 @@ def policy_loss(
     w = w.detach()
     clipped = ratio.clamp(1.0 - settings.clip_low, 1.0 + settings.clip_high)
     objective = w * torch.minimum(ratio * adv, clipped * adv)  # o, (B, T)
-    loss = -_aggregate(objective, mask, settings.aggregation)
+    loss = -_aggregate(objective, mask, settings.aggregation, total)
     kl_value = 0.0
     if settings.kl_coef > 0:
         if ref_logp is None:
             raise ValueError("kl_coef > 0 needs ref_logp")
         d = ref_logp.detach() - logp
-        kl = _aggregate(torch.exp(d) - d - 1.0, mask, settings.aggregation)
+        kl = _aggregate(torch.exp(d) - d - 1.0, mask, settings.aggregation, total)
         loss = loss + settings.kl_coef * kl
         kl_value = float(kl.detach())
     n = mask.sum().clamp(min=1.0)
@@ -138,9 +144,13 @@ def policy_loss(
     return loss, stats
 
 
-def _aggregate(x: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
-    """Token mean over the whole batch, or the mean over sequences of per-sequence means."""
+def _aggregate(
+    x: torch.Tensor, mask: torch.Tensor, how: str, total: float | None = None
+) -> torch.Tensor:
+    """Token mean over the whole batch, or the mean over sequences of per-sequence means;
+    `total`, when given, is the denominator (tokens, or sequences) instead of this batch's."""
     if how == "token":
-        return (x * mask).sum() / mask.sum().clamp(min=1.0)
+        denom = mask.sum().clamp(min=1.0) if total is None else max(total, 1.0)
+        return (x * mask).sum() / denom
     per_seq = (x * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B,)
-    return per_seq.mean()
+    return per_seq.mean() if total is None else per_seq.sum() / max(total, 1.0)

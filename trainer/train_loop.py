@@ -11,9 +11,10 @@ current policy version and the groups waiting to be trained on:
    those (counted under `refused["stale"]`).
 2. `step()`: once `groups_per_step` complete groups are ready, their advantages are computed
    (`trainer.loss.group_advantages`; flat groups dropped and counted), log-probs of the
-   completions under the current policy come from one forward pass, and `policy_loss` with
-   the sampler's recorded log-probs as π_s gives one AdamW step (gradient norm clipped to
-   1). One step per batch, so π_old is the current policy detached (ρ = 1 at the step).
+   completions under the current policy come from micro-batched forward passes
+   (`trainer.micro_step`: LM head at completion positions only, in row chunks), and
+   `policy_loss` with the sampler's recorded log-probs as π_s, its gradients accumulated
+   over the micro-batches, gives one AdamW step (gradient norm clipped to 1). One step per batch, so π_old is the current policy detached (ρ = 1 at the step).
 3. Every `publish_every` consumed groups the version goes up by one: the checkpoint
    (weights, optimiser state, version) is written first, atomically, then `publish(v, model)`
    is called. A restarted trainer (`Trainer(..., ckpt_dir=...)`) resumes at the version of its
@@ -36,7 +37,13 @@ from typing import Any
 
 import torch
 
-from trainer.loss import LossSettings, group_advantages, policy_loss
+from trainer.loss import LossSettings, group_advantages
+from trainer.micro_step import (
+    StepSettings,
+    accumulate_gradients,
+    completion_token_logprobs,
+    frozen_copy,
+)
 from trainer.samples import Sample
 
 CKPT_FILE = "trainer_state.pt"
@@ -50,34 +57,10 @@ Publish = Callable[[int, Any], None]
 def completion_logprobs(
     model: Any, samples: Sequence[Sample], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probs (B, T), mask (B, T)) of each sample's completion tokens under `model`,
-    from one right-padded forward pass at each sample's sampling temperature."""
-    seqs = [list(s.prompt_ids) + list(s.completion_ids) for s in samples]
-    width = max(len(s) for s in seqs)
-    t_max = max(len(s.completion_ids) for s in samples)
-    b = len(samples)
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        attn[i, : len(s)] = 1
-    dev = next(model.parameters()).device
-    logits = model(input_ids=ids.to(dev), attention_mask=attn.to(dev)).logits.float()  # (B, L, V)
-    rows = torch.zeros((b, t_max), dtype=torch.long)
-    targets = torch.zeros((b, t_max), dtype=torch.long)
-    mask = torch.zeros((b, t_max))
-    temps = torch.ones((b, 1, 1))
-    for i, s in enumerate(samples):
-        n_p, n_c = len(s.prompt_ids), len(s.completion_ids)
-        rows[i, :n_c] = torch.arange(n_p - 1, n_p - 1 + n_c)
-        targets[i, :n_c] = torch.tensor(s.completion_ids)
-        mask[i, :n_c] = 1.0
-        temps[i] = s.temperature if s.temperature > 0 else 1.0
-    dev = logits.device
-    rows, targets, mask, temps = rows.to(dev), targets.to(dev), mask.to(dev), temps.to(dev)
-    picked = torch.gather(logits, 1, rows[:, :, None].expand(-1, -1, logits.shape[-1]))  # (B, T, V)
-    logp = torch.log_softmax(picked / temps, dim=-1)
-    return torch.gather(logp, 2, targets[:, :, None]).squeeze(-1), mask  # (B, T)
+    """(log-probs (B, T), mask (B, T)) of each sample's completion tokens under `model` at
+    each sample's sampling temperature, the LM head applied at completion positions only
+    (`trainer.micro_step.completion_token_logprobs`)."""
+    return completion_token_logprobs(model, samples, pad_id)
 
 
 class Trainer:
@@ -97,8 +80,12 @@ class Trainer:
         version: int = 0,
         ckpt_dir: str | os.PathLike[str] | None = None,
         publish: Publish | None = None,
+        step_settings: StepSettings | None = None,
     ) -> None:
         self.model = model
+        self.step_settings = step_settings if step_settings is not None else StepSettings()
+        # π_ref of the KL term: the weights this trainer was given, before any resume
+        self.ref_model = frozen_copy(model) if loss.kl_coef > 0 else None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.group_size = group_size
         self.max_staleness = max_staleness
@@ -210,7 +197,8 @@ class Trainer:
         return stats
 
     def train_on(self, groups: Sequence[Sequence[Sample]]) -> dict[str, float]:
-        """Advantages, one forward/backward pass and one AdamW step over these groups."""
+        """Advantages, forward/backward passes in micro-batches (`trainer.micro_step`) and
+        one AdamW step over these groups."""
         t0 = time.perf_counter()
         samples: list[Sample] = []
         advs: list[float] = []
@@ -227,27 +215,22 @@ class Trainer:
         )
         if samples:
             self.model.train()
-            logp, mask = completion_logprobs(self.model, samples, self.pad_id)
-            t = logp.shape[1]
-            sampler = torch.zeros(logp.shape)
-            for i, s in enumerate(samples):
-                sampler[i, : len(s.sampler_logprobs)] = torch.tensor(s.sampler_logprobs[:t])
-            loss, loss_stats = policy_loss(
-                logp,
-                logp.detach(),
-                sampler.to(logp.device),
-                torch.tensor(advs, device=logp.device),
-                mask,
-                self.loss,
-            )
             self.opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss, loss_stats = accumulate_gradients(
+                self.model,
+                samples,
+                advs,
+                self.pad_id,
+                self.loss,
+                self.step_settings,
+                self.ref_model,
+            )
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
             self.opt.step()
             self.model.eval()
             self.steps += 1
-            self.tokens_trained += int(mask.sum())
-            stats.update(loss_stats, loss=float(loss.detach()), grad_norm=float(grad_norm))
+            self.tokens_trained += sum(len(s.completion_ids) for s in samples)
+            stats.update(loss_stats, loss=loss, grad_norm=float(grad_norm))
         self.groups_trained += len(groups)
         self.rollouts_trained += sum(len(g) for g in groups)
         self.train_seconds += time.perf_counter() - t0

@@ -191,6 +191,7 @@ def main(
     log_format: str | None = None,
     metrics: str | None = None,
     publish_every: float | None = None,
+    micro_batch: int | None = None,
     upload_limit: float | None = None,
     engine: str | None = None,
     join: Sequence[str] = (),
@@ -221,6 +222,7 @@ def main(
             "inference.rollouts_per_version": rollouts_per_version,
             "validator.audit_fraction": audit_fraction,
             "trainer.publish_every_s": publish_every,
+            "trainer.micro_batch": micro_batch,
             "network.upload_limit_mib_s": upload_limit,
             **parse_relay_limits(relay_limit),
         },
@@ -236,12 +238,11 @@ def main(
     boot += [a for a in join_addrs if a not in boot]
     run_choice, identity, ddir = _run_key_and_dir(cfg, role, join_addrs, authority)
     manifest = run_choice.manifest
-    ctx = _role_context(cfg, ddir, threads, max_rollouts, split)
+    role_config, io = _role_settings(role, cfg, ddir, threads, max_rollouts, split)
     from node.roles import check_local
 
-    model_dir = check_local(role, ctx, manifest)  # model and datasets: before the network
+    model_dir = check_local(role, role_config, manifest)  # model and datasets: before the network
     base = _base_weights(model_dir, manifest) if model_dir is not None else None
-    ctx.publish_every_s = cfg["trainer.publish_every_s"]
     lock = _lock(ddir)
     try:
         import trio
@@ -254,7 +255,8 @@ def main(
             ddir,
             listen_addrs,
             boot,
-            ctx,
+            role_config,
+            io,
             cfg,
             duration,
             base,
@@ -321,29 +323,51 @@ def _run_key_and_dir(
     return choice, identity, ddir
 
 
-def _role_context(
+def _role_settings(
+    role: str | None,
     cfg: Any,
     ddir: Path,
     threads: int | None,
     max_rollouts: int | None,
     split: tuple[int, int] | None,
-) -> Any:
-    from node.roles import RoleContext
-
-    return RoleContext(
-        model=cfg["node.model"] or None,
-        models_dir=str(ddir),
-        batch_size=cfg["inference.batch_size"],
-        engine=cfg["inference.engine"],
-        threads=threads,
-        rollouts_per_version=cfg["inference.rollouts_per_version"],
-        audit_fraction=cfg["validator.audit_fraction"],
-        max_rollouts=max_rollouts,
-        producer_window_fraction=cfg["validator.producer_window_fraction"],
-        local_train=split,
-        data_dir=ddir,
-        say=lambda m: _say(f"  {m}"),
+) -> tuple[Any, Any]:
+    """The role's own config dataclass (`node.roles.config`) and its `RoleIO`."""
+    from node.roles import (
+        InferenceConfig,
+        ModelChoice,
+        RelayConfig,
+        RoleIO,
+        TrainerConfig,
+        ValidatorConfig,
     )
+
+    model = ModelChoice(model=cfg["node.model"] or None, models_dir=str(ddir), threads=threads)
+    io = RoleIO(say=lambda m: _say(f"  {m}"))
+    if role == "inference":
+        return InferenceConfig(
+            model=model,
+            batch_size=cfg["inference.batch_size"],
+            engine=cfg["inference.engine"],
+            max_rollouts=max_rollouts,
+            rollouts_per_version=cfg["inference.rollouts_per_version"],
+            local_train=split,
+            data_dir=ddir,
+        ), io
+    if role == "validator":
+        return ValidatorConfig(
+            model=model,
+            batch_size=cfg["inference.batch_size"],
+            audit_fraction=cfg["validator.audit_fraction"],
+            producer_window_fraction=cfg["validator.producer_window_fraction"],
+        ), io
+    if role == "trainer":
+        return TrainerConfig(
+            model=model,
+            data_dir=ddir,
+            publish_every_s=cfg["trainer.publish_every_s"],
+            micro_batch=cfg["trainer.micro_batch"],
+        ), io
+    return RelayConfig(), io
 
 
 async def _run(
@@ -353,7 +377,8 @@ async def _run(
     data_dir: Path,
     listen: list[str],
     boot: list[str],
-    ctx: Any,
+    role_config: Any,
+    io: Any,
     cfg: Any,
     duration: float | None,
     base: bytes | None = None,
@@ -367,7 +392,8 @@ async def _run(
     from node.roles import role_module
 
     module = role_module(role)
-    pcfg = _peer_config(role, manifest, identity, data_dir, listen, boot, ctx, cfg, module)
+    local_train = getattr(role_config, "local_train", None) is not None
+    pcfg = _peer_config(role, manifest, identity, data_dir, listen, boot, local_train, cfg, module)
     scrape = await _bind_metrics(
         metrics_at
     )  # before joining: a busy port fails before any network IO
@@ -382,8 +408,8 @@ async def _run(
             _say_started(
                 peer, role, manifest, data_dir, boot, metrics_at if scrape is not None else None
             )
-            await _serve(peer, module, ctx, data_dir, scrape, duration)
-            write_status(data_dir, {**_status(peer, ctx), "stopped": True})
+            await _serve(peer, module, role_config, io, data_dir, scrape, duration)
+            write_status(data_dir, {**_status(peer, io), "stopped": True})
     except ListenFailed as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:
@@ -401,7 +427,7 @@ def _peer_config(
     data_dir: Path,
     listen: list[str],
     boot: list[str],
-    ctx: Any,
+    local_train: bool,
     cfg: Any,
     module: Any,
 ) -> Any:
@@ -416,7 +442,7 @@ def _peer_config(
         roles=(role,),
         listen=tuple(listen),
         bootstrap=tuple(boot),
-        pull_bodies=module.PULLS_BODIES or ctx.local_train is not None,
+        pull_bodies=module.PULLS_BODIES or local_train,
         publish_rate_per_s=cfg["network.publish_rate_per_s"],
         max_peers=cfg["network.max_peers"],
         header_batch=cfg["network.header_batch"],
@@ -514,13 +540,19 @@ def _say_started(
         _say(f"  metrics at http://{metrics_at[0]}:{metrics_at[1]}/metrics")
 
 
-def _status(peer: Any, ctx: Any) -> dict[str, Any]:
+def _status(peer: Any, io: Any) -> dict[str, Any]:
     """What `status.json` and the metrics endpoint report now."""
-    return {**peer.stats(), "role_status": ctx.status, "pid": os.getpid(), "time": time.time()}
+    return {**peer.stats(), "role_status": io.status, "pid": os.getpid(), "time": time.time()}
 
 
 async def _serve(
-    peer: Any, module: Any, ctx: Any, data_dir: Path, scrape: Any, duration: float | None
+    peer: Any,
+    module: Any,
+    role_config: Any,
+    io: Any,
+    data_dir: Path,
+    scrape: Any,
+    duration: float | None,
 ) -> None:
     """Run the role, `status.json` once a second and the metrics endpoint until SIGINT,
     SIGTERM or `duration` seconds."""
@@ -530,11 +562,11 @@ async def _serve(
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_stop_on_signal, signals, ctx, nursery.cancel_scope)
-            nursery.start_soon(_status_loop, peer, ctx, data_dir)
+            nursery.start_soon(_stop_on_signal, signals, io, nursery.cancel_scope)
+            nursery.start_soon(_status_loop, peer, io, data_dir)
             if scrape is not None:
-                nursery.start_soon(metrics.serve, scrape, lambda: _status(peer, ctx))
-            nursery.start_soon(module.run, peer, ctx)
+                nursery.start_soon(metrics.serve, scrape, lambda: _status(peer, io))
+            nursery.start_soon(module.run, peer, role_config, io)
             if duration is not None:
                 await trio.sleep(duration)
                 _say(f"swarm-node: --duration {duration:g} s reached: stopping")
@@ -542,23 +574,23 @@ async def _serve(
                 nursery.cancel_scope.cancel()
 
 
-async def _stop_on_signal(signals: Any, ctx: Any, scope: Any) -> None:
+async def _stop_on_signal(signals: Any, io: Any, scope: Any) -> None:
     """SIGUSR1: no new work from now on; SIGINT or SIGTERM: cancel `scope`."""
     async for sig in signals:
         if sig == signal.SIGUSR1:
             _say("swarm-node: SIGUSR1: no new work; still serving what we have")
-            ctx.producing = False
+            io.producing = False
             continue
         _say(f"swarm-node: {signal.Signals(sig).name}: stopping")
         scope.cancel()
         return
 
 
-async def _status_loop(peer: Any, ctx: Any, data_dir: Path) -> None:
+async def _status_loop(peer: Any, io: Any, data_dir: Path) -> None:
     import trio
 
     while True:
-        write_status(data_dir, _status(peer, ctx))
+        write_status(data_dir, _status(peer, io))
         await trio.sleep(1.0)
 
 

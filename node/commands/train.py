@@ -27,6 +27,7 @@ def main(
     out: Path | None = None,
     data_dir: str | None = None,
     threads: int = 1,
+    micro_batch: int = 8,
     quiet: bool = False,
 ) -> dict[str, Any]:
     from node.paths import resolve_model
@@ -34,6 +35,7 @@ def main(
     from protocol.errors import RemoteProtocolError
     from protocol.rollout import open_record, read_records
     from trainer.engine_hf import torch_threads
+    from trainer.micro_step import StepSettings  # deferred: heavy import
     from trainer.model_dir import ModelDirError, load_model_dir, save_model_dir
     from trainer.samples import Refused, Rescorer
     from trainer.train_loop import Trainer
@@ -52,7 +54,12 @@ def main(
         save_model_dir(m, tokenizer, out / f"v{version}")
 
     trainer = Trainer.from_manifest(
-        net, tokenizer, manifest, ckpt_dir=out / "ckpt", publish=publish
+        net,
+        tokenizer,
+        manifest,
+        ckpt_dir=out / "ckpt",
+        publish=publish,
+        step_settings=StepSettings(micro_batch=micro_batch),
     )
     rescorer = Rescorer(manifest, tokenizer)
     admitted = 0

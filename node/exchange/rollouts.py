@@ -3,8 +3,8 @@
 Gossip carries only the signed header (a few hundred bytes); whoever wants the body pulls
 it from a peer that announced it (the producer, or the peer that forwarded the header).
 
-Wire (every frame is length-prefixed by `node.host.host.FramedStream`, every read and write
-under the host's deadline):
+Declared once as `SPEC` on `node.exchange.request_response` (every frame length-prefixed
+by `node.host.host.FramedStream`, every read and write under the host's deadline):
 
     client -> server   request frame: msgpack array of 1..MAX_IDS_PER_REQUEST rollout ids
                        (32-byte bins); at most MAX_REQUESTS_PER_STREAM requests per stream
@@ -15,7 +15,8 @@ under the host's deadline):
 Bounds on the server (a 1 KB request must not pull 32 x 4 MiB, nor one byte every few
 seconds hold a stream open for ever): at most `MAX_RESPONSE_BYTES` of records per request
 and `MAX_STREAM_BYTES` per stream (past them the server answers empty frames: the client
-asks again later or elsewhere), and each stream lives at most `STREAM_DEADLINE_S`.
+asks again later or elsewhere), each stream lives at most `STREAM_DEADLINE_S`, and one
+peer holds at most `MAX_SERVE_STREAMS_PER_PEER` streams at once (another is reset).
 
 The client does not trust the server: each frame goes through `protocol.admission` as a
 `Kind.ROLLOUT_RECORD` (signature, body digest, run, staleness...), and a bad one costs the
@@ -27,11 +28,30 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
-import msgpack
-import trio
-
-from node.host.host import FramedStream, PeerError, SwarmHost
+from node.exchange.request_response import (
+    BadRequest,
+    BadRequestHook,
+    ExchangeSpec,
+    Inbound,
+    MsgpackCodec,
+    OptionalRaw,
+    Server,
+    StreamHost,
+    open_call,
+)
+from protocol.schema import Bytes, ListOf
 from protocol.wire import RolloutRecord
+
+__all__ = [
+    "SPEC",
+    "BadRequest",
+    "Lookup",
+    "decode_request",
+    "encode_request",
+    "protocol_id",
+    "pull",
+    "server",
+]
 
 MAX_IDS_PER_REQUEST = 32
 MAX_REQUESTS_PER_STREAM = 64
@@ -41,99 +61,107 @@ MAX_RECORD_BYTES = RolloutRecord.MAX_BYTES
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 MAX_STREAM_BYTES = 64 * 1024 * 1024
 STREAM_DEADLINE_S = 60.0
+MAX_SERVE_STREAMS_PER_PEER = 4
 
+ROLLOUT_IDS = ListOf(Bytes(ID_SIZE, sizes=(ID_SIZE,)), max_len=MAX_IDS_PER_REQUEST, min_len=1)
 
-class BadRequest(PeerError):
-    """The client sent something that is not a rollout request."""
+SPEC: ExchangeSpec[Sequence[bytes], bytes | None] = ExchangeSpec(
+    name="rollout",
+    protocol="/swarm-rl/{run}/rollout/1",
+    request=MsgpackCodec(
+        "rollout request",
+        ROLLOUT_IDS,
+        MAX_REQUEST_BYTES,
+        limits={
+            "max_bin_len": ID_SIZE,
+            "max_array_len": MAX_IDS_PER_REQUEST,
+            "max_str_len": 0,
+            "max_map_len": 0,
+            "max_ext_len": 0,
+        },
+    ),
+    response=OptionalRaw(MAX_RECORD_BYTES),
+    requests_per_stream=MAX_REQUESTS_PER_STREAM,
+    max_streams_per_peer=MAX_SERVE_STREAMS_PER_PEER,
+    deadline_s=STREAM_DEADLINE_S,
+    bad_request="bad rollout request",
+)
 
 
 def protocol_id(run_id: str) -> str:
-    return f"/swarm-rl/{run_id}/rollout/1"
+    """The body-pull protocol id of run `run_id`."""
+    return SPEC.for_run(run_id).protocol
 
 
 def encode_request(ids: Sequence[bytes]) -> bytes:
+    """The request frame for `ids` (1..MAX_IDS_PER_REQUEST ids of 32 bytes)."""
     if not 1 <= len(ids) <= MAX_IDS_PER_REQUEST:
         raise ValueError(f"a request holds 1..{MAX_IDS_PER_REQUEST} ids, got {len(ids)}")
     if any(len(i) != ID_SIZE for i in ids):
         raise ValueError("rollout ids are 32 bytes")
-    return msgpack.packb([bytes(i) for i in ids], use_bin_type=True)
+    (frame,) = SPEC.request.encode([bytes(i) for i in ids])
+    return bytes(frame)
 
 
 def decode_request(peer: str, data: bytes) -> list[bytes]:
-    """Parse a request frame; raises `BadRequest` for anything but 1..32 ids of 32 bytes."""
+    """Parse a request frame; `BadRequest` for anything but 1..32 ids of 32 bytes."""
     if len(data) > MAX_REQUEST_BYTES:
         raise BadRequest(peer, f"request of {len(data)} bytes (cap {MAX_REQUEST_BYTES})")
     try:
-        ids = msgpack.unpackb(
-            data,
-            raw=False,
-            max_bin_len=ID_SIZE,
-            max_array_len=MAX_IDS_PER_REQUEST,
-            max_str_len=0,
-            max_map_len=0,
-            max_ext_len=0,
-        )
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise BadRequest(peer, f"request is not msgpack: {exc}") from None
-    if (
-        not isinstance(ids, list)
-        or not 1 <= len(ids) <= MAX_IDS_PER_REQUEST
-        or not all(isinstance(i, bytes) and len(i) == ID_SIZE for i in ids)
-    ):
-        raise BadRequest(peer, "request is not an array of 1..32 rollout ids")
-    return ids
+        return list(SPEC.request.decode((data,)))
+    except ValueError as exc:
+        raise BadRequest(peer, str(exc)) from None
 
 
 Lookup = Callable[[list[bytes]], Awaitable[list[bytes | None]]]
 
 
-async def serve(stream: FramedStream, lookup: Lookup) -> int:
-    """Answer requests on one inbound stream; returns how many records were sent.
+def server(
+    run_id: str,
+    lookup: Lookup,
+    on_sent: Callable[[int], None],
+    on_bad_request: BadRequestHook | None = None,
+    on_refused: Callable[[str], None] | None = None,
+) -> Server[Sequence[bytes], bytes | None]:
+    """The body server of run `run_id`: call it with each inbound stream.
 
     `lookup(ids)` returns, per id, the record bytes or None (it runs the store query off
-    the event loop). Ends when the client closes, after `MAX_REQUESTS_PER_STREAM`, or on
-    the first bad request (`BadRequest` propagates to the host's handler, which logs it).
+    the event loop); `on_sent(n)` counts the records sent. A stream ends when the client
+    closes it, after `MAX_REQUESTS_PER_STREAM` requests, or on the first bad request.
     """
-    sent = 0
-    stream_bytes = 0
-    with trio.move_on_after(STREAM_DEADLINE_S):
-        for _ in range(MAX_REQUESTS_PER_STREAM):
-            try:
-                frame = await stream.receive(MAX_REQUEST_BYTES)
-            except PeerError:
-                return sent  # client went away (or stalled): nothing more to do
-            ids = decode_request(stream.peer, frame)
-            records = await lookup(ids)
-            request_bytes = 0
-            for record in records:
-                if record is not None and (
-                    request_bytes + len(record) > MAX_RESPONSE_BYTES
-                    or stream_bytes + len(record) > MAX_STREAM_BYTES
-                ):
-                    record = None  # over budget: the client may ask again later
-                await stream.send(record or b"")
-                if record is not None:
-                    sent += 1
-                    request_bytes += len(record)
-                    stream_bytes += len(record)
-    return sent
+
+    async def answer(call: Inbound[bytes | None], ids: Sequence[bytes]) -> None:
+        records = await lookup(list(ids))
+        request_bytes = 0
+        for record in records:
+            if record is not None and (
+                request_bytes + len(record) > MAX_RESPONSE_BYTES
+                or call.sent_bytes + len(record) > MAX_STREAM_BYTES
+            ):
+                record = None  # over budget: the client may ask again later
+            await call.reply(record)
+            if record is not None:
+                on_sent(1)
+                request_bytes += len(record)
+
+    return Server(SPEC.for_run(run_id), answer, on_bad_request, on_refused)
 
 
-async def pull(host: SwarmHost, peer: str, run_id: str, ids: Sequence[bytes]) -> list[bytes | None]:
+async def pull(
+    host: StreamHost, peer: str, run_id: str, ids: Sequence[bytes]
+) -> list[bytes | None]:
     """Fetch records for `ids` from `peer`: per id the record bytes (unchecked) or None.
 
     Raises `PeerError` (timeout, unreachable, oversized frame) and leaves judging the
     bytes to admission.
     """
-    stream = await host.open_stream(peer, protocol_id(run_id))
-    try:
+    if any(len(i) != ID_SIZE for i in ids):
+        raise ValueError("rollout ids are 32 bytes")
+    async with open_call(host, peer, SPEC.for_run(run_id)) as call:
         out: list[bytes | None] = []
         for start in range(0, len(ids), MAX_IDS_PER_REQUEST):
-            chunk = list(ids[start : start + MAX_IDS_PER_REQUEST])
-            await stream.send(encode_request(chunk))
+            chunk = [bytes(i) for i in ids[start : start + MAX_IDS_PER_REQUEST]]
+            await call.send(chunk)
             for _ in chunk:
-                frame = await stream.receive(MAX_RECORD_BYTES)
-                out.append(frame or None)
+                out.append(await call.receive())
         return out
-    finally:
-        await stream.close()

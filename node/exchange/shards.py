@@ -1,7 +1,8 @@
 """The weight shard stream protocol `/swarm-rl/<run>/shard/1`: have-maps, manifests, shards.
 
-One request per stream, every frame length-prefixed by `node.host.host.FramedStream`, every
-read and write under the host's I/O deadline:
+One request per stream, declared once as `SPEC` on `node.exchange.request_response` (every
+frame length-prefixed by `node.host.host.FramedStream`, every read and write under the host's
+I/O deadline); the responses are raw frames whose shape depends on the request:
 
     client -> server   request frame, msgpack array:
                          ["watch"]                    tell me what you hold, and each change
@@ -40,12 +41,28 @@ A request that is not one of these forms costs the sender (`BadRequest`).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, cast
 
 import msgpack
 import trio
 
-from node.host.host import FramedStream, PeerError, SwarmHost
+from node.exchange.fields import Const, Fields, OneOf
+from node.exchange.request_response import (
+    BadRequest,
+    BadRequestHook,
+    Call,
+    ExchangeSpec,
+    Frame,
+    Inbound,
+    MsgpackCodec,
+    Raw,
+    Server,
+    StreamHost,
+    open_call,
+)
+from node.host.host import PeerError
 from node.weights.upload_limit import UploadLimiter
+from protocol.schema import Bytes, Int
 from protocol.shard_schedule import (
     HAVE_DEBOUNCE_S,
     HAVE_KEEPALIVE_S,
@@ -55,15 +72,28 @@ from protocol.shard_schedule import (
 )
 from protocol.wire import MAX_SHARD_BYTES, WeightManifest
 
+__all__ = [
+    "SPEC",
+    "BadRequest",
+    "Busy",
+    "ShardBusy",
+    "ShardFailed",
+    "bitfield",
+    "fetch_manifest",
+    "fetch_newest",
+    "fetch_shard",
+    "from_bitfield",
+    "protocol_id",
+    "server",
+    "watch_have",
+]
+
 CHUNK = 1024 * 1024
 MAX_REQUEST_BYTES = 128
 MAX_HAVE_ENTRIES = 256
 MAX_HAVE_BYTES = MAX_HAVE_ENTRIES * (40 + 65_536 // 8)
 MAX_ENVELOPE_BYTES = WeightManifest.MAX_BYTES + 1024
-
-
-class BadRequest(PeerError):
-    """The client sent something that is not a shard-protocol request."""
+MAX_HEADER_BYTES = 64
 
 
 class ShardFailed(PeerError):
@@ -78,11 +108,41 @@ class Busy(Exception):
     """Raised by a server's shard callback: answer "busy" (-2)."""
 
 
+_ID = Bytes(32, sizes=(32,))
+
+SPEC: ExchangeSpec[Any, Frame] = ExchangeSpec(
+    name="shard",
+    protocol="/swarm-rl/{run}/shard/1",
+    request=MsgpackCodec(
+        "shard request",
+        OneOf(
+            (
+                Fields((Const("watch"),)),
+                Fields((Const("newest"),)),
+                Fields((Const("manifest"), _ID)),
+                Fields((Const("shard"), _ID, Int(0, 65_535))),
+            ),
+            "a shard request",
+        ),
+        MAX_REQUEST_BYTES,
+        limits={"max_bin_len": 32, "max_str_len": 16, "max_array_len": 3},
+    ),
+    response=Raw(max(CHUNK, MAX_HAVE_BYTES, MAX_ENVELOPE_BYTES)),
+    bad_request="bad shard request",
+)
+
+
+def _pack(value: Any) -> bytes:
+    return cast(bytes, msgpack.packb(value, use_bin_type=True))
+
+
 def protocol_id(run_id: str) -> str:
-    return f"/swarm-rl/{run_id}/shard/1"
+    """The shard protocol id of run `run_id`."""
+    return SPEC.for_run(run_id).protocol
 
 
 def bitfield(indices: Iterable[int], n: int) -> bytes:
+    """The have-map bitfield of `indices` among `n` shards (bit i LSB-first per byte)."""
     out = bytearray((n + 7) // 8)
     for i in indices:
         if 0 <= i < n:
@@ -91,39 +151,8 @@ def bitfield(indices: Iterable[int], n: int) -> bytes:
 
 
 def from_bitfield(bits: bytes, n: int) -> set[int]:
+    """The shard indices set in a have-map bitfield of `n` shards."""
     return {i for i in range(min(n, len(bits) * 8)) if bits[i // 8] >> (i % 8) & 1}
-
-
-def decode_request(peer: str, data: bytes) -> list:  # type: ignore[type-arg]
-    try:
-        req = msgpack.unpackb(data, raw=False, max_bin_len=32, max_str_len=16, max_array_len=3)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise BadRequest(peer, f"shard request is not msgpack: {exc}") from None
-    ok = (
-        isinstance(req, list)
-        and req
-        and (
-            req == ["watch"]
-            or req == ["newest"]
-            or (
-                len(req) == 2
-                and req[0] == "manifest"
-                and isinstance(req[1], bytes)
-                and len(req[1]) == 32
-            )
-            or (
-                len(req) == 3
-                and req[0] == "shard"
-                and isinstance(req[1], bytes)
-                and len(req[1]) == 32
-                and isinstance(req[2], int)
-                and 0 <= req[2] < 65_536
-            )
-        )
-    )
-    if not ok:
-        raise BadRequest(peer, "not a shard request")
-    return req
 
 
 # -- server ---------------------------------------------------------------------------------
@@ -135,8 +164,7 @@ NewestFn = Callable[[], Awaitable[bytes | None]]
 ShardFn = Callable[[bytes, int], Awaitable[bytes | None]]
 
 
-async def serve(
-    stream: FramedStream,
+def server(
     limiter: UploadLimiter,
     have: HaveFn,
     changed: ChangedFn,
@@ -144,51 +172,55 @@ async def serve(
     shard: ShardFn,
     watching: dict[str, int],
     newest: NewestFn,
-) -> int:
-    """Answer one request; returns the shard bytes uploaded (0 for other requests).
-    `watching`: the node's count of watches served per peer (this call keeps it)."""
-    try:
-        frame = await stream.receive(MAX_REQUEST_BYTES)
-    except PeerError:
-        return 0
-    req = decode_request(stream.peer, frame)
-    if req[0] == "watch":
-        if watching.get(stream.peer, 0) >= MAX_WATCHES_PER_PEER:
-            return 0  # closed at once: the asker already has its watch
-        watching[stream.peer] = watching.get(stream.peer, 0) + 1
+    on_uploaded: Callable[[int], None],
+    on_bad_request: BadRequestHook | None = None,
+) -> Server[Any, Frame]:
+    """The shard server: call it with each inbound stream; one request per stream.
+    `watching`: the node's count of watches served per peer (the server keeps it);
+    `on_uploaded(n)` runs after a shard of `n` > 0 bytes went out."""
+
+    async def answer(call: Inbound[Frame], req: Any) -> None:
+        peer = call.peer
+        if req[0] == "watch":
+            if watching.get(peer, 0) >= MAX_WATCHES_PER_PEER:
+                return  # closed at once: the asker already has its watch
+            watching[peer] = watching.get(peer, 0) + 1
+            try:
+                await _serve_watch(call, have, changed)
+            finally:
+                watching[peer] -= 1
+                if not watching[peer]:
+                    del watching[peer]
+            return
+        if req[0] == "manifest":
+            await call.reply(await manifest(req[1]) or b"")
+            return
+        if req[0] == "newest":
+            await call.reply(await newest() or b"")
+            return
         try:
-            await _serve_watch(stream, have, changed)
-        finally:
-            watching[stream.peer] -= 1
-            if not watching[stream.peer]:
-                del watching[stream.peer]
-        return 0
-    if req[0] == "manifest":
-        await stream.send(await manifest(req[1]) or b"")
-        return 0
-    if req[0] == "newest":
-        await stream.send(await newest() or b"")
-        return 0
-    try:
-        data = await shard(req[1], req[2])
-    except Busy:
-        await stream.send(msgpack.packb([-2]))
-        return 0
-    if data is None:
-        await stream.send(msgpack.packb([-1]))
-        return 0
-    await stream.send(msgpack.packb([len(data)]))
-    view = memoryview(data)
-    with limiter.sending(len(data)) as sending:
-        for start in range(0, len(data), CHUNK):
-            piece = view[start : start + CHUNK]
-            await limiter.acquire(len(piece), len(data) - start)
-            await stream.send(piece)
-            sending.sent(len(piece))
-    return len(data)
+            data = await shard(req[1], req[2])
+        except Busy:
+            await call.reply(_pack([-2]))
+            return
+        if data is None:
+            await call.reply(_pack([-1]))
+            return
+        await call.reply(_pack([len(data)]))
+        view = memoryview(data)
+        with limiter.sending(len(data)) as sending:
+            for start in range(0, len(data), CHUNK):
+                piece = view[start : start + CHUNK]
+                await limiter.acquire(len(piece), len(data) - start)
+                await call.reply(piece)
+                sending.sent(len(piece))
+        if data:
+            on_uploaded(len(data))
+
+    return Server(SPEC, answer, on_bad_request)
 
 
-async def _serve_watch(stream: FramedStream, have: HaveFn, changed: ChangedFn) -> None:
+async def _serve_watch(call: Inbound[Frame], have: HaveFn, changed: ChangedFn) -> None:
     """Push have-maps until WATCH_MAX_S has passed (or the stream breaks: `PeerError`)."""
     end = trio.current_time() + WATCH_MAX_S
     last: list[tuple[bytes, bytes]] | None = None
@@ -197,7 +229,7 @@ async def _serve_watch(stream: FramedStream, have: HaveFn, changed: ChangedFn) -
         entries = (await have())[:MAX_HAVE_ENTRIES]
         now = trio.current_time()
         if entries != last or now - sent_at >= HAVE_KEEPALIVE_S:
-            await stream.send(msgpack.packb([[m, b] for m, b in entries], use_bin_type=True))
+            await call.reply(_pack([[m, b] for m, b in entries]))
             last, sent_at = entries, now
         await changed(max(0.0, sent_at + HAVE_KEEPALIVE_S - trio.current_time()))
         await trio.sleep(HAVE_DEBOUNCE_S)
@@ -206,18 +238,8 @@ async def _serve_watch(stream: FramedStream, have: HaveFn, changed: ChangedFn) -
 # -- client ---------------------------------------------------------------------------------
 
 
-async def _request(host: SwarmHost, peer: str, run_id: str, req: list) -> FramedStream:  # type: ignore[type-arg]
-    stream = await host.open_stream(peer, protocol_id(run_id))
-    try:
-        await stream.send(msgpack.packb(req, use_bin_type=True))
-    except BaseException:
-        await stream.reset()
-        raise
-    return stream
-
-
 async def watch_have(
-    host: SwarmHost,
+    host: StreamHost,
     peer: str,
     run_id: str,
     on_have: Callable[[dict[bytes, bytes]], Awaitable[None]],
@@ -227,22 +249,20 @@ async def watch_have(
     listening a little later whatever it does) or the stream breaks, stays silent past the
     read deadline or pushes faster than `pushes_too_fast` allows (`PeerError`)."""
     opened = trio.current_time()
-    stream = await _request(host, peer, run_id, ["watch"])
-    frames = 0
-    try:
+    async with open_call(host, peer, SPEC.for_run(run_id)) as call:
+        await call.send(("watch",))
+        frames = 0
         while (now := trio.current_time()) < opened + WATCH_MAX_S + 2 * HAVE_KEEPALIVE_S:
             if pushes_too_fast(frames, now - opened):
                 raise ShardFailed(peer, "have-maps pushed faster than the protocol allows")
             try:
-                raw = await stream.receive(MAX_HAVE_BYTES)
+                raw = await call.receive(MAX_HAVE_BYTES)
             except PeerError:
                 if trio.current_time() >= opened + WATCH_MAX_S:
                     return  # the server ended it, as it should
                 raise
             frames += 1
-            await on_have(_parse_have(peer, raw))
-    finally:
-        await stream.close()
+            await on_have(_parse_have(peer, bytes(raw)))
 
 
 def _parse_have(peer: str, raw: bytes) -> dict[bytes, bytes]:
@@ -263,34 +283,38 @@ def _parse_have(peer: str, raw: bytes) -> dict[bytes, bytes]:
     return out
 
 
+async def _ask_envelope(host: StreamHost, peer: str, run_id: str, req: Any) -> bytes | None:
+    async with open_call(host, peer, SPEC.for_run(run_id)) as call:
+        await call.send(req)
+        return bytes(await call.receive(MAX_ENVELOPE_BYTES)) or None
+
+
 async def fetch_manifest(
-    host: SwarmHost, peer: str, run_id: str, manifest_id: bytes
+    host: StreamHost, peer: str, run_id: str, manifest_id: bytes
 ) -> bytes | None:
-    stream = await _request(host, peer, run_id, ["manifest", manifest_id])
-    try:
-        return await stream.receive(MAX_ENVELOPE_BYTES) or None
-    finally:
-        await stream.close()
+    """The signed manifest envelope `manifest_id` as `peer` holds it (unchecked), or None."""
+    return await _ask_envelope(host, peer, run_id, ("manifest", manifest_id))
 
 
-async def fetch_newest(host: SwarmHost, peer: str, run_id: str) -> bytes | None:
+async def fetch_newest(host: StreamHost, peer: str, run_id: str) -> bytes | None:
     """The envelope of the newest manifest `peer` says it installed (unchecked), or None."""
-    stream = await _request(host, peer, run_id, ["newest"])
-    try:
-        return await stream.receive(MAX_ENVELOPE_BYTES) or None
-    finally:
-        await stream.close()
+    return await _ask_envelope(host, peer, run_id, ("newest",))
 
 
 async def fetch_shard(
-    host: SwarmHost, peer: str, run_id: str, manifest_id: bytes, index: int, size: int
+    host: StreamHost, peer: str, run_id: str, manifest_id: bytes, index: int, size: int
 ) -> bytes | None:
     """The shard's bytes (exactly `size` of them, digest unchecked), or None if the peer
     does not hold it. Raises `PeerError` subclasses on a broken or wrong-sized transfer."""
-    stream = await _request(host, peer, run_id, ["shard", manifest_id, index])
+    async with open_call(host, peer, SPEC.for_run(run_id)) as call:
+        await call.send(("shard", manifest_id, index))
+        return await _receive_shard(call, peer, size)
+
+
+async def _receive_shard(call: Call[Any, Frame], peer: str, size: int) -> bytes | None:
     try:
-        await stream.expect(64 + size)
-        head = msgpack.unpackb(await stream.receive(64))
+        await call.expect(MAX_HEADER_BYTES + size)
+        head = msgpack.unpackb(await call.receive(MAX_HEADER_BYTES))
         if head == [-1]:
             return None
         if head == [-2]:
@@ -299,9 +323,10 @@ async def fetch_shard(
             raise ShardFailed(peer, "bad shard header")
         if head[0] != size or size > MAX_SHARD_BYTES:
             raise ShardFailed(peer, f"shard of {head[0]} bytes announced, the manifest says {size}")
-        pieces, got = [], 0
+        pieces: list[Frame] = []
+        got = 0
         while got < size:
-            piece = await stream.receive(min(CHUNK, size - got))
+            piece = await call.receive(min(CHUNK, size - got))
             if not piece:
                 raise ShardFailed(peer, "empty chunk in a shard transfer")
             pieces.append(piece)
@@ -309,5 +334,3 @@ async def fetch_shard(
         return b"".join(pieces)
     except (ValueError, msgpack.UnpackException) as exc:
         raise ShardFailed(peer, f"bad shard header: {exc}") from None
-    finally:
-        await stream.close()

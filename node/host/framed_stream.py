@@ -10,13 +10,12 @@ from __future__ import annotations
 import contextlib
 import struct
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import libp2p.stream_muxer.yamux.yamux as _libp2p_yamux
 import trio
 
-if TYPE_CHECKING:
-    from node.host.host import HostSettings
+from node.host.settings import HostSettings
 
 _FRAME_HEADER = struct.Struct(">I")
 
@@ -81,6 +80,8 @@ class FramedStream:
         self._buffer = bytearray()
 
     async def send(self, data: bytes | memoryview) -> None:
+        """Write one frame (a 4-byte big-endian length, then `data`); `MessageTooLarge`
+        over the host's frame cap."""
         if len(data) > self._settings.max_frame_bytes:
             raise MessageTooLarge(
                 f"frame of {len(data)} bytes exceeds the {self._settings.max_frame_bytes} byte cap"
@@ -98,8 +99,8 @@ class FramedStream:
         return await self._read_exactly(size)
 
     async def expect(self, n: int) -> None:
-        """Workaround 22: let the remote send `n` more bytes (at most Yamux's largest
-        window) without waiting for credit: a reply of known size no longer starts at
+        """Let the remote send `n` more bytes (at most Yamux's largest
+        window) without waiting for credit: a reply of known size does not start at
         the 256 KiB window and grows it one round trip at a time."""
         muxed = getattr(self._stream, "muxed_stream", None)
         if not isinstance(muxed, _libp2p_yamux.YamuxStream):
@@ -155,11 +156,13 @@ class FramedStream:
             raise PeerUnreachable(self.peer, f"stream {what} failed: {exc!r}") from exc
 
     async def close(self) -> None:
+        """Close our side of the stream (bounded; errors of a dead stream ignored)."""
         with trio.move_on_after(self._settings.close_timeout_s):
             with contextlib.suppress(Exception):
                 await self._stream.close()
 
     async def reset(self) -> None:
+        """Reset the stream, both sides (bounded; errors of a dead stream ignored)."""
         with trio.move_on_after(self._settings.close_timeout_s):
             with contextlib.suppress(Exception):
                 await self._stream.reset()

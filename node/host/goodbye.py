@@ -23,16 +23,13 @@ import struct
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgpack
 import trio
 
-from node.host.framed_stream import PeerError
+from node.host.framed_stream import FramedStream, PeerError
 from protocol.identity import Identity, peer_id_from_b58, verify_signature
-
-if TYPE_CHECKING:
-    from node.host.host import SwarmHost
 
 __all__ = ["GOODBYE_PROTOCOL", "Goodbye", "Goodbyes", "goodbye_message", "parse_goodbye"]
 
@@ -70,7 +67,7 @@ def goodbye_message(identity: Identity, receiver: str, reason: str, until: float
     reason = reason[:MAX_REASON_CHARS]
     until_ms = max(0, int(until * 1000))
     sig = identity.sign(_signed_part(peer_id_from_b58(receiver), reason, until_ms))
-    return msgpack.packb([1, reason, until_ms, sig], use_bin_type=True)
+    return bytes(msgpack.packb([1, reason, until_ms, sig], use_bin_type=True) or b"")
 
 
 def parse_goodbye(data: bytes, sender: str, receiver: str, now: float) -> Goodbye | None:
@@ -106,11 +103,19 @@ async def _until_remote_closed(stream: Any) -> None:
         await stream.read_exactly(1)
 
 
+class StreamOpener(Protocol):
+    """What goodbyes need of the host: its peer id and outbound streams."""
+
+    peer_id: str
+
+    async def open_stream(self, peer: str, protocol: str) -> FramedStream: ...
+
+
 class Goodbyes:
     """The host's side of the goodbye protocol: saying it (rate-limited) and hearing it."""
 
     def __init__(
-        self, host: SwarmHost, private_bytes: bytes, emit: Callable[[str, Goodbye], None]
+        self, host: StreamOpener, private_bytes: bytes, emit: Callable[[str, Goodbye], None]
     ) -> None:
         self.host = host
         self.identity = Identity.from_private_bytes(private_bytes)

@@ -1,11 +1,24 @@
 """Gossip of the `node.host.host` adapter: subscribe with validators, publish size-checked,
-mesh-waited and paced (workarounds 5, 7, 8, 9 of `node.host.host`).
+mesh-waited and paced.
+
+What GossipSub does by default, and what `Gossip` does about it:
+
+- The per-peer outbound queue holds 32 RPCs and drops when full -> `publish()` paces: it
+  waits (bounded) until every live peer's queue is below `outbound_high_water`.
+- A peer receives its own publishes -> filtered on the origin id.
+- Publishing before the remote joined our mesh reaches no one -> `publish()` waits
+  (bounded) until every subscribed peer is in the topic mesh.
+- Messages over ~1 MiB are silently dropped -> `publish()` rejects anything over
+  `max_gossip_bytes` with `MessageTooLarge`.
+- The subscription queue holds 32 messages and drops with a warning -> a queue of
+  `SUBSCRIPTION_QUEUE` (`node.host.libp2p_patches.enlarge_subscription_queue`) and a
+  reader task that drains it at once.
 
 A message our validator refused, ignored or accepted `Later` is marked seen, as go-libp2p
 marks every message it validated: py-libp2p marks only accepted ones and remembers failed
 validations in a cache of 1,000 messages, which a busy peer turns over in seconds, so each
-IHAVE for such a message drew an IWANT and its copy came back through admission, charging
-the peer that answered for handing over a copy again (`tests/test_node_gossip_seen.py`)."""
+IHAVE for such a message would draw an IWANT and its copy would come back through admission,
+charging the peer that answered for handing over a copy again (`tests/test_node_gossip_seen.py`)."""
 
 from __future__ import annotations
 
@@ -14,16 +27,15 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 from libp2p.peer.id import ID
 
 from node.host.framed_stream import MessageTooLarge
 from node.host.libp2p_patches import SUBSCRIPTION_QUEUE
-
-if TYPE_CHECKING:
-    from node.host.host import HostSettings
+from node.host.peers import PeerTable
+from node.host.settings import HostSettings
 
 log = logging.getLogger("swarm.host")
 
@@ -57,27 +69,41 @@ class GossipMessage:
     received_at: float  # time.time() at delivery
 
 
-class GossipMixin:
-    """The `SwarmHost` side of gossip (the attributes are the host's)."""
+class GossipHost(Protocol):
+    """What gossip calls back on the host."""
 
-    settings: HostSettings
-    _lh: Any
-    _pubsub: Any
-    _gossipsub: Any
-    _nursery: trio.Nursery | None
-    _peers: dict[str, Any]
-    _validators: dict[str, Validator]
-    _in_flight: int
-    _idle: trio.Event
-    _closing: bool
+    @property
+    def closing(self) -> bool: ...
 
-    def connected_peers(self) -> list[str]: ...  # the host's
+    def check_open(self) -> None: ...
 
-    def _check_open(self) -> None: ...  # the host's
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None: ...
 
-    def _touch(self, peer: str) -> None: ...  # the host's
 
-    # -- gossip --------------------------------------------------------------------------
+class Gossip:
+    """Topics of one host: subscriptions with validators and paced publishing over the
+    py-libp2p `pubsub` and its GossipSub `router`; the host's `PeerTable` says who is live
+    (and gets touched when a peer forwards us a message)."""
+
+    def __init__(
+        self,
+        settings: HostSettings,
+        local_id: ID,
+        pubsub: Any,
+        router: Any,
+        peers: PeerTable,
+        host: GossipHost,
+    ) -> None:
+        self.settings = settings
+        self._me = local_id
+        self._pubsub = pubsub
+        self._gossipsub = router
+        self._peers = peers
+        self._host = host
+        self._validators: dict[str, Validator] = {}
+        self._in_flight = 0
+        self._idle = trio.Event()
+        self._idle.set()
 
     async def subscribe(
         self, topic: str, validator: Validator | None = None
@@ -90,20 +116,19 @@ class GossipMixin:
         coroutine function, which may answer `Later` (forwarded when its condition holds);
         GossipSub gives a validator 5 s, then drops the message.
         """
-        self._check_open()
+        self._host.check_open()
         if validator is not None:
             self._validators[topic] = validator
             if inspect.iscoroutinefunction(validator):
 
                 async def check_async(forwarder: ID, msg: Any) -> bool:
-                    if forwarder == self._lh.get_id():
+                    if forwarder == self._me:
                         return True
-                    self._touch(forwarder.to_base58())
+                    self._peers.touch(forwarder.to_base58())
                     origin = ID(bytes(msg.from_id)).to_base58()
                     answer = await validator(forwarder.to_base58(), bytes(msg.data), origin)
                     if isinstance(answer, Later):
-                        assert self._nursery is not None
-                        self._nursery.start_soon(self._forward_later, forwarder, msg, answer)
+                        self._host.spawn(self._forward_later, forwarder, msg, answer)
                     if answer is not True:
                         self._pubsub._mark_msg_seen(msg)  # never asked for again
                     return answer is True
@@ -112,9 +137,9 @@ class GossipMixin:
             else:
 
                 def check(forwarder: ID, msg: Any) -> bool:
-                    if forwarder == self._lh.get_id():
+                    if forwarder == self._me:
                         return True
-                    self._touch(forwarder.to_base58())
+                    self._peers.touch(forwarder.to_base58())
                     origin = ID(bytes(msg.from_id)).to_base58()
                     if validator(forwarder.to_base58(), bytes(msg.data), origin):
                         return True
@@ -124,8 +149,7 @@ class GossipMixin:
                 self._pubsub.set_topic_validator(topic, check, False)
         subscription = await self._pubsub.subscribe(topic)
         send, receive = trio.open_memory_channel[GossipMessage](SUBSCRIPTION_QUEUE)
-        assert self._nursery is not None
-        self._nursery.start_soon(self._drain_subscription, topic, subscription, send)
+        self._host.spawn(self._drain_subscription, topic, subscription, send)
         return receive
 
     async def _forward_later(self, forwarder: ID, msg: Any, later: Later) -> None:
@@ -134,7 +158,7 @@ class GossipMixin:
         ok = False
         with trio.move_on_after(FORWARD_LATER_S):
             ok = await later.wait()
-        if not ok or self._closing:
+        if not ok or self._host.closing:
             return
         self._pubsub._mark_msg_seen(msg)
         try:
@@ -145,11 +169,11 @@ class GossipMixin:
     async def _drain_subscription(
         self, topic: str, subscription: Any, send: trio.MemorySendChannel[GossipMessage]
     ) -> None:
-        me = self._lh.get_id().to_bytes()
+        me = self._me.to_bytes()
         async with send:
             while True:
                 msg = await subscription.get()
-                if bytes(msg.from_id) == me:  # workaround 7
+                if bytes(msg.from_id) == me:  # our own publish, echoed back
                     continue
                 item = GossipMessage(
                     topic, bytes(msg.data), ID(bytes(msg.from_id)).to_base58(), time.time()
@@ -163,7 +187,7 @@ class GossipMixin:
 
     def topic_peers(self, topic: str) -> list[str]:
         """Live peers that told us they subscribe to `topic`."""
-        live = set(self.connected_peers())
+        live = set(self._peers.live())
         return sorted(
             p.to_base58() for p in self._pubsub.peer_topics.get(topic, ()) if p.to_base58() in live
         )
@@ -176,7 +200,7 @@ class GossipMixin:
         return len(self.topic_peers(topic))
 
     async def publish(self, topic: str, data: bytes) -> None:
-        """Publish `data` on `topic`: size-checked, mesh-waited and paced (workarounds 5, 8, 9).
+        """Publish `data` on `topic`: size-checked, mesh-waited and paced.
 
         Raises `MessageTooLarge` (caller error) or `HostClosed`; never drops silently on
         our side. A peer whose queue stays full past `pace_max_wait_s` (frozen) is left
@@ -187,7 +211,7 @@ class GossipMixin:
                 f"gossip message of {len(data)} bytes exceeds the {self.settings.max_gossip_bytes} "
                 "byte limit (GossipSub drops larger ones silently); send the bulk over a stream"
             )
-        self._check_open()
+        self._host.check_open()
         self._in_flight += 1
         self._idle = trio.Event() if self._in_flight == 1 else self._idle
         try:
@@ -210,7 +234,7 @@ class GossipMixin:
                     return
                 now = time.monotonic()
                 pending = False
-                for peer, state in list(self._peers.items()):
+                for peer, state in self._peers.items():
                     if state.dropping or now - state.connected_at >= s.mesh_wait_s:
                         continue
                     if ID.from_base58(peer) not in mesh:
@@ -221,12 +245,13 @@ class GossipMixin:
                 await trio.sleep(0.05)
 
     async def _pace(self) -> None:
+        """Wait (bounded) until no live peer's outbound queue is at `outbound_high_water`."""
         s = self.settings
         with trio.move_on_after(s.pace_max_wait_s):
             while True:
                 now = time.monotonic()
                 busy = False
-                for peer in self.connected_peers():
+                for peer in self._peers.live():
                     state = self._peers.get(peer)
                     if state is None or now - state.last_pong > 2 * s.heartbeat_interval_s + 0.5:
                         continue  # suspect: do not let a frozen peer stall everyone
@@ -237,3 +262,11 @@ class GossipMixin:
                 if not busy:
                     return
                 await trio.sleep(0.005)
+
+    async def wait_idle(self) -> None:
+        """Return once no publish is in flight and every peer's outbound queue is empty
+        (the host bounds it at shutdown)."""
+        await self._idle.wait()
+        # Give the per-peer sender tasks a moment to write what is queued.
+        while any(len(q) for q in self._pubsub.peer_queues.values()):
+            await trio.sleep(0.02)

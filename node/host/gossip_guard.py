@@ -22,12 +22,14 @@ beyond the drops above.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from google.protobuf.message import DecodeError
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
@@ -135,6 +137,7 @@ class GuardedGossipSub(GossipSub):
         self.budget = budget
 
     async def handle_rpc(self, rpc: Any, sender_peer_id: ID) -> None:
+        """Drop the control entries over the sender's budgets, then handle the rest."""
         control = rpc.control
         b, lim = self.budget, self.budget.limits
         grafts = len(control.graft) + len(control.prune)
@@ -154,7 +157,17 @@ class GuardedGossipSub(GossipSub):
 
 class GuardedPubsub(Pubsub):
     """Pubsub that reports a peer subscribing to more than `max_topics` topics at once
-    (the library ignores the excess silently) and an oversize RPC."""
+    (the library ignores the excess silently) and an oversize RPC, and that a remote's
+    garbage or a ban race cannot crash:
+
+    - A GossipSub RPC that is not protobuf raises `DecodeError` out of the library's
+      stream reader, which takes the host down: here that stream is reset instead (the
+      peer's other streams and the host go on). Safe: the library drops the stream on
+      every other read error too.
+    - Banning a peer whose pubsub stream went away meanwhile raised `KeyError` in the
+      library's blacklist teardown (`del self.peers[peer_id]` after an await): here the
+      peer is popped, so a peer already gone is simply forgotten.
+    """
 
     def __init__(self, *args: Any, budget: _Budget, **kwargs: Any) -> None:
         kwargs.setdefault("max_subscriptions_per_peer", budget.limits.max_topics)
@@ -162,6 +175,7 @@ class GuardedPubsub(Pubsub):
         self.budget = budget
 
     async def continuously_read_stream(self, stream: Any) -> None:
+        """The library's reader, with oversize RPCs reported and garbage ending the stream."""
         peer = stream.muxed_conn.peer_id
         detail_prefix = "inbound RPC over the size limit"
         token = OVERSIZE_REPORT.set(
@@ -169,10 +183,23 @@ class GuardedPubsub(Pubsub):
         )
         try:
             await super().continuously_read_stream(stream)
+        except DecodeError:
+            log.info("GossipSub RPC that is not protobuf; stream reset")
+            with contextlib.suppress(Exception):
+                await stream.reset()
         finally:
             OVERSIZE_REPORT.reset(token)
 
+    async def _teardown_if_connected(self, peer_id: ID) -> None:
+        stream = self.peers.get(peer_id)
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                await stream.reset()
+            self.peers.pop(peer_id, None)
+        self._forget_all_subscriptions(peer_id)
+
     def handle_subscription(self, origin_id: ID, sub_message: Any) -> None:
+        """The library's handling, with a subscription past `max_topics` reported."""
         topic = sub_message.topicid
         was_new = sub_message.subscribe and origin_id not in self.peer_topics.get(topic, ())
         super().handle_subscription(origin_id, sub_message)
@@ -185,4 +212,5 @@ class GuardedPubsub(Pubsub):
 
 
 def new_budget(limits: ControlLimits, report: Report) -> _Budget:
+    """The per-peer control budgets shared by a host's `GuardedGossipSub` and `GuardedPubsub`."""
     return _Budget(limits, report)

@@ -1,6 +1,7 @@
-"""The application heartbeat of the `node.host.host` adapter (workaround 10): the standard
-ping `/ipfs/ping/1.0.0` to each peer every `heartbeat_interval_s`, a peer silent for
-`peer_dead_after_s` disconnected; and our answer to a remote's ping, under deadlines.
+"""The application heartbeat of the `node.host.host` adapter: the standard ping
+`/ipfs/ping/1.0.0` to each peer every `heartbeat_interval_s`, a peer silent for
+`peer_dead_after_s` disconnected (a SIGSTOPped peer would otherwise block writes to it
+forever); and our answer to a remote's ping, under deadlines.
 
 A peer's silence is counted net of the time this process's own trio loop did not run
 (`LoopStalls`): a node that loaded a model, wrote a checkpoint in the loop's thread or was
@@ -13,20 +14,19 @@ import logging
 import secrets
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from node.host.framed_stream import FramedStream, HostError
-
-if TYPE_CHECKING:
-    from node.host.host import HostSettings
+from node.host.peers import PeerTable
+from node.host.settings import HostSettings
 
 log = logging.getLogger("swarm.host")
 
-PING_PROTOCOL = TProtocol("/ipfs/ping/1.0.0")  # workaround 17: the standard ping
+PING_PROTOCOL = TProtocol("/ipfs/ping/1.0.0")  # the standard ping, which every libp2p peer answers
 PING_BYTES = 32
 STALL_TICK_S = 0.25
 STALL_MIN_S = 0.5  # a tick this late (beyond its period) is a stall of our loop
@@ -42,6 +42,7 @@ class LoopStalls:
         self._stalls: deque[tuple[float, float]] = deque(maxlen=64)  # (ended, seconds)
 
     async def run(self) -> None:
+        """Tick until cancelled, recording each stall of the loop."""
         while True:
             await trio.sleep(STALL_TICK_S)
             now = time.monotonic()
@@ -60,18 +61,35 @@ class LoopStalls:
         return done + (going_on if going_on > STALL_MIN_S else 0.0)
 
 
-class HeartbeatMixin:
-    """The `SwarmHost` side of liveness (the attributes are the host's)."""
+class Disconnector(Protocol):
+    """What the heartbeat calls to drop a silent peer (the host)."""
 
-    settings: HostSettings
-    _lh: Any
-    _peers: dict[str, Any]
-    _pingers: set[str]
-    _stalls: LoopStalls
+    async def disconnect(self, peer: str, reason: str = "") -> None: ...
 
-    # -- application heartbeat (workaround 10) -------------------------------------------
 
-    async def _handle_ping(self, stream: Any) -> None:
+class Heartbeat:
+    """Liveness of the host's peers: one ping loop per peer (`ping_loop`), our ping answers
+    (`handle_ping`), and the stalls of our own loop (`stalls`, run by the host).
+
+    It reads and updates the host's `PeerTable` (last pong, round trip) and opens ping
+    streams on the py-libp2p host `lh`; a peer silent too long goes through `dropper`.
+    """
+
+    def __init__(
+        self, settings: HostSettings, lh: Any, peers: PeerTable, dropper: Disconnector
+    ) -> None:
+        self.settings = settings
+        self._lh = lh
+        self._peers = peers
+        self._dropper = dropper
+        self._pingers: set[str] = set()
+        self.stalls = LoopStalls()  # our own loop's stalls do not count as a peer's silence
+
+    def pinging(self, peer: str) -> bool:
+        """Whether a ping loop for `peer` is running."""
+        return peer in self._pingers
+
+    async def handle_ping(self, stream: Any) -> None:
         """The standard ping's answer: echo each 32 bytes (under deadlines, unlike the
         library's own handler, which this replaces)."""
         framed = FramedStream(stream, stream.muxed_conn.peer_id.to_base58(), self.settings)
@@ -86,19 +104,18 @@ class HeartbeatMixin:
         finally:
             await framed.reset()
 
-    async def _ping_loop(self, peer: str) -> None:
+    async def ping_loop(self, peer: str) -> None:
         """Ping `peer` every `heartbeat_interval_s`; drop it after `peer_dead_after_s` silent."""
         self._pingers.add(peer)
         s = self.settings
         framed: FramedStream | None = None
         try:
-            while peer in self._peers and not self._peers[peer].dropping:
-                state = self._peers[peer]
+            while (state := self._peers.get(peer)) is not None and not state.dropping:
                 now = time.monotonic()
-                silent = now - state.last_pong - self._stalls.since(state.last_pong, now)
+                silent = now - state.last_pong - self.stalls.since(state.last_pong, now)
                 remaining = s.peer_dead_after_s - silent
                 if remaining <= 0:
-                    await self.disconnect(
+                    await self._dropper.disconnect(
                         peer, f"no heartbeat answer for {s.peer_dead_after_s:g} s"
                     )
                     return

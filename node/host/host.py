@@ -1,69 +1,55 @@
-"""The one adapter over py-libp2p 0.8.1 + trio.
-
-Its parts: `node.host.libp2p_patches` (process-wide patches of library internals, each listed
-with the test that guards it), `node.host.framed_stream` (framed streams and the errors,
-re-exported here), `node.host.limits`, `node.host.gossip`, `node.host.heartbeat`,
-`node.host.listen` (mixins and helpers of `SwarmHost`), `node.host.goodbye` (telling a
-refused peer why), `node.host.gossip_guard`, `node.host.relay` (circuit relay v2) and
-`node.host.reachability` (AutoNAT, DCUtR).
+"""The one adapter over py-libp2p 0.8.1 + trio: `SwarmHost` and `open_host()`.
 
 What this module owns
 ---------------------
 A `SwarmHost` is a running libp2p host (TCP + Noise + Yamux) with GossipSub attached,
 an application heartbeat, framed request streams and bans. The rest of `node/` speaks
-only bytes, base58 peer ids and text multiaddrs to it; nothing outside this file imports
-`libp2p`.
+only bytes, base58 peer ids and text multiaddrs to it; nothing outside `node.host`
+imports `libp2p`. The host owns its parts and passes each the collaborators it needs:
+a `PeerTable` (`node.host.peers`), `Gossip` (`node.host.gossip`), `Heartbeat`
+(`node.host.heartbeat`), `ConnectionLimits` and `IpGate` (`node.host.limits`) and
+`Goodbyes` (`node.host.goodbye`).
 
-The library defaults that bite, and what we do about each (DESIGN.md section 3); every
-item has a test in `tests/test_node_host.py` that fails if the default comes back:
+The library defaults that bite, and what we do about each (DESIGN.md section 3); each
+has a test in `tests/test_node_host.py` that fails if the default comes back:
 
-1. Plaintext security is offered unless told otherwise -> `sec_opt` is Noise only.
-2. Mplex is slow -> Yamux only.
-3. GossipSub spam protection drops > 10 msg/s per peer and topic (our own publishes
-   too) -> `spam_protection_enabled=False`; our own per-peer rate rules live in
-   `protocol/` admission instead.
-4. Adaptive gossip stretches the heartbeat up to 30 s -> disabled, 1 s heartbeat.
-5. The per-peer outbound queue holds 32 RPCs and drops when full -> `publish()` paces:
-   it waits (bounded) until every live peer's queue is below `outbound_high_water`.
-6. The subscription queue holds 32 messages and drops with a warning -> the module
-   constant is raised before any subscribe and a reader task drains it at once.
-7. A peer receives its own publishes -> filtered on the origin id.
-8. Publishing before the remote joined our mesh reaches no one -> `publish()` waits
-   (bounded) until every subscribed peer is in the topic mesh.
-9. Messages over ~1 MiB are silently dropped -> `publish()` rejects anything over
-   `max_gossip_bytes` with `MessageTooLarge`; framed streams cap every frame.
-10. A SIGSTOPped peer blocks writes forever -> every dial, read, write and close here
-    runs under a deadline, and an application heartbeat drops a peer that has not
-    answered for `peer_dead_after_s`.
-11. `connect()` takes ~250 ms -> `connect_many()` dials concurrently.
-12. Leaving `host.run()` without `close()` leaks the listener; in-flight publishes at
-    shutdown raise "Nursery is closed" -> `open_host()` refuses new publishes, drains
-    the in-flight ones, then stops pubsub and calls `close()`.
-13. A message id is (sender, seqno), the seqno starting at the clock in whole seconds: a
-    restarted publisher reused ids receivers saw in the last 120 s (`seen_ttl`), dropped
-    as "seen" -> the seqno starts at the clock in nanoseconds (`_seqno_start()`); the id
-    function stays (the message cache that answers IWANT is hard-wired to it).
-14. A peer restarted on a new port is dialed at its old address: the library dials only
-    the first stored address of each transport, and a peer whose dial failed is refused
-    for 60 s (negative cache) -> `connect()` replaces the peer's stored addresses with
-    the one given and forgets a past failure.
-15. A listen address that cannot be bound (port in use, address not on this machine)
-    is logged and skipped: the host runs unreachable -> `open_host()` checks that every
-    requested address got a listener and raises `ListenFailed` naming it and why.
-17. Liveness used a private `/swarm-rl/ping/1`, so a standard peer (js-libp2p, Go) that
-    answers only `/ipfs/ping/1.0.0` was dropped after `peer_dead_after_s` -> the
-    heartbeat is the standard ping (32 random bytes echoed); identify said
-    `py-libp2p/<version>` -> it says `swarm-node/<version>` (`AGENT`); GossipSub offered
-    only `/meshsub/1.0.0` -> it offers 1.2, 1.1 and 1.0, the newest both sides speak wins.
-18. Garbage GossipSub RPCs and ban races crashed the host; 16. listen sockets got
-    SO_REUSEPORT; 19-21, 23, 24. per-frame and per-stream costs of Noise, Yamux and
-    multistream-select -> patched in `node.host.libp2p_patches` (each item listed there with
-    its test).
-22. A reply of known size (a shard) started at Yamux's 256 KiB window and grew it one
-    round trip at a time -> the asker grants the window it expects up front
-    (`FramedStream.expect`).
-25. Inbound slots leaked and the library refused at its cap -> patched (inbound slots), and
-    connection limits in `node.host.limits`.
+- Plaintext security is offered unless told otherwise -> `sec_opt` is Noise only.
+- Mplex is slow -> Yamux only.
+- GossipSub spam protection drops > 10 msg/s per peer and topic (our own publishes
+  too) -> `spam_protection_enabled=False`; our own per-peer rate rules live in
+  `protocol/` admission instead.
+- Adaptive gossip stretches the heartbeat up to 30 s -> disabled, 1 s heartbeat.
+- Queues, self-delivery, publishing before the mesh formed, and oversize messages ->
+  `node.host.gossip` (paced, filtered, mesh-waited, size-checked publishing).
+- A SIGSTOPped peer blocks writes forever -> every dial, read, write and close here
+  runs under a deadline, and the heartbeat (`node.host.heartbeat`) drops a peer that has
+  not answered for `peer_dead_after_s`.
+- A dial takes several round trips (TCP, Noise, Yamux, multistream-select) ->
+  `connect_many()` dials concurrently.
+- Leaving `host.run()` without `close()` leaks the listener; in-flight publishes at
+  shutdown raise "Nursery is closed" -> `open_host()` refuses new publishes, drains
+  the in-flight ones, then stops pubsub and calls `close()`.
+- A message id is (sender, seqno), the seqno starting at the clock in whole seconds: a
+  restarted publisher reused ids receivers saw in the last 120 s (`seen_ttl`), dropped
+  as "seen" -> the seqno starts at the clock in nanoseconds (`seqno_start()`); the id
+  function stays (the message cache that answers IWANT is hard-wired to it).
+- A peer restarted on a new port is dialed at its old address: the library dials only
+  the first stored address of each transport, and a peer whose dial failed is refused
+  for 60 s (negative cache) -> `connect()` replaces the peer's stored addresses with
+  the one given and forgets a past failure.
+- A listen address that cannot be bound (port in use, address not on this machine)
+  is logged and skipped: the host runs unreachable -> `open_host()` checks that every
+  requested address got a listener and raises `ListenFailed` naming it and why.
+- GossipSub offered only `/meshsub/1.0.0` -> it offers 1.2, 1.1 and 1.0
+  (`GOSSIPSUB_PROTOCOLS`), the newest both sides speak wins.
+- Garbage GossipSub RPCs and ban races crash the library's pubsub -> `GuardedPubsub`
+  (`node.host.gossip_guard`).
+- A reply of known size (a shard) started at Yamux's 256 KiB window and grew it one
+  round trip at a time -> the asker grants the window it expects up front
+  (`FramedStream.expect`).
+- The rest (listen ports, identify's agent, per-frame and per-stream costs of Noise,
+  Yamux and multistream-select, inbound slots, the auto-connector, oversize RPC
+  reports) -> the named patches of `node.host.libp2p_patches`.
 
 Resource handling: everything is owned by the `open_host()` context; on exit the port
 is released and all tasks are gone. Error handling: remote misbehaviour and timeouts
@@ -97,7 +83,6 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
-from node.host import libp2p_patches
 from node.host.framed_stream import (
     FramedStream,
     FrameTooLarge,
@@ -110,60 +95,28 @@ from node.host.framed_stream import (
     PeerUnreachable,
 )
 from node.host.goodbye import GOODBYE_PROTOCOL, Goodbyes
-from node.host.gossip import GossipMessage, GossipMixin, Later, Validator
+from node.host.gossip import Gossip, GossipMessage, Later, Validator
 from node.host.gossip_guard import (
-    ControlLimits,
     GuardedGossipSub,
     GuardedPubsub,
     Misbehaviour,
     new_budget,
 )
-from node.host.heartbeat import PING_PROTOCOL, HeartbeatMixin, LoopStalls
-from node.host.libp2p_patches import AGENT
-from node.host.limits import ConnectionLimitsMixin, IpGate, library_cap
+from node.host.heartbeat import PING_PROTOCOL, Heartbeat
+from node.host.libp2p_patches import AGENT, no_auto_dials, set_inbound_gate
+from node.host.libp2p_patches import apply as apply_patches
+from node.host.limits import ConnectionLimits, IpGate, library_cap
 from node.host.listen import explain, listen_failures, plain_listen_failed
+from node.host.peers import PeerTable, short
+from node.host.settings import MAX_FRAME_BYTES, MAX_GOSSIP_BYTES, HostSettings
 
 log = logging.getLogger("swarm.host")
 
-# The library's RPC limit is 1 MiB including protobuf framing, the signature and the key;
-# 1,000,000 bytes of payload leaves room for all of it.
-MAX_GOSSIP_BYTES = 1_000_000
-# A body frame on a request stream: the largest wire object (a 4 MiB rollout body in its
-# envelope) plus headroom.
-MAX_FRAME_BYTES = 5 * 1024 * 1024
-GOSSIPSUB_PROTOCOLS = [  # workaround 17: newest first
+GOSSIPSUB_PROTOCOLS = [  # newest first: the newest both sides speak wins
     TProtocol("/meshsub/1.2.0"),
     TProtocol("/meshsub/1.1.0"),
     GOSSIPSUB_PROTOCOL_ID,
 ]
-
-
-@dataclass(frozen=True)
-class HostSettings:
-    """Knobs of the adapter; the defaults are what the node runs with."""
-
-    dial_timeout_s: float = 5.0  # one connect(): TCP + Noise + Yamux + multiselect
-    io_timeout_s: float = 10.0  # one framed read or write on a stream
-    close_timeout_s: float = 2.0  # closing a stream or a connection
-    heartbeat_interval_s: float = (
-        1.0  # application ping period per peer (as network.heartbeat_interval_s)
-    )
-    peer_dead_after_s: float = 4.0  # no pong for this long: disconnect the peer
-    gossip_degree: int = 6  # GossipSub D, D_low, D_high
-    gossip_degree_low: int = 4
-    gossip_degree_high: int = 12
-    gossip_heartbeat_s: int = 1  # GossipSub heartbeat (the library default is 120 s)
-    outbound_high_water: int = 16  # pace publishes while a live peer's queue is longer
-    pace_max_wait_s: float = 2.0  # give up pacing on a peer after this (it drops it)
-    mesh_wait_s: float = 2.0  # wait this long at most for subscribed peers to join the mesh
-    max_gossip_bytes: int = MAX_GOSSIP_BYTES
-    max_frame_bytes: int = MAX_FRAME_BYTES
-    drain_timeout_s: float = 3.0  # shutdown: wait this long for in-flight publishes
-    max_connections: int = 200  # all peers; past it the lowest-scored, least active goes
-    max_connections_per_peer: int = 3  # a simultaneous dial needs 2
-    max_connections_per_ip: int = 16  # inbound, counted from TCP accept (handshakes included)
-    ip_limit_on_loopback: bool = False  # a local devnet runs every node on 127.0.0.1
-    gossip_limits: ControlLimits = ControlLimits()  # per-peer GossipSub control budgets
 
 
 @dataclass(frozen=True)
@@ -188,10 +141,6 @@ class PeerEvent:
     until: float = 0.0
 
 
-def _short(peer: str) -> str:
-    return peer[:12] + "..." if len(peer) > 12 else peer
-
-
 StreamHandler = Callable[[FramedStream], Awaitable[None]]
 
 
@@ -203,19 +152,10 @@ def key_pair_from_private_bytes(private_bytes: bytes) -> KeyPair:
     return KeyPair(private, private.get_public_key())
 
 
-def _seqno_start() -> int:
-    """The first GossipSub seqno of this process (workaround 13): the clock in nanoseconds,
-    so a restarted publisher continues above every seqno it used before."""
+def seqno_start() -> int:
+    """The first GossipSub seqno of this process: the clock in nanoseconds, so a restarted
+    publisher continues above every seqno it used before (message ids stay unique)."""
     return time.time_ns()
-
-
-@dataclass
-class _PeerState:
-    connected_at: float
-    last_pong: float
-    last_active: float = 0.0  # last application stream or gossip message, time.monotonic()
-    rtt_s: float = math.nan
-    dropping: bool = False
 
 
 class _Notifee(INotifee):
@@ -243,29 +183,34 @@ class _Notifee(INotifee):
         return None
 
 
-class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
+class SwarmHost:
     """A running peer: use `open_host()` to get one.
 
     Public surface: `peer_id`, `listen_addrs()`, `connect()`, `connect_many()`,
-    `connected_peers()`, `subscribe()`, `publish()`, `set_stream_handler()`,
-    `open_stream()`, `disconnect()`, `ban()`, `unban()`, `on_peer_event()`, `peer_rtt()`.
+    `connected_peers()`, `subscribe()`, `publish()`, `topic_peers()`,
+    `set_stream_handler()`, `open_stream()`, `disconnect()`, `ban()`, `unban()`,
+    `on_peer_event()`, `on_misbehaviour()`, `peer_rtt()`, `peer_protocols()`,
+    `peer_addrs()`, `connection_count()`, `set_connection_scorer()`.
+
+    Its parts, each given only what it needs: `peers` (the `PeerTable`), `gossip`,
+    `heartbeat`, `limits` (connection caps), `inbound_gate` (per-IP cap) and `goodbyes`.
     """
 
     def __init__(self, private_bytes: bytes, settings: HostSettings) -> None:
-        libp2p_patches.apply()
+        apply_patches()
         self.settings = settings
         key_pair = key_pair_from_private_bytes(private_bytes)
         noise = NoiseTransport(key_pair, noise_privkey=_new_x25519_key_pair().private_key)
         self._lh = new_host(
             key_pair=key_pair,
-            sec_opt={NOISE_PROTOCOL_ID: noise},  # workaround 1: Noise only, no plaintext
-            muxer_opt=create_yamux_muxer_option(),  # workaround 2: Yamux only
+            sec_opt={NOISE_PROTOCOL_ID: noise},  # Noise only, no plaintext
+            muxer_opt=create_yamux_muxer_option(),  # Yamux only
             negotiate_timeout=int(math.ceil(settings.dial_timeout_s)),
             # min_connections 0: no connection manager floor; its auto-connector (which
-            # dials peerstore peers all the same) is switched off below (patch 26).
+            # dials peerstore peers all the same) is switched off below (`no_auto_dials`).
             # The library refuses at its own max_connections; ours sits below it so a
             # newcomer past our cap gets in and the worst connection makes room
-            # (`_enforce_connection_limits`). Its pruner acts only above high_watermark,
+            # (`ConnectionLimits.enforce`). Its pruner acts only above high_watermark,
             # which the library's cap never lets it reach.
             connection_config=ConnectionConfig(
                 min_connections=0,
@@ -284,42 +229,69 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         budget = new_budget(settings.gossip_limits, self._report_misbehaviour)
         self._gossipsub = GuardedGossipSub(
             budget=budget,
-            protocols=list(GOSSIPSUB_PROTOCOLS),  # workaround 17
+            protocols=list(GOSSIPSUB_PROTOCOLS),
             degree=settings.gossip_degree,
             degree_low=settings.gossip_degree_low,
             degree_high=settings.gossip_degree_high,
-            heartbeat_interval=settings.gossip_heartbeat_s,  # workaround 4
+            heartbeat_interval=settings.gossip_heartbeat_s,
             heartbeat_initial_delay=0.1,
-            adaptive_gossip_enabled=False,  # workaround 4
-            spam_protection_enabled=False,  # workaround 3
+            adaptive_gossip_enabled=False,
+            spam_protection_enabled=False,
             prune_back_off=5,
             unsubscribe_back_off=2,
         )
         self._pubsub = GuardedPubsub(self._lh, self._gossipsub, strict_signing=True, budget=budget)
-        self._pubsub.counter = _seqno_start()  # workaround 13
+        self._pubsub.counter = seqno_start()
         self.peer_id: str = self._lh.get_id().to_base58()
-        self._peers: dict[str, _PeerState] = {}
         self._banned: dict[str, float] = {}  # peer -> unban time (time.time())
         self._listeners: list[Callable[[PeerEvent], None]] = []
         self._nursery: trio.Nursery | None = None
         self._closing = False
-        self._in_flight = 0
-        self._idle = trio.Event()
-        self._idle.set()
-        self._validators: dict[str, Validator] = {}
-        self._pingers: set[str] = set()
-        self._stalls = LoopStalls()  # our own loop's stalls do not count as a peer's silence
-        self._scorer: Callable[[str], float] | None = None
-        self._inbound_gate = IpGate(settings)
+        network = self._lh.get_network()
+        self.peers = PeerTable()
+        self.inbound_gate = IpGate(settings)
         self.goodbyes = Goodbyes(
             self,
             private_bytes,
             lambda peer, g: self._emit(PeerEvent("told", peer, g.reason, g.until)),
         )
+        self.gossip = Gossip(
+            settings, self._lh.get_id(), self._pubsub, self._gossipsub, self.peers, self
+        )
+        self.heartbeat = Heartbeat(settings, self._lh, self.peers, self)
+        self.limits = ConnectionLimits(settings, network, self.peers, self, self.goodbyes)
         # Dials `/p2p-circuit` addresses (set by `node.host.relay.open_relay`).
         self.circuit_dialer: Callable[[str], Awaitable[DialResult]] | None = None
-        libp2p_patches.no_auto_dials(self._lh.get_network())
-        self._lh.get_network()._swarm_inbound_gate = self._inbound_gate
+        no_auto_dials(network)
+        set_inbound_gate(network, self.inbound_gate)
+
+    # -- state shared with the parts -----------------------------------------------------
+
+    @property
+    def libp2p(self) -> Any:
+        """The py-libp2p host underneath, for the adapter's own modules (relay,
+        reachability, identify); nothing outside `node.host` uses it."""
+        return self._lh
+
+    @property
+    def closing(self) -> bool:
+        """True once shutdown began: no new publishes, dials or streams."""
+        return self._closing
+
+    @property
+    def running(self) -> bool:
+        """True once `open_host()` started the host's tasks."""
+        return self._nursery is not None
+
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        """Start `fn(*args)` in the host's nursery (the host must be running)."""
+        assert self._nursery is not None, "the host is not running"
+        self._nursery.start_soon(fn, *args)
+
+    def check_open(self) -> None:
+        """Raise `HostClosed` once shutdown began."""
+        if self._closing:
+            raise HostClosed("the host is shutting down")
 
     # -- addresses and peers -------------------------------------------------------------
 
@@ -329,11 +301,29 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
 
     def connected_peers(self) -> list[str]:
         """Peers with a live connection that the heartbeat has not dropped."""
-        return sorted(p for p, st in self._peers.items() if not st.dropping)
+        return self.peers.live()
 
     def peer_rtt(self, peer: str) -> float:
-        st = self._peers.get(peer)
-        return st.rtt_s if st else math.nan
+        """The last heartbeat round trip to `peer` in seconds, NaN when none."""
+        return self.peers.rtt(peer)
+
+    def peer_protocols(self, peer: str) -> list[str]:
+        """The protocols `peer` announced (identify), empty when it told us none."""
+        try:
+            return [str(p) for p in self._lh.get_peerstore().get_protocols(ID.from_base58(peer))]
+        except Exception:  # an unknown or malformed peer id: nothing announced
+            return []
+
+    def peer_addrs(self, peer: str) -> list[str]:
+        """The addresses stored for `peer` (without its `/p2p/` part), empty when none."""
+        try:
+            return [str(a) for a in self._lh.get_peerstore().addrs(ID.from_base58(peer))]
+        except Exception:  # an unknown or malformed peer id: no addresses
+            return []
+
+    def connection_count(self) -> int:
+        """Open connections, all peers together (a peer may hold several)."""
+        return len(self._lh.get_network().get_connections())
 
     def on_peer_event(self, callback: Callable[[PeerEvent], None]) -> None:
         """Register a synchronous callback for `PeerEvent`s (it must not block)."""
@@ -346,12 +336,18 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         dropped. It must not block; what to do with the peer is the caller's decision."""
         self._misbehaviour_listeners.append(callback)
 
+    def set_connection_scorer(self, scorer: Callable[[str], float] | None) -> None:
+        """`scorer(peer) -> float` (higher is better, synchronous, cheap): at the connection
+        cap the lowest-scored peer is disconnected first, then the least recently active.
+        Without one every peer scores 0."""
+        self.limits.set_scorer(scorer)
+
     def _report_misbehaviour(self, notice: Misbehaviour) -> None:
         for callback in list(self._misbehaviour_listeners):
             callback(notice)
 
     def _emit(self, event: PeerEvent) -> None:
-        log.info("peer %s %s %s", event.kind, _short(event.peer), event.reason)
+        log.info("peer %s %s %s", event.kind, short(event.peer), event.reason)
         for callback in list(self._listeners):
             callback(event)
 
@@ -361,6 +357,7 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         return sum(1 for until in self._banned.values() if until > now)
 
     def is_banned(self, peer: str) -> bool:
+        """Whether `peer` is banned now (an expired ban is lifted here)."""
         until = self._banned.get(peer)
         if until is None:
             return False
@@ -370,7 +367,32 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
             return False
         return True
 
+    # -- gossip --------------------------------------------------------------------------
+
+    async def subscribe(
+        self, topic: str, validator: Validator | None = None
+    ) -> trio.MemoryReceiveChannel[GossipMessage]:
+        """Join `topic`; returns a channel of other peers' messages (`Gossip.subscribe`)."""
+        return await self.gossip.subscribe(topic, validator)
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        """Publish `data` on `topic`, size-checked, mesh-waited and paced (`Gossip.publish`)."""
+        await self.gossip.publish(topic, data)
+
+    def topic_peers(self, topic: str) -> list[str]:
+        """Live peers that told us they subscribe to `topic`."""
+        return self.gossip.topic_peers(topic)
+
+    async def wait_for_topic_peers(self, topic: str, n: int, timeout_s: float) -> int:
+        """Wait (bounded) until at least `n` live peers subscribe to `topic`; returns the count."""
+        return await self.gossip.wait_for_topic_peers(topic, n, timeout_s)
+
     # -- connection events ---------------------------------------------------------------
+
+    def adopt_connection(self, peer: str) -> None:
+        """A connection to `peer` opened outside `connect()` (a relayed dial): count it
+        as connected, as the swarm's own notice would."""
+        self._on_connected(ID.from_base58(peer))
 
     def _on_connected(self, pid: ID, conn: Any = None) -> None:
         if self._closing:
@@ -379,24 +401,24 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         if self.is_banned(peer):
             if self._nursery is not None:
                 self._nursery.start_soon(
-                    self.goodbyes.refuse, peer, self._banned[peer], self._close_peer
+                    self.goodbyes.refuse, peer, self._banned[peer], self.close_peer
                 )
             return
-        if not self._enforce_connection_limits(peer, conn):
+        if not self.limits.enforce(peer, conn):
             return
-        if peer in self._peers and not self._peers[peer].dropping:
+        state = self.peers.get(peer)
+        if state is not None and not state.dropping:
             return
-        now = time.monotonic()
-        self._peers[peer] = _PeerState(connected_at=now, last_pong=now, last_active=now)
-        if self._nursery is not None and peer not in self._pingers:
-            self._nursery.start_soon(self._ping_loop, peer)
+        self.peers.add(peer)
+        if self._nursery is not None and not self.heartbeat.pinging(peer):
+            self._nursery.start_soon(self.heartbeat.ping_loop, peer)
         self._emit(PeerEvent("connected", peer))
 
     def _on_disconnected(self, pid: ID) -> None:
         peer = pid.to_base58()
         if self._lh.get_network().get_connections(pid):
             return  # another connection to the same peer is still up
-        state = self._peers.pop(peer, None)
+        state = self.peers.pop(peer)
         if state is not None and not state.dropping:
             self._emit(PeerEvent("disconnected", peer, "connection closed"))
 
@@ -405,7 +427,7 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
     async def connect(self, addr: str) -> DialResult:
         """Dial one `/ip4/.../tcp/.../p2p/<id>` multiaddr under `dial_timeout_s`; never raises
         for a remote failure (the result says what went wrong)."""
-        self._check_open()
+        self.check_open()
         if "/p2p-circuit" in addr and self.circuit_dialer is not None:
             return await self.circuit_dialer(addr)
         started = time.monotonic()
@@ -438,7 +460,8 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         return DialResult(addr, True, peer, None, time.monotonic() - started)
 
     def _forget_old_addrs(self, pid: ID) -> None:
-        """Workaround 14: dial the address given, not a stale one of an earlier run."""
+        """Dial the address given, not a stale one of an earlier run: drop the peer's
+        stored addresses and its negative-cache entry unless it is connected."""
         network = self._lh.get_network()
         if network.get_connections(pid):
             return  # connected: the library reuses the live connection
@@ -449,7 +472,7 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
             negative.evict(str(pid))
 
     async def connect_many(self, addrs: Sequence[str]) -> list[DialResult]:
-        """Dial all `addrs` concurrently (workaround 11); results in the order given."""
+        """Dial all `addrs` concurrently; results in the order given."""
         results: list[DialResult | None] = [None] * len(addrs)
 
         async def one(i: int, addr: str) -> None:
@@ -462,18 +485,17 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
 
     async def disconnect(self, peer: str, reason: str = "") -> None:
         """Close every connection to `peer` (bounded by `close_timeout_s`)."""
-        self._mark_dropping(peer, reason)
+        self.mark_dropping(peer, reason)
         await self.goodbyes.settled(peer)  # a peer being banned is told before it is closed
-        await self._close_peer(peer)
+        await self.close_peer(peer)
 
-    def _mark_dropping(self, peer: str, reason: str) -> None:
+    def mark_dropping(self, peer: str, reason: str) -> None:
         """From now on `peer` counts as gone (its connections close in the background)."""
-        state = self._peers.get(peer)
-        if state is not None and not state.dropping:
-            state.dropping = True
+        if self.peers.mark_dropping(peer):
             self._emit(PeerEvent("dropped", peer, reason))
 
-    async def _close_peer(self, peer: str) -> None:
+    async def close_peer(self, peer: str) -> None:
+        """Close `peer`'s connections now (bounded) and forget it, without a goodbye."""
         pid = ID.from_base58(peer)
         with trio.move_on_after(self.settings.close_timeout_s):
             with contextlib.suppress(Exception):
@@ -482,7 +504,7 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         # the pubsub sender task for it is blocked, not us.
         with contextlib.suppress(Exception):
             self._lh.get_network().connections.pop(pid, None)
-        self._peers.pop(peer, None)
+        self.peers.pop(peer)
 
     async def ban(self, peer: str, seconds: float, reason: str) -> None:
         """Refuse `peer` for `seconds`: disconnect now, reject its connections and messages."""
@@ -493,6 +515,7 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
         await self.disconnect(peer, f"banned: {reason}")
 
     def unban(self, peer: str) -> None:
+        """Lift a ban on `peer` now (nothing happens when it is not banned)."""
         if self._banned.pop(peer, None) is not None:
             self._pubsub.remove_from_blacklist(ID.from_base58(peer))
 
@@ -508,11 +531,11 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
             if self._closing or self.is_banned(peer):
                 await framed.reset()
                 return
-            self._touch(peer)
+            self.peers.touch(peer)
             try:
                 await handler(framed)
             except PeerError as exc:
-                log.info("stream %s from %s ended: %s", protocol, _short(peer), exc)
+                log.info("stream %s from %s ended: %s", protocol, short(peer), exc)
             finally:
                 await framed.close()
 
@@ -520,7 +543,7 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
 
     async def open_stream(self, peer: str, protocol: str) -> FramedStream:
         """Open a stream to a connected (or known) peer under `dial_timeout_s`."""
-        self._check_open()
+        self.check_open()
         try:
             with trio.fail_after(self.settings.dial_timeout_s):
                 raw = await self._lh.new_stream(ID.from_base58(peer), [TProtocol(protocol)])
@@ -532,21 +555,21 @@ class SwarmHost(ConnectionLimitsMixin, GossipMixin, HeartbeatMixin):
             raise
         except Exception as exc:
             raise PeerUnreachable(peer, f"cannot open {protocol}: {exc}") from exc
-        self._touch(peer)
+        self.peers.touch(peer)
         return FramedStream(raw, peer, self.settings)
-
-    def _check_open(self) -> None:
-        if self._closing:
-            raise HostClosed("the host is shutting down")
 
     async def _drain(self) -> None:
         """Refuse new work, wait (bounded) for in-flight publishes, then let queues flush."""
         self._closing = True
         with trio.move_on_after(self.settings.drain_timeout_s):
-            await self._idle.wait()
-            # Give the per-peer sender tasks a moment to write what is queued.
-            while any(len(q) for q in self._pubsub.peer_queues.values()):
-                await trio.sleep(0.02)
+            await self.gossip.wait_idle()
+
+
+def _shielded(seconds: float) -> trio.CancelScope:
+    """A cancel scope that outer cancellation cannot reach, ending after `seconds`."""
+    scope = trio.move_on_after(seconds)
+    scope.shield = True
+    return scope
 
 
 @contextlib.asynccontextmanager
@@ -556,7 +579,7 @@ async def open_host(
     settings: HostSettings | None = None,
 ) -> AsyncIterator[SwarmHost]:
     """Start a host listening on `listen`; on exit drain, stop pubsub, and close the host
-    so the port is released (workaround 12)."""
+    so the port is released."""
     settings = settings or HostSettings()
     host = SwarmHost(private_bytes, settings)
     try:
@@ -565,7 +588,7 @@ async def open_host(
         raise ValueError(f"bad listen multiaddr in {list(listen)}: {exc}") from exc
     lh = host._lh
     lh.get_network().register_notifee(_Notifee(host))
-    lh.set_stream_handler(PING_PROTOCOL, host._handle_ping)
+    lh.set_stream_handler(PING_PROTOCOL, host.heartbeat.handle_ping)
     host.set_stream_handler(GOODBYE_PROTOCOL, host.goodbyes.serve)
     async with plain_listen_failed(), lh.run(addrs):
         try:
@@ -578,28 +601,28 @@ async def open_host(
                     try:
                         async with trio.open_nursery() as nursery:
                             host._nursery = nursery
-                            nursery.start_soon(host._stalls.run)
+                            nursery.start_soon(host.heartbeat.stalls.run)
                             try:
                                 yield host
                             finally:
-                                with trio.CancelScope(shield=True):
+                                with _shielded(math.inf):
                                     await host._drain()
                                 nursery.cancel_scope.cancel()
                     finally:
                         # Close the network while pubsub still runs: a message arriving
                         # after the pubsub service stopped crashes the library's inbound
                         # handler ("Nursery is closed to new arrivals").
-                        with trio.CancelScope(shield=True):
-                            with trio.move_on_after(settings.close_timeout_s * 2):
-                                await lh.close()
+                        with _shielded(settings.close_timeout_s * 2):
+                            await lh.close()
         finally:
-            with trio.CancelScope(shield=True):
-                with trio.move_on_after(settings.close_timeout_s * 2):
-                    await lh.close()  # idempotent; covers a failure before the inner close
+            with _shielded(settings.close_timeout_s * 2):
+                await lh.close()  # idempotent; covers a failure before the inner close
 
 
 __all__ = [
     "AGENT",
+    "MAX_FRAME_BYTES",
+    "MAX_GOSSIP_BYTES",
     "DialResult",
     "FrameTooLarge",
     "FramedStream",

@@ -31,7 +31,7 @@ async def identify(host: SwarmHost, peer: str) -> Identified:
     """Ask connected `peer` over identify; an empty `Identified` when it did not answer."""
     with trio.move_on_after(IDENTIFY_TIMEOUT_S):
         try:
-            stream = await host._lh.new_stream(ID.from_base58(peer), [IDENTIFY])
+            stream = await host.libp2p.new_stream(ID.from_base58(peer), [IDENTIFY])
         except Exception:  # the library raises several types; no identify is the answer
             return Identified()
         data = b""

@@ -1,79 +1,50 @@
-"""Every process-wide patch of py-libp2p 0.8.1 internals, in one place.
+"""The process-wide patches of py-libp2p 0.8.1 internals, one named function each.
 
-`apply()` installs them all (idempotent); `node.host.host.SwarmHost` calls it before it builds
-a host, so any process that runs a `SwarmHost` runs with all of them. A process that
-never imports this module speaks the library's defaults: the patches change only what
-this side does, never the bytes another implementation must understand (the interop
-tests in `tests/test_node_interop.py` run us against an unpatched py-libp2p and
-js-libp2p). Numbers follow the workaround list in `node/host/host.py`.
+`apply()` checks that the installed py-libp2p is the pinned version (`PINNED_LIBP2P`)
+and that every attribute a patch replaces exists, then installs them all, once;
+`node.host.host.SwarmHost` calls it before it builds a host, so any process that runs a
+`SwarmHost` runs with all of them. Each patch is idempotent on its own (a wrapper
+carries a marker naming its patch and is never wrapped twice). A process that never
+imports this module speaks the library's defaults: the patches change only what this
+side does, never the bytes another implementation must understand (the interop tests in
+`tests/test_node_interop.py` run us against an unpatched py-libp2p and js-libp2p).
 
-Each patch, the library default it fixes, and the test that fails if it comes back:
+The patches, and the test that fails if the library's behaviour comes back:
 
-6.  Subscription queue of 32 messages, overflow dropped with a warning ->
-    `pubsub.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_QUEUE`.
-    tests/test_node_host.py::test_gossipsub_settings_are_ours,
-    ::test_burst_of_50_publishes_in_one_second_all_arrive
-16. Listen sockets get SO_REUSEPORT (DCUtR's TCP hole punch dials from the listen port,
-    which needs it on both sockets), so two nodes "share" a port -> the listener first
-    claims the port with a plain socket (`_exclusive_listen`: a port someone listens on
-    is refused as in use), then listens with SO_REUSEPORT as the library does.
-    tests/test_node_host.py::test_two_hosts_cannot_share_a_port_so_reuseport_is_off,
-    tests/test_node_nat.py::test_hole_punch_dials_can_leave_from_our_listen_port
-17. Identify says `py-libp2p/<version>` -> `identify.AGENT_VERSION = AGENT`.
-    tests/test_node_standard_peer.py::test_a_standard_libp2p_peer_stays_connected_and_sees_our_agent
-18a. A GossipSub RPC that is not protobuf raises `DecodeError` out of the stream reader
-    and crashes the host -> `Pubsub.continuously_read_stream` resets that stream.
-    tests/test_node_standard_peer.py::test_garbage_gossipsub_rpc_does_not_crash_the_host
-18b. Banning (blacklist teardown) a peer that already left raises `KeyError` ->
-    `Pubsub._teardown_if_connected` tolerates it.
-    tests/test_node_host.py::test_banning_connected_peers_does_not_crash (exercises the
-    path; the race did not reproduce without the patch on a quiet machine)
-19. A full Yamux frame is 17 bytes over one Noise plaintext (two Noise messages per
-    frame); a window update after every read; two socket reads per Noise message ->
-    `yamux.MAX_MESSAGE_SIZE` = Noise's largest plaintext, `_yamux_release_on_read` off
-    (`_batched_window_updates`), `TrioTCPStream.read` through a read-ahead buffer
-    (`_buffered_tcp_read`).
-    tests/test_node_host.py::test_bulk_frames_cost_one_noise_message_per_yamux_frame_and_few_socket_calls
-20. Each 64 KiB frame paid the whole write path, each received frame was copied ~10
-    times -> `YamuxStream.write` replaced (`_yamux_write_batched`: the frames the window
-    allows, one write), `BaseNoiseMsgReadWriter.write_msg` (`_noise_write_batched`: one
-    socket write for several Noise messages), `read_exactly` in msgio and yamux
-    (`_read_exactly_whole`), `SecureSession._fill/_drain` (views, no BytesIO).
-    tests/test_node_host.py::test_bulk_frames_cost_one_noise_message_per_yamux_frame_and_few_socket_calls,
-    ::test_received_bytes_are_handed_on_without_copies
-21. A writer out of send window polled every 10 ms -> `YamuxStream.__init__` installs
-    `_WindowLock`, which wakes it at the window update.
-    tests/test_node_host.py::test_a_writer_out_of_window_wakes_at_the_window_update_not_a_poll
-23. Two round trips of multistream-select per stream -> `MultiselectClient.select_one_of`
-    pipelines the header and the one protocol (`_select_pipelined`).
-    tests/test_node_host.py::test_opening_a_stream_proposes_the_protocol_before_reading_the_header_answer
-24. A window update after every small read (credited twice) ->
-    `YamuxStream._auto_tune_and_send_window_update` credits at half the window only.
-    tests/test_node_host.py::test_small_messages_cost_no_window_updates
-25. An inbound connection's slot (`Swarm._inbound_limiter`) was held until the swarm
-    stopped, so after `max_connections` connections had come and gone every new peer
-    was refused -> `Swarm._do_handle_inbound_connection` returns when its connection
-    closes (`_slot_held_while_open`, with `Swarm.upgrade_inbound_raw_conn` telling it
-    which connection it made) and admits by remote IP through the host's gate.
-    tests/test_node_connection_limits.py::test_closed_connections_give_their_inbound_slot_back,
-    ::test_inbound_connections_per_ip_are_capped_and_released
-26. (Per host, not process-wide.) The swarm's auto-connector dials peerstore peers
-    (learned from identify, PX or a past connection) up to half its high watermark,
-    even with min_connections 0: an evicted or dropped peer came back after its 60 s
-    backoff, and dials went out that nothing of ours asked for -> `no_auto_dials(swarm)`
-    makes its `maybe_connect` do nothing (discovery is `node/peer/discovery.py`'s).
-    tests/test_node_connection_limits.py::test_the_library_never_dials_peers_on_its_own
-27. An inbound pubsub RPC over the size limit (a gossip message over ~1,048,000 bytes) is
-    dropped with its stream and only logged -> the pubsub module's
-    `read_varint_prefixed_bytes_limited` tells the reading task's `OVERSIZE_REPORT`
-    callback (set by `node.host.gossip_guard.GuardedPubsub`) before the library drops it.
-    tests/test_node_gossip_guard.py::test_an_oversize_rpc_is_reported
+- `enlarge_subscription_queue`: tests/test_node_host.py::test_gossipsub_settings_are_ours,
+  ::test_burst_of_50_publishes_in_one_second_all_arrive
+- `exclusive_listen_port`:
+  tests/test_node_host.py::test_two_hosts_cannot_share_a_port_so_reuseport_is_off,
+  tests/test_node_nat.py::test_hole_punch_dials_can_leave_from_our_listen_port
+- `advertise_swarm_agent`:
+  tests/test_node_standard_peer.py::test_a_standard_libp2p_peer_stays_connected_and_sees_our_agent
+- `one_noise_message_per_yamux_frame`, `batch_yamux_window_updates`, `buffer_tcp_reads`,
+  `batch_yamux_writes`, `batch_noise_writes`:
+  tests/test_node_host.py::test_bulk_frames_cost_one_noise_message_per_yamux_frame_and_few_socket_calls
+- `return_whole_reads_uncopied`, `keep_noise_plaintext_uncopied`:
+  tests/test_node_host.py::test_received_bytes_are_handed_on_without_copies
+- `wake_writer_on_window_update`:
+  tests/test_node_host.py::test_a_writer_out_of_window_wakes_at_the_window_update_not_a_poll
+- `pipeline_multistream_select`:
+  tests/test_node_host.py::test_opening_a_stream_proposes_the_protocol_before_reading_the_header_answer
+- `window_update_at_half`: tests/test_node_host.py::test_small_messages_cost_no_window_updates
+- `release_inbound_slots_on_close`:
+  tests/test_node_connection_limits.py::test_closed_connections_give_their_inbound_slot_back,
+  ::test_inbound_connections_per_ip_are_capped_and_released
+- `report_oversize_rpcs`: tests/test_node_gossip_guard.py::test_an_oversize_rpc_is_reported
+
+Per host, not process-wide: `no_auto_dials(swarm)`
+(tests/test_node_connection_limits.py::test_the_library_never_dials_peers_on_its_own) and
+`set_inbound_gate(swarm, gate)` (the per-IP admission `release_inbound_slots_on_close`
+consults). What could be a subclass is one: garbage GossipSub RPCs and ban races are
+handled by `node.host.gossip_guard.GuardedPubsub`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib.metadata
 import logging
 import socket
 import struct
@@ -91,40 +62,389 @@ import libp2p.security.secure_session as _libp2p_secure_session
 import libp2p.stream_muxer.yamux.yamux as _libp2p_yamux
 import libp2p.transport.tcp.tcp as _libp2p_tcp
 import trio
-from google.protobuf.message import DecodeError as _ProtobufDecodeError
 from libp2p.io.exceptions import IOException
 from libp2p.io.exceptions import MessageTooLarge as _LibMessageTooLarge
 from libp2p.protocol_muxer.exceptions import MultiselectClientError, MultiselectCommunicatorError
 from libp2p.protocol_muxer.multiselect_communicator import MultiselectCommunicator
+from libp2p.stream_muxer.exceptions import MuxedStreamError
+from libp2p.transport.exceptions import OpenConnectionError
 from libp2p.utils import encode_delim
 
 log = logging.getLogger("swarm.host")
 
+# The py-libp2p release these patches are written against (its distribution is `libp2p`).
+PINNED_LIBP2P = "0.8.1"
 # The subscription queue we install in place of the library's 32.
 SUBSCRIPTION_QUEUE = 4096
-# Workaround 19: bytes asked of the socket at once (a Noise message is at most 64 KiB).
+# Bytes asked of the socket at once (a Noise message is at most 64 KiB).
 TCP_READ_AHEAD = 256 * 1024
-# Workaround 20: the most payload one Yamux write call hands down at once.
+# The most payload one Yamux write call hands down at once.
 WRITE_BATCH = 1024 * 1024
-# Workaround 21: a writer out of send window re-checks at least this often (a close that
-# does not go through the window lock); a window update wakes it at once.
+# A writer out of send window re-checks at least this often (a close that does not go
+# through the window lock); a window update wakes it at once.
 ZERO_WINDOW_POLL_S = 0.01
+# The attribute a patched function carries: the name of the patch that installed it.
+MARKER = "_swarm_patch"
+
+
+class PatchError(RuntimeError):
+    """The installed py-libp2p is not the one these patches are written for: the wrong
+    version, or an attribute a patch replaces is missing."""
 
 
 def _agent() -> str:
     try:
-        from importlib.metadata import version
-
-        return f"swarm-node/{version('swarm-node')}"
-    except Exception:  # not installed (a source checkout): the pyproject version
+        return f"swarm-node/{importlib.metadata.version('swarm-node')}"
+    except importlib.metadata.PackageNotFoundError:  # a source checkout: the pyproject version
         return "swarm-node/0.1.0"
 
 
 AGENT = _agent()
 
 
+def libp2p_version() -> str:
+    """The installed py-libp2p version ("" when it is not installed as a distribution)."""
+    try:
+        return importlib.metadata.version("libp2p")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def check_version() -> None:
+    """Raise `PatchError` unless the installed py-libp2p is `PINNED_LIBP2P`."""
+    found = libp2p_version()
+    if found != PINNED_LIBP2P:
+        raise PatchError(
+            f"node.host.libp2p_patches is written for py-libp2p {PINNED_LIBP2P}, found "
+            f"{found or 'none'}: install libp2p=={PINNED_LIBP2P} (pinned in pyproject.toml), "
+            "or review every patch against the new version"
+        )
+
+
+def _require(patch: str, owner: Any, attr: str) -> Any:
+    """`owner.attr`, or a `PatchError` naming `patch` when the library has no such attribute."""
+    if not hasattr(owner, attr):
+        where = getattr(owner, "__name__", type(owner).__name__)
+        raise PatchError(
+            f"libp2p patch {patch}: py-libp2p {libp2p_version() or '?'} has no {where}.{attr} "
+            "(its target moved or was removed upstream); review the patch"
+        )
+    return getattr(owner, attr)
+
+
+def _replace(patch: str, owner: Any, attr: str, value: Any) -> None:
+    """Set `owner.attr = value` once checked that the library has that attribute."""
+    _require(patch, owner, attr)
+    setattr(owner, attr, value)
+
+
+def _wrap(patch: str, owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
+    """Replace `owner.attr` with `make(original)`, marked with `patch`, unless already done."""
+    current = _require(patch, owner, attr)
+    if getattr(current, MARKER, None) == patch:
+        return
+    wrapper = make(current)
+    setattr(wrapper, MARKER, patch)
+    setattr(owner, attr, wrapper)
+
+
+# ---------------------------------------------------------------------------------------
+# The patches
+# ---------------------------------------------------------------------------------------
+
+
+def enlarge_subscription_queue() -> None:
+    """Upstream: a subscription's queue holds `SUBSCRIPTION_CHANNEL_SIZE` = 32 messages and
+    drops the overflow with a warning, so a burst of gossip is lost before the
+    application's reader runs. Change: the module constant (read at `subscribe()` time)
+    becomes `SUBSCRIPTION_QUEUE`. Safe: memory is bounded all the same, and the host's
+    reader task drains the queue at once. No upstream issue found."""
+    _replace(
+        "enlarge_subscription_queue",
+        _libp2p_pubsub,
+        "SUBSCRIPTION_CHANNEL_SIZE",
+        SUBSCRIPTION_QUEUE,
+    )
+
+
+def exclusive_listen_port() -> None:
+    """Upstream: listen sockets get SO_REUSEPORT (DCUtR's TCP hole punch dials from the
+    listen port, which needs it on both sockets), so two nodes silently "share" a port and
+    the kernel splits inbound connections between them. Change: the TCP listener
+    (`_open_reuseport_listeners`, looked up at call time) first claims the port with a
+    plain socket, which cannot bind a port someone listens on, then listens with
+    SO_REUSEPORT as the library does. Safe: the listening socket is the library's own; a
+    port in use fails with the library's listen error. go-libp2p's answer to the same
+    trap is an option to turn reuseport off."""
+    _wrap("exclusive_listen_port", _libp2p_tcp, "_open_reuseport_listeners", _exclusive_listen)
+
+
+def advertise_swarm_agent() -> None:
+    """Upstream: identify says `py-libp2p/<version>`, the library's name, not ours.
+    Change: identify's `AGENT_VERSION` (read when it answers) becomes `AGENT`
+    (`swarm-node/<version>`). Safe: a free-text field no peer acts on."""
+    _replace("advertise_swarm_agent", _libp2p_identify, "AGENT_VERSION", AGENT)
+
+
+def one_noise_message_per_yamux_frame() -> None:
+    """Upstream: a full Yamux frame (`MAX_MESSAGE_SIZE`, 64 KiB of payload plus a 12-byte
+    header) is 17 bytes over one Noise plaintext, so it costs two Noise messages. Change:
+    Yamux's `MAX_MESSAGE_SIZE` (read at call time) becomes Noise's largest plaintext.
+    Safe: only the frames we send get smaller; the receiver takes any frame size."""
+    _replace(
+        "one_noise_message_per_yamux_frame",
+        _libp2p_yamux,
+        "MAX_MESSAGE_SIZE",
+        _require("one_noise_message_per_yamux_frame", _libp2p_noise_io, "MAX_PLAINTEXT_LENGTH"),
+    )
+
+
+def batch_yamux_window_updates() -> None:
+    """Upstream: with `_yamux_release_on_read()` true, a stream sends a window update after
+    every read. Change: the switch answers False, so credit for what was read goes back
+    with the library's (half-window) batches. Safe: the sender's window is credited all
+    the same, only in fewer frames. Related: py-libp2p#1270 (receive window auto-tuning)."""
+    _replace(
+        "batch_yamux_window_updates", _libp2p_yamux, "_yamux_release_on_read", _release_on_read_off
+    )
+
+
+def buffer_tcp_reads() -> None:
+    """Upstream: a Noise message's 2-byte length and its body are two socket reads.
+    Change: `TrioTCPStream.read(n)` is served from a read-ahead buffer of `TCP_READ_AHEAD`
+    bytes. Safe: it returns at most `n` bytes, as before, and a connection has one reader
+    (the muxer's), as the library assumes."""
+    _wrap("buffer_tcp_reads", _libp2p_io_trio.TrioTCPStream, "read", _buffered_tcp_read)
+
+
+def batch_yamux_writes() -> None:
+    """Upstream: `YamuxStream.write` pays the whole write path per 64 KiB frame. Change: the
+    frames the send window allows are built at once and written with one call. Safe: the
+    library's checks, locks and zero-window wait are kept, and each frame is still at
+    most one Noise plaintext: the bytes on the wire are the same frames."""
+    _replace("batch_yamux_writes", _libp2p_yamux.YamuxStream, "write", _yamux_write_batched)
+
+
+def batch_noise_writes() -> None:
+    """Upstream: `BaseNoiseMsgReadWriter.write_msg` writes each Noise message with its own
+    socket write. Change: a write above one Noise plaintext goes out as the same Noise
+    messages (one per `MAX_PLAINTEXT_LENGTH` bytes, each with its 2-byte length) through
+    one socket write. Safe: the same ciphertext in the same order."""
+    _replace(
+        "batch_noise_writes",
+        _libp2p_noise_io.BaseNoiseMsgReadWriter,
+        "write_msg",
+        _noise_write_batched,
+    )
+
+
+def return_whole_reads_uncopied() -> None:
+    """Upstream: `read_exactly` (msgio and Yamux) copies a received frame twice even when
+    one read returned all of it. Change: a first read of exactly `n` bytes is handed back
+    as it is; anything shorter goes on through the library's own loop and its errors.
+    Safe: callers get the same bytes (or a read-only view of them)."""
+    for module in (_libp2p_msgio, _libp2p_yamux):
+        _wrap("return_whole_reads_uncopied", module, "read_exactly", _read_exactly_whole)
+
+
+def keep_noise_plaintext_uncopied() -> None:
+    """Upstream: `SecureSession._fill/_drain` copy each decrypted Noise message into a
+    BytesIO and out again. Change: the message is kept as bytes and handed out as views.
+    Safe: its readers (Yamux's header and body reads) unpack it or copy it into the
+    stream's buffer; the watermarks keep their meaning."""
+    session = _libp2p_secure_session.SecureSession
+    _replace("keep_noise_plaintext_uncopied", session, "_fill", _session_fill)
+    _replace("keep_noise_plaintext_uncopied", session, "_drain", _session_drain)
+
+
+def wake_writer_on_window_update() -> None:
+    """Upstream: a Yamux writer out of send window polls every 10 ms. Change: each
+    `YamuxStream` gets a `window_lock` (`WindowLock`) that wakes a waiting writer when it
+    is next released, which an inbound window update does. Safe: the lock is taken only
+    with `async with`, as the library does, and a writer still re-checks every
+    `ZERO_WINDOW_POLL_S`."""
+    _wrap("wake_writer_on_window_update", _libp2p_yamux.YamuxStream, "__init__", _yamux_stream_init)
+
+
+def pipeline_multistream_select() -> None:
+    """Upstream: multistream-select costs two round trips per stream opened (the header,
+    then the protocol). Change: `MultiselectClient.select_one_of` with one protocol sends
+    the header and the protocol in one write and reads both answers, as go-libp2p's
+    client does; more than one protocol goes the library's way. Safe: the same messages
+    in the same order, which the protocol allows."""
+    _wrap(
+        "pipeline_multistream_select",
+        _libp2p_multiselect_client.MultiselectClient,
+        "select_one_of",
+        _select_pipelined,
+    )
+
+
+def window_update_at_half() -> None:
+    """Upstream: `YamuxStream._auto_tune_and_send_window_update` sends a window update
+    after every small read as well (crediting it twice over): one more Noise message each
+    way for every small message a stream receives. Change: receive credit goes back once
+    half the window (the library's threshold) has been read, as go-yamux does. Safe: the
+    library's auto-tuning is kept; the sender is credited at half the window at the
+    latest. Related: py-libp2p#1270, #1269."""
+    _replace(
+        "window_update_at_half",
+        _libp2p_yamux.YamuxStream,
+        "_auto_tune_and_send_window_update",
+        _window_update_at_half,
+    )
+
+
+def release_inbound_slots_on_close() -> None:
+    """Upstream: an inbound connection's slot (`Swarm._inbound_limiter`) is held until the
+    swarm stops, so once `max_connections` connections have come and gone every new peer
+    is refused. Change: `Swarm._do_handle_inbound_connection` returns when its connection
+    closes (`Swarm.upgrade_inbound_raw_conn` telling it which connection it made), and
+    first admits the remote IP through the swarm's gate (`set_inbound_gate`). Safe: the
+    library's handler runs unchanged in a child task; it is cancelled only where it waits
+    for the swarm to stop, after the connection's own close and cleanup ran."""
+    swarm = _libp2p_swarm.Swarm
+    _wrap(
+        "release_inbound_slots_on_close",
+        swarm,
+        "_do_handle_inbound_connection",
+        _slot_held_while_open,
+    )
+    _wrap("release_inbound_slots_on_close", swarm, "upgrade_inbound_raw_conn", _noting_upgrade)
+
+
+def report_oversize_rpcs() -> None:
+    """Upstream: an inbound pubsub RPC over the size limit (a gossip message over
+    ~1,048,000 bytes) is dropped with its stream and only logged. Change: the pubsub
+    module's `read_varint_prefixed_bytes_limited` tells the reading task's
+    `OVERSIZE_REPORT` callback (set by `node.host.gossip_guard.GuardedPubsub`) before the
+    library drops it. Safe: it raises as before; the callback's own errors are
+    suppressed."""
+    _wrap(
+        "report_oversize_rpcs",
+        _libp2p_pubsub,
+        "read_varint_prefixed_bytes_limited",
+        _size_limit_reported,
+    )
+
+
+# Every process-wide patch, in the order `apply()` installs them.
+PATCHES: tuple[Callable[[], None], ...] = (
+    enlarge_subscription_queue,
+    exclusive_listen_port,
+    advertise_swarm_agent,
+    one_noise_message_per_yamux_frame,
+    batch_yamux_window_updates,
+    buffer_tcp_reads,
+    batch_yamux_writes,
+    batch_noise_writes,
+    return_whole_reads_uncopied,
+    keep_noise_plaintext_uncopied,
+    wake_writer_on_window_update,
+    pipeline_multistream_select,
+    window_update_at_half,
+    release_inbound_slots_on_close,
+    report_oversize_rpcs,
+)
+
+# Every attribute the patches replace (or read), checked before any of them is installed.
+TARGETS: tuple[tuple[str, Any, str], ...] = (
+    ("enlarge_subscription_queue", _libp2p_pubsub, "SUBSCRIPTION_CHANNEL_SIZE"),
+    ("exclusive_listen_port", _libp2p_tcp, "_open_reuseport_listeners"),
+    ("advertise_swarm_agent", _libp2p_identify, "AGENT_VERSION"),
+    ("one_noise_message_per_yamux_frame", _libp2p_yamux, "MAX_MESSAGE_SIZE"),
+    ("one_noise_message_per_yamux_frame", _libp2p_noise_io, "MAX_PLAINTEXT_LENGTH"),
+    ("batch_yamux_window_updates", _libp2p_yamux, "_yamux_release_on_read"),
+    ("buffer_tcp_reads", _libp2p_io_trio.TrioTCPStream, "read"),
+    ("batch_yamux_writes", _libp2p_yamux.YamuxStream, "write"),
+    ("batch_yamux_writes", _libp2p_yamux, "YAMUX_HEADER_FORMAT"),
+    ("batch_yamux_writes", _libp2p_yamux, "HEADER_SIZE"),
+    ("batch_yamux_writes", _libp2p_yamux, "TYPE_DATA"),
+    ("batch_noise_writes", _libp2p_noise_io.BaseNoiseMsgReadWriter, "write_msg"),
+    ("return_whole_reads_uncopied", _libp2p_msgio, "read_exactly"),
+    ("return_whole_reads_uncopied", _libp2p_yamux, "read_exactly"),
+    ("keep_noise_plaintext_uncopied", _libp2p_secure_session.SecureSession, "_fill"),
+    ("keep_noise_plaintext_uncopied", _libp2p_secure_session.SecureSession, "_drain"),
+    ("wake_writer_on_window_update", _libp2p_yamux.YamuxStream, "__init__"),
+    ("pipeline_multistream_select", _libp2p_multiselect_client.MultiselectClient, "select_one_of"),
+    ("pipeline_multistream_select", _libp2p_multiselect_client, "MULTISELECT_PROTOCOL_ID"),
+    ("window_update_at_half", _libp2p_yamux.YamuxStream, "_auto_tune_and_send_window_update"),
+    ("window_update_at_half", _libp2p_yamux.YamuxStream, "_grow_threshold"),
+    ("window_update_at_half", _libp2p_yamux.YamuxStream, "_grow_to_delta"),
+    ("window_update_at_half", _libp2p_yamux.YamuxStream, "_apply_autotune_epoch"),
+    ("release_inbound_slots_on_close", _libp2p_swarm.Swarm, "_do_handle_inbound_connection"),
+    ("release_inbound_slots_on_close", _libp2p_swarm.Swarm, "upgrade_inbound_raw_conn"),
+    ("report_oversize_rpcs", _libp2p_pubsub, "read_varint_prefixed_bytes_limited"),
+)
+
+_applied = False
+
+
+def check_targets() -> None:
+    """Raise `PatchError` naming the patch whose target attribute the library lacks."""
+    for patch, owner, attr in TARGETS:
+        _require(patch, owner, attr)
+
+
+def apply() -> None:
+    """Check the py-libp2p version and every target, then install every patch in
+    `PATCHES`, once (later calls return at once; each patch is idempotent as well)."""
+    global _applied
+    if _applied:
+        return
+    check_version()
+    check_targets()
+    for patch in PATCHES:
+        patch()
+    _applied = True
+
+
+# ---------------------------------------------------------------------------------------
+# Per host
+# ---------------------------------------------------------------------------------------
+
+
+class InboundGate(Protocol):
+    """Per-host admission of inbound connections by remote IP (`set_inbound_gate`):
+    `admit(ip)` before the handshake (False: the socket is closed at once),
+    `release(ip)` when that connection's handler ends."""
+
+    def admit(self, ip: str | None) -> bool: ...
+
+    def release(self, ip: str | None) -> None: ...
+
+
+GATE_ATTR = "_swarm_inbound_gate"  # where a swarm keeps its gate
+
+
+def set_inbound_gate(swarm: Any, gate: InboundGate) -> None:
+    """Admit this swarm's inbound connections through `gate` (the per-IP cap), consulted
+    by `release_inbound_slots_on_close`'s handler."""
+    setattr(swarm, GATE_ATTR, gate)
+
+
+async def _no_dials() -> None:
+    return None
+
+
+def no_auto_dials(swarm: Any) -> None:
+    """Upstream: the swarm's auto-connector dials peerstore peers (learned from identify,
+    PX or a past connection) up to half its high watermark, even with min_connections 0:
+    an evicted or dropped peer comes back after its 60 s backoff, and dials go out that
+    nothing of ours asked for. Change (this swarm only): its `maybe_connect`, which both
+    the periodic check and the check after each disconnect go through, does nothing.
+    Safe: discovery is `node/peer/discovery.py`'s, which dials what it decides to."""
+    connector = _require("no_auto_dials", swarm, "auto_connector")
+    _replace("no_auto_dials", connector, "maybe_connect", _no_dials)
+
+
+# ---------------------------------------------------------------------------------------
+# What the patches install
+# ---------------------------------------------------------------------------------------
+
+
 def _claim_port(host: str | None, port: int) -> int:
-    """Workaround 16: the port a listener on `host` may take -- `port`, or a free one for
+    """the port a listener on `host` may take -- `port`, or a free one for
     0 -- checked with a socket without SO_REUSEPORT, which cannot bind a port another
     socket listens on. Raises the library's listen error when the port is taken."""
     family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
@@ -134,33 +454,28 @@ def _claim_port(host: str | None, port: int) -> int:
         probe.bind((host or "0.0.0.0", port))
         return int(probe.getsockname()[1])
     except OSError as exc:
-        raise _libp2p_tcp.OpenConnectionError(f"Failed to listen on {host}:{port}: {exc}") from exc
+        raise OpenConnectionError(f"Failed to listen on {host}:{port}: {exc}") from exc
     finally:
         probe.close()
 
 
 def _exclusive_listen(open_listeners: Any) -> Any:
-    """Workaround 16: the library's SO_REUSEPORT listeners, on a port claimed first."""
-    if getattr(open_listeners, "_swarm_exclusive", False):
-        return open_listeners
+    """The library's SO_REUSEPORT listeners, on a port claimed first."""
 
     async def opened(host: str | None, port: int) -> Any:
         return await open_listeners(host, _claim_port(host, port))
 
-    opened._swarm_exclusive = True  # type: ignore[attr-defined]
     return opened
 
 
-def _batched_window_updates() -> bool:
-    """Workaround 19: the library's `release on read` switch, off: credit for what was
-    read goes back with the library's (half-window) batches, not after every read. (Only
-    sending at half the window, as go-yamux does, is slower here: the library's sender
-    polls every 10 ms once its window is spent.)"""
+def _release_on_read_off() -> bool:
+    """The library's `release on read` switch, off: credit for what was read goes back
+    with the library's (half-window) batches, not after every read."""
     return False
 
 
 async def _window_update_at_half(self: Any, *, bytes_read: int = 0) -> None:
-    """Workaround 24: a stream's receive credit goes back once half the window (the
+    """a stream's receive credit goes back once half the window (the
     library's threshold) has been read, as go-yamux does. The library also sent one
     after every read below that (crediting it twice over): a window-update frame, one
     more Noise message each way, for every small message a stream received."""
@@ -176,7 +491,7 @@ async def _window_update_at_half(self: Any, *, bytes_read: int = 0) -> None:
 def _buffered_tcp_read(
     original: Callable[..., Awaitable[bytes]],
 ) -> Callable[..., Awaitable[bytes]]:
-    """Workaround 19: `TrioTCPStream.read(n)` served from a read-ahead buffer, so a Noise
+    """`TrioTCPStream.read(n)` served from a read-ahead buffer, so a Noise
     message's 2-byte length and its body come from one socket read. Returns at most `n`
     bytes, as before; one reader per connection (the muxer's), as the library has."""
 
@@ -194,17 +509,16 @@ def _buffered_tcp_read(
         self._swarm_ahead = pending[take:]
         return out
 
-    read._swarm_buffered = True  # type: ignore[attr-defined]
     return read
 
 
 async def _yamux_write_batched(self: Any, data: bytes) -> None:
-    """Workaround 20: `YamuxStream.write` with the frames the send window allows built at
+    """`YamuxStream.write` with the frames the send window allows built at
     once and written with one call (the library's own checks, locks and zero-window wait
     are kept as they are; each frame is still at most one Noise plaintext)."""
     y = _libp2p_yamux
     if self.send_closed:
-        raise y.MuxedStreamError("Stream is closed for sending")
+        raise MuxedStreamError("Stream is closed for sending")
     view = memoryview(data)
     total, sent = len(data), 0
     payload_max = y.MAX_MESSAGE_SIZE - y.HEADER_SIZE
@@ -212,10 +526,10 @@ async def _yamux_write_batched(self: Any, data: bytes) -> None:
         budget = 0
         async with self.rw_lock.write_lock():
             if self.send_closed:
-                raise y.MuxedStreamError("Stream is closed for sending")
+                raise MuxedStreamError("Stream is closed for sending")
             async with self.window_lock:
                 if self.closed:
-                    raise y.MuxedStreamError("Stream is closed")
+                    raise MuxedStreamError("Stream is closed")
                 budget = min(self.send_window, total - sent, WRITE_BATCH)
                 self.send_window -= max(budget, 0)
         if budget <= 0:
@@ -227,7 +541,7 @@ async def _yamux_write_batched(self: Any, data: bytes) -> None:
                             break
                     await _window_changed(self, ZERO_WINDOW_POLL_S)
             if waited.cancelled_caught:
-                raise y.MuxedStreamError("Timed out waiting for window update after 5 seconds.")
+                raise MuxedStreamError("Timed out waiting for window update after 5 seconds.")
             continue
         parts: list[bytes | memoryview] = []
         end = sent + budget
@@ -239,8 +553,8 @@ async def _yamux_write_batched(self: Any, data: bytes) -> None:
         await self.conn._write_frame(b"".join(parts))
 
 
-class _WindowLock:
-    """Workaround 21: a Yamux stream's `window_lock` that wakes a writer waiting for send
+class WindowLock:
+    """A Yamux stream's `window_lock` that wakes a writer waiting for send
     window when it is next released (the library only takes it with `async with`, and an
     inbound WINDOW_UPDATE adds to `send_window` under it)."""
 
@@ -267,14 +581,14 @@ class _WindowLock:
 
 async def _window_changed(stream: Any, timeout_s: float) -> None:
     lock = stream.window_lock
-    if isinstance(lock, _WindowLock):
+    if isinstance(lock, WindowLock):
         await lock.released(timeout_s)
     else:
         await trio.sleep(timeout_s)
 
 
 def _select_pipelined(original: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Workaround 23: multistream-select's header and the one protocol proposed go out in
+    """multistream-select's header and the one protocol proposed go out in
     one write, then both answers are read (as go-libp2p's client does): one round trip
     per stream opened instead of two. More than one protocol goes the library's way."""
 
@@ -303,21 +617,21 @@ def _select_pipelined(original: Callable[..., Awaitable[Any]]) -> Callable[..., 
             return protocols[0]
         raise MultiselectClientError(f"response timed out after {negotiate_timeout}s")
 
-    select_one_of._swarm_pipelined = True  # type: ignore[attr-defined]
     return select_one_of
 
 
 def _yamux_stream_init(original: Callable[..., None]) -> Callable[..., None]:
+    """`YamuxStream.__init__`, then a `WindowLock` as the stream's `window_lock`."""
+
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        self.window_lock = _WindowLock()
+        self.window_lock = WindowLock()
 
-    init._swarm_window_lock = True  # type: ignore[attr-defined]
     return init
 
 
 async def _noise_write_batched(self: Any, msg: bytes, prefix_encoded: bool = False) -> None:
-    """Workaround 20: a write above one Noise plaintext goes out as the same Noise
+    """a write above one Noise plaintext goes out as the same Noise
     messages as before (one per MAX_PLAINTEXT_LENGTH bytes, each with its 2-byte length)
     but through one socket write."""
     limit = _libp2p_noise_io.MAX_PLAINTEXT_LENGTH
@@ -351,7 +665,7 @@ async def _noise_write_batched(self: Any, msg: bytes, prefix_encoded: bool = Fal
 def _read_exactly_whole(
     original: Callable[..., Awaitable[bytes]],
 ) -> Callable[..., Awaitable[bytes]]:
-    """Workaround 20: the library's `read_exactly`, with a first read that returned all
+    """the library's `read_exactly`, with a first read that returned all
     `n` bytes handed back as it is (the library copied it twice); anything shorter goes
     on through the library's own loop and its errors."""
 
@@ -363,19 +677,18 @@ def _read_exactly_whole(
             return await original(reader, n, *args, **kwargs)
         return bytes(data) + await original(reader, n - len(data), *args, **kwargs)
 
-    read_exactly._swarm_whole = True  # type: ignore[attr-defined]
     return read_exactly
 
 
 def _session_fill(self: Any, msg: bytes) -> None:
-    """Workaround 20: the rest of a Noise message kept as bytes (was copied into a BytesIO)."""
+    """The rest of a Noise message kept as bytes (the library copies it into a BytesIO)."""
     self._swarm_rest = msg
     self.low_watermark = 0
     self.high_watermark = len(msg)
 
 
 def _session_drain(self: Any, n: int | None) -> bytes | memoryview:
-    """Workaround 20: up to `n` bytes of what `_session_fill` kept, as a view (its readers,
+    """up to `n` bytes of what `_session_fill` kept, as a view (its readers,
     Yamux's header and body reads, unpack it or copy it into the stream's buffer)."""
     lo, hi = self.low_watermark, self.high_watermark
     if lo == hi:
@@ -398,7 +711,7 @@ OVERSIZE_REPORT: contextvars.ContextVar[Callable[[str], None] | None] = contextv
 def _size_limit_reported(
     original: Callable[..., Awaitable[bytes]],
 ) -> Callable[..., Awaitable[bytes]]:
-    """Patch 27: the pubsub reader's size-limited read, reporting an RPC over the limit
+    """the pubsub reader's size-limited read, reporting an RPC over the limit
     to the reading task's `OVERSIZE_REPORT` callback (then raising as before)."""
 
     async def read_varint_prefixed_bytes_limited(reader: Any, max_length: int) -> bytes:
@@ -411,84 +724,7 @@ def _size_limit_reported(
                     report(str(exc)[:200])
             raise
 
-    read_varint_prefixed_bytes_limited._swarm_reported = True  # type: ignore[attr-defined]
     return read_varint_prefixed_bytes_limited
-
-
-def apply() -> None:
-    """Install every patch (idempotent; `SwarmHost` calls it before building a host)."""
-    # Workaround 19: one Noise message per Yamux frame (both read at call time), window
-    # updates batched, buffered socket reads.
-    _libp2p_yamux.MAX_MESSAGE_SIZE = _libp2p_noise_io.MAX_PLAINTEXT_LENGTH
-    _libp2p_yamux._yamux_release_on_read = _batched_window_updates
-    # Workaround 20: bulk writes batched (same frames and messages, fewer syscalls).
-    _libp2p_yamux.YamuxStream.write = _yamux_write_batched
-    # Workaround 24: receive credit goes back at half the window only.
-    _libp2p_yamux.YamuxStream._auto_tune_and_send_window_update = _window_update_at_half
-    # Workaround 23: one round trip to agree on a stream's protocol.
-    client_cls = _libp2p_multiselect_client.MultiselectClient
-    if not getattr(client_cls.select_one_of, "_swarm_pipelined", False):
-        client_cls.select_one_of = _select_pipelined(client_cls.select_one_of)
-    # Workaround 21: a writer out of send window wakes at the window update, not a poll.
-    stream_cls = _libp2p_yamux.YamuxStream
-    if not getattr(stream_cls.__init__, "_swarm_window_lock", False):
-        stream_cls.__init__ = _yamux_stream_init(stream_cls.__init__)
-    _libp2p_noise_io.BaseNoiseMsgReadWriter.write_msg = _noise_write_batched
-    for module in (_libp2p_msgio, _libp2p_yamux):
-        if not getattr(module.read_exactly, "_swarm_whole", False):
-            module.read_exactly = _read_exactly_whole(module.read_exactly)
-    _libp2p_secure_session.SecureSession._fill = _session_fill
-    _libp2p_secure_session.SecureSession._drain = _session_drain
-    tcp_stream = _libp2p_io_trio.TrioTCPStream
-    if not getattr(tcp_stream.read, "_swarm_buffered", False):
-        tcp_stream.read = _buffered_tcp_read(tcp_stream.read)
-    # Workaround 6: the library reads this module constant at subscribe() time.
-    _libp2p_pubsub.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_QUEUE
-    # Workaround 16: looked up at call time by the TCP listener.
-    _libp2p_tcp._open_reuseport_listeners = _exclusive_listen(_libp2p_tcp._open_reuseport_listeners)
-    # Workaround 17: identify reads this module constant when it answers.
-    _libp2p_identify.AGENT_VERSION = AGENT
-    # Patch 27: an oversize pubsub RPC reported.
-    if not getattr(_libp2p_pubsub.read_varint_prefixed_bytes_limited, "_swarm_reported", False):
-        _libp2p_pubsub.read_varint_prefixed_bytes_limited = _size_limit_reported(
-            _libp2p_pubsub.read_varint_prefixed_bytes_limited
-        )
-    # Patch 25: inbound slots released when their connection closes; per-IP admission.
-    _apply_inbound_slot_patch()
-    # Workaround 18: remote garbage and ban races must not crash the host.
-    pubsub_cls = _libp2p_pubsub.Pubsub
-    if not getattr(pubsub_cls, "_swarm_guarded", False):
-        original_read = pubsub_cls.continuously_read_stream
-
-        async def _guarded_read(self: Any, stream: Any) -> None:
-            try:
-                await original_read(self, stream)
-            except _ProtobufDecodeError:
-                log.info("GossipSub RPC that is not protobuf; stream reset")
-                with contextlib.suppress(Exception):
-                    await stream.reset()
-
-        async def _safe_teardown(self: Any, peer_id: Any) -> None:
-            stream = self.peers.get(peer_id)
-            if stream is not None:
-                with contextlib.suppress(Exception):
-                    await stream.reset()
-                self.peers.pop(peer_id, None)
-            self._forget_all_subscriptions(peer_id)
-
-        pubsub_cls.continuously_read_stream = _guarded_read
-        pubsub_cls._teardown_if_connected = _safe_teardown
-        pubsub_cls._swarm_guarded = True
-
-
-class InboundGate(Protocol):
-    """Per-host admission of inbound connections by remote IP, set on a swarm as
-    `swarm._swarm_inbound_gate`: `admit(ip)` before the handshake (False: the socket is
-    closed at once), `release(ip)` when that connection's handler ends."""
-
-    def admit(self, ip: str | None) -> bool: ...
-
-    def release(self, ip: str | None) -> None: ...
 
 
 class _InboundConn:
@@ -516,7 +752,6 @@ def _noting_upgrade(original: Callable[..., Awaitable[Any]]) -> Callable[..., Aw
             seen.upgraded.set()
         return muxed
 
-    upgrade_inbound_raw_conn._swarm_noting = True  # type: ignore[attr-defined]
     return upgrade_inbound_raw_conn
 
 
@@ -545,8 +780,8 @@ def _slot_held_while_open(
 
     The library's handler holds an inbound slot (`Swarm._inbound_limiter`, capacity
     max_connections - min_connections) and, after a successful upgrade, waits for the
-    whole swarm to stop: every connection that ever came in kept its slot, and once
-    `max_connections` had come and gone every new peer was refused. Here the library's
+    whole swarm to stop: every connection that ever came in keeps its slot, and once
+    `max_connections` have come and gone every new peer is refused. Here the library's
     handler runs as it is in a child task; once its upgrade produced a muxed connection
     and that connection closed (the library's own close and cleanup having run: the
     close event is set at the end of them), the child is cancelled where it waits for
@@ -557,7 +792,7 @@ def _slot_held_while_open(
     async def _do_handle_inbound_connection(
         self: Any, read_write_closer: Any, maddr: Any, failure_event: Any
     ) -> None:
-        gate: InboundGate | None = getattr(self, "_swarm_inbound_gate", None)
+        gate: InboundGate | None = getattr(self, GATE_ATTR, None)
         ip = _remote_ip(read_write_closer)
         if gate is not None and not gate.admit(ip):
             with contextlib.suppress(Exception):
@@ -581,27 +816,4 @@ def _slot_held_while_open(
             if gate is not None:
                 gate.release(ip)
 
-    _do_handle_inbound_connection._swarm_slot = True  # type: ignore[attr-defined]
     return _do_handle_inbound_connection
-
-
-def _apply_inbound_slot_patch() -> None:
-    swarm_cls = _libp2p_swarm.Swarm
-    if not getattr(swarm_cls._do_handle_inbound_connection, "_swarm_slot", False):
-        swarm_cls._do_handle_inbound_connection = _slot_held_while_open(
-            swarm_cls._do_handle_inbound_connection
-        )
-    if not getattr(swarm_cls.upgrade_inbound_raw_conn, "_swarm_noting", False):
-        swarm_cls.upgrade_inbound_raw_conn = _noting_upgrade(swarm_cls.upgrade_inbound_raw_conn)
-
-
-async def _no_dials() -> None:
-    return None
-
-
-def no_auto_dials(swarm: Any) -> None:
-    """Patch 26: this swarm's auto-connector never dials (its periodic check and the
-    check after each disconnect both go through `maybe_connect`)."""
-    connector = getattr(swarm, "auto_connector", None)
-    if connector is not None:
-        connector.maybe_connect = _no_dials

@@ -7,7 +7,8 @@ then the oldest. A newcomer scored below everyone is the one that goes (told so,
 try again after `CAP_TRY_AGAIN_S`: `node.host.goodbye`). A peer keeps at
 most `max_connections_per_peer` connections (its newest go); one IP at most
 `max_connections_per_ip` inbound connections, counted from TCP accept to close by the
-inbound handler (`node.host.libp2p_patches` patch 25) through `IpGate`.
+inbound handler (`node.host.libp2p_patches.release_inbound_slots_on_close`) through
+`IpGate`.
 """
 
 from __future__ import annotations
@@ -16,23 +17,18 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import trio
 from libp2p.peer.id import ID
 
-if TYPE_CHECKING:
-    from node.host.goodbye import Goodbyes
-    from node.host.host import HostSettings
+from node.host.peers import PeerTable, short
+from node.host.settings import HostSettings
 
 log = logging.getLogger("swarm.host")
 
 CAP_TRY_AGAIN_S = 60.0  # what a newcomer refused at the cap is told: try again after this
-
-
-def _short(peer: str) -> str:
-    return peer[:12] + "..." if len(peer) > 12 else peer
 
 
 def library_cap(settings: HostSettings) -> int:
@@ -52,7 +48,7 @@ class IpGate:
         self.counts: dict[str, int] = {}
         self.refused = 0
 
-    def _exempt(self, ip: str | None) -> bool:
+    def _exempt(self, ip: str | None) -> bool:  # loopback, unless counted on purpose
         if ip is None:
             return True
         if self._loopback:
@@ -60,6 +56,7 @@ class IpGate:
         return ip.startswith("127.") or ip in ("::1", "::ffff:127.0.0.1")
 
     def admit(self, ip: str | None) -> bool:
+        """Count one more inbound connection from `ip`; False (counted as refused) at the cap."""
         if self._exempt(ip):
             return True
         assert ip is not None
@@ -71,6 +68,7 @@ class IpGate:
         return True
 
     def release(self, ip: str | None) -> None:
+        """An inbound connection from `ip` ended."""
         if self._exempt(ip):
             return
         assert ip is not None
@@ -81,32 +79,51 @@ class IpGate:
             self.counts.pop(ip, None)
 
 
-class ConnectionLimitsMixin:
-    """The `SwarmHost` side of the limits (the attributes are the host's)."""
+class LimitsHost(Protocol):
+    """What the connection limits call back on the host."""
 
-    settings: HostSettings
-    _lh: Any
-    _nursery: trio.Nursery | None
-    _peers: dict[str, Any]
-    _scorer: Callable[[str], float] | None
-    goodbyes: Goodbyes
+    @property
+    def running(self) -> bool: ...
 
-    async def _close_peer(self, peer: str) -> None: ...  # the host's
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None: ...
 
-    async def disconnect(self, peer: str, reason: str = "") -> None: ...  # the host's
+    def mark_dropping(self, peer: str, reason: str) -> None: ...
 
-    def _mark_dropping(self, peer: str, reason: str) -> None: ...  # the host's
+    async def close_peer(self, peer: str) -> None: ...
 
-    def set_connection_scorer(self, scorer: Callable[[str], float] | None) -> None:
+
+class Refuser(Protocol):
+    """Tells a refused peer why, then closes it (`node.host.goodbye.Goodbyes`)."""
+
+    async def refuse(
+        self, peer: str, until: float, close: Callable[[str], Awaitable[None]], reason: str = ""
+    ) -> None: ...
+
+
+class ConnectionLimits:
+    """The per-peer and total connection caps of one host, applied to each connection
+    just opened (`enforce`); the IP cap is `IpGate`'s. `network` is the py-libp2p swarm."""
+
+    def __init__(
+        self,
+        settings: HostSettings,
+        network: Any,
+        peers: PeerTable,
+        host: LimitsHost,
+        refuser: Refuser,
+    ) -> None:
+        self.settings = settings
+        self._network = network
+        self._peers = peers
+        self._host = host
+        self._refuser = refuser
+        self._scorer: Callable[[str], float] | None = None
+
+    def set_scorer(self, scorer: Callable[[str], float] | None) -> None:
         """`scorer(peer) -> float` (higher is better, synchronous, cheap): at the connection
         cap the lowest-scored peer is disconnected first, then the least recently active.
         Without one every peer scores 0."""
         self._scorer = scorer
-
-    def _touch(self, peer: str) -> None:
-        state = self._peers.get(peer)
-        if state is not None:
-            state.last_active = time.monotonic()
 
     def _score(self, peer: str) -> float:
         if self._scorer is None:
@@ -114,17 +131,18 @@ class ConnectionLimitsMixin:
         try:
             return float(self._scorer(peer))
         except Exception:  # a scorer bug must not take the host down
-            log.exception("connection scorer failed for %s", _short(peer))
+            log.exception("connection scorer failed for %s", short(peer))
             return 0.0
 
-    def _enforce_connection_limits(self, peer: str, conn: Any) -> bool:
+    def enforce(self, peer: str, conn: Any) -> bool:
         """Apply the per-peer and total caps to a connection just opened; False if it was
-        the one closed (the newest of a peer over its cap, or the worst-ranked newcomer)."""
-        network = self._lh.get_network()
-        s = self.settings
-        nursery = self._nursery
-        if nursery is None:
+        the one closed (the newest of a peer over its cap, or the worst-ranked newcomer).
+        Does nothing before the host runs (no task can be started yet)."""
+        host = self._host
+        if not host.running:
             return True
+        network = self._network
+        s = self.settings
         conns = network.get_connections(ID.from_base58(peer))
         if len(conns) > s.max_connections_per_peer:
             conns.sort(key=lambda c: getattr(c, "_created_at", 0.0))
@@ -132,11 +150,11 @@ class ConnectionLimitsMixin:
             log.info(
                 "closing %d connection(s) of %s: over %d per peer",
                 len(extra),
-                _short(peer),
+                short(peer),
                 s.max_connections_per_peer,
             )
             for c in extra:
-                nursery.start_soon(self._close_conn, c)
+                host.spawn(self._close_conn, c)
             if conn is not None and any(c is conn for c in extra):
                 return False
         # Connections of peers already on their way out do not count: otherwise every
@@ -149,24 +167,25 @@ class ConnectionLimitsMixin:
         over = len(network.get_connections()) - closing - s.max_connections
         if over <= 0:
             return True
+        states = dict(self._peers.items())
         ranked = sorted(
-            (p for p, st in self._peers.items() if not st.dropping and p != peer),
-            key=lambda p: (self._score(p), self._peers[p].last_active, self._peers[p].connected_at),
+            (p for p, st in states.items() if not st.dropping and p != peer),
+            key=lambda p: (self._score(p), states[p].last_active, states[p].connected_at),
         )
         if self._score(peer) < min((self._score(p) for p in ranked[:1]), default=math.inf):
-            log.info("refusing %s: at the connection cap and scored lowest", _short(peer))
-            self._mark_dropping(peer, "connection cap: scored lowest")
-            nursery.start_soon(
-                self.goodbyes.refuse,
+            log.info("refusing %s: at the connection cap and scored lowest", short(peer))
+            host.mark_dropping(peer, "connection cap: scored lowest")
+            host.spawn(
+                self._refuser.refuse,
                 peer,
                 time.time() + CAP_TRY_AGAIN_S,
-                self._close_peer,
+                host.close_peer,
                 "at its connection cap, and we scored lowest",
             )
             return False
         for victim in ranked[:over]:
-            self._mark_dropping(victim, f"connection cap ({s.max_connections}): making room")
-            nursery.start_soon(self._close_peer, victim)
+            host.mark_dropping(victim, f"connection cap ({s.max_connections}): making room")
+            host.spawn(host.close_peer, victim)
         return True
 
     async def _close_conn(self, conn: Any) -> None:

@@ -49,7 +49,8 @@ def tcp_target(addr: multiaddr.Multiaddr) -> tuple[str, int] | None:
     ip = addr.value_for_protocol("ip4") if "ip4" in protos else None
     if ip is None and "ip6" in protos:
         ip = addr.value_for_protocol("ip6")
-    return (str(ip), int(addr.value_for_protocol("tcp"))) if ip else None
+    port = addr.value_for_protocol("tcp")
+    return (str(ip), int(port)) if ip and port is not None else None
 
 
 def listen_failures(requested: Sequence[multiaddr.Multiaddr], got: Sequence[Any]) -> list[str]:

@@ -6,7 +6,7 @@ Uses py-libp2p 0.8.1's `AutoNATService` and `DCUtRProtocol`. What we change and 
 
 - The library's AutoNAT server answers a dial-back request with `host.connect()`, which
   returns at once when a connection to the asker exists -- and the asker is always
-  connected, it sent the request on that connection. So every asker was told "reachable".
+  connected, it sent the request on that connection. So every asker is told "reachable".
   `_DialBackAutoNAT` dials the advertised address afresh (`network.dial_addr`, a new
   TCP + Noise + Yamux connection) and closes that connection after.
 - The asker advertises its listen addresses and the addresses DCUtR predicts from what
@@ -116,8 +116,8 @@ class Reachability:
 
     def __init__(self, host: SwarmHost) -> None:
         self._host = host
-        self.autonat = _DialBackAutoNAT(host._lh, serve=True, confirmations=1)
-        self.dcutr = DCUtRProtocol(host._lh)
+        self.autonat = _DialBackAutoNAT(host.libp2p, serve=True, confirmations=1)
+        self.dcutr = DCUtRProtocol(host.libp2p)
 
     @property
     def status(self) -> str:
@@ -146,7 +146,7 @@ class Reachability:
     async def _advertised(self) -> list[bytes]:
         addrs = [
             a.decapsulate(Multiaddr(f"/p2p/{self._host.peer_id}")).to_bytes()
-            for a in self._host._lh.get_addrs()
+            for a in self._host.libp2p.get_addrs()
             if "/p2p-circuit" not in str(a)
         ]
         with contextlib.suppress(Exception):
@@ -160,6 +160,7 @@ class Reachability:
         return bool(await self.dcutr.initiate_hole_punch(ID.from_base58(peer)))
 
     def stats(self) -> dict[str, object]:
+        """Status and metrics fields: the verdict and how many peers are direct or relayed."""
         kinds = connection_kinds(self._host)
         return {
             "reachability": self.status,

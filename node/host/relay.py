@@ -66,6 +66,7 @@ class RelayLimitsConfig:
     reservation_ttl_s: int = 3600  # a slot lasts this long unless refreshed
 
     def check(self) -> None:
+        """Raise `ValueError` naming the first limit below 1."""
         for name in (
             "max_reservations",
             "max_reservations_per_ip",
@@ -80,6 +81,7 @@ class RelayLimitsConfig:
                 )
 
     def library_limits(self) -> RelayLimits:
+        """These limits as py-libp2p's `RelayLimits`."""
         return RelayLimits(
             duration=self.max_circuit_s,
             data=self.max_circuit_bytes,
@@ -154,11 +156,11 @@ class RelayEndpoint:
             serve.check()
         self._host = host
         limits = (serve or RelayLimitsConfig()).library_limits()
-        self.protocol = _CountingRelay(host._lh, limits=limits, allow_hop=serve is not None)
+        self.protocol = _CountingRelay(host.libp2p, limits=limits, allow_hop=serve is not None)
         self.protocol.max_per_ip = (serve or RelayLimitsConfig()).max_reservations_per_ip
         roles = RelayRole.STOP | RelayRole.CLIENT | (RelayRole.HOP if serve else RelayRole(0))
         self.transport = CircuitV2Transport(
-            host._lh, self.protocol, RelayConfig(roles=roles, limits=limits)
+            host.libp2p, self.protocol, RelayConfig(roles=roles, limits=limits)
         )
         self.serving = serve is not None
         self.reservations: dict[str, str] = {}  # relay peer id -> our relayed address there
@@ -190,7 +192,7 @@ class RelayEndpoint:
         relay = ID.from_base58(result.peer)
         try:
             with trio.fail_after(timeout_s):
-                stream = await self._host._lh.new_stream(relay, [TProtocol(RELAY_HOP_PROTOCOL)])
+                stream = await self._host.libp2p.new_stream(relay, [TProtocol(RELAY_HOP_PROTOCOL)])
                 try:
                     assert self._nursery is not None, "RelayEndpoint not started"
                     ok = await self.transport.reserve(stream, relay, self._nursery)
@@ -233,7 +235,7 @@ class RelayEndpoint:
             raise
         except Exception as exc:
             raise PeerUnreachable(peer, f"relayed dial failed: {exc}") from exc
-        self._host._on_connected(ID.from_base58(peer))
+        self._host.adopt_connection(peer)
         return peer
 
     async def dial_result(self, circuit_addr: str) -> DialResult:
@@ -272,7 +274,7 @@ def connection_kinds(host: SwarmHost) -> dict[str, str]:
     """Each connected peer -> "direct" when at least one of its connections is a plain
     transport connection, else "relayed"."""
     kinds: dict[str, str] = {}
-    for pid, conns in list(host._lh.get_network().connections.items()):
+    for pid, conns in list(host.libp2p.get_network().connections.items()):
         conns = conns if isinstance(conns, list) else [conns]
         if not conns:
             continue

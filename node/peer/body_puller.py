@@ -10,24 +10,23 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from typing import cast
 
 import trio
 
 from node.exchange import rollouts as rollout_exchange
-from node.host.host import PeerError, PeerUnreachable
-from node.store.store import StoreError
+from node.host.host import PeerError, PeerUnreachable, SwarmHost
+from node.peer.ports import Admit
+from node.store.store import Store, StoreError
 from protocol import body_pull as bp
 from protocol import penalties
 from protocol.admission import BodyMissing, Kind, Misbehaved
 from protocol.codec import decode
 from protocol.content_id import content_id
 from protocol.errors import RemoteProtocolError
+from protocol.peer_score import PeerId
 from protocol.wire import RolloutRecord
-
-if TYPE_CHECKING:
-    from node.peer.peer import Peer
 
 log = logging.getLogger("swarm.peer")
 
@@ -36,37 +35,59 @@ IDLE_WAKE_S = 1.0  # looks at the schedule at least this often (parked pulls, ne
 
 
 class BodyPuller:
-    """Every body pull of one peer (started by `Peer` for roles that pull bodies)."""
+    """Every body pull of one peer (started by `Peer` for roles that pull bodies).
 
-    def __init__(self, peer: Peer, config: bp.PullConfig | None = None) -> None:
-        self.peer = peer
+    `admit` takes each pulled record (and the charges and give-ups of the schedule),
+    `store` says which bodies are held already, `known_peers()` lists the peers the
+    address book can reach besides the connected ones."""
+
+    def __init__(
+        self,
+        host: SwarmHost,
+        run_id: str,
+        admit: Admit,
+        store: Store,
+        known_peers: Callable[[], Iterable[str]],
+        counters: Counter[str],
+        config: bp.PullConfig | None = None,
+    ) -> None:
+        self.host = host
+        self.run_id = run_id
+        self.admission = admit
+        self.store = store
+        self.known_peers = known_peers
         self.schedule = bp.PullSchedule(config or bp.PullConfig())
-        self.counters: Counter[str] = peer.counters
+        self.counters = counters
         self._wake = trio.Event()
         self._fetches = trio.Semaphore(CONCURRENT_FETCHES)
 
     def want(
         self, rollout_id: bytes, sources: Sequence[str], origin: tuple[bytes, str] | None = None
     ) -> None:
-        me = self.peer.host.peer_id
+        """Pull `rollout_id` from `sources` (ourselves left out); `origin` (signer, sender)
+        is told to admission if nobody serves it."""
+        me = self.host.peer_id
         sources = tuple(s for s in dict.fromkeys(sources) if s and s != me)
         self.schedule.handle(bp.Want(rollout_id, sources, time.time(), origin))
         self._wake.set()
 
     def pending(self) -> int:
+        """How many pulls are scheduled."""
         return len(self.schedule)
 
     def wanted(self, rollout_id: bytes) -> bool:
+        """Whether a pull of `rollout_id` is scheduled."""
         return rollout_id in self.schedule
 
     async def run(self) -> None:
+        """Carry out the schedule until cancelled, at least every `IDLE_WAKE_S`."""
         async with trio.open_nursery() as nursery:
             while True:
                 now = time.time()
                 due = bp.Due(
                     now,
-                    frozenset(self.peer.host.connected_peers()),
-                    frozenset(self.peer.discovery.book.known()),
+                    frozenset(self.host.connected_peers()),
+                    frozenset(self.known_peers()),
                 )
                 self._carry_out(self.schedule.handle(due), nursery)
                 nxt = self.schedule.next_due()
@@ -83,14 +104,21 @@ class BodyPuller:
             elif isinstance(a, bp.Charge):
                 self.counters[f"pull_charge_{a.offence}"] += 1
                 cost = penalties.BY_NAME[a.offence].cost
-                self.peer.submit(
+                self.admission.submit(
                     Misbehaved(str(a.peer), cost, "body pull", time.time(), offence=a.offence)
                 )
             elif isinstance(a, bp.GiveUp):
                 self.counters["pull_gave_up"] += 1
                 if a.origin is not None:
                     signer, sender = a.origin
-                    self.peer.submit(BodyMissing(a.rollout_id, signer, sender, a.now, a.answered))
+                    event = BodyMissing(
+                        cast(bytes, a.rollout_id),
+                        cast(bytes, signer),
+                        cast(PeerId, sender),
+                        a.now,
+                        a.answered,
+                    )
+                    self.admission.submit(event)
             elif isinstance(a, bp.Done):
                 self.counters["pull_done"] += 1
 
@@ -99,10 +127,10 @@ class BodyPuller:
         self._wake.set()
 
     async def _fetch(self, f: bp.Fetch) -> None:
-        source, ids = str(f.source), list(f.ids)
+        source, ids = str(f.source), cast(list[bytes], list(f.ids))
         async with self._fetches:
             try:
-                held = await trio.to_thread.run_sync(self.peer.store.bodies_held, ids)
+                held = await trio.to_thread.run_sync(self.store.bodies_held, ids)
             except StoreError:
                 held = set()
             for rid in ids:
@@ -113,7 +141,7 @@ class BodyPuller:
             if not ids:
                 return
             try:
-                records = await rollout_exchange.pull(self.peer.host, source, self.peer.run_id, ids)
+                records = await rollout_exchange.pull(self.host, source, self.run_id, ids)
             except PeerUnreachable as exc:
                 self._failed(source, ids, bp.Outcome.UNREACHABLE, exc)
                 return
@@ -138,7 +166,7 @@ class BodyPuller:
             self._answer(rid, source, bp.Outcome.WRONG_RECORD)
             return
         self.counters["pulled"] += 1
-        handled = await self.peer.admit(source, Kind.ROLLOUT_RECORD, rec)
+        handled = await self.admission.admit(source, Kind.ROLLOUT_RECORD, rec)
         if handled.admitted or handled.duplicate:
             outcome = bp.Outcome.SERVED
         elif handled.store_failed:

@@ -14,6 +14,8 @@ from protocol.admission import AdmissionConfig
 from protocol.identity import Identity
 from protocol.wire import MAX_HEADER_BATCH, RunManifest
 
+PACE_MARGIN = 0.8  # share of the peers' per-producer rate and burst a node publishes at
+
 
 @dataclass(frozen=True)
 class PeerConfig:
@@ -53,5 +55,6 @@ class SeqCounter:
         self._last = int(time.time() if start_s is None else start_s) * self.PER_SECOND
 
     def next(self) -> int:
+        """The next sequence number."""
         self._last += 1
         return self._last

@@ -1,6 +1,7 @@
 """Discovery: a bootstrap list, peer exchange on a hello stream, and redial with backoff.
 
-Hello protocol `/swarm-rl/<run>/hello/1`, opened by whoever dialed:
+Hello protocol `/swarm-rl/<run>/hello/1` (`HELLO`, on `node.exchange.request_response`),
+opened by whoever dialed:
 
     each side sends   frame 1: a sealed `PeerHello` envelope (roles, policy version,
                                listen addrs, agent) signed by the peer's identity key
@@ -21,13 +22,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import msgpack
 import trio
 
+from node.exchange.request_response import (
+    BadMessage,
+    ExchangeSpec,
+    Frames,
+    MsgpackCodec,
+    Raw,
+    receive_message,
+    send_message,
+)
 from node.host.host import FramedStream, PeerError, SwarmHost
 from protocol.envelope import open_envelope
 from protocol.errors import RemoteProtocolError
 from protocol.identity import peer_id_from_b58, peer_id_to_b58
+from protocol.schema import ListOf, Str
 from protocol.wire import Envelope, PeerHello
 
 log = logging.getLogger("swarm.discovery")
@@ -42,7 +52,8 @@ EXCHANGE_MAX_S = 60.0
 
 
 def hello_protocol(run_id: str) -> str:
-    return f"/swarm-rl/{run_id}/hello/1"
+    """The hello protocol id of run `run_id`."""
+    return HELLO.for_run(run_id).protocol
 
 
 def peer_of_addr(addr: str) -> str | None:
@@ -94,6 +105,7 @@ class AddressBook:
         return peer
 
     def set_hello(self, peer: str, hello: PeerHello) -> None:
+        """Keep `peer`'s hello and learn the listen addresses it announces."""
         for a in hello.listen_addrs:
             if a.endswith(f"/p2p/{peer}"):
                 self.add(a)
@@ -122,10 +134,12 @@ class AddressBook:
         return [p for p, e in self._peers.items() if e.addrs]
 
     def addrs(self, peer: str) -> list[str]:
+        """The addresses known for `peer`, the one to try first first."""
         entry = self._peers.get(peer)
         return list(entry.addrs) if entry else []
 
     def shareable(self, connected: list[str]) -> list[str]:
+        """One address per connected peer, for peer exchange (at most `MAX_SHARED_ADDRS`)."""
         out: list[str] = []
         for peer in connected:
             out.extend(self.addrs(peer)[:1])
@@ -140,6 +154,7 @@ class AddressBook:
         ]
 
     def failed(self, peer: str, error: str, now: float) -> None:
+        """A dial failed: back off (doubling) and try its next address next time."""
         e = self._peers.get(peer)
         if e is None:
             return
@@ -163,30 +178,41 @@ class AddressBook:
         )
 
     def roles(self, peer: str) -> tuple[str, ...]:
+        """The roles `peer`'s hello announced (none before a hello)."""
         e = self._peers.get(peer)
         return e.hello.roles if e and e.hello else ()
 
 
+ADDRS = MsgpackCodec(
+    "peer list",
+    ListOf(Str(256), MAX_SHARED_ADDRS),
+    MAX_ADDRS_FRAME,
+    limits={
+        "max_str_len": 256,
+        "max_array_len": MAX_SHARED_ADDRS,
+        "max_bin_len": 0,
+        "max_map_len": 0,
+        "max_ext_len": 0,
+    },
+)
+HELLO: ExchangeSpec[tuple[bytes, list[str]], tuple[bytes, list[str]]] = ExchangeSpec(
+    name="hello",
+    protocol="/swarm-rl/{run}/hello/1",
+    request=Frames((Raw(MAX_HELLO_BYTES), ADDRS)),
+    response=Frames((Raw(MAX_HELLO_BYTES), ADDRS)),
+    bad_request="bad hello",
+)
+
+
 def encode_addrs(addrs: list[str]) -> bytes:
-    return msgpack.packb([a for a in addrs if len(a) <= 256][:MAX_SHARED_ADDRS], use_bin_type=True)
+    """The peer-list frame: the first MAX_SHARED_ADDRS addresses of at most 256 chars."""
+    (frame,) = ADDRS.encode([a for a in addrs if len(a) <= 256][:MAX_SHARED_ADDRS])
+    return bytes(frame)
 
 
 def decode_addrs(data: bytes) -> list[str]:
-    try:
-        value = msgpack.unpackb(
-            data,
-            raw=False,
-            max_str_len=256,
-            max_array_len=MAX_SHARED_ADDRS,
-            max_bin_len=0,
-            max_map_len=0,
-            max_ext_len=0,
-        )
-    except Exception as exc:
-        raise ValueError(f"peer list is not msgpack: {exc}") from None
-    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
-        raise ValueError("peer list is not an array of strings")
-    return value
+    """The addresses in a peer-list frame; `ValueError` if it is not one."""
+    return list(ADDRS.decode((data,)))
 
 
 def check_hello(data: bytes, peer: str, run_id: str) -> tuple[Envelope, PeerHello]:
@@ -207,15 +233,19 @@ async def exchange_hello(
     Raises `PeerError` (IO), `RemoteProtocolError` or `ValueError` (bad hello).
     """
 
+    spec = HELLO
+
     async def send() -> None:
-        await stream.send(own_hello)
-        await stream.send(encode_addrs(own_addrs))
+        shared = [a for a in own_addrs if len(a) <= 256][:MAX_SHARED_ADDRS]
+        await send_message(stream, spec.request, (own_hello, shared))
 
     async def receive() -> tuple[PeerHello, list[str]]:
-        hello_bytes = await stream.receive(MAX_HELLO_BYTES)
-        addrs_bytes = await stream.receive(MAX_ADDRS_FRAME)
+        try:
+            hello_bytes, addrs = await receive_message(stream, spec.response, BadMessage)
+        except BadMessage as exc:
+            raise ValueError(exc.problem) from None
         _, hello = check_hello(hello_bytes, stream.peer, run_id)
-        return hello, decode_addrs(addrs_bytes)
+        return hello, list(addrs)
 
     if initiator:
         await send()

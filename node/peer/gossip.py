@@ -66,6 +66,8 @@ def run_topics(run_id: str) -> dict[str, Kind]:
 
 @dataclass
 class OutboxStats:
+    """What an `Outbox` queued and published so far."""
+
     queued: int = 0
     published: int = 0  # items (a batch of n headers counts n)
     failed: int = 0
@@ -147,6 +149,7 @@ class Outbox:
         self.max_batch = n
 
     def pending(self) -> int:
+        """Items queued and not published yet."""
         return self._receive.statistics().current_buffer_used + len(self._held)
 
     def _take_nowait(self) -> tuple[str, bytes] | None:
@@ -214,6 +217,7 @@ class Outbox:
         return sent
 
     async def run(self) -> None:
+        """Publish queued items paced at `rate_per_s` (with `burst`), until cancelled."""
         tokens = float(self.burst)
         last = trio.current_time()
         while True:

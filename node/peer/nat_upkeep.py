@@ -9,13 +9,11 @@ read `stats()`: `reachability`, `direct_peers`, `relayed_peers`, `relay_bytes`, 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import trio
-from libp2p.peer.id import ID
 
 from node.host.framed_stream import PeerError
 from node.host.relay import RELAY_HOP_PROTOCOL, RelayEndpoint, RelayRefused
@@ -58,15 +56,14 @@ class NatUpkeep:
 
     def relays_known(self) -> list[str]:
         """Connected peers that announce the relay service (identify protocols)."""
-        store = self._host._lh.get_peerstore()
         found = []
         for peer in self._host.connected_peers():
-            with contextlib.suppress(Exception):
-                if RELAY_HOP_PROTOCOL in store.get_protocols(ID.from_base58(peer)):
-                    found.append(peer)
+            if RELAY_HOP_PROTOCOL in self._host.peer_protocols(peer):
+                found.append(peer)
         return found
 
     async def run(self) -> None:
+        """Check reachability every `CHECK_EVERY_S`, until cancelled."""
         await trio.sleep(FIRST_CHECK_AFTER_S)
         while True:
             with trio.move_on_after(CHECK_EVERY_S / 2):
@@ -74,6 +71,8 @@ class NatUpkeep:
             await trio.sleep(CHECK_EVERY_S)
 
     async def check_once(self) -> str:
+        """Ask a few peers whether we are reachable; when we are not, reserve relay slots
+        and announce them. Returns the reachability status."""
         servers = self._host.connected_peers()[:MAX_SERVERS]
         status = await self.reach.check(servers)
         if status != "private" or len(self.relay.reservations) >= MAX_RELAYS:
@@ -105,11 +104,11 @@ class NatUpkeep:
         for addr in self._bootstrap:
             if addr.endswith(f"/p2p/{peer}"):
                 return addr
-        with contextlib.suppress(Exception):
-            for a in self._host._lh.get_peerstore().addrs(ID.from_base58(peer)):
-                if "/p2p-circuit" not in str(a):
-                    return f"{a}/p2p/{peer}"
+        for a in self._host.peer_addrs(peer):
+            if "/p2p-circuit" not in a:
+                return f"{a}/p2p/{peer}"
         return None
 
     def stats(self) -> dict[str, object]:
+        """Reachability and relay figures for status and metrics."""
         return {**self.reach.stats(), **self.relay.stats()}

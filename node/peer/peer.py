@@ -28,7 +28,6 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 
 import trio
 
@@ -39,11 +38,12 @@ from node.host.host import AGENT, Later, Misbehaviour, PeerEvent, SwarmHost, ope
 from node.host.reachability import open_reachability
 from node.host.relay import open_relay
 from node.peer.body_puller import BodyPuller
-from node.peer.config import PeerConfig, SeqCounter
+from node.peer.config import PACE_MARGIN, PeerConfig, SeqCounter
 from node.peer.discovery import Discovery
 from node.peer.dropped_by import DroppedBy
 from node.peer.gossip import BATCH_TOPICS, TOPIC_KINDS, Outbox, topic_name
 from node.peer.nat_upkeep import NatUpkeep
+from node.peer.ports import Handled
 from node.peer.services import BodyServer, CatchUpDriver, ask_newest, bad_request_event
 from node.peer.stats import p99_ms, rtt_median_ms
 from node.peer.upkeep import Upkeep
@@ -76,13 +76,12 @@ from protocol.codec import decode
 from protocol.content_id import content_id
 from protocol.envelope import seal
 from protocol.errors import RemoteProtocolError
-from protocol.forwarding import GossipVerdict, batch_verdict, verdict_of
+from protocol.forwarding import GossipVerdict, batch_verdict
 from protocol.identity import peer_id_to_b58
 from protocol.peer_score import PeerScores
 from protocol.rollout import check_body, open_header
 from protocol.version_claims import AskNewest
 from protocol.wire import (
-    Delegation,
     HeaderBatch,
     PeerHello,
     ProducerClaim,
@@ -94,38 +93,9 @@ from protocol.wire import (
 log = logging.getLogger("swarm.peer")
 
 ADMITTED_QUEUE = 4096
-PACE_MARGIN = 0.8  # share of the peers' per-producer rate and burst a node publishes at
 STORE_WAIT_S = 20.0  # a gossip message whose write takes longer is not forwarded from here
 RESTORED_PULLS = 4096  # owed pulls queued again at start
-VALIDATOR_WAITS_KEPT = 4096
-RETENTION_EVERY_S = 60.0  # how often the store prunes (node.store.retention)  # recent gossip validator waits, for the p99 in stats()
-
-
-@dataclass
-class Handled:
-    """What became of one event handed to admission (`Peer.submit`). `done` is set once
-    every action ran (after the store write, if there was one)."""
-
-    actions: list[adm.Action]
-    done: trio.Event = field(default_factory=trio.Event)
-    forward: bool = False
-    admitted: bool = False  # delivered to the roles
-    duplicate: bool = False
-    store_failed: bool = False
-
-    @property
-    def accepted(self) -> bool:
-        """Forwarded or delivered: admission took it."""
-        return self.forward or self.admitted
-
-    @property
-    def verdict(self) -> GossipVerdict:
-        """Accept / ignore / reject at the GossipSub boundary; a message whose write has
-        not finished (or failed) is ignored here, never rejected."""
-        v = verdict_of(self.actions)
-        if v is GossipVerdict.ACCEPT and (self.store_failed or not self.done.is_set()):
-            return GossipVerdict.IGNORE
-        return v
+VALIDATOR_WAITS_KEPT = 4096  # recent gossip validator waits, for the p99 in stats()
 
 
 class Peer:
@@ -133,6 +103,8 @@ class Peer:
 
     `produce(record)`, `publish_verdict(verdict)`, `on_deliver(callback)`, `report()`,
     `stats()`, plus `host`, `store`, `admission`, `discovery`, `identity`, `manifest`.
+    It satisfies every protocol of `node.peer.ports`; its drivers (body puller, catch-up,
+    body server, upkeep) are handed the pieces they use, not the peer.
     """
 
     def __init__(
@@ -172,22 +144,49 @@ class Peer:
         self.bootstrap_results: list[tuple[str, bool, str]] = []
         self.drained = 0  # queued messages published while stopping
         self.started_at = time.time()
-        self.delivery: dict[str, int] = {}
         self.validator_waits: deque[float] = deque(maxlen=VALIDATOR_WAITS_KEPT)
         self.store_waits: deque[float] = deque(maxlen=VALIDATOR_WAITS_KEPT)  # accepted `Later`
         self._callbacks: list[Callable[[Admitted], None]] = []
         self._late_callbacks: list[Callable[[Admitted], None]] = []
         self.ledger = LedgerWriter(store, admission.scores, ADMITTED_QUEUE)
-        self.upkeep = Upkeep(self)
+        self.upkeep = Upkeep(
+            self,
+            store,
+            self.ledger.save_scores,
+            self,
+            cfg.manifest.max_staleness,
+            cfg.pull.window_s,
+            admission.config.dedup_ttl_s,
+            cfg.store_max_bytes,
+            self.counters,
+        )
         self._nursery: trio.Nursery | None = None
         self.nat: NatUpkeep | None = None  # reachability and relays (set by open_peer)
         self.writer = StoreWriter(store, cfg.identity.peer_id, ADMITTED_QUEUE, self.counters)
-        self.puller = BodyPuller(self, cfg.pull) if cfg.pull_bodies else None
-        self.catch_up = CatchUpDriver(self)
-        self.body_server = BodyServer(self)
         self.discovery = Discovery(
             host, self.run_id, self._hello_bytes, max_peers=cfg.max_peers, on_hello=self._on_hello
         )
+        self.puller = (
+            BodyPuller(
+                host, self.run_id, self, store, self.discovery.book.known, self.counters, cfg.pull
+            )
+            if cfg.pull_bodies
+            else None
+        )
+        self.catch_up = CatchUpDriver(
+            host,
+            self.run_id,
+            store,
+            cfg.identity.peer_id,
+            cfg.pull_bodies,
+            self,
+            self,
+            cfg.manifest.max_staleness,
+            self.spawn,
+            self.bad_request,
+            self.counters,
+        )
+        self.body_server = BodyServer(self.run_id, store, self.counters, self.bad_request)
         self.topics = {name: topic_name(self.run_id, name) for name in TOPIC_KINDS}
         host.set_stream_handler(rollout_exchange.protocol_id(self.run_id), self.body_server.serve)
         host.set_stream_handler(sync_exchange.protocol_id(self.run_id), self.catch_up.serve)
@@ -240,6 +239,7 @@ class Peer:
         return [r.rollout_id for r in rows]
 
     def seal(self, obj: WireObject) -> bytes:
+        """`obj` in an envelope signed by this peer, with the next sequence number."""
         return seal(
             self.identity,
             obj,
@@ -274,13 +274,6 @@ class Peer:
         await self.outbox.put(self.topics["producer-claims"], data)
         return content_id(data)
 
-    async def publish_delegation(self, validator: bytes, granted: bool) -> bytes:
-        """Grant (or revoke) `validator` the right to judge; only a trainer key's counts."""
-        data = self.seal(Delegation(validator=validator, granted=granted))
-        await self.admit(self.host.peer_id, Kind.DELEGATION, data)  # applies to us as well
-        await self.outbox.put(self.topics["delegations"], data)
-        return content_id(data)
-
     def report(
         self, peer: bytes | str, penalty: float, reason: str, offence: str | None = None
     ) -> None:
@@ -308,15 +301,17 @@ class Peer:
             self.puller.want(rollout_id, sources, origin)
 
     def body_wanted(self, rollout_id: bytes) -> bool:
+        """Whether a pull of `rollout_id` is pending."""
         return self.puller is not None and self.puller.wanted(rollout_id)
 
     def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         """Start `fn(*args)` in the peer's nursery (nothing new starts while stopping)."""
-        if self._nursery is None or self.host._closing:
+        if self._nursery is None or self.host.closing:
             return
         self._nursery.start_soon(fn, *args)
 
     def stats(self) -> dict[str, object]:
+        """The peer's figures for `status.json` and metrics."""
         return {
             "peer_id": self.host.peer_id,
             "roles": list(self.cfg.roles),
@@ -339,7 +334,7 @@ class Peer:
             "store_pending": self.writer.pending(),
             "validator_wait_ms_p99": p99_ms(self.validator_waits),
             "forward_after_store_ms_p99": p99_ms(self.store_waits),
-            "delivery": dict(self.delivery),
+            "delivery": dict(self.catch_up.delivery),
             "uptime_s": round(time.time() - self.started_at, 1),
             "rtt_ms_median": rtt_median_ms(self.host),
             "weights": self.weights.status() if self.weights is not None else None,
@@ -423,7 +418,7 @@ class Peer:
         elif isinstance(action, Unban):
             self.host.unban(str(action.peer))
         elif isinstance(action, AskNewest):
-            self.spawn(ask_newest, self, action)
+            self.spawn(ask_newest, self.host, self.run_id, self, self.weights is not None, action)
         else:
             raise AssertionError(f"no executor for {type(action).__name__}")
 
@@ -558,8 +553,6 @@ class Peer:
         """The host counted a peer past a GossipSub control limit (and dropped the excess)."""
         self.submit(Misbehaved(m.peer, m.penalty, m.detail, time.time(), offence=m.reason))
 
-    # -- loops ----------------------------------------------------------------------------
-
 
 def _b58(peer: bytes | str) -> str:
     return peer if isinstance(peer, str) else peer_id_to_b58(peer)
@@ -621,9 +614,11 @@ async def open_peer(cfg: PeerConfig) -> AsyncIterator[Peer]:
                     yield peer
                 finally:
                     # Stopping loses no queued work: publish what the outbox holds, bounded.
-                    with trio.CancelScope(shield=True), trio.move_on_after(cfg.drain_timeout_s):
+                    with trio.move_on_after(cfg.drain_timeout_s) as scope:
+                        scope.shield = True
                         peer.drained = await peer.outbox.drain()
-                    with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    with trio.move_on_after(5) as scope:
+                        scope.shield = True
                         await peer.ledger.save_scores()
                     nursery.cancel_scope.cancel()
     finally:

@@ -20,18 +20,16 @@ import os
 import time
 from collections import Counter, OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from node.exchange import runs as run_exchange
 from node.host.host import PeerError, PeerEvent
+from node.peer.ports import RunPeer
 from protocol import run_manifest as rm
 from protocol.identity import peer_id_from_b58, peer_id_to_b58
 from protocol.wire import RunRelease
-
-if TYPE_CHECKING:
-    from node.peer.peer import Peer
 
 log = logging.getLogger("swarm.run")
 
@@ -44,7 +42,6 @@ PULL_DELAYS_S = (1.0, 3.0)
 ASK_AGAIN_S = 300.0  # ask one peer for its release at most this often
 MAX_PULLS = 4  # pulls at once
 MAX_ASKED = 4096  # peers remembered as asked
-MAX_SERVE_STREAMS_PER_PEER = 2
 
 
 def read_pin(data_dir: Path) -> bytes | None:
@@ -57,18 +54,21 @@ def read_pin(data_dir: Path) -> bytes | None:
 
 
 def write_pin(data_dir: Path, authority: bytes) -> Path:
+    """Pin `authority` as the one this node trusts; returns the file written."""
     path = data_dir / AUTHORITY_FILE
     _write_atomic(path, (peer_id_to_b58(authority) + "\n").encode())
     return path
 
 
 def load_saved_release(data_dir: Path) -> bytes | None:
+    """The release this node adopted before (envelope bytes), or None."""
     with contextlib.suppress(FileNotFoundError):
         return (data_dir / RELEASE_FILE).read_bytes()
     return None
 
 
 def save_release(data_dir: Path, data: bytes) -> None:
+    """Keep `data` as the release this node adopted."""
     _write_atomic(data_dir / RELEASE_FILE, data)
 
 
@@ -97,7 +97,7 @@ def newest_release(
 class RunService:
     """Serves this peer's run on `/swarm-rl/runs/1` and adopts newer releases of it."""
 
-    def __init__(self, peer: Peer, release: bytes | None, pin: bytes | None = None) -> None:
+    def __init__(self, peer: RunPeer, release: bytes | None, pin: bytes | None = None) -> None:
         self.peer = peer
         self.release: RunRelease | None = None
         self.data = rm.encode_unsigned(peer.manifest)
@@ -111,8 +111,12 @@ class RunService:
         self.counters: Counter[str] = Counter()
         self._asked: OrderedDict[str, float] = OrderedDict()
         self._pulls = 0
-        self._serving: Counter[str] = Counter()  # peer -> run directory streams we answer
-        peer.host.set_stream_handler(run_exchange.PROTOCOL_ID, self.serve)
+        run_exchange.serve_runs(
+            peer.host,
+            lambda: [run_exchange.ServedRun(self.data, self.summary())],
+            peer.bad_request,
+            self._refused,
+        )
         peer.host.on_peer_event(self._on_peer_event)
         for other in peer.host.connected_peers():  # connected before this service started
             self._on_peer_event(PeerEvent("connected", other))
@@ -134,21 +138,8 @@ class RunService:
             "time_ms": int(time.time() * 1000),
         }
 
-    async def serve(self, stream: Any) -> None:
-        if self._serving[stream.peer] >= MAX_SERVE_STREAMS_PER_PEER:
-            self.counters["run_directory_refused"] += 1
-            await stream.reset()  # one question at a time is all an honest peer asks
-            return
-        self._serving[stream.peer] += 1
-        try:
-            await run_exchange.serve(stream, [run_exchange.ServedRun(self.data, self.summary())])
-        except run_exchange.BadRequest:
-            self.peer.bad_request(stream.peer, "bad run directory request")
-            raise
-        finally:
-            self._serving[stream.peer] -= 1
-            if self._serving[stream.peer] <= 0:
-                del self._serving[stream.peer]
+    def _refused(self, _peer: str) -> None:
+        self.counters["run_directory_refused"] += 1
 
     def _on_peer_event(self, event: PeerEvent) -> None:
         if event.kind != "connected" or self.release is None or self._pulls >= MAX_PULLS:
@@ -181,7 +172,7 @@ class RunService:
                     if served.summary["run"] == self.peer.run_id:
                         self.consider(served.release, who)
                 return True
-        except run_exchange.BadAnswer as exc:
+        except run_exchange.BadResponse as exc:
             self.peer.bad_request(who, f"bad run directory answer: {exc}")
             return True
         except PeerError as exc:

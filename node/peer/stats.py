@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+
+from node.host.host import SwarmHost
 
 
 def p99_ms(values: Iterable[float]) -> float | None:
@@ -12,7 +13,7 @@ def p99_ms(values: Iterable[float]) -> float | None:
     return round(ordered[int(0.99 * (len(ordered) - 1))] * 1000, 2) if ordered else None
 
 
-def rtt_median_ms(host: Any) -> float | None:
+def rtt_median_ms(host: SwarmHost) -> float | None:
     """The median ping round trip over the connected peers that have one, in milliseconds."""
     rtts = sorted(r for p in host.connected_peers() if (r := host.peer_rtt(p)) == r)
     return round(rtts[len(rtts) // 2] * 1000, 3) if rtts else None

@@ -22,9 +22,20 @@ import functools
 import time
 from typing import Any
 
+import psutil
 import trio
 
-from node.roles import RoleContext
+from node.local_model import check_datasets, load_engine
+from node.paths import resolve_model
+from node.peer.config import PACE_MARGIN
+from node.peer.ports import InferencePeer
+from node.roles.config import InferenceConfig, RoleIO
+from node.roles.policy_versions import HotSwap
+from protocol.admission import AdmissionConfig, Admitted, Kind
+from protocol.rollout import open_record, read_records
+from trainer.groups import heldout_items, heldout_solved
+from trainer.produce import generate_records
+from trainer.samples import Refused, Rescorer
 
 PULLS_BODIES = False
 NEEDS_MODEL = True
@@ -34,32 +45,31 @@ BUDGET_WAIT_S = 60.0  # the longest it waits for one before making a batch anywa
 CLOSE_TIMEOUT_S = 30.0  # vLLM's own shutdown waits 5 s for its processes, then kills them
 
 
-def load(ctx: RoleContext, manifest: Any) -> Any:
+def load(config: InferenceConfig, manifest: Any) -> Any:
     """Check the datasets, find and load the model (blocking: call in a thread)."""
-    from node.local_model import check_datasets, load_engine
-    from node.paths import resolve_model
-
     check_datasets(manifest, "run manifest")
-    path = resolve_model(ctx.model, manifest.model, ctx.models_dir)
-    return load_engine(path, batch_size=ctx.batch_size, threads=ctx.threads, engine=ctx.engine)
+    path = resolve_model(config.model.model, manifest.model, config.model.models_dir)
+    return load_engine(
+        path, batch_size=config.batch_size, threads=config.model.threads, engine=config.engine
+    )
 
 
-async def _wait_for_peers(peer: Any, ctx: RoleContext, produced: int) -> None:
+async def _wait_for_peers(peer: InferencePeer, io: RoleIO, produced: int) -> None:
     """With nobody subscribed to our rollouts, work made now would go stale unseen: hold
     the next batch (the unpublished backlog stays at most one batch) until a peer is here."""
     topic = peer.topics["rollouts"]
     if peer.host.topic_peers(topic):
         return
-    ctx.say(
+    io.say(
         f"inference: no peers on {topic}; waiting for peers before producing more "
         f"({produced} rollouts made so far)"
     )
-    ctx.status["waiting_for_peers"] = True
-    while not peer.host.topic_peers(topic) and ctx.producing:
+    io.status["waiting_for_peers"] = True
+    while not peer.host.topic_peers(topic) and io.producing:
         await trio.sleep(PEER_POLL_S)
-    ctx.status["waiting_for_peers"] = False
-    if ctx.producing:
-        ctx.say(f"inference: {len(peer.host.topic_peers(topic))} peer(s) here; producing")
+    io.status["waiting_for_peers"] = False
+    if io.producing:
+        io.say(f"inference: {len(peer.host.topic_peers(topic))} peer(s) here; producing")
 
 
 def at_budget(produced: int, versions_gained: int, per_version: int, lead: int) -> bool:
@@ -69,23 +79,30 @@ def at_budget(produced: int, versions_gained: int, per_version: int, lead: int) 
     return per_version > 0 and produced >= per_version * (max(0, versions_gained) + lead)
 
 
-async def _within_budget(peer: Any, ctx: RoleContext, swap: Any, produced: int, first: int) -> int:
+async def _within_budget(
+    peer: InferencePeer,
+    config: InferenceConfig,
+    io: RoleIO,
+    swap: HotSwap,
+    produced: int,
+    first: int,
+) -> int:
     """The version the next batch is made with, once the worker is within its budget
     (`at_budget`) or has waited `BUDGET_WAIT_S` for a newer version."""
-    say = lambda m: ctx.say(f"inference: {m}")  # noqa: E731
+    say = lambda m: io.say(f"inference: {m}")  # noqa: E731
     version = await swap.before_batch(say)
     lead = max(1, peer.manifest.max_staleness - 1)  # its last rollouts still train within S
     deadline = trio.current_time() + BUDGET_WAIT_S
     waited = trio.current_time()
     while (
-        at_budget(produced, version - first, ctx.rollouts_per_version, lead)
-        and ctx.producing
+        at_budget(produced, version - first, config.rollouts_per_version, lead)
+        and io.producing
         and trio.current_time() < deadline
     ):
         await trio.sleep(BUDGET_POLL_S)
         version = await swap.before_batch(say)
-    ctx.status["budget_wait_s"] = round(
-        ctx.status.get("budget_wait_s", 0.0) + trio.current_time() - waited, 1
+    io.status["budget_wait_s"] = round(
+        io.status.get("budget_wait_s", 0.0) + trio.current_time() - waited, 1
     )
     return version
 
@@ -96,12 +113,13 @@ class _Local:
     in a worker thread after each batch; the held-out solve rate of the copy is scored every
     `LOCAL_EVAL_EVERY` rounds and shown in `status` under `local_train`."""
 
-    def __init__(self, peer: Any, ctx: RoleContext, engine: Any) -> None:
-        from trainer.local_train import LocalTrainer
-        from trainer.samples import Rescorer
+    def __init__(
+        self, peer: InferencePeer, config: InferenceConfig, io: RoleIO, engine: Any
+    ) -> None:
+        from trainer.local_train import LocalTrainer  # deferred: heavy import
 
-        own, foreign = ctx.local_train or (0, 0)
-        self.peer, self.ctx, self.engine = peer, ctx, engine
+        own, foreign = config.local_train or (0, 0)
+        self.peer, self.config, self.io, self.engine = peer, config, io, engine
         self.local = LocalTrainer(engine.model, engine.tokenizer, peer.manifest, own, foreign)
         self.rescorer = Rescorer(peer.manifest, engine.tokenizer)
         self.inbox: list[tuple[Any, bool]] = []
@@ -109,23 +127,18 @@ class _Local:
         self.evals: list[dict[str, Any]] = []
         peer.on_deliver(self._on_deliver)
 
-    def _on_deliver(self, item: Any) -> None:
-        from protocol.admission import Kind
-
+    def _on_deliver(self, item: Admitted) -> None:
         if item.kind is Kind.ROLLOUT_RECORD and item.envelope.signer != self.peer.identity.peer_id:
             if len(self.inbox) < LOCAL_INBOX:
                 self.inbox.append((item.obj, False))
 
     def own(self, records: list[bytes]) -> None:
-        from protocol.rollout import open_record
-
+        """Our own records, for the local copy."""
         self.inbox.extend((open_record(r), True) for r in records)
 
     def work(self) -> None:
         """Re-score what came in, train the rounds that are ready (worker thread)."""
-        from trainer.engine_hf import HFEngine, torch_threads
-        from trainer.groups import heldout_items, heldout_solved
-        from trainer.samples import Refused
+        from trainer.engine_hf import HFEngine, torch_threads  # deferred: heavy import
 
         batch, self.inbox = self.inbox, []
         for ro, own in batch:
@@ -133,7 +146,7 @@ class _Local:
                 self.local.offer(self.rescorer.sample(ro), own)
             except Refused:
                 self.refused += 1
-        with torch_threads(self.ctx.threads):
+        with torch_threads(self.config.model.threads):
             while self.local.round() is not None:
                 if self.local.rounds % LOCAL_EVAL_EVERY == 1:
                     m = self.peer.manifest
@@ -149,7 +162,7 @@ class _Local:
                         }
                     )
         st = self.local.trainer.status()
-        self.ctx.status["local_train"] = {
+        self.io.status["local_train"] = {
             "own": self.local.own,
             "foreign": self.local.foreign,
             "rounds": self.local.rounds,
@@ -165,7 +178,7 @@ LOCAL_INBOX = 4096
 LOCAL_EVAL_EVERY = 10
 
 
-async def run(peer: Any, ctx: RoleContext) -> None:
+async def run(peer: InferencePeer, config: InferenceConfig, io: RoleIO) -> None:
     """Load the engine, produce until cancelled or bounded, and always close the engine
     (vLLM's engine runs in child processes that must not outlive the node)."""
     loaded: list[Any] = []  # filled by the thread even if we are cancelled while it loads
@@ -173,21 +186,21 @@ async def run(peer: Any, ctx: RoleContext) -> None:
 
     def load_it() -> None:
         before = set(child_pids())
-        loaded.append(load(ctx, peer.manifest))
+        loaded.append(load(config, peer.manifest))
         engine_pids.update(set(child_pids()) - before)
 
     try:
         await trio.to_thread.run_sync(load_it)
-        await _produce(peer, ctx, loaded[0])
+        await _produce(peer, config, io, loaded[0])
     finally:
         if loaded:
             with trio.move_on_after(CLOSE_TIMEOUT_S) as scope:
                 scope.shield = True
                 await trio.to_thread.run_sync(loaded[0].close)
             left = sorted(engine_pids & set(child_pids()))
-            ctx.status["engine_processes"] = {"started": len(engine_pids), "left": left}
+            io.status["engine_processes"] = {"started": len(engine_pids), "left": left}
             if engine_pids:
-                ctx.say(
+                io.say(
                     f"inference: engine closed; {len(left)} of its {len(engine_pids)} processes left"
                 )
 
@@ -195,8 +208,6 @@ async def run(peer: Any, ctx: RoleContext) -> None:
 def child_pids() -> list[int]:
     """Live descendant processes of this one, less Python's multiprocessing resource
     tracker (a helper of the standard library that exits with us, not an engine process)."""
-    import psutil
-
     out = []
     for child in psutil.Process().children(recursive=True):
         try:
@@ -210,18 +221,16 @@ def child_pids() -> list[int]:
     return out
 
 
-def pace_for(config: Any, factor: float) -> tuple[float, float]:
+def pace_for(config: AdmissionConfig, factor: float) -> tuple[float, float]:
     """(headers a second, burst) a worker publishes at: `PACE_MARGIN` of what its peers
     admit from it (`signer_rate` and `signer_burst` scaled by its verified standing,
     `factor`, within the per-connection `sender_rate`/`sender_burst`)."""
-    from node.peer.peer import PACE_MARGIN
-
     rate = PACE_MARGIN * min(config.signer_rate * factor, config.sender_rate)
     burst = PACE_MARGIN * min(config.signer_burst * factor, config.sender_burst)
     return rate, max(1.0, burst)
 
 
-def _pace(peer: Any, ctx: RoleContext) -> None:
+def _pace(peer: InferencePeer, io: RoleIO) -> None:
     """Follow what peers admit from us now: our own admission hears the same verdicts
     about our work as theirs, so it scales our signer rate as they do. A header batch never
     holds more than that burst (a full batch over it would be dropped in part)."""
@@ -231,43 +240,40 @@ def _pace(peer: Any, ctx: RoleContext) -> None:
     batch = max(1, min(peer.cfg.header_batch, int(burst)))
     outbox.set_max_batch(batch)
     outbox.item_rate_per_s, outbox.item_burst = rate, max(float(batch), burst)
-    ctx.status.update(pace_per_s=round(rate, 2), standing_factor=factor)
+    io.status.update(pace_per_s=round(rate, 2), standing_factor=factor)
 
 
-async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
-    from protocol.rollout import read_records
-    from trainer.produce import generate_records
-    from verify.toploc import build_proofs_bytes_many
+async def _produce(peer: InferencePeer, config: InferenceConfig, io: RoleIO, engine: Any) -> None:
+    from verify.toploc import build_proofs_bytes_many  # deferred: heavy import
 
     manifest = peer.manifest
-    from node.roles.policy_versions import HotSwap
 
     # the model directory is version 0; the vLLM engine's own copy of the weights swaps too
     swap = HotSwap(peer, engine.model, version=0, also_load=getattr(engine, "load_weights", None))
-    local = _Local(peer, ctx, engine) if ctx.local_train else None
+    local = _Local(peer, config, io, engine) if config.local_train else None
     status = await trio.to_thread.run_sync(peer.store.produced_status)
     counter = status["produced"]
-    tmp = ctx.data_dir / "tmp"
+    tmp = config.data_dir / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     produced = 0
     rewards: list[float] = []
     started = time.monotonic()
-    ctx.status.update(produced=0, counter=counter)
-    ctx.say(f"inference: model loaded; resuming at counter {counter}")
-    first_version = await swap.before_batch(lambda m: ctx.say(f"inference: {m}"))
+    io.status.update(produced=0, counter=counter)
+    io.say(f"inference: model loaded; resuming at counter {counter}")
+    first_version = await swap.before_batch(lambda m: io.say(f"inference: {m}"))
     last_print = time.monotonic()
-    while ctx.max_rollouts is None or produced < ctx.max_rollouts:
-        if not ctx.producing:
-            ctx.say(f"inference: paused after {produced} rollouts (still serving them)")
-            ctx.status["paused"] = True
+    while config.max_rollouts is None or produced < config.max_rollouts:
+        if not io.producing:
+            io.say(f"inference: paused after {produced} rollouts (still serving them)")
+            io.status["paused"] = True
             break
-        await _wait_for_peers(peer, ctx, produced)
-        version = await _within_budget(peer, ctx, swap, produced, first_version)
-        ctx.status.update(policy_version=version, swaps={str(v): t for v, t in swap.swaps.items()})
+        await _wait_for_peers(peer, io, produced)
+        version = await _within_budget(peer, config, io, swap, produced, first_version)
+        io.status.update(policy_version=version, swaps={str(v): t for v, t in swap.swaps.items()})
         n = (
-            ctx.batch_size
-            if ctx.max_rollouts is None
-            else min(ctx.batch_size, ctx.max_rollouts - produced)
+            config.batch_size
+            if config.max_rollouts is None
+            else min(config.batch_size, config.max_rollouts - produced)
         )
         out = tmp / f"batch-{counter}.msgpack"
         summary = await trio.to_thread.run_sync(
@@ -288,7 +294,7 @@ async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
         with open(out, "rb") as fh:
             records = list(read_records(fh))
         out.unlink(missing_ok=True)
-        _pace(peer, ctx)
+        _pace(peer, io)
         await peer.produce_many(records)
         if local is not None:
             local.own(records)
@@ -296,7 +302,7 @@ async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
         counter += len(records)
         produced += len(records)
         rewards.append(float(summary["reward_mean"]) * len(records))
-        ctx.status.update(
+        io.status.update(
             produced=produced,
             counter=counter,
             reward_mean=round(sum(rewards) / max(produced, 1), 4),
@@ -305,10 +311,10 @@ async def _produce(peer: Any, ctx: RoleContext, engine: Any) -> None:
         )
         if time.monotonic() - last_print >= 30.0:
             last_print = time.monotonic()
-            ctx.say(
-                f"inference: {produced} rollouts produced, reward mean {ctx.status['reward_mean']}, "
-                f"{ctx.status['rollouts_per_min']}/min"
+            io.say(
+                f"inference: {produced} rollouts produced, reward mean {io.status['reward_mean']}, "
+                f"{io.status['rollouts_per_min']}/min"
             )
     else:
-        ctx.say(f"inference: produced {produced} rollouts (bound reached)")
+        io.say(f"inference: produced {produced} rollouts (bound reached)")
     await trio.sleep_forever()

@@ -27,6 +27,7 @@ from typing import Any
 import trio
 
 from node.errors import CommandError
+from node.peer.ports import WeightsView
 
 WAIT_SLICE_S = 30.0
 FETCH_WAIT_S = 30.0  # a validator waits this long for an announced version to install
@@ -34,7 +35,7 @@ FETCH_WAIT_S = 30.0  # a validator waits this long for an announced version to i
 
 def load_weights(model: Any, state: dict[str, Any]) -> None:
     """Copy `state` into `model` in place (blocking: call in a thread)."""
-    import torch
+    import torch  # deferred: heavy import
 
     own = model.state_dict()
     unknown = sorted(set(state) - set(own))
@@ -60,7 +61,9 @@ def _tied(model: Any, name: str, state: dict[str, Any]) -> bool:
 class HotSwap:
     """The inference worker's model and the version it holds."""
 
-    def __init__(self, peer: Any, model: Any, version: int = 0, also_load: Any = None) -> None:
+    def __init__(
+        self, peer: WeightsView, model: Any, version: int = 0, also_load: Any = None
+    ) -> None:
         """`also_load(state)`, when given, runs after `model` took the new weights (an
         engine holding a second copy of them, e.g. vLLM's, loads it there)."""
         self.peer = peer
@@ -105,10 +108,14 @@ class HeldVersions:
         self.failed: set[int] = set()
 
     def get(self, version: int) -> Any | None:
+        """The model of `version`, when held."""
         return self.models.get(version)
 
-    async def fetch(self, peer: Any, version: int) -> None:
-        weights = getattr(peer, "weights", None)
+    async def fetch(self, peer: WeightsView, version: int) -> None:
+        """Load the model of `version` if the weight store has it (waiting a little for
+        an announced one still downloading); a version that fails to load is not tried
+        again."""
+        weights = peer.weights
         if version in self.models or version in self.failed or weights is None:
             return
         if version not in weights.installed() and version <= weights.target:

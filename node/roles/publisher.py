@@ -18,13 +18,16 @@ from typing import Any
 
 import trio
 
+from node.roles.config import RoleIO, TrainerConfig
+from node.weights.sync import WeightSync
+
 FRACTION = 0.01
 SCALE = 0.01
 
 
 def perturb(state: dict[str, Any], seed: int) -> dict[str, Any]:
     """A copy of `state` with a sparse, seeded nudge on every floating tensor."""
-    import torch
+    import torch  # deferred: heavy import
 
     g = torch.Generator().manual_seed(seed)
     out = {}
@@ -39,21 +42,21 @@ def perturb(state: dict[str, Any], seed: int) -> dict[str, Any]:
     return out
 
 
-async def publish_loop(peer: Any, ctx: Any) -> None:
-    """Publish a perturbed version every `ctx.publish_every_s` seconds, forever."""
-    weights = peer.weights
+async def publish_loop(weights: WeightSync | None, config: TrainerConfig, io: RoleIO) -> None:
+    """Publish a perturbed version every `config.publish_every_s` seconds, forever."""
     if weights is None or weights.newest() is None:
-        ctx.say("trainer: --publish-every needs the model's weights (version 0); not publishing")
+        io.say("trainer: --publish-every needs the model's weights (version 0); not publishing")
         return
-    ctx.say(f"trainer: publishing perturbed weights every {ctx.publish_every_s:g} s")
-    published: dict[str, float] = ctx.status.setdefault("published_at", {})
+    io.say(f"trainer: publishing perturbed weights every {config.publish_every_s:g} s")
+    published: dict[str, float] = io.status.setdefault("published_at", {})
     while True:
-        await trio.sleep(ctx.publish_every_s)
+        await trio.sleep(config.publish_every_s)
         newest = weights.newest()
+        assert newest is not None  # it held version 0 already
         state = await weights.load_state_dict(newest)
         state = await trio.to_thread.run_sync(perturb, state, newest + 1)
         t0 = time.time()
         version = await weights.publish(state)
         published[str(version)] = t0
-        ctx.status["policy_version"] = version
-        ctx.say(f"trainer: published policy version {version} ({time.time() - t0:.2f} s to export)")
+        io.status["policy_version"] = version
+        io.say(f"trainer: published policy version {version} ({time.time() - t0:.2f} s to export)")

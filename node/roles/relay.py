@@ -3,18 +3,18 @@ so peers can pull rollouts from it when their producer is gone or far away."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import trio
 
-from node.roles import RoleContext
+from node.peer.ports import RelayPeer
+from node.roles.config import RelayConfig, RoleIO
 
 PULLS_BODIES = True
 
 
-async def run(peer: Any, ctx: RoleContext) -> None:
+async def run(peer: RelayPeer, config: RelayConfig, io: RoleIO) -> None:
+    """Report what the relay stored and served, every second, until cancelled."""
     while True:
-        ctx.status.update(
+        io.status.update(
             relayed_bodies=peer.counters.get("stored_rollout_record", 0),
             served=peer.counters.get("served", 0),
         )

@@ -35,6 +35,7 @@ class Fates:
         self.unverified_dropped = 0
 
     def on_late(self, rollout_id: bytes) -> None:
+        """`rollout_id` was refused as too stale at admission (counted once)."""
         self.late[rollout_id] = None
         if len(self.late) > MAX_LATE:
             self.late.popitem(last=False)

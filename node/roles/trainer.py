@@ -52,7 +52,11 @@ from typing import Any
 
 import trio
 
-from node.roles import RoleContext
+from node.local_model import check_datasets
+from node.paths import resolve_model
+from node.peer.ports import TrainerPeer
+from node.roles.config import ModelChoice, RoleIO, TrainerConfig
+from node.roles.publisher import publish_loop
 from node.roles.rollout_fates import Fates
 from node.weights.store import WeightsError
 from protocol import penalties
@@ -63,6 +67,10 @@ from protocol.body_pull import PullConfig
 from protocol.credit import CreditBook, FalseClaim, OutOfOrder
 from protocol.standing import Banned, Decision, StandingBook, State
 from protocol.verified import Status, VerifiedRule, Vote, judge
+from trainer.checkpoint import from_state_dict
+from trainer.groups import heldout_items, heldout_solved
+from trainer.model_dir import load_model_dir
+from trainer.samples import Refused, Rescorer
 
 PULLS_BODIES = True
 NEEDS_MODEL = True
@@ -112,6 +120,7 @@ class Collector:
         self.went_back: list[bytes] = []  # producers to charge OUT_OF_ORDER (`take_went_back`)
 
     def track(self, rid: bytes) -> _Track:
+        """The record kept of rollout `rid` (a new one past `MAX_TRACKED` forgets the oldest)."""
         t = self.tracks.get(rid)
         if t is None:
             t = self.tracks[rid] = _Track()
@@ -204,11 +213,13 @@ class Collector:
         return self.gaps.on_rollout(item.signer, header.counter, 0.0, item.received_at)
 
     def status(self, t: _Track) -> Status:
+        """Verified, rejected or pending, by the run's rule over its votes."""
         if not t.producer:
             return Status.PENDING
         return judge(t.producer, t.votes, self.authority, self.rule)
 
     def summarize(self, version: int, max_staleness: int, now: float = math.inf) -> dict[str, Any]:
+        """Status figures: bodies held, verified, usable at `version`, refused producers."""
         statuses = [(t, self.status(t)) for t in self.tracks.values() if t.body]
         verified = [t for t, s in statuses if s is Status.VERIFIED]
         usable = [
@@ -236,23 +247,21 @@ class Collector:
         }
 
 
-def _load(ctx: RoleContext, manifest: Any) -> tuple[Any, Any, bytes]:
+def _load(choice: ModelChoice, manifest: Any) -> tuple[Any, Any, bytes]:
     """Model, tokenizer and the canonical bytes of the starting weights (blocking)."""
-    from node.local_model import check_datasets
-    from node.paths import resolve_model
-    from trainer.checkpoint import from_state_dict
-    from trainer.model_dir import load_model_dir
-
     check_datasets(manifest, "run manifest")
-    model, tokenizer = load_model_dir(resolve_model(ctx.model, manifest.model, ctx.models_dir))
+    model, tokenizer = load_model_dir(
+        resolve_model(choice.model, manifest.model, choice.models_dir)
+    )
     return model, tokenizer, from_state_dict(model.state_dict())
 
 
-def _train(trainer: Any, rescorer: Any, ready: list[Any], threads: int | None, now: float) -> int:
+def train_ready(
+    trainer: Any, rescorer: Any, ready: list[Any], threads: int | None, now: float
+) -> int:
     """Re-score and queue `ready`, then step until a version is due or groups run out.
     Returns the number of steps taken (runs in a worker thread)."""
-    from trainer.engine_hf import torch_threads
-    from trainer.samples import Refused
+    from trainer.engine_hf import torch_threads  # deferred: heavy import
 
     for ro in ready:
         try:
@@ -268,11 +277,9 @@ def _train(trainer: Any, rescorer: Any, ready: list[Any], threads: int | None, n
     return steps
 
 
-def _rescore(rescorer: Any, bodies: list[Any]) -> list[tuple[bytes, float]]:
+def rescore_bodies(rescorer: Any, bodies: list[Any]) -> list[tuple[bytes, float]]:
     """(rollout id, re-scored reward) of each body of its assigned task (worker thread);
     a body that is not of its task is left out (admission and audits deal with it)."""
-    from trainer.samples import Refused
-
     out = []
     for ro in bodies:
         try:
@@ -285,8 +292,7 @@ def _rescore(rescorer: Any, bodies: list[Any]) -> list[tuple[bytes, float]]:
 def _heldout(model: Any, tokenizer: Any, manifest: Any, threads: int | None) -> list[bool]:
     """Per task of `LEARN_EVAL_TASKS` held-out tasks of the run's mix, solved or not (worker
     thread; the same tasks and sampling seeds every time, so evaluations pair up)."""
-    from trainer.engine_hf import HFEngine, torch_threads
-    from trainer.groups import heldout_items, heldout_solved
+    from trainer.engine_hf import HFEngine, torch_threads  # deferred: heavy import
 
     names = [d.name for d in manifest.datasets for _ in range(d.weight)]
     items = heldout_items(names, LEARN_EVAL_TASKS)
@@ -310,7 +316,7 @@ def judged(standing: StandingBook, authority: Authority, item: Admitted) -> list
 _VERDICT = {Status.VERIFIED: True, Status.REJECTED: False, Status.PENDING: None}
 
 
-def _pick(
+def pick_ready(
     collector: Collector,
     standing: StandingBook,
     waiting: OrderedDict[bytes, tuple[Any, float]],
@@ -353,8 +359,8 @@ class TrainerRole:
     last published. `on_deliver`/`on_late` take the peer's items (event loop);
     `train_forever` trains, publishes and reports."""
 
-    def __init__(self, peer: Any, ctx: RoleContext) -> None:
-        self.peer, self.ctx, self.manifest = peer, ctx, peer.manifest
+    def __init__(self, peer: TrainerPeer, config: TrainerConfig, io: RoleIO) -> None:
+        self.peer, self.config, self.io, self.manifest = peer, config, io, peer.manifest
         self.collector = Collector(
             peer.admission.authority, VerifiedRule(quorum=self.manifest.verdict_quorum)
         )
@@ -377,6 +383,8 @@ class TrainerRole:
         self.last_eval = -math.inf
 
     def on_deliver(self, item: Admitted) -> None:
+        """Take one admitted item: charge producers the collector finds at fault, queue a
+        record to wait for its verdict, move standing on a verdict or a claim."""
         for bad in self.collector.on_deliver(item):
             self.peer.report(
                 bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name
@@ -407,6 +415,7 @@ class TrainerRole:
                 del self.waiting[rid]
 
     def on_late(self, item: Admitted) -> None:
+        """A rollout refused as too stale: counted in `fates`, its counter no gap."""
         self.fates.on_late(item.content_id)
         for bad in self.collector.on_late(item):
             self.peer.report(
@@ -416,16 +425,20 @@ class TrainerRole:
     async def start(self) -> None:
         """Load the model (adopted as version 0) and the trainer, resuming from its
         checkpoint at the version last published."""
-        from trainer.samples import Rescorer
-        from trainer.train_loop import Trainer
+        from trainer.micro_step import StepSettings  # deferred: heavy import
+        from trainer.train_loop import Trainer  # deferred: heavy import
 
-        peer, ctx, manifest = self.peer, self.ctx, self.manifest
-        model, tokenizer, base = await trio.to_thread.run_sync(_load, ctx, manifest)
+        peer, config, manifest = self.peer, self.config, self.manifest
+        model, tokenizer, base = await trio.to_thread.run_sync(_load, config.model, manifest)
         if peer.weights is not None:
             await peer.weights.adopt_base(base)
         trainer = await trio.to_thread.run_sync(
             lambda: Trainer.from_manifest(
-                model, tokenizer, manifest, ckpt_dir=ctx.data_dir / "trainer"
+                model,
+                tokenizer,
+                manifest,
+                ckpt_dir=config.data_dir / "trainer",
+                step_settings=StepSettings(micro_batch=config.micro_batch),
             )
         )
         self.model, self.tokenizer, self.trainer = model, tokenizer, trainer
@@ -435,7 +448,7 @@ class TrainerRole:
         )
         trainer.version = max(trainer.version, self.published)
         self.collector.on_published(self.published, time.time())
-        ctx.say(
+        self.io.say(
             f"trainer: {'resumed' if trainer.resumed else 'starting'} at version {trainer.version}; "
             f"training on verified rollouts, a version every {manifest.rl_publish_every} groups"
         )
@@ -447,7 +460,7 @@ class TrainerRole:
         trainer = self.trainer
         self.last_eval = trio.current_time()
         solved = await trio.to_thread.run_sync(
-            _heldout, self.model, self.tokenizer, self.manifest, self.ctx.threads
+            _heldout, self.model, self.tokenizer, self.manifest, self.config.model.threads
         )
         rate = round(sum(solved) / len(solved), 4)
         reward = trainer.last_stats.get("reward_mean")
@@ -461,10 +474,11 @@ class TrainerRole:
                 "solved": "".join("1" if x else "0" for x in solved),
             }
         )
-        self.ctx.status["learning"] = self.learning
-        self.ctx.say(f"trainer: held-out solve rate {rate:.3f} at version {trainer.version}")
+        self.io.status["learning"] = self.learning
+        self.io.say(f"trainer: held-out solve rate {rate:.3f} at version {trainer.version}")
 
     async def train_forever(self) -> None:
+        """Re-score, train, publish and report in turns, until cancelled."""
         while True:
             steps = 0
             await self.rescore()  # credit, even while training waits
@@ -480,7 +494,7 @@ class TrainerRole:
         """Re-score the bodies that arrived since the last turn: the credit of their
         producers, and `penalties.FALSE_CLAIM` for each header that claimed otherwise."""
         bodies, self.unscored = self.unscored, []
-        scored = await trio.to_thread.run_sync(_rescore, self.rescorer, bodies)
+        scored = await trio.to_thread.run_sync(rescore_bodies, self.rescorer, bodies)
         now = time.time()
         for rid, reward in scored:
             for bad in self.collector.on_rescored(rid, reward, now):
@@ -497,7 +511,7 @@ class TrainerRole:
 
     async def train(self) -> int:
         """Train on the rollouts waiting that may train now; returns the steps taken."""
-        ready, unaudited = _pick(
+        ready, unaudited = pick_ready(
             self.collector,
             self.standing,
             self.waiting,
@@ -509,38 +523,44 @@ class TrainerRole:
         self.trained["trained_unaudited"] += unaudited
         self.trained["trained_verified"] += len(ready) - unaudited
         return await trio.to_thread.run_sync(
-            _train, self.trainer, self.rescorer, ready, self.ctx.threads, time.monotonic()
+            train_ready,
+            self.trainer,
+            self.rescorer,
+            ready,
+            self.config.model.threads,
+            time.monotonic(),
         )
 
     async def publish(self) -> None:
         """Publish the trained version (retried at the next turn if it fails)."""
-        trainer, ctx = self.trainer, self.ctx
+        trainer, io, weights = self.trainer, self.io, self.peer.weights
+        assert weights is not None, "called only for a peer that keeps weights"
         try:
             state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-            self.published = await self.peer.weights.publish(state)
+            self.published = await weights.publish(state)
             self.collector.on_published(self.published, time.time())
             self.publish_error = None
             if self.published != trainer.version:  # the store numbered it: follow the store
                 trainer.version = self.published
                 await trio.to_thread.run_sync(trainer.save_checkpoint)
-            ctx.say(f"trainer: published version {self.published} after {trainer.steps} steps")
+            io.say(f"trainer: published version {self.published} after {trainer.steps} steps")
             if trio.current_time() - self.last_eval >= LEARN_EVAL_EVERY_S:
                 await self.evaluate()
         except WeightsError as exc:  # retried at the next turn; training waits
             if self.publish_error is None:
-                ctx.say(f"trainer: cannot publish version {trainer.version}: {exc}")
+                io.say(f"trainer: cannot publish version {trainer.version}: {exc}")
             self.publish_error = f"{type(exc).__name__}: {exc}"
 
     def report(self) -> None:
         """Status figures at every turn; a line on the console every `PRINT_EVERY_S`."""
-        trainer, ctx = self.trainer, self.ctx
+        trainer, io = self.trainer, self.io
         summary = self.collector.summarize(
             trainer.version, self.manifest.max_staleness, time.time()
         )
         states = [
             self.standing.state(p) for p in {ro.envelope.signer for ro, _t in self.waiting.values()}
         ]
-        ctx.status.update(
+        io.status.update(
             summary,
             **trainer.status(),
             **self.trained,
@@ -549,12 +569,12 @@ class TrainerRole:
             producers_banned=self.standing.count(State.BANNED),
             producers_probation=sum(s is State.PROBATION for s in states),
         )
-        ctx.status["publish_error"] = self.publish_error
-        ctx.status["fates"] = self.fates.counts(trainer, self.waiting)
-        ctx.status["updated_at"] = time.time()
+        io.status["publish_error"] = self.publish_error
+        io.status["fates"] = self.fates.counts(trainer, self.waiting)
+        io.status["updated_at"] = time.time()
         if trio.current_time() - self.last_print >= PRINT_EVERY_S:
             self.last_print = trio.current_time()
-            ctx.say(progress_line(trainer.version, trainer.steps, summary, trainer.status()))
+            io.say(progress_line(trainer.version, trainer.steps, summary, trainer.status()))
 
 
 def _mean(value: float | None) -> str:
@@ -572,14 +592,14 @@ def progress_line(version: int, steps: int, summary: dict[str, Any], status: dic
     )
 
 
-async def run(peer: Any, ctx: RoleContext) -> None:
-    role = TrainerRole(peer, ctx)
+async def run(peer: TrainerPeer, config: TrainerConfig, io: RoleIO) -> None:
+    """Train and publish until cancelled (or, with `publish_every_s`, run the broadcast
+    drill instead)."""
+    role = TrainerRole(peer, config, io)
     peer.on_deliver(role.on_deliver)
     peer.on_late(role.on_late)
-    if ctx.publish_every_s > 0:  # a broadcast drill: perturbed versions on a clock, no training
-        from node.roles.publisher import publish_loop
-
-        await publish_loop(peer, ctx)
+    if config.publish_every_s > 0:  # a broadcast drill: perturbed versions on a clock, no training
+        await publish_loop(peer.weights, config, io)
         return
     await role.start()
     await role.evaluate()  # the starting (warm-start) level

@@ -49,11 +49,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from node.roles import RoleContext
+from node.local_model import load_calibration
+from node.paths import resolve_model
+from node.peer.ports import ValidatorPeer
+from node.roles.config import RoleIO, ValidatorConfig
 from node.roles.policy_versions import HeldVersions
 from protocol import penalties
 from protocol.admission import Admitted, Kind
@@ -66,6 +70,7 @@ from protocol.producer_cases import PRODUCER_PENALTY, ProducerCases
 from protocol.rollout import open_record
 from protocol.standing import HeldPasses, StandingBook, State, cleared_passes
 from protocol.wire import ProducerClaim, RolloutRecord
+from trainer.model_dir import load_model_dir
 from verify.producer import ProducerTally
 
 PULLS_BODIES = True
@@ -86,20 +91,19 @@ def selected(identity: Identity, run_id: str, rollout_id: bytes, fraction: float
     return ticket if sampled(ticket, fraction) else None
 
 
-def load(ctx: RoleContext, manifest: Any) -> tuple[Any, Any, Any, Any]:
+def load(
+    config: ValidatorConfig, manifest: Any, say: Callable[[str], None]
+) -> tuple[Any, Any, Any, Any]:
     """Model, judge, audit settings and EOS ids (blocking: call in a thread)."""
-    from node.local_model import load_calibration
-    from node.paths import resolve_model
-    from trainer.engine_hf import torch_threads
-    from trainer.judge import make_judge
-    from trainer.model_dir import load_model_dir
-    from verify.auditor import eos_token_ids, settings_for_run
+    from trainer.engine_hf import torch_threads  # deferred: heavy import
+    from trainer.judge import make_judge  # deferred: heavy import
+    from verify.auditor import eos_token_ids, settings_for_run  # deferred: heavy import
 
-    path = resolve_model(ctx.model, manifest.model, ctx.models_dir)
-    with torch_threads(ctx.threads):
+    path = resolve_model(config.model.model, manifest.model, config.model.models_dir)
+    with torch_threads(config.model.threads):
         model, tokenizer = load_model_dir(path)
     settings, note = load_calibration(path, settings_for_run(manifest), manifest)
-    ctx.say(f"validator: {manifest.worker_precision} workers; {note}")
+    say(f"validator: {manifest.worker_precision} workers; {note}")
     return model, make_judge(manifest, tokenizer), settings, eos_token_ids(model)
 
 
@@ -109,9 +113,16 @@ class ValidatorRole:
     through `on_deliver` (event loop); `audit_forever` audits the queue batch by batch."""
 
     def __init__(
-        self, peer: Any, ctx: RoleContext, model: Any, judge: Any, settings: Any, eos_ids: Any
+        self,
+        peer: ValidatorPeer,
+        config: ValidatorConfig,
+        io: RoleIO,
+        model: Any,
+        judge: Any,
+        settings: Any,
+        eos_ids: Any,
     ) -> None:
-        self.peer, self.ctx = peer, ctx
+        self.peer, self.config, self.io = peer, config, io
         self.judge, self.settings, self.eos_ids = judge, settings, eos_ids
         self.queue = AuditQueue(peer.manifest.max_staleness, QUEUE)
         self.kick_send, self.kick_receive = trio.open_memory_channel[None](1)
@@ -144,6 +155,7 @@ class ValidatorRole:
     # -- cases and the queue -------------------------------------------------------------
 
     def carry_out(self, actions: list[Any], record: Any = None) -> None:
+        """Carry out what a fraud case or a producer claim decided."""
         for action in actions:
             if isinstance(action, Punish):
                 self.peer.report(action.peer, action.penalty, action.reason, action.offence)
@@ -154,20 +166,23 @@ class ValidatorRole:
                 self.counts["rechecks"] += 1
 
     def enqueue(self, ro: Any, ticket: bytes | None) -> None:
+        """Queue a record for audit (`ticket` None: a re-check for an open case)."""
         version = ro.envelope.policy_version
         for old_ro, old_ticket in self.queue.push((ro, ticket), version, recheck=ticket is None):
             self.counts["queue_full"] += 1
             if old_ticket is None:
                 self.cannot_judge(old_ro.rollout_id)
-        self.ctx.status["queued"] = len(self.queue)
+        self.io.status["queued"] = len(self.queue)
         with contextlib.suppress(trio.WouldBlock):
             self.kick_send.send_nowait(None)
 
     def cannot_judge(self, rid: bytes) -> None:
+        """We cannot judge `rid`: the open cases on it are dropped."""
         self.fraud.cannot_judge(rid)
         self.claims.cannot_judge(rid)
 
     def wanted(self, rid: bytes) -> bool:
+        """Whether an open fraud case or producer claim needs the record `rid`."""
         return self.fraud.is_open(rid) or self.claims.wants(rid)
 
     def record_here(self, ro: Any) -> None:
@@ -181,6 +196,7 @@ class ValidatorRole:
         self.carry_out([a for a in acts if not isinstance(a, Audit)] + audits[:1], ro)
 
     async def from_store(self, rid: bytes) -> None:
+        """Look `rid` up in the store for an open case (the body pull brings it if not)."""
         row = await trio.to_thread.run_sync(self.peer.store.get_rollout, rid)
         if row is None or row.body is None or not self.wanted(rid):
             return  # the body pull brings it to on_deliver, or the case expires
@@ -194,6 +210,7 @@ class ValidatorRole:
     # -- admitted items ------------------------------------------------------------------
 
     def on_deliver(self, item: Admitted) -> None:
+        """Dispatch one admitted item by kind (verdict, claim, record, header)."""
         handler = {
             Kind.VERDICT: self.on_verdict,
             Kind.PRODUCER_CLAIM: self.on_claim,
@@ -204,6 +221,7 @@ class ValidatorRole:
             handler(item)
 
     def on_verdict(self, item: Admitted) -> None:
+        """Another validator's failed verdict opens a fraud case."""
         v = item.obj
         if v.passed or item.envelope.signer == self.peer.identity.peer_id:
             return
@@ -214,6 +232,7 @@ class ValidatorRole:
         )
 
     def on_claim(self, item: Admitted) -> None:
+        """Another validator's producer claim opens a claim case."""
         c = item.obj
         if item.envelope.signer == self.peer.identity.peer_id:
             return
@@ -228,7 +247,7 @@ class ValidatorRole:
             return True
         window = counter // self.producers.window
         ticket = window_ticket(self.peer.identity, self.peer.run_id, producer, window)
-        return sampled(ticket, self.ctx.producer_window_fraction)
+        return sampled(ticket, self.config.producer_window_fraction)
 
     def on_header(self, item: Admitted) -> None:
         """A header: if its window is audited whole, its body is expected (a body that
@@ -241,6 +260,7 @@ class ValidatorRole:
             self.nursery.start_soon(self.close_windows, now)
 
     async def close_windows(self, now: float) -> None:
+        """Judge the producers' windows past their time."""
         authorized = self.peer.admission.authority.may_judge(self.peer.identity.peer_id)
         for found in self.producers.close(now):
             await self.on_finding(found, authorized)
@@ -256,13 +276,13 @@ class ValidatorRole:
     def on_record(self, item: Admitted) -> None:
         """A rollout record: for an open case, sampled by its own ticket (every record of
         a producer on probation), or queued for the audit of its producer's window."""
-        peer, ctx = self.peer, self.ctx
+        peer, config = self.peer, self.config
         if self.wanted(item.content_id):
             self.record_here(item.obj)
         self.counts["seen"] += 1
         ro = item.obj
         signer, counter = ro.envelope.signer, ro.header.counter
-        fraction = self.standing.audit_fraction(signer, ctx.audit_fraction)
+        fraction = self.standing.audit_fraction(signer, config.audit_fraction)
         ticket = selected(peer.identity, peer.run_id, item.content_id, fraction)
         if ticket is None and not self.window_audited(signer, counter):
             return
@@ -273,6 +293,7 @@ class ValidatorRole:
     # -- auditing ------------------------------------------------------------------------
 
     async def audit_forever(self) -> None:
+        """Audit the queue batch by batch, until cancelled."""
         while True:
             batch = await self.next_batch()
             if not batch:
@@ -291,13 +312,13 @@ class ValidatorRole:
         """Wait for queued records; take up to `batch_size` of them, the newest version first."""
         while not self.queue:
             await self.kick_receive.receive()
-        weights = getattr(self.peer, "weights", None)
+        weights = self.peer.weights
         newest = weights.newest() if weights is not None else None
         if newest is not None:
             self.queue.set_newest(newest)
-        batch = self.queue.take(self.ctx.batch_size)
+        batch = self.queue.take(self.config.batch_size)
         self.counts["dropped_stale"] = self.queue.dropped["stale"]
-        self.ctx.status.update(queued=len(self.queue), queue_capacity=self.queue.capacity)
+        self.io.status.update(queued=len(self.queue), queue_capacity=self.queue.capacity)
         return batch
 
     async def judgeable(self, batch: list[Any]) -> list[Any]:
@@ -322,14 +343,14 @@ class ValidatorRole:
     def audit_held(self, batch: list[Any]) -> list[tuple[Any, Any]]:
         """(item, verdict) per item, each version's records against that version's model
         (blocking: runs in a worker thread)."""
-        from trainer.engine_hf import torch_threads
-        from verify.auditor import audit_many
+        from trainer.engine_hf import torch_threads  # deferred: heavy import
+        from verify.auditor import audit_many  # deferred: heavy import
 
         by_version: dict[int, list[Any]] = {}
         for item in batch:
             by_version.setdefault(item[0].envelope.policy_version, []).append(item)
         out = []
-        with torch_threads(self.ctx.threads):
+        with torch_threads(self.config.model.threads):
             for version, items in sorted(by_version.items()):
                 rollouts = [ro for ro, _ in items]
                 verdicts = audit_many(
@@ -348,7 +369,7 @@ class ValidatorRole:
         """Whether our verdicts count (a validator key or a delegation); said once if not."""
         authorized = self.peer.admission.authority.may_judge(self.peer.identity.peer_id)
         if not authorized and not self.counts["unauthorized"]:
-            self.ctx.say(
+            self.io.say(
                 "validator: this key is not in the run's validator_keys and holds no "
                 "delegation: auditing, but not publishing verdicts nobody would count"
             )
@@ -438,7 +459,8 @@ class ValidatorRole:
             )
 
     def publish_status(self, started: float, audited: int) -> None:
-        self.ctx.status.update(
+        """The audit counts and the time per rollout, into the role's status."""
+        self.io.status.update(
             **self.counts,
             fail_reasons=dict(self.reasons),
             fraud=dict(self.fraud.counts),
@@ -449,13 +471,16 @@ class ValidatorRole:
         )
 
 
-async def run(peer: Any, ctx: RoleContext) -> None:
-    model, judge, settings, eos_ids = await trio.to_thread.run_sync(load, ctx, peer.manifest)
-    role = ValidatorRole(peer, ctx, model, judge, settings, eos_ids)
+async def run(peer: ValidatorPeer, config: ValidatorConfig, io: RoleIO) -> None:
+    """Load the model, then audit what the peer admits until cancelled."""
+    model, judge, settings, eos_ids = await trio.to_thread.run_sync(
+        load, config, peer.manifest, io.say
+    )
+    role = ValidatorRole(peer, config, io, model, judge, settings, eos_ids)
     async with trio.open_nursery() as nursery:
         role.nursery = nursery
         peer.on_deliver(role.on_deliver)
-        ctx.say(f"validator: model loaded; auditing {ctx.audit_fraction:.0%} of rollouts")
+        io.say(f"validator: model loaded; auditing {config.audit_fraction:.0%} of rollouts")
         try:
             await role.audit_forever()
         finally:

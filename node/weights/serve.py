@@ -1,6 +1,6 @@
 """The serving side of a peer's policy versions: what it offers other peers' fetches.
 
-Over `/swarm-rl/<run>/shard/1` (`node.exchange.shards.serve`, one request per stream) a
+Over `/swarm-rl/<run>/shard/1` (`node.exchange.shards.server`, one request per stream) a
 peer asks for a watch of our have-map (sent at once and at every change of what we
 hold), a manifest envelope, the envelope of our newest version, or a shard. Two rules
 decide a shard request (both `protocol.shard_schedule`): the node that published a
@@ -54,6 +54,17 @@ class WeightServer:
         self.generation = 0  # bumped at every change of what we hold
         self._held_changed = trio.Event()
         self._have_cache: tuple[int, list[tuple[bytes, bytes]]] = (-1, [])
+        self._server = shard_exchange.server(
+            limiter,
+            self.have_map,
+            self.wait_changed,
+            self.manifest,
+            self.shard,
+            self.watchers,
+            self.newest_envelope,
+            lambda _n: bump("shards_served"),
+            lambda peer, reason: report(peer, penalties.BAD_REQUEST, reason),
+        )
 
     def held_changed(self) -> None:
         """What we hold may have changed: watchers recompute the have-map."""
@@ -68,22 +79,7 @@ class WeightServer:
 
     async def serve(self, stream: Any) -> None:
         """Answer one request on `stream` (the peer's stream handler)."""
-        try:
-            n = await shard_exchange.serve(
-                stream,
-                self.limiter,
-                self.have_map,
-                self.wait_changed,
-                self.manifest,
-                self.shard,
-                self.watchers,
-                self.newest_envelope,
-            )
-        except shard_exchange.BadRequest:
-            self.report(stream.peer, penalties.BAD_REQUEST, "bad shard request")
-            raise
-        if n:
-            self.bump("shards_served")
+        await self._server(stream)
 
     async def manifest(self, mid: bytes) -> bytes | None:
         """The signed envelope of manifest `mid`, or None."""
