@@ -15,7 +15,7 @@ The code is organized as follows:
 - `groups.py`: groups of samples made in-process, and held-out evaluation.
 - `loss.py`: the RL loss: group-relative advantages and the clipped surrogate.
 - `train_loop.py`: the training loop: re-scored groups in, policy versions out.
-- `micro_step.py`: one training step in micro-batches, the vocabulary-wide work chunked.
+- `micro_step.py`: one step's gradients in micro-batches, log-probs at completion positions only.
 - `local_train.py`: local training on a peer's own copy (SAPO style).
 - `single.py`: plain on-policy GRPO in one process, the reference learner.
 - `checkpoint.py`: canonical safetensors checkpoints (one layout, one digest).
