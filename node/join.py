@@ -11,6 +11,7 @@ release to join with `protocol.run_manifest.check`.
 from __future__ import annotations
 
 import errno
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -35,8 +36,6 @@ UNCONNECTED = (WRONG_PEER, REFUSED, TIMED_OUT, NO_ROUTE)  # causes that leave no
 def quiet_library_logs() -> None:
     """py-libp2p logs every failed dial at ERROR; a command that explains failures in its
     own words keeps those lines off the terminal."""
-    import logging
-
     for noisy in ("libp2p", "multiaddr", "async_service"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
         logging.getLogger(noisy).propagate = False
@@ -56,9 +55,11 @@ class Answer:
 
     @property
     def answered(self) -> bool:
+        """Whether the peer answered."""
         return self.cause is None
 
     def why(self) -> str:
+        """The cause, with its detail when there is one."""
         return f"{self.cause}: {self.detail}" if self.detail else str(self.cause)
 
 

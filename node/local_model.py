@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import CommandError
+from trainer.engines import EngineError, open_engine
+from trainer.tasks import TaskError, resolve_dataset
+from verify.calibration import FILE_NAME, CalibrationError, apply, decode_calibration
 
 
 def check_datasets(manifest: Any, source: str) -> None:
     """Every dataset the run manifest names can be used here (`source` names the file)."""
-    from trainer.tasks import TaskError, resolve_dataset
-
     for i, d in enumerate(manifest.datasets):
         try:
             resolve_dataset(d.name)
@@ -28,8 +29,6 @@ def check_datasets(manifest: Any, source: str) -> None:
 def load_engine(path: Path, *, batch_size: int, threads: int | None, engine: str = "hf") -> Any:
     """`trainer.engines.open_engine`: `hf` (transformers, CPU) or `vllm` (vLLM's CPU build
     or a GPU)."""
-    from trainer.engines import EngineError, open_engine
-
     try:
         return open_engine(path, batch_size=batch_size, threads=threads, engine=engine)
     except EngineError as exc:
@@ -42,8 +41,6 @@ def load_calibration(
     """`settings` with the limits of `model_dir/calibration.json` for their precision, and a
     note for the user. A manifest that pins a digest needs that very file; without a pin
     and without a file the shipped defaults apply (the note says so)."""
-    from verify.calibration import FILE_NAME, CalibrationError, apply, decode_calibration
-
     pin = getattr(manifest, "calibration_digest", b"") if manifest is not None else b""
     path = Path(model_dir) / FILE_NAME if model_dir is not None else None
     if path is None or not path.is_file():

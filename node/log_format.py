@@ -16,6 +16,7 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per record; the message is formatted with its arguments."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record as one JSON object on one line."""
         line = {
             "ts": round(record.created, 6),
             "level": record.levelname.lower(),

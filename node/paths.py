@@ -16,13 +16,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from node.errors import CommandError
+from trainer import tiny_policy
+
+# The store's file in a node's data directory.
+DB_FILENAME = "node.sqlite3"
 
 
 def data_root(value: str | Path | None = None) -> Path:
     """`value` if given, else $SWARM_NODE_DATA, else ~/.cache/swarm-node."""
-    from trainer.tiny_policy import default_data_dir
-
-    return default_data_dir(value)
+    return tiny_policy.default_data_dir(value)
 
 
 def model_roots(data_dir: str | Path | None) -> list[Path]:
@@ -37,8 +39,6 @@ def model_roots(data_dir: str | Path | None) -> list[Path]:
 def resolve_model(model: str | None, manifest_model: str, data_dir: str | Path | None) -> Path:
     """`--model` (a directory or `builtin:tiny`), else the manifest's model, as a directory.
     Built-in models are looked for under each of `model_roots(data_dir)`."""
-    from trainer import tiny_policy
-
     name = model or manifest_model
     if not name.startswith("builtin:"):
         return Path(name).expanduser()
@@ -73,8 +73,6 @@ def node_dir(data_dir: str | Path | None, peer_id_b58: str, role: str) -> Path:
 
 def find_node_dirs(root: Path) -> list[Path]:
     """Node directories holding a store: `root` itself, or those under `root/nodes/`."""
-    from node.store.store import DB_FILENAME
-
     if (root / DB_FILENAME).is_file():
         return [root]
     nodes = root / "nodes"
@@ -87,8 +85,6 @@ def node_dirs(given: Path) -> list[Path]:
     """The node data directories a folder names: a data directory itself, a devnet node
     folder (`<name>/data`), or a devnet report folder (`nodes/<name>/data` each). A folder
     holding none is returned as is (the caller says no store is there)."""
-    from node.store.store import DB_FILENAME
-
     given = Path(given).expanduser()
     if (given / DB_FILENAME).is_file():
         return [given]

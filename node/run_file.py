@@ -64,6 +64,7 @@ from typing import Any
 
 from node.config import read_toml
 from node.errors import CommandError
+from protocol import run_manifest as rm
 from protocol.errors import LocalProtocolError
 from protocol.identity import peer_id_from_b58, peer_id_to_b58
 from protocol.wire import DatasetSpec, RunManifest
@@ -194,8 +195,6 @@ def load_run_manifest(path: Path) -> RunManifest:
 def load_run_release(path: Path) -> tuple[RunManifest, bytes | None]:
     """A run file's manifest and, when it has a `[release]` section, the signed release
     envelope (checked: a release that does not verify is a one-line `CommandError`)."""
-    from protocol import run_manifest as rm
-
     table = read_toml(path, "run manifest")
     manifest = manifest_from_table(table, source=str(path))
     section = table.get("release")
@@ -231,8 +230,6 @@ def load_run_release(path: Path) -> tuple[RunManifest, bytes | None]:
 
 def release_to_toml(data: bytes) -> str:
     """The `[release]` section of a signed release's envelope bytes."""
-    from protocol import run_manifest as rm
-
     version, authority, signed_at_ms, signature = rm.parts(data)
     return (
         "\n".join(

@@ -6,7 +6,7 @@ float64 for floats, bin for bytes, str for text), and the decoder enforces it by
 what it read and comparing bytes: so a signature over the canonical bytes covers every bit
 a peer can send, and no mutation decodes to an equal object.
 
-Decoder invariant (tested by the fuzzer in `bench.codec` and in tests): for any input
+Decoder invariant (tested by the fuzzer in `swarm_node_bench.codec` and in tests): for any input
 bytes, `decode(cls, data)` either returns a valid `cls` or raises `DecodeError`. Nothing
 else escapes. The size limit of the object kind is checked before msgpack sees a byte.
 """

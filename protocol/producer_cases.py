@@ -86,7 +86,7 @@ def window_failed(
 
 def window_median(values: Iterable[float]) -> float:
     """The median of a window's values: not the rule (a minority of changed records
-    keeps it honest); `bench._window_statistic` compares the two."""
+    keeps it honest); `swarm_node_bench.parts.window_statistic` compares the two."""
     vals = list(values)
     if not vals:
         raise ValueError("window_median: no values")

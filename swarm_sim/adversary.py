@@ -30,6 +30,8 @@ __all__ = ["AdversaryConfig", "Behaviour"]
 
 
 class Behaviour(enum.IntEnum):
+    """What a simulated peer does: honest, or one of the attacks."""
+
     HONEST = 0
     SPAM = 1
     INVALID = 2
@@ -41,6 +43,8 @@ class Behaviour(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class AdversaryConfig:
+    """Which share of peers misbehaves how, and at what rates."""
+
     fractions: dict[str, float] = field(default_factory=dict)  # behaviour name -> share
     spam_rate: float = 50.0
     invalid_rate: float = 5.0

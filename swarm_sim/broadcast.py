@@ -12,8 +12,8 @@ the have-maps of its neighbours (a random graph of `neighbours` links per peer; 
 is the neighbour of `origin_fanout` peers). A peer that completes a shard announces its
 have-map to its neighbours at once (announcements are not queued on the network); a
 request takes the link's latency and no bandwidth queue (the real node caps only shard
-bytes, so that small frames are not starved; queued behind whole 64 MB shards, a
-10 Mb/s peer's requests waited up to 51 s behind its own uploads); a server sends one
+bytes, so that small frames are not starved behind a slow peer's own shard uploads); a
+server sends one
 shard at a time from its queue of requests, skipping those whose client got the shard
 meanwhile (cancelled), and a copy already on the wire arrives and is ignored
 (`bytes_wasted`). A server declines a request while its uplink has more than
@@ -48,6 +48,8 @@ __all__ = ["BroadcastConfig", "simulate_broadcast"]
 
 @dataclass(frozen=True, slots=True)
 class BroadcastConfig:
+    """One checkpoint broadcast: its size and shards, the peers and their links."""
+
     peers: int = 1000  # receivers (the origin is one more)
     size_bytes: int = 1_000_000_000
     shard_bytes: int = 64_000_000
@@ -220,11 +222,12 @@ class _Broadcast:
             cfg.size_bytes, cfg.shard_bytes, net.up[0], net.up[1:].tolist(), net.down[1:].tolist()
         )
         completion = max(times) if times and not unfinished else None
+        p50 = percentile(times, 0.5)
         return {
             "peers": cfg.peers,
             "shards": shards,
             "completion_max_s": None if completion is None else round(completion, 3),
-            "completion_p50_s": None if not times else round(percentile(times, 0.5), 3),
+            "completion_p50_s": None if p50 is None else round(p50, 3),
             "unfinished": unfinished,
             "lower_bound_s": round(bounds["lower_bound_s"], 3),
             "lower_bound_ratio": None

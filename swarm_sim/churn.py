@@ -23,6 +23,8 @@ __all__ = ["ChurnConfig"]
 
 @dataclass(frozen=True, slots=True)
 class ChurnConfig:
+    """How peers leave and come back: session lengths, time away, crashes."""
+
     churn_per_hour: float = 0.0  # 0: nobody leaves
     distribution: str = "exponential"  # or "weibull"
     weibull_shape: float = 0.6
@@ -40,9 +42,11 @@ class ChurnConfig:
 
     @property
     def enabled(self) -> bool:
+        """Whether any peer leaves."""
         return self.churn_per_hour > 0
 
     def session_s(self, rng: random.Random) -> float:
+        """A random session length (seconds online before leaving)."""
         mean = 3600.0 / self.churn_per_hour
         if self.distribution == "exponential":
             return rng.expovariate(1.0 / mean)
@@ -51,7 +55,9 @@ class ChurnConfig:
         return rng.weibullvariate(scale, k)
 
     def offline_s(self, rng: random.Random) -> float:
+        """A random time away (seconds)."""
         return rng.expovariate(1.0 / self.offline_mean_s)
 
     def crashes(self, rng: random.Random) -> bool:
+        """Whether a leaving peer crashes (rather than leaving cleanly)."""
         return rng.random() < self.crash_fraction

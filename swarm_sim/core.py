@@ -12,18 +12,10 @@ comes from a `random.Random` seeded by `derive_rng(seed, name)` (a string seed i
 with SHA-512 by `random`, the same on every platform and run). Same seed and scenario ->
 same event order -> byte-identical results.
 
-Why a heap and not a library (measured on this machine, 2 shared cores under load,
-300,000 timeout events each re-scheduling one more, 1,000 pending;
-`python -m swarm_sim.core_choice` repeats it):
-
-    plain heapq loop (this module)      4.0 us/event   248,000 events/s
-    simpy 4.1.2 Environment + callbacks 6.0 us/event   166,000 events/s
-    stdlib sched.scheduler              17.7 us/event   57,000 events/s
-
-The scale target (10,000 peers x 1 virtual hour in <= 10 minutes on 2 cores) leaves
-about 100 million events at the heap's speed and two thirds of that with simpy; simpy's
-processes (generators) cost more still. We need only "call f(*args) at time t", so the
-plain heap is both the fastest and the smallest thing that works.
+Why a heap and not a library: the simulator needs only "call f(*args) at time t", and a
+plain heapq loop is both the fastest and the smallest thing that does it (faster than
+simpy and stdlib `sched`; `python -m swarm_sim.core_choice` compares them, figures in
+docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations

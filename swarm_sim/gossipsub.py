@@ -29,6 +29,8 @@ __all__ = ["GossipConfig", "Router", "sample"]
 
 @dataclass(frozen=True, slots=True)
 class GossipConfig:
+    """GossipSub's mesh degrees, heartbeat and cache windows, as the node's."""
+
     d: int = 6
     d_lo: int = 4
     d_hi: int = 12
@@ -85,9 +87,6 @@ class Router:
         """Cache a message in the newest window (it is advertised for `history` beats)."""
         self.mcache[-1].append(msg)
         self.live = self.history
-
-    def needs_heartbeat(self, cfg: GossipConfig) -> bool:
-        return self.dirty or not cfg.d_lo <= len(self.mesh) <= cfg.d_hi or self.live > 0
 
     def maintain(
         self,

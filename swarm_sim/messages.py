@@ -133,6 +133,7 @@ class MessageBook:
         )
 
     def open(self, data: bytes) -> Opened:
+        """Open a token as admission's opener does: the stand-in, or the error of a forgery."""
         op = self._opened.get(data)
         if op is not None:
             return op

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["Metrics", "percentile"]
 
 
-def percentile(values: array | list[float], q: float) -> float | None:
+def percentile(values: array | Sequence[float], q: float) -> float | None:
     """The q-quantile (nearest rank on the sorted values), None when there are none."""
     if not len(values):
         return None
@@ -29,6 +30,8 @@ def _r(x: float | None, nd: int = 3) -> float | None:
 
 @dataclass(slots=True)
 class Metrics:
+    """Raw samples and counts gathered during a run (module docstring)."""
+
     latency_ms: array = field(default_factory=lambda: array("f"))  # header, first admission
     bound_ms: array = field(default_factory=lambda: array("f"))
     body_latency_ms: array = field(default_factory=lambda: array("f"))
@@ -62,6 +65,7 @@ class Metrics:
     leaves: int = 0
 
     def delivered(self, latency_s: float, bound_s: float) -> None:
+        """Record one delivery's latency and its lower bound (seconds)."""
         self.deliveries += 1
         self.latency_ms.append(latency_s * 1000.0)
         self.bound_ms.append(bound_s * 1000.0)
@@ -69,6 +73,7 @@ class Metrics:
             self.early += 1
 
     def close(self, t0: float, eligible: int, got: int) -> None:
+        """Record a message's delivery among the peers eligible for it."""
         self.eligible += eligible
         self.eligible_delivered += got
         b = self.by_minute.setdefault(int(t0 // 60), [0, 0])
@@ -76,6 +81,7 @@ class Metrics:
         b[1] += got
 
     def summary(self) -> dict:
+        """The summary figures of the run, rounded."""
         ratios = [a / b for a, b in zip(self.latency_ms, self.bound_ms, strict=True) if b > 0]
         body_ratios = [
             a / b for a, b in zip(self.body_latency_ms, self.body_bound_ms, strict=True) if b > 0

@@ -104,6 +104,8 @@ def _log_uniform(rng: random.Random, lo: float, hi: float) -> float:
 
 @dataclass(slots=True)
 class Counters:
+    """Network-wide message and byte counts."""
+
     messages: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -144,6 +146,7 @@ class Network:
     # -- membership and connections ---------------------------------------------
 
     def set_online(self, p: int, online: bool) -> None:
+        """Bring peer `p` online or take it offline (going offline starts a new epoch)."""
         if not online and self.online[p]:
             self.epoch[p] += 1
         self.online[p] = 1 if online else 0
@@ -164,6 +167,7 @@ class Network:
         return True
 
     def disconnect(self, a: int, b: int) -> None:
+        """Close the link between `a` and `b`."""
         self.conns[a].discard(b)
         self.conns[b].discard(a)
         self._sorted[a] = self._sorted[b] = None
@@ -178,6 +182,7 @@ class Network:
     # -- timing -------------------------------------------------------------------
 
     def cpu_s(self, nbytes: int) -> float:
+        """CPU seconds a peer spends handling a message of `nbytes`."""
         return self.cfg.cpu_per_msg_s + nbytes * self.cfg.cpu_per_byte_s
 
     def min_delay(self, a: int, b: int, nbytes: int) -> float:

@@ -54,10 +54,10 @@ _FIGURES_IN_REPORT = (
 
 
 def _plots(out: Path, results: dict[str, Any]) -> list[tuple[str, str]]:
-    import matplotlib
+    import matplotlib  # deferred: heavy import
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: heavy import
 
     s, fig = results["series"], results["figures"]
     made: list[tuple[str, str]] = []

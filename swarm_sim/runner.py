@@ -27,11 +27,14 @@ __all__ = ["RunInfo", "progress_printer", "run_scenario"]
 
 @dataclass(slots=True)
 class RunInfo:
+    """How long a run took in wall time, and how many events it ran."""
+
     wall_s: float = 0.0
     events: int = 0
 
     @property
     def events_per_s(self) -> float:
+        """Events per wall second."""
         return self.events / self.wall_s if self.wall_s > 0 else 0.0
 
 
@@ -115,13 +118,15 @@ def run_scenario(
     m, net = sw.m, sw.net
     per_peer = sorted(net.sent[i] + net.received[i] for i in range(sw.n))
     reach = _version_reach(sw)
-    fig["version_reach_99_s_p50"] = None if not reach else round(percentile(reach, 0.5), 3)
+    reach_p50 = percentile(reach, 0.5)
+    fig["version_reach_99_s_p50"] = None if reach_p50 is None else round(reach_p50, 3)
     fig["version_reach_99_s_max"] = None if not reach else round(max(reach), 3)
     fig["bytes_per_peer_p50"] = percentile(per_peer, 0.5)
     fig["bytes_per_peer_max"] = per_peer[-1] if per_peer else None
+    latency_p99, bound_p99 = percentile(m.latency_ms, 0.99), percentile(m.bound_ms, 0.99)
     fig["latency_p99_over_bound_p99"] = (
-        round(percentile(m.latency_ms, 0.99) / percentile(m.bound_ms, 0.99), 3)
-        if len(m.bound_ms)
+        round(latency_p99 / bound_p99, 3)
+        if latency_p99 is not None and bound_p99 is not None
         else None
     )
     series = {

@@ -51,6 +51,8 @@ class ScenarioError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
+    """A named scenario: its kind and the settings of every model."""
+
     name: str
     kind: str = "gossip"
     workload: Workload = field(default_factory=Workload)

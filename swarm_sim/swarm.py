@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass
+from typing import cast
 
 from protocol import body_pull as bp
 from protocol import penalties
@@ -54,6 +55,7 @@ from protocol.admission import (
     Tick,
     VersionChanged,
 )
+from protocol.peer_score import PeerId
 from swarm_sim.adversary import AdversaryConfig, Behaviour
 from swarm_sim.churn import ChurnConfig
 from swarm_sim.core import EventLoop, derive_rng, gc_paused
@@ -80,6 +82,8 @@ SEEN, ADMITTED = 2, 1  # SimMessage.got[peer]: 0 never seen, 2 seen (refused), 1
 
 @dataclass(frozen=True, slots=True)
 class Workload:
+    """What the simulated run does: peers, duration, publishing rates, roles and pulls."""
+
     peers: int = 100
     duration_s: float = 300.0
     publish_interval_s: float = 60.0  # each worker publishes one rollout per interval
@@ -141,7 +145,7 @@ class Swarm:
         self._adv_rng = derive_rng(seed, "adversary")
         self.net = Network(self.loop, net or NetConfig(), n, derive_rng(seed, "network"))
         self.ids = peer_ids(n, seed)
-        self.index = {pid: i for i, pid in enumerate(self.ids)}
+        self.index: dict[PeerId, int] = {pid: i for i, pid in enumerate(self.ids)}
         self.book = MessageBook("sim-run", self.ids)
         self.run_rules = RunRules("sim-run", wl.max_staleness, frozenset({self.ids[0]}))
         rules = self.book.rules()
@@ -173,6 +177,7 @@ class Swarm:
         self.pulls: dict[int, bp.PullSchedule] = {}  # puller -> its body-pull schedule
         self._pull_msgs: dict[int, SimMessage] = {}  # mid -> message, while some peer pulls it
         self._pull_refs: dict[int, int] = {}  # mid -> pullers pulling it
+        self._pulling: dict[int, set[int]] = {}  # puller -> mids its schedule holds
         self._fetch_token = 0
         self._asked: dict[
             tuple[int, int], tuple[int, int]
@@ -326,6 +331,7 @@ class Swarm:
             counter=counter,
         )
         self.m.messages += 1
+        assert msg.got is not None  # `MessageBook.make` gives every new message one
         msg.got[p] = ADMITTED
         self.bodies[msg.mid] = {p}
         self.routers[p].add(msg)
@@ -358,6 +364,7 @@ class Swarm:
         """Judge delivery among peers online for the message's whole lifetime."""
         msg.closed = True
         got, start, online, o = msg.got, self.session_start, self.net.online, msg.origin
+        assert got is not None  # a message is closed before it is forgotten
         if msg.valid and online[o] and start[o] <= msg.t0 and self.behaviour[o] == HONEST:
             eligible = delivered = 0
             for q in self.online_list:
@@ -395,8 +402,7 @@ class Swarm:
             )
         )
         for act in actions:
-            t = type(act)
-            if t is Forward:
+            if isinstance(act, Forward):
                 o = msg.origin
                 targets = [q for q in sorted(self.routers[b].mesh) if q != a and q != o]
                 self.net.send_many(
@@ -410,16 +416,16 @@ class Swarm:
                     self._seen,
                     eta=msg.eta,
                 )
-            elif t is Deliver:
+            elif isinstance(act, Deliver):
                 self._delivered(b, a, msg, now)
-            elif t is Reject:
+            elif isinstance(act, Reject):
                 self._rejected(b, a, act)
                 if b == 0 and act.late is not None and msg.kind == Kind.ROLLOUT_HEADER:
                     # published, only late: its counter is no gap (as in the real trainer)
                     self._charge(self.gaps.on_rollout(self.ids[msg.origin], msg.counter, 0.0, now))
-            elif t is Disconnect:
+            elif isinstance(act, Disconnect):
                 self._drop_link(b, a)
-            elif t is Ban:
+            elif isinstance(act, Ban):
                 self._banned(act.peer)
 
     def _delivered(self, b: int, a: int, msg: SimMessage, now: float) -> None:
@@ -448,7 +454,7 @@ class Swarm:
                 elif type(act) is Ban:
                     self._banned(act.peer)
 
-    def _banned(self, peer_id: bytes) -> None:
+    def _banned(self, peer_id: PeerId) -> None:
         """Count a ban, apart for honest peers and attackers."""
         self.m.bans += 1
         q = self.index.get(peer_id)
@@ -475,6 +481,7 @@ class Swarm:
         sources = (msg.origin, sender) if sender != msg.origin else (msg.origin,)
         sched.handle(bp.Want(msg.mid, sources, self.loop.now, (self.ids[msg.origin], sender)))
         if msg.mid in sched:
+            self._pulling.setdefault(b, set()).add(msg.mid)
             self._pull_msgs[msg.mid] = msg
             self._pull_refs[msg.mid] = self._pull_refs.get(msg.mid, 0) + 1
         self._pump(b)
@@ -495,21 +502,24 @@ class Swarm:
             self._pump(b)
 
     def _carry_out(self, b: int, actions: list[bp.Action]) -> None:
+        # The simulator's rollout ids and sources are message and peer indices, and every
+        # `Want` carries its (signer, sender) origin.
         for act in actions:
-            t = type(act)
-            if t is bp.Fetch:
+            if isinstance(act, bp.Fetch):
                 self._fetch(b, act)
-            elif t is bp.GiveUp:
+            elif isinstance(act, bp.GiveUp):
                 self.m.pulls_failed += 1
-                self._unref(act.rollout_id)
-                signer, sender = act.origin
-                self._body_missing(
-                    b, sender, self._pull_msgs_or_none(act.rollout_id), signer, act.answered
-                )
-            elif t is bp.Done:
-                self._unref(act.rollout_id)
-            elif t is bp.Charge:
-                self._misbehaved(b, act.peer, act.offence)
+                mid = cast(int, act.rollout_id)
+                self._pulling[b].discard(mid)
+                self._unref(mid)
+                signer, sender = cast(tuple[bytes, int], act.origin)
+                self._body_missing(b, sender, self._pull_msgs_or_none(mid), signer, act.answered)
+            elif isinstance(act, bp.Done):
+                mid = cast(int, act.rollout_id)
+                self._pulling[b].discard(mid)
+                self._unref(mid)
+            elif isinstance(act, bp.Charge):
+                self._misbehaved(b, cast(int, act.peer), act.offence)
 
     def _pull_msgs_or_none(self, mid: int) -> SimMessage | None:
         return self._pull_msgs.get(mid)
@@ -527,15 +537,15 @@ class Swarm:
         sched = self.pulls.pop(p, None)
         if sched is None:
             return
-        for mid in list(sched._pulls):
+        for mid in self._pulling.pop(p, set()):
             self._unref(mid)
             self._asked.pop((p, mid), None)
         self._armed.pop(p, None)
 
     def _fetch(self, b: int, f: bp.Fetch) -> None:
         self._fetch_token += 1
-        token, src = self._fetch_token, f.source
-        for mid in f.ids:
+        token, src = self._fetch_token, cast(int, f.source)
+        for mid in cast(tuple[int, ...], f.ids):
             self._asked[(b, mid)] = (token, src)
         self.net.send(
             b,
@@ -665,7 +675,8 @@ class Swarm:
         d_lo, d_hi, routers, rng = cfg.d_lo, cfg.d_hi, self.routers, self.rng
         for p in list(self.online_list):
             r = routers[p]
-            # Router.needs_heartbeat, inlined: most routers are idle most beats.
+            # A router needs a beat when dirty, advertising, or off its mesh bounds; most
+            # are idle most beats.
             if not r.dirty and not r.live and d_lo <= len(r.mesh) <= d_hi:
                 continue
             score = self._score(p)
@@ -768,6 +779,7 @@ class Swarm:
         msg = self.book.make(
             Kind.WEIGHT_ANNOUNCE, 0, self._next_seq(0), now, 1200, v, n_peers=self.n
         )
+        assert msg.got is not None  # `MessageBook.make` gives every new message one
         msg.got[0] = ADMITTED
         self.announce_times[v] = now
         self.loop.after(self.wl.lifetime_s * 4, self._close_version, msg, v)
@@ -828,6 +840,7 @@ class Swarm:
             return self.summary()
 
     def summary(self) -> dict:
+        """The run's summary figures: the metrics' and the network's."""
         c = self.net.c
         self.m.duplicates_suppressed = c.copies_suppressed
         out = self.m.summary()

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import adversary
-from bench._conn_attacks import CONN_ATTACKS
+from node.testing.conn_attacks import CONN_ATTACKS
+from swarm_node_bench import adversary
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 

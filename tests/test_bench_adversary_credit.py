@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import adversary
+from swarm_node_bench import adversary
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import adversary
 from protocol.identity import Identity
+from swarm_node_bench import adversary
 
 KEYS = {
     name: Identity.from_private_bytes(bytes([i + 1]) * 32)
@@ -41,7 +41,7 @@ def reports(
 
 def figures(run: dict[str, Any], t_rep, v_rep, views) -> dict[str, Any]:
     run = {"attacker": ATTACKER, "window": (0.0, 1.0), **run}
-    return adversary._figures({"case": run}, t_rep, v_rep, views, KEYS, (0.0, 1.0), 1.0)["attacks"][
+    return adversary.figures({"case": run}, t_rep, v_rep, views, KEYS, (0.0, 1.0), 1.0)["attacks"][
         "case"
     ]
 

@@ -8,7 +8,8 @@ import zlib
 import pytest
 import torch
 
-from bench import learn
+from swarm_node_bench import learn
+from swarm_node_bench.parts import learn_sapo
 from trainer import tiny_policy as tp
 from trainer.tasks import Score, TaskSet
 
@@ -19,7 +20,7 @@ def _totals(iso, shared, no_is):
 
 def test_summary_ratios_and_gains():
     totals = _totals([4.0, 4.2], [5.0, 5.2], [4.5, 4.7])
-    out = learn.sapo_summary(totals, [3.0, 3.2], [(8, 0), (4, 4)])
+    out = learn_sapo.sapo_summary(totals, [3.0, 3.2], [(8, 0), (4, 4)])
     assert out["untrained_cumulative_reward"] == 3.1
     assert out["8/0"]["ratio_vs_isolated"] == 1.0
     assert out["8/0"]["gain_ratio_vs_isolated"] == 1.0
@@ -36,7 +37,7 @@ def test_summary_ratios_and_gains():
 
 
 def test_summary_no_gain_ratio_when_training_alone_gained_nothing_or_noise():
-    nothing = learn.sapo_summary(
+    nothing = learn_sapo.sapo_summary(
         _totals([2.0, 4.0], [3.0, 3.0], [3.0, 3.0]), [3.5, 3.5], [(8, 0), (4, 4)]
     )
     assert nothing["8/0"]["cumulative_reward_sd"] == pytest.approx(1.414, abs=1e-3)
@@ -44,7 +45,7 @@ def test_summary_no_gain_ratio_when_training_alone_gained_nothing_or_noise():
     assert nothing["4/4"]["gain_ratio_vs_isolated"] is None
     assert nothing["4/4"]["ratio_vs_isolated"] == 1.0
     # a mean gain of 0.1 with gains of -0.9 and 1.1 (se 1.0) is noise: no ratio over it
-    noisy = learn.sapo_summary(
+    noisy = learn_sapo.sapo_summary(
         _totals([2.1, 4.1], [3.0, 5.0], [3.0, 3.0]), [3.0, 3.0], [(8, 0), (4, 4)]
     )
     assert noisy["8/0"]["gain_vs_untrained"] == pytest.approx(0.1)
@@ -64,18 +65,20 @@ def test_untrained_control_probes_what_the_peers_probe(monkeypatch):
     tok = tp.build_tokenizer(0)
     model = tp.build_model(tok, seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
     model.eval()
-    per_peer, _w = learn._sapo_run(model, tok, 2, 1, 4, 4, 2.0, seed=3)
-    control = learn._untrained(model, tok, 1, seed=3)
+    per_peer, _w = learn_sapo.sapo_run(model, tok, 2, 1, 4, 4, 2.0, seed=3)
+    control = learn_sapo.untrained_reward(model, tok, 1, seed=3)
     assert control > 0.0
     assert per_peer == [control, control]  # round 0 is probed before any training
-    assert learn._untrained(model, tok, 1, seed=4) != control  # the seed picks the probes
+    assert (
+        learn_sapo.untrained_reward(model, tok, 1, seed=4) != control
+    )  # the seed picks the probes
 
 
 @pytest.mark.slow
 def test_rounds_until_training_alone_gains_stop_on_budget_or_cap_and_match_fixed_rounds(
     monkeypatch,
 ):
-    from bench import _learn_sapo as sapo
+    from swarm_node_bench.parts import learn_sapo as sapo
 
     monkeypatch.setattr(TaskSet, "score", _by_text)
     tok = tp.build_tokenizer(0)
@@ -84,13 +87,15 @@ def test_rounds_until_training_alone_gains_stop_on_budget_or_cap_and_match_fixed
     # round 1 is probed before any training: no gain yet, so a spent budget stops it there
     r, cum, untrained, _w, stop = sapo.isolated_until_gain(model, tok, 2, [3], 5, deadline=0.0)
     assert (r, stop) == (1, "budget")
-    assert cum == [untrained[0], untrained[0]] and untrained[0] == learn._untrained(
+    assert cum == [untrained[0], untrained[0]] and untrained[0] == learn_sapo.untrained_reward(
         model, tok, 1, seed=3
     )
     r, cum, untrained, _w, stop = sapo.isolated_until_gain(model, tok, 2, [3], 2, deadline=None)
     assert r == 2 and stop in ("gain", "max_rounds")
-    assert cum == learn._sapo_run(model, tok, 2, 2, 8, 0, 2.0, seed=3)[0]  # the fixed-rounds path
-    assert untrained == [learn._untrained(model, tok, 2, seed=3)]
+    assert (
+        cum == learn_sapo.sapo_run(model, tok, 2, 2, 8, 0, 2.0, seed=3)[0]
+    )  # the fixed-rounds path
+    assert untrained == [learn_sapo.untrained_reward(model, tok, 2, seed=3)]
     # the gain is not looked at before min_rounds: a gain after a step or two is noise
     r, _cum, _u, _w, stop = sapo.isolated_until_gain(
         model, tok, 2, [3], 4, deadline=None, min_rounds=3
@@ -100,21 +105,21 @@ def test_rounds_until_training_alone_gains_stop_on_budget_or_cap_and_match_fixed
 
 @pytest.mark.slow
 def test_efficiency_scores_the_reference_on_the_held_out_tasks(monkeypatch):
-    from bench import _learn_swarm
+    from swarm_node_bench.parts import learn_swarm
 
     monkeypatch.setattr(TaskSet, "score", _by_text)
-    monkeypatch.setattr(_learn_swarm, "QUICK_TASKS", 24)
+    monkeypatch.setattr(learn_swarm, "QUICK_TASKS", 24)
     tok = tp.build_tokenizer(0)
     model = tp.build_model(tok, seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
     model.eval()
-    out, devnet = _learn_swarm.efficiency(model, tok, quick=True, seconds=0.5, swarm=False)
-    assert devnet is None and out["T_s"] == 0.5 and out["heldout_tasks"] == _learn_swarm.QUICK_TASKS
+    out, devnet = learn_swarm.efficiency(model, tok, quick=True, seconds=0.5, swarm=False)
+    assert devnet is None and out["T_s"] == 0.5 and out["heldout_tasks"] == learn_swarm.QUICK_TASKS
     assert out["single"]["rollouts"] >= 16 and out["single"]["steps"] >= 1  # it trained
     gain = out["single_gain"]
     assert gain == pytest.approx(out["single_solve_rate"] - out["solve_rate_before"], abs=2e-4)
     lo, hi = out["single_ci95"]
     assert lo <= gain <= hi and (hi > lo or gain == 0.0)  # degenerate only when nothing moved
-    assert all(out[k] is None for k in _learn_swarm.SWARM_KEYS)
+    assert all(out[k] is None for k in learn_swarm.SWARM_KEYS)
 
 
 @pytest.mark.gpu
@@ -122,7 +127,7 @@ def test_efficiency_scores_the_reference_on_the_held_out_tasks(monkeypatch):
 def test_sapo_grid_and_a_training_step_run_on_cuda(monkeypatch):  # pragma: no cover - GPU only
     import copy
 
-    from bench import _learn_sapo as sapo
+    from swarm_node_bench.parts import learn_sapo as sapo
     from trainer.engine_hf import HFEngine
     from trainer.groups import generate_groups
 
@@ -160,8 +165,8 @@ def test_options_refuse_what_the_bench_cannot_run():
         (["--bogus"], "bad arguments"),
     ):
         with pytest.raises(CommandError, match=says):
-            learn._options(args)
-    opts = learn._options(
+            learn.options(args)
+    opts = learn.options(
         ["--only", "sapo", "--device", "cuda", "--policy", "qwen2-24m", "--sapo-budget-s", "300"]
     )
     assert (opts.device, opts.policy, opts.sapo_budget_s) == ("cuda", "qwen2-24m", 300.0)

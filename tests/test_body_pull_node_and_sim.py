@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from bench._records import net_manifest, synthetic_record
 from node.exchange import rollouts as rollout_exchange
 from node.host.host import HostSettings
 from node.peer.peer import PeerConfig, open_peer
+from node.testing.records import net_manifest, synthetic_record
 from protocol import body_pull as bp
 from protocol.admission import AdmissionConfig, Reason
 from protocol.codec import decode

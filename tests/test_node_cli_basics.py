@@ -206,7 +206,9 @@ def test_bench_help_lists_every_benchmark():
     result = cli("bench", "--help")
     assert result.returncode == 0
     listed = result.stdout.split("NAME:", 1)[1].split("\n", 1)[0]
-    benches = sorted(p.stem for p in (Path(__file__).parent.parent / "bench").glob("[a-z]*.py"))
+    benches = sorted(
+        p.stem for p in (Path(__file__).parent.parent / "swarm_node_bench").glob("[a-z]*.py")
+    )
     assert [b.strip() for b in listed.split(",")] == benches
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench._records import net_manifest
 from node.keyfile import write_key
 from node.run_file import manifest_from_table, manifest_to_toml
+from node.testing.records import net_manifest
 from protocol.identity import Identity
 from tests.support.cli import run_cli as cli
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bench._records import net_manifest
 from node.config import NODE_KEYS
 from node.keyfile import write_key
 from node.run_file import manifest_to_toml
+from node.testing.records import net_manifest
 from protocol.identity import Identity
 from tests.support.cli import run_cli
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench._records import net_manifest, synthetic_record
 from node.peer.peer import PeerConfig, open_peer
 from node.store.store import RolloutRow, Store
+from node.testing.records import net_manifest, synthetic_record
 from protocol.admission import Kind
 from protocol.codec import decode
 from protocol.identity import Identity

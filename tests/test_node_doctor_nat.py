@@ -1,4 +1,4 @@
-"""`swarm-node doctor` on an emulated network (`bench._netlab`): real `swarm-node start`
+"""`swarm-node doctor` on an emulated network (`node.testing.netlab`): real `swarm-node start`
 bootstrap peers on the public side, the doctor run behind a cone NAT. It names the causes
 that need a network: no route to the bootstrap address, and not publicly reachable with no
 relay on offer; behind the NAT with a relay bootstrap it says the node is not publicly
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bench._netlab import PUBLIC_IP, NetLab
 from node.keyfile import write_key
+from node.testing.netlab import PUBLIC_IP, NetLab
 from protocol.identity import Identity
 from tests.support.cli import ROOT, run_cli
 from tests.test_node_nat import _need_netlab

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from bench._records import net_manifest, synthetic_record
 from node.peer.peer import open_peer
+from node.testing.records import net_manifest, synthetic_record
 from tests.support.peers import relay_config
 
 pytestmark = pytest.mark.network

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from bench._records import net_manifest
 from node import metrics
 from node.peer.peer import PeerConfig, open_peer
+from node.testing.records import net_manifest
 from protocol.identity import Identity
 
 pytestmark = pytest.mark.network

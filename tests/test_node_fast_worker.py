@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from bench._records import net_manifest, synthetic_record
 from node.peer.peer import PACE_MARGIN, PeerConfig, open_peer
+from node.testing.records import net_manifest, synthetic_record
 from protocol.identity import Identity
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from bench._gossip_peer import PeerProcess
 from node.peer.peer import PACE_MARGIN
+from node.testing.peer_process import PeerProcess
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -32,7 +32,11 @@ async def _spawn(tmp: Path, name: str, *extra: str) -> PeerProcess:
         str(BURST),
     ]
     return await PeerProcess.start(
-        *args, *extra, module="bench._net_peer", stderr_path=str(tmp / f"{name}.log"), timeout=90
+        *args,
+        *extra,
+        module="node.testing.net_peer",
+        stderr_path=str(tmp / f"{name}.log"),
+        timeout=90,
     )
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from bench._records import synthetic_record
 from node.peer.peer import PeerConfig, open_peer
 from node.roles import RoleIO, ValidatorConfig
 from node.roles import validator as validator_role
 from node.run_file import manifest_from_table
+from node.testing.records import synthetic_record
 from protocol.admission import Kind
 from protocol.codec import decode
 from protocol.content_id import content_id

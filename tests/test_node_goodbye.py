@@ -11,8 +11,6 @@ import msgpack
 import pytest
 import trio
 
-from bench._gossip_peer import PeerProcess
-from bench._records import net_manifest
 from node import metrics
 from node.host.goodbye import (
     GOODBYE_PROTOCOL,
@@ -24,6 +22,8 @@ from node.host.goodbye import (
 )
 from node.peer.dropped_by import DroppedBy
 from node.peer.peer import PeerConfig, open_peer
+from node.testing.peer_process import PeerProcess
+from node.testing.records import net_manifest
 from protocol.identity import Identity
 from tests.support.polling import until
 
@@ -197,7 +197,7 @@ async def test_a_peer_process_banned_for_garbage_says_who_refused_it_why_and_unt
             "--max-life",
             "120",
             *extra,
-            module="bench._net_peer",
+            module="node.testing.net_peer",
             stderr_path=str(tmp_path / f"{name}.log"),
             timeout=90,
         )

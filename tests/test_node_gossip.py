@@ -10,7 +10,6 @@ import pytest
 import trio
 import trio.testing
 
-from bench._records import net_manifest, synthetic_record
 from node.exchange import rollouts as rx
 from node.host.host import FrameTooLarge, HostSettings, open_host
 from node.peer.config import SeqCounter
@@ -23,6 +22,7 @@ from node.peer.discovery import (
     exchange_hello,
 )
 from node.peer.gossip import Outbox, run_topics, topic_name
+from node.testing.records import net_manifest, synthetic_record
 from protocol.admission import Kind
 from protocol.envelope import seal
 from protocol.identity import Identity

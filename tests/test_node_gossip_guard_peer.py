@@ -15,10 +15,10 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import encode_uvarint
 
-from bench._records import net_manifest
 from node.host.gossip_guard import ControlLimits
 from node.host.host import HostSettings
 from node.peer.peer import PeerConfig, open_peer
+from node.testing.records import net_manifest
 from protocol import penalties
 from protocol.identity import Identity
 

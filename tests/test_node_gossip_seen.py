@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from bench._records import net_manifest, synthetic_record
 from node.peer.peer import PeerConfig, open_peer
+from node.testing.records import net_manifest, synthetic_record
 from protocol.codec import decode
 from protocol.identity import Identity
 from protocol.wire import RolloutRecord

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from bench._records import net_manifest, synthetic_record
 from node.peer.gossip import topic_name
 from node.peer.peer import open_peer
+from node.testing.records import net_manifest, synthetic_record
 from protocol.codec import decode, encode
 from protocol.wire import HeaderBatch, RolloutRecord
 from tests.support.peers import relay_config

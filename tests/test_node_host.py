@@ -14,7 +14,6 @@ import multiaddr
 import pytest
 import trio
 
-from bench._gossip_peer import PeerProcess
 from node.host.host import (
     MAX_GOSSIP_BYTES,
     FrameTooLarge,
@@ -25,6 +24,7 @@ from node.host.host import (
     PeerEvent,
     open_host,
 )
+from node.testing.peer_process import PeerProcess
 
 pytestmark = pytest.mark.network
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from bench._gossip_peer import PeerProcess
+from node.testing.peer_process import PeerProcess
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -28,7 +28,11 @@ async def _spawn(tmp: Path, name: str, *extra: str, key: str = "") -> PeerProces
     if key:
         args += ["--key", key]
     return await PeerProcess.start(
-        *args, *extra, module="bench._net_peer", stderr_path=str(tmp / f"{name}.log"), timeout=90
+        *args,
+        *extra,
+        module="node.testing.net_peer",
+        stderr_path=str(tmp / f"{name}.log"),
+        timeout=90,
     )
 
 

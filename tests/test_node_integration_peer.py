@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from bench._records import net_manifest, synthetic_record
 from node.peer.peer import open_peer
+from node.testing.records import net_manifest, synthetic_record
 from protocol.admission import Kind
 from protocol.identity import Identity
 from tests.support.peers import relay_config

@@ -1,6 +1,6 @@
 """A worker behind a cone NAT joins a public run with `swarm-node start --role inference
 --join MULTIADDR`, and the run's validator accepts its rollouts: real `swarm-node start`
-processes on an emulated network (`bench._reach_join.FullStack` on `bench._netlab`) -- a
+processes on an emulated network (`node.testing.reach_join.FullStack` on `node.testing.netlab`) -- a
 relay (the bootstrap peer), a trainer and a validator on the public side, the worker
 behind the NAT knowing only the relay's address and the run authority's id.
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bench._netlab import NetLab
-from bench._reach_join import FullStack, read_status
+from node.testing.netlab import NetLab
+from node.testing.reach_join import FullStack, read_status
 from tests.test_node_nat import _need_netlab
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]

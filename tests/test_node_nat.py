@@ -1,6 +1,6 @@
 """Circuit relay v2, AutoNAT and DCUtR (`node.host.relay`, `node.host.reachability`) with
-real peer processes (`bench._nat_peer`): on loopback for the relay's limits, and on an
-emulated network of namespaces behind cone and symmetric NATs (`bench._netlab`).
+real peer processes (`node.testing.nat_peer`): on loopback for the relay's limits, and on an
+emulated network of namespaces behind cone and symmetric NATs (`node.testing.netlab`).
 
 The namespace tests need root, `ip` and `iptables`: they skip with the reason elsewhere,
 and fail in CI (SWARM_CI=1), which installs iptables.
@@ -15,9 +15,9 @@ import multiaddr
 import pytest
 import trio
 
-from bench._nat_peer import start_in
-from bench._netlab import PUBLIC_IP, NetLab, unavailable
 from node.host.host import open_host
+from node.testing.nat_peer import start_in
+from node.testing.netlab import PUBLIC_IP, NetLab, unavailable
 
 IN_CI = os.environ.get("SWARM_CI") == "1"
 
@@ -284,9 +284,9 @@ async def test_a_reservation_is_for_the_connected_peer_and_ends_when_it_leaves()
 async def test_full_nodes_behind_nat_go_private_reserve_on_the_relay_role_deliver_and_meet(
     netlab: NetLab, tmp_path
 ) -> None:
-    """Full peers (`bench._net_peer`: `node.peer.peer.open_peer`): a `relay`-role bootstrap and a
+    """Full peers (`node.testing.net_peer`: `node.peer.peer.open_peer`): a `relay`-role bootstrap and a
     trainer on the public side, workers behind NATs that know only the bootstrap."""
-    from bench._gossip_peer import PeerProcess
+    from node.testing.peer_process import PeerProcess
 
     async def spawn(ns: str, name: str, listen: str, *extra: str) -> PeerProcess:
         import subprocess
@@ -302,7 +302,7 @@ async def test_full_nodes_behind_nat_go_private_reserve_on_the_relay_role_delive
                     ns,
                     sys.executable,
                     "-m",
-                    "bench._net_peer",
+                    "node.testing.net_peer",
                     "--data-dir",
                     str(tmp_path / name),
                     "--listen",

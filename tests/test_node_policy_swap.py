@@ -12,10 +12,10 @@ import pytest
 import torch
 import trio
 
-from bench._records import net_manifest
 from node.peer.peer import PeerConfig, open_peer
 from node.roles.policy_versions import HeldVersions, HotSwap, load_weights
 from node.roles.publisher import perturb
+from node.testing.records import net_manifest
 from node.weights.sync import WeightSettings
 from protocol.identity import Identity
 from tests.support import polling

@@ -8,13 +8,13 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from bench._records import net_manifest
 from node import join
 from node.commands import run_sign
 from node.errors import CommandError
 from node.exchange import runs as run_exchange
 from node.keyfile import write_key
 from node.run_file import load_run_release, manifest_to_toml
+from node.testing.records import net_manifest
 from protocol import run_manifest as rm
 from protocol.identity import Identity
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from bench._records import net_manifest
 from node.peer.peer import open_peer
 from node.peer.run_service import RELEASE_FILE, RunService
+from node.testing.records import net_manifest
 from protocol import run_manifest as rm
 from protocol.identity import Identity
 from tests.support.peers import relay_config

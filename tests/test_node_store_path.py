@@ -10,9 +10,9 @@ import pytest
 import trio
 
 import node.peer.peer as peer_module
-from bench._records import net_manifest, synthetic_record
 from node.host.host import Later
 from node.peer.peer import PeerConfig, open_peer
+from node.testing.records import net_manifest, synthetic_record
 from protocol.admission import Kind
 from protocol.codec import decode
 from protocol.content_id import content_id

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from bench._records import net_manifest, synthetic_record
 from node.host.host import Later
 from node.peer.peer import open_peer
+from node.testing.records import net_manifest, synthetic_record
 from protocol.admission import Kind
 from protocol.codec import decode
 from protocol.content_id import content_id

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from bench._records import net_manifest, synthetic_record
 from node.peer.peer import PeerConfig, open_peer
+from node.testing.records import net_manifest, synthetic_record
 from protocol import body_pull as bp
 from protocol.codec import decode
 from protocol.content_id import content_id

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import trio
 
-from bench._records import net_manifest, synthetic_record
 from node.exchange import shards as shard_exchange
 from node.host.host import PeerUnreachable
 from node.peer.peer import PeerConfig, open_peer
+from node.testing.records import net_manifest, synthetic_record
 from node.weights.store import WeightsError, WeightsStore
 from node.weights.sync import WeightSettings
 from protocol.codec import decode

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.codec import typical_body
 from protocol.codec import decode, encode
 from protocol.envelope import ReplayGuard, open_envelope, seal, signing_bytes
 from protocol.errors import (
@@ -23,6 +22,7 @@ from protocol.fuzz import fuzz_record
 from protocol.identity import Identity, peer_id_from_b58, peer_id_to_b58, verify_signature
 from protocol.rollout import make_record, open_record, read_records, write_records
 from protocol.wire import SIGNED_KINDS, Envelope, PeerHello, RolloutHeader, Verdict
+from swarm_node_bench.codec import typical_body
 from tests.wire_strategies import for_class
 
 ALICE = Identity.from_private_bytes(bytes(range(32)))

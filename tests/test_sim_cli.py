@@ -78,7 +78,7 @@ BROADCAST_KEYS = {"completion_max_s", "lower_bound_s", "lower_bound_ratio", "sta
 
 
 def test_bench_sim_prints_the_issues_keys(monkeypatch):
-    from bench import sim as bench
+    from swarm_node_bench import sim as bench
     from swarm_sim.swarm import Workload
 
     monkeypatch.setattr(bench, "QUICK_WORKLOAD", Workload(peers=20, duration_s=30))
@@ -99,7 +99,7 @@ def test_bench_sim_prints_the_issues_keys(monkeypatch):
 def test_bench_sim_fidelity_reads_the_real_benchs_json(tmp_path):
     import json
 
-    from bench import sim as bench
+    from swarm_node_bench import sim as bench
 
     real = {
         "delivery_ratio": 1.0,

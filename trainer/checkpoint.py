@@ -69,6 +69,7 @@ class TensorEntry:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the tensor's data."""
         return self.end - self.begin
 
     @property
@@ -88,9 +89,11 @@ class Checkpoint:
     tensors: tuple[TensorEntry, ...]
 
     def tensor_bytes(self, entry: TensorEntry) -> bytes:
+        """The raw data bytes of one tensor."""
         return self.data[entry.begin : entry.end]
 
     def by_name(self) -> dict[str, TensorEntry]:
+        """The tensor entries by name."""
         return {t.name: t for t in self.tensors}
 
 
@@ -165,13 +168,6 @@ def canonicalize(data: bytes) -> bytes:
     return canonical_bytes({t.name: (t.dtype, t.shape, ck.tensor_bytes(t)) for t in ck.tensors})
 
 
-def is_canonical(data: bytes) -> bool:
-    try:
-        return canonicalize(data) == bytes(data)
-    except CheckpointError:
-        return False
-
-
 _TORCH_DTYPES = {
     "float32": "F32",
     "float16": "F16",
@@ -194,7 +190,7 @@ def from_state_dict(state: Mapping[str, Any], prefer: Collection[str] = ()) -> b
     layout stays the same), else the one that sorts last (`model.embed_tokens.weight` over
     `lm_head.weight`, as `save_pretrained` writes them); loading restores the tie
     (`node.roles.policy_versions.load_weights`)."""
-    import torch
+    import torch  # deferred: heavy import
 
     out: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
     seen: set[tuple[int, tuple[int, ...], tuple[int, ...], str]] = set()
@@ -220,7 +216,7 @@ def from_state_dict(state: Mapping[str, Any], prefer: Collection[str] = ()) -> b
 
 def to_state_dict(data: bytes) -> dict[str, Any]:
     """Torch tensors of a checkpoint (what `model.load_state_dict` takes)."""
-    from safetensors.torch import load
+    from safetensors.torch import load  # deferred: heavy import
 
     try:
         return load(bytes(data))

@@ -28,7 +28,7 @@ declares and the base tensor's size (no zip bomb gets past it).
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import numpy as np
@@ -84,7 +84,8 @@ def make_patch(base: bytes, target: bytes) -> bytes:
         "target": weights_digest(target),
         "tensors": entries,
     }
-    return msgpack.packb(patch, use_bin_type=True)
+    # packb returns bytes when it is given no stream; pyright reads its fallback's None
+    return cast(bytes, msgpack.packb(patch, use_bin_type=True))
 
 
 def _element_size(dtype: str, nbytes: int, shape: tuple[int, ...]) -> int:

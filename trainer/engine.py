@@ -49,6 +49,7 @@ class SamplingSettings:
 
     @classmethod
     def from_manifest(cls, manifest: Any) -> SamplingSettings:
+        """The sampling settings a run manifest fixes."""
         return cls(
             temperature=float(manifest.temperature),
             top_p=float(manifest.top_p),

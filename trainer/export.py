@@ -103,6 +103,7 @@ def _count(shape: tuple[int, ...]) -> int:
 
 
 def shard_infos(data: bytes, layout: list[tuple[int, int]]) -> tuple[ShardInfo, ...]:
+    """The manifest's shard entries (index, offset, size, digest) of `data` cut as `layout`."""
     return tuple(
         ShardInfo(index=i, offset=off, size=size, digest=content_id(data[off : off + size]))
         for i, (off, size) in enumerate(layout)

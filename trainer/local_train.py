@@ -25,6 +25,9 @@ MAX_QUEUED_GROUPS = 256  # per side; the oldest are dropped first
 
 
 class LocalTrainer:
+    """A peer's own copy of the policy, trained on I own + J foreign groups a round (module
+    docstring)."""
+
     def __init__(self, model: Any, tokenizer: Any, manifest: Any, own: int, foreign: int) -> None:
         if own < 0 or foreign < 0 or own + foreign < 1:
             raise ValueError(
@@ -51,6 +54,7 @@ class LocalTrainer:
         self.rounds = 0
 
     def offer(self, sample: Sample, own: bool) -> None:
+        """Add a re-scored sample; a group that is complete joins its side's queue."""
         group = self._partial.setdefault(sample.group, [])
         group.append(sample)
         if len(group) >= self.group_size:
@@ -59,6 +63,8 @@ class LocalTrainer:
             self._partial.pop(next(iter(self._partial)))
 
     def round(self) -> dict[str, float] | None:
+        """One training step on I own + J foreign groups, oldest first; None while either side lacks
+        groups."""
         mine, theirs = self.queues[True], self.queues[False]
         if len(mine) < self.own or len(theirs) < self.foreign:
             return None

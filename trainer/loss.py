@@ -67,6 +67,7 @@ class LossSettings:
 
     @classmethod
     def from_manifest(cls, manifest: Any) -> LossSettings:
+        """The loss settings a run manifest fixes."""
         return cls(
             advantage=manifest.rl_advantage,
             clip_low=manifest.rl_clip_low,

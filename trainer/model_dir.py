@@ -51,9 +51,9 @@ def check_model_dir(path: str | os.PathLike[str]) -> Path:
 
 def load_model_dir(path: str | os.PathLike[str], dtype: Any = None) -> tuple[Any, Any]:
     """(model, tokenizer) from a directory, model in eval mode on the CPU (float32 default)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    import torch  # deferred: heavy import
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # deferred: heavy import
+    from transformers.utils import logging as hf_logging  # deferred: heavy import
 
     p = check_model_dir(path)
     dtype = dtype or torch.float32
@@ -78,9 +78,10 @@ def load_model_dir(path: str | os.PathLike[str], dtype: Any = None) -> tuple[Any
     finally:
         hf_logging.set_verbosity(verbosity)
     model.eval()
-    if model.get_output_embeddings() is None:
+    head = model.get_output_embeddings()
+    if head is None:
         raise ModelDirError(f"model in {p} has no LM head: not a causal LM")
-    vocab = model.get_output_embeddings().weight.shape[0]
+    vocab = head.weight.shape[0]
     if len(tokenizer) > vocab:
         raise ModelDirError(
             f"tokenizer in {p} has {len(tokenizer)} tokens but the model only {vocab} outputs"
@@ -90,7 +91,7 @@ def load_model_dir(path: str | os.PathLike[str], dtype: Any = None) -> tuple[Any
 
 def save_model_dir(model: Any, tokenizer: Any, path: str | os.PathLike[str]) -> Path:
     """Write an ordinary HF directory (config.json, model.safetensors, tokenizer files)."""
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # deferred: heavy import
 
     hf_logging.disable_progress_bar()
     p = Path(path)

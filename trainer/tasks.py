@@ -123,7 +123,7 @@ _SMALL_SPACES = {"acre": 1_000, "word_ladder": 1_000}
 
 
 def _rg_names() -> frozenset[str]:
-    from reasoning_gym.factory import DATASETS
+    from reasoning_gym.factory import DATASETS  # deferred: heavy import
 
     return frozenset(DATASETS)
 
@@ -215,6 +215,8 @@ def dataset_seed(run_seed: int, name: str) -> int:
 
 @dataclass(frozen=True)
 class Task:
+    """One task of a dataset: its question, reference answer and the dataset's raw entry."""
+
     dataset: str
     task_index: int
     question: str
@@ -223,6 +225,7 @@ class Task:
 
     @property
     def prompt(self) -> str:
+        """The prompt text the policy sees for this task."""
         return render_prompt(self.question)
 
 
@@ -245,6 +248,7 @@ class TaskSet:
         self._lock = threading.Lock()
 
     def dataset(self, name: str) -> Any:
+        """The dataset `name`, built once and cached (thread-safe)."""
         with self._lock:
             ds = self._datasets.get(name)
             if ds is None:
@@ -253,7 +257,7 @@ class TaskSet:
             return ds
 
     def _build(self, name: str) -> Any:
-        import reasoning_gym
+        import reasoning_gym  # deferred: heavy import
 
         source = resolve_dataset(name)
         try:
@@ -271,6 +275,7 @@ class TaskSet:
             ) from None
 
     def task(self, name: str, task_index: int) -> Task:
+        """Task `task_index` of dataset `name`."""
         ds = self.dataset(name)
         try:
             entry = ds[task_index]
@@ -284,9 +289,11 @@ class TaskSet:
         )
 
     def task_for(self, assignment: Assignment) -> Task:
+        """The task an assignment names."""
         return self.task(assignment.dataset, assignment.task_index)
 
     def score(self, task: Task, completion_text: str, log: PartialCreditLog | None = None) -> Score:
+        """Score a completion with the dataset's scorer; partial credit is counted in `log`."""
         s = score_answer(self.dataset(task.dataset), task.entry, completion_text)
         if log is not None:
             log.add(task.dataset, s)
@@ -308,6 +315,8 @@ def extract_answer(text: str) -> str | None:
 
 @dataclass(frozen=True)
 class Score:
+    """What a dataset's scorer made of a completion."""
+
     reward: float  # in [0, 1]
     answer: str | None  # what was extracted (None: no answer tags)
     partial: bool  # 0 < reward < 1
@@ -354,6 +363,7 @@ class PartialCreditLog:
         self.examples: dict[str, list[tuple[str | None, float]]] = {}
 
     def add(self, dataset: str, score: Score) -> None:
+        """Count one score of `dataset`, keeping a few examples of partial credit."""
         self.scored[dataset] = self.scored.get(dataset, 0) + 1
         if score.partial:
             self.partial[dataset] = self.partial.get(dataset, 0) + 1
@@ -364,6 +374,7 @@ class PartialCreditLog:
             self.errors[dataset] = self.errors.get(dataset, 0) + 1
 
     def summary(self) -> dict[str, dict[str, int]]:
+        """Per dataset: scored, partial-credit and error counts."""
         return {
             name: {
                 "scored": n,

@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.engine import SamplingSettings
+from trainer.model_dir import save_model_dir
 from trainer.tasks import Task, TaskSet, render_prompt, render_target
 
 # ----------------------------------------------------------------------------- settings
@@ -84,10 +86,12 @@ def default_data_dir(value: str | os.PathLike[str] | None = None) -> Path:
 
 
 def policy_dir(data_dir: str | os.PathLike[str] | None = None, seed: int = 0) -> Path:
+    """Where the built-in policy of `seed` is built under a data directory."""
     return default_data_dir(data_dir) / "models" / f"tiny-{RECIPE}-seed{seed}"
 
 
 def is_built(path: Path) -> bool:
+    """Whether `path` holds a finished built-in policy (its report and config written)."""
     return (path / "warm_start.json").is_file() and (path / "config.json").is_file()
 
 
@@ -128,8 +132,14 @@ def _task_texts(seed: int, n: int) -> list[str]:
 
 def build_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE) -> Any:
     """A byte-level BPE `PreTrainedTokenizerFast` trained on the built-in task text."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import (  # deferred: heavy import
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        trainers,
+    )
+    from transformers import PreTrainedTokenizerFast  # deferred: heavy import
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -157,8 +167,8 @@ def build_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE) -> Any:
 # -------------------------------------------------------------------------------- model
 def build_model(tokenizer: Any, seed: int = 0, **overrides: Any) -> Any:
     """A freshly initialised Qwen2 causal LM sized for the tokenizer (float32, CPU)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import torch  # deferred: heavy import
+    from transformers import Qwen2Config, Qwen2ForCausalLM  # deferred: heavy import
 
     kw: dict[str, Any] = dict(
         vocab_size=len(tokenizer),
@@ -186,6 +196,9 @@ def build_model(tokenizer: Any, seed: int = 0, **overrides: Any) -> Any:
 # ----------------------------------------------------------------------------- training
 @dataclass
 class WarmStartReport:
+    """What the warm start did and how well the result solves held-out tasks (written as
+    `warm_start.json`)."""
+
     recipe: str
     seed: int
     steps: int
@@ -216,8 +229,6 @@ def solve_rate(
     seed: int = 0,
 ) -> float:
     """Share of `items` (dataset, index) whose completion scores 1.0."""
-    from trainer.engine import SamplingSettings
-
     batch = [tasks.task(n, i) for n, i in items]
     prompts = [tokenizer.encode(t.prompt, add_special_tokens=False) for t in batch]
     settings = SamplingSettings(temperature=temperature, max_new_tokens=max_new_tokens)
@@ -235,7 +246,7 @@ def _batch(
 ) -> tuple[Any, Any]:
     """One batch of fresh tasks, right-padded: `ids` (B, T) and `labels` (B, T), the labels
     -100 (ignored) everywhere but on the completion."""
-    import torch
+    import torch  # deferred: heavy import
 
     picks = torch.randint(0, len(names), (BATCH,), generator=gen).tolist()
     seqs, starts = [], []
@@ -262,7 +273,7 @@ def _lr(step: int, max_steps: int) -> float:
 
 def _loss(model: Any, ids: Any, labels: Any) -> Any:
     """Next-token cross-entropy: position t predicts token t+1, scored where labelled."""
-    import torch
+    import torch  # deferred: heavy import
 
     dev = next(model.parameters()).device
     logits = model(input_ids=ids.to(dev)).logits  # (B, T, V)
@@ -277,7 +288,7 @@ def _final_eval(
     model: Any, tokenizer: Any, tasks: TaskSet, names: list[str], seed: int
 ) -> tuple[float, float]:
     """Sampled and greedy solve rates on `FINAL_EVAL_TASKS` fresh held-out tasks."""
-    from trainer.engine_hf import HFEngine
+    from trainer.engine_hf import HFEngine  # deferred: heavy import
 
     model.eval()
     items = [(names[k % len(names)], EVAL_TASKS + k) for k in range(FINAL_EVAL_TASKS)]
@@ -298,9 +309,9 @@ def warm_start(
     progress: Callable[[str], None] | None = None,
 ) -> WarmStartReport:
     """Supervised warm start in place (see module docstring); returns the report."""
-    import torch
+    import torch  # deferred: heavy import
 
-    from trainer.engine_hf import HFEngine, torch_threads
+    from trainer.engine_hf import HFEngine, torch_threads  # deferred: heavy import
 
     say = progress or (lambda _m: None)
     max_steps = MAX_STEPS if max_steps is None else max_steps
@@ -374,8 +385,6 @@ def ensure_policy(
     progress: Callable[[str], None] | None = None,
 ) -> tuple[Path, dict[str, Any], bool]:
     """(model directory, warm-start report, built_now). Builds it if not cached."""
-    from trainer.model_dir import save_model_dir
-
     say = progress or (lambda _m: None)
     out = policy_dir(data_dir, seed)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ Model work here is synchronous; callers on a trio loop run it in a thread.
 from __future__ import annotations
 
 import os
+import resource
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -114,6 +115,7 @@ class Trainer:
 
     @classmethod
     def from_manifest(cls, model: Any, tokenizer: Any, manifest: Any, **kwargs: Any) -> Trainer:
+        """A trainer with the group size, staleness bound and loss settings of a run manifest."""
         kwargs.setdefault("max_staleness", manifest.max_staleness)
         return cls(
             model,
@@ -244,6 +246,7 @@ class Trainer:
         self.published.append(self.version)
 
     def save_checkpoint(self) -> None:
+        """Write the model and optimizer state to `ckpt_dir` (nothing without one)."""
         if self.ckpt_dir is None:
             return
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -289,6 +292,4 @@ class Trainer:
 
 def rss_mb() -> float:
     """This process's peak resident set size in MiB (Linux reports KiB)."""
-    import resource
-
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

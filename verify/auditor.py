@@ -34,6 +34,7 @@ pass per generated token; the bench measures the ratio (`verify_speedup`).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -64,6 +65,9 @@ class TaskJudgement:
 
 @dataclass(frozen=True, slots=True)
 class AuditSettings:
+    """How a run's records are audited: proof shape, the workers' precision and each regime's
+    limits."""
+
     chunk: int = toploc.CHUNK
     topk: int = toploc.TOPK
     precision: str = "fp32"  # the workers' compute precision (the run's); the only regime judged
@@ -91,6 +95,8 @@ def settings_for_run(run: Any) -> AuditSettings:
 
 @dataclass(frozen=True, slots=True)
 class AuditResult:
+    """The verdict on one record: passed or the first failing reason, every failure, the metrics."""
+
     passed: bool
     reason: str  # "ok" or the first failing check's reason
     detail: str
@@ -141,6 +147,7 @@ def eos_token_ids(model: Any) -> frozenset[int]:
 
 
 def vocab_size(model: Any) -> int:
+    """Rows of the model's output embedding (its logits' width)."""
     return int(model.get_output_embeddings().weight.shape[0])
 
 
@@ -176,7 +183,7 @@ def cheap_checks(
     ids = list(body.prompt_ids) + list(body.completion_ids)
     if len(ids) > settings.max_record_tokens:
         return [
-            checks._fail(
+            checks.check_failed(
                 "structure",
                 "too-large",
                 f"{len(ids)} tokens > the audit's limit of {settings.max_record_tokens} per record",
@@ -184,7 +191,7 @@ def cheap_checks(
         ]
     if max(ids) >= vocab:
         return [
-            checks._fail(
+            checks.check_failed(
                 "structure", "malformed", f"token id {max(ids)} outside the vocabulary of {vocab}"
             )
         ]
@@ -197,9 +204,9 @@ def cheap_checks(
     )
     if judgement is not None:
         if judgement.problem is not None:
-            out.append(checks._fail("task", "task-mismatch", judgement.problem))
+            out.append(checks.check_failed("task", "task-mismatch", judgement.problem))
         else:
-            out.append(checks._ok("task"))
+            out.append(checks.check_ok("task"))
         if judgement.reward is not None and claimed_reward is not None:
             out.append(checks.check_reward(claimed_reward, judgement.reward, settings.thresholds))
     return out
@@ -326,7 +333,7 @@ def _model_checks(
         for r in res:
             merged.update(r.metrics)
         res.append(checks.check_drift(merged, th))
-        res.append(checks._ok("precision", {"audit_precision_bits": bits}))
+        res.append(checks.check_ok("precision", {"audit_precision_bits": bits}))
         late[i] = res
     return late
 
@@ -343,7 +350,6 @@ def at_precision(model: Any, precision: str) -> Any:
         raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISION_DTYPES)}")
     if next(model.parameters()).dtype == dtype:
         return model
-    import copy
 
     hit = _CONVERTED.get(id(model))
     if hit is not None and hit[0] is model and hit[1] == precision:

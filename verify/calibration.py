@@ -39,6 +39,8 @@ class CalibrationError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
+    """A decoded calibration file: limits per precision, the data behind them, its digest."""
+
     regimes: dict[str, Thresholds]
     measured: dict[str, Any]
     model: str
@@ -59,6 +61,7 @@ def encode_calibration(
 
 
 def calibration_digest(data: bytes) -> bytes:
+    """The content id of a calibration file's bytes (what a run manifest pins)."""
     return content_id(data)
 
 

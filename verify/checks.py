@@ -42,6 +42,8 @@ from verify.thresholds import THRESHOLDS, Thresholds
 
 @dataclass(frozen=True, slots=True)
 class CheckResult:
+    """One check's outcome: its name, pass or fail with a reason code, metrics and a detail line."""
+
     name: str
     passed: bool
     reason: str  # "ok" when passed
@@ -49,13 +51,15 @@ class CheckResult:
     detail: str = ""
 
 
-def _ok(name: str, metrics: dict[str, float] | None = None) -> CheckResult:
+def check_ok(name: str, metrics: dict[str, float] | None = None) -> CheckResult:
+    """A passed check named `name`."""
     return CheckResult(name, True, "ok", metrics or {})
 
 
-def _fail(
+def check_failed(
     name: str, reason: str, detail: str, metrics: dict[str, float] | None = None
 ) -> CheckResult:
+    """A failed check named `name`, with its reason code and a one-line detail."""
     return CheckResult(name, False, reason, metrics or {}, detail)
 
 
@@ -66,28 +70,32 @@ def check_structure(body: Any) -> CheckResult:
     """Token counts, one log-prob per token, finite log-probs, usable sampling settings."""
     n = len(body.completion_ids)
     if n == 0:
-        return _fail("structure", "malformed", "empty completion")
+        return check_failed("structure", "malformed", "empty completion")
     if len(body.prompt_ids) == 0:
-        return _fail("structure", "malformed", "empty prompt")
+        return check_failed("structure", "malformed", "empty prompt")
     if len(body.logprobs) != n:
-        return _fail("structure", "malformed", f"{len(body.logprobs)} log-probs for {n} tokens")
+        return check_failed(
+            "structure", "malformed", f"{len(body.logprobs)} log-probs for {n} tokens"
+        )
     if not all(math.isfinite(x) for x in body.logprobs):
-        return _fail("structure", "malformed", "non-finite log-prob")
+        return check_failed("structure", "malformed", "non-finite log-prob")
     if not (0.0 < body.top_p <= 1.0) or not (body.temperature >= 0.0):
-        return _fail("structure", "malformed", "unusable sampling settings")
-    return _ok("structure", {"n_completion": float(n)})
+        return check_failed("structure", "malformed", "unusable sampling settings")
+    return check_ok("structure", {"n_completion": float(n)})
 
 
 def check_settings(body: Any, expected: Any | None) -> CheckResult:
     """The body's sampling settings equal the run's (a `RunManifest` or anything with the
     same four attributes); `expected=None` skips."""
     if expected is None:
-        return _ok("settings")
+        return check_ok("settings")
     for name in ("temperature", "top_p", "top_k", "max_new_tokens"):
         got, want = getattr(body, name), getattr(expected, name)
         if got != want:
-            return _fail("settings", "malformed", f"{name} {got!r} differs from the run's {want!r}")
-    return _ok("settings")
+            return check_failed(
+                "settings", "malformed", f"{name} {got!r} differs from the run's {want!r}"
+            )
+    return check_ok("settings")
 
 
 # ------------------------------------------------------------------ proofs
@@ -100,15 +108,17 @@ def check_proof_format(
     failure, never a pass."""
     want = toploc.n_chunks(n_tokens, chunk)
     if len(proofs) != want:
-        return _fail("proof-format", "proof-missing", f"{len(proofs)} proofs for {want} chunks")
+        return check_failed(
+            "proof-format", "proof-missing", f"{len(proofs)} proofs for {want} chunks"
+        )
     for i, p in enumerate(proofs):
         if isinstance(p, bytes | bytearray) and toploc.is_null_proof(p):
-            return _fail("proof-format", "proof-null", f"proof {i} is all zeros")
+            return check_failed("proof-format", "proof-null", f"proof {i} is all zeros")
         try:
             toploc.parse_proof(p, topk)
         except toploc.ProofFormatError as exc:
-            return _fail("proof-format", "proof-malformed", f"proof {i}: {exc}")
-    return _ok("proof-format")
+            return check_failed("proof-format", "proof-malformed", f"proof {i}: {exc}")
+    return check_ok("proof-format")
 
 
 # A top-k point whose exponent matches but whose 7-bit mantissa is off by more than this
@@ -117,10 +127,8 @@ def check_proof_format(
 # evaluates to a random 16-bit pattern whose exponent happened to match (1 in 256).
 # TOPLOC averages such a point into the mantissa error (it adds up to 127/128 to a chunk's
 # mean); we count it as a mismatch instead, like a differing exponent, so that one stray
-# point cannot dominate the mean. Measured (bench verify --hidden 192, bf16 worker judged
-# by a bf16 prefill, 400 rollouts): honest rounding errors reach 8 units at most, the 4
-# rollouts with mean > 0.8 each owe it to one point off by 76-109 units; int8 workers'
-# errors reach 16 at the p99 (see verify.thresholds.CALIBRATION).
+# point cannot dominate the mean. The limit sits above honest rounding errors and at the
+# reach of int8 workers' errors (docs/CALIBRATION.md, "far points").
 FAR_MANT_ERR = 16
 
 
@@ -137,10 +145,12 @@ class ProofChunk:
 
     @property
     def mismatches(self) -> int:
+        """Points counted as mismatches: differing exponents plus far points."""
         return self.exp_mismatches + self.far_points
 
     @property
     def near_points(self) -> int:
+        """Points whose mantissa error is measured (the rest)."""
         return self.points - self.mismatches
 
 
@@ -199,9 +209,9 @@ def check_proofs(
     try:
         chunks = proof_chunks_many([hidden], [list(proofs)], chunk, topk)[0]
     except toploc.ProofFormatError as exc:
-        return [_fail("proof", "proof-malformed", str(exc))]
+        return [check_failed("proof", "proof-malformed", str(exc))]
     except ValueError as exc:  # non-finite recomputed activations: the verifier's problem
-        return [_fail("proof", "proof-mismatch", f"recomputed activations unusable: {exc}")]
+        return [check_failed("proof", "proof-mismatch", f"recomputed activations unusable: {exc}")]
     return judge_proof_chunks(chunks, th)
 
 
@@ -241,7 +251,7 @@ def judge_proof_chunks(
     out = []
     if exp_frac > th.proof_exp_mismatch_frac:
         out.append(
-            _fail(
+            check_failed(
                 "proof",
                 "proof-mismatch",
                 f"exponent mismatches {exp_frac:.3f} of top-k in a chunk",
@@ -250,7 +260,7 @@ def judge_proof_chunks(
         )
     elif mean > th.proof_mant_mean or median > th.proof_mant_median:
         out.append(
-            _fail(
+            check_failed(
                 "proof",
                 "proof-mismatch",
                 f"mantissa error mean {mean:.2f} median {median:.1f} in a chunk",
@@ -259,7 +269,7 @@ def judge_proof_chunks(
         )
     elif exp_all > th.proof_exp_mismatch_frac_all or mean_all > th.proof_mant_mean_all:
         out.append(
-            _fail(
+            check_failed(
                 "proof",
                 "proof-mismatch",
                 f"rollout exponent mismatches {exp_all:.3f}, mantissa error mean {mean_all:.3f}",
@@ -267,13 +277,15 @@ def judge_proof_chunks(
             )
         )
     else:
-        out.append(_ok("proof", metrics))
+        out.append(check_ok("proof", metrics))
     if sign > th.proof_sign_mismatches:
         out.append(
-            _fail("proof-sign", "proof-sign", f"{sign} top-k values with flipped sign", metrics)
+            check_failed(
+                "proof-sign", "proof-sign", f"{sign} top-k values with flipped sign", metrics
+            )
         )
     else:
-        out.append(_ok("proof-sign"))
+        out.append(check_ok("proof-sign"))
     return out
 
 
@@ -289,7 +301,7 @@ def check_termination(body: Any, eos_token_ids: Collection[int]) -> CheckResult:
     first_eos = next((i for i, t in enumerate(ids) if t in eos), None)
     metrics = {"n_completion": float(n), "max_new_tokens": float(body.max_new_tokens)}
     if n > body.max_new_tokens:
-        return _fail(
+        return check_failed(
             "termination",
             "termination",
             f"{n} tokens > max_new_tokens {body.max_new_tokens}",
@@ -297,31 +309,31 @@ def check_termination(body: Any, eos_token_ids: Collection[int]) -> CheckResult:
         )
     if body.finish_reason == "eos":
         if first_eos is None:
-            return _fail(
+            return check_failed(
                 "termination", "termination", "finish_reason eos without an EOS token", metrics
             )
         if first_eos != n - 1:
-            return _fail(
+            return check_failed(
                 "termination", "termination", f"tokens continue after EOS at {first_eos}", metrics
             )
-        return _ok("termination", metrics)
+        return check_ok("termination", metrics)
     if body.finish_reason == "length":
         if first_eos is not None:
-            return _fail(
+            return check_failed(
                 "termination",
                 "termination",
                 f"EOS at {first_eos} but finish_reason length",
                 metrics,
             )
         if n != body.max_new_tokens:
-            return _fail(
+            return check_failed(
                 "termination",
                 "termination",
                 f"stopped at {n} of {body.max_new_tokens} tokens without EOS",
                 metrics,
             )
-        return _ok("termination", metrics)
-    return _fail(
+        return check_ok("termination", metrics)
+    return check_failed(
         "termination", "termination", f"unknown finish_reason {body.finish_reason!r}", metrics
     )
 
@@ -443,14 +455,14 @@ def check_sampling(rep: Replay, th: Thresholds = THRESHOLDS) -> CheckResult:
     over = np.flatnonzero(m > th.sampling_margin)
     if over.size:
         i = int(over[0])
-        return _fail(
+        return check_failed(
             "sampling", "sampling-replay", f"token {i} loses by {m[i]:.4g} logits", metrics
         )
     if mismatched.sum() > th.sampling_near_ties_max:
-        return _fail(
+        return check_failed(
             "sampling", "sampling-replay", f"{int(mismatched.sum())} near-tie tokens", metrics
         )
-    return _ok("sampling", metrics)
+    return check_ok("sampling", metrics)
 
 
 def check_logprobs(
@@ -467,13 +479,13 @@ def check_logprobs(
         "logprob_err_mean": mean if math.isfinite(mean) else 1e30,
     }
     if worst > th.logprob_err_max or mean > th.logprob_err_mean:
-        return _fail(
+        return check_failed(
             "logprobs",
             "logprob-mismatch",
             f"log-prob error max {worst:.3g} mean {mean:.3g}",
             metrics,
         )
-    return _ok("logprobs", metrics)
+    return check_ok("logprobs", metrics)
 
 
 def check_drift(metrics: dict[str, float], th: Thresholds = THRESHOLDS) -> CheckResult:
@@ -490,22 +502,23 @@ def check_drift(metrics: dict[str, float], th: Thresholds = THRESHOLDS) -> Check
     lp = metrics.get("logprob_err_mean")
     mant = metrics.get("proof_mant_mean_all")
     if lp is None or mant is None:
-        return _ok("drift")
+        return check_ok("drift")
     drift = lp + th.drift_proof_weight * mant
     m = {"drift": drift}
     if not drift <= th.drift:
-        return _fail("drift", "model-drift", f"drift {drift:.5f} > {th.drift}", m)
-    return _ok("drift", m)
+        return check_failed("drift", "model-drift", f"drift {drift:.5f} > {th.drift}", m)
+    return check_ok("drift", m)
 
 
 # ------------------------------------------------------------------ task and reward
 
 
 def check_reward(claimed: float, rescored: float, th: Thresholds = THRESHOLDS) -> CheckResult:
+    """The claimed reward against the re-scored one, within `th.reward_tolerance`."""
     err = abs(float(claimed) - float(rescored))
     metrics = {"reward_claimed": float(claimed), "reward_rescored": float(rescored)}
     if not err <= th.reward_tolerance:
-        return _fail(
+        return check_failed(
             "reward", "reward-mismatch", f"claimed {claimed} but re-scored {rescored}", metrics
         )
-    return _ok("reward", metrics)
+    return check_ok("reward", metrics)

@@ -11,6 +11,7 @@ It never loads a model and never judges anything (`verify.auditor` does).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,8 +99,6 @@ def prefill(
 
 
 def _cache_kwarg(model: Any) -> str:
-    import inspect
-
     params = inspect.signature(model.base_model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
@@ -173,7 +172,7 @@ def _tree_pass(
 ) -> dict[int, torch.Tensor]:
     """Pass 2 of `prefill_shared` for one batch of (prompt, tree row): per sequence, the
     hidden states of its completion tokens but the last [n - 1, H]."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # deferred: heavy import
 
     lp, lc = max(prompt_lens), max(len(r.tokens) for _, r in items)
     ids = np.zeros((len(items), lc), dtype=np.int64)
@@ -270,7 +269,7 @@ def _prefill_prompts(
     """Pass 1 of `prefill_shared`: per layer, the keys and values of every prompt
     [prompts, heads, longest prompt, head dim] (zero past each prompt's end), and the
     hidden state of each prompt's last token [prompts, H]."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # deferred: heavy import
 
     longest = max(len(p) for p in prompts)
     keys: list[torch.Tensor] = []
@@ -285,13 +284,16 @@ def _prefill_prompts(
         mask = torch.arange(width, device=device)[None, :] < lens[:, None]
         cache = DynamicCache()
         out = base(input_ids=ids, attention_mask=mask.long(), use_cache=True, **{cache_kw: cache})
-        h = out.last_hidden_state
+        h: torch.Tensor = out.last_hidden_state
         if last_rows is None:
             last_rows = h.new_zeros((len(prompts), h.shape[-1]))
+        rows = last_rows
         where = torch.tensor(batch, device=device)
-        last_rows[where] = h[torch.arange(len(batch), device=device), lens - 1]
+        rows[where] = h[torch.arange(len(batch), device=device), lens - 1]
         real = mask[:, None, :, None]
-        for layer, kv in enumerate(cache.layers):
+        # the layers of a DynamicCache after a forward pass hold key and value tensors
+        layers: list[Any] = list(cache.layers)
+        for layer, kv in enumerate(layers):
             if layer == len(keys):
                 shape = (len(prompts), kv.keys.shape[1], longest, kv.keys.shape[3])
                 keys.append(kv.keys.new_zeros(shape))

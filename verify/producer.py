@@ -12,7 +12,7 @@ over it (`protocol.producer_cases.window_failed`), so a worker that changes only
 minority of each window is caught as well (the median would stay honest).
 
 How much of a window must be changed to be caught, on the built-in policy with a slightly
-changed model, is in docs/BENCHMARKS.md (`python -m bench._window_statistic`). In bf16 the
+changed model, is in docs/BENCHMARKS.md (`python -m swarm_node_bench.parts.window_statistic`). In bf16 the
 rule is blind to small changes: a worker's own rounding is as large as the change.
 
 What lives here, pure (no model, no IO): `ProducerTally` collects, per producer, the

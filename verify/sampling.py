@@ -107,7 +107,7 @@ def _check_seed(seed: int) -> int:
     return seed
 
 
-def seed_array(seeds: Sequence[int]) -> np.ndarray:
+def seed_array(seeds: Sequence[int] | np.ndarray) -> np.ndarray:
     """Sampling seeds as a numpy uint64 array, each checked to be an unsigned 64-bit int."""
     return np.array([_check_seed(s) for s in seeds], dtype=np.uint64)
 
@@ -136,7 +136,7 @@ def gumbel_noise(seed: int, step: int, vocab_size: int) -> np.ndarray:
 
 
 def gumbel_noise_batch(
-    seeds: Sequence[int], steps: Sequence[int] | int, vocab_size: int
+    seeds: Sequence[int] | np.ndarray, steps: Sequence[int] | np.ndarray | int, vocab_size: int
 ) -> np.ndarray:
     """Gumbel noise, float32 [B, vocab_size]; row b uses (seeds[b], steps[b]). Seeds may
     be a numpy uint64 array and steps a numpy integer array (checked as a whole)."""
@@ -172,7 +172,7 @@ CACHE_SLICE_VALUES = 131_072
 
 
 def _philox_np(
-    c0: np.ndarray, c1: np.ndarray, k0: np.ndarray, k1: np.ndarray
+    c0: np.ndarray, c1_in: np.ndarray, k0: np.ndarray, k1: np.ndarray
 ) -> tuple[np.ndarray, ...]:
     """`_philox_core` for numpy uint64 arrays holding uint32 values, with counter words
     (c0, c1, 0, DOMAIN), c0 the block index [1, blocks] and c1, k0, k1 per row [rows, 1]:
@@ -182,8 +182,8 @@ def _philox_np(
     m0, m1, w0, w1 = (np.uint64(x) for x in (_PHILOX_M0, _PHILOX_M1, _PHILOX_W0, _PHILOX_W1))
     m32, s32 = np.uint64(_M32), np.uint64(32)
     p0 = c0 * m0
-    c0, c2, c3 = c1 ^ k0, (p0 >> s32) ^ np.uint64(DOMAIN) ^ k1, p0 & m32  # round 0; its c1 is 0
-    c1 = None
+    c0, c2, c3 = c1_in ^ k0, (p0 >> s32) ^ np.uint64(DOMAIN) ^ k1, p0 & m32  # round 0; its c1 is 0
+    c1: np.ndarray | None = None
     for _ in range(9):
         k0 = (k0 + w0) & m32
         k1 = (k1 + w1) & m32
@@ -199,7 +199,8 @@ def _philox_np(
         hi0 ^= k1
         p0 &= m32
         c0, c1, c2, c3 = hi1, p1, hi0, p0
-    return c0, c1, c2, c3  # type: ignore[return-value]
+    assert c1 is not None  # set by every round after the first
+    return c0, c1, c2, c3
 
 
 def _words_np(lo: np.ndarray, hi: np.ndarray, steps: np.ndarray, vocab_size: int) -> np.ndarray:
@@ -217,16 +218,16 @@ def gumbel_noise_torch(
     seeds: Sequence[int], steps: Sequence[int], vocab_size: int, device: Any = "cpu"
 ):
     """The same noise as `gumbel_noise_batch`, as a float32 torch tensor on `device`."""
-    import torch
+    import torch  # deferred: heavy import
 
     seed_list = [_check_seed(s) for s in seeds]
     step_list = [_check_step(s) for s in steps]
     n_blocks = (vocab_size + 3) // 4
-    i64 = dict(dtype=torch.int64, device=device)
-    blocks = torch.arange(n_blocks, **i64)[None, :]
-    lo = torch.tensor([x & _M32 for x in seed_list], **i64)[:, None]
-    hi = torch.tensor([x >> 32 for x in seed_list], **i64)[:, None]
-    st = torch.tensor(step_list, **i64)[:, None]
+    i64 = torch.int64
+    blocks = torch.arange(n_blocks, dtype=i64, device=device)[None, :]
+    lo = torch.tensor([x & _M32 for x in seed_list], dtype=i64, device=device)[:, None]
+    hi = torch.tensor([x >> 32 for x in seed_list], dtype=i64, device=device)[:, None]
+    st = torch.tensor(step_list, dtype=i64, device=device)[:, None]
     zeros = torch.zeros_like(blocks)
     dom = torch.full_like(blocks, DOMAIN)
     w = _philox_core(blocks, st + zeros, zeros, dom, lo, hi)
@@ -284,8 +285,8 @@ def perturbed_scores(
     temperature: float,
     top_p: float,
     top_k: int,
-    seeds: Sequence[int],
-    steps: Sequence[int],
+    seeds: Sequence[int] | np.ndarray,
+    steps: Sequence[int] | np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(scores, z) for logits [B, V]: scores = z + gumbel with filtered entries at -inf.
 

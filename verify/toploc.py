@@ -10,8 +10,8 @@ The scheme, step by step (one proof per chunk of `chunk` = 32 generated tokens):
    and flatten them row-major: position `i*H + j` is token i, feature j.
 2. Select the k = `topk` = 128 positions of largest |value| with `torch.topk` on the
    absolute values, exactly as the reference does. Exact ties at the k-th place are broken
-   by torch's CPU top-k kernel (not "lowest index first": we measured that it is not); we
-   use the same kernel so our bytes equal the reference's. A verifier that breaks a tie the
+   by torch's CPU top-k kernel (not "lowest index first"); the same kernel is used here so
+   the bytes equal the reference's. A verifier that breaks a tie the
    other way sees one or two unexpected indices, which costs that many exponent mismatches
    and stays far inside the thresholds.
 3. Each selected value becomes its bf16 bit pattern (0..65535) read as an integer mod
@@ -93,6 +93,7 @@ class ChunkResult:
     points: int
 
     def as_tuple(self) -> tuple[int, float, float]:
+        """The reference's (exp mismatches, mantissa mean, mantissa median)."""
         return (self.exp_mismatches, self.mant_err_mean, self.mant_err_median)
 
 
@@ -102,6 +103,8 @@ def proof_size(topk: int = TOPK) -> int:
 
 
 def n_chunks(n_tokens: int, chunk: int = CHUNK) -> int:
+    """Proof chunks of `chunk` tokens that `n_tokens` generated tokens make (the last may be
+    short)."""
     return (n_tokens + chunk - 1) // chunk
 
 
@@ -157,7 +160,7 @@ def interpolate(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
 
     The arithmetic is uint32: every operand is below p < 2^16, so a product plus one more
     operand stays below 2^32 ((p-1)^2 + (p-1) < 2^32), and 32-bit remainders cost half as
-    much as 64-bit ones (profiled: this function was ~90 % of proof building)."""
+    much as 64-bit ones; this function dominates the cost of proof building."""
     p = np.uint32(P)
     xs = (np.asarray(xs, dtype=np.int64) % P).astype(np.uint32)
     dd = (np.asarray(ys, dtype=np.int64) % P).astype(np.uint32)  # [C, n]
@@ -266,7 +269,7 @@ def build_proofs_bytes_many(
     # Top-k per group of equally shaped chunks; then one modulus search and one
     # interpolation per point count n for all chunks (usually every chunk has n = topk
     # points whatever its length): the O(n^2) interpolation loop runs once per batch, not
-    # once per distinct chunk length (profiled: it was ~75 % of proof building).
+    # once per distinct chunk length (it dominates the cost of proof building).
     by_n: dict[int, list[tuple[list[tuple[int, int]], np.ndarray, np.ndarray]]] = {}
     for (rows, h), items in _grouped_chunks(xs, chunk).items():
         pos, bits, n = _select(xs, items, rows, h, chunk, topk)

@@ -17,7 +17,7 @@ import click
 from node.cli_errors import one_line_errors
 from node.errors import CommandError
 
-BENCH_PACKAGE = "bench"
+BENCH_PACKAGE = "swarm_node_bench"
 
 
 def available() -> list[str]:

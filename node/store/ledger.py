@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from node.store.schema import (
-    _LEDGER_COLS,
+    LEDGER_COLS,
     LedgerEntry,
-    _check_peer,
-    _check_time,
+    check_peer,
+    check_time,
 )
 from protocol.admission import Reject
 from protocol.peer_score import PeerId, PeerRecord
@@ -32,12 +32,13 @@ class LedgerStore:
 
     @staticmethod
     def _peer_params(r: PeerRecord) -> tuple:
-        _check_peer(r.peer)
+        check_peer(r.peer)
         for name in ("score", "updated_at", "banned_until"):
-            _check_time(getattr(r, name), name)
+            check_time(getattr(r, name), name)
         return (r.peer, float(r.score), float(r.updated_at), float(r.banned_until), int(r.offences))
 
     def save_peer(self, record: PeerRecord) -> None:
+        """Insert or replace one peer record."""
         self.save_peers([record])
 
     def save_peers(self, records: Iterable[PeerRecord]) -> None:
@@ -53,6 +54,7 @@ class LedgerStore:
             )
 
     def load_peers(self) -> list[PeerRecord]:
+        """Every stored peer record."""
         with self._read() as c:
             rows = c.execute(
                 "SELECT peer, score, updated_at, banned_until, offences FROM peers"
@@ -60,6 +62,7 @@ class LedgerStore:
         return [PeerRecord(*r) for r in rows]
 
     def active_bans(self, now: float) -> list[PeerRecord]:
+        """Peer records banned past `now`, soonest to end first."""
         with self._read() as c:
             rows = c.execute(
                 "SELECT peer, score, updated_at, banned_until, offences FROM peers "
@@ -77,8 +80,8 @@ class LedgerStore:
         if e.outcome not in ("produced", "accepted", "rejected"):
             raise ValueError(f"ledger outcome {e.outcome!r} unknown")
         if e.peer is not None:
-            _check_peer(e.peer)
-        _check_time(e.at, "at")
+            check_peer(e.peer)
+        check_time(e.at, "at")
         reason = None if e.reason is None else str(e.reason)
         return (
             float(e.at),
@@ -92,9 +95,11 @@ class LedgerStore:
         )
 
     def log(self, entry: LedgerEntry) -> None:
+        """Append one ledger line."""
         self.log_many([entry])
 
     def log_many(self, entries: Iterable[LedgerEntry]) -> None:
+        """Append ledger lines in one transaction."""
         params = [self._ledger_params(e) for e in entries]
         with self._write() as c:
             self._insert_ledger(c, params)
@@ -132,7 +137,7 @@ class LedgerStore:
         if since is not None:
             where.append("at>=?")
             args.append(float(since))
-        sql = f"SELECT {_LEDGER_COLS} FROM ledger"
+        sql = f"SELECT {LEDGER_COLS} FROM ledger"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += f" ORDER BY seq {'DESC' if newest else ''} LIMIT ?"
@@ -230,7 +235,7 @@ class LedgerStore:
     def mark_delivered(self, ids: Iterable[bytes], peer: PeerId, at: float) -> int:
         """Record that `peer` (a trainer) holds these rollouts of ours; returns how many
         were not known as delivered before."""
-        _check_peer(peer)
+        check_peer(peer)
         with self._write() as c:
             n = 0
             for rid in ids:

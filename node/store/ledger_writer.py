@@ -22,20 +22,25 @@ BATCH = 256
 
 
 class LedgerWriter:
+    """Queues charges and makes them durable, scores before ledger lines (module docstring)."""
+
     def __init__(self, store: Store, scores: PeerScores, queue: int) -> None:
         self.store, self.scores = store, scores
         self._send, self._recv = trio.open_memory_channel[tuple[Reject | Penalized, float]](queue)
 
     def put(self, charge: Reject | Penalized) -> None:
+        """Queue a charge's ledger line; dropped when the queue is full."""
         with contextlib.suppress(trio.WouldBlock):
             self._send.send_nowait((charge, time.time()))
 
     async def save_scores(self) -> None:
+        """Save a snapshot of the score table (a store error is skipped)."""
         snapshot = self.scores.snapshot(time.time())
         with contextlib.suppress(StoreError):
             await trio.to_thread.run_sync(self.store.save_peers, snapshot)
 
     async def run(self) -> None:
+        """Forever: take a batch of charges, save the scores, then log their lines."""
         while True:
             batch = await receive_batch(self._recv, BATCH)
             await self.save_scores()

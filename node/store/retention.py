@@ -34,6 +34,8 @@ _OWN_PENDING = "(source_peer IS NULL AND rollout_id NOT IN (SELECT rollout_id FR
 
 @dataclass(frozen=True, slots=True)
 class RetentionReport:
+    """What one retention run removed, and the store's size before and after."""
+
     rollouts_deleted: int = 0
     verdicts_deleted: int = 0
     ledger_compacted: int = 0
@@ -43,6 +45,7 @@ class RetentionReport:
 
     @property
     def changed(self) -> bool:
+        """Whether anything was removed."""
         return bool(self.rollouts_deleted or self.verdicts_deleted or self.ledger_compacted)
 
 

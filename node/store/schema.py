@@ -14,7 +14,6 @@ from node.errors import CommandError
 from protocol.admission import Admitted
 from protocol.peer_score import PeerId
 
-DB_FILENAME = "node.sqlite3"
 APPLICATION_ID = 0x53574E44  # "SWND" in the SQLite header: this file is ours
 SCHEMA_VERSION = 4
 
@@ -100,6 +99,8 @@ class StoreError(CommandError):
 
 @dataclass(frozen=True, slots=True)
 class RolloutRow:
+    """A stored rollout: its signed header envelope and, once pulled, its body."""
+
     rollout_id: bytes
     run_id: str
     producer: PeerId
@@ -112,6 +113,8 @@ class RolloutRow:
 
 @dataclass(frozen=True, slots=True)
 class VerdictRow:
+    """A stored verdict on a rollout, with its signed envelope."""
+
     verdict_id: bytes
     rollout_id: bytes
     validator: PeerId
@@ -142,29 +145,33 @@ class LedgerEntry:
     seq: int | None = None  # set when read back
 
 
-_ROLLOUT_COLS = (
+ROLLOUT_COLS = (
     "rollout_id, run_id, producer, policy_version, header, body, received_at, source_peer"
 )
-_VERDICT_COLS = "verdict_id, rollout_id, validator, accepted, envelope, received_at, reason"
-_LEDGER_COLS = "at, direction, outcome, kind, item_id, peer, reason, detail, seq"
+VERDICT_COLS = "verdict_id, rollout_id, validator, accepted, envelope, received_at, reason"
+LEDGER_COLS = "at, direction, outcome, kind, item_id, peer, reason, detail, seq"
 
 
-def _rollout(row: tuple) -> RolloutRow:
+def rollout_from_row(row: tuple) -> RolloutRow:
+    """A `RolloutRow` from a row selected with `ROLLOUT_COLS`."""
     return RolloutRow(*row)
 
 
-def _verdict(row: tuple) -> VerdictRow:
+def verdict_from_row(row: tuple) -> VerdictRow:
+    """A `VerdictRow` from a row selected with `VERDICT_COLS`."""
     v = list(row)
     v[3] = bool(v[3])
     return VerdictRow(*v)
 
 
-def _check_peer(peer: object, what: str = "peer id") -> None:
+def check_peer(peer: object, what: str = "peer id") -> None:
+    """Raise TypeError unless `peer` is a peer id (bytes or str)."""
     if not isinstance(peer, bytes | str):
         raise TypeError(f"{what} must be bytes or str, not {type(peer).__name__}")
 
 
-def _check_time(t: float, what: str = "time") -> None:
+def check_time(t: float, what: str = "time") -> None:
+    """Raise ValueError unless `t` is a finite number of seconds."""
     if not isinstance(t, int | float) or not math.isfinite(t):
         raise ValueError(f"{what} must be a finite number of seconds")
 

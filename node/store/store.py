@@ -10,7 +10,7 @@ failure into a one-line `StoreError`.
 Threads and trio
 ----------------
 A `Store` holds one connection guarded by a lock, so it may be called from any thread; calls
-serialize. A write transaction costs an fsync (about 4 ms on the dev VM's disk), so a
+serialize. A write transaction costs an fsync (milliseconds on a common disk), so a
 trio task should call it through `await trio.to_thread.run_sync(store.put_rollout, ...)`
 (or batch with `put_admitted_many`) rather than on the event loop. Reads are short indexed
 queries; `rollouts()` and `ledger()` take a `limit`.
@@ -79,24 +79,24 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from node.paths import DB_FILENAME
 from node.store.ledger import LedgerStore
 from node.store.retention import RetentionStore
 from node.store.schema import (
-    _ROLLOUT_COLS,
-    _VERDICT_COLS,
     APPLICATION_ID,
-    DB_FILENAME,
     MIGRATIONS,
+    ROLLOUT_COLS,
     SCHEMA_VERSION,
+    VERDICT_COLS,
     LedgerEntry,
     RolloutRow,
     StoreError,
     VerdictRow,
-    _check_peer,
-    _check_time,
-    _rollout,
-    _verdict,
+    check_peer,
+    check_time,
+    rollout_from_row,
     rollout_row,
+    verdict_from_row,
     verdict_row,
 )
 from protocol.admission import Admitted, Kind
@@ -189,6 +189,7 @@ class Store(LedgerStore, RetentionStore):
             version = nxt
 
     def schema_version(self) -> int:
+        """The schema version of the open file."""
         with self._read() as c:
             return int(c.execute("PRAGMA user_version").fetchone()[0])
 
@@ -202,6 +203,7 @@ class Store(LedgerStore, RetentionStore):
     # -- plumbing ------------------------------------------------------------------
 
     def close(self) -> None:
+        """Close the connection (idempotent)."""
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -271,10 +273,10 @@ class Store(LedgerStore, RetentionStore):
             raise TypeError("rollout_id and header must be bytes")
         if r.body is not None and not isinstance(r.body, bytes):
             raise TypeError("body must be bytes or None")
-        _check_peer(r.producer, "producer")
+        check_peer(r.producer, "producer")
         if r.source_peer is not None:
-            _check_peer(r.source_peer, "source_peer")
-        _check_time(r.received_at, "received_at")
+            check_peer(r.source_peer, "source_peer")
+        check_time(r.received_at, "received_at")
         return (
             r.rollout_id,
             str(r.run_id),
@@ -289,7 +291,7 @@ class Store(LedgerStore, RetentionStore):
     @staticmethod
     def _insert_rollout(c: sqlite3.Connection, params: tuple) -> bool:
         cur = c.execute(
-            f"INSERT OR IGNORE INTO rollouts ({_ROLLOUT_COLS}) VALUES (?,?,?,?,?,?,?,?)", params
+            f"INSERT OR IGNORE INTO rollouts ({ROLLOUT_COLS}) VALUES (?,?,?,?,?,?,?,?)", params
         )
         if cur.rowcount == 1:
             return True
@@ -307,13 +309,15 @@ class Store(LedgerStore, RetentionStore):
             return self._insert_rollout(c, params)
 
     def get_rollout(self, rollout_id: bytes) -> RolloutRow | None:
+        """The stored rollout `rollout_id`, or None."""
         with self._read() as c:
             row = c.execute(
-                f"SELECT {_ROLLOUT_COLS} FROM rollouts WHERE rollout_id=?", (rollout_id,)
+                f"SELECT {ROLLOUT_COLS} FROM rollouts WHERE rollout_id=?", (rollout_id,)
             ).fetchone()
-        return None if row is None else _rollout(row)
+        return None if row is None else rollout_from_row(row)
 
     def has_rollout(self, rollout_id: bytes) -> bool:
+        """Whether rollout `rollout_id` is stored."""
         with self._read() as c:
             row = c.execute("SELECT 1 FROM rollouts WHERE rollout_id=?", (rollout_id,)).fetchone()
         return row is not None
@@ -343,13 +347,13 @@ class Store(LedgerStore, RetentionStore):
             args.append(producer)
         if with_body:
             where.append("body IS NOT NULL")
-        sql = f"SELECT {_ROLLOUT_COLS} FROM rollouts"
+        sql = f"SELECT {ROLLOUT_COLS} FROM rollouts"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY received_at, rowid LIMIT ?"
         args.append(int(limit))
         with self._read() as c:
-            return [_rollout(r) for r in c.execute(sql, args).fetchall()]
+            return [rollout_from_row(r) for r in c.execute(sql, args).fetchall()]
 
     def rollout_ids_with_body(
         self, producer: PeerId | None = None, limit: int = 1_000_000
@@ -409,16 +413,16 @@ class Store(LedgerStore, RetentionStore):
         """Stored headers whose body never arrived, oldest first."""
         with self._read() as c:
             rows = c.execute(
-                f"SELECT {_ROLLOUT_COLS} FROM rollouts WHERE body IS NULL "
+                f"SELECT {ROLLOUT_COLS} FROM rollouts WHERE body IS NULL "
                 "ORDER BY received_at LIMIT ?",
                 (int(limit),),
             ).fetchall()
-        return [_rollout(r) for r in rows]
+        return [rollout_from_row(r) for r in rows]
 
     def expire_bodyless(self, before: float) -> int:
         """Forget headers received before `before` whose body never arrived (nobody
         served it: they hold no work and must not fill the store); returns how many."""
-        _check_time(before, "before")
+        check_time(before, "before")
         with self._write() as c:
             return c.execute(
                 "DELETE FROM rollouts WHERE body IS NULL AND source_peer IS NOT NULL "
@@ -460,6 +464,7 @@ class Store(LedgerStore, RetentionStore):
         return [bytes(r[0]) for r in rows]
 
     def count_rollouts(self, run_id: str | None = None) -> int:
+        """Rollouts stored, of one run or of all."""
         with self._read() as c:
             if run_id is None:
                 return int(c.execute("SELECT count(*) FROM rollouts").fetchone()[0])
@@ -470,8 +475,9 @@ class Store(LedgerStore, RetentionStore):
     # -- verdicts ------------------------------------------------------------------
 
     def put_verdict(self, row: VerdictRow) -> bool:
-        _check_peer(row.validator, "validator")
-        _check_time(row.received_at, "received_at")
+        """Store one verdict durably; False when its id was already there."""
+        check_peer(row.validator, "validator")
+        check_time(row.received_at, "received_at")
         if not isinstance(row.envelope, bytes):
             raise TypeError("verdict envelope must be bytes")
         with self._write() as c:
@@ -480,7 +486,7 @@ class Store(LedgerStore, RetentionStore):
     @staticmethod
     def _insert_verdict(c: sqlite3.Connection, row: VerdictRow) -> bool:
         cur = c.execute(
-            f"INSERT OR IGNORE INTO verdicts ({_VERDICT_COLS}) VALUES (?,?,?,?,?,?,?)",
+            f"INSERT OR IGNORE INTO verdicts ({VERDICT_COLS}) VALUES (?,?,?,?,?,?,?)",
             (
                 row.verdict_id,
                 row.rollout_id,
@@ -494,12 +500,13 @@ class Store(LedgerStore, RetentionStore):
         return cur.rowcount == 1
 
     def verdicts_for(self, rollout_id: bytes) -> list[VerdictRow]:
+        """The verdicts on rollout `rollout_id`, oldest first."""
         with self._read() as c:
             rows = c.execute(
-                f"SELECT {_VERDICT_COLS} FROM verdicts WHERE rollout_id=? ORDER BY received_at",
+                f"SELECT {VERDICT_COLS} FROM verdicts WHERE rollout_id=? ORDER BY received_at",
                 (rollout_id,),
             ).fetchall()
-        return [_verdict(r) for r in rows]
+        return [verdict_from_row(r) for r in rows]
 
     # -- from admission ------------------------------------------------------------
 
@@ -536,7 +543,7 @@ class Store(LedgerStore, RetentionStore):
             return True, params, [self._ledger_params(e) for e in entries]
         if item.kind is Kind.VERDICT:
             row = verdict_row(item)
-            _check_peer(row.validator, "validator")
+            check_peer(row.validator, "validator")
             if own_peer is not None and item.obj.producer == own_peer:
                 outcome = "accepted" if row.accepted else "rejected"
                 entries.append(

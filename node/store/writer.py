@@ -50,6 +50,8 @@ class PendingWrite:
 
 
 class StoreWriter:
+    """Writes admitted items to the store in batches, off the event loop (module docstring)."""
+
     def __init__(self, store: Store, own_peer: bytes, queue: int, counters: Counter[str]) -> None:
         self.store = store
         self.own_peer = own_peer
@@ -66,9 +68,11 @@ class StoreWriter:
         return True
 
     def pending(self) -> int:
+        """Items queued and not yet written."""
         return self._recv.statistics().current_buffer_used
 
     async def run(self) -> None:
+        """Forever: write a batch of queued items in one transaction and run their callbacks."""
         while True:
             batch = await receive_batch(self._recv, BATCH)
             results = await trio.to_thread.run_sync(self._write, [w.item for w in batch])

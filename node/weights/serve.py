@@ -40,7 +40,7 @@ class WeightServer:
         limiter: UploadLimiter,
         newest: Callable[[], int | None],
         bump: Callable[[str], None],
-        report: Callable[[str, float, str], None],
+        report: Callable[[str, penalties.Offence, str], None],
     ) -> None:
         self.store = store
         self.manifests = manifests  # the sync's: every manifest known, by id
@@ -82,6 +82,7 @@ class WeightServer:
         await self._server(stream)
 
     async def manifest(self, mid: bytes) -> bytes | None:
+        """The signed envelope of manifest `mid`, or None."""
         return await trio.to_thread.run_sync(self.store.envelope, mid)
 
     async def shard(self, mid: bytes, index: int) -> bytes | None:

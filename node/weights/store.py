@@ -14,8 +14,8 @@ Rules: a shard is written only after its digest matched the signed manifest
 after a crash or restart every recorded shard is a verified one and is never fetched
 again (`have(manifest)`). Installing a full version reads its file once to check the
 digest against the manifest's `file_digest`, then renames it into place (no second copy
-of the checkpoint is written: with 8 receivers finishing at once on 2 cores, joining
-the shards and writing them out again took 1-3.5 s of the broadcast's critical path);
+of the checkpoint is written: joining the shards and writing them out again sat on the
+broadcast's critical path, see docs/BENCHMARKS.md);
 a patch's result is written to a temporary file, fsynced and checked the same way.
 A version that is listed is complete and verified, and a failed install (bad patch,
 wrong base, disk full) leaves the previous versions as they were.
@@ -44,6 +44,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from node.errors import CommandError
 from protocol.codec import decode, encode
@@ -146,13 +147,15 @@ class WeightsStore:
 
     @classmethod
     def open(cls, data_dir: Path) -> WeightsStore:
+        """The weights store under a node's data directory."""
         return cls(Path(data_dir) / "weights")
 
     def close(self) -> None:
+        """Close the SQLite connection."""
         with self._lock:
             self._db.close()
 
-    def _exec(self, sql: str, args: tuple = ()) -> list[tuple]:  # type: ignore[type-arg]
+    def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         try:
             with self._lock, self._db:
                 return self._db.execute(sql, args).fetchall()
@@ -173,14 +176,17 @@ class WeightsStore:
         return True
 
     def manifest(self, manifest_id: bytes) -> WeightManifest | None:
+        """The stored manifest `manifest_id`, or None."""
         rows = self._exec("SELECT manifest FROM manifests WHERE id=?", (manifest_id,))
         return decode(WeightManifest, rows[0][0]) if rows else None
 
     def manifests(self) -> list[tuple[bytes, WeightManifest]]:
+        """Every stored manifest with its id, by version."""
         rows = self._exec("SELECT id, manifest FROM manifests ORDER BY version, kind")
         return [(bytes(i), decode(WeightManifest, m)) for i, m in rows]
 
     def envelope(self, manifest_id: bytes) -> bytes | None:
+        """The signed envelope of manifest `manifest_id`, or None."""
         rows = self._exec("SELECT envelope FROM manifests WHERE id=?", (manifest_id,))
         return bytes(rows[0][0]) if rows else None
 
@@ -265,9 +271,11 @@ class WeightsStore:
     # -- versions ---------------------------------------------------------------------------
 
     def version_path(self, version: int) -> Path:
+        """The file an installed `version` lives in."""
         return self.root / "versions" / f"{version}.safetensors"
 
     def installed(self) -> dict[int, bytes]:
+        """Installed versions and their digests."""
         return {v: bytes(d) for v, d in self._exec("SELECT version, digest FROM versions")}
 
     def _installed_digest(self, version: int) -> bytes | None:
@@ -275,6 +283,7 @@ class WeightsStore:
         return bytes(rows[0][0]) if rows else None
 
     def read_version(self, version: int) -> bytes:
+        """The bytes of an installed version."""
         try:
             return self.version_path(version).read_bytes()
         except OSError as exc:
@@ -327,6 +336,8 @@ class WeightsStore:
         return m.version
 
     def install_delta(self, manifest_id: bytes) -> int:
+        """Apply a delta manifest's patch to its installed base and install the result; returns its
+        version."""
         m = self._need(manifest_id, "delta")
         if self._installed_digest(m.base_version) != m.base_digest:
             raise WeightsError(

@@ -85,6 +85,8 @@ MAX_MANIFEST_FETCHES = 8  # unknown manifest ids fetched per have-map poll
 
 @dataclass(frozen=True)
 class WeightSettings:
+    """A node's settings for storing, serving and fetching weights."""
+
     upload_limit_mib_s: float = 0.0  # 0: no cap
     max_version_bytes: int = 16 * 1024**3  # refuse larger manifests before any download
     shard_bytes: int = DEFAULT_SHARD_BYTES  # what this node cuts when it publishes
@@ -129,23 +131,29 @@ class WeightSync:
     # -- public -------------------------------------------------------------------------
 
     def installed(self) -> dict[int, bytes]:
+        """Installed versions and their digests."""
         return dict(self._installed)
 
     def newest(self) -> int | None:
+        """The newest installed version, or None."""
         return max(self._installed) if self._installed else None
 
     def path(self, version: int) -> Path:
+        """The file of an installed version."""
         return self.store.version_path(version)
 
     async def load_state_dict(self, version: int) -> dict[str, Any]:
+        """The torch tensors of an installed version, read off the event loop."""
         data = await trio.to_thread.run_sync(self.store.read_version, version)
         return await trio.to_thread.run_sync(to_state_dict, data)
 
     def status(self) -> dict[str, Any]:
+        """Installed versions, the download's progress, uploads and counters, for `status`."""
         prog = self.sched.progress()
         elapsed = max(time.monotonic() - self._started, 1e-9)
         left = prog["bytes_total"] - prog["bytes_done"]
         rate = self.counters.get("bytes_downloaded", 0) / elapsed
+        newest = self.newest()
         return {
             "installed": sorted(self._installed),
             "target": self.target,
@@ -154,7 +162,7 @@ class WeightSync:
                 "rate_mib_s": round(rate / 2**20, 2),
                 "eta_s": round(left / rate, 1) if rate > 0 and left > 0 else None,
             }
-            if self.target > (self.newest() if self.newest() is not None else -1)
+            if self.target > (newest if newest is not None else -1)
             else None,
             "uploaded_bytes": self.limiter.sent,
             "published_at": {str(v): t for v, t in self.published_at.items()},
@@ -167,7 +175,7 @@ class WeightSync:
         """Wait until `version` (or newer) is installed, calling `say(line)` with the
         download's progress (rate, ETA) every `every_s`. The caller puts a deadline on it."""
         last = -math.inf
-        while (-1 if self.newest() is None else self.newest()) < version:
+        while (-1 if (newest := self.newest()) is None else newest) < version:
             if say is not None and time.monotonic() - last >= every_s:
                 last = time.monotonic()
                 st = self.status()
@@ -308,6 +316,7 @@ class WeightSync:
         self._notify()  # our have-map lists it now if we hold any of its shards
 
     def on_hello(self, peer: str, version: int) -> None:
+        """Remember the newest version `peer` said it has."""
         self._peer_versions[peer] = version
 
     def on_peer_gone(self, peer: str) -> None:
@@ -326,7 +335,7 @@ class WeightSync:
 
     @property
     def _watchers(self) -> dict[str, int]:
-        """Watches of our have-map served per peer (read by bench/_weights_peer.py)."""
+        """Watches of our have-map served per peer (read by swarm_node_bench/parts/weights_peer.py)."""
         return self.server.watchers
 
     def _misbehaved(self, peer: str, offence: penalties.Offence, why: str) -> None:
@@ -393,7 +402,9 @@ class WeightSync:
 
     def _do(self, action: Any, nursery: trio.Nursery) -> None:
         if isinstance(action, Request):
-            scope = trio.CancelScope()
+            # trio declares `cancelled_caught` with attrs' `init=False`, which pyright reads
+            # as a constructor argument
+            scope = trio.CancelScope()  # pyright: ignore[reportCallIssue]
             self._flights[(action.peer, action.manifest_id, action.index)] = scope
             nursery.start_soon(self._fetch, action, scope)
         elif isinstance(action, Cancel):

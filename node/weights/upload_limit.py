@@ -86,6 +86,8 @@ class UploadLimiter:
             self.queued -= s.left
 
     async def acquire(self, n: int, left: int | None = None) -> None:
+        """Wait until `n` bytes may go out under the cap; `left` is what the upload still has to
+        send (it orders the waiters)."""
         self.sent += n
         if not self.rate:
             return

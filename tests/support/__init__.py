@@ -2,4 +2,4 @@
 configurations (`peers`), the CLI in a subprocess (`cli.run_cli`), and the audit
 environment of the verify tests (`audit_env.env`, a module-scoped fixture). Fixtures the
 benchmarks use too (synthetic records, the run manifest of the network benches, the peer
-processes) live in `bench/` and the tests import them from there."""
+processes, the emulated network) live in `node.testing` and the tests import them from there."""

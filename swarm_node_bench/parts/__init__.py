@@ -1,0 +1,20 @@
+"""Pieces that one benchmark uses, apart from its `run` (the harness shared with the tests
+is `node.testing`).
+
+The code is organized as follows:
+
+- `adv_peer.py`: one peer process of `bench adversary` (`python -m swarm_node_bench.parts.adv_peer`)
+- `attacks.py`: the attacks of `bench adversary`, each by a fresh attacker identity and peer
+- `broadcast_real.py`: `bench broadcast`'s real part: 1 origin + N receivers as processes on loopback
+- `weights_peer.py`: one peer process of that real part (`python -m swarm_node_bench.parts.weights_peer`)
+- `generate_vllm.py`: the vLLM part of `bench generate`
+- `learn_sapo.py`: `bench learn`'s `sapo` grid
+- `learn_swarm.py`: `bench learn`'s `efficiency` and `devnet` parts
+- `verify_models.py`: the changed models `bench verify`'s cases generate with
+- `verify_records.py`: how `bench verify` makes, doctors and audits signed records
+- `window_statistic.py`: which window statistic catches a partly changed window (`python -m swarm_node_bench.parts.window_statistic`)
+
+The modules are imported by the benchmark that uses them, not re-exported here: the
+process modules are run with `python -m` (a module the package had already imported would
+run twice) and the others defer heavy imports that one benchmark alone should pay.
+"""
