@@ -127,7 +127,9 @@ async def test_a_small_request_cannot_pull_more_than_the_byte_budget(tmp_path: P
     async def lookup(ids: list[bytes]) -> list[bytes | None]:
         return [big for _ in ids]
 
+    sent: list[int] = []
     s = FakeStream([rx.encode_request([bytes([i]) * 32 for i in range(32)])])
-    n = await rx.serve(s, lookup)  # type: ignore[arg-type]
+    await rx.server("run", lookup, sent.append)(s)  # type: ignore[arg-type]
+    n = sum(sent)
     assert len(s.sent) == 32 and n == rx.MAX_RESPONSE_BYTES // len(big)
     assert sum(len(x) for x in s.sent) <= rx.MAX_RESPONSE_BYTES
