@@ -17,7 +17,6 @@ the node's listen addresses; it changes nothing (it pins no authority).
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from node.commands.start_run import parse_authority
 from node.config import load_config
 from node.errors import CommandError
 from node.reachability import NO_RELAY, Reachability, describe
+from node.resources import available_memory, existing_parent, free_disk
 from node.run_file import load_run_release
 from protocol import run_manifest as rm
 from protocol.identity import Identity, peer_id_to_b58
@@ -297,11 +297,9 @@ def _joined_manifest(
 
 def _resources(report: Report, role: str, where: Path) -> None:
     disk_need, mem_need, cpu_need = NEEDS[role]
-    probe = where
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free / GiB
-    mem = _available_memory() / GiB
+    probe = existing_parent(where)
+    free = free_disk(probe) / GiB
+    mem = available_memory() / GiB
     cpus = (
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     )
@@ -320,17 +318,6 @@ def _resources(report: Report, role: str, where: Path) -> None:
         report.warn(f"{text}; {cpu_need} CPUs advised")
     else:
         report.ok(text)
-
-
-def _available_memory() -> float:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
 
 
 @click.command(name="doctor")
