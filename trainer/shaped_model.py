@@ -125,7 +125,7 @@ def qwen2_config(shape: Shape, tokenizer: Any, dtype: str = DEFAULT_DTYPE) -> An
         num_attention_heads=shape.heads,
         num_key_value_heads=shape.kv_heads,
         max_position_embeddings=shape.max_positions,
-        rope_theta=shape.rope_theta,
+        rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
         tie_word_embeddings=shape.tied,
         initializer_range=INITIALIZER_RANGE,
         bos_token_id=tokenizer.convert_tokens_to_ids(END_OF_TEXT),
@@ -139,25 +139,26 @@ def qwen2_config(shape: Shape, tokenizer: Any, dtype: str = DEFAULT_DTYPE) -> An
 def load_tokenizer(tokenizer_json: Path, chat_template: str | None = None) -> Any:
     """A `PreTrainedTokenizerFast` over a Qwen `tokenizer.json`: EOS `<|im_end|>`, padding
     `<|endoftext|>` on the left (a model directory's tokenizer as the engines expect)."""
+    from tokenizers import Tokenizer  # deferred: heavy import
     from transformers import PreTrainedTokenizerFast  # deferred: heavy import
 
     try:
-        tok = PreTrainedTokenizerFast(
-            tokenizer_file=str(tokenizer_json),
-            eos_token=IM_END,
-            pad_token=END_OF_TEXT,
-            padding_side="left",
-            model_max_length=131072,
-        )
+        raw = Tokenizer.from_file(str(tokenizer_json))
     except Exception as exc:  # tokenizers raises its own exception types for bad files
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise ShapedModelError(f"{tokenizer_json} is not a tokenizer.json ({first})") from None
-    vocab = tok.get_vocab()
-    missing = [t for t in (END_OF_TEXT, IM_END) if t not in vocab]
+    missing = [t for t in (END_OF_TEXT, IM_END) if raw.token_to_id(t) is None]
     if missing:
         raise ShapedModelError(
             f"{tokenizer_json} has no {' or '.join(missing)} token: not a Qwen tokenizer"
         )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        eos_token=IM_END,
+        pad_token=END_OF_TEXT,
+        padding_side="left",
+        model_max_length=131072,
+    )
     if chat_template:
         tok.chat_template = chat_template
     return tok
