@@ -11,6 +11,7 @@ The code is organized as follows:
 - `engines.py`: opening an engine on a model directory.
 - `model_dir.py`: loading and saving a Hugging Face causal-LM directory.
 - `tiny_policy.py`: the built-in tiny policy: tokenizer, model, warm start.
+- `shaped_model.py`: a model directory of a real Qwen2 shape with random weights.
 - `produce.py`: producing signed rollout records.
 - `groups.py`: groups of samples made in-process, and held-out evaluation.
 - `loss.py`: the RL loss: group-relative advantages and the clipped surrogate.
