@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from node.commands.init_model import TOKENIZER_PACKAGE
+from node.commands.init_model import TOKENIZER_PACKAGE, check_resources
+from node.errors import CommandError
 from trainer import shaped_model
 from trainer.model_dir import check_model_dir, load_model_dir
 
@@ -74,6 +75,15 @@ def test_param_count_matches_transformers(name):
     with torch.device("meta"):
         model = Qwen2ForCausalLM(cfg)
     assert sum(p.numel() for p in model.parameters()) == shaped_model.param_count(s)
+
+
+def test_a_build_too_large_for_this_machine_is_refused(tmp_path):
+    too_big = 2**62
+    with pytest.raises(CommandError, match="not enough disk"):
+        check_resources(shaped_model.Estimate(1, too_big, 1), tmp_path / "model")
+    with pytest.raises(CommandError, match="not enough memory"):
+        check_resources(shaped_model.Estimate(1, 1, too_big), tmp_path / "model")
+    check_resources(shaped_model.Estimate(1, 1, 1), tmp_path / "model")
 
 
 def _small_qwen_tokenizer(path: Path) -> Path:

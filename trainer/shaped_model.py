@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -197,20 +198,13 @@ def _shards(
     out: list[list[tuple[str, tuple[int, ...]]]] = [[]]
     used = 0
     for name, shape in specs:
-        nbytes = size * _numel(shape)
+        nbytes = size * math.prod(shape)
         if out[-1] and used + nbytes > max_shard_bytes:
             out.append([])
             used = 0
         out[-1].append((name, shape))
         used += nbytes
     return out
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _shard_names(count: int) -> Iterator[str]:
@@ -250,7 +244,7 @@ def build_model_dir(
     config = qwen2_config(shape, tok, dtype)
     specs = _tensor_specs(config)
     size = DTYPES[dtype]
-    total = sum(size * _numel(s) for _, s in specs)
+    total = sum(size * math.prod(s) for _, s in specs)
     groups = _shards(specs, size, max_shard_bytes)
     tmp = out.parent / f".{out.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -280,7 +274,7 @@ def build_model_dir(
         pad_token_id=config.pad_token_id,
     ).save_pretrained(str(tmp))
     tok.save_pretrained(str(tmp))
-    n_params = sum(_numel(s) for _, s in specs)
+    n_params = sum(math.prod(s) for _, s in specs)
     report = {
         "shape": {k: v for k, v in shape.__dict__.items()},
         "seed": seed,

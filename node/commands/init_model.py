@@ -175,7 +175,7 @@ def main_shape(
         check_resources(estimate, path)
         say(
             f"init-model: {shape}, {estimate.params / 1e6:,.0f}M params, {dtype}, "
-            f"{estimate.disk_bytes / GIB:.2f} GiB, tokenizer {source}"
+            f"{estimate.disk_bytes / 1e9:.2f} GB, tokenizer {source}"
         )
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
