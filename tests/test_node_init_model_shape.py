@@ -26,7 +26,7 @@ NPM_PREFIX = ROOT / "tests/interop/tokenizer"
 REAL_TOKENIZER = NPM_PREFIX / TOKENIZER_PACKAGE / "tokenizer.json"
 IN_CI = os.environ.get("SWARM_CI") == "1"
 
-# The published parameter counts (docs/DESIGN.md, "Real model shapes": 494M, 1.54B, 7.62B).
+# The published parameter counts (494M, 1.54B, 7.62B; docs/MODELS.md, "Shapes").
 KNOWN_PARAMS = {
     "qwen2-0.5b": 494_032_768,
     "qwen2-1.5b": 1_543_714_304,

@@ -1,8 +1,8 @@
 """A Hugging Face model directory of a real Qwen2 shape with random weights, built here.
 
 Nothing is downloaded. The shapes are those of the published Qwen2 checkpoints (the table
-"Real model shapes" in docs/DESIGN.md: 0.5B and 1.5B tie their embeddings, 7B does not and
-has a vocabulary of 152,064), plus `qwen2-test`, a tiny one for tests that keeps the real
+in docs/MODELS.md: 0.5B and 1.5B tie their embeddings, 7B does not and has a vocabulary of
+152,064), plus `qwen2-test`, a tiny one for tests that keeps the real
 vocabulary. The tokenizer is a real Qwen `tokenizer.json` given by the caller.
 
 Build, one tensor at a time, so no second copy of the model is ever held:
@@ -57,7 +57,7 @@ class Shape:
     rope_theta: float = 1_000_000.0
 
 
-# docs/DESIGN.md, "Real model shapes"; the published configs of Qwen/Qwen2-{0.5B,1.5B,7B}.
+# docs/MODELS.md, "Shapes": the published configs of Qwen/Qwen2-{0.5B,1.5B,7B}.
 SHAPES: dict[str, Shape] = {
     "qwen2-0.5b": Shape(896, 24, 14, 2, 4864, 151_936, tied=True),
     "qwen2-1.5b": Shape(1536, 28, 12, 2, 8960, 151_936, tied=True),
