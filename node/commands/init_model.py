@@ -246,6 +246,8 @@ def command(
             raise CommandError("--tokenizer and --out go with --shape")
         main(data_dir=data_dir, seed=seed, force=force, threads=threads, quiet=quiet)
         return
+    if threads is not None:
+        raise CommandError("--threads goes with the built-in policy, not --shape")
     main_shape(
         shape,
         data_dir=data_dir,
