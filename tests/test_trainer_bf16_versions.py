@@ -125,7 +125,7 @@ def test_one_step_ships_as_a_small_exact_patch(capsys: pytest.CaptureFixture[str
     one_step(model, lr)
     v1 = version_bytes(model.state_dict(), names, "bfloat16")
     assert v1 != v0
-    exported = export_version(1, v1, (0, v0), dense_patch=True)
+    exported = export_version(1, v1, (0, v0), difference=True)
     assert [e.manifest.kind for e in exported] == ["full", "delta"]
     full, delta = exported
     assert full.payload == v1
