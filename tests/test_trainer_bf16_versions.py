@@ -142,3 +142,32 @@ def test_one_step_ships_as_a_small_exact_patch(capsys: pytest.CaptureFixture[str
     master = model.state_dict()
     for name, t in other.state_dict().items():
         assert torch.equal(t, master[name].to(torch.bfloat16).float()), name
+
+
+def test_a_difference_patch_is_exact_on_any_bits_and_refuses_tampering():
+    import msgpack
+    import numpy as np
+
+    from protocol.codec import pack
+    from trainer.checkpoint import canonical_bytes
+    from trainer.delta import PatchError, make_patch
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 2**32, 4096, dtype=np.uint32)
+    b = a.copy()
+    b[::7] = rng.integers(0, 2**32, b[::7].size, dtype=np.uint32)  # wraps both ways
+    h = rng.integers(0, 2**16, 64, dtype=np.uint16)
+    base = canonical_bytes({"w": ("F32", (64, 64), a.tobytes()), "h": ("BF16", (64,), h.tobytes())})
+    target = canonical_bytes(
+        {"w": ("F32", (64, 64), b.tobytes()), "h": ("BF16", (64,), h.tobytes())}
+    )
+    patch = make_patch(base, target, difference=True)
+    assert apply_patch(base, patch) == target
+    assert patch_stats(patch)["tensors"] == 1  # unchanged tensors are left out
+    p = msgpack.unpackb(patch, raw=False)
+    p["tensors"][0][3] += 1
+    with pytest.raises(PatchError, match="changed count"):
+        apply_patch(base, pack(p))
+    p["tensors"][0][2] -= 1
+    with pytest.raises(PatchError, match="does not fit"):
+        apply_patch(base, pack(p))
