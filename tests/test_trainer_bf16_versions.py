@@ -171,3 +171,16 @@ def test_a_difference_patch_is_exact_on_any_bits_and_refuses_tampering():
     p["tensors"][0][2] -= 1
     with pytest.raises(PatchError, match="does not fit"):
         apply_patch(base, pack(p))
+
+
+def test_the_trainer_snapshot_keeps_ties_and_publishes_like_the_master():
+    from trainer.checkpoint import snapshot_state
+
+    model = tiny_model()
+    snap = snapshot_state(model.state_dict(), "bfloat16")
+    assert snap["lm_head.weight"] is snap["model.embed_tokens.weight"]  # still tied
+    assert all(t.dtype == torch.bfloat16 for t in snap.values())
+    direct = version_bytes(model.state_dict(), set(), "bfloat16")
+    assert version_bytes(snap, set(), "bfloat16") == direct  # the tied tensor written once
+    old = snapshot_state(model.state_dict())  # float32 runs: plain clones, as before
+    assert all(torch.equal(old[k], v) and old[k] is not v for k, v in model.state_dict().items())

@@ -16,7 +16,8 @@ Public API: `Checkpoint` (parsed file: `tensors` in file order with byte ranges,
 `parse(data)`, `canonical_bytes(tensors)` from `{name: (dtype, shape, raw bytes)}`,
 `canonicalize(data)` (any safetensors file -> canonical bytes), `from_state_dict(sd, cast=)`
 (torch tensors -> canonical bytes, floating ones optionally cast, e.g. to bfloat16),
-`cast_checkpoint(data, cast)`, `from_model_dir(path)` (every `*.safetensors` of a
+`cast_checkpoint(data, cast)`, `snapshot_state(sd, cast)` (a copy to publish from while
+training goes on), `from_model_dir(path)` (every `*.safetensors` of a
 Hugging Face directory), `weights_digest(data)`. Bad input raises `CheckpointError` with a
 one-line message.
 """
@@ -226,6 +227,27 @@ def from_state_dict(
         raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
         out[name] = (dtype, tuple(t.shape), raw)
     return canonical_bytes(out)
+
+
+def snapshot_state(state: Mapping[str, Any], cast: str | None = None) -> dict[str, Any]:
+    """A copy of a state dict that later training steps cannot change (what a trainer
+    publishes from). None: each tensor cloned as it is. With `cast`, floating tensors are
+    copied cast to it (half the memory of an fp32 clone for bfloat16) and tied tensors
+    (one storage under two names) stay tied, so the version writes them once."""
+    import torch  # deferred: heavy import
+
+    if cast is None:
+        return {k: v.detach().clone() for k, v in state.items()}
+    dtype = getattr(torch, cast)
+    copies: dict[tuple[int, tuple[int, ...], tuple[int, ...], str], Any] = {}
+    out: dict[str, Any] = {}
+    for name, t in state.items():
+        alias = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.dtype))
+        if alias not in copies or not t.numel():
+            t = t.detach()
+            copies[alias] = t.to(dtype, copy=True) if t.is_floating_point() else t.clone()
+        out[name] = copies[alias]
+    return out
 
 
 def cast_checkpoint(data: bytes, cast: str | None) -> bytes:
