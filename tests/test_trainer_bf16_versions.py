@@ -184,3 +184,32 @@ def test_the_trainer_snapshot_keeps_ties_and_publishes_like_the_master():
     assert version_bytes(snap, set(), "bfloat16") == direct  # the tied tensor written once
     old = snapshot_state(model.state_dict())  # float32 runs: plain clones, as before
     assert all(torch.equal(old[k], v) and old[k] is not v for k, v in model.state_dict().items())
+
+
+@pytest.mark.network
+async def test_a_bf16_run_publishes_and_installs_patches_over_the_network(tmp_path):  # type: ignore[no-untyped-def]
+    from node.peer.peer import open_peer
+    from protocol.identity import Identity
+    from tests.test_node_weights import cfg, run_manifest, until
+
+    trainer = Identity.generate()
+    manifest = dataclasses.replace(run_manifest("bf16net", trainer), weights_dtype="bfloat16")
+    model = tiny_model()
+    async with open_peer(cfg(tmp_path, "t", manifest, trainer)) as t:
+        boot = (t.host.listen_addrs()[0],)
+        async with open_peer(cfg(tmp_path, "a", manifest, bootstrap=boot)) as a:
+            tw, aw = t.weights, a.weights
+            assert tw is not None and aw is not None
+            for v in range(3):
+                if v:
+                    one_step(model, manifest.rl_lr)
+                before = aw.counters.get("bytes_downloaded", 0)
+                assert await tw.publish(model.state_dict()) == v
+                await until(f"v{v} installed", lambda v=v: aw.newest() == v)
+                got = aw.store.read_version(v)
+                assert got == tw.store.read_version(v)
+                assert got == version_bytes(model.state_dict(), set(), "bfloat16")
+            # version 2 reached the peer as the patch from version 1, not in full
+            assert aw.counters["bytes_downloaded"] - before < 0.5 * len(got)
+            held = {(m.version, m.kind): m for _, m in tw.store.manifests()}
+            assert held[(2, "delta")].total_bytes < 0.5 * held[(2, "full")].total_bytes
