@@ -38,6 +38,11 @@ publish_every = 64          # verified groups trained on per published version
 precision = "fp32"          # the workers' compute precision: fp32 or bf16; audits judge at it only
 calibration_digest = ""     # optional: 64 hex chars, the content id of the model's calibration.json
 
+[weights]                   # optional section
+dtype = "float32"           # published policy versions: "float32" (the trainer's fp32 master as
+                            # held) or "bfloat16" (cast from the master at each publish: half
+                            # the bytes, and a small step leaves most bf16 values unchanged)
+
 [[datasets]]
 name = "basic_arithmetic"
 weight = 1
@@ -99,10 +104,12 @@ FIELDS: dict[str, tuple[str, str, Any]] = {
     "rl_publish_every": ("rl", "publish_every", 64),
     "worker_precision": ("verification", "precision", "fp32"),
     "calibration_digest": ("verification", "calibration_digest", ""),
+    "weights_dtype": ("weights", "dtype", "float32"),
 }
 FLOAT_FIELDS = {"temperature", "top_p", "rl_clip_low", "rl_clip_high", "rl_is_bound"}
 FLOAT_FIELDS |= {"rl_kl_coef", "rl_lr"}
-SECTIONS = {"run", "sampling", "proofs", "rl", "verification", "datasets", "release"}
+TABLES = ("run", "sampling", "proofs", "rl", "verification", "weights")
+SECTIONS = {*TABLES, "datasets", "release"}
 RELEASE_KEYS = {"version": int, "authority": str, "signed_at_ms": int, "signature": str}
 
 
@@ -120,7 +127,7 @@ def manifest_from_table(table: dict[str, Any], source: str = "run manifest") -> 
             raise CommandError(
                 f"{source}: unknown section [{section}]; allowed: {', '.join(sorted(SECTIONS))}"
             )
-    for section in ("run", "sampling", "proofs", "rl", "verification"):
+    for section in TABLES:
         if not isinstance(table.get(section, {}), dict):
             raise CommandError(f"{source}: '{section}' must be a table [{section}]")
         known = {key for s, key, _ in FIELDS.values() if s == section}
@@ -287,6 +294,8 @@ def manifest_to_toml(m: RunManifest) -> str:
         f'precision = "{m.worker_precision}"',
         f'calibration_digest = "{m.calibration_digest.hex()}"',
     ]
+    if m.weights_dtype != "float32":  # the default stays unwritten, like on the wire
+        lines += ["", "[weights]", f'dtype = "{m.weights_dtype}"']
     for d in m.datasets:
         lines += ["", "[[datasets]]", f'name = "{d.name}"', f"weight = {d.weight}"]
     return "\n".join(lines) + "\n"

@@ -1,7 +1,11 @@
 """Canonical msgpack encoding of the wire objects, and the strict decoder.
 
 An object `X(a, b, c)` of schema version s is the msgpack array `[s, a, b, c]`, fields in
-declaration order. There is exactly one encoding of each value (msgpack's shortest forms,
+declaration order. A field declared `spec(..., default=d, omit_default=True)` must come after
+every other field; it is left off the end of the array while it (and every such field after
+it) equals its default, so adding one keeps the bytes of every object that leaves it at its
+default. The decoder fills a left-off field with its default; an encoded default is
+non-canonical. There is exactly one encoding of each value (msgpack's shortest forms,
 float64 for floats, bin for bytes, str for text), and the decoder enforces it by re-encoding
 what it read and comparing bytes: so a signature over the canonical bytes covers every bit
 a peer can send, and no mutation decodes to an equal object.
@@ -25,9 +29,14 @@ from protocol.schema import Spec
 T = TypeVar("T", bound="WireObject")
 
 
-def spec(s: Spec, **kwargs: Any) -> Any:
-    """Declare a dataclass field with its wire type: `top_k: int = spec(Int(*U32))`."""
-    return dataclasses.field(metadata={"spec": s}, **kwargs)
+def spec(s: Spec, *, omit_default: bool = False, **kwargs: Any) -> Any:
+    """Declare a dataclass field with its wire type: `top_k: int = spec(Int(*U32))`.
+
+    `omit_default=True` (with a `default`, after every other field): the field is encoded
+    only when it differs from its default (see the module docstring)."""
+    if omit_default and "default" not in kwargs:
+        raise TypeError("omit_default needs a default")
+    return dataclasses.field(metadata={"spec": s, "omit_default": omit_default}, **kwargs)
 
 
 class WireObject:
@@ -43,6 +52,7 @@ class WireObject:
     SCHEMA: ClassVar[int]
     MAX_BYTES: ClassVar[int]
     _FIELDS: ClassVar[tuple[tuple[str, Spec], ...]]
+    _TAIL: ClassVar[tuple[tuple[str, Any], ...]]
 
     def __post_init__(self) -> None:
         for name, s in self.wire_fields():
@@ -59,6 +69,11 @@ class WireObject:
             cls._FIELDS = fields
         return fields
 
+    @classmethod
+    def omitted_tail(cls) -> tuple[tuple[str, Any], ...]:
+        """(name, default) of the trailing fields left off the wire at their default."""
+        return cls.__dict__.get("_TAIL", ())
+
 
 def wire(kind: str, schema: int, max_bytes: int) -> Any:
     """Class decorator: a frozen, slotted dataclass registered as wire object `kind`."""
@@ -68,9 +83,15 @@ def wire(kind: str, schema: int, max_bytes: int) -> Any:
         cls.KIND = kind
         cls.SCHEMA = schema
         cls.MAX_BYTES = max_bytes
+        tail: list[tuple[str, Any]] = []
         for f in dataclasses.fields(cls):
             if not isinstance(f.metadata.get("spec"), Spec):
                 raise TypeError(f"{cls.__name__}.{f.name} has no wire spec")
+            if f.metadata.get("omit_default"):
+                tail.append((f.name, f.default))
+            elif tail:
+                raise TypeError(f"{cls.__name__}.{f.name} follows a field left off at default")
+        cls._TAIL = tuple(tail)
         if kind in REGISTRY:
             raise TypeError(f"wire kind {kind!r} registered twice")
         REGISTRY[kind] = cls
@@ -89,8 +110,14 @@ def pack(value: Any) -> bytes:
 
 def to_wire(obj: WireObject) -> list[Any]:
     """The msgpack-ready array of an object (schema version first)."""
+    fields = obj.wire_fields()
+    n = len(fields)
+    for name, default in reversed(obj.omitted_tail()):
+        if getattr(obj, name) != default:
+            break
+        n -= 1
     out: list[Any] = [obj.SCHEMA]
-    for name, s in obj.wire_fields():
+    for name, s in fields[:n]:
         out.append(s.to_wire(getattr(obj, name)))
     return out
 
@@ -105,14 +132,18 @@ def from_wire(cls: type[T], raw: Any, where: str | None = None) -> T:
         raise DecodeError(name, None, "empty array (no schema version)")
     if raw[0] != cls.SCHEMA or type(raw[0]) is not int:
         raise DecodeError(name, None, f"unknown schema version {raw[0]!r} (expected {cls.SCHEMA})")
-    if len(raw) != len(fields) + 1:
+    tail = cls.omitted_tail()
+    if not len(fields) - len(tail) + 1 <= len(raw) <= len(fields) + 1:
         if len(raw) < len(fields) + 1:
-            missing = ", ".join(n for n, _ in fields[len(raw) - 1 :])
+            missing = ", ".join(n for n, _ in fields[len(raw) - 1 : len(fields) - len(tail)])
             raise DecodeError(name, None, f"missing fields: {missing}")
         raise DecodeError(name, None, f"{len(raw) - 1 - len(fields)} extra field(s)")
     obj = object.__new__(cls)
-    for (field, s), value in zip(fields, raw[1:], strict=True):
+    for (field, s), value in zip(fields, raw[1:], strict=False):
         object.__setattr__(obj, field, s.from_wire(value, name, field))
+    left_off = len(fields) + 1 - len(raw)  # trailing fields at their default
+    for field, default in tail[len(tail) - left_off :]:
+        object.__setattr__(obj, field, default)
     return obj
 
 

@@ -45,6 +45,8 @@ DIGEST = Bytes(32, sizes=(32,))
 OPTIONAL_DIGEST = Bytes(32, sizes=(0, 32))
 # Compute precisions a run may fix for its workers (see verify.auditor: one regime each)
 WORKER_PRECISIONS = ("fp32", "bf16")
+# dtypes a run may publish its policy versions in (trainer.checkpoint.from_state_dict)
+WEIGHT_DTYPES = ("float32", "bfloat16")
 NAME_CHARS = string.ascii_lowercase + string.digits + "-_."
 RUN_ID = Str(64, min_len=1, charset=NAME_CHARS)
 ROLES = ("inference", "trainer", "validator", "relay")
@@ -95,6 +97,10 @@ class RunManifest(WireObject):
     worker_precision: str = spec(Str(8, choices=WORKER_PRECISIONS), default="fp32")
     # content id of the model's calibration file (verify.calibration); b"" = not pinned
     calibration_digest: bytes = spec(OPTIONAL_DIGEST, default=b"")
+    # -- fields below are on the wire only when not at their default (protocol.codec) --
+    # the dtype policy versions are published in: "float32" = the trainer's weights as held
+    # (its fp32 master), "bfloat16" = floating tensors cast from the master at each publish
+    weights_dtype: str = spec(Str(16, choices=WEIGHT_DTYPES), default="float32", omit_default=True)
 
 
 @wire("run_release", schema=1, max_bytes=64 * KiB)

@@ -14,8 +14,10 @@ data section), then the data.
 
 Public API: `Checkpoint` (parsed file: `tensors` in file order with byte ranges, `data`),
 `parse(data)`, `canonical_bytes(tensors)` from `{name: (dtype, shape, raw bytes)}`,
-`canonicalize(data)` (any safetensors file -> canonical bytes), `from_state_dict(sd)`
-(torch tensors -> canonical bytes), `from_model_dir(path)` (every `*.safetensors` of a
+`canonicalize(data)` (any safetensors file -> canonical bytes), `from_state_dict(sd, cast=)`
+(torch tensors -> canonical bytes, floating ones optionally cast, e.g. to bfloat16),
+`cast_checkpoint(data, cast)`, `snapshot_state(sd, cast)` (a copy to publish from while
+training goes on), `from_model_dir(path)` (every `*.safetensors` of a
 Hugging Face directory), `weights_digest(data)`. Bad input raises `CheckpointError` with a
 one-line message.
 """
@@ -182,8 +184,17 @@ _TORCH_DTYPES = {
 }
 
 
-def from_state_dict(state: Mapping[str, Any], prefer: Collection[str] = ()) -> bytes:
+FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
+
+
+def from_state_dict(
+    state: Mapping[str, Any], prefer: Collection[str] = (), cast: str | None = None
+) -> bytes:
     """Canonical bytes of a torch state dict (tensors copied to the CPU, contiguous).
+
+    `cast` (a torch dtype name, e.g. "bfloat16"): floating tensors are written cast to it,
+    one tensor at a time, rounding to nearest even; the tensors in `state` are untouched
+    (a trainer's fp32 master never takes the rounding). None writes them as they are.
 
     Tied weights (two names over one storage, e.g. embeddings and LM head) are written
     once, under a name in `prefer` if one is (pass the previous version's names so the
@@ -208,10 +219,43 @@ def from_state_dict(state: Mapping[str, Any], prefer: Collection[str] = ()) -> b
         dtype = _TORCH_DTYPES.get(str(t.dtype).removeprefix("torch."))
         if dtype is None:
             raise CheckpointError(f"tensor {name!r}: unsupported dtype {t.dtype}")
-        t = t.detach().to("cpu").contiguous()
+        t = t.detach().to("cpu")
+        if cast is not None and dtype in FLOAT_DTYPES:
+            t = t.to(getattr(torch, cast))  # a new tensor: the caller's stays as it was
+            dtype = _TORCH_DTYPES[cast]
+        t = t.contiguous()
         raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
         out[name] = (dtype, tuple(t.shape), raw)
     return canonical_bytes(out)
+
+
+def snapshot_state(state: Mapping[str, Any], cast: str | None = None) -> dict[str, Any]:
+    """A copy of a state dict that later training steps cannot change (what a trainer
+    publishes from). None: each tensor cloned as it is. With `cast`, floating tensors are
+    copied cast to it (half the memory of an fp32 clone for bfloat16) and tied tensors
+    (one storage under two names) stay tied, so the version writes them once."""
+    import torch  # deferred: heavy import
+
+    if cast is None:
+        return {k: v.detach().clone() for k, v in state.items()}
+    dtype = getattr(torch, cast)
+    copies: dict[tuple[int, tuple[int, ...], tuple[int, ...], str], Any] = {}
+    out: dict[str, Any] = {}
+    for name, t in state.items():
+        alias = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.dtype))
+        if alias not in copies or not t.numel():
+            t = t.detach()
+            copies[alias] = t.to(dtype, copy=True) if t.is_floating_point() else t.clone()
+        out[name] = copies[alias]
+    return out
+
+
+def cast_checkpoint(data: bytes, cast: str | None) -> bytes:
+    """A canonical checkpoint with its floating tensors cast to `cast` (see
+    `from_state_dict`); `data` itself when `cast` is None."""
+    if cast is None:
+        return data
+    return from_state_dict(to_state_dict(data), cast=cast)
 
 
 def to_state_dict(data: bytes) -> dict[str, Any]:

@@ -20,7 +20,16 @@ Patch file (msgpack map):
     {"format": "swarm-rl-patch/1", "base": <32 bytes>, "target": <32 bytes>,
      "tensors": [[name, element size, changed count, zlib(gap indices), zlib(values)], ...]}
 
-Public API: `make_patch(base, target) -> bytes`, `apply_patch(base, patch) -> bytes`,
+A *difference* patch (`make_patch(..., difference=True)`, what a bf16 run publishes) suits
+a step that nudges nearly every value by a few units in the last place: per changed tensor
+it stores every element's `(new - old) mod 2**bits` of the raw bit patterns, the bytes
+split into planes (all low bytes, then the next, ...) and zlib-compressed. Most differences
+are small, so the high planes are nearly constant and compress to almost nothing; applying
+adds them back (wrapping), which is exact whatever the values:
+    {"format": "swarm-rl-diff/1", "base": ..., "target": ...,
+     "tensors": [[name, element size, element count, changed count, zlib(planes)], ...]}
+
+Public API: `make_patch(base, target, difference=False) -> bytes`, `apply_patch(base, patch) -> bytes`,
 `patch_stats(patch)`, `PatchError`. Decompression is bounded by the sizes the patch
 declares and the base tensor's size (no zip bomb gets past it).
 """
@@ -36,6 +45,7 @@ import numpy as np
 from trainer.checkpoint import Checkpoint, CheckpointError, parse, weights_digest
 
 FORMAT = "swarm-rl-patch/1"
+DIFF_FORMAT = "swarm-rl-diff/1"
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 ZLIB_LEVEL = 6
 MAX_PATCH_TENSORS = 1_000_000
@@ -49,8 +59,9 @@ def _same_layout(a: Checkpoint, b: Checkpoint) -> bool:
     return a.header_end == b.header_end and a.data[: a.header_end] == b.data[: b.header_end]
 
 
-def make_patch(base: bytes, target: bytes) -> bytes:
-    """The exact patch turning canonical checkpoint `base` into `target`."""
+def make_patch(base: bytes, target: bytes, difference: bool = False) -> bytes:
+    """The exact patch turning canonical checkpoint `base` into `target` (an overwrite
+    patch, or a difference patch with `difference`; see the module docstring)."""
     try:
         a, b = parse(base), parse(target)
     except CheckpointError as exc:
@@ -67,6 +78,13 @@ def make_patch(base: bytes, target: bytes) -> bytes:
         changed = np.flatnonzero(old != new)
         if changed.size == 0:
             continue
+        if difference:
+            diff = (new - old).astype(new.dtype.newbyteorder("<"))  # wraps mod 2**bits
+            planes = diff.view(np.uint8).reshape(-1, size).T.tobytes()  # (size, count)
+            entries.append(
+                [t.name, size, int(diff.size), int(changed.size), zlib.compress(planes, ZLIB_LEVEL)]
+            )
+            continue
         gaps = np.diff(changed, prepend=0).astype("<u4")
         values = new[changed].astype(new.dtype.newbyteorder("<"))
         entries.append(
@@ -79,7 +97,7 @@ def make_patch(base: bytes, target: bytes) -> bytes:
             ]
         )
     patch = {
-        "format": FORMAT,
+        "format": DIFF_FORMAT if difference else FORMAT,
         "base": weights_digest(base),
         "target": weights_digest(target),
         "tensors": entries,
@@ -103,8 +121,8 @@ def read_patch(patch: bytes) -> dict[str, Any]:
         )
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise PatchError(f"patch is not msgpack: {exc}") from None
-    if not isinstance(p, dict) or p.get("format") != FORMAT:
-        raise PatchError(f"not a {FORMAT} patch")
+    if not isinstance(p, dict) or p.get("format") not in (FORMAT, DIFF_FORMAT):
+        raise PatchError(f"not a {FORMAT} or {DIFF_FORMAT} patch")
     for key in ("base", "target"):
         if not (isinstance(p.get(key), bytes) and len(p[key]) == 32):
             raise PatchError(f"patch field {key!r} is not a 32-byte digest")
@@ -112,6 +130,19 @@ def read_patch(patch: bytes) -> dict[str, Any]:
     if not isinstance(tensors, list):
         raise PatchError("patch field 'tensors' is not a list")
     for e in tensors:
+        if p["format"] == DIFF_FORMAT:
+            if not (
+                isinstance(e, list)
+                and len(e) == 5
+                and isinstance(e[0], str)
+                and e[1] in _UINT
+                and isinstance(e[2], int)
+                and isinstance(e[3], int)
+                and 0 < e[3] <= e[2]
+                and isinstance(e[4], bytes)
+            ):
+                raise PatchError("patch holds a malformed tensor entry")
+            continue
         if not (
             isinstance(e, list)
             and len(e) == 5
@@ -149,7 +180,8 @@ def apply_patch(base: bytes, patch: bytes) -> bytes:
     by_name = ck.by_name()
     out = bytearray(base)
     seen: set[str] = set()
-    for name, size, n, zgaps, zvalues in p["tensors"]:
+    difference = p["format"] == DIFF_FORMAT
+    for name, size, n, a, b in p["tensors"]:
         t = by_name.get(name)
         if t is None or name in seen:
             raise PatchError(f"patch names tensor {name!r} absent from the base (or twice)")
@@ -157,12 +189,22 @@ def apply_patch(base: bytes, patch: bytes) -> bytes:
         count = t.nbytes // size if t.nbytes else 0
         if _element_size(t.dtype, t.nbytes, t.shape) != size or n > count:
             raise PatchError(f"patch entry {name!r} does not fit the base tensor")
+        view = np.frombuffer(out, dtype=_UINT[size], count=count, offset=t.begin)
+        if difference:
+            if n != count:
+                raise PatchError(f"patch entry {name!r} does not fit the base tensor")
+            planes = np.frombuffer(_inflate(b, size * n, name), dtype=np.uint8)
+            diff = planes.reshape(size, n).T.copy().view(np.dtype(_UINT[size]).newbyteorder("<"))
+            if np.count_nonzero(diff) != a:
+                raise PatchError(f"patch entry {name!r}: changed count does not match")
+            view += diff.reshape(n).astype(_UINT[size])  # wraps mod 2**bits
+            continue
+        zgaps, zvalues = a, b
         gaps = np.frombuffer(_inflate(zgaps, 4 * n, name), dtype="<u4").astype(np.int64)
         idx = np.cumsum(gaps)
         if idx[-1] >= count or (n > 1 and not np.all(gaps[1:] > 0)):
             raise PatchError(f"patch entry {name!r}: indices out of range or not increasing")
         values = np.frombuffer(_inflate(zvalues, size * n, name), dtype=_UINT[size])
-        view = np.frombuffer(out, dtype=_UINT[size], count=count, offset=t.begin)
         view[idx] = values
     result = bytes(out)
     if weights_digest(result) != p["target"]:
@@ -175,6 +217,6 @@ def patch_stats(patch: bytes) -> dict[str, int]:
     p = read_patch(patch)
     return {
         "tensors": len(p["tensors"]),
-        "changed": sum(e[2] for e in p["tensors"]),
+        "changed": sum(e[3] if p["format"] == DIFF_FORMAT else e[2] for e in p["tensors"]),
         "bytes": len(patch),
     }

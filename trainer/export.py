@@ -19,7 +19,8 @@ can take "snapshot + patches" from many holders.
 
 Public API: `shard_layout(data, max_shard_bytes) -> list[(offset, size)]`,
 `shard_infos(data, layout)`, `full_manifest(...)`, `delta_manifest(...)`,
-`export_version(version, data, parent=None, max_shard_bytes=...) -> list[Exported]`,
+`export_version(version, data, parent=None, max_shard_bytes=..., difference=False)
+-> list[Exported]`,
 `is_snapshot(version, snapshot_every)`, `DEFAULT_SHARD_BYTES`.
 """
 
@@ -161,9 +162,11 @@ def export_version(
     parent: tuple[int, bytes] | None = None,
     *,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    difference: bool = False,
 ) -> list[Exported]:
     """The full manifest of `data` as version `version`, plus a delta from `parent`
-    = (parent version, parent canonical bytes) when the layouts match."""
+    = (parent version, parent canonical bytes) when the layouts match and the patch is
+    smaller (a difference patch with `difference`, see `trainer.delta`)."""
     if parent is not None and parent[0] >= version:
         raise ExportError(f"version {version} must be newer than its parent {parent[0]}")
     parent_ref = (parent[0], weights_digest(parent[1])) if parent is not None else None
@@ -174,7 +177,7 @@ def export_version(
     ]
     if parent is not None:
         try:
-            patch = make_patch(parent[1], data)
+            patch = make_patch(parent[1], data, difference=difference)
         except PatchError:
             return out  # a layout change ships as a full version only
         if len(patch) < len(data):

@@ -67,7 +67,7 @@ from protocol.body_pull import PullConfig
 from protocol.credit import CreditBook, FalseClaim, OutOfOrder
 from protocol.standing import Banned, Decision, StandingBook, State
 from protocol.verified import Status, VerifiedRule, Vote, judge
-from trainer.checkpoint import from_state_dict
+from trainer.checkpoint import from_state_dict, snapshot_state
 from trainer.groups import heldout_items, heldout_solved
 from trainer.model_dir import load_model_dir
 from trainer.samples import Refused, Rescorer
@@ -536,7 +536,8 @@ class TrainerRole:
         trainer, io, weights = self.trainer, self.io, self.peer.weights
         assert weights is not None, "called only for a peer that keeps weights"
         try:
-            state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            dtype = self.manifest.weights_dtype  # "float32": the master as it is
+            state = snapshot_state(self.model.state_dict(), None if dtype == "float32" else dtype)
             self.published = await weights.publish(state)
             self.collector.on_published(self.published, time.time())
             self.publish_error = None

@@ -13,7 +13,12 @@ this node's key (which must be one of the run manifest's `trainer_keys`, else
 announcement (the delta if there is one, else the full manifest) is gossiped on the
 run's weights topic. Publish the same set of tensors every time (e.g. the model's
 `state_dict()` each time, cast the way the swarm should run it: bf16 keeps patches small)
-so that versions after the first one ship as patches. Returns the new version number.
+so that versions after the first one ship as patches. The run manifest's `weights_dtype`
+fixes the dtype of what is published (`version_bytes`): "bfloat16" casts floating tensors
+from the weights given (the trainer's fp32 master, left untouched) and ships each patch as
+a difference patch (`trainer.delta`). Version 0 is the model directory as every role loads
+it, so in a bf16 run version 1 changes the layout and ships as a full version only; later
+versions patch the previous bf16 one. Returns the new version number.
 Other calls: `installed()`, `newest()`, `target`, `load_state_dict(v)` (torch tensors of
 an installed version, for a hot swap), `wait_installed(v)` (with progress), `status()`.
 
@@ -75,7 +80,14 @@ from protocol.identity import peer_id_to_b58
 from protocol.shard_schedule import Cancel, DropPeer, Request, ScheduleConfig, ShardScheduler
 from protocol.weights_plan import Offer, plan
 from protocol.wire import WeightManifest
-from trainer.checkpoint import CheckpointError, canonicalize, from_state_dict, parse, to_state_dict
+from trainer.checkpoint import (
+    CheckpointError,
+    canonicalize,
+    cast_checkpoint,
+    from_state_dict,
+    parse,
+    to_state_dict,
+)
 from trainer.export import DEFAULT_SHARD_BYTES, ExportError, export_version, is_snapshot
 
 log = logging.getLogger("swarm.weights")
@@ -229,11 +241,16 @@ class WeightSync:
         if newest is not None:
             parent = (newest, await trio.to_thread.run_sync(self.store.read_version, newest))
             names = {t.name for t in parse(parent[1]).tensors}
-        data = await trio.to_thread.run_sync(_canonical, weights, names)
+        dtype = self.peer.manifest.weights_dtype
+        data = await trio.to_thread.run_sync(version_bytes, weights, names, dtype)
         try:
             exported = await trio.to_thread.run_sync(
                 lambda: export_version(
-                    version, data, parent, max_shard_bytes=self.settings.shard_bytes
+                    version,
+                    data,
+                    parent,
+                    max_shard_bytes=self.settings.shard_bytes,
+                    difference=dtype != "float32",
                 )
             )
         except ExportError as exc:
@@ -574,14 +591,19 @@ class WeightSync:
         self.sched.on_have(peer, mid, shard_exchange.from_bitfield(bits, n), trio.current_time())
 
 
-def _canonical(
-    weights: bytes | Mapping[str, Any] | str | os.PathLike[str], names: set[str]
+def version_bytes(
+    weights: bytes | Mapping[str, Any] | str | os.PathLike[str], names: set[str], dtype: str
 ) -> bytes:
+    """The canonical bytes a run publishes for `weights` (a state dict, checkpoint bytes or
+    a `.safetensors` path): tied tensors under `names` (the previous version's) when they
+    have one, floating tensors cast to the run's `weights_dtype` `dtype` unless it is
+    "float32", which publishes them as given. Blocking: call it in a thread."""
+    cast = None if dtype == "float32" else dtype
     try:
         if isinstance(weights, bytes | bytearray):
-            return canonicalize(bytes(weights))
+            return cast_checkpoint(canonicalize(bytes(weights)), cast)
         if isinstance(weights, str | os.PathLike):
-            return canonicalize(Path(weights).read_bytes())
-        return from_state_dict(weights, prefer=names)
+            return cast_checkpoint(canonicalize(Path(weights).read_bytes()), cast)
+        return from_state_dict(weights, prefer=names, cast=cast)
     except (CheckpointError, OSError) as exc:
         raise WeightsError(f"cannot publish: {exc}") from None
