@@ -142,6 +142,11 @@ class WeightSync:
 
     # -- public -------------------------------------------------------------------------
 
+    def note_installed(self, version: int, digest: bytes) -> None:
+        """Count `version` (file digest `digest`) as installed: the caller already wrote it
+        to the store, outside this sync's own fetches."""
+        self._installed[version] = digest
+
     def installed(self) -> dict[int, bytes]:
         """Installed versions and their digests."""
         return dict(self._installed)
@@ -349,11 +354,6 @@ class WeightSync:
     async def serve(self, stream: Any) -> None:
         """The shard protocol's stream handler: one request, answered by `server`."""
         await self.server.serve(stream)
-
-    @property
-    def _watchers(self) -> dict[str, int]:
-        """Watches of our have-map served per peer (read by swarm_node_bench/parts/weights_peer.py)."""
-        return self.server.watchers
 
     def _misbehaved(self, peer: str, offence: penalties.Offence, why: str) -> None:
         self.peer.report(peer, offence.cost, why, offence.name)

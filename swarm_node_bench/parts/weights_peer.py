@@ -96,7 +96,7 @@ async def main(a: argparse.Namespace) -> None:
                 ):
                     if item.obj.file_digest == weights_digest(checkpoint):
                         w.store.install_bytes(item.obj.version, checkpoint, item.obj.file_digest)
-                        w._installed[item.obj.version] = item.obj.file_digest
+                        w.note_installed(item.obj.version, item.obj.file_digest)
 
             peer.on_deliver(on_deliver)
         _out({"peer_id": peer.host.peer_id, "addr": peer.host.listen_addrs()[0]})
