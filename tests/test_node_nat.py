@@ -245,7 +245,7 @@ async def test_a_relay_announces_itself_through_identify_and_a_public_node_reser
 
 async def test_a_reservation_is_for_the_connected_peer_and_ends_when_it_leaves() -> None:
     """The library reserved for whatever id the request named, and kept the slot after
-    the peer left; `node.host.relay._CountingRelay` closes both."""
+    the peer left; `node.host.relay.CountingRelay` closes both."""
     from libp2p.peer.id import ID
     from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage
     from libp2p.relay.circuit_v2.pb.circuit_pb2 import PeerId as CircuitPeerId

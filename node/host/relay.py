@@ -4,7 +4,7 @@ side (reserve a slot, dial through a relay, accept relayed connections).
 Both sides run py-libp2p 0.8.1's `CircuitV2Protocol` and `CircuitV2Transport`; what we
 add and why:
 
-- `_CountingRelay`: the library keeps no count of the bytes it relays (its per-reservation
+- `CountingRelay`: the library keeps no count of the bytes it relays (its per-reservation
   `data_used` is not updated when a circuit-wide budget is set), so the hop service
   counts what it forwards for status and metrics (`relayed_bytes`).
 - The library's swarm drops `/p2p-circuit` addresses from `connect()` (it assumes no relay
@@ -14,7 +14,7 @@ add and why:
   peers; one per peer id, a refresh keeps the same one), circuits per reserved peer,
   bytes and seconds per circuit. At its reservation cap the library answers
   RESOURCE_LIMIT_EXCEEDED and keeps every existing reservation
-  (`tests/test_node_nat.py` pins it). Library gaps closed in `_CountingRelay`: a
+  (`tests/test_node_nat.py` pins it). Library gaps closed in `CountingRelay`: a
   reservation request could name any peer id, a slot outlived its peer's connection, and
   one IP address could take every slot with fresh identities (now at most
   `max_reservations_per_ip`).
@@ -102,7 +102,7 @@ class _ConnectedOnlyReservations(RelayResourceManager):
             del self._reservations[peer_id]
 
 
-class _CountingRelay(CircuitV2Protocol):
+class CountingRelay(CircuitV2Protocol):
     """The library's relay protocol, counting the bytes it forwards between circuit ends,
     with reservations only for the peer on the connection and only while it is connected."""
 
@@ -112,6 +112,7 @@ class _CountingRelay(CircuitV2Protocol):
         super().__init__(*args, **kwargs)
         self.resource_manager = _ConnectedOnlyReservations(self.limits, self.host)
         self._ips: dict[ID, str] = {}  # reserved peer -> the IP it reserved from
+        self._pending: dict[str, int] = {}  # IP -> its requests the library is answering
 
     max_per_ip = 8  # set by RelayEndpoint from RelayLimitsConfig
 
@@ -123,9 +124,12 @@ class _CountingRelay(CircuitV2Protocol):
         ip = _remote_ip(stream)
         manager = self.resource_manager
         manager._clean_expired()
-        if ip is not None and peer not in manager._reservations:
+        counted = ip is not None and peer not in manager._reservations
+        if ip is not None and counted:
+            # Requests still being answered count too: checked and recorded before the
+            # library's await, so concurrent requests from one IP cannot pass the cap together.
             from_ip = sum(1 for p in manager._reservations if self._ips.get(p) == ip)
-            if from_ip >= self.max_per_ip:
+            if from_ip + self._pending.get(ip, 0) >= self.max_per_ip:
                 await write_delimited_msg(
                     stream,
                     HopMessage(
@@ -134,11 +138,20 @@ class _CountingRelay(CircuitV2Protocol):
                     ),
                 )
                 return
-        await super()._handle_reserve(stream, msg)
-        if peer in manager._reservations and ip is not None:
-            self._ips[peer] = ip
-        for gone in [p for p in self._ips if p not in manager._reservations]:
-            del self._ips[gone]
+            self._pending[ip] = self._pending.get(ip, 0) + 1
+        try:
+            await super()._handle_reserve(stream, msg)
+        finally:
+            if ip is not None and counted:
+                left = self._pending.get(ip, 1) - 1
+                if left > 0:
+                    self._pending[ip] = left
+                else:
+                    self._pending.pop(ip, None)
+            if peer in manager._reservations and ip is not None:
+                self._ips[peer] = ip
+            for gone in [p for p in self._ips if p not in manager._reservations]:
+                del self._ips[gone]
 
     async def _read_stream_with_retry(self, stream: Any, *args: Any, **kwargs: Any) -> bytes | None:
         data = await super()._read_stream_with_retry(stream, *args, **kwargs)
@@ -156,7 +169,7 @@ class RelayEndpoint:
             serve.check()
         self._host = host
         limits = (serve or RelayLimitsConfig()).library_limits()
-        self.protocol = _CountingRelay(host.libp2p, limits=limits, allow_hop=serve is not None)
+        self.protocol = CountingRelay(host.libp2p, limits=limits, allow_hop=serve is not None)
         self.protocol.max_per_ip = (serve or RelayLimitsConfig()).max_reservations_per_ip
         roles = RelayRole.STOP | RelayRole.CLIENT | (RelayRole.HOP if serve else RelayRole(0))
         self.transport = CircuitV2Transport(
