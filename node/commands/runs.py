@@ -49,19 +49,26 @@ def main(addrs: list[str], *, as_json: bool = False) -> None:
 
 
 async def _ask_all(addrs: list[str]) -> list[Any]:
+    """Ask every address at once (a slow or hanging peer cannot use up the others' time),
+    within one deadline; an address that has not answered by then is reported timed out."""
     from node import join  # deferred: heavy import
     from node.host.host import open_host  # deferred: heavy import
 
-    out: list[join.Answer] = []
+    answers: dict[int, join.Answer] = {}
+
+    async def ask_one(host: Any, index: int, addr: str) -> None:
+        answers[index] = await join.ask(host, addr)
+
     with trio.move_on_after(ASK_TIMEOUT_S):
         async with open_host(Identity.generate().private_bytes(), ["/ip4/127.0.0.1/tcp/0"]) as host:
-            for addr in addrs:
-                out.append(await join.ask(host, addr))
-    out += [
-        join.Answer(a, cause=join.TIMED_OUT, detail=f"not asked within {ASK_TIMEOUT_S:g} s")
-        for a in addrs[len(out) :]
+            async with trio.open_nursery() as nursery:
+                for index, addr in enumerate(addrs):
+                    nursery.start_soon(ask_one, host, index, addr)
+    return [
+        answers.get(index)
+        or join.Answer(addr, cause=join.TIMED_OUT, detail=f"no answer within {ASK_TIMEOUT_S:g} s")
+        for index, addr in enumerate(addrs)
     ]
-    return out
 
 
 def _row(answer: Any, served: Any) -> dict[str, Any]:
