@@ -537,7 +537,9 @@ class TrainerRole:
         assert weights is not None, "called only for a peer that keeps weights"
         try:
             dtype = self.manifest.weights_dtype  # "float32": the master as it is
-            state = snapshot_state(self.model.state_dict(), None if dtype == "float32" else dtype)
+            state = await trio.to_thread.run_sync(  # a whole-model copy: off the event loop
+                snapshot_state, self.model.state_dict(), None if dtype == "float32" else dtype
+            )
             self.published = await weights.publish(state)
             self.collector.on_published(self.published, time.time())
             self.publish_error = None
