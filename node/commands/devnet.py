@@ -33,6 +33,7 @@ import dataclasses
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -134,8 +135,16 @@ class _Signals:
         return previous
 
 
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the node binds it itself)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _spawn(name: str, role: str, root: Path, run: Path, extra: list[str]) -> NodeProc:
     d = root / "nodes" / name
+    page = f"127.0.0.1:{_free_port()}"
     _node_key(root, name)
     key = d / "node.key"
     log = d / "node.log"
@@ -154,6 +163,8 @@ def _spawn(name: str, role: str, root: Path, run: Path, extra: list[str]) -> Nod
         str(d / "data"),
         "--listen",
         "/ip4/127.0.0.1/tcp/0",
+        "--metrics",
+        page,
         *extra,
     ]
     fh = open(log, "ab")  # noqa: SIM115 - the child owns it; closed when we exit
@@ -172,7 +183,7 @@ def _spawn(name: str, role: str, root: Path, run: Path, extra: list[str]) -> Nod
         preexec_fn=_child_setup(nice, os.getpid()),
     )  # noqa: PLW1509
     fh.close()
-    return NodeProc(name, role, d, proc, log)
+    return NodeProc(name, role, d, proc, log, page=f"http://{page}/")
 
 
 def _wait_banner(node: NodeProc, timeout: float) -> None:
@@ -413,6 +424,10 @@ def main(
     previous = signals.install()
     try:
         _start_nodes(swarm, root, run_path, plan, plan.rollouts_per_version(manifest))
+        console.print(
+            "devnet: status pages (live charts): "
+            + ", ".join(f"{n.name} {n.page}" for n in swarm.nodes)
+        )
         _watch(swarm, plan.duration, live, console)
         _drain_and_sample(swarm, console)
     except KeyboardInterrupt:

@@ -41,6 +41,7 @@ from node.commands import start_run
 from node.commands.addrs import check_addrs, check_listen
 from node.config import NodeConfig, config_options, flag_overrides, load_config
 from node.console import sayer
+from node.dashboard import History
 from node.errors import CommandError
 from node.keyfile import read_key
 from node.log_format import configure
@@ -390,6 +391,7 @@ def _say_started(
     _say(f"  peers reached: {len(peer.host.connected_peers())}")
     if metrics_at is not None:
         _say(f"  metrics at http://{metrics_at[0]}:{metrics_at[1]}/metrics")
+        _say(f"  status page at http://{metrics_at[0]}:{metrics_at[1]}/")
 
 
 def _status(peer: Any, io: RoleIO) -> dict[str, Any]:
@@ -413,7 +415,9 @@ async def _serve(
             nursery.start_soon(_stop_on_signal, signals, io, nursery.cancel_scope)
             nursery.start_soon(_status_loop, peer, io, data_dir)
             if scrape is not None:
-                nursery.start_soon(metrics.serve, scrape, lambda: _status(peer, io))
+                history = History()
+                nursery.start_soon(history.sample_forever, lambda: _status(peer, io))
+                nursery.start_soon(metrics.serve, scrape, lambda: _status(peer, io), history)
             nursery.start_soon(module.run, peer, role_config, io)
             if duration is not None:
                 await trio.sleep(duration)
