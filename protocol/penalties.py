@@ -213,6 +213,12 @@ PRODUCER_LACKS_BODY = Offence(
 BAD_SHARD = Offence(
     "bad_shard", -50.0, Payer.SERVING_PEER, "a weight shard that fails its signed digest"
 )
+BAD_MODEL_FILES = Offence(
+    "bad_model_files",
+    -50.0,
+    Payer.SERVING_PEER,
+    "model files or base weights that fail the run manifest's pin",
+)
 FALSE_CLAIM = Offence(
     "false_claim",
     -20.0,
@@ -312,6 +318,7 @@ TABLE: tuple[Offence, ...] = (
     WRONG_RECORD,
     PRODUCER_LACKS_BODY,
     BAD_SHARD,
+    BAD_MODEL_FILES,
     FALSE_CLAIM,
     OUT_OF_ORDER,
     FAILED_AUDIT,

@@ -55,11 +55,16 @@ from node.commands.devnet_report import node_totals, say_summary, write_report
 from node.commands.run_sign import without_release
 from node.errors import CommandError
 from node.keyfile import read_key, write_key
+from node.model_fetch import read_bundle_files
+from node.paths import resolve_model
 from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml, release_to_toml
+from protocol.content_id import content_id
 from protocol.identity import Identity
+from protocol.model_bundle import encode_bundle
 from protocol.run_manifest import seal_release
 from protocol.standing import HOLD_S
 from trainer import tiny_policy
+from trainer.checkpoint import from_model_dir
 
 DEFAULT_DURATION_S = 300.0
 START_TIMEOUT_S = 120.0
@@ -416,6 +421,7 @@ def main(
     root = Path(out) if out else Path.cwd() / "devnet-reports" / time.strftime("%Y%m%d-%H%M%S")
     manifest, run_path = _write_run(run, root, validators)
     _prepare_policy(manifest, console)
+    manifest = _pin_model(manifest, run_path, root)
     swarm = _Swarm()
     interrupted = False
     # SIGTERM (`timeout`, a service manager) stops the devnet as Ctrl-C does: the nodes are
@@ -523,6 +529,23 @@ def _prepare_policy(manifest: Any, console: Any) -> None:
         console.print(f"devnet: policy {'built' if built else 'cached'} at {path}")
         digest = ensure_calibration(path, force=built, say=lambda m: console.print(f"  {m}"))
         console.print(f"devnet: audit limits calibrated ({digest[:16]})")
+
+
+def _pin_model(manifest: Any, run_path: Path, root: Path) -> Any:
+    """The run with its model pinned (`model_digest`, `model_files_digest`) where it was
+    not, so a node can join the devnet with `start --join` and fetch the model from it;
+    the run file is rewritten and signed again when anything was added."""
+    if manifest.model_digest and manifest.model_files_digest:
+        return manifest
+    model_dir = resolve_model(None, manifest.model, None)
+    pinned = dataclasses.replace(
+        manifest,
+        model_digest=manifest.model_digest or content_id(from_model_dir(model_dir)),
+        model_files_digest=manifest.model_files_digest
+        or content_id(encode_bundle(read_bundle_files(model_dir))),
+    )
+    run_path.write_text(_signed(manifest_to_toml(pinned), pinned, root))
+    return pinned
 
 
 def _restore_signals(previous: dict[int, Any]) -> None:

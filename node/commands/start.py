@@ -22,6 +22,7 @@ with separate data directories.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -45,10 +46,13 @@ from node.dashboard import History
 from node.errors import CommandError
 from node.keyfile import read_key
 from node.log_format import configure
-from node.paths import node_dir, required_path
+from node.model_fetch import fetched_dir, fetched_version, read_bundle_files
+from node.paths import model_roots, node_dir, required_path
 from node.roles import RoleConfig, RoleIO, check_local, role_module
 from protocol.content_id import content_id
+from protocol.model_bundle import encode_bundle
 from trainer.checkpoint import CheckpointError, from_model_dir
+from trainer.model_dir import ModelDirError, check_model_dir
 
 STATUS_FILE = "status.json"
 LOCK_FILE = "node.lock"
@@ -109,6 +113,22 @@ def _base_weights(model_dir: Path, manifest: Any) -> bytes:
             f"model_digest is {manifest.model_digest.hex()}: not the run's model"
         )
     return data
+
+
+def _serve_model(peer: Any, manifest: Any, model_dir: Path) -> None:
+    """Serve what joiners fetch of the run's model: the bundle of `model_dir`'s files when
+    it is the one the run pins, and version 0's weights when they are installed."""
+    blobs: dict[bytes, bytes | Path] = {}
+    if manifest.model_files_digest:
+        bundle = encode_bundle(read_bundle_files(model_dir))
+        if content_id(bundle) == manifest.model_files_digest:
+            blobs[manifest.model_files_digest] = bundle
+    if manifest.model_digest and peer.weights.installed().get(0) == manifest.model_digest:
+        blobs[manifest.model_digest] = peer.weights.path(0)
+    if blobs:
+        from node.exchange.model_files import serve_model  # deferred: heavy import
+
+        serve_model(peer.host, manifest.run_id, blobs, peer.bad_request)
 
 
 def parse_local_train(value: str | None, role: str | None) -> tuple[int, int] | None:
@@ -205,8 +225,14 @@ def main(cfg: NodeConfig, opts: StartOptions | None = None) -> None:
         local_train=split,
     )
     io = RoleIO(say=lambda m: _say(f"  {m}"))
-    model_dir = check_local(role, role_config, manifest)  # model and datasets: before the network
-    base = _base_weights(model_dir, manifest) if model_dir is not None else None
+    role_config, fetch_to = _model_or_fetch(role, role_config, manifest, bool(join_addrs))
+    # the model and datasets: checked before the network (a model to fetch: after joining)
+    model_dir = None if fetch_to is not None else check_local(role, role_config, manifest)
+    base = (
+        _base_weights(model_dir, manifest)
+        if model_dir is not None and fetched_version(model_dir) in (None, 0)
+        else None
+    )
     lock = _lock(ddir)
     try:
         trio.run(
@@ -224,9 +250,39 @@ def main(cfg: NodeConfig, opts: StartOptions | None = None) -> None:
             base,
             metrics_at,
             run_choice,
+            model_dir or fetch_to,
+            fetch_to is not None,
         )
     finally:
         lock.close()
+
+
+FETCHING_ROLES = ("inference", "validator")  # roles that may fetch the run's model
+
+
+def _model_or_fetch(
+    role: str, config: RoleConfig, manifest: Any, joining: bool
+) -> tuple[RoleConfig, Path | None]:
+    """(the role's config, the directory to fetch the run's model into, or None). A node
+    that joins a run, was given no `--model` and finds no model directory of the run's
+    fetches the model from its peers when the run pins its files (`model_files_digest`):
+    into `<data root>/models/run-<digest>/`, used as is when already there."""
+    model = getattr(config, "model", None)
+    if not joining or model is None or model.model or role not in FETCHING_ROLES:
+        return config, None
+    try:
+        check_local(role, config, manifest)
+        return config, None
+    except CommandError:
+        if not manifest.model_files_digest:
+            raise
+    dest = fetched_dir(model_roots(model.models_dir)[0], manifest.model_files_digest)
+    config = dataclasses.replace(config, model=dataclasses.replace(model, model=str(dest)))
+    try:
+        check_model_dir(dest)
+        return config, None  # fetched before
+    except ModelDirError:
+        return config, dest
 
 
 def _check_limits(duration: float | None, max_rollouts: int | None) -> None:
@@ -295,6 +351,8 @@ async def _run(
     base: bytes | None = None,
     metrics_at: tuple[str, int] | None = None,
     run_choice: Any = None,
+    model_dir: Path | None = None,
+    fetch_model_first: bool = False,
 ) -> None:
     from node.host.host import ListenFailed  # deferred: heavy import
     from node.peer.peer import open_peer  # deferred: heavy import
@@ -311,8 +369,14 @@ async def _run(
                 from node.peer.run_service import RunService  # deferred: heavy import
 
                 RunService(peer, run_choice.release, run_choice.pin)  # serves until the host closes
+            if fetch_model_first and model_dir is not None:
+                from node.model_fetch import fetch_model  # deferred: heavy import
+
+                base = await fetch_model(peer, manifest, model_dir, io.say)
             if base is not None and peer.weights is not None:
                 await peer.weights.adopt_base(base)  # version 0: the model directory
+            if model_dir is not None and peer.weights is not None:
+                _serve_model(peer, manifest, model_dir)
             _say_started(
                 peer, role, manifest, data_dir, boot, metrics_at if scrape is not None else None
             )

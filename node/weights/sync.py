@@ -337,6 +337,10 @@ class WeightSync:
             return
         self._notify()  # our have-map lists it now if we hold any of its shards
 
+    def known_top(self) -> int:
+        """The newest version this node knows of: its target, or what a peer said it has."""
+        return max([self.target, *self._peer_versions.values()])
+
     def on_hello(self, peer: str, version: int) -> None:
         """Remember the newest version `peer` said it has."""
         self._peer_versions[peer] = version
