@@ -44,6 +44,32 @@ def read_bundle_files(model_dir: Path) -> dict[str, bytes]:
     }
 
 
+def model_availability(manifest: Any, model: str | None, models_root: Path) -> tuple[str, str]:
+    """(level, line) for `doctor`: where a node would find the run's model — `model` (the
+    `--model` given, or None for the run's), a directory fetched before, or the run's
+    peers when the run pins its files — with level "ok", or "FAIL" when it has none."""
+    from node.paths import resolve_model  # deferred: needs the CLI's error type only here
+    from trainer.model_dir import ModelDirError, check_model_dir  # deferred: see above
+
+    try:
+        path = check_model_dir(resolve_model(model, manifest.model, models_root))
+        return "ok", f"model: {path}"
+    except (CommandError, ModelDirError) as exc:
+        missing = str(exc)
+    if manifest.model_files_digest:
+        dest = fetched_dir(models_root, manifest.model_files_digest)
+        if (dest / "config.json").is_file():
+            return "ok", f"model: fetched before, in {dest}"
+        return "ok", (
+            "model: none here; `start --join` fetches it from the run's peers "
+            f"(files pinned {manifest.model_files_digest.hex()[:16]}...) into {dest}"
+        )
+    return "FAIL", (
+        f"model: {missing}; the run does not pin its model files for joiners to fetch "
+        "(model_files_digest): get the model directory and pass --model DIR"
+    )
+
+
 def fetched_dir(data_root: Path, files_digest: bytes) -> Path:
     """Where the model pinned by `files_digest` is kept once fetched."""
     return data_root / "models" / f"run-{files_digest.hex()[:16]}"

@@ -5,6 +5,7 @@ foreign-signed ones, and `doctor` names what stands in the way."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 from node.keyfile import write_key
 from node.run_file import manifest_to_toml
 from node.testing.records import net_manifest
+from protocol.content_id import content_id
 from protocol.identity import Identity
 from tests.support.cli import ROOT, run_cli
 
@@ -40,9 +42,21 @@ def _peer_id(key: Path) -> str:
     return run_cli("id", str(key)).stdout.strip()
 
 
-def _run_file(tmp: Path, name: str, run_id: str, authority: Path | None, version: int = 1) -> Path:
+def _run_file(
+    tmp: Path,
+    name: str,
+    run_id: str,
+    authority: Path | None,
+    version: int = 1,
+    pin_files: bool = False,
+) -> Path:
+    """A run file (signed by `authority` unless None); `pin_files`: the run pins model
+    files for joiners to fetch (`model_files_digest`; no peer serves them here)."""
     path = tmp / f"{name}.toml"
-    path.write_text(manifest_to_toml(net_manifest(run_id)))
+    manifest = net_manifest(run_id)
+    if pin_files:
+        manifest = dataclasses.replace(manifest, model_files_digest=content_id(b"model files"))
+    path.write_text(manifest_to_toml(manifest))
     if authority is not None:
         r = run_cli("run", "sign", str(path), "--key", str(authority), "--version", str(version))
         assert r.returncode == 0, r.stderr
@@ -107,7 +121,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory):
     serving the same run unsigned."""
     tmp = tmp_path_factory.mktemp("runs")
     authority = _key(tmp, "authority")
-    signed = _run_file(tmp, "signed", "found", authority)
+    signed = _run_file(tmp, "signed", "found", authority, pin_files=True)
     unsigned = _run_file(tmp, "unsigned", "found", None)
     good, good_addr = _start(tmp, "good", "--run", str(signed), "--duration", "300")
     bare, bare_addr = _start(tmp, "bare", "--run", str(unsigned), "--duration", "300")
@@ -120,8 +134,17 @@ def swarm(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_doctor_exits_0_on_a_good_bootstrap(swarm) -> None:
-    r = run_cli("doctor", "--join", swarm["good"], "--data-dir", str(swarm["tmp"] / "doc"))
+    r = run_cli(
+        "doctor",
+        "--join",
+        swarm["good"],
+        "--data-dir",
+        str(swarm["tmp"] / "doc"),
+        env={"SWARM_NODE_DATA": str(swarm["tmp"] / "fresh")},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
+    # no model on this machine, but the run pins one a joiner fetches from its peers
+    assert "ok   model: none here; `start --join` fetches it from the run's peers" in r.stdout
     assert f"ok   bootstrap {swarm['good']}: answered" in r.stdout
     assert f"authority {_peer_id(swarm['authority'])}" in r.stdout and "version 1" in r.stdout
     assert "observed address: /ip4/127.0.0.1/tcp/" in r.stdout
@@ -155,6 +178,24 @@ def test_doctor_names_the_cause(swarm, case: str) -> None:
     assert r.returncode == 1, r.stdout + r.stderr
     assert expect in r.stdout, r.stdout
     assert "doctor: this node could NOT join: " in r.stdout
+
+
+def test_doctor_fails_a_run_whose_model_is_neither_here_nor_pinned(swarm) -> None:
+    unpinned = _run_file(swarm["tmp"], "unpinned", "found", None)
+    r = run_cli(
+        "doctor",
+        "--run",
+        str(unpinned),
+        "--bootstrap",
+        swarm["good"],
+        "--data-dir",
+        str(swarm["tmp"] / "doc2"),
+        env={"SWARM_NODE_DATA": str(swarm["tmp"] / "fresh")},
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL model: the built-in policy is not built yet" in r.stdout, r.stdout
+    assert "does not pin its model files for joiners to fetch" in r.stdout, r.stdout
+    assert "doctor: this node could NOT join: no model" in r.stdout, r.stdout
 
 
 def test_doctor_usage_errors_exit_2() -> None:

@@ -30,6 +30,8 @@ from node.commands.addrs import check_addrs, check_listen
 from node.commands.start_run import parse_authority
 from node.config import load_config
 from node.errors import CommandError
+from node.model_fetch import model_availability
+from node.paths import data_root
 from node.reachability import NO_RELAY, Reachability, describe
 from node.resources import available_memory, existing_parent, free_disk
 from node.run_file import load_run_release
@@ -59,6 +61,7 @@ class Report:
 
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    manifest: Any = None  # the run's manifest, once read or fetched
 
     def ok(self, text: str) -> None:
         """A passed check."""
@@ -138,6 +141,9 @@ def main(
         role,
         Path(cfg.node.data_dir).expanduser() if cfg.node.data_dir else Path.cwd(),
     )
+    manifest = local or report.manifest
+    if manifest is not None and role != "relay":
+        _model_line(report, manifest, Path(cfg.node.data_dir) if cfg.node.data_dir else None)
     for line in report.lines:
         click.echo(line)
     if report.problems:
@@ -162,6 +168,12 @@ def _local_manifest(run: Path, report: Report) -> Any:
             f"{peer_id_to_b58(authority)} (from {run})"
         )
     return manifest
+
+
+def _model_line(report: Report, manifest: Any, data_dir: Path | None) -> None:
+    """Where the node would take the run's model from (`node.model_fetch.model_availability`)."""
+    level, line = model_availability(manifest, None, data_root(data_dir))
+    report.add(level, line, "no model" if level == "FAIL" else None)
 
 
 async def _network_checks(
@@ -281,6 +293,7 @@ def _joined_manifest(
         return
     for addr, reason in choice.refusals.items():
         report.warn(f"manifest from {addr} refused: {reason}")
+    report.manifest = choice.release.manifest
     how = (
         "pinned by --authority"
         if flag
