@@ -65,7 +65,7 @@ DEFAULT_WORKLOAD = Workload(
 QUICK_WORKLOAD = Workload(peers=150, duration_s=120, publish_interval_s=60, warm_start=True)
 # 10,000 peers for an hour: the mesh, heartbeats, churn and admission state of every peer,
 # with 25 workers publishing every 10 minutes (150 rollouts, 1.5 million deliveries):
-# what 2 shared cores can carry in 10 minutes (see the README's simulator section).
+# what 2 shared cores can carry in 10 minutes (see docs/SIMULATOR.md).
 SCALE_WORKLOAD = Workload(
     peers=10_000, duration_s=3600, publish_interval_s=600, publishers=0.0025, pullers=0.002
 )
