@@ -97,9 +97,6 @@ def main(
     config: Path | None = None,
 ) -> int:
     """Run the checks, print the lines; returns the exit status (see the module docstring)."""
-    from node import settings  # deferred: heavy import
-    from node.join import quiet_library_logs  # deferred: heavy import
-
     if bool(join) == bool(run):
         raise CommandError("give --join MULTIADDR or --run RUN.toml (one of them)")
     if join and bootstrap:
@@ -120,8 +117,11 @@ def main(
     listen_addrs = check_listen(cfg.node.listen)
     flag = parse_authority(authority)
     report = Report()
-    quiet_library_logs()
     local = _local_manifest(run, report) if run else None
+    from node import settings  # deferred: heavy import
+    from node.join import quiet_library_logs  # deferred: heavy import
+
+    quiet_library_logs()
     trio.run(
         _network_checks,
         report,

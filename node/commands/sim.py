@@ -14,6 +14,7 @@ import click
 
 from node.cli_errors import one_line_errors
 from node.errors import CommandError
+from node.paths import check_writable
 from swarm_sim.report import start_note, write_outputs
 from swarm_sim.runner import progress_printer, run_scenario
 from swarm_sim.scenario import ScenarioError, load
@@ -26,6 +27,7 @@ def main(scenario: str, out: Path, seed: int, quiet: bool = False) -> None:
         scn = load(scenario)
     except ScenarioError as exc:
         raise CommandError(str(exc)) from None
+    check_writable(out, "--out")
     total = scn.workload.duration_s if scn.kind == "gossip" else 0.0
     if not quiet:
         print(f"sim: {scn.name} (seed {seed}) -> {out}", file=sys.stderr, flush=True)

@@ -46,6 +46,7 @@ from node.keyfile import read_key
 from node.log_format import configure
 from node.paths import node_dir, required_path
 from node.roles import RoleConfig, RoleIO, check_local, role_module
+from node.run_file import load_run_release
 from protocol.content_id import content_id
 from trainer.checkpoint import CheckpointError, from_model_dir
 
@@ -186,12 +187,13 @@ def main(cfg: NodeConfig, opts: StartOptions | None = None) -> None:
     role = cfg.node.role
     _check_limits(opts.duration, opts.max_rollouts)
     split = parse_local_train(opts.local_train, role)
-    _configure_logging(cfg)
     metrics_at = _metrics_addr(cfg.node.metrics)
     listen_addrs = check_listen(cfg.node.listen)
     boot = check_addrs(cfg.node.bootstrap, "--bootstrap", need_peer=True)
     join_addrs = check_addrs(opts.join, "--join", need_peer=True)
     boot += [a for a in join_addrs if a not in boot]
+    _usage_checks(cfg, join_addrs)
+    _configure_logging(cfg)
     run_choice, identity, ddir = _run_key_and_dir(cfg, role, join_addrs, opts.authority)
     manifest = run_choice.manifest
     from node import settings  # deferred: heavy import
@@ -233,6 +235,16 @@ def _check_limits(duration: float | None, max_rollouts: int | None) -> None:
         raise CommandError(f"--duration must be positive, got {duration}")
     if max_rollouts is not None and max_rollouts < 1:
         raise CommandError(f"--max-rollouts must be >= 1, got {max_rollouts}")
+
+
+def _usage_checks(cfg: NodeConfig, join: list[str]) -> None:
+    """The key and the run file read before the heavy imports, so that a missing or bad
+    one is answered at once (they are read again where they are used)."""
+    if join and cfg.node.run:
+        raise CommandError("give --run RUN.toml or --join MULTIADDR, not both")
+    read_key(required_path(None, cfg.node.key, "--key", "node.key"))
+    if not join:
+        load_run_release(required_path(None, cfg.node.run, "--run", "node.run"))
 
 
 def _configure_logging(cfg: NodeConfig) -> None:
