@@ -41,6 +41,7 @@ from node.commands import start_run
 from node.commands.addrs import check_addrs, check_listen
 from node.config import NodeConfig, config_options, flag_overrides, load_config
 from node.console import sayer
+from node.disk_trouble import DiskTrouble
 from node.errors import CommandError
 from node.keyfile import read_key
 from node.log_format import configure
@@ -89,10 +90,16 @@ def _lock(data_dir: Path) -> Any:
 
 
 def write_status(data_dir: Path, status: dict[str, Any]) -> None:
-    """Atomically replace `<data dir>/status.json`."""
+    """Atomically replace `<data dir>/status.json`; an `OSError` (a full or read-only
+    disk) leaves no temporary file behind."""
     tmp = data_dir / f".{STATUS_FILE}.tmp"
-    tmp.write_text(json.dumps(status))
-    os.replace(tmp, data_dir / STATUS_FILE)
+    try:
+        tmp.write_text(json.dumps(status))
+        os.replace(tmp, data_dir / STATUS_FILE)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def _base_weights(model_dir: Path, manifest: Any) -> bytes:
@@ -328,7 +335,10 @@ async def _run(
                 peer, role, manifest, data_dir, boot, metrics_at if scrape is not None else None
             )
             await _serve(peer, module, role_config, io, data_dir, scrape, duration)
-            write_status(data_dir, {**_status(peer, io), "stopped": True})
+            try:
+                write_status(data_dir, {**_status(peer, io), "stopped": True})
+            except OSError as exc:  # a full or read-only disk: said, not a failure to stop
+                _say(f"swarm-node: cannot write {data_dir / STATUS_FILE}: {exc.strerror or exc}")
     except ListenFailed as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:
@@ -447,8 +457,24 @@ async def _stop_on_signal(signals: Any, io: RoleIO, scope: Any) -> None:
 
 
 async def _status_loop(peer: Any, io: RoleIO, data_dir: Path) -> None:
+    """Write `status.json` each second; a disk that refuses it (full, read-only) is one
+    warning, retried with backoff (`node.disk_trouble`), and the node runs on."""
+    trouble = DiskTrouble()
+    log = logging.getLogger("swarm.node")
     while True:
-        write_status(data_dir, _status(peer, io))
+        if trouble.ready(time.monotonic()):
+            try:
+                write_status(data_dir, _status(peer, io))
+            except OSError as exc:
+                if trouble.failed(time.monotonic()):
+                    log.warning(
+                        "cannot write %s: %s; retrying with backoff",
+                        data_dir / STATUS_FILE,
+                        exc.strerror or exc,
+                    )
+            else:
+                if trouble.ok():
+                    log.warning("status.json is written again")
         await trio.sleep(1.0)
 
 
