@@ -191,7 +191,7 @@ async def _network_checks(
                 reach.listen = host.listen_addrs()
                 report.ok(f"listen: {', '.join(reach.listen)}")
                 for addr in addrs:
-                    answer = await join.ask(host, addr, probe=True)
+                    answer = await join.ask(host, addr)
                     answers.append(answer)
                     if answer.peer and answer.cause not in join.UNCONNECTED:
                         said = await identify(host, answer.peer)
