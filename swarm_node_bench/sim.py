@@ -85,7 +85,9 @@ def _peak_rss_mb() -> float:
 def _gossip(wl: Workload, seed: int, net: NetConfig | None = None) -> tuple[dict, float, int]:
     sw = Swarm(wl, net=net, churn=CHURN, seed=seed)
     t0 = time.monotonic()
-    fig = sw.run(progress_printer(wl.duration_s, "bench sim"))
+    fig = sw.run(
+        progress_printer(wl.duration_s + wl.lifetime_s, "bench sim", publish_s=wl.duration_s)
+    )
     return fig, time.monotonic() - t0, sw.loop.events
 
 

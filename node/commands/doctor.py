@@ -26,7 +26,7 @@ import click
 import trio
 
 from node.cli_errors import one_line_errors
-from node.commands.addrs import check_addrs, check_listen
+from node.commands.addrs import check_addrs, check_listen, loopback_note
 from node.commands.start_run import parse_authority
 from node.config import load_config
 from node.errors import CommandError
@@ -189,7 +189,11 @@ async def _network_checks(
                 open_reachability(host) as autonat,
             ):
                 reach.listen = host.listen_addrs()
-                report.ok(f"listen: {', '.join(reach.listen)}")
+                note = loopback_note(listen, addrs)
+                if note is None:
+                    report.ok(f"listen: {', '.join(reach.listen)}")
+                else:
+                    report.warn(f"listen: {', '.join(reach.listen)}: {note}")
                 for addr in addrs:
                     answer = await join.ask(host, addr)
                     answers.append(answer)

@@ -28,14 +28,16 @@ def main(scenario: str, out: Path, seed: int, quiet: bool = False) -> None:
     except ScenarioError as exc:
         raise CommandError(str(exc)) from None
     check_writable(out, "--out")
-    total = scn.workload.duration_s if scn.kind == "gossip" else 0.0
+    # a gossip run publishes for duration_s, then drains for lifetime_s (Swarm.run)
+    publish = scn.workload.duration_s if scn.kind == "gossip" else 0.0
+    total = publish + scn.workload.lifetime_s if scn.kind == "gossip" else 0.0
     if not quiet:
         print(f"sim: {scn.name} (seed {seed}) -> {out}", file=sys.stderr, flush=True)
     # quiet: no banner and a progress line only at each quarter of the run
     progress = (
         None
         if scn.kind != "gossip"
-        else progress_printer(total, every_fraction=0.25 if quiet else 0.0)
+        else progress_printer(total, every_fraction=0.25 if quiet else 0.0, publish_s=publish)
     )
     results, info = run_scenario(scn, seed, progress)
     try:

@@ -38,7 +38,7 @@ import trio
 from node import metrics
 from node.cli_errors import one_line_errors
 from node.commands import start_run
-from node.commands.addrs import check_addrs, check_listen
+from node.commands.addrs import check_addrs, check_listen, loopback_note
 from node.config import NodeConfig, config_options, flag_overrides, load_config
 from node.console import sayer
 from node.disk_trouble import DiskTrouble
@@ -403,6 +403,9 @@ def _say_started(
     )
     for a in peer.host.listen_addrs():
         _say(f"  listening on {a}")
+    note = loopback_note(peer.host.listen_addrs(), boot)
+    if note is not None:
+        _say(f"  note: {note}")
     if boot:
         ok = sum(1 for _, good, _ in peer.bootstrap_results if good)
         _say(f"  bootstrap: {ok}/{len(boot)} reached")
