@@ -22,6 +22,7 @@ The code is organized as follows:
 - forwarding.py: what admission's actions mean at the GossipSub boundary
 - fraud.py: fraud cases: a failed verdict accuses; only a re-run of the audit convicts
 - fuzz.py: mutation fuzzing of the decoders
+- hole_punch.py: which addresses a DCUtR hole punch may dial, and who pays for the rest
 - identity.py: peer identity: an Ed25519 key, its libp2p peer id, signatures
 - peer_score.py: a decaying score per peer, and bans below a threshold
 - penalties.py: every penalty of the network in one table

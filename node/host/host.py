@@ -226,7 +226,7 @@ class SwarmHost:
             ),
         )
         self._misbehaviour_listeners: list[Callable[[Misbehaviour], None]] = []
-        budget = new_budget(settings.gossip_limits, self._report_misbehaviour)
+        budget = new_budget(settings.gossip_limits, self.report_misbehaviour)
         self._gossipsub = GuardedGossipSub(
             budget=budget,
             protocols=list(GOSSIPSUB_PROTOCOLS),
@@ -342,7 +342,9 @@ class SwarmHost:
         Without one every peer scores 0."""
         self.limits.set_scorer(scorer)
 
-    def _report_misbehaviour(self, notice: Misbehaviour) -> None:
+    def report_misbehaviour(self, notice: Misbehaviour) -> None:
+        """Hand `notice` to every `on_misbehaviour` callback (the host's own guards, and
+        its protocols such as DCUtR, report through here)."""
         for callback in list(self._misbehaviour_listeners):
             callback(notice)
 

@@ -18,7 +18,9 @@ Uses py-libp2p 0.8.1's `AutoNATService` and `DCUtRProtocol`. What we change and 
 DCUtR runs as the library ships it: every 2 s it tries to upgrade each relayed
 connection (dials from our listen port to the address the peer's NAT showed, both sides at
 once) and closes the relayed connection once a direct one is verified; stream opens then
-use the direct connection.
+use the direct connection. Its dials are bounded by
+`node.host.libp2p_patches.bound_hole_punch_dials` (`protocol.hole_punch`); a peer that made
+us refuse some is reported to the host's misbehaviour listeners as `flooding`.
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
+from node.host.gossip_guard import Misbehaviour
+from node.host.libp2p_patches import set_punch_reporter
 from node.host.relay import connection_kinds
+from protocol import penalties
 
 if TYPE_CHECKING:
     from node.host.host import SwarmHost
@@ -118,6 +123,14 @@ class Reachability:
         self._host = host
         self.autonat = _DialBackAutoNAT(host.libp2p, serve=True, confirmations=1)
         self.dcutr = DCUtRProtocol(host.libp2p)
+        set_punch_reporter(self.dcutr, self._punch_refused)
+
+    def _punch_refused(self, peer: str, reason: str) -> None:
+        """A peer's hole punch asked for dials we refused: it pays as a flood."""
+        offence = penalties.FLOODING
+        self._host.report_misbehaviour(
+            Misbehaviour(peer, offence.cost, offence.name, f"hole punch: {reason}")
+        )
 
     @property
     def status(self) -> str:
