@@ -190,15 +190,20 @@ async def _network_checks(
             ):
                 reach.listen = host.listen_addrs()
                 report.ok(f"listen: {', '.join(reach.listen)}")
-                for addr in addrs:
-                    answer = await join.ask(host, addr, probe=True)
-                    answers.append(answer)
-                    if answer.peer and answer.cause not in join.UNCONNECTED:
-                        said = await identify(host, answer.peer)
-                        if said.observed:
-                            reach.observed[answer.peer] = said.observed
-                        if RELAY_HOP_PROTOCOL in said.protocols:
-                            reach.relays[answer.peer] = addr
+                answers = await join.ask_all(host, addrs, probe=True)
+
+                async def identify_one(answer: join.Answer) -> None:
+                    assert answer.peer is not None
+                    said = await identify(host, answer.peer)  # under its own deadline
+                    if said.observed:
+                        reach.observed[answer.peer] = said.observed
+                    if RELAY_HOP_PROTOCOL in said.protocols:
+                        reach.relays[answer.peer] = answer.addr
+
+                async with trio.open_nursery() as nursery:
+                    for answer in answers:
+                        if answer.peer and answer.cause not in join.UNCONNECTED:
+                            nursery.start_soon(identify_one, answer)
                 connected = set(host.connected_peers())
                 reach.asked = [a.peer for a in answers if a.peer in connected][:MAX_DIAL_BACK]
                 if reach.asked:
