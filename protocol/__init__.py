@@ -28,6 +28,7 @@ The code is organized as follows:
 - penalties.py: every penalty of the network in one table
 - producer_cases.py: a validator's claim over a worker's window of records, re-checked
 - rollout.py: rollout records: a signed header plus its body, and files of them
+- reachability.py: AutoNAT by agreement: whom to ask (at random, one per subnet), what the answers add up to
 - run_manifest.py: run releases signed by the run authority, and whether to adopt one
 - schema.py: field types of the wire objects (`Spec`s)
 - shard_schedule.py: which weight shard to request from which peer, and when to give up
