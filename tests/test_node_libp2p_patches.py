@@ -5,6 +5,7 @@ cheap to observe without a network."""
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import libp2p.identity.identify.identify as identify
 import libp2p.io.msgio as msgio
@@ -15,16 +16,11 @@ import libp2p.security.noise.io as noise_io
 import libp2p.stream_muxer.yamux.yamux as yamux
 import libp2p.transport.tcp.tcp as tcp
 import pytest
-import trio
 from libp2p.io.trio import TrioTCPStream
 from libp2p.peer.id import ID
-from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
-from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
-from libp2p.utils.varint import encode_varint_prefixed
-from multiaddr import Multiaddr
 
 from node.host import libp2p_patches as patches
-from protocol.identity import Identity
+from node.testing.dcutr_flood import Conn, connect_stream, flood_target, new_peer
 
 
 def _installed() -> dict[str, object]:
@@ -138,104 +134,10 @@ async def test_buffered_tcp_reads_return_at_most_what_was_asked() -> None:
     assert await read(stream, 10) == b"tail"
 
 
-class _Conn:
-    """A connection as DCUtR reads it: its transport addresses."""
-
-    def __init__(self, addr: str) -> None:
-        self.addr = addr
-
-    def get_transport_addresses(self) -> list[Multiaddr]:
-        return [Multiaddr(self.addr)]
-
-
-class _Network:
-    """Every dial recorded, none succeeds (a third party never answers as the peer)."""
-
-    def __init__(self, connections: dict[ID, list[_Conn]]) -> None:
-        self.connections = connections
-        self.dials: list[str] = []
-        self.last: dict[str, float] = {}  # address -> when it was last dialled
-        self.again_within_a_minute = 0
-
-    async def dial_addr(self, addr: Multiaddr, peer_id: ID, source: object = None) -> None:
-        now = trio.current_time()
-        if now - self.last.get(str(addr), -1e9) < 60:
-            self.again_within_a_minute += 1
-        self.dials.append(str(addr))
-        self.last[str(addr)] = now
-        raise OSError("connection refused")
-
-    dial_addr_as_responder = dial_addr
-
-
-class _Peerstore:
-    def __init__(self) -> None:
-        self.stored: dict[ID, list[Multiaddr]] = {}
-
-    def addrs(self, peer_id: ID) -> list[Multiaddr]:
-        return list(self.stored.get(peer_id, []))
-
-    def add_addrs(self, peer_id: ID, addrs: list[Multiaddr], ttl: int) -> None:
-        self.stored.setdefault(peer_id, []).extend(addrs)
-
-    def peer_info(self, peer_id: ID) -> object:
-        raise KeyError(peer_id)
-
-
-class _Host:
-    """What `DCUtRProtocol` reads of a host: its id, addresses, network and peerstore."""
-
-    def __init__(self, network: _Network) -> None:
-        self.network, self.peerstore = network, _Peerstore()
-        self.id = ID(b"\x00\x24" + bytes(36))
-
-    def get_id(self) -> ID:
-        return self.id
-
-    def get_addrs(self) -> list[Multiaddr]:
-        return [Multiaddr("/ip4/10.9.9.9/tcp/4001")]
-
-    def get_network(self) -> _Network:
-        return self.network
-
-    def get_peerstore(self) -> _Peerstore:
-        return self.peerstore
-
-
-class _Stream:
-    """A DCUtR stream from `peer`: its CONNECT listing `addrs`, then a SYNC."""
-
-    def __init__(self, peer: ID, addrs: list[str]) -> None:
-        connect, sync = HolePunch(), HolePunch()
-        connect.type, sync.type = HolePunch.CONNECT, HolePunch.SYNC
-        connect.ObsAddrs.extend(Multiaddr(a).to_bytes() for a in addrs)
-        self.inbound = b"".join(
-            encode_varint_prefixed(m.SerializeToString()) for m in (connect, sync)
-        )
-        self.muxed_conn = types.SimpleNamespace(peer_id=peer)
-
-    async def read(self, n: int | None = None) -> bytes:
-        size = len(self.inbound) if n is None else n
-        out, self.inbound = self.inbound[:size], self.inbound[size:]
-        return out
-
-    async def write(self, data: bytes) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-
-def _peer() -> ID:
-    return ID.from_base58(Identity.generate().peer_id_b58)
-
-
-def _dcutr(peers: list[ID]) -> tuple[DCUtRProtocol, _Network, list[tuple[str, str]]]:
-    """A DCUtR instance whose host reaches each of `peers` through a relay only."""
-    relay = Identity.generate().peer_id_b58
-    circuit = f"/ip4/203.0.113.1/tcp/4001/p2p/{relay}/p2p-circuit"
-    network = _Network({p: [_Conn(circuit)] for p in peers})
-    dcutr = DCUtRProtocol(_Host(network))  # type: ignore[arg-type]
+def _dcutr(peers: list[ID]) -> tuple[Any, Any, list[tuple[str, str]]]:
+    """The library's DCUtR on a stand-in host reaching `peers` through a relay only, and
+    the (peer, reason) pairs its punch reporter was told."""
+    dcutr, network = flood_target(peers)
     charged: list[tuple[str, str]] = []
     patches.set_punch_reporter(dcutr, lambda peer, reason: charged.append((peer, reason)))
     return dcutr, network, charged
@@ -245,21 +147,21 @@ async def test_a_connect_listing_a_third_partys_addresses_costs_at_most_8_dials(
     autojump_clock: object,
 ) -> None:
     patches.apply()
-    attacker, accomplice = _peer(), _peer()
+    attacker, accomplice = new_peer(), new_peer()
     dcutr, network, charged = _dcutr([attacker, accomplice])
     victim = [f"/ip4/198.51.100.7/tcp/{port}" for port in range(1000, 1400)]
     per_message = []
     for i in range(8):  # eight CONNECTs of 400 addresses each, as the attack sent them
         before = len(network.dials)
         offered = victim[i * 50 :] + victim[: i * 50]  # a new order each time
-        await dcutr._handle_dcutr_stream(_Stream(attacker, offered))  # type: ignore[arg-type]
+        await dcutr._handle_dcutr_stream(connect_stream(attacker, offered))
         per_message.append(len(network.dials) - before)
     assert max(per_message) <= 8, per_message
     assert network.again_within_a_minute == 0
     assert charged and {peer for peer, _ in charged} == {attacker.to_base58()}
     # another peer naming the addresses already dialled gets none of them within the minute
     before = len(network.dials)
-    await dcutr._handle_dcutr_stream(_Stream(accomplice, network.dials[:8]))  # type: ignore[arg-type]
+    await dcutr._handle_dcutr_stream(connect_stream(accomplice, network.dials[:8]))
     assert len(network.dials) == before
     assert accomplice.to_base58() in {peer for peer, _ in charged}
     assert len(dcutr.host.get_peerstore().addrs(attacker)) <= 8 * 20  # stored: 20 a message
@@ -269,18 +171,18 @@ async def test_an_honest_hole_punch_still_dials_the_peers_addresses(
     autojump_clock: object,
 ) -> None:
     patches.apply()
-    honest = _peer()
+    honest = new_peer()
     dcutr, network, charged = _dcutr([honest])
     own = ["/ip4/198.51.100.20/tcp/4100", "/ip4/198.51.100.20/tcp/4101"]
-    await dcutr._handle_dcutr_stream(_Stream(honest, own))  # type: ignore[arg-type]
+    await dcutr._handle_dcutr_stream(connect_stream(honest, own))
     assert sorted(network.dials) == own
     assert not charged
     # never loopback (this machine), our own IP, or a peer reached directly
     network.dials.clear()
     odd = ["/ip4/127.0.0.1/tcp/22", "/ip4/10.9.9.9/tcp/80", "/ip4/0.0.0.0/tcp/1"]
-    await dcutr._handle_dcutr_stream(_Stream(honest, odd))  # type: ignore[arg-type]
+    await dcutr._handle_dcutr_stream(connect_stream(honest, odd))
     assert network.dials == [] and not charged
-    direct = _peer()
-    network.connections[direct] = [_Conn("/ip4/198.51.100.30/tcp/4100")]
-    await dcutr._handle_dcutr_stream(_Stream(direct, ["/ip4/198.51.100.30/tcp/4100"]))  # type: ignore[arg-type]
+    direct = new_peer()
+    network.connections[direct] = [Conn("/ip4/198.51.100.30/tcp/4100")]
+    await dcutr._handle_dcutr_stream(connect_stream(direct, ["/ip4/198.51.100.30/tcp/4100"]))
     assert network.dials == []

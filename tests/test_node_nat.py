@@ -191,12 +191,12 @@ async def test_the_library_autonat_says_reachable_without_dialing_and_ours_dials
 ) -> None:
     """py-libp2p 0.8.1's AutoNAT server answers with `host.connect()`, a no-op for the
     (always connected) asker: an address nobody listens on is reported reachable.
-    `_DialBackAutoNAT` dials afresh. If the first assertion fails, the library is fixed."""
+    `DialBackAutoNAT` dials afresh. If the first assertion fails, the library is fixed."""
     from libp2p.host.autonat import AutoNATService
     from libp2p.peer.id import ID
 
     from node.host import reachability as host_reachability
-    from node.host.reachability import _DialBackAutoNAT
+    from node.host.reachability import DialBackAutoNAT
 
     monkeypatch.setattr(host_reachability, "DIAL_BACK_EVERY_S", 0.0)  # one asker, two questions
 
@@ -209,7 +209,7 @@ async def test_the_library_autonat_says_reachable_without_dialing_and_ours_dials
         AutoNATService(server._lh, serve=True)
         status, _ = await client.query_server(server_id, advertised)
         assert status == 0  # OK: "reachable" at a closed port (the library's behaviour)
-        _DialBackAutoNAT(server._lh, serve=True)  # replaces the handler
+        DialBackAutoNAT(server._lh, serve=True)  # replaces the handler
         status, _ = await client.query_server(server_id, advertised)
         assert status != 0  # E_DIAL_ERROR: our server really dialed, and failed
         status, _ = await client.query_server(
@@ -223,7 +223,7 @@ async def test_three_liars_cannot_flip_a_reachable_node_and_pay_for_lying() -> N
     back. The honest dial-back is seen to arrive (a new connection from it), so the node
     stays public and each liar is reported to the host's misbehaviour listeners."""
     from node.host.gossip_guard import Misbehaviour
-    from node.host.reachability import Reachability, _DialBackAutoNAT
+    from node.host.reachability import DialBackAutoNAT, Reachability
 
     async def never_dials(peer_id: object, addrs: object) -> None:
         return None
@@ -237,9 +237,9 @@ async def test_three_liars_cannot_flip_a_reachable_node_and_pay_for_lying() -> N
     ):
         liars = (liar1, liar2, liar3)
         for liar in liars:
-            lying = _DialBackAutoNAT(liar._lh, serve=True)
+            lying = DialBackAutoNAT(liar._lh, serve=True)
             lying._try_dial = never_dials  # type: ignore[method-assign]
-        _DialBackAutoNAT(honest._lh, serve=True)
+        DialBackAutoNAT(honest._lh, serve=True)
         charged: list[Misbehaviour] = []
         node.on_misbehaviour(charged.append)
         reach = Reachability(node)
@@ -495,7 +495,7 @@ async def test_a_dial_back_request_costs_a_bounded_number_of_dials_per_asker() -
     from libp2p.host.autonat.pb.autonat_pb2 import Message
     from libp2p.peer.id import ID
 
-    from node.host.reachability import DIAL_BACK_ADDRS, _DialBackAutoNAT
+    from node.host.reachability import DIAL_BACK_ADDRS, DialBackAutoNAT
 
     accepted = 0
     hit: set[int] = set()
@@ -520,7 +520,7 @@ async def test_a_dial_back_request_costs_a_bounded_number_of_dials_per_asker() -
         ]
         async with open_host(os.urandom(32)) as server, open_host(os.urandom(32)) as asker:
             assert (await asker.connect(server.listen_addrs()[0])).ok
-            _DialBackAutoNAT(server._lh, serve=True)
+            DialBackAutoNAT(server._lh, serve=True)
             client = AutoNATService(asker._lh, serve=False)
             server_id = ID.from_base58(server.peer_id)
             seen = []  # (status, addresses dialed, connections) after each request

@@ -16,6 +16,7 @@ answered.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -31,20 +32,24 @@ ASK_TIMEOUT_S = 30.0
 
 
 def main(addrs: list[str], *, as_json: bool = False) -> None:
-    """Ask every peer at `addrs` which runs it serves and print them (a table, or one JSON
-    object)."""
+    """Ask every peer at `addrs` which runs it serves and print them (a table, each peer's
+    runs as soon as it answered; or one JSON object at the end)."""
     from node import join  # deferred: heavy import
 
     addrs = check_addrs(addrs, "MULTIADDR", need_peer=True)
     join.quiet_library_logs()
-    answers = trio.run(_ask_all, addrs)
-    rows = [_row(a, r) for a in answers if a.answered for r in a.runs]
+
+    def shown(answer: Any) -> None:
+        if not as_json and answer.answered:
+            for served in answer.runs:
+                _print(_row(answer, served))
+
+    answers = trio.run(_ask_all, addrs, shown)
     if as_json:
+        rows = [_row(a, r) for a in answers if a.answered for r in a.runs]
         failed = {a.addr: a.why() for a in answers if not a.answered}
         click.echo(json.dumps({"runs": rows, "failed": failed}))
     else:
-        for row in rows:
-            _print(row)
         for a in answers:
             if not a.answered:
                 click.echo(f"{a.addr}: no run: {a.why()}")
@@ -52,9 +57,10 @@ def main(addrs: list[str], *, as_json: bool = False) -> None:
         raise CommandError("no peer answered with a run", exit_code=1)
 
 
-async def _ask_all(addrs: list[str]) -> list[Any]:
+async def _ask_all(addrs: list[str], on_answer: Callable[[Any], None] | None = None) -> list[Any]:
     """Ask every address at once (a slow or hanging peer cannot use up the others' time),
-    within one deadline; an address that has not answered by then is reported timed out."""
+    within one deadline; an address that has not answered by then is reported timed out.
+    `on_answer(answer)` is called as each answer arrives."""
     from node import join  # deferred: heavy import
     from node.host.host import open_host  # deferred: heavy import
 
@@ -62,6 +68,8 @@ async def _ask_all(addrs: list[str]) -> list[Any]:
 
     async def ask_one(host: Any, index: int, addr: str) -> None:
         answers[index] = await join.ask(host, addr)
+        if on_answer is not None:
+            on_answer(answers[index])
 
     with trio.move_on_after(ASK_TIMEOUT_S):
         async with open_host(Identity.generate().private_bytes(), ["/ip4/127.0.0.1/tcp/0"]) as host:

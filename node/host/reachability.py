@@ -7,7 +7,7 @@ Uses py-libp2p 0.8.1's `AutoNATService` and `DCUtRProtocol`. What we change and 
 - The library's AutoNAT server answers a dial-back request with `host.connect()`, which
   returns at once when a connection to the asker exists -- and the asker is always
   connected, it sent the request on that connection. So every asker is told "reachable".
-  `_DialBackAutoNAT` dials the advertised address afresh (`network.dial_addr`, a new
+  `DialBackAutoNAT` dials the advertised address afresh (`network.dial_addr`, a new
   TCP + Noise + Yamux connection) and closes that connection after.
 - The asker advertises its listen addresses and the addresses DCUtR predicts from what
   peers observed (the NAT's public address with our listen port); the server dials only
@@ -69,7 +69,7 @@ DIAL_BACKS_AT_ONCE = 8
 MAX_ASKERS = 4096  # askers remembered for DIAL_BACK_EVERY_S
 
 
-class _DialBackAutoNAT(AutoNATService):
+class DialBackAutoNAT(AutoNATService):
     """AutoNAT whose server side really dials back (see the module docstring), within the
     per-asker and overall bounds above."""
 
@@ -144,7 +144,7 @@ class Reachability:
         self.rules = rules or agreement.ReachabilityRules()
         self.verdict = agreement.UNKNOWN
         self.last: agreement.Outcome | None = None  # the newest round's outcome
-        self.autonat = _DialBackAutoNAT(host.libp2p, serve=True, confirmations=1)
+        self.autonat = DialBackAutoNAT(host.libp2p, serve=True, confirmations=1)
         self.dcutr = DCUtRProtocol(host.libp2p)
         set_punch_reporter(self.dcutr, self._punch_refused)
 
