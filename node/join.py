@@ -4,7 +4,11 @@ answer: what `swarm-node start --join`, `swarm-node runs` and `swarm-node doctor
 `ask(host, addr)` dials one multiaddr and asks it over `node.exchange.runs`; the answer
 (`Answer`) holds the runs served, the round trip, the peer's clock offset, or the cause of
 the failure in the words of `node.dial_diagnosis` (its causes are re-exported here).
-`choose(answers, pin, current)` picks the release to join with `protocol.run_manifest.check`.
+`ask_all(host, addrs)` asks every address at once, each under its own deadline, so a
+hanging or dripping peer costs only its own answer.
+`choose(answers, pin, current)` picks the release to join with `protocol.run_manifest.check`,
+and says which run ids the answers serve under more than one authority (`Conflict`) and
+which addresses confirmed the authority asked for.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+
+import trio
 
 from node.dial_diagnosis import DIAL_FAILED as DIAL_FAILED
 from node.dial_diagnosis import NO_ROUTE as NO_ROUTE
@@ -26,9 +32,11 @@ from node.dial_diagnosis import probe, stream_cause
 from node.exchange import runs as run_exchange
 from node.host.host import PeerError, SwarmHost
 from protocol import run_manifest as rm
+from protocol.identity import peer_id_to_b58
 from protocol.wire import RunRelease
 
 NOT_SERVED = "run not served"
+ASK_PEER_S = 12.0  # one address's deadline: the dial, then its run directory answer
 
 
 def quiet_library_logs() -> None:
@@ -96,15 +104,94 @@ async def ask(host: SwarmHost, addr: str) -> Answer:
     return answer
 
 
+async def ask_all(
+    host: SwarmHost, addrs: list[str], per_peer_s: float = ASK_PEER_S
+) -> list[Answer]:
+    """`ask` every address at once, each under its own `per_peer_s` deadline (an address
+    still silent then is answered `TIMED_OUT`); the answers in the order of `addrs`."""
+    answers: dict[int, Answer] = {}
+
+    async def ask_one(index: int, addr: str) -> None:
+        with trio.move_on_after(per_peer_s):
+            answers[index] = await ask(host, addr)
+
+    async with trio.open_nursery() as nursery:
+        for index, addr in enumerate(addrs):
+            nursery.start_soon(ask_one, index, addr)
+    return [
+        answers.get(index)
+        or Answer(addr, cause=TIMED_OUT, detail=f"no answer within {per_peer_s:g} s")
+        for index, addr in enumerate(addrs)
+    ]
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One run id served, with good signatures, under more than one authority:
+    `authorities` maps each authority (base58) to the addresses that served it."""
+
+    run_id: str
+    authorities: dict[str, list[str]]
+
+    def __str__(self) -> str:
+        named = "; ".join(
+            f"{who} (from {', '.join(addrs)})" for who, addrs in sorted(self.authorities.items())
+        )
+        return f"run {self.run_id!r} is served under {len(self.authorities)} authorities: {named}"
+
+
 @dataclass(frozen=True)
 class Choice:
-    """The release to join with, or why there is none (`refusals`: addr -> reason)."""
+    """The release to join with, or why there is none (`refusals`: addr -> reason);
+    `conflicts`: run ids served under several authorities; `confirmed`: the addresses that
+    served a good release of the authority required (the pin, else the one held)."""
 
     data: bytes | None
     release: RunRelease | None
     first_use: bool
     source: str
     refusals: dict[str, str]
+    conflicts: tuple[Conflict, ...] = ()
+    confirmed: tuple[str, ...] = ()
+
+
+def conflicts(answers: list[Answer]) -> tuple[Conflict, ...]:
+    """The run ids that the answers serve with good signatures under more than one
+    authority, by run id."""
+    by_run: dict[str, dict[str, list[str]]] = {}
+    for a in answers:
+        for r in a.runs if a.answered else []:
+            verdict = rm.check(r.release, None, None)
+            if not isinstance(verdict, rm.Adopt):
+                continue
+            release = verdict.release
+            who = peer_id_to_b58(release.authority)
+            seen = by_run.setdefault(release.manifest.run_id, {}).setdefault(who, [])
+            if a.addr not in seen:
+                seen.append(a.addr)
+    return tuple(
+        Conflict(run_id, authorities)
+        for run_id, authorities in sorted(by_run.items())
+        if len(authorities) > 1
+    )
+
+
+def _confirmed(
+    answers: list[Answer], required: bytes | None, held: RunRelease | None
+) -> tuple[str, ...]:
+    """The addresses serving a good release signed by `required` (of `held`'s run)."""
+    if required is None:
+        return ()
+    found = []
+    for a in answers:
+        for r in a.runs if a.answered else []:
+            verdict = rm.check(r.release, required, None)
+            if isinstance(verdict, rm.Adopt) and (
+                held is None or verdict.release.manifest.run_id == held.manifest.run_id
+            ):
+                found.append(a.addr)
+                break
+    return tuple(found)
 
 
 def choose(
@@ -114,7 +201,8 @@ def choose(
     held: RunRelease | None = None,
 ) -> Choice:
     """The newest release among the answers that `check` adopts under `pin` (TOFU: the
-    first adopted one pins the rest) and newer than `held`; `run_id` keeps only that run."""
+    first adopted one pins the rest) and newer than `held`; `run_id` keeps only that run.
+    The conflicts and the confirming addresses are reported whatever is chosen."""
     best: tuple[bytes, RunRelease, bool, str] | None = None
     refusals: dict[str, str] = {}
     for a in answers:
@@ -133,6 +221,9 @@ def choose(
                 best = (r.release, verdict.release, best[2] if best else verdict.first_use, a.addr)
             elif not (verdict.reason == rm.NOT_NEWER and best is not None and r.release == best[0]):
                 refusals[a.addr] = str(verdict)
+    found = conflicts(answers)
+    confirmed = _confirmed(answers, pin or (held.authority if held else None), held)
     if best is None:
-        return Choice(None, None, False, "", refusals)
-    return Choice(best[0], best[1], best[2] and pin is None, best[3], refusals)
+        return Choice(None, None, False, "", refusals, found, confirmed)
+    first_use = best[2] and pin is None
+    return Choice(best[0], best[1], first_use, best[3], refusals, found, confirmed)

@@ -117,20 +117,28 @@ def _stop(*procs: subprocess.Popen[str]) -> None:
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory):
-    """Two relays of run 'found': one serving a release signed by the run authority, one
-    serving the same run unsigned."""
+    """Three relays of run 'found': one serving a release signed by the run authority, one
+    serving the same run unsigned, one serving it signed by a rival key."""
     tmp = tmp_path_factory.mktemp("runs")
     authority = _key(tmp, "authority")
     signed = _run_file(tmp, "signed", "found", authority, pin_files=True)
     unsigned = _run_file(tmp, "unsigned", "found", None)
+    rivalled = _run_file(tmp, "rivalled", "found", _key(tmp, "rival-authority"), version=5)
     good, good_addr = _start(tmp, "good", "--run", str(signed), "--duration", "300")
     bare, bare_addr = _start(tmp, "bare", "--run", str(unsigned), "--duration", "300")
+    rival, rival_addr = _start(tmp, "rival", "--run", str(rivalled), "--duration", "300")
     try:
-        _wait_status(tmp, "good")
-        _wait_status(tmp, "bare")
-        yield {"tmp": tmp, "authority": authority, "good": good_addr, "bare": bare_addr}
+        for name in ("good", "bare", "rival"):
+            _wait_status(tmp, name)
+        yield {
+            "tmp": tmp,
+            "authority": authority,
+            "good": good_addr,
+            "bare": bare_addr,
+            "rival": rival_addr,
+        }
     finally:
-        _stop(good, bare)
+        _stop(good, bare, rival)
 
 
 def test_doctor_exits_0_on_a_good_bootstrap(swarm) -> None:
@@ -284,6 +292,48 @@ def test_join_refuses_foreign_unsigned_and_pins_on_first_use(swarm) -> None:
         assert "TRUST ON FIRST USE" not in r.stdout
     finally:
         _stop(imposter)
+
+
+def _join(tmp: Path, name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`start --role relay --join ...` for one second, in data directory `name`."""
+    return run_cli(
+        "start",
+        "--role",
+        "relay",
+        "--key",
+        str(_key(tmp, name)),
+        "--data-dir",
+        str(tmp / name),
+        *args,
+        "--duration",
+        "1",
+    )
+
+
+def test_a_first_join_refuses_a_run_served_under_two_authorities(swarm) -> None:
+    tmp, good, rival = swarm["tmp"], swarm["good"], swarm["rival"]
+    honest, rival_id = _peer_id(swarm["authority"]), _peer_id(tmp / "rival-authority.key")
+    for i, order in enumerate(((rival, good), (good, rival))):  # whoever is listed first
+        r = _join(tmp, f"first-{i}", "--join", order[0], "--join", order[1])
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert honest in r.stderr and rival_id in r.stderr and "--authority" in r.stderr
+        assert not (tmp / f"first-{i}" / "run_authority").exists()
+    # the operator chooses: the other authority is reported, not trusted
+    r = _join(tmp, "chosen", "--join", rival, "--join", good, "--authority", honest)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"authority {honest}" in r.stdout and f"{rival}: foreign-signed" in r.stdout
+
+
+def test_a_restart_starts_when_one_bootstrap_confirms_despite_a_bad_one(swarm) -> None:
+    tmp = swarm["tmp"]
+    r = _join(tmp, "restarts", "--join", swarm["good"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _join(tmp, "restarts", "--join", swarm["bare"], "--join", swarm["good"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{swarm['bare']}: unsigned" in r.stdout and f"confirmed by {swarm['good']}" in r.stdout
+    # nothing confirms it: the bad bootstrap alone is still refused
+    r = _join(tmp, "restarts", "--join", swarm["bare"])
+    assert r.returncode == 2 and "unsigned" in r.stderr, r.stdout + r.stderr
 
 
 def test_peers_adopt_a_newer_release_and_refuse_older_and_foreign(tmp_path: Path) -> None:

@@ -40,9 +40,8 @@ from protocol.identity import Identity, peer_id_to_b58
 
 CHECK_TIMEOUT_S = 60.0
 DIAL_BACK_TIMEOUT_S = (
-    12.0  # one bootstrap peer's AutoNAT answer (its dial-backs time out in 3 s each)
+    12.0  # each bootstrap peer's AutoNAT answer, all asked at once (dial-backs: 3 s each)
 )
-MAX_DIAL_BACK = 3  # bootstrap peers asked to dial us back
 MAX_SKEW_MS = 120_000  # what admission tolerates on envelope timestamps (max_skew_s)
 WARN_SKEW_MS = 10_000
 GiB = 2**30
@@ -206,19 +205,27 @@ async def _network_checks(
                     report.ok(f"listen: {', '.join(reach.listen)}")
                 else:
                     report.warn(f"listen: {', '.join(reach.listen)}: {note}")
-                for addr in addrs:
-                    answer = await join.ask(host, addr)
-                    answers.append(answer)
-                    if answer.peer and answer.cause not in join.UNCONNECTED:
-                        said = await identify(host, answer.peer)
-                        if said.observed:
-                            reach.observed[answer.peer] = said.observed
-                        if RELAY_HOP_PROTOCOL in said.protocols:
-                            reach.relays[answer.peer] = addr
+                answers = await join.ask_all(host, addrs)
+
+                async def identify_one(answer: join.Answer) -> None:
+                    assert answer.peer is not None
+                    said = await identify(host, answer.peer)  # under its own deadline
+                    if said.observed:
+                        reach.observed[answer.peer] = said.observed
+                    if RELAY_HOP_PROTOCOL in said.protocols:
+                        reach.relays[answer.peer] = answer.addr
+
+                async with trio.open_nursery() as nursery:
+                    for answer in answers:
+                        if answer.peer and answer.cause not in join.UNCONNECTED:
+                            nursery.start_soon(identify_one, answer)
                 connected = set(host.connected_peers())
-                reach.asked = [a.peer for a in answers if a.peer in connected][:MAX_DIAL_BACK]
+                reach.asked = autonat.pick([a.peer for a in answers if a.peer in connected])
                 if reach.asked:
                     reach.dial_back = await autonat.check(reach.asked, DIAL_BACK_TIMEOUT_S)
+                    if autonat.last is not None:
+                        reach.agreed, reach.answered = autonat.last.agreed, autonat.last.answered
+                        reach.proven = autonat.last.proven
     except (ListenFailed, OSError) as exc:
         report.fail(f"listen: cannot listen on {', '.join(listen)}: {exc}", "cannot listen")
         return
