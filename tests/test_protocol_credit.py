@@ -89,6 +89,58 @@ def test_the_producers_own_work_is_admitted() -> None:
     assert any(isinstance(x, Deliver) for x in acts), acts
 
 
+def stolen_digest(thief: Identity, counter: int, victim: Identity, victim_counter: int) -> bytes:
+    """A record signed by `thief` for its own counter with its own bound seed, whose header
+    names `victim`'s body (the body itself: the victim's, bound to the victim's seed)."""
+    seed = task_seed(RUN_SEED, counter, thief.peer_id)
+    return make_record(
+        thief,
+        body(seed=task_seed(RUN_SEED, victim_counter, victim.peer_id)),
+        dataset="chain_sum",
+        task_index=counter,
+        counter=counter,
+        task_seed=seed,
+        reward=1.0,
+        run_id=RUN,
+        policy_version=10,
+        seq=counter,
+        timestamp_ms=int(T0 * 1000),
+    )
+
+
+def test_a_thief_naming_a_workers_body_digest_first_never_makes_the_workers_header_a_duplicate() -> (
+    None
+):
+    """Bound-digest theft: the thief's header (its own counter, its own bound seed, the
+    worker's body digest) reaches us first. Headers prove nothing of who made a body, so
+    across signers only bodies are deduplicated: the worker's header and its record are
+    admitted, and the thief's record (the worker's body, not of the thief's task) is
+    refused and charged to the thief."""
+    a = machine()
+    mine = bound_record(ALICE, 6)
+    theirs = stolen_digest(THIEF, 9, ALICE, 6)
+    assert decode(RolloutRecord, theirs).body == decode(RolloutRecord, mine).body
+    acts = a.handle(MessageReceived(THIEF.peer_id, Kind.ROLLOUT_HEADER, header(theirs), T0))
+    assert any(isinstance(x, Deliver) for x in acts), acts  # a claim, like any header
+    acts = a.handle(MessageReceived(RELAY, Kind.ROLLOUT_HEADER, header(mine), T0 + 0.1))
+    assert any(isinstance(x, Deliver) for x in acts), acts  # not a free duplicate
+    acts = a.handle(MessageReceived(THIEF.peer_id, Kind.ROLLOUT_RECORD, theirs, T0 + 0.2))
+    (r,) = [x for x in acts if isinstance(x, Reject)]
+    assert r.reason is Reason.NOT_BOUND and r.penalty < 0
+    acts = a.handle(MessageReceived(ALICE.peer_id, Kind.ROLLOUT_RECORD, mine, T0 + 0.3))
+    assert any(isinstance(x, Deliver) for x in acts), acts  # its catch-up copy too
+    assert a.scores.score(ALICE.peer_id, T0 + 0.4) >= 0
+    assert a.scores.score(THIEF.peer_id, T0 + 0.4) < 0
+    # the worker's body held first: the thief's record is refused all the same
+    b = machine()
+    assert any(
+        isinstance(x, Deliver)
+        for x in b.handle(MessageReceived(RELAY, Kind.ROLLOUT_RECORD, mine, T0))
+    )
+    acts = b.handle(MessageReceived(RELAY, Kind.ROLLOUT_RECORD, theirs, T0 + 0.1))
+    assert [x.reason for x in acts if isinstance(x, Reject)] == [Reason.NOT_BOUND]
+
+
 # -- credit is the re-scored reward of a body someone holds ---------------------------------
 
 VALIDATOR = Identity.from_private_bytes(bytes(range(3, 35)))
@@ -118,7 +170,7 @@ def claimed_record(
     seed = task_seed(RUN_SEED, counter, producer.peer_id)
     return make_record(
         producer,
-        body(seed=seed + salt),
+        body(n=8 + salt, seed=seed),
         dataset="chain_sum",
         task_index=counter,
         counter=counter,
