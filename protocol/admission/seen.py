@@ -105,17 +105,18 @@ class WorkIndex:
         """Record that rollout `rid` of `signer` holds this unit of work (and, when `body`,
         that its record's body is here)."""
         counter, digest = key
-        for index, k, v in (
-            (self._units, (signer, counter), rid),
-            (self._own, (signer, digest), rid),
-            *([(self._bodies, digest, (signer, rid))] if body else []),
-        ):
-            if body and index is self._bodies and digest in self._bodies:
-                continue  # the first body held keeps it
-            index[k] = v
-            index.move_to_end(k)
-            while len(index) > self.max_entries:
-                index.popitem(last=False)
+        _put(self._units, (signer, counter), rid, self.max_entries)
+        _put(self._own, (signer, digest), rid, self.max_entries)
+        if body and digest not in self._bodies:  # the first body held keeps it
+            _put(self._bodies, digest, (signer, rid), self.max_entries)
+
+
+def _put(index: OrderedDict[Any, Any], key: Any, value: Any, limit: int) -> None:
+    """Set `key` as the newest entry of `index`, the oldest past `limit` forgotten."""
+    index[key] = value
+    index.move_to_end(key)
+    while len(index) > limit:
+        index.popitem(last=False)
 
 
 class SeenWork:
