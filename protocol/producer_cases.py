@@ -104,7 +104,7 @@ def window_failed(
 
 # The sequential rule: an honest record is over the limit with probability at most SEQ_P0
 # (the limit is the largest statistic honest records showed in calibration; the window
-# rule's own false-positive rate, C(16, 4) * P0^4 a window, assumes as much); the test is
+# rule's own false-positive rate, P(at least 4 of 16 over) a window, assumes as much); the test is
 # against SEQ_P1, and an honest worker is caught from a given start with probability at
 # most SEQ_ALPHA over its whole history (module docstring).
 SEQ_P0 = 0.005
