@@ -268,7 +268,13 @@ async def _run(
         )  # verdicts, holds
         honest = {k.peer_id_b58 for k in keys.values()}
         ids = sorted(
-            honest | {p for r in runs.values() for p in [r.get("attacker", ""), *r["signers"]] if p}
+            honest
+            | {
+                p
+                for r in runs.values()
+                for p in [r.get("attacker", ""), *r["signers"], *r.get("victims", [])]
+                if p
+            }
         )
         t_rep = await procs["trainer"].ask({"cmd": "report", "ids": ids}, timeout=60)
         v_rep = await procs["validator"].ask({"cmd": "report", "ids": ids}, timeout=60)
