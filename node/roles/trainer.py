@@ -384,7 +384,10 @@ class TrainerRole:
 
     def on_deliver(self, item: Admitted) -> None:
         """Take one admitted item: charge producers the collector finds at fault, queue a
-        record to wait for its verdict, move standing on a verdict or a claim."""
+        record to wait for its verdict, move standing on a verdict or a claim. A verdict
+        on a record of a disputed version (`protocol.equivocation`) counts for nothing."""
+        if item.kind is Kind.VERDICT and self.disputed(item.obj.rollout_id):
+            return
         for bad in self.collector.on_deliver(item):
             self.peer.report(
                 bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name
@@ -405,6 +408,11 @@ class TrainerRole:
                 self.fates.unverified_dropped += 1
         elif item.kind in (Kind.VERDICT, Kind.PRODUCER_CLAIM):
             self.on_judgement(item)
+
+    def disputed(self, rid: bytes) -> bool:
+        """Whether the rollout `rid` was made under a version a trainer key equivocated over."""
+        t = self.collector.tracks.get(rid)
+        return t is not None and self.peer.admission.equivocations.is_disputed(t.version)
 
     def on_judgement(self, item: Admitted) -> None:
         """A verdict or a producer claim (`judged`); a ban drops the producer's waiting rollouts."""
@@ -511,6 +519,8 @@ class TrainerRole:
 
     async def train(self) -> int:
         """Train on the rollouts waiting that may train now; returns the steps taken."""
+        for rid in [r for r in self.waiting if self.disputed(r)]:
+            del self.waiting[rid]  # neither passed nor failed: never trained
         ready, unaudited = pick_ready(
             self.collector,
             self.standing,

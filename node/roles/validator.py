@@ -31,6 +31,11 @@ signed `ProducerClaim`. Another validator's claim is re-checked like a failed ve
 and the producer or the accuser pays by our own statistic (`producer_findings`,
 `producer_findings_last`, `producer_claims` in status).
 
+Equivocation (`protocol.equivocation`): a record made under a policy version whose
+manifests a trainer key equivocated over is neither passed nor failed here (`disputed`):
+the honest halves of a split swarm hold different weights under one number, and neither
+may charge the other for it.
+
 Standing (`protocol.standing.StandingBook`, from our own audits): a producer on probation
 (a fresh key, or one that failed) has every record audited and its windows judged whole;
 one in good standing is sampled at `audit_fraction`. The pass verdicts of a producer on
@@ -326,7 +331,14 @@ class ValidatorRole:
 
         Version-aware: each record is judged with the weights of the version it claims.
         A version this validator does not hold is not judged at all (no verdict, no
-        penalty: our lack must not cost the producer); `unknown_version` counts them."""
+        penalty: our lack must not cost the producer); `unknown_version` counts them.
+        A disputed version (`protocol.equivocation`) is judged by nobody: `disputed`."""
+        disputed = self.peer.admission.equivocations.is_disputed
+        for ro, _ticket in batch:
+            if disputed(ro.envelope.policy_version):
+                self.cannot_judge(ro.rollout_id)
+                self.counts["disputed"] = self.counts.get("disputed", 0) + 1
+        batch = [item for item in batch if not disputed(item[0].envelope.policy_version)]
         for version in {ro.envelope.policy_version for ro, _ in batch}:
             await self.held.fetch(self.peer, version)
         known = [
@@ -379,6 +391,9 @@ class ValidatorRole:
         """What one verdict decides: open cases, the producer's window, the published
         verdict, the counts and the producer's score."""
         now = time.time()
+        if self.peer.admission.equivocations.is_disputed(ro.envelope.policy_version):
+            self.cannot_judge(ro.rollout_id)  # the evidence came while it was audited
+            return
         metrics = {m.name: m.value for m in verdict.metrics}
         self.carry_out(self.fraud.audited(ro.rollout_id, verdict.passed, verdict.reason, now))
         self.carry_out(self.claims.audited(ro.rollout_id, metrics.get(self.producers.stat), now))
