@@ -15,7 +15,9 @@ a peer that keeps cheating.
 Fraud evidence (`protocol.fraud`): another validator's failed verdict opens a case; we
 take the record (the store, or the body pull that every header starts) and audit it
 ourselves, unsampled, with the same machinery. Reproduced, the producer is banned; not
-reproduced, the accusing validator pays. Such re-checks publish no verdict.
+reproduced, the accusing validator pays. The re-audit's verdict is published (with no
+sample ticket): a trainer decides a failed rollout only once a second validator's verdict
+confirms or overturns it (`protocol.verified`, `reaudits_published`).
 
 Per producer (`verify.producer`): every audited record's `logprob_err_mean` joins its
 producer's window (an aligned block of its task counters). Records sampled one by one
@@ -395,10 +397,14 @@ class ValidatorRole:
             self.cannot_judge(ro.rollout_id)  # the evidence came while it was audited
             return
         metrics = {m.name: m.value for m in verdict.metrics}
+        case = self.fraud.is_open(ro.rollout_id)
         self.carry_out(self.fraud.audited(ro.rollout_id, verdict.passed, verdict.reason, now))
         self.carry_out(self.claims.audited(ro.rollout_id, metrics.get(self.producers.stat), now))
         if ticket is None:
-            return  # a re-check: the case's outcome is all it decides
+            if case and authorized:  # the re-audit's word: no validator decides alone
+                self.counts["reaudits_published"] = self.counts.get("reaudits_published", 0) + 1
+                await self.peer.publish_verdict(verdict)
+            return  # a re-check decides nothing else here
         signer = ro.envelope.signer
         probation = self.standing.state(signer) is State.PROBATION
         if not (verdict.passed and probation):  # a held pass counts once its window is clean
