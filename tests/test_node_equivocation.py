@@ -20,6 +20,7 @@ import trio
 from node.commands import ledger as ledger_command
 from node.commands import status as status_command
 from node.peer.peer import PeerConfig, open_peer
+from node.testing.equivocation import install_side
 from node.testing.records import net_manifest
 from node.weights.sync import WeightSettings
 from protocol.admission import Kind
@@ -57,31 +58,6 @@ def _cfg(tmp: Path, name: str, manifest, identity=None, **kw) -> PeerConfig:  # 
     )
 
 
-async def install_side(peer, signer: Identity, version: int, data: bytes) -> bytes:  # type: ignore[no-untyped-def]
-    """`peer` installs `data` as `version` under a manifest `signer` signed (what a peer
-    that downloaded it holds); returns the envelope, admitted here, not yet announced."""
-    m = full_manifest(version, data, max_shard_bytes=SHARD)
-    env = seal(
-        signer,
-        m,
-        run_id=peer.run_id,
-        policy_version=version,
-        seq=version,
-        timestamp_ms=int(time.time() * 1000),
-    )
-
-    def write() -> None:
-        peer.weights.store.put_manifest(content_id(env), m, env)
-        peer.weights.store.install_bytes(version, data, m.file_digest)
-
-    await trio.to_thread.run_sync(write)
-    peer.weights.note_installed(version, m.file_digest)
-    handled = await peer.admit(signer.peer_id_b58, Kind.WEIGHT_ANNOUNCE, env)
-    assert handled.admitted
-    peer.weights.server.published.add(content_id(env))
-    return env
-
-
 async def test_an_equivocating_trainer_key_is_failed_everywhere_and_nobody_honest_pays(
     tmp_path: Path,
 ) -> None:
@@ -100,8 +76,8 @@ async def test_an_equivocating_trainer_key_is_failed_everywhere_and_nobody_hones
             honest = (hub, a, b, t2)
             await until("a mesh", lambda: all(len(p.host.connected_peers()) >= 1 for p in honest))
             await trio.sleep(1.0)  # gossip meshes form
-            env_a = await install_side(a, liar, 2, side_a)
-            env_b = await install_side(b, liar, 2, side_b)
+            env_a = await install_side(a, liar, 2, side_a, SHARD)
+            env_b = await install_side(b, liar, 2, side_b, SHARD)
             await a.outbox.put(a.topics["weights"], env_a)  # each half passes its side on
             await b.outbox.put(b.topics["weights"], env_b)
             assert a.weights.installed()[2] != b.weights.installed()[2]  # the swarm is split
@@ -132,7 +108,9 @@ async def test_an_equivocating_trainer_key_is_failed_everywhere_and_nobody_hones
                 assert p.admission.scores.score(liar.peer_id_b58, now) < -100
             # The run goes on: the run's other trainer key publishes version 3, a full
             # version every half installs whatever it held as 2.
-            await t2.outbox.put(t2.topics["weights"], await install_side(t2, next_trainer, 3, v3))
+            await t2.outbox.put(
+                t2.topics["weights"], await install_side(t2, next_trainer, 3, v3, SHARD)
+            )
             await until(
                 "version 3 everywhere",
                 lambda: all(3 in p.weights.installed() for p in (hub, a, b)),

@@ -245,3 +245,21 @@ def test_evidence_about_a_key_with_no_authority_disputes_nothing():
     out = b.handle(MessageReceived(RELAY_A, Kind.EQUIVOCATION, data, T))
     assert [(x.reason, x.penalty) for x in out if isinstance(x, Reject)] == [("unauthorized", 0)]
     assert not b.equivocations.is_disputed(2)
+
+
+def test_an_equivocating_validators_votes_count_for_nothing_at_the_trainer():
+    from protocol.admission import Kind, MessageReceived
+    from protocol.verified import Status, VerifiedRule, Vote, judge
+
+    a = _admission()
+    rid = b"r" * 32
+    vote = [Vote(VALIDATOR.peer_id, PRODUCER, True)]
+    assert judge(PRODUCER, vote, a.authority, VerifiedRule()) is Status.VERIFIED
+    for seq, passed in ((1, True), (2, False)):
+        a.handle(
+            MessageReceived(
+                RELAY_A, Kind.VERDICT, _sealed_now(VALIDATOR, verdict(rid, passed), seq, T), T
+            )
+        )
+    assert judge(PRODUCER, vote, a.authority, VerifiedRule()) is Status.PENDING
+    assert a.authority.judges() == 0

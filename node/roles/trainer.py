@@ -7,9 +7,16 @@ that withholds counters past its allowance is refused and scored down, and withh
 counts as reward 0). Which of them train is `protocol.standing.StandingBook`'s rule, kept
 from the verdicts heard: a rollout with a pass verdict of its own; or, from a producer in
 good standing (its probation's audits passed, none failed), an unaudited one that waited
-`standing.HOLD_S` for an audit to land. A failed verdict or a producer claim of a key that
-may judge bans the producer here: its waiting rollouts are dropped and nothing of it trains
-again (`trained_verified`, `trained_unaudited`, `producers_banned`, `producers_probation`
+`standing.HOLD_S` for an audit to land. No single validator decides alone when the run
+has two or more: a failed verdict contests its rollout until a second validator's
+re-audit confirms it (a rejection, which bans the producer here: its waiting rollouts are
+dropped and nothing of it trains again) or outvotes it, and a producer claim bans once a
+second validator claims the same producer (`settle`, `judgement`). Each validator's pass
+rate and agreement with the decided rollouts are kept (`protocol.judges.JudgeBook`,
+`validators` in status): a vote against a decision costs its validator, and one that
+keeps disagreeing is flagged and no longer counted. Records of a policy version a trainer
+key equivocated over are neither trained nor judged (`protocol.equivocation`)
+(`trained_verified`, `trained_unaudited`, `producers_banned`, `producers_probation`
 in status). A rollout picked is then re-scored from its task
 (`trainer.samples.Rescorer`: a claimed reward that differs is never trained on), queued in
 `trainer.train_loop.Trainer` (staleness bound S from the manifest) and trained on in

@@ -12,6 +12,8 @@ The code is organized as follows:
 - `nat_peer.py`: a host with circuit relay v2, AutoNAT and DCUtR as a process; `start_in` starts one in a namespace
 - `netlab.py`: `NetLab`, an emulated network of namespaces with peers behind cone and symmetric NATs
 - `reach_join.py`: `FullStack`, a worker of the full role stack joining a public run from behind NAT
+- `equivocation.py`: one side of an equivocating trainer key's version installed at a peer
+- `judges_sim.py`: a trainer, two honest validators and a lying one on virtual time (no single validator decides alone)
 - `conn_attacks.py`: connection and GossipSub-control attacks from plain py-libp2p hosts, and the honest probe
 
 The process modules (`gossip_peer`, `net_peer`, `nat_peer`) are run with `python -m` and are

@@ -109,12 +109,13 @@ def check_context(
         if who not in run.trainer_keys:
             raise refuse(Reason.UNAUTHORIZED, "weights not signed by a trainer key")
         if authority.failed(who):
-            # Our view: a relay that has not heard of the evidence yet is not to blame.
+            # Our view: whoever passes it on may not have heard of the evidence yet; the
+            # key itself paid when the evidence reached us.
             raise Refused(
                 Stage.CONTEXT,
                 Reason.UNAUTHORIZED,
                 "weights signed by a key that equivocated",
-                0.0 if relaying(m.peer, m.origin, who) else None,
+                None if same_peer(m.peer, who) else 0.0,
                 signer=who,
             )
         version = obj.version
