@@ -45,16 +45,19 @@ class Authority:
         # validator key -> (order of the newest delegation, granted)
         self._delegations: OrderedDict[bytes, tuple[tuple[int, int], bool]] = OrderedDict()
         self._failed: set[bytes] = set()
+        self._judges: int | None = None  # `judges()`, until the table changes
 
     def set_keys(self, validator_keys: Iterable[bytes], trainer_keys: Iterable[bytes]) -> None:
         """A newer release of the run names these keys (`protocol.run_manifest`); the
         delegations held stay, each still the newest word on its key."""
         self.validator_keys = frozenset(validator_keys)
         self.trainer_keys = frozenset(trainer_keys)
+        self._judges = None
 
     def fail(self, key: bytes) -> None:
         """`key` equivocated: it loses every right the run gave it, for good."""
         self._failed.add(bytes(key))
+        self._judges = None
 
     def failed(self, key: bytes) -> bool:
         """Whether `key` equivocated (`fail`)."""
@@ -90,6 +93,7 @@ class Authority:
             return False
         self._delegations[validator] = (order, bool(granted))
         self._delegations.move_to_end(validator)
+        self._judges = None
         # Bounded: forget the oldest grants first (revocations of listed keys are kept
         # as long as room allows; a forgotten grant simply has to be re-sent).
         while len(self._delegations) > self.max_delegations:
@@ -98,8 +102,10 @@ class Authority:
 
     def judges(self) -> int:
         """How many keys may judge now."""
-        keys = set(self.validator_keys) | {k for k, (_, g) in self._delegations.items() if g}
-        return sum(self.may_judge(k) for k in keys)
+        if self._judges is None:
+            keys = set(self.validator_keys) | {k for k, (_, g) in self._delegations.items() if g}
+            self._judges = sum(self.may_judge(k) for k in keys)
+        return self._judges
 
     def delegated(self) -> dict[bytes, bool]:
         """Every delegation held: key -> granted."""

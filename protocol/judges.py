@@ -79,6 +79,7 @@ class JudgeBook:
         # rollout id -> (decision, the judges whose vote on it was counted)
         self._decided: OrderedDict[bytes, tuple[bool, set[bytes]]] = OrderedDict()
         self._claims: OrderedDict[bytes, set[bytes]] = OrderedDict()  # producer -> claimers
+        self._flagged: frozenset[bytes] = frozenset()
 
     def _get(self, judge: bytes) -> _Tally:
         t = self._tally.get(judge)
@@ -86,6 +87,7 @@ class JudgeBook:
             t = self._tally[judge] = _Tally()
             while len(self._tally) > self.max_keys:
                 self._tally.popitem(last=False)
+            self._flagged = frozenset(k for k, t in self._tally.items() if t.flagged)
         return t
 
     def voted(self, judge: bytes, passed: bool) -> None:
@@ -134,6 +136,7 @@ class JudgeBook:
                 )
             if not t.flagged and self._over(t):
                 t.flagged = True
+                self._flagged = self._flagged | {v.signer}
                 charges.append(
                     Charge(
                         v.signer,
@@ -160,7 +163,7 @@ class JudgeBook:
 
     def flagged_keys(self) -> frozenset[bytes]:
         """The flagged judges (their votes count for nothing here)."""
-        return frozenset(k for k, t in self._tally.items() if t.flagged)
+        return self._flagged
 
     def claimed(self, producer: bytes, judge: bytes, need: int) -> bool:
         """A producer claim of `judge`: True once `need` distinct judges claimed `producer`

@@ -206,3 +206,58 @@ async def test_a_validator_judges_no_record_of_a_disputed_version(
         scores, now = peer.admission.scores, time.time()
         assert scores.score(worker_a.peer_id_b58, now) >= 0  # not charged for the split
         assert scores.score(worker_b.peer_id_b58, now) < 0  # judged as ever
+
+
+async def test_an_equivocating_validator_key_is_failed_by_the_peer_that_saw_it_and_by_gossip(
+    tmp_path: Path,
+) -> None:
+    """A validator key signs a pass and a fail of one rollout; the peer that admits both
+    keeps the evidence and gossips it; a peer that saw neither fails the key too, and from
+    then on that key's verdicts are refused (free for whoever passes them on)."""
+    from protocol.wire import Verdict
+
+    liar = Identity.generate()
+    manifest = dataclasses.replace(net_manifest("equiv-v"), validator_keys=(liar.peer_id,))
+    producer = Identity.generate().peer_id
+
+    def verdict(rid: bytes, passed: bool, seq: int) -> bytes:
+        v = Verdict(
+            rollout_id=rid,
+            producer=producer,
+            passed=passed,
+            reason="ok" if passed else "proof-mismatch",
+            reward_rescored=0.0,
+            metrics=(),
+        )
+        return seal(
+            liar,
+            v,
+            run_id="equiv-v",
+            policy_version=0,
+            seq=seq,
+            timestamp_ms=int(time.time() * 1000),
+        )
+
+    async with open_peer(_cfg(tmp_path, "p1", manifest)) as p1:
+        boot = (p1.host.listen_addrs()[0],)
+        async with open_peer(_cfg(tmp_path, "p2", manifest, bootstrap=boot)) as p2:
+            await until("connected", lambda: bool(p2.host.connected_peers()))
+            await trio.sleep(1.0)  # gossip meshes form
+            relay = Identity.generate().peer_id_b58
+            rid = b"r" * 32
+            assert (await p1.admit(relay, Kind.VERDICT, verdict(rid, True, 1))).accepted
+            await p1.admit(relay, Kind.VERDICT, verdict(rid, False, 2))
+            assert p1.admission.authority.failed(liar.peer_id)
+            await until(
+                "the other peer fails the key by gossip",
+                lambda: p2.admission.authority.failed(liar.peer_id),
+            )
+            await until(
+                "stored", lambda: bool(p1.store.equivocations() and p2.store.equivocations())
+            )
+            assert [e["kind"] for e in p2.stats()["equivocations"]] == ["verdict"]
+            later = await p2.admit(relay, Kind.VERDICT, verdict(b"s" * 32, True, 3))
+            assert not later.accepted
+            now = time.time()
+            assert p2.admission.scores.score(relay, now) >= 0  # the relay is not to blame
+            assert p2.admission.scores.score(liar.peer_id_b58, now) < -100
