@@ -16,8 +16,9 @@ Fraud evidence (`protocol.fraud`): another validator's failed verdict opens a ca
 take the record (the store, or the body pull that every header starts) and audit it
 ourselves, unsampled, with the same machinery. Reproduced, the producer is banned; not
 reproduced, the accusing validator pays. The re-audit's verdict is published (with no
-sample ticket): a trainer decides a failed rollout only once a second validator's verdict
-confirms or overturns it (`protocol.verified`, `reaudits_published`).
+sample ticket), and so is our verdict of a record audited only for its window once
+another validator fails it: a trainer decides a failed rollout only once a second
+validator's verdict confirms or overturns it (`protocol.verified`, `reaudits_published`).
 
 Per producer (`verify.producer`): every audited record's `logprob_err_mean` joins its
 producer's window (an aligned block of its task counters). Records sampled one by one
@@ -56,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -85,6 +87,7 @@ NEEDS_MODEL = True
 FAILED_AUDIT_PENALTY = penalties.FAILED_AUDIT.cost
 QUEUE = 1024
 CLOSE_EVERY_S = 10.0  # how often windows past their time are judged
+UNPUBLISHED_KEPT = 4096  # window-only verdicts kept, to answer another validator's fail
 
 # Queued for a window audit only (`protocol.audit_sample.window_ticket`): the record's own
 # ticket did not sample it, so its verdict counts here and is not published.
@@ -155,6 +158,8 @@ class ValidatorRole:
         self.held_passes = HeldPasses()
         self.last_close = time.time()
         self.held = HeldVersions(model)
+        # rollout id -> our verdict of a window-only audit, published if another fails it
+        self.unpublished: OrderedDict[bytes, Any] = OrderedDict()
         # set by `run` while it runs (record lookups start in it); None once it stops, as
         # deliveries go on while the node drains
         self.nursery: trio.Nursery | None = None
@@ -237,6 +242,12 @@ class ValidatorRole:
         self.carry_out(
             self.fraud.accused(v.rollout_id, v.producer, item.envelope.signer, v.reason, now)
         )
+        mine = self.unpublished.pop(v.rollout_id, None)
+        banned = self.standing.state(v.producer) is State.BANNED  # no passes for it
+        if mine is not None and not banned and self.nursery is not None and self.may_publish():
+            # We audited it for its window and said nothing: a second opinion is owed now.
+            self.counts["reaudits_published"] = self.counts.get("reaudits_published", 0) + 1
+            self.nursery.start_soon(self.peer.publish_verdict, mine)
 
     def on_claim(self, item: Admitted) -> None:
         """Another validator's producer claim opens a claim case."""
@@ -412,6 +423,9 @@ class ValidatorRole:
         now_verdict = None
         if ticket == WINDOW_ONLY:
             self.counts["window_audited"] += 1  # no ticket samples it: nothing to publish
+            self.unpublished[ro.rollout_id] = verdict  # unless another validator fails it
+            while len(self.unpublished) > UNPUBLISHED_KEPT:
+                self.unpublished.popitem(last=False)
         elif not authorized:
             self.counts["unauthorized"] += 1
         elif verdict.passed and probation:  # published (and counted) once its window is clean
