@@ -16,6 +16,10 @@ Public API
         returns whether it changed the table (False for an older or equal one)
     `.may_delegate(key) -> bool`
     `.set_keys(validator_keys, trainer_keys)`   a newer run release's keys
+    `.fail(key)`   the key equivocated (`protocol.equivocation`): from now on it may
+        neither judge, nor delegate, nor sign policy versions (`.failed(key)`), whatever
+        the manifest or a delegation says
+    `.judges() -> int`   how many keys may judge now (the manifest's and delegated ones)
 """
 
 from __future__ import annotations
@@ -40,20 +44,34 @@ class Authority:
         self.max_delegations = max_delegations
         # validator key -> (order of the newest delegation, granted)
         self._delegations: OrderedDict[bytes, tuple[tuple[int, int], bool]] = OrderedDict()
+        self._failed: set[bytes] = set()
+        self._judges: int | None = None  # `judges()`, until the table changes
 
     def set_keys(self, validator_keys: Iterable[bytes], trainer_keys: Iterable[bytes]) -> None:
         """A newer release of the run names these keys (`protocol.run_manifest`); the
         delegations held stay, each still the newest word on its key."""
         self.validator_keys = frozenset(validator_keys)
         self.trainer_keys = frozenset(trainer_keys)
+        self._judges = None
+
+    def fail(self, key: bytes) -> None:
+        """`key` equivocated: it loses every right the run gave it, for good."""
+        self._failed.add(bytes(key))
+        self._judges = None
+
+    def failed(self, key: bytes) -> bool:
+        """Whether `key` equivocated (`fail`)."""
+        return key in self._failed
 
     def may_delegate(self, key: bytes) -> bool:
         """Whether `key` may grant or revoke the right to judge (a trainer key)."""
-        return key in self.trainer_keys
+        return key in self.trainer_keys and key not in self._failed
 
     def may_judge(self, key: bytes) -> bool:
         """Whether `key` may judge now: its latest delegation decides, else the run's validator
         keys."""
+        if key in self._failed:
+            return False
         d = self._delegations.get(key)
         if d is not None:
             return d[1]
@@ -75,11 +93,19 @@ class Authority:
             return False
         self._delegations[validator] = (order, bool(granted))
         self._delegations.move_to_end(validator)
+        self._judges = None
         # Bounded: forget the oldest grants first (revocations of listed keys are kept
         # as long as room allows; a forgotten grant simply has to be re-sent).
         while len(self._delegations) > self.max_delegations:
             self._delegations.popitem(last=False)
         return True
+
+    def judges(self) -> int:
+        """How many keys may judge now."""
+        if self._judges is None:
+            keys = set(self.validator_keys) | {k for k, (_, g) in self._delegations.items() if g}
+            self._judges = sum(self.may_judge(k) for k in keys)
+        return self._judges
 
     def delegated(self) -> dict[bytes, bool]:
         """Every delegation held: key -> granted."""

@@ -3,7 +3,7 @@
 Each declares its kind (the domain-separation tag when signed), its schema version and its
 byte limit; `protocol.codec` encodes them canonically. Which objects travel signed inside an
 `Envelope` (see `protocol.envelope`): RunManifest and RunRelease (by the run authority), RolloutHeader,
-Verdict, FraudEvidence, WeightManifest (by a trainer key) and PeerHello. RolloutBody travels
+Verdict, FraudEvidence, EquivocationEvidence, WeightManifest (by a trainer key) and PeerHello. RolloutBody travels
 beside its signed header, bound to it by `RolloutHeader.body_digest`; shard bytes are bound
 by the per-shard digests of the signed WeightManifest.
 
@@ -242,6 +242,20 @@ class FraudEvidence(WireObject):
     metrics: tuple[Metric, ...] = spec(ListOf(Nested(Metric), 64))
 
 
+# The largest signed object an equivocation names (a weight manifest of a large model
+# stays far below; gossip caps a message at about 1 MiB).
+MAX_EQUIVOCATED_BYTES = 480 * KiB
+
+
+@wire("equivocation", schema=1, max_bytes=2 * MAX_EQUIVOCATED_BYTES + 1 * KiB)
+class EquivocationEvidence(WireObject):
+    """Two envelopes signed by one key over different objects of the same slot
+    (`protocol.equivocation`): self-contained, anyone re-checks both signatures."""
+
+    first: bytes = spec(Bytes(MAX_EQUIVOCATED_BYTES, min_len=1))
+    second: bytes = spec(Bytes(MAX_EQUIVOCATED_BYTES, min_len=1))
+
+
 @wire("shard_info", schema=1, max_bytes=256)
 class ShardInfo(WireObject):
     """One shard of a weights file: its index, byte offset, size and digest."""
@@ -320,6 +334,7 @@ SIGNED_KINDS: dict[str, type[WireObject]] = {
         Delegation,
         FraudEvidence,
         ProducerClaim,
+        EquivocationEvidence,
         WeightManifest,
         PeerHello,
     )
@@ -336,6 +351,7 @@ ALL_OBJECTS: tuple[type[WireObject], ...] = (
     Verdict,
     Delegation,
     FraudEvidence,
+    EquivocationEvidence,
     ShardInfo,
     WeightManifest,
     ShardRequest,

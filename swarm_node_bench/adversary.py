@@ -134,6 +134,16 @@ relay_copy_quota: signer_penalty 0.0 instead), not honest_banned, rss_mb_growth 
                            (over the library's 1 MiB limit). penalized: scored below 0 or
                            banned at the trainer (`oversize_rpc`).
 
+The run's authorities (`swarm_node_bench.parts.authority`), in both modes:
+`equivocation` (real peers in the driver process: a hub and two peers on each side of a
+split; a trainer key signs two manifests of version 2, each side installs its own:
+`detected` every peer treats the key as failed, `evidence_gossiped` peers that gossiped
+evidence they found, `time_to_detect_s` the slowest peer's time from both announcements
+out, `honest_charged` honest pairs scored below 0) and `validators` (virtual time, the
+trainer's rules: two honest validators and one that fails an honest worker and passes
+everything else at once; `honest_credit_kept` the worker's credit with the liar over
+without, `bad_validators_flagged`, `honest_validators_flagged`, `cheater_changed_trained`).
+
 `--quick`: 2.5 s per attack window and the connection cases' quick counts (about three
 minutes on 2 shared cores, the connection cases ~45 s of it). Full: 10 s windows and the issue's counts. Options after the name:
 `--window S`, `--rate R` (honest records per second per worker), `--attacks A,B` (only
@@ -657,4 +667,8 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     if unknown:
         parser.error(f"unknown attack(s): {sorted(unknown)}")
     opts.attacks = set(names) or set(ATTACKS) | set(CONN_ATTACKS)
-    return trio.run(_run, opts.window, opts.rate, opts.settle, opts)
+    figures = trio.run(_run, opts.window, opts.rate, opts.settle, opts)
+    from swarm_node_bench.parts.authority import sections  # deferred: heavy import
+
+    figures.update(sections())  # the `equivocation` and `validators` sections
+    return figures

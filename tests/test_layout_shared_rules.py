@@ -30,6 +30,7 @@ NOT_SIMULATED = {
     "protocol.producer_cases": "the simulator runs no model: no per-producer audit windows",
     "protocol.standing": "the simulator runs no model: no audits, so no standing earned or lost by them",
     "protocol.verified": "the simulator has no trainer loop that waits for verdicts",
+    "protocol.judges": "the simulator has no trainer loop that waits for verdicts: no validators to compare",
     "protocol.credit": "the simulator runs no model: no bodies are re-scored and no verdicts judged, so nothing is credited",
     "protocol.weights_plan": "versions are adopted as one download (swarm_sim.broadcast runs the shard rules)",
     "protocol.forwarding": "simulated headers travel one per message: no HeaderBatch, and a Forward action is what is forwarded",

@@ -51,7 +51,9 @@ def _stand_in_audit(rollouts, model, **_kw):  # type: ignore[no-untyped-def]
     ]
 
 
-def _record(producer: Identity, manifest, counter: int, cheat: bool) -> bytes:  # type: ignore[no-untyped-def]
+def _record(
+    producer: Identity, manifest, counter: int, cheat: bool, policy_version: int = 0
+) -> bytes:  # type: ignore[no-untyped-def]
     """A record whose claimed reward is on the wanted side (bodies differ by counter)."""
     for seed in range(counter * 1000, counter * 1000 + 100):
         data = synthetic_record(
@@ -62,6 +64,7 @@ def _record(producer: Identity, manifest, counter: int, cheat: bool) -> bytes:  
             n_completion=32,
             seq=counter + 1,
             rng=random.Random(seed),
+            policy_version=policy_version,
         )
         _env, header, _rid = open_header(decode(RolloutRecord, data).header)
         if (header.reward >= 0.5) == cheat:

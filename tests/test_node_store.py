@@ -407,8 +407,9 @@ def test_version_1_database_is_migrated(tmp_path):
     conn.commit()
     conn.close()
     with Store.open(tmp_path) as s:
-        assert s.schema_version() == SCHEMA_VERSION == 4
+        assert s.schema_version() == SCHEMA_VERSION == 5
         assert s.ledger_summary() == {}  # the compacted totals table exists
+        assert s.equivocations() == []  # and the evidence table
         assert s.delivery_status()["produced"] == 0
         assert s.has_rollout(b"r")
         assert s.reserve("seq") == 0
@@ -503,3 +504,18 @@ def test_batched_admitted_items_and_rejects(store):
     bad = dataclasses.replace(items[0], kind=Kind.WEIGHT_ANNOUNCE)
     with pytest.raises(ValueError):
         store.put_admitted_many([items[0], bad])  # checked before anything is written
+
+
+def test_equivocation_evidence_is_kept_once_and_read_back(tmp_path):
+    from protocol.equivocation import evidence
+    from tests.test_protocol_equivocation import TRAINER, _sealed, manifest
+
+    ev = evidence(
+        _sealed(TRAINER, manifest(2, b"a" * 32)), _sealed(TRAINER, manifest(2, b"b" * 32))
+    )
+    with Store.open(tmp_path) as s:
+        assert s.put_equivocation(ev, T0, True)
+        assert not s.put_equivocation(ev, T0 + 1, False)
+    with Store.open(tmp_path) as s:
+        [(first, second, at, here)] = s.equivocations()
+        assert evidence(first, second) == ev and at == T0 and here

@@ -208,7 +208,7 @@ def test_verified_needs_a_quorum_of_authorized_judges_and_ignores_the_rest():
     auth = Authority(
         validator_keys={VALIDATOR.peer_id, DELEGATE.peer_id}, trainer_keys={TRAINER.peer_id}
     )
-    one = VerifiedRule(quorum=1)
+    one = VerifiedRule(quorum=1, confirm=1)  # one judge decides (as in a one-validator run)
     two = VerifiedRule(quorum=2)
     p = ALICE.peer_id
     assert judge(p, [], auth, one) is Status.PENDING
@@ -226,8 +226,27 @@ def test_verified_needs_a_quorum_of_authorized_judges_and_ignores_the_rest():
     ]
     assert judge(p, junk, auth, one) is Status.PENDING
     assert judge(p, [*junk, _vote(VALIDATOR, True)], auth, one) is Status.VERIFIED
-    # One authorized failure rejects.
+    # One authorized failure rejects when one judge decides.
     assert judge(p, [_vote(VALIDATOR, True), _vote(DELEGATE, False)], auth, one) is Status.REJECTED
+
+
+def test_no_single_validator_decides_alone_when_the_run_has_two():
+    auth = Authority(validator_keys={VALIDATOR.peer_id, DELEGATE.peer_id, SYBIL.peer_id})
+    rule, p = VerifiedRule(), ALICE.peer_id  # confirm=2 by default
+    assert judge(p, [_vote(VALIDATOR, True)], auth, rule) is Status.PENDING  # waits, unconfirmed
+    assert judge(p, [_vote(VALIDATOR, False)], auth, rule) is Status.CONTESTED  # no withdrawal
+    # One pass does not outweigh a pending fail.
+    assert judge(p, [_vote(VALIDATOR, True), _vote(DELEGATE, False)], auth, rule) is (
+        Status.CONTESTED
+    )
+    both_fail = [_vote(VALIDATOR, False), _vote(DELEGATE, False)]
+    assert judge(p, both_fail, auth, rule) is Status.REJECTED  # the re-audit confirmed it
+    outvoted = [_vote(VALIDATOR, False), _vote(DELEGATE, True), _vote(SYBIL, True)]
+    assert judge(p, outvoted, auth, rule) is Status.VERIFIED  # the re-audits overturned it
+    # A flagged validator's votes count for nothing, nor does it count as a judge.
+    assert judge(p, outvoted, auth, rule, ignore={VALIDATOR.peer_id}) is Status.VERIFIED
+    lone = Authority(validator_keys={VALIDATOR.peer_id})
+    assert judge(p, [_vote(VALIDATOR, False)], lone, rule) is Status.REJECTED  # no second one
 
 
 def test_run_rules_read_validators_and_quorum_from_the_manifest():

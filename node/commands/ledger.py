@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from node.cli_errors import one_line_errors
-from node.commands.status import work_lines
+from node.commands.status import equivocations, work_lines
 from node.errors import CommandError
 from node.paths import find_node_dir
 from node.store.store import DB_FILENAME, LedgerEntry, Store
@@ -104,6 +104,15 @@ def _line(e: LedgerEntry) -> str:
     return f"{when} {e.direction:<3} {e.outcome:<8} {e.kind:<10} {item} peer {peer}{why}{detail}"
 
 
+def _evidence_line(ev: dict[str, Any]) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ev["at"]))
+    how = "both objects reached us" if ev["found_here"] else "evidence gossiped to us"
+    return (
+        f"{when} evidence equivocation {ev['kind']} slot {ev['slot']} signer "
+        f"{ev['signer'][-8:]} ({how})"
+    )
+
+
 def main(
     data_dir: Path | None,
     direction: str | None,
@@ -118,6 +127,12 @@ def main(
     lines = entries(data_dir, direction, rejected, kind, last)
     for e in lines:
         click.echo(json.dumps(as_dict(e)) if as_json else _line(e))
+    if kind in (None, Kind.EQUIVOCATION.value) and direction != "out":
+        with Store(data_dir / DB_FILENAME) as store:
+            held = equivocations(store)
+        for ev in held:  # the evidence itself, kept apart from the compacted lines
+            line = {"evidence": "equivocation", **ev}
+            click.echo(json.dumps(line) if as_json else _evidence_line(ev))
     if as_json:
         return
     if not lines:

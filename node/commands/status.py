@@ -22,6 +22,8 @@ from node.cli_errors import one_line_errors
 from node.errors import CommandError
 from node.paths import find_node_dir, node_dirs
 from node.store.store import DB_FILENAME, Store
+from protocol.equivocation import evidence
+from protocol.errors import RemoteProtocolError
 from protocol.identity import peer_text
 
 
@@ -55,6 +57,7 @@ def collect(data_dir: Path, now: float | None = None) -> dict[str, Any]:
                 staleness if isinstance(staleness, int) else None,
             ),
             "inbound": inbound,
+            "equivocations": equivocations(store),
             "peers_scored": len(peers),
             "banned": [
                 {
@@ -65,6 +68,20 @@ def collect(data_dir: Path, now: float | None = None) -> dict[str, Any]:
                 for r in bans
             ],
         }
+
+
+def equivocations(store: Store) -> list[dict[str, Any]]:
+    """The equivocation evidence the node keeps (`protocol.equivocation`), each re-checked:
+    signer, kind, slot (a policy version, or the hex of a rollout id or producer), when,
+    and whether both objects reached this node itself."""
+    out = []
+    for first, second, at, here in store.equivocations():
+        try:
+            ev = evidence(first, second)
+        except RemoteProtocolError:
+            continue  # it was checked before it was kept; skip anything that is not evidence
+        out.append({**ev.describe(), "signer": peer_text(ev.signer), "at": at, "found_here": here})
+    return out
 
 
 def _weights(data_dir: Path, live: dict[str, Any] | None) -> dict[str, Any]:
@@ -211,6 +228,11 @@ def _show(data_dir: Path) -> None:
         click.echo(
             f"dropped by      {peer}: closed our connections {d['closes']} times (last: {d['reason'] or '-'}); "
             f"it may have banned us or find us over its limits (reported until {until} if it stops)"
+        )
+    for e in status["equivocations"]:
+        click.echo(
+            f"equivocation    {e['signer']} signed two conflicting {e['kind']} objects of "
+            f"slot {e['slot']}: that key is failed here"
         )
     click.echo(f"peers scored    {status['peers_scored']}, banned now {len(status['banned'])}")
     for ban in status["banned"]:

@@ -9,6 +9,9 @@ Topics (one run never sees another's traffic):
     swarm-rl/<run>/delegations/1  trainer-signed grants of the right to judge (`Kind.DELEGATION`)
     swarm-rl/<run>/producer-claims/1  a validator's claim over a producer's window of
                                 records (`Kind.PRODUCER_CLAIM`, `verify.producer`)
+    swarm-rl/<run>/equivocation/1  evidence that a key of the run signed two conflicting
+                                objects of one slot (`Kind.EQUIVOCATION`,
+                                `protocol.equivocation`)
     swarm-rl/<run>/header-batches/1  `HeaderBatch`: several signed rollout headers
 
 Every message on a topic is exactly one signed envelope of that topic's kind (a batch:
@@ -45,6 +48,7 @@ TOPIC_KINDS: dict[str, Kind] = {
     "fraud": Kind.FRAUD_EVIDENCE,
     "delegations": Kind.DELEGATION,
     "producer-claims": Kind.PRODUCER_CLAIM,
+    "equivocation": Kind.EQUIVOCATION,
 }
 
 

@@ -75,9 +75,10 @@ from protocol.admission import (
 from protocol.codec import decode
 from protocol.content_id import content_id
 from protocol.envelope import seal
+from protocol.equivocation import evidence
 from protocol.errors import RemoteProtocolError
 from protocol.forwarding import GossipVerdict, batch_verdict
-from protocol.identity import peer_id_to_b58
+from protocol.identity import peer_id_to_b58, peer_text
 from protocol.peer_score import PeerScores
 from protocol.rollout import check_body, open_header
 from protocol.version_claims import AskNewest
@@ -339,6 +340,7 @@ class Peer:
             "uptime_s": round(time.time() - self.started_at, 1),
             "rtt_ms_median": rtt_median_ms(self.host),
             "weights": self.weights.status() if self.weights is not None else None,
+            "equivocations": self.equivocations(),
             **(self.nat.stats() if self.nat is not None else {}),
         }
 
@@ -420,6 +422,17 @@ class Peer:
             self.host.unban(str(action.peer))
         elif isinstance(action, AskNewest):
             self.spawn(ask_newest, self.host, self.run_id, self, self.weights is not None, action)
+        elif isinstance(action, adm.Equivocated):
+            self.counters["equivocations"] += 1
+            ev = action.evidence
+            log.warning(
+                "equivocation: %s signed two conflicting %s objects of one slot (%s); "
+                "that key is failed here",
+                peer_text(ev.signer),
+                ev.kind,
+                ev.describe()["slot"],
+            )
+            self.spawn(self._keep_evidence, action, time.time())
         else:
             raise AssertionError(f"no executor for {type(action).__name__}")
 
@@ -450,6 +463,21 @@ class Peer:
             )
         for callback in list(self._callbacks):
             callback(item)
+
+    async def _keep_evidence(self, action: adm.Equivocated, at: float) -> None:
+        """Store new evidence; gossip it when both objects reached us (evidence that came
+        by gossip is forwarded by the router)."""
+        with contextlib.suppress(StoreError):
+            await trio.to_thread.run_sync(
+                self.store.put_equivocation, action.evidence, at, action.found_here
+            )
+        if action.found_here:
+            self.counters["equivocations_gossiped"] += 1
+            await self.outbox.put(self.topics["equivocation"], self.seal(action.evidence.wire()))
+
+    def equivocations(self) -> list[dict[str, object]]:
+        """The equivocation evidence held (signer, kind, slot, when), for status."""
+        return self.admission.equivocations.summary()
 
     async def _ban(self, action: Ban, last: str) -> None:
         self.counters["bans"] += 1
@@ -658,6 +686,9 @@ async def _restore(peer: Peer, now: float) -> None:
         peer.store.known_signers, now - ttl, peer.admission.config.max_signers
     )
     peer.submit(Known(Kind.ROLLOUT_HEADER, (), now, signers=tuple(signers)))
+    for first, second, at, _here in await trio.to_thread.run_sync(peer.store.equivocations):
+        with contextlib.suppress(RemoteProtocolError):  # re-checked as any evidence is
+            peer.admission.known_evidence(evidence(first, second, peer.run_id), at)
     if peer.puller is not None:
         for row in await trio.to_thread.run_sync(peer.store.missing_bodies, RESTORED_PULLS):
             sources = [_b58(row.producer)] + ([str(row.source_peer)] if row.source_peer else [])

@@ -7,9 +7,16 @@ that withholds counters past its allowance is refused and scored down, and withh
 counts as reward 0). Which of them train is `protocol.standing.StandingBook`'s rule, kept
 from the verdicts heard: a rollout with a pass verdict of its own; or, from a producer in
 good standing (its probation's audits passed, none failed), an unaudited one that waited
-`standing.HOLD_S` for an audit to land. A failed verdict or a producer claim of a key that
-may judge bans the producer here: its waiting rollouts are dropped and nothing of it trains
-again (`trained_verified`, `trained_unaudited`, `producers_banned`, `producers_probation`
+`standing.HOLD_S` for an audit to land. No single validator decides alone when the run
+has two or more: a failed verdict contests its rollout until a second validator's
+re-audit confirms it (a rejection, which bans the producer here: its waiting rollouts are
+dropped and nothing of it trains again) or outvotes it, and a producer claim bans once a
+second validator claims the same producer (`settle`, `judgement`). Each validator's pass
+rate and agreement with the decided rollouts are kept (`protocol.judges.JudgeBook`,
+`validators` in status): a vote against a decision costs its validator, and one that
+keeps disagreeing is flagged and no longer counted. Records of a policy version a trainer
+key equivocated over are neither trained nor judged (`protocol.equivocation`)
+(`trained_verified`, `trained_unaudited`, `producers_banned`, `producers_probation`
 in status). A rollout picked is then re-scored from its task
 (`trainer.samples.Rescorer`: a claimed reward that differs is never trained on), queued in
 `trainer.train_loop.Trainer` (staleness bound S from the manifest) and trained on in
@@ -66,6 +73,7 @@ from protocol.admission import Admitted, Kind
 from protocol.authority import Authority
 from protocol.body_pull import PullConfig
 from protocol.credit import CreditBook, FalseClaim, OutOfOrder
+from protocol.judges import Charge, JudgeBook
 from protocol.standing import Banned, Decision, StandingBook, State
 from protocol.verified import Status, VerifiedRule, Vote, judge
 from trainer.checkpoint import from_state_dict, snapshot_state
@@ -129,6 +137,7 @@ class Collector:
         self.ledger = self.gaps.ledger
         self.tracks: OrderedDict[bytes, _Track] = OrderedDict()
         self.credit = CreditBook(pull_window_s=pull_window_s)  # the body puller's window
+        self.judges = JudgeBook()  # the validators' pass rates, agreement and flags
         self.went_back: list[bytes] = []  # producers to charge OUT_OF_ORDER (`take_went_back`)
 
     def track(self, rid: bytes) -> _Track:
@@ -201,7 +210,7 @@ class Collector:
         if not t.producer:
             return
         st = self.status(t)
-        if st is not Status.PENDING:
+        if st in (Status.VERIFIED, Status.REJECTED):
             passed = st is Status.VERIFIED
             self.credit.on_judged(t.producer, t.counter, t.version, passed, t.judge_score, now)
 
@@ -233,7 +242,7 @@ class Collector:
         """Verified, rejected or pending, by the run's rule over its votes."""
         if not t.producer:
             return Status.PENDING
-        return judge(t.producer, t.votes, self.authority, self.rule)
+        return judge(t.producer, t.votes, self.authority, self.rule, self.judges.flagged_keys())
 
     def summarize(self, version: int, max_staleness: int, now: float = math.inf) -> dict[str, Any]:
         """Status figures: bodies held, verified, usable at `version`, refused producers."""
@@ -251,7 +260,8 @@ class Collector:
             "bodies": len(statuses),
             "verified": len(verified),
             "rejected": sum(1 for _, s in statuses if s is Status.REJECTED),
-            "unverified": sum(1 for _, s in statuses if s is Status.PENDING),
+            "unverified": sum(1 for _, s in statuses if s in (Status.PENDING, Status.CONTESTED)),
+            "contested": sum(1 for _, s in statuses if s is Status.CONTESTED),
             "usable_at_version": len(usable),
             "task_groups": len({t.task for t in usable}),
             "usable_reward_mean": round(sum(t.reward for t in usable) / len(usable), 4)
@@ -330,6 +340,53 @@ def judged(standing: StandingBook, authority: Authority, item: Admitted) -> list
     return standing.ban(producer, "producer window over the limit")
 
 
+def settle(
+    collector: Collector, standing: StandingBook, rid: bytes, reason: str = "failed audit"
+) -> tuple[list[Banned], list[Charge]]:
+    """What the votes on rollout `rid` decide once confirmed (`protocol.verified.judge`):
+    the first decision moves its producer's standing (a pass towards its probation, a
+    rejection bans it); every vote that disagrees with it is charged to its validator
+    (`protocol.judges.JudgeBook`). Call after each verdict and each rollout heard."""
+    t = collector.tracks.get(rid)
+    if t is None or not t.producer:
+        return [], []
+    st = collector.status(t)
+    if st not in (Status.VERIFIED, Status.REJECTED):
+        return [], []
+    first = not collector.judges.is_decided(rid)
+    ignore = collector.judges.flagged_keys()
+    votes = [
+        v
+        for v in t.votes
+        if v.producer == t.producer
+        and v.signer != t.producer
+        and v.signer not in ignore
+        and collector.authority.may_judge(v.signer)
+    ]
+    charges = collector.judges.decided(rid, st is Status.VERIFIED, votes)
+    bans = standing.audited(t.producer, st is Status.VERIFIED, reason) if first else []
+    return bans, charges
+
+
+def judgement(
+    collector: Collector, standing: StandingBook, item: Admitted
+) -> tuple[list[Banned], list[Charge]]:
+    """A verdict or a producer claim heard by the trainer (`collector.on_deliver` took it
+    first): counted for its validator, then what it decides (`settle`); a claim bans its
+    producer once `need` distinct judges claimed it (`JudgeBook.claimed`)."""
+    authority, judges = collector.authority, collector.judges
+    signer, producer = item.envelope.signer, item.obj.producer
+    if signer == producer or not authority.may_judge(signer) or judges.flagged(signer):
+        return [], []
+    if item.kind is Kind.VERDICT:
+        judges.voted(signer, item.obj.passed)
+        return settle(collector, standing, item.obj.rollout_id, item.obj.reason)
+    n = authority.judges() - sum(1 for k in judges.flagged_keys() if authority.may_judge(k))
+    if judges.claimed(producer, signer, min(collector.rule.confirm, max(1, n))):
+        return standing.ban(producer, "producer window over the limit"), []
+    return [], []
+
+
 _VERDICT = {Status.VERIFIED: True, Status.REJECTED: False, Status.PENDING: None}
 
 
@@ -360,7 +417,12 @@ def pick_ready(
         if not collector.ledger.allowed(t.producer, now):
             del waiting[rid]
             continue
-        verdict = _VERDICT[collector.status(t)]
+        status = collector.status(t)
+        if status is Status.CONTESTED:
+            continue  # a pending fail: one pass does not outweigh it, nor does the hold
+        verdict = _VERDICT[status]
+        if verdict is None and collector.judges.suspect(t.producer):
+            continue  # an unconfirmed claim names its producer: only its own pass trains it
         decision = standing.decide(t.producer, verdict, arrived_at, now)
         if decision is Decision.TRAIN:
             ready.append(waiting.pop(rid)[0])
@@ -401,7 +463,10 @@ class TrainerRole:
 
     def on_deliver(self, item: Admitted) -> None:
         """Take one admitted item: charge producers the collector finds at fault, queue a
-        record to wait for its verdict, move standing on a verdict or a claim."""
+        record to wait for its verdict, move standing on a verdict or a claim. A verdict
+        on a record of a disputed version (`protocol.equivocation`) counts for nothing."""
+        if item.kind is Kind.VERDICT and self.disputed(item.obj.rollout_id):
+            return
         for bad in self.collector.on_deliver(item):
             self.peer.report(
                 bad, WITHHELD_PENALTY, "withheld assignment counters", penalties.WITHHELD.name
@@ -420,16 +485,30 @@ class TrainerRole:
             if len(self.waiting) > MAX_WAITING:
                 self.waiting.popitem(last=False)
                 self.fates.unverified_dropped += 1
-        elif item.kind in (Kind.VERDICT, Kind.PRODUCER_CLAIM):
+        if item.kind in (Kind.VERDICT, Kind.PRODUCER_CLAIM):
             self.on_judgement(item)
+        elif item.kind in (Kind.ROLLOUT_RECORD, Kind.ROLLOUT_HEADER):
+            self.carry_out(*settle(self.collector, self.standing, item.content_id))
+
+    def disputed(self, rid: bytes) -> bool:
+        """Whether the rollout `rid` was made under a version a trainer key equivocated over."""
+        t = self.collector.tracks.get(rid)
+        return t is not None and self.peer.admission.equivocations.is_disputed(t.version)
 
     def on_judgement(self, item: Admitted) -> None:
-        """A verdict or a producer claim (`judged`); a ban drops the producer's waiting rollouts."""
-        for ban in judged(self.standing, self.peer.admission.authority, item):
+        """A verdict or a producer claim (`judgement`)."""
+        self.carry_out(*judgement(self.collector, self.standing, item))
+
+    def carry_out(self, bans: list[Banned], charges: list[Charge]) -> None:
+        """A ban drops the producer's waiting rollouts; a validator whose verdict disagreed
+        with the re-audits pays."""
+        for ban in bans:
             for rid in [
                 r for r, (ro, _t) in self.waiting.items() if ro.envelope.signer == ban.producer
             ]:
                 del self.waiting[rid]
+        for c in charges:
+            self.peer.report(c.judge, c.penalty, c.reason, c.offence)
 
     def on_late(self, item: Admitted) -> None:
         """A rollout refused as too stale: counted in `fates`, its counter no gap."""
@@ -528,6 +607,8 @@ class TrainerRole:
 
     async def train(self) -> int:
         """Train on the rollouts waiting that may train now; returns the steps taken."""
+        for rid in [r for r in self.waiting if self.disputed(r)]:
+            del self.waiting[rid]  # neither passed nor failed: never trained
         ready, unaudited = pick_ready(
             self.collector,
             self.standing,
@@ -587,6 +668,7 @@ class TrainerRole:
             published=self.published,
             waiting=len(self.waiting),
             producers_banned=self.standing.count(State.BANNED),
+            validators=self.collector.judges.summary(),
             producers_probation=sum(s is State.PROBATION for s in states),
         )
         io.status["publish_error"] = self.publish_error

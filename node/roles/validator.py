@@ -15,7 +15,10 @@ a peer that keeps cheating.
 Fraud evidence (`protocol.fraud`): another validator's failed verdict opens a case; we
 take the record (the store, or the body pull that every header starts) and audit it
 ourselves, unsampled, with the same machinery. Reproduced, the producer is banned; not
-reproduced, the accusing validator pays. Such re-checks publish no verdict.
+reproduced, the accusing validator pays. The re-audit's verdict is published (with no
+sample ticket), and so is our verdict of a record audited only for its window once
+another validator fails it: a trainer decides a failed rollout only once a second
+validator's verdict confirms or overturns it (`protocol.verified`, `reaudits_published`).
 
 Per producer (`verify.producer`): every audited record's `logprob_err_mean` joins its
 producer's window (an aligned block of its task counters). Records sampled one by one
@@ -32,6 +35,11 @@ peer re-checks and a trainer acts on. Another validator's claim is re-checked li
 (`protocol.producer_cases`): we take every record of the window, audit each ourselves,
 and the producer or the accuser pays by our own statistic (`producer_findings`,
 `producer_findings_last`, `producer_claims` in status).
+
+Equivocation (`protocol.equivocation`): a record made under a policy version whose
+manifests a trainer key equivocated over is neither passed nor failed here (`disputed`):
+the honest halves of a split swarm hold different weights under one number, and neither
+may charge the other for it.
 
 Standing (`protocol.standing.StandingBook`, from our own audits): a producer on probation
 (a fresh key, or one that failed) has every record audited and its windows judged whole;
@@ -51,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -80,6 +89,7 @@ NEEDS_MODEL = True
 FAILED_AUDIT_PENALTY = penalties.FAILED_AUDIT.cost
 QUEUE = 1024
 CLOSE_EVERY_S = 10.0  # how often windows past their time are judged
+UNPUBLISHED_KEPT = 4096  # window-only verdicts kept, to answer another validator's fail
 
 # Queued for a window audit only (`protocol.audit_sample.window_ticket`): the record's own
 # ticket did not sample it, so its verdict counts here and is not published.
@@ -150,6 +160,8 @@ class ValidatorRole:
         self.held_passes = HeldPasses()
         self.last_close = time.time()
         self.held = HeldVersions(model)
+        # rollout id -> our verdict of a window-only audit, published if another fails it
+        self.unpublished: OrderedDict[bytes, Any] = OrderedDict()
         # set by `run` while it runs (record lookups start in it); None once it stops, as
         # deliveries go on while the node drains
         self.nursery: trio.Nursery | None = None
@@ -232,6 +244,12 @@ class ValidatorRole:
         self.carry_out(
             self.fraud.accused(v.rollout_id, v.producer, item.envelope.signer, v.reason, now)
         )
+        mine = self.unpublished.pop(v.rollout_id, None)
+        banned = self.standing.state(v.producer) is State.BANNED  # no passes for it
+        if mine is not None and not banned and self.nursery is not None and self.may_publish():
+            # We audited it for its window and said nothing: a second opinion is owed now.
+            self.counts["reaudits_published"] = self.counts.get("reaudits_published", 0) + 1
+            self.nursery.start_soon(self.peer.publish_verdict, mine)
 
     def on_claim(self, item: Admitted) -> None:
         """Another validator's producer claim opens a claim case."""
@@ -328,7 +346,14 @@ class ValidatorRole:
 
         Version-aware: each record is judged with the weights of the version it claims.
         A version this validator does not hold is not judged at all (no verdict, no
-        penalty: our lack must not cost the producer); `unknown_version` counts them."""
+        penalty: our lack must not cost the producer); `unknown_version` counts them.
+        A disputed version (`protocol.equivocation`) is judged by nobody: `disputed`."""
+        disputed = self.peer.admission.equivocations.is_disputed
+        for ro, _ticket in batch:
+            if disputed(ro.envelope.policy_version):
+                self.cannot_judge(ro.rollout_id)
+                self.counts["disputed"] = self.counts.get("disputed", 0) + 1
+        batch = [item for item in batch if not disputed(item[0].envelope.policy_version)]
         for version in {ro.envelope.policy_version for ro, _ in batch}:
             await self.held.fetch(self.peer, version)
         known = [
@@ -381,11 +406,18 @@ class ValidatorRole:
         """What one verdict decides: open cases, the producer's window, the published
         verdict, the counts and the producer's score."""
         now = time.time()
+        if self.peer.admission.equivocations.is_disputed(ro.envelope.policy_version):
+            self.cannot_judge(ro.rollout_id)  # the evidence came while it was audited
+            return
         metrics = {m.name: m.value for m in verdict.metrics}
+        case = self.fraud.is_open(ro.rollout_id)
         self.carry_out(self.fraud.audited(ro.rollout_id, verdict.passed, verdict.reason, now))
         self.carry_out(self.claims.audited(ro.rollout_id, metrics.get(self.producers.stat), now))
         if ticket is None:
-            return  # a re-check: the case's outcome is all it decides
+            if case and authorized:  # the re-audit's word: no validator decides alone
+                self.counts["reaudits_published"] = self.counts.get("reaudits_published", 0) + 1
+                await self.peer.publish_verdict(verdict)
+            return  # a re-check decides nothing else here
         signer = ro.envelope.signer
         probation = self.standing.state(signer) is State.PROBATION
         if not (verdict.passed and probation):  # a held pass counts once its window is clean
@@ -393,6 +425,9 @@ class ValidatorRole:
         now_verdict = None
         if ticket == WINDOW_ONLY:
             self.counts["window_audited"] += 1  # no ticket samples it: nothing to publish
+            self.unpublished[ro.rollout_id] = verdict  # unless another validator fails it
+            while len(self.unpublished) > UNPUBLISHED_KEPT:
+                self.unpublished.popitem(last=False)
         elif not authorized:
             self.counts["unauthorized"] += 1
         elif verdict.passed and probation:  # published (and counted) once its window is clean

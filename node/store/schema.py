@@ -15,7 +15,7 @@ from protocol.admission import Admitted
 from protocol.peer_score import PeerId
 
 APPLICATION_ID = 0x53574E44  # "SWND" in the SQLite header: this file is ours
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # MIGRATIONS[n] takes a database at schema version n - 1 to version n. Append, never edit.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -87,6 +87,18 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             reason    TEXT NOT NULL,        -- '' for none
             n         INTEGER NOT NULL,
             PRIMARY KEY (direction, outcome, reason)
+        )""",
+    ),
+    5: (
+        """CREATE TABLE equivocations (  -- evidence: one key, two objects of one slot
+            evidence_id BLOB PRIMARY KEY,   -- hash of the two envelopes
+            signer      BLOB NOT NULL,
+            kind        TEXT NOT NULL,
+            slot        TEXT NOT NULL,
+            first       BLOB NOT NULL,      -- the two signed envelopes, in byte order
+            second      BLOB NOT NULL,
+            found_at    REAL NOT NULL,
+            found_here  INTEGER NOT NULL    -- 1: both objects reached us; 0: gossiped
         )""",
     ),
 }

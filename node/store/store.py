@@ -75,6 +75,7 @@ ledger words) raises TypeError / ValueError before anything is written.
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -103,6 +104,7 @@ from node.store.schema import (
     verdict_row,
 )
 from protocol.admission import Admitted, Kind
+from protocol.equivocation import Equivocation
 from protocol.peer_score import PeerId
 
 __all__ = [
@@ -501,6 +503,36 @@ class Store(LedgerStore, RetentionStore):
             ),
         )
         return cur.rowcount == 1
+
+    def put_equivocation(self, ev: Equivocation, found_at: float, found_here: bool) -> bool:
+        """Keep evidence of an equivocation durably; False when it was there already."""
+        check_time(found_at, "found_at")
+        slot = str(ev.describe()["slot"])
+        with self._write() as c:
+            cur = c.execute(
+                "INSERT OR IGNORE INTO equivocations (evidence_id, signer, kind, slot, first, "
+                "second, found_at, found_here) VALUES (?,?,?,?,?,?,?,?)",
+                (
+                    hashlib.sha256(ev.first + ev.second).digest(),
+                    ev.signer,
+                    ev.kind,
+                    slot,
+                    ev.first,
+                    ev.second,
+                    float(found_at),
+                    int(found_here),
+                ),
+            )
+            return cur.rowcount == 1
+
+    def equivocations(self) -> list[tuple[bytes, bytes, float, bool]]:
+        """The evidence kept: (first, second, found_at, found_here), oldest first (the
+        envelopes are re-checked by whoever reads them: `protocol.equivocation.evidence`)."""
+        with self._read() as c:
+            rows = c.execute(
+                "SELECT first, second, found_at, found_here FROM equivocations ORDER BY found_at"
+            ).fetchall()
+        return [(bytes(a), bytes(b), float(t), bool(h)) for a, b, t, h in rows]
 
     def verdicts_for(self, rollout_id: bytes) -> list[VerdictRow]:
         """The verdicts on rollout `rollout_id`, oldest first."""

@@ -14,6 +14,8 @@ The code is organized as follows:
 - `reach_join.py`: `FullStack`, a worker of the full role stack joining a public run from behind NAT
 - `dcutr_flood.py`: py-libp2p's DCUtR handler on a stand-in host whose network counts dial attempts
 - `relay_flood.py`: reservation requests at once from one IP to the relay's reservation handler
+- `equivocation.py`: one side of an equivocating trainer key's version installed at a peer
+- `judges_sim.py`: a trainer, two honest validators and a lying one on virtual time (no single validator decides alone)
 - `conn_attacks.py`: connection and GossipSub-control attacks from plain py-libp2p hosts, and the honest probe
 
 The process modules (`gossip_peer`, `net_peer`, `nat_peer`) are run with `python -m` and are

@@ -114,11 +114,29 @@ def check_context(
     if rule.weights:
         if who not in run.trainer_keys:
             raise refuse(Reason.UNAUTHORIZED, "weights not signed by a trainer key")
+        if authority.failed(who):
+            # Our view: whoever passes it on may not have heard of the evidence yet; the
+            # key itself paid when the evidence reached us.
+            raise Refused(
+                Stage.CONTEXT,
+                Reason.UNAUTHORIZED,
+                "weights signed by a key that equivocated",
+                None if same_peer(m.peer, who) else 0.0,
+                signer=who,
+            )
         version = obj.version
         if rule.gossip and not view.weights_are_new(version):
             raise refuse(Reason.OUTDATED, f"weights version {version} is not new")
     if rule.judged:
         check_judge(op, run, authority, m.peer, m.origin)
+    if rule.evidence:
+        named = obj.signer in run.trainer_keys if obj.version is not None else None
+        if not (named or (named is None and authority.ever_named(obj.signer))):
+            # Anyone can sign two objects of a slot: only an authority's matter (a free
+            # refusal; our view of who is named may lag a delegation).
+            raise Refused(
+                Stage.CONTEXT, Reason.UNAUTHORIZED, "evidence about a key with no authority", 0.0
+            )
     if rule.delegation and not authority.may_delegate(who):
         raise refuse(Reason.UNAUTHORIZED, "delegation not signed by a trainer key")
     if rule.gossip:

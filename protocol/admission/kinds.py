@@ -15,10 +15,12 @@ from protocol.admission.vocabulary import PIPELINE, Kind, Stage
 from protocol.codec import decode
 from protocol.content_id import content_id
 from protocol.envelope import open_envelope
+from protocol.equivocation import from_wire
 from protocol.rollout import OpenedRollout, check_body, open_header
 from protocol.wire import (
     Delegation,
     Envelope,
+    EquivocationEvidence,
     FraudEvidence,
     ProducerClaim,
     RolloutHeader,
@@ -33,6 +35,7 @@ __all__ = [
     "KindRule",
     "Opened",
     "envelope_opener",
+    "open_equivocation",
     "open_rollout_header",
     "open_rollout_record",
 ]
@@ -75,6 +78,14 @@ def envelope_opener(cls: type) -> Callable[[bytes], Opened]:
     return opener
 
 
+def open_equivocation(data: bytes) -> Opened:
+    """Open gossiped equivocation evidence: the reporter's envelope, then both signed
+    objects inside it (`protocol.equivocation.evidence`; evidence that proves nothing is
+    malformed, whoever relays it). `obj` is the checked `Equivocation`."""
+    env, wire_ev = open_envelope(data, EquivocationEvidence)
+    return Opened(env, from_wire(wire_ev, env.run_id), content_id(data))
+
+
 @dataclass(frozen=True, slots=True)
 class KindRule:
     """How one kind of message is admitted.
@@ -92,6 +103,8 @@ class KindRule:
                   (`protocol.authority`), must not judge its own work, and a sample
                   ticket must be its own
     delegation:   a trainer-signed grant or revocation of the right to judge
+    evidence:     equivocation evidence: it must name a key with authority in this run
+                  (a trainer key for policy versions, a named judge for verdicts and claims)
     """
 
     opener: Callable[[bytes], Opened]
@@ -104,6 +117,7 @@ class KindRule:
     work: bool = False
     judged: bool = False
     delegation: bool = False
+    evidence: bool = False
 
     def stages(self) -> tuple[Stage, ...]:
         """The stages this kind goes through, in pipeline order."""
@@ -185,5 +199,13 @@ KIND_RULES: Mapping[Kind, KindRule] = {
         versioned=True,
         store=False,
         judged=True,
+    ),
+    Kind.EQUIVOCATION: KindRule(
+        open_equivocation,
+        EquivocationEvidence.MAX_BYTES + ENVELOPE_SLACK,
+        gossip=True,
+        versioned=False,
+        store=False,
+        evidence=True,
     ),
 }

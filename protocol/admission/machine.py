@@ -158,9 +158,10 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from protocol import penalties as offences
 from protocol.admission.checks import check_context, check_decode, check_size
 from protocol.admission.config import AdmissionConfig, RunRules
-from protocol.admission.inflight import InFlight, Refused, work_key
+from protocol.admission.inflight import InFlight, Refused, as_peer_form, work_key
 from protocol.admission.kinds import KIND_RULES, KindRule
 from protocol.admission.messages import (
     Action,
@@ -168,6 +169,7 @@ from protocol.admission.messages import (
     BodyMissing,
     Deliver,
     Disconnect,
+    Equivocated,
     Event,
     Forward,
     Known,
@@ -187,6 +189,7 @@ from protocol.admission.trust import Standing, Trust
 from protocol.admission.version_view import VersionView
 from protocol.admission.vocabulary import Kind, Reason, Stage
 from protocol.authority import Authority
+from protocol.equivocation import Equivocation, EquivocationBook
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.peer_score import PeerScores
 from protocol.version_claims import VersionClaims
@@ -203,6 +206,11 @@ OUTPUTS: Mapping[Stage, Callable[[Admitted], Action]] = {
     Stage.DELIVER: Deliver,
 }
 """The output stages and the action each one emits."""
+
+# Kinds whose signed objects have slots (`protocol.equivocation.slot_of`).
+_SLOTTED = frozenset(
+    {Kind.VERDICT, Kind.PRODUCER_CLAIM, Kind.WEIGHT_ANNOUNCE, Kind.WEIGHT_MANIFEST}
+)
 
 _Plan = tuple[tuple[Callable[[InFlight], None], ...], tuple[Callable[[Admitted], Action], ...]]
 
@@ -228,6 +236,7 @@ class Admission:
         self.seen = SeenWork(run.run_id, cfg)
         self.authority = Authority(run.validator_keys, run.trainer_keys)
         self.claims = VersionClaims()  # future versions we asked the sender to back
+        self.equivocations = EquivocationBook()  # first object per authority slot, evidence
         self.rules = rules
         self._stages = {k: r.stages() for k, r in rules.items()}
         self._plans: dict[Kind, _Plan] = {}
@@ -396,7 +405,8 @@ class Admission:
             repeat = False
             if r.reason is Reason.DUPLICATE and m is not None and m.rule.gossip:
                 repeat = self.seen.handed_before(peer, m, now)
-            return self.trust.reject(peer, r, str(ev.kind), now, repeat, ev.origin)
+            actions = self.trust.reject(peer, r, str(ev.kind), now, repeat, ev.origin)
+            return actions + self._observe(m, now) if m is not None else actions
 
         # Every check passed: remember it, then the output stages in table order.
         op = m.opened
@@ -421,10 +431,50 @@ class Admission:
             )
         if self.config.admit_reward > 0:
             self.scores.reward(peer, self.config.admit_reward, now)
+        found = self._observe(m, now)
+        if kind is Kind.EQUIVOCATION and self.equivocations.learn(op.obj, now):
+            found += self._equivocated(op.obj, peer, now, found_here=False)
         item = Admitted(
             kind, op.content_id, peer, op.envelope, op.obj, bytes(m.data), now, op.header, op.body
         )
-        return [make(item) for make in makes]
+        return [make(item) for make in makes] + found
+
+    def known_evidence(self, ev: Equivocation, now: float) -> None:
+        """Evidence kept from before a restart (re-checked by the caller): its key stays
+        failed; nobody is charged again."""
+        self.equivocations.learn(ev, now)
+        self.authority.fail(ev.signer)
+
+    def _observe(self, m: InFlight, now: float) -> list[Action]:
+        """Keep a signed object of an authority's slot (`protocol.equivocation`): the
+        actions of new evidence when it conflicts with the first one seen."""
+        op = m.opened
+        if op is None or m.kind not in _SLOTTED or op.envelope.run_id != self.run.run_id:
+            return []
+        signer = op.envelope.signer
+        authority = signer in self.run.trainer_keys if m.rule.weights else None
+        if not (authority or (authority is None and self.authority.ever_named(signer))):
+            return []  # only the run's authorities have slots worth remembering
+        try:
+            found = self.equivocations.observe(op.envelope, op.obj, bytes(m.data), now)
+        except RemoteProtocolError:
+            return []  # cannot happen for two opened objects; never a reason to fail
+        return [] if found is None else self._equivocated(found, m.peer, now, found_here=True)
+
+    def _equivocated(
+        self, ev: Equivocation, peer: Any, now: float, found_here: bool
+    ) -> list[Action]:
+        """New evidence: the key loses its rights here and pays (it signed both)."""
+        self.authority.fail(ev.signer)
+        detail = f"signed two conflicting {ev.kind} objects of one slot"
+        signer = as_peer_form(peer, ev.signer)
+        fraud = offences.FRAUD
+        return [
+            Equivocated(ev, found_here),
+            *self.trust.charge(
+                signer, fraud.cost, fraud.name, str(Stage.CONTEXT), detail, now, Kind.EQUIVOCATION
+            ),
+        ]
 
     def _remember(self, m: InFlight) -> None:
         """Record the message's (signer, kind, seq) in the replay guard (kinds with REPLAY)."""

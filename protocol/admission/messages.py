@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.admission.vocabulary import Kind, Reason, Stage
+from protocol.equivocation import Equivocation
 from protocol.peer_score import PeerId, PeerRecord
 from protocol.version_claims import AskNewest
 from protocol.wire import Envelope
@@ -20,6 +21,7 @@ __all__ = [
     "BodyMissing",
     "Deliver",
     "Disconnect",
+    "Equivocated",
     "Event",
     "Forward",
     "Known",
@@ -251,7 +253,28 @@ class Unban:
     peer: PeerId
 
 
-Action = Reject | Penalized | Store | Forward | Deliver | Disconnect | Ban | Unban | AskNewest
+@dataclass(frozen=True, slots=True)
+class Equivocated:
+    """New evidence that a key of the run signed two conflicting objects of one slot
+    (`protocol.equivocation`): keep it (status, ledger); gossip it when `found_here` (we
+    saw both objects ourselves; evidence received by gossip is forwarded as it is)."""
+
+    evidence: Equivocation
+    found_here: bool
+
+
+Action = (
+    Reject
+    | Penalized
+    | Store
+    | Forward
+    | Deliver
+    | Disconnect
+    | Ban
+    | Unban
+    | AskNewest
+    | Equivocated
+)
 
 
 def verdict_of(actions: list[Action]) -> str:

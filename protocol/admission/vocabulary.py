@@ -58,6 +58,7 @@ class Kind(enum.StrEnum):
     FRAUD_EVIDENCE = "fraud_evidence"
     DELEGATION = "delegation"
     PRODUCER_CLAIM = "producer_claim"
+    EQUIVOCATION = "equivocation"
 
 
 class Reason(enum.StrEnum):

@@ -4,6 +4,7 @@ is `node.testing`).
 The code is organized as follows:
 
 - `adv_peer.py`: one peer process of `bench adversary` (`python -m swarm_node_bench.parts.adv_peer`)
+- `authority.py`: `bench adversary`'s `equivocation` (real peers, a split by an equivocating trainer key) and `validators` sections
 - `attacks.py`: the attacks of `bench adversary`, each by a fresh attacker identity and peer
 - `broadcast_real.py`: `bench broadcast`'s real part: 1 origin + N receivers as processes on loopback
 - `weights_peer.py`: one peer process of that real part (`python -m swarm_node_bench.parts.weights_peer`)
