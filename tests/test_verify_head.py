@@ -204,3 +204,11 @@ def test_an_audit_never_applies_the_head_to_more_than_a_chunk_of_rows(env, monke
     assert total > rows_per_chunk and sum(seen) >= total
     assert max(seen) <= rows_per_chunk, seen
     assert noise and max(noise) <= rows_per_chunk
+
+
+def test_noise_rows_is_the_same_on_the_numpy_and_the_torch_branch():
+    seeds = np.array([0, 1, 2**64 - 1, 12345678901234567], dtype=np.uint64)
+    steps = np.array([0, 7, 2**32 - 1, 1023])
+    cpu = sampling.noise_rows(seeds, steps, 1001, "cpu")  # numpy's rounds
+    portable = sampling.gumbel_noise_torch([int(s) for s in seeds], steps.tolist(), 1001)
+    assert torch.equal(cpu, portable)
