@@ -1,4 +1,9 @@
-"""`swarm-node bench verify [--quick] [--json] [--hidden H] [--n N]`: proofs and audits.
+"""`swarm-node bench verify [--quick] [--json] [--hidden H] [--n N] [--fp N]`: proofs and audits.
+
+`--fp N` runs only the false-fail measurement: N honest records (transformers engine, the
+run's settings and calibrated limits) over `--seeds` producers, each its own tasks and
+sampler seeds; `fp_false_fails`, `fp_reasons` and `fp_rate_upper95`, the exact one-sided
+95 % upper bound on the per-record false-fail rate (3 / N when none fail).
 
 What it measures, on the built-in policy (or, with `--hidden H`, a random-init Qwen2 of
 hidden size H with the built-in tokenizer), N signed rollout records per case:
@@ -71,6 +76,7 @@ import argparse
 import copy
 import io
 import json
+import math
 import shutil
 import statistics
 import tempfile
@@ -447,12 +453,15 @@ def _parse(args: list[str], quick: bool) -> argparse.Namespace:
     ap.add_argument(
         "--seeds", type=int, default=None, help="attack-matrix seeds (default 3; quick 1)"
     )
+    ap.add_argument("--fp", type=int, default=None, help="false-fail run over N honest records")
     try:
         ns = ap.parse_args(args)
     except SystemExit:
         raise CommandError(
-            f"bench verify: bad arguments {args} (know --hidden H, --n N, --only a,b, --no-calibrate, --no-sensitivity, --seeds S)"
+            f"bench verify: bad arguments {args} (know --hidden H, --n N, --only a,b, --no-calibrate, --no-sensitivity, --seeds S, --fp N)"
         ) from None
+    if ns.fp is not None and not 1 <= ns.fp <= 100_000:
+        raise CommandError(f"--fp must be in [1, 100000], got {ns.fp}")
     if ns.hidden is not None and not 16 <= ns.hidden <= 8192:
         raise CommandError(f"--hidden must be in [16, 8192], got {ns.hidden}")
     if ns.n is None:
@@ -797,6 +806,61 @@ def _producer_report(ctx: Ctx, cases: Cases) -> dict[str, Any]:
     }
 
 
+# ------------------------------------------------------------------ false fails
+
+FP_COUNTER0 = 3 * 10**7  # task counters no other case uses
+FP_BATCH = 64  # records generated and audited together
+
+
+def upper_bound_95(fails: int, n: int) -> float:
+    """The exact (Clopper-Pearson) one-sided 95 % upper bound on a per-record rate after
+    `fails` of `n`: the p at which P(X <= fails) = 0.05 (bisection, no SciPy)."""
+    if fails >= n:
+        return 1.0
+
+    def cdf(p: float) -> float:
+        return sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(fails + 1))
+
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) > 0.05 else (lo, mid)
+    return hi
+
+
+def false_fails(ctx: Ctx, n: int, seeds: int) -> dict[str, Any]:
+    """Audit `n` honest records (transformers engine, the run's settings and limits),
+    spread over `seeds` producers (each its own tasks and sampler seeds); the false-fail
+    count, its reasons and the upper 95 % bound on the per-record false-fail rate."""
+    engine = make_engine(ctx.model, ctx.tokenizer, max_batch=DEFAULT_BATCH_SIZE)
+    per = -(-n // seeds)
+    fails: dict[str, int] = {}
+    done = tokens = 0
+    for s in range(seeds):
+        identity = Identity.from_private_bytes(content_id(b"bench-verify-fp-%d" % s))
+        for start in range(0, min(per, n - done), FP_BATCH):
+            k = min(FP_BATCH, per - start, n - done)
+            c = replace(ctx, identity=identity, n=k, counter0=FP_COUNTER0 + s * per + start)
+            opened = open_records(make_records(c, engine).records)
+            results, _ = audit(ctx, opened)
+            for ro, r in zip(opened, results, strict=True):
+                tokens += len(ro.body.completion_ids)
+                if not r.passed:
+                    fails[r.reason] = fails.get(r.reason, 0) + 1
+            done += k
+            _say(f"false fails: {sum(fails.values())} of {done} honest records audited")
+    total = sum(fails.values())
+    return {
+        "fp_records": done,
+        "fp_producers": seeds,
+        "fp_completion_tokens": tokens,
+        "fp_false_fails": total,
+        "fp_reasons": fails,
+        "fp_rate_upper95": round(upper_bound_95(total, done), 6),
+        "engine": "hf",
+    }
+
+
 def run(quick: bool, args: list[str]) -> dict:
     """Run the cases (arguments as in the module docstring); returns the figures."""
     import torch  # deferred: heavy import
@@ -805,6 +869,15 @@ def run(quick: bool, args: list[str]) -> dict:
     only = set(ns.only.split(",")) if ns.only else None
     t_start = time.perf_counter()
     ctx, model_dir = setup(ns.hidden, ns.n, quick)
+    if ns.fp is not None:
+        thresholds_report, calibration_digest = _thresholds(ctx, ns, model_dir)
+        return {
+            "model": "builtin:tiny" if ns.hidden is None else f"random-init hidden {ns.hidden}",
+            **false_fails(ctx, ns.fp, ns.seeds),
+            "precision": ctx.audit_settings.precision,
+            "calibration_digest": calibration_digest,
+            "seconds": round(time.perf_counter() - t_start, 1),
+        }
 
     def want(name: str) -> bool:
         return only is None or name in only

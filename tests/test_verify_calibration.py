@@ -124,3 +124,19 @@ def test_a_pinned_digest_refuses_another_file(env, calibrated, tmp_path):
 def test_unusable_files_are_refused(data):
     with pytest.raises(CalibrationError):
         decode_calibration(data)
+
+
+def test_calibrate_runs_at_the_runs_completion_length_and_precision(env, tmp_path):
+    model_dir = tmp_path / "model"
+    shutil.copytree(env["model_dir"], model_dir)
+    run = replace(env["manifest"], max_new_tokens=56, worker_precision="bf16")
+    path = tmp_path / "run.toml"
+    path.write_text(manifest_to_toml(run))
+    result = calibrate_cmd.main(model=str(model_dir), n=4, run=str(path))
+    assert result["max_new_tokens"] == 56 and result["precisions"] == ["bf16"]
+    cal = decode_calibration((model_dir / FILE_NAME).read_bytes())
+    assert set(cal.regimes) == {"bf16"}
+    assert cal.measured["bf16"]["max_new_tokens"] == 56
+    assert cal.measured["bf16"]["judged_on"] == "cpu"
+    with pytest.raises(CommandError, match="missing.toml"):
+        calibrate_cmd.main(model=str(model_dir), n=4, run=str(tmp_path / "missing.toml"))

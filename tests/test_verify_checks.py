@@ -11,7 +11,7 @@ import torch
 
 from protocol.wire import RolloutBody
 from verify import checks, sampling, toploc
-from verify.thresholds import Thresholds
+from verify.thresholds import THRESHOLDS, Thresholds
 
 EOS = 1
 V = 50
@@ -329,3 +329,36 @@ def test_calibrate_takes_twice_the_honest_maximum_above_floors() -> None:
     assert calibrate([{"drift": 0.003}], BF16_FLOOR, metric_factors={}).drift == pytest.approx(
         0.006
     )
+
+
+def _near_ties(n_tokens: int, ties: int) -> checks.Replay:
+    margins = np.zeros(n_tokens)
+    margins[np.linspace(0, n_tokens - 1, ties).astype(int)] = 0.005
+    return checks.Replay(margins, np.zeros(n_tokens))
+
+
+def test_near_ties_are_limited_per_token_not_per_rollout() -> None:
+    # 12 honest near-ties in 1,024 tokens is the rate of 4 in 340: a per-rollout count of 4
+    # failed every long rollout with that many
+    assert checks.check_sampling(_near_ties(1024, 12), THRESHOLDS).passed
+    assert not checks.check_sampling(_near_ties(1024, 40), THRESHOLDS).passed
+    assert not checks.check_sampling(_near_ties(30, 5), THRESHOLDS).passed  # short: as before
+    assert checks.check_sampling(_near_ties(30, 4), THRESHOLDS).passed
+    r = checks.check_sampling(_near_ties(1024, 12), THRESHOLDS)
+    assert r.metrics["sampling_near_tie_rate"] == 12 / 1024
+
+
+def _chunk(mismatches: int = 0, mean: float = 0.0) -> checks.ProofChunk:
+    return checks.ProofChunk(128, mismatches, 0, mean, 0.0, 0)
+
+
+def test_worst_chunk_limits_allow_a_share_of_chunks_not_a_fixed_one() -> None:
+    # the worst of 32 honest chunks is worse than the worst of 2: one chunk over the
+    # per-chunk limit in a 1,024-token rollout (32 chunks of 32) is judged at the next one
+    over = _chunk(mismatches=20, mean=3.5)  # over 16/128 and the mantissa mean of 3.0
+    long_one = [over] + [_chunk()] * 31
+    assert checks.judge_proof_chunks(long_one)[0].passed
+    assert checks.judge_proof_chunks(long_one)[0].metrics["proof_chunks"] == 32
+    assert not checks.judge_proof_chunks([over, over] + [_chunk()] * 30)[0].passed
+    assert not checks.judge_proof_chunks([over] + [_chunk()] * 30)[0].passed  # 31 chunks: none
+    assert not checks.judge_proof_chunks([over, _chunk()])[0].passed

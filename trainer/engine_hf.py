@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from trainer.engine import Engine, FinishReason, Generation, SamplingSettings, check_batch
-from verify.sampling import sample_tokens
+from verify.sampling import sample_tokens, sample_tokens_torch
 
 SMALL_MODEL_PARAMS = 20_000_000  # below this the engine defaults to one thread
 
@@ -152,7 +152,10 @@ class HFEngine(Engine):
         self, logits: torch.Tensor, settings: SamplingSettings, seeds: list[int], step: int
     ) -> tuple[np.ndarray, np.ndarray]:
         if self.sampler == "seeded":
-            return sample_tokens(
+            # on an accelerator the rule runs where the logits are: only tokens and
+            # log-probs leave it (the CPU takes the numpy rule, same values)
+            rule = sample_tokens if logits.device.type == "cpu" else sample_tokens_torch
+            return rule(
                 logits,
                 temperature=settings.temperature,
                 top_p=settings.top_p,
@@ -163,10 +166,10 @@ class HFEngine(Engine):
         # Baseline: torch's multinomial on the tempered softmax (no filtering, unseeded).
         if settings.temperature == 0.0:
             tok = logits.argmax(-1)
-            return tok.numpy(), np.zeros(len(seeds), dtype=np.float32)
+            return tok.cpu().numpy(), np.zeros(len(seeds), dtype=np.float32)
         logp = torch.log_softmax(logits / settings.temperature, dim=-1)
         tok = torch.multinomial(logp.exp(), 1)[:, 0]
-        return tok.numpy(), logp.gather(1, tok[:, None])[:, 0].numpy()
+        return tok.cpu().numpy(), logp.gather(1, tok[:, None])[:, 0].cpu().numpy()
 
     def _generate_batch(
         self,

@@ -15,8 +15,9 @@ exactly that token.
 
 Hidden states and log-probs: vLLM does not hand out final-norm hidden states, so after
 generation one batched prefill of prompt + completion runs through a transformers copy of
-the model (`verify.auditor.prefill`, the verifier's own code) on the same device; `hidden`
-and the sampler's log-probs (rule step 5, on those logits) come from it. One prefill costs
+the model (`verify.prefill.hidden_rows`, the verifier's own code) on the same device;
+`hidden` and the sampler's log-probs (rule step 5: the filter mask only, the LM head in
+row chunks, `verify.head`) come from it. One prefill costs
 a small fraction of the decode it follows. Memory: the weights are held twice.
 
 Processes: vLLM's engine core runs in a child process and, on the CPU, the model in a
@@ -45,36 +46,18 @@ import torch
 from trainer.engine import Engine, FinishReason, Generation, SamplingSettings, check_batch
 from trainer.engine_hf import SMALL_MODEL_PARAMS, torch_threads
 from trainer.model_dir import load_model_dir
-from verify.sampling import gumbel_noise_torch, perturbed_scores
+from verify.sampling import (
+    filter_mask_torch,
+    gumbel_noise_torch,
+    kept_logprobs_torch,
+    scale_torch,
+)
 
 SEED_KEY = "swarm_seed"
 SETTINGS_KEY = "swarm_settings"  # (temperature, top_p, top_k)
 DEFAULT_CPU_KV_CACHE_GIB = 1  # plenty for batch 64 x 256 tokens of a small model
 SMALL_CPU_COUNT = 4  # up to this many cores vLLM reserves none for its scheduler (see __init__)
 CLOSE_WAIT_S = 10.0  # after vLLM's own shutdown (5 s grace, then kill): wait, then kill
-
-
-def filter_mask_torch(z: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Rule step 3 for scaled logits z [B, V]: the boolean keep-mask (`verify.sampling.filter_mask`)."""
-    b, v = z.shape
-    use_k, use_p = 0 < top_k < v, top_p < 1.0
-    if not (use_k or use_p):
-        return ~torch.isnan(z) & (z > float("-inf"))
-    order = torch.sort(-z, dim=-1, stable=True).indices  # descending, ties → lower id
-    zs = torch.gather(z, -1, order)
-    keep = torch.ones((b, v), dtype=torch.bool, device=z.device)
-    if use_k:
-        keep[:, top_k:] = False
-    if use_p:
-        zz = torch.where(keep, zs.double(), torch.full_like(zs, float("-inf"), dtype=torch.float64))
-        p = torch.exp(zz - zz[:, :1])
-        p = p / p.sum(dim=-1, keepdim=True)
-        before = torch.cumsum(p, dim=-1) - p  # mass strictly before each entry
-        keep &= before < top_p
-        keep[:, 0] = True
-    keep &= zs > float("-inf")
-    keep[:, 0] = True
-    return torch.zeros_like(keep).scatter(-1, order, keep)
 
 
 def seeded_choices_torch(
@@ -117,25 +100,17 @@ def recorded_logprobs(
     logits: torch.Tensor, tokens: Sequence[int], settings: SamplingSettings, seed: int
 ) -> list[float]:
     """Rule step 5 for tokens already chosen: log-prob of each under the filtered, tempered
-    distribution of its row of `logits` [T, V] (floored at -1e4; 0.0 when greedy)."""
+    distribution of its row of `logits` [T, V] (floored at -1e4; 0.0 when greedy), on the
+    logits' device. Needs the filter mask only (`seed` is not used: no noise)."""
     t = len(tokens)
     if t == 0:
         return []
     if settings.temperature == 0.0:
         return [0.0] * t
-    _, zk = perturbed_scores(
-        logits,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        top_k=settings.top_k,
-        seeds=[seed] * t,
-        steps=list(range(t)),
-    )
-    z = zk.astype(np.float64)
-    zmax = z.max(axis=1, keepdims=True)
-    lse = np.log(np.exp(z - zmax).sum(axis=1)) + zmax[:, 0]
-    lp = z[np.arange(t), np.asarray(tokens)] - lse
-    return np.maximum(lp, -1e4).astype(np.float32).tolist()
+    z, keep = scale_torch(logits, settings.temperature, settings.top_p, settings.top_k)
+    tok = torch.as_tensor(list(tokens), dtype=torch.long, device=z.device)
+    lp = kept_logprobs_torch(z, keep, tok).cpu().numpy()
+    return np.maximum(np.nan_to_num(lp, nan=-1e4), -1e4).astype(np.float32).tolist()
 
 
 def _quiet_vllm_logging() -> None:
@@ -297,8 +272,10 @@ class VLLMEngine(Engine):
         capture_hidden: bool = True,
     ) -> list[Generation]:
         """Generate one completion per prompt with vLLM; `seeds[i]` seeds sample i. The
-        log-probs and hidden states come from a transformers prefill of the completions."""
-        from verify.auditor import prefill  # deferred: heavy import
+        log-probs and hidden states come from a transformers prefill of the completions,
+        the LM head applied in row chunks (`verify.head`: no [B, T, V] logits)."""
+        from verify.head import logprobs_hidden  # deferred: heavy import
+        from verify.prefill import hidden_rows  # deferred: heavy import
 
         check_batch(prompts, seeds, self.vocab_size)
         if self.llm is None:
@@ -324,14 +301,16 @@ class VLLMEngine(Engine):
         outs = self.llm.generate(inputs, params, use_tqdm=False)
         t1 = time.perf_counter()
         comps = [list(out.outputs[0].token_ids) for out in outs]
-        with torch_threads(self.threads):
-            rows = prefill(self.model, list(zip(prompts, comps, strict=True)))
+        with torch_threads(self.threads), torch.inference_mode():
+            rows = hidden_rows(
+                self.model, list(zip(prompts, comps, strict=True)), share_prompts=False
+            )
+            lps = logprobs_hidden(self.model.get_output_embeddings(), rows, comps, settings)
+            hiddens = torch.split(rows.float().cpu(), [len(c) for c in comps])
         results = []
-        for comp, seed, (h, logits) in zip(comps, seeds, rows, strict=True):
+        for comp, logprobs, h in zip(comps, lps, hiddens, strict=True):
             finish: FinishReason = "eos" if comp and comp[-1] in self.eos_token_ids else "length"
-            logprobs = recorded_logprobs(logits.cpu(), comp, settings, int(seed))
-            hidden = h.float().cpu() if capture_hidden else None
-            results.append(Generation(comp, logprobs, hidden, finish))
+            results.append(Generation(comp, logprobs, h if capture_hidden else None, finish))
         self.last_timing = {"decode_s": t1 - t0, "prefill_s": time.perf_counter() - t1}
         return results
 

@@ -17,7 +17,9 @@ Order of an audit (the first failure is the verdict's reason; all failures are l
    fewer on a CPU; rollouts of similar length share a batch; `verify.prefill`).
    Row `n_prompt - 1 + i` is the hidden state that chose completion token i.
 3. Model checks: proof statistics (TOPLOC's, a far point counted as a mismatch, see
-   `checks.FAR_MANT_ERR`) and signs, sampling replay, log-probs, drift.
+   `checks.FAR_MANT_ERR`) and signs, sampling replay, log-probs, drift. The LM head, the
+   replay and the log-probs run in row chunks on the model's device (`verify.head`):
+   no full-vocabulary logits beyond one chunk of rows, only per-token values kept.
 4. One precision: the run fixes the workers' compute precision (`AuditSettings.precision`,
    the manifest's `verification.precision`) and the prefill runs at it (a converted copy
    of the model when the caller's differs), judged by that regime's limits only. There is
@@ -44,13 +46,19 @@ import torch
 
 from protocol.wire import Metric, Verdict
 from verify import checks, toploc
-from verify.prefill import DEFAULT_MAX_BATCH_TOKENS, prefill, prefill_shared
+from verify.head import replay_hidden
+from verify.prefill import (  # noqa: F401 - prefill, prefill_shared: re-exported for callers
+    DEFAULT_MAX_BATCH_TOKENS,
+    hidden_rows,
+    prefill,
+    prefill_shared,
+)
 from verify.thresholds import CALIBRATED, STRICT, THRESHOLDS, Thresholds
 
 # Per-record limit on prompt + completion tokens: a longer record fails (`too-large`)
 # before any prefill. What a record costs the auditor: one prefill of its tokens (batched
-# up to max_batch_tokens), hidden states [T, H] and float32 logits [T, V] for its T
-# completion tokens, so at most 4 * max_record_tokens * (H + V) bytes beyond the model.
+# up to max_batch_tokens) and hidden states [T, H] for its T completion tokens; logits
+# exist for one chunk of rows at a time (`verify.head`), whatever the batch.
 DEFAULT_MAX_RECORD_TOKENS = 8_192
 
 
@@ -247,7 +255,7 @@ def audit_bodies(
         # rollout (bf16 more than fp32), so a rollout whose batched result is not clear of
         # every limit is decided by a prefill of its own (see CLEAR).
         for i in todo:
-            if not _clear(late[i], settings):
+            if not _clear(late[i], settings, len(bodies[i].completion_ids)):
                 late[i] = _decide(model, bodies, [i], settings)[i]
     out = []
     for i in range(n):
@@ -266,8 +274,9 @@ def audit_bodies(
 CLEAR = 0.5
 
 
-def _clear(results: list[checks.CheckResult], settings: AuditSettings) -> bool:
-    """No limited metric in the band around its limit (see CLEAR)."""
+def _clear(results: list[checks.CheckResult], settings: AuditSettings, n_tokens: int) -> bool:
+    """No limited metric in the band around its limit (see CLEAR) for a rollout of
+    `n_tokens` completion tokens."""
     metrics: dict[str, float] = {}
     for r in results:
         metrics.update(r.metrics)
@@ -277,7 +286,7 @@ def _clear(results: list[checks.CheckResult], settings: AuditSettings) -> bool:
         else settings.thresholds
     )
     limits = [(m, float(getattr(th, f))) for m, f in CALIBRATED.items()]
-    limits.append(("sampling_mismatches", float(th.sampling_near_ties_max)))
+    limits.append(("sampling_mismatches", float(checks.near_ties_allowed(n_tokens, th))))
     limits.append(("proof_sign_mismatches", float(th.proof_sign_mismatches)))
     for m, limit in limits:
         v = metrics.get(m, 0.0)
@@ -298,10 +307,10 @@ def _model_checks(
     model: Any, bodies: Sequence[Any], todo: Sequence[int], settings: AuditSettings
 ) -> dict[int, list[checks.CheckResult]]:
     seqs = [(bodies[i].prompt_ids, bodies[i].completion_ids) for i in todo]
-    if settings.share_prompts and settings.padding_side == "right":
-        recomputed = prefill_shared(model, seqs, settings.max_batch_tokens)
-    else:
-        recomputed = prefill(model, seqs, settings.max_batch_tokens, settings.padding_side)
+    rows = hidden_rows(
+        model, seqs, settings.max_batch_tokens, settings.padding_side, settings.share_prompts
+    )
+    hiddens = list(torch.split(rows.cpu(), [len(c) for _, c in seqs]))
     late: dict[int, list[checks.CheckResult]] = {}
     low = next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
     th = settings.bf16_thresholds if low else settings.thresholds
@@ -309,7 +318,7 @@ def _model_checks(
     todo_bodies = [bodies[i] for i in todo]
     try:  # one batched proof verification for all rollouts; per rollout if any is bad
         chunk_lists = checks.proof_chunks_many(
-            [h for h, _ in recomputed],
+            hiddens,
             [list(b.proofs) for b in todo_bodies],
             settings.chunk,
             settings.topk,
@@ -320,9 +329,10 @@ def _model_checks(
     except ValueError:  # ProofFormatError is a ValueError too
         proof_res = [
             checks.check_proofs(h, b.proofs, settings.chunk, settings.topk, th)
-            for (h, _), b in zip(recomputed, todo_bodies, strict=True)
+            for h, b in zip(hiddens, todo_bodies, strict=True)
         ]
-    replays = checks.replay_many([lg for _, lg in recomputed], todo_bodies)
+    with torch.inference_mode():
+        replays = replay_hidden(model.get_output_embeddings(), rows, todo_bodies)
     for k, i in enumerate(todo):
         body = bodies[i]
         res = proof_res[k]
@@ -427,6 +437,7 @@ _NO_LIMITS = Thresholds(
     proof_sign_mismatches=10**9,
     sampling_margin=1e300,
     sampling_near_ties_max=10**9,
+    sampling_near_tie_rate=1e300,
     logprob_err_max=1e300,
     logprob_err_mean=1e300,
     drift=1e300,

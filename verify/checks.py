@@ -225,9 +225,13 @@ def judge_proof_chunks(
     limits apply to the remaining near points. TOPLOC's own statistics differ only in
     averaging far points into the mantissa error (`verify.toploc.verify_proofs_bytes`)."""
     # TOPLOC's limits are per 128 points; a short chunk with fewer points scales them.
-    exp_frac = max(r.mismatches / r.points for r in chunks)
-    mean = max(r.mant_err_mean for r in chunks)
-    median = max(r.mant_err_median for r in chunks)
+    # Each chunk statistic is judged at the worst chunk but the `proof_chunks_over_rate`
+    # share of worst ones (none below 1 / rate chunks), a per-chunk rate: the worst of n
+    # honest chunks grows with n, the (rate x n)-th worst does not.
+    skip = int(th.proof_chunks_over_rate * len(chunks))
+    exp_frac = _worst_but(sorted(r.mismatches / r.points for r in chunks), skip)
+    mean = _worst_but(sorted(r.mant_err_mean for r in chunks), skip)
+    median = _worst_but(sorted(r.mant_err_median for r in chunks), skip)
     sign = sum(r.sign_mismatches for r in chunks)
     # rollout-level aggregates: every point of every chunk (steadier than the worst chunk)
     points = sum(r.points for r in chunks)
@@ -242,6 +246,7 @@ def judge_proof_chunks(
         "proof_exp_mismatch_frac_all": exp_all,
         "proof_mant_mean_all": mean_all,
         "proof_exp_mismatch_max": float(max(r.mismatches for r in chunks)),
+        "proof_chunks": float(len(chunks)),
         "proof_exp_mismatch_frac": exp_frac,
         "proof_far_points": float(sum(r.far_points for r in chunks)),
         "proof_mant_mean_max": mean,
@@ -287,6 +292,12 @@ def judge_proof_chunks(
     else:
         out.append(check_ok("proof-sign"))
     return out
+
+
+def _worst_but(ordered: list[float], skip: int) -> float:
+    """The largest value of an ascending list but its `skip` largest (the smallest when
+    `skip` reaches the list's length)."""
+    return ordered[max(0, len(ordered) - 1 - skip)]
 
 
 # ------------------------------------------------------------------ termination
@@ -444,12 +455,15 @@ def _replay_rows(
 
 def check_sampling(rep: Replay, th: Thresholds = THRESHOLDS) -> CheckResult:
     """Every token must be the seeded rule's choice, except genuine near-ties: a recorded
-    token that loses by at most `sampling_margin` logits. Reports the worst margin."""
+    token that loses by at most `sampling_margin` logits, at most `sampling_near_ties_max`
+    plus `sampling_near_tie_rate` per token of them in a rollout (near-ties are per-token
+    events: their honest count grows with completion length). Reports the worst margin."""
     m = rep.margins
     mismatched = m > 0
     worst = float(m.max()) if m.size else 0.0
     metrics = {
         "sampling_mismatches": float(mismatched.sum()),
+        "sampling_near_tie_rate": float(mismatched.mean()) if m.size else 0.0,
         "sampling_margin_max": worst if math.isfinite(worst) else 1e30,
     }
     over = np.flatnonzero(m > th.sampling_margin)
@@ -458,11 +472,16 @@ def check_sampling(rep: Replay, th: Thresholds = THRESHOLDS) -> CheckResult:
         return check_failed(
             "sampling", "sampling-replay", f"token {i} loses by {m[i]:.4g} logits", metrics
         )
-    if mismatched.sum() > th.sampling_near_ties_max:
+    if mismatched.sum() > near_ties_allowed(m.size, th):
         return check_failed(
             "sampling", "sampling-replay", f"{int(mismatched.sum())} near-tie tokens", metrics
         )
     return check_ok("sampling", metrics)
+
+
+def near_ties_allowed(n_tokens: int, th: Thresholds = THRESHOLDS) -> float:
+    """Near-tie tokens a rollout of `n_tokens` completion tokens may contain."""
+    return th.sampling_near_ties_max + th.sampling_near_tie_rate * n_tokens
 
 
 def check_logprobs(

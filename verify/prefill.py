@@ -3,8 +3,10 @@
 What this module owns: one prefill of prompt + completion per rollout, batched across
 rollouts (right padding, so real tokens keep their positions; up to `max_batch_tokens`
 padded tokens a batch, `CPU_BATCH_TOKENS` on a CPU; rollouts of similar length share a
-batch), giving for each rollout the final hidden states [T, H] and float32 logits [T, V] at
-the positions that chose its T completion tokens. `prefill_shared` computes every token
+batch), giving for each rollout the final hidden states [T, H] at the positions that chose
+its T completion tokens (`hidden_rows`, on the model's device; `verify.head` applies the
+LM head to them in row chunks), or those and float32 logits [T, V] (`prefill`, for small
+inputs: it holds every row's logits at once). `prefill_shared` computes every token
 prefix that several rollouts share once (a GRPO group's prompt, equal completion starts).
 It never loads a model and never judges anything (`verify.auditor` does).
 """
@@ -57,10 +59,39 @@ def prefill(
     padding_side: str = "right",
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """For each (prompt_ids, completion_ids): (hidden [T, H] in the model's dtype, logits
-    [T, V] float32) at the positions that chose the T completion tokens.
+    [T, V] float32) at the positions that chose the T completion tokens, on the CPU.
 
     Right padding keeps every real token at its own position with no position ids;
-    left padding passes explicit position ids starting at 0 for each sequence."""
+    left padding passes explicit position ids starting at 0 for each sequence. Holds the
+    logits of every sequence at once: audits and workers take `hidden_rows` and apply the
+    head in chunks (`verify.head`)."""
+    rows = _prefill_rows(model, sequences, max_batch_tokens, padding_side)
+    return _with_logits(model.get_output_embeddings(), rows, [len(c) for _, c in sequences])
+
+
+@torch.inference_mode()
+def hidden_rows(
+    model: Any,
+    sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    padding_side: str = "right",
+    share_prompts: bool = True,
+) -> torch.Tensor:
+    """The final hidden states that chose the completion tokens, [sum of completion
+    lengths, H] in the model's dtype on its device, sequence after sequence: `prefill`'s
+    hidden rows without logits (`prefill_shared`'s when `share_prompts` and right padding)."""
+    if share_prompts and padding_side == "right":
+        return _prefill_shared_rows(model, sequences, max_batch_tokens)
+    return _prefill_rows(model, sequences, max_batch_tokens, padding_side)
+
+
+def _prefill_rows(
+    model: Any,
+    sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
+    max_batch_tokens: int,
+    padding_side: str,
+) -> torch.Tensor:
+    """`prefill`'s hidden rows [sum of completion lengths, H], on the model's device."""
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     base = model.base_model
@@ -92,10 +123,8 @@ def prefill(
             start = offsets[r] + len(p) - 1
             rows_of[i] = h[r, start : start + len(c)]
     if not sequences:
-        return []
-    return _with_logits(
-        head, torch.cat([rows_of[i] for i in range(len(sequences))]), [len(c) for _, c in sequences]
-    )
+        return head.weight.new_zeros((0, head.weight.shape[1]))
+    return torch.cat([rows_of[i] for i in range(len(sequences))])
 
 
 def _cache_kwarg(model: Any) -> str:
@@ -128,8 +157,20 @@ def prefill_shared(
     """
     if not sequences:
         return []
-    if any(t != "full_attention" for t in getattr(model.config, "layer_types", None) or ()):
-        return prefill(model, sequences, max_batch_tokens)
+    rows = _prefill_shared_rows(model, sequences, max_batch_tokens)
+    return _with_logits(model.get_output_embeddings(), rows, [len(c) for _, c in sequences])
+
+
+def _prefill_shared_rows(
+    model: Any,
+    sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
+    max_batch_tokens: int,
+) -> torch.Tensor:
+    """`prefill_shared`'s hidden rows [sum of completion lengths, H], on the model's device."""
+    if not sequences or any(
+        t != "full_attention" for t in getattr(model.config, "layer_types", None) or ()
+    ):
+        return _prefill_rows(model, sequences, max_batch_tokens, "right")
     base = model.base_model
     device = model.get_output_embeddings().weight.device
     prompts: dict[tuple[int, ...], int] = {}
@@ -158,9 +199,7 @@ def prefill_shared(
         pieces.append(last_rows[u : u + 1])
         if i in rows_of:
             pieces.append(rows_of[i])
-    return _with_logits(
-        model.get_output_embeddings(), torch.cat(pieces), [len(c) for _, c in sequences]
-    )
+    return torch.cat(pieces)
 
 
 def _tree_pass(

@@ -33,6 +33,10 @@ vocab_size)`, `filter_mask`, `perturbed_scores`, `sample_token`, `sample_tokens`
 engines) with the portable integer core of `philox4x32` (int64 with 16-bit partial
 products, as torch has no full uint64 arithmetic); `gumbel_noise_batch` runs the same
 rounds on numpy uint64, where a 32 x 32-bit product is exact in one multiplication.
+The torch side of the rule, on the logits' device: `noise_rows` (the noise of rows on a
+device), `filter_mask_torch`, `scale_torch` (step 3's z), `kept_logprobs_torch` (step 5
+for given tokens, no noise needed) and `sample_tokens_torch` (steps 1-5, what a GPU
+engine runs instead of copying its logits to numpy).
 """
 
 from __future__ import annotations
@@ -52,6 +56,11 @@ __all__ = [
     "perturbed_scores",
     "sample_token",
     "sample_tokens",
+    "noise_rows",
+    "filter_mask_torch",
+    "scale_torch",
+    "kept_logprobs_torch",
+    "sample_tokens_torch",
 ]
 
 DOMAIN = 0x47554D42  # "GUMB": the fourth counter word, separates this use of the seed
@@ -358,3 +367,102 @@ def sample_token(
         x[None, :], temperature=temperature, top_p=top_p, top_k=top_k, seeds=[seed], steps=[step]
     )
     return int(t[0]), float(lp[0])
+
+
+# ------------------------------------------------------------------ torch, on any device
+
+
+def noise_rows(seeds: Any, steps: Any, vocab_size: int, device: Any):
+    """The rule's noise for rows (seeds[b], steps[b]) as float32 [rows, vocab_size] on
+    `device`: the numpy rounds on a CPU (`gumbel_noise_batch`, faster there), torch's
+    portable rounds on any other device (`gumbel_noise_torch`); the same values."""
+    import torch  # deferred: heavy import
+
+    if torch.device(device).type == "cpu":
+        return torch.from_numpy(gumbel_noise_batch(seeds, steps, vocab_size))
+    return gumbel_noise_torch(
+        [int(s) for s in seeds], [int(s) for s in steps], vocab_size, device=device
+    )
+
+
+def filter_mask_torch(z: Any, top_k: int, top_p: float):
+    """Rule step 3 for scaled logits z [B, V] (a torch tensor on any device): the boolean
+    keep-mask, as `filter_mask`."""
+    import torch  # deferred: heavy import
+
+    b, v = z.shape
+    use_k, use_p = 0 < top_k < v, top_p < 1.0
+    if not (use_k or use_p):
+        return ~torch.isnan(z) & (z > float("-inf"))
+    order = torch.sort(-z, dim=-1, stable=True).indices  # descending, ties → lower id
+    zs = torch.gather(z, -1, order)
+    keep = torch.ones((b, v), dtype=torch.bool, device=z.device)
+    if use_k:
+        keep[:, top_k:] = False
+    if use_p:
+        zz = torch.where(keep, zs.double(), torch.full_like(zs, float("-inf"), dtype=torch.float64))
+        p = torch.exp(zz - zz[:, :1])
+        p = p / p.sum(dim=-1, keepdim=True)
+        before = torch.cumsum(p, dim=-1) - p  # mass strictly before each entry
+        keep &= before < top_p
+        keep[:, 0] = True
+    keep &= zs > float("-inf")
+    keep[:, 0] = True
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+def scale_torch(logits: Any, temperature: float, top_p: float, top_k: int):
+    """(z, keep) for logits [B, V] on any device: z = float32 logits / float32 temperature
+    (as `perturbed_scores`), keep the filter mask, None when no filter applies."""
+    import torch  # deferred: heavy import
+
+    x = logits.float()
+    z = x / torch.tensor(temperature, dtype=torch.float32, device=x.device)
+    v = z.shape[-1]
+    if not (0 < top_k < v or top_p < 1.0):
+        return z, None
+    return z, filter_mask_torch(z, int(top_k), float(top_p))
+
+
+def kept_logprobs_torch(z: Any, keep: Any, tokens: Any):
+    """Rule step 5 for given tokens [B] (int64, in the vocabulary) of scaled logits z
+    [B, V]: log_softmax over the kept entries at the token, float64 [B] (-inf where the
+    token was filtered out). Needs the filter mask only, never the noise."""
+    import torch  # deferred: heavy import
+
+    z64 = z.double()
+    if keep is not None:
+        z64 = z64.masked_fill(~keep, float("-inf"))
+    zmax = z64.max(dim=1, keepdim=True).values
+    lse = torch.log(torch.exp(z64 - zmax).sum(dim=1)) + zmax[:, 0]
+    return z64.gather(1, tokens[:, None])[:, 0] - lse
+
+
+def sample_tokens_torch(
+    logits: Any,
+    *,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seeds: Sequence[int],
+    steps: Sequence[int] | int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`sample_tokens` on the logits' device: logits [B, V] (torch) → (tokens int64 [B],
+    sampler log-probs float32 [B]) as numpy; only the two per-row results leave the device."""
+    import torch  # deferred: heavy import
+
+    b = logits.shape[0]
+    if len(seeds) != b:
+        raise ValueError(f"{len(seeds)} seeds for {b} rows")
+    step_list = [int(steps)] * b if isinstance(steps, int | np.integer) else list(steps)
+    _validate_settings(temperature, top_p, top_k)
+    if temperature == 0.0:
+        tok = torch.argmax(logits.float(), dim=-1)
+        return tok.cpu().numpy().astype(np.int64), np.zeros(b, dtype=np.float32)
+    z, keep = scale_torch(logits, temperature, top_p, top_k)
+    scores = z + noise_rows(seed_array(seeds), np.asarray(step_list), z.shape[-1], z.device)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    tok = torch.argmax(scores, dim=-1)  # first index on ties
+    lp = kept_logprobs_torch(z, keep, tok)
+    return tok.cpu().numpy().astype(np.int64), lp.cpu().numpy().astype(np.float32)

@@ -16,19 +16,24 @@ from dataclasses import dataclass, replace
 class Thresholds:
     """The limits of one audit regime; each field bounds one error measure."""
 
-    # TOPLOC statistics, per chunk (worst chunk of a rollout)
+    # TOPLOC statistics, per chunk: judged on the worst chunk of a rollout but the
+    # `proof_chunks_over_rate` x chunks worst ones (rounded down), so that the honest
+    # statistic does not grow with completion length (more chunks, a worse worst one)
     proof_exp_mismatch_frac: float = 16 / 128
     proof_mant_mean: float = 3.0
     proof_mant_median: float = 2.0
+    proof_chunks_over_rate: float = 1 / 32
     # the same over all points of the rollout
     proof_exp_mismatch_frac_all: float = 0.1
     proof_mant_mean_all: float = 1.2
     # sign flips among top-k values whose exponents match, summed over the rollout
     proof_sign_mismatches: int = 0
     # sampling replay: the largest loss (in logits) a recorded token may have against the
-    # replayed choice, and how many such near-ties a rollout may contain
+    # replayed choice, and how many such near-ties a rollout may contain: this many in
+    # any rollout, plus this rate per completion token
     sampling_margin: float = 0.02
     sampling_near_ties_max: int = 4
+    sampling_near_tie_rate: float = 1 / 64
     # sampler log-probs: largest and mean absolute difference (nats)
     logprob_err_max: float = 0.03
     logprob_err_mean: float = 0.01
@@ -59,6 +64,7 @@ STRICT = Thresholds(
     proof_mant_mean_all=0.02,
     sampling_margin=0.01,
     sampling_near_ties_max=2,
+    sampling_near_tie_rate=1 / 128,
     logprob_err_max=0.002,
     logprob_err_mean=0.0005,
     drift=0.0006,
@@ -89,6 +95,7 @@ BF16_FLOOR = Thresholds(
     proof_mant_mean_all=0.1,
     sampling_margin=0.02,
     sampling_near_ties_max=4,
+    sampling_near_tie_rate=1 / 64,
     logprob_err_max=0.005,
     logprob_err_mean=0.0015,
     drift=0.002,  # = logprob_err_mean + drift_proof_weight * proof_mant_mean_all floors

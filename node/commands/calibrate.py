@@ -1,5 +1,12 @@
-"""`swarm-node calibrate --model DIR [--n N] [--precisions fp32,bf16]`: measure honest
-variation and write the audit limits next to the model (`DIR/calibration.json`).
+"""`swarm-node calibrate --model DIR [--run RUN.toml] [--n N] [--precisions fp32,bf16]`:
+measure honest variation and write the audit limits next to the model
+(`DIR/calibration.json`).
+
+With `--run`, the honest rollouts are the run's: its completion length, sampling settings,
+proof shape and (unless `--precisions` says otherwise) its workers' precision only.
+Worst-case statistics of a rollout grow with its length, so limits measured on short
+rollouts do not describe long ones: calibrate at the length the run generates. The
+measured block records the completion length and the device that judged.
 
 For each compute precision a run may fix, honest workers generate N rollouts under each
 variation an honest network has (KV-cache decode at batch 64, one rollout at a time, one
@@ -38,7 +45,7 @@ from node.cli_errors import one_line_errors
 from node.console import sayer
 from node.errors import CommandError
 from node.paths import resolve_model
-from node.run_file import manifest_from_table
+from node.run_file import load_run_manifest, manifest_from_table
 from protocol.content_id import content_id
 from protocol.wire import WORKER_PRECISIONS
 from trainer.engine import SamplingSettings, rollout_body
@@ -120,6 +127,8 @@ def measure(
         keys = sorted({m for r in rows for m in r})
         measured[precision] = {
             "rollouts": len(rows),
+            "max_new_tokens": int(manifest.max_new_tokens),
+            "judged_on": str(next(model.parameters()).device.type),
             "variations": list(sets),
             "max": {m: float(f"{max(r.get(m, 0.0) for r in rows):.4g}") for m in keys},
         }
@@ -141,13 +150,17 @@ def calibrate_dir(
     n: int = DEFAULT_N,
     precisions: Sequence[str] = ("fp32", "bf16"),
     say: Callable[[str], None] = _say,
+    manifest: Any = None,
 ) -> dict[str, Any]:
-    """Measure and write `model_dir/calibration.json`; returns the summary printed."""
+    """Measure and write `model_dir/calibration.json`; returns the summary printed. The
+    honest rollouts follow `manifest` (a run's: completion length, sampling, proof shape),
+    by default the built-in policy's calibration manifest."""
     try:
         model, tok = load_model_dir(model_dir)
     except ModelDirError as exc:
         raise CommandError(str(exc)) from None
-    manifest = manifest_from_table(run_manifest_table("calibration", seed=11), "calibration")
+    if manifest is None:
+        manifest = manifest_from_table(run_manifest_table("calibration", seed=11), "calibration")
     regimes, measured = measure(model, tok, manifest, n=n, precisions=precisions, say=say)
     data = encode_calibration(regimes, measured, model=str(model_dir.name))
     path = write(model_dir, data)
@@ -156,6 +169,7 @@ def calibrate_dir(
         "calibration_digest": calibration_digest(data).hex(),
         "rollouts_per_variation": n,
         "precisions": list(precisions),
+        "max_new_tokens": int(manifest.max_new_tokens),
     }
 
 
@@ -172,12 +186,27 @@ def ensure_calibration(model_dir: Path, *, force: bool, say: Callable[[str], Non
 
 
 def main(
-    *, model: str, n: int = DEFAULT_N, precisions: str = "fp32,bf16", data_dir: str | None = None
+    *,
+    model: str,
+    n: int = DEFAULT_N,
+    precisions: str | None = None,
+    data_dir: str | None = None,
+    run: str | None = None,
 ) -> dict[str, Any]:
-    """Calibrate `model` (n honest rollouts a variation, each precision in `precisions`),
+    """Calibrate `model` (n honest rollouts a variation, each precision in `precisions`:
+    by default the run's workers' precision with `run`, else fp32 and bf16), at the run's
+    completion length and sampling settings when `run` (a run manifest file) is given;
     write the audit limits next to it and print the calibration file's digest; returns the
     summary."""
-    wanted = tuple(p.strip() for p in precisions.split(",") if p.strip())
+    manifest = None
+    if run is not None:
+        try:
+            manifest = load_run_manifest(Path(run))
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"--run {run}: {exc}") from None
+    if precisions is None:
+        precisions = str(manifest.worker_precision) if manifest is not None else "fp32,bf16"
+    wanted = tuple(p.strip() for p in str(precisions).split(",") if p.strip())
     if not wanted or set(wanted) - set(WORKER_PRECISIONS):
         raise CommandError(
             f"--precisions: a comma-separated subset of {', '.join(WORKER_PRECISIONS)}"
@@ -185,7 +214,9 @@ def main(
     if not 4 <= n <= 4096:
         raise CommandError(f"--n must be in [4, 4096], got {n}")
 
-    result = calibrate_dir(resolve_model(model, model, data_dir), n=n, precisions=wanted)
+    result = calibrate_dir(
+        resolve_model(model, model, data_dir), n=n, precisions=wanted, manifest=manifest
+    )
     print(json.dumps(result), flush=True)
     return result
 
@@ -193,12 +224,22 @@ def main(
 @click.command(name="calibrate")
 @click.option("--model", required=True, help="Model directory (or builtin:tiny).")
 @click.option("--n", default=32, show_default=True, help="Honest rollouts per variation.")
-@click.option("--precisions", default="fp32,bf16", show_default=True, help="Regimes to calibrate.")
+@click.option(
+    "--precisions", default=None, help="Regimes to calibrate [default: the run's, else fp32,bf16]."
+)
 @click.option("--data-dir", help="Data directory holding the built-in policy (init-model's).")
+@click.option(
+    "--run",
+    "run",
+    default=None,
+    help="Run manifest (TOML): calibrate at its completion length, sampling and precision.",
+)
 @one_line_errors
-def command(model: str, n: int, precisions: str, data_dir: str | None) -> None:
+def command(
+    model: str, n: int, precisions: str | None, data_dir: str | None, run: str | None
+) -> None:
     """Measure honest variation and write the audit limits next to the model.
 
     Prints the calibration file's digest, to pin as [verification] calibration_digest.
     """
-    main(model=model, n=n, precisions=precisions, data_dir=data_dir)
+    main(model=model, n=n, precisions=precisions, data_dir=data_dir, run=run)
