@@ -135,7 +135,6 @@ class StartOptions:
     max_rollouts: int | None = None
     local_train: str | None = None
     duration: float | None = None
-    threads: int | None = 1
     join: tuple[str, ...] = ()
     authority: str | None = None
 
@@ -150,7 +149,6 @@ class StartOptions:
     help="Inference: train an own copy on I own + J swarm groups a round (never published).",
 )
 @click.option("--duration", type=float, help="Stop by itself after this many seconds.")
-@click.option("--threads", default=1, show_default=True, type=int, help="Torch CPU threads.")
 @click.option(
     "--join",
     multiple=True,
@@ -184,6 +182,9 @@ def main(cfg: NodeConfig, opts: StartOptions | None = None) -> None:
     `cfg` is the file with the flags applied; paths resolve as `node.paths` says."""
     opts = opts or StartOptions()
     role = cfg.node.role
+    if role == "trainer" and os.environ.get("RANK", "0") not in ("", "0"):
+        _follow(cfg)  # a rank > 0 of a trainer under torchrun: no key, run or network
+        return
     _check_limits(opts.duration, opts.max_rollouts)
     split = parse_local_train(opts.local_train, role)
     _configure_logging(cfg)
@@ -199,7 +200,6 @@ def main(cfg: NodeConfig, opts: StartOptions | None = None) -> None:
     role_config = settings.role_config(
         cfg,
         data_dir=ddir,
-        threads=opts.threads,
         max_rollouts=opts.max_rollouts,
         local_train=split,
     )
@@ -226,6 +226,22 @@ def main(cfg: NodeConfig, opts: StartOptions | None = None) -> None:
         )
     finally:
         lock.close()
+
+
+def _follow(cfg: NodeConfig) -> None:
+    """Be one of the trainer's ranks > 0 (`trainer.follower`): rank 0 sends the setup."""
+    from node import settings  # deferred: heavy import
+    from trainer.devices import DeviceError, resolve_device  # deferred: heavy import
+    from trainer.distributed import RankEnv, RankError  # deferred: heavy import
+    from trainer.follower import follow  # deferred: heavy import
+
+    try:
+        env = RankEnv.from_env()
+        if env is None:
+            raise CommandError("RANK is set but WORLD_SIZE is not: start it under torchrun")
+        follow(env, resolve_device(cfg.node.device), settings.role_threads(cfg))
+    except (RankError, DeviceError) as exc:
+        raise CommandError(str(exc)) from None
 
 
 def _check_limits(duration: float | None, max_rollouts: int | None) -> None:

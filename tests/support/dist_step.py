@@ -1,11 +1,13 @@
 """The same training steps on one process and on W gloo ranks (`trainer.distributed`).
 
 `python -m tests.support.dist_step MODEL_DIR OUT W` is rank 0 of W ranks on this machine,
-started as `swarm-node start --role trainer --nproc W` starts them (`start_local`, the
-others running `python -m trainer.follower`): it shares the setup, trains `STEPS` and
-writes each step's loss, clipped gradients and bf16 export (what a publisher would send)
-to OUT, with whether every rank held the same weights after it. `run_steps` is the same
-on one process, for the test to compare.
+started as `swarm-node start --role trainer --nproc W` starts them
+(`node.roles.trainer.start_ranks`: the others run `python -m trainer.follower`); under
+torchrun (`torchrun --nproc-per-node W -m tests.support.dist_step MODEL_DIR OUT 1`) rank 0
+meets the ranks torchrun started and the others follow, as `swarm-node start` does there.
+Rank 0 shares the setup, trains `STEPS` and writes each step's loss, clipped gradients and
+bf16 export (what a publisher would send) to OUT, with whether every rank held the same
+weights after it. `run_steps` is the same on one process, for the test to compare.
 """
 
 from __future__ import annotations
@@ -88,17 +90,23 @@ def run_steps(trainer: Trainer) -> list[dict[str, Any]]:
     return out
 
 
-def main(model_dir: str, out: str, world: int) -> None:
-    """Rank 0 of `world` local ranks (module docstring)."""
-    from trainer.distributed import follower_argv, start_local, stop_local
-    from trainer.follower import RankSetup
+def main(model_dir: str, out: str, nproc: int) -> None:
+    """Rank 0 of the trainer's ranks, or (under torchrun) a follower (module docstring)."""
+    from node.roles.config import ModelChoice, TrainerConfig
+    from node.roles.trainer import start_ranks
+    from trainer.distributed import RankEnv, stop_local
+    from trainer.follower import follow
 
     torch.set_num_threads(1)
+    env = RankEnv.from_env()
+    if env is not None and env.rank > 0:
+        follow(env, "cpu", 1)
+        return
     model, tok = load_model_dir(model_dir)
-    ranks, procs = start_local(world, "cpu", follower_argv("cpu", 1))
+    config = TrainerConfig(model=ModelChoice(threads=1), nproc=nproc)
+    m = manifest()
+    ranks, procs = start_ranks(config, "cpu", Path(model_dir), m, STEP)
     try:
-        m = manifest()
-        ranks.share(RankSetup(model_dir, m, STEP))
         trainer = Trainer.from_manifest(model, tok, m, step_settings=STEP, ranks=ranks)
         records = run_steps(trainer)
         trainer.close()
