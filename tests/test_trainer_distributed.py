@@ -17,7 +17,7 @@ import torch
 
 from node.errors import CommandError
 from tests.support import dist_step
-from trainer.distributed import RankEnv, RankError, rank_device
+from trainer.distributed import RankEnv, RankError, free_port, rank_device
 from trainer.engine_hf import torch_threads
 from trainer.model_dir import load_model_dir
 from trainer.train_loop import Trainer
@@ -119,3 +119,26 @@ def test_rank_env_reads_torchruns_variables():
         RankEnv.from_env({"WORLD_SIZE": "two"})
     assert rank_device("cuda", 3) == torch.device("cuda", 3)
     assert rank_device("cpu", 3) == torch.device("cpu")
+
+
+@pytest.mark.slow
+def test_a_spawned_rank_exits_when_rank_0_dies(tmp_path):
+    """Rank 0 killed without a word: the rank it spawned, waiting to meet it, exits."""
+    import psutil
+
+    pid_file = tmp_path / "follower.pid"
+    script = (
+        f"SWARM_NODE_RANK0_PID=$$ RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "
+        f"MASTER_PORT={free_port()} {sys.executable} -m trainer.follower --device cpu & "
+        f"echo $! > {pid_file}; sleep 1"
+    )
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    subprocess.run(["bash", "-c", script], env=env, cwd=ROOT, timeout=60, check=True)
+    follower = psutil.Process(int(pid_file.read_text()))
+    try:
+        follower.wait(timeout=60)  # its parent is gone: it exits within the watchdog's poll
+    except psutil.TimeoutExpired:
+        follower.kill()
+        raise

@@ -45,7 +45,7 @@ CHECK = "check"  # every rank reports a digest of its weights (`Ranks.same_weigh
 STOP = "stop"
 COMMAND_TIMEOUT = timedelta(days=7)
 STEP_TIMEOUT = timedelta(minutes=30)  # the gradient all-reduce waits this long for the slowest rank
-START_TIMEOUT = timedelta(minutes=5)  # the ranks meet within this
+PARENT_ENV = "SWARM_NODE_RANK0_PID"  # set for ranks spawned by rank 0: they die with it
 LOCAL_HOST = "127.0.0.1"
 
 
@@ -225,6 +225,7 @@ def spawn_local(world: int, port: int, argv: Sequence[str]) -> list[subprocess.P
             LOCAL_WORLD_SIZE=str(world),
             MASTER_ADDR=LOCAL_HOST,
             MASTER_PORT=str(port),
+            **{PARENT_ENV: str(os.getpid())},
         )
         procs.append(subprocess.Popen(list(argv), env=env))
     return procs

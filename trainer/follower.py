@@ -16,15 +16,29 @@ time:
 from __future__ import annotations
 
 import argparse
+import os
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from trainer.distributed import CHECK, STOP, TRAIN, RankEnv, RankError, Ranks, rank_device
+from trainer.distributed import (
+    CHECK,
+    PARENT_ENV,
+    STOP,
+    TRAIN,
+    RankEnv,
+    RankError,
+    Ranks,
+    rank_device,
+)
 from trainer.micro_step import StepSettings
 from trainer.model_dir import load_model_dir
 from trainer.train_loop import Trainer
+
+PARENT_POLL_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +85,22 @@ def main(argv: list[str] | None = None) -> None:
     env = RankEnv.from_env()
     if env is None or env.rank == 0:
         parser.error("run as a rank > 0 (RANK and WORLD_SIZE set, as torchrun does)")
+    die_with_parent(os.environ.get(PARENT_ENV))
     follow(env, args.device, args.threads)
+
+
+def die_with_parent(parent_pid: str | None) -> None:
+    """A rank spawned by rank 0 exits within `PARENT_POLL_S` of rank 0's death, however
+    rank 0 died (a watchdog thread; the rank itself may be blocked in a collective)."""
+    if not parent_pid:
+        return
+
+    def watch() -> None:
+        while str(os.getppid()) == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)  # rank 0 is gone: nothing to clean up that its death did not end
+
+    threading.Thread(target=watch, name="rank0-watchdog", daemon=True).start()
 
 
 if __name__ == "__main__":
