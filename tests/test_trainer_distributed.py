@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +143,54 @@ def test_a_spawned_rank_exits_when_rank_0_dies(tmp_path):
     except psutil.TimeoutExpired:
         follower.kill()
         raise
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_start_trainer_with_nproc_2_runs_and_stops_its_ranks(model_dir, tmp_path):
+    """`swarm-node start --role trainer --nproc 2`: rank 0 on the network, one spawned rank;
+    at the end of --duration both stop (exit 0, no rank left)."""
+    import psutil
+
+    from node.keyfile import write_key
+    from node.run_file import manifest_from_table, manifest_to_toml
+    from protocol.identity import Identity
+    from trainer.tiny_policy import run_manifest_table
+
+    key = tmp_path / "node.key"
+    identity = Identity.generate()
+    write_key(key, identity)
+    table = run_manifest_table(run_id="nproc-test", seed=1)
+    table["run"]["model"] = str(model_dir)
+    table["run"]["trainer_keys"] = [identity.peer_id_b58]
+    run = tmp_path / "run.toml"
+    run.write_text(manifest_to_toml(manifest_from_table(table)))
+    argv = [sys.executable, "-m", "node.cli", "start", "--role", "trainer", "--run", str(run)]
+    argv += ["--key", str(key), "--data-dir", str(tmp_path / "d"), "--duration", "45"]
+    argv += ["--nproc", "2", "--device", "cpu", "--threads", "1"]
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    proc = subprocess.Popen(
+        argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    ranks: list[Any] = []
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            ranks = [
+                p
+                for p in psutil.Process(proc.pid).children()
+                if "trainer.follower" in " ".join(p.cmdline())
+            ] or ranks
+            time.sleep(0.5)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (out[-2000:], err[-3000:])
+    assert "2 ranks (DDP)" in out, (out[-2000:], err[-2000:])
+    assert len(ranks) == 1  # the spawned rank 1
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks)
