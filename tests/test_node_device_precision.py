@@ -163,3 +163,18 @@ def test_bf16_autocast_keeps_an_fp32_master(tiny_dir: Path) -> None:
     from trainer.micro_step import autocast_wanted
 
     assert autocast_wanted(StepSettings(), torch.device("cpu")) is False
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_inference_role_loads_its_engine_at_the_runs_precision(
+    tiny_dir: Path, precision: str
+) -> None:
+    from node.roles.config import InferenceConfig, ModelChoice
+    from node.roles.inference import load
+
+    config = InferenceConfig(
+        model=ModelChoice(model=str(tiny_dir), threads=1, device="cpu"), batch_size=2
+    )
+    engine = load(config, _manifest(precision))
+    want = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    assert {p.dtype for p in engine.model.parameters()} == {want}
