@@ -8,7 +8,7 @@ help. Everything else is derived from these fields:
 - the TOML loader `load_config` (unknown sections and keys are errors; a typo must not be
   silently ignored; paths in the file are relative to the file);
 - `start`'s click options (`config_options`), so a flag is declared once;
-- the flat key list `NODE_KEYS` (README and bench read the defaults from it);
+- the flat key list `NODE_KEYS` (the README and bench read the defaults from it);
 - the reference `docs/CONFIG.md` (`reference_markdown`; `python -m node.config` prints it).
 
 Errors name the bad key and what is allowed: `network.io_timeout_s: expected a number in

@@ -7,6 +7,7 @@ by group or others: a node refuses to run with a key that other local users coul
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -43,7 +44,8 @@ def write_key(path: Path, identity: Identity, *, force: bool = False) -> None:
     except FileNotFoundError:
         raise CommandError(f"cannot write {path}: directory {path.parent} does not exist") from None
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # on a read-only disk the cleanup fails as well
+            tmp.unlink(missing_ok=True)
         raise CommandError(f"cannot write {path}: {exc.strerror}") from None
 
 

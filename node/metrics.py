@@ -1,8 +1,11 @@
-"""`--metrics HOST:PORT`: the running node's figures as a Prometheus text endpoint.
+"""`--metrics HOST:PORT`: the running node's figures as a Prometheus text endpoint, and
+its status page.
 
 `render(status)` turns the node's status (what `swarm-node start` writes to status.json
 each second: `Peer.stats()` plus the role's status) into the Prometheus text format,
-version 0.0.4; `serve(listener, status)` answers `GET /metrics` (anything else: 404) on
+version 0.0.4; `serve(listener, status, history)` answers `GET /metrics`, and `GET /`
+(the status page, `node.dashboard.PAGE`) and `GET /history.json` (its figures over time)
+when given a history (anything else: 404) on
 an already bound trio listener, one short HTTP/1.0 exchange per connection under a
 deadline, at most MAX_SCRAPES at once (more are closed unanswered), so a scraper that
 stalls, floods or sends garbage costs a few connections, nothing more.
@@ -11,7 +14,8 @@ Series (all prefixed `swarm_`): `peers`, `known_peers`, `policy_version`,
 `uptime_seconds`, `outbox_pending`, `pull_pending` (queue depths), `rtt_ms_median`,
 `events_total{event}` (every node counter: rollouts and verdicts stored, pulls, hellos,
 peer events...), `rejected_total{reason}`, `delivery{state}` (own rollouts produced,
-delivered, pending, too stale), `role{field}` (the role's numbers: rollouts produced,
+delivered, pending, too stale, audited, refused, trained, awaiting audit, trained
+unaudited: `Store.own_work`), `role{field}` (the role's numbers: rollouts produced,
 audits passed and failed, verified...), `weights_installed_versions`,
 `weights_uploaded_bytes_total`, `weights_events_total{event}` (bytes downloaded, shards
 served and verified...), `peers_banned`, `dropped_by_peers`, `refused_by_peers` and
@@ -26,6 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
+
+from node.dashboard import PAGE, History
 
 MAX_REQUEST_BYTES = 4096
 IO_DEADLINE_S = 5.0
@@ -79,7 +85,7 @@ def render(status: dict[str, Any]) -> str:
             "rejected",
             "reason",
         ),
-        ("delivery", "gauge", "own rollouts by delivery state", "delivery", "state"),
+        ("delivery", "gauge", "own rollouts by what became of them", "delivery", "state"),
         (
             "role",
             "gauge",
@@ -156,8 +162,22 @@ def render(status: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-async def serve(listener: trio.SocketListener, status: Callable[[], dict[str, Any]]) -> None:
-    """Answer scrapes on `listener` until cancelled."""
+async def serve(
+    listener: trio.SocketListener,
+    status: Callable[[], dict[str, Any]],
+    history: History | None = None,
+) -> None:
+    """Answer scrapes (and, given a history, status-page requests) on `listener` until
+    cancelled."""
+
+    def respond(path: bytes) -> tuple[bytes, bytes, bytes]:
+        if path == b"/metrics":
+            return b"200 OK", b"text/plain; version=0.0.4", render(status()).encode()
+        if history is not None and path in (b"/", b"/index.html"):
+            return b"200 OK", b"text/html; charset=utf-8", PAGE.encode()
+        if history is not None and path == b"/history.json":
+            return b"200 OK", b"application/json", history.to_json()
+        return b"404 Not Found", b"text/plain", b"not found: try /metrics or /\n"
 
     slots = trio.Semaphore(MAX_SCRAPES)
 
@@ -180,12 +200,9 @@ async def serve(listener: trio.SocketListener, status: Callable[[], dict[str, An
                     if len(request) > MAX_REQUEST_BYTES:
                         break
                 line = request.split(b"\n", 1)[0].split()
-                if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] == b"/metrics":
-                    body = render(status()).encode()
-                    head = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                else:
-                    body = b"not found: try /metrics\n"
-                    head = b"HTTP/1.0 404 Not Found\r\nContent-Type: text/plain\r\n"
+                path = line[1].split(b"?")[0] if len(line) >= 2 and line[0] == b"GET" else b""
+                code, kind, body = respond(path)
+                head = b"HTTP/1.0 %s\r\nContent-Type: %s\r\n" % (code, kind)
                 head += b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
                 await stream.send_all(head + body)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):

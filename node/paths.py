@@ -13,6 +13,8 @@ command (`start`, `rollouts`, `audit`, `status`, `init-model`).
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 from node.errors import CommandError
@@ -41,7 +43,11 @@ def resolve_model(model: str | None, manifest_model: str, data_dir: str | Path |
     Built-in models are looked for under each of `model_roots(data_dir)`."""
     name = model or manifest_model
     if not name.startswith("builtin:"):
-        return Path(name).expanduser()
+        path = Path(name).expanduser()
+        if not path.is_dir():
+            problem = "is not a directory" if path.exists() else "does not exist"
+            raise CommandError(f"model directory {path} {problem}")
+        return path
     if name != tiny_policy.BUILTIN_MODEL:
         raise CommandError(f"unknown built-in model {name!r} (known: {tiny_policy.BUILTIN_MODEL})")
     roots = model_roots(data_dir)
@@ -62,6 +68,30 @@ def required_path(flag_value: str | Path | None, cfg_value: str, flag: str, key:
     if not value:
         raise CommandError(f"{flag} is required (or {key} in the --config file)")
     return Path(value).expanduser()
+
+
+def check_writable(path: str | Path, flag: str) -> None:
+    """A one-line error now, before any work, when `path` (a file or directory to be
+    written, existing or not) could not be written: its nearest existing ancestor is not a
+    directory, or lies on a read-only file system, or this process may not write there."""
+    path = Path(path).expanduser()
+    where = path if path.is_dir() else path.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        raise CommandError(f"{flag} {path}: {where} is not a directory")
+    problem = None
+    try:
+        if os.statvfs(where).f_flag & os.ST_RDONLY:
+            problem = os.strerror(errno.EROFS)
+    except OSError as exc:
+        problem = exc.strerror
+    if problem is None and not os.access(where, os.W_OK | os.X_OK):
+        problem = os.strerror(errno.EACCES)
+    if problem is None and path.is_file() and not os.access(path, os.W_OK):
+        where, problem = path, os.strerror(errno.EACCES)
+    if problem is not None:
+        raise CommandError(f"{flag} {path}: cannot write in {where} ({problem.lower()})")
 
 
 def node_dir(data_dir: str | Path | None, peer_id_b58: str, role: str) -> Path:

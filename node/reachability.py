@@ -1,6 +1,6 @@
 """What a node can tell about how others reach it, in plain lines for `swarm-node doctor`:
-the addresses peers observe it at (identify), whether it is publicly reachable (an AutoNAT
-dial-back by the peers asked, `node.host.reachability`), and the relay it uses or would
+the addresses peers observe it at (identify), whether it is publicly reachable (AutoNAT
+dial-backs by the peers asked, and how many agreed: `protocol.reachability`), and the relay it uses or would
 use (a relay announces the circuit relay v2 hop protocol through identify).
 
 `describe(r)` returns (level, text) pairs, level one of `ok`, `info`, `warn`, `FAIL`; a
@@ -22,6 +22,9 @@ class Reachability:
     observed: dict[str, str] = field(default_factory=dict)  # peer -> our address as it sees it
     dial_back: str = "unknown"  # AutoNAT's verdict: public | private | unknown (not asked)
     asked: list[str] = field(default_factory=list)  # the peers asked to dial us back
+    agreed: int = 0  # answers that agreed with the verdict
+    answered: int = 0  # answers that were a verdict (dialled back, or dial failed)
+    proven: int = 0  # dial-backs seen to arrive (a new connection from the peer)
     relays: dict[str, str] = field(default_factory=dict)  # relay peer -> its address
     relay: str | None = None  # the relay in use (a running node), None: none
 
@@ -47,19 +50,20 @@ def describe(r: Reachability) -> list[tuple[str, str]]:
 
 def _reachable_line(r: Reachability) -> tuple[str, str]:
     asked = ", ".join(_short(p) for p in r.asked)
+    agreed = (
+        f"{r.agreed} of {r.answered} answers agreed, {len(r.asked)} peers asked "
+        f"({asked}), {r.proven} dial-backs seen to arrive (AutoNAT)"
+    )
     if r.dial_back == "public":
-        return (
-            "ok",
-            f"reachable: publicly reachable: {asked} dialed us back on a fresh connection (AutoNAT)",
-        )
+        return "ok", f"reachable: publicly reachable: {agreed}"
     if r.dial_back == "private":
         return "info", (
-            f"reachable: not publicly reachable: {asked} could not dial us back (AutoNAT): "
-            "behind a NAT or a firewall; other peers reach this node through a relay"
+            f"reachable: not publicly reachable: {agreed}: behind a NAT or a firewall; "
+            "other peers reach this node through a relay"
         )
     if not r.asked:
         return "warn", "reachable: unknown: no peer answered to dial us back"
-    return "warn", f"reachable: unknown: {asked} gave no verdict (AutoNAT)"
+    return "warn", f"reachable: unknown: no agreement: {agreed}"
 
 
 def _relay_line(r: Reachability) -> tuple[str, str]:

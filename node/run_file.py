@@ -5,6 +5,8 @@
 id = "demo"                 # lowercase letters, digits, - _ .
 model = "builtin:tiny"      # or a path / name of a Hugging Face model directory
 model_digest = ""           # optional: 64 hex chars, the content id of the weights
+model_files_digest = ""     # optional: 64 hex chars, the content id of the model's other
+                            # files (config, tokenizer); joiners fetch them from the run
 seed = 1234
 group_size = 8              # rollouts per task for group-relative advantages
 max_staleness = 2           # a rollout of version v is usable at version t if t - v <= this
@@ -80,6 +82,7 @@ FIELDS: dict[str, tuple[str, str, Any]] = {
     "run_id": ("run", "id", REQUIRED),
     "model": ("run", "model", "builtin:tiny"),
     "model_digest": ("run", "model_digest", ""),
+    "model_files_digest": ("run", "model_files_digest", ""),
     "seed": ("run", "seed", 0),
     "group_size": ("run", "group_size", 8),
     "max_staleness": ("run", "max_staleness", 2),
@@ -144,10 +147,11 @@ def manifest_from_table(table: dict[str, Any], source: str = "run manifest") -> 
         if field in FLOAT_FIELDS and type(value) is int:
             value = float(value)
         kwargs[field] = value
-    try:
-        kwargs["model_digest"] = bytes.fromhex(kwargs["model_digest"])
-    except (TypeError, ValueError):
-        raise CommandError(f"{source}: run.model_digest: expected 64 hex characters") from None
+    for name in ("model_digest", "model_files_digest"):
+        try:
+            kwargs[name] = bytes.fromhex(kwargs[name])
+        except (TypeError, ValueError):
+            raise CommandError(f"{source}: run.{name}: expected 64 hex characters") from None
     try:
         kwargs["calibration_digest"] = bytes.fromhex(kwargs["calibration_digest"])
     except (TypeError, ValueError):
@@ -261,6 +265,7 @@ def manifest_to_toml(m: RunManifest) -> str:
         f'id = "{m.run_id}"',
         f'model = "{m.model}"',
         f'model_digest = "{m.model_digest.hex()}"',
+        *([f'model_files_digest = "{m.model_files_digest.hex()}"'] if m.model_files_digest else []),
         f"seed = {m.seed}",
         f"group_size = {m.group_size}",
         f"max_staleness = {m.max_staleness}",

@@ -22,11 +22,13 @@ The code is organized as follows:
 - forwarding.py: what admission's actions mean at the GossipSub boundary
 - fraud.py: fraud cases: a failed verdict accuses; only a re-run of the audit convicts
 - fuzz.py: mutation fuzzing of the decoders
+- hole_punch.py: which addresses a DCUtR hole punch may dial, and who pays for the rest
 - identity.py: peer identity: an Ed25519 key, its libp2p peer id, signatures
 - peer_score.py: a decaying score per peer, and bans below a threshold
 - penalties.py: every penalty of the network in one table
 - producer_cases.py: a validator's claim over a worker's window of records, re-checked
 - rollout.py: rollout records: a signed header plus its body, and files of them
+- reachability.py: AutoNAT by agreement: whom to ask (at random, one per subnet), what the answers add up to
 - run_manifest.py: run releases signed by the run authority, and whether to adopt one
 - schema.py: field types of the wire objects (`Spec`s)
 - shard_schedule.py: which weight shard to request from which peer, and when to give up

@@ -55,7 +55,24 @@ that signed the claim, never a peer that relayed it) pays `penalties.OUT_OF_ORDE
 time. Once the window has passed, the next version gone back to is free again: an honest
 worker restarting less often than every 10 minutes never pays. A window per producer
 rather than one free going-back per lifetime, because the book forgets producers (bounded)
-and honest workers restart more than once in a run.
+and honest workers restart more than once in a run. Windows are judged by the time the
+producer signed each claim, never by when it reached us: a relay that holds a restart
+batch for minutes (or serves it late as a pulled record) must not bring two restarts
+into one window. A signed time is believed up to `max_skew_s` (admission's clock skew) in
+our future; a claim is judged against every window kept (`_BACK_WINDOWS` per producer)
+within `back_window_s` of it, before or after, so the order claims arrive in does not
+matter. A producer that back-dates its own claims can at most spread its go-backs into
+windows of their own and escape the charge, never earn: an out-of-order claim is 0 anyway.
+
+Young keys earn at most the swarm's mean. A key's credit is a mean over the counters it
+made public, and a fresh key chooses where its counters end: one that publishes while its
+counters solve and is abandoned at the first that does not shows a mean of 1.0 (key
+shopping). So a key with fewer than `young_counters` (`YOUNG_COUNTERS`) counters accounted
+is credited at most the mean of the keys that are not young (`swarm_mean`; of every key
+while none is old): an abandoned key is worth what an honest key earns at the swarm's
+mean, whatever it hid. An honest key loses nothing once it is old (its own mean over all
+its counters again); docs/DESIGN.md says why this rule and not crediting a key's whole
+announced range.
 
 Versions are left behind. Forward-only claims still leave a worker holding several
 published versions one choice: to stay on an older one while it solves and step up only
@@ -77,16 +94,19 @@ settled as skipped first) and `max_producers` producers.
 Public API
 ----------
 `CreditBook(pull_window_s=300.0, tolerance=1e-4, max_open=262_144, max_producers=100_000,
-max_versions=8, back_window_s=600.0, stale_after_s=STALE_AFTER_S)`
+max_versions=8, back_window_s=600.0, stale_after_s=STALE_AFTER_S, max_skew_s=120.0,
+young_counters=YOUNG_COUNTERS)`
     `.on_published(version, now)`         we published `version` at `now`
-    `.on_header(producer, counter, version, claimed, now) -> OutOfOrder | None`
-    `.on_body(producer, counter, version, claimed, rescored, now) -> FalseClaim | OutOfOrder | None`
+    `.on_header(producer, counter, version, claimed, now, signed_at=None) -> OutOfOrder | None`
+    `.on_body(producer, counter, version, claimed, rescored, now, signed_at=None)
+        -> FalseClaim | OutOfOrder | None`
     `.on_judged(producer, counter, version, passed, rescored, now)`
     `.on_time(now)`                        close the pull windows that ended by `now`
     `.standing(producer) -> CreditStanding | None`
     `.out_of_order(producer, counter) -> bool`  settled as out of order
     `.not_trained(producer, counter) -> bool`   settled as out of order or stale: never train it
-    `.credited_reward(producer, withheld=0) -> float | None`
+    `.credited_reward(producer, withheld=0) -> float | None`  (young keys: at most `swarm_mean`)
+    `.swarm_mean() -> float | None`
 `FalseClaim(producer, counter, claimed, rescored)`; `OutOfOrder(producer, counter, version)`;
 `CreditStanding(held, judged, skipped, false_claims, reward_sum, out_of_order, stale)`.
 """
@@ -99,11 +119,22 @@ from dataclasses import dataclass
 
 from protocol.errors import LocalProtocolError
 
-__all__ = ["STALE_AFTER_S", "CreditBook", "CreditStanding", "FalseClaim", "OutOfOrder"]
+__all__ = [
+    "STALE_AFTER_S",
+    "YOUNG_COUNTERS",
+    "CreditBook",
+    "CreditStanding",
+    "FalseClaim",
+    "OutOfOrder",
+]
 
 # A claim at a version heard this long after a newer one was published is stale: long
 # enough for an honest worker to download the new version and finish the batch it was on.
 STALE_AFTER_S = 300.0
+# A key with fewer counters accounted than this is young: credited at most the swarm's mean.
+YOUNG_COUNTERS = 64
+# Free go-back windows remembered per producer (each opened at a signed time).
+_BACK_WINDOWS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +194,8 @@ class CreditBook:
         max_versions: int = 8,
         back_window_s: float = 600.0,
         stale_after_s: float = STALE_AFTER_S,
+        max_skew_s: float = 120.0,
+        young_counters: int = YOUNG_COUNTERS,
     ) -> None:
         if not (math.isfinite(pull_window_s) and pull_window_s > 0) or tolerance < 0:
             raise LocalProtocolError("CreditBook: pull_window_s > 0 and tolerance >= 0")
@@ -170,12 +203,17 @@ class CreditBook:
             raise LocalProtocolError("CreditBook: back_window_s finite, >= 0; stale_after_s >= 0")
         if max_open < 1 or max_producers < 1 or max_versions < 1:
             raise LocalProtocolError("CreditBook: max_open, max_producers, max_versions >= 1")
+        if not (math.isfinite(max_skew_s) and max_skew_s >= 0) or young_counters < 0:
+            raise LocalProtocolError("CreditBook: max_skew_s finite, >= 0; young_counters >= 0")
         self.pull_window_s, self.tolerance = pull_window_s, tolerance
         self.max_open, self.max_producers, self.max_versions = max_open, max_producers, max_versions
         self.back_window_s, self.stale_after_s = back_window_s, stale_after_s
+        self.max_skew_s, self.young_counters = max_skew_s, young_counters
         self._published: dict[int, float] = {}  # version -> when we published it (newest few)
-        # producer -> (the version it went back to for free, when its window opened)
-        self._free_back: OrderedDict[bytes, tuple[int, float]] = OrderedDict()
+        # producer -> its free go-back windows: (the version gone back to, signed time opened)
+        self._free_back: OrderedDict[bytes, list[tuple[int, float]]] = OrderedDict()
+        self._swarm: tuple[int, float | None] = (-1, None)  # (changes, mean) cached
+        self._changes = 0  # settlements and held bodies so far (the cache's key)
         self._charge: OutOfOrder | None = None  # the charge of the claim just refused
         # producer -> version -> (lowest, highest) counter claimed at it
         self._spans: OrderedDict[bytes, dict[int, tuple[int, int]]] = OrderedDict()
@@ -186,11 +224,18 @@ class CreditBook:
         self._producers: OrderedDict[bytes, CreditStanding] = OrderedDict()
 
     def _claim(
-        self, producer: bytes, counter: int, version: int, claimed: float | None, now: float
+        self,
+        producer: bytes,
+        counter: int,
+        version: int,
+        claimed: float | None,
+        now: float,
+        signed_at: float | None = None,
     ) -> _Claim | None:
         """The claim of (producer, counter), opened if new; None if settled or if it names
         another version than the claim heard first. `claimed`: the header's reward, None
-        when what we heard was not the header (a verdict)."""
+        when what we heard was not the header (a verdict); `signed_at`: the time its
+        producer signed it (None: `now`)."""
         key = (producer, counter)
         if key in self._settled:
             return None
@@ -199,7 +244,7 @@ class CreditBook:
             if not self._in_order(producer, counter, version):  # first: going back may cost
                 self._standing(producer).out_of_order += 1
                 self._settle(producer, counter, None, refused="out_of_order")
-                if not self._back_is_free(producer, version, now):
+                if not self._back_is_free(producer, version, self._signed(now, signed_at)):
                     self._charge = OutOfOrder(producer, counter, version)
                 return None
             if self._stale(version, now):
@@ -234,17 +279,27 @@ class CreditBook:
             del spans[min(spans)]
         return True
 
-    def _back_is_free(self, producer: bytes, version: int, now: float) -> bool:
-        """Whether a claim going back to `version` at `now` is the producer's free one
-        (module docstring); opens a window if its last one has passed."""
-        free = self._free_back.get(producer)
-        if free is None or now - free[1] >= self.back_window_s:
-            self._free_back[producer] = (version, now)
-            self._free_back.move_to_end(producer)
-            while len(self._free_back) > self.max_producers:
-                self._free_back.popitem(last=False)
+    def _signed(self, now: float, signed_at: float | None) -> float:
+        """When a claim heard at `now` was made: its signed time, at most `max_skew_s` in
+        our future (a relay may delay a claim, never make it younger)."""
+        return now if signed_at is None else min(float(signed_at), now + self.max_skew_s)
+
+    def _back_is_free(self, producer: bytes, version: int, at: float) -> bool:
+        """Whether a claim going back to `version`, made at `at` (its signed time), is free
+        (module docstring): a window of the same version within `back_window_s` of it, or
+        none of another version (then it opens one). In whatever order claims arrive."""
+        windows = self._free_back.pop(producer, [])
+        self._free_back[producer] = windows
+        while len(self._free_back) > self.max_producers:
+            self._free_back.popitem(last=False)
+        near = [v for v, t in windows if abs(at - t) < self.back_window_s]
+        if version in near:
             return True
-        return free[0] == version
+        if near:
+            return False
+        windows.append((version, at))
+        del windows[:-_BACK_WINDOWS]
+        return True
 
     def _take_charge(self) -> OutOfOrder | None:
         charge, self._charge = self._charge, None
@@ -281,11 +336,18 @@ class CreditBook:
             self._settle(*key, None, skipped=True)
 
     def on_header(
-        self, producer: bytes, counter: int, version: int, claimed: float, now: float
+        self,
+        producer: bytes,
+        counter: int,
+        version: int,
+        claimed: float,
+        now: float,
+        signed_at: float | None = None,
     ) -> OutOfOrder | None:
-        """A header (or a record's header) heard at `now`; the `OutOfOrder` to charge if it
-        goes back to a version that is not its free one."""
-        self._claim(producer, counter, version, claimed, now)
+        """A header (or a record's header) heard at `now`, signed by its producer at
+        `signed_at`; the `OutOfOrder` to charge if it goes back to a version that is not
+        its free one."""
+        self._claim(producer, counter, version, claimed, now, signed_at)
         return self._take_charge()
 
     def on_body(
@@ -296,18 +358,20 @@ class CreditBook:
         claimed: float,
         rescored: float,
         now: float,
+        signed_at: float | None = None,
     ) -> FalseClaim | OutOfOrder | None:
         """We hold the body of (producer, counter) and re-scored it at `rescored`; the
         `FalseClaim` to charge if its claim differs (once per counter), or the
         `OutOfOrder` if the claim, heard first here, goes back (`on_header`)."""
         key = (producer, counter)
-        c = self._claim(producer, counter, version, claimed, now)
+        c = self._claim(producer, counter, version, claimed, now, signed_at)
         if c is None or c.rescored is not None:
             return self._take_charge()
         c.rescored = float(rescored)
         del self._open[key]
         s = self._standing(producer)
         s.held += 1
+        self._changes += 1
         if c.passed is None:  # credited now; a failed judgement takes it back
             self._held[key] = c
             s.reward_sum += c.rescored
@@ -372,6 +436,7 @@ class CreditBook:
         """Settle a counter: `reward` added to what it was credited, skipped, or `refused`
         (out of order, stale: never trained on; `reward` None)."""
         s = self._standing(producer)
+        self._changes += 1
         if reward is not None:
             s.reward_sum += reward
         s.judged += judged
@@ -385,10 +450,32 @@ class CreditBook:
         return self._producers.get(producer)
 
     def credited_reward(self, producer: bytes, withheld: int = 0) -> float | None:
-        """The credited mean reward (module docstring); None while nothing of the producer
-        is settled or held."""
+        """The credited mean reward (module docstring), at most the swarm's mean while the
+        key is young; None while nothing of the producer is settled or held."""
         s = self._producers.get(producer) or CreditStanding()
-        total = s.held + s.skipped + s.out_of_order + s.stale + max(0, withheld)
+        total = _accounted(s) + max(0, withheld)
         if total == 0:
             return None
-        return s.reward_sum / total
+        mean = s.reward_sum / total
+        if total < self.young_counters:
+            swarm = self.swarm_mean()
+            if swarm is not None:
+                mean = min(mean, swarm)
+        return mean
+
+    def swarm_mean(self) -> float | None:
+        """The mean reward per accounted counter of the keys that are not young (of every
+        key while none is old); None before anything is accounted."""
+        if self._swarm[0] == self._changes:
+            return self._swarm[1]
+        old = [s for s in self._producers.values() if _accounted(s) >= self.young_counters]
+        pool = old or list(self._producers.values())
+        total = sum(_accounted(s) for s in pool)
+        mean = sum(s.reward_sum for s in pool) / total if total else None
+        self._swarm = (self._changes, mean)
+        return mean
+
+
+def _accounted(s: CreditStanding) -> int:
+    """The counters a producer's credit is divided over (withheld ones aside)."""
+    return s.held + s.skipped + s.out_of_order + s.stale

@@ -4,7 +4,7 @@ A cost is a peer-score change (<= 0). Scores (`protocol.peer_score`) decay towar
 with a half-life of 10 minutes, are capped at +100 (an admitted message earns +0.1), and a
 peer that falls below -100 is disconnected and banned, for an hour the first time and
 twice as long each time after. Every module that charges a peer reads the cost here
-(`penalties.FRAUD.cost`); `render_markdown()` writes the table the README shows under
+(`penalties.FRAUD.cost`); `render_markdown()` writes the table docs/PROTOCOL.md shows under
 "Penalties" (a test keeps the two equal).
 
 Who pays (`Payer`):
@@ -213,6 +213,12 @@ PRODUCER_LACKS_BODY = Offence(
 BAD_SHARD = Offence(
     "bad_shard", -50.0, Payer.SERVING_PEER, "a weight shard that fails its signed digest"
 )
+BAD_MODEL_FILES = Offence(
+    "bad_model_files",
+    -50.0,
+    Payer.SERVING_PEER,
+    "model files or base weights that fail the run manifest's pin",
+)
 FALSE_CLAIM = Offence(
     "false_claim",
     -20.0,
@@ -312,6 +318,7 @@ TABLE: tuple[Offence, ...] = (
     WRONG_RECORD,
     PRODUCER_LACKS_BODY,
     BAD_SHARD,
+    BAD_MODEL_FILES,
     FALSE_CLAIM,
     OUT_OF_ORDER,
     FAILED_AUDIT,
@@ -336,7 +343,7 @@ def _cost_text(o: Offence) -> str:
 
 
 def render_markdown() -> str:
-    """The table as Markdown (what the README prints under "Penalties")."""
+    """The table as Markdown (what docs/PROTOCOL.md prints under "Penalties")."""
     lines = ["| offence | cost | who pays | why |", "|---|---|---|---|"]
     lines += [f"| `{o.name}` | {_cost_text(o)} | {o.payer} | {o.why} |" for o in TABLE]
     return "\n".join(lines) + "\n"

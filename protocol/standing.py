@@ -11,14 +11,17 @@ calibration), a record whose body never arrived counting as over (`MISSING`; at 
 `WINDOW_OVER` - 1 of them, so missing bodies alone never fail a window). Not the
 median: a worker that changes only a minority of each window keeps the median honest, but
 not the count of records over the limit; and one withheld body per window does not keep
-the window from being judged.
+the window from being judged. A worker changing fewer than `WINDOW_OVER` records of every
+window is caught by the sequential rule over all of its audited records
+(`protocol.producer_cases.SequentialTest`), which bans like a failed window.
 
 Standing (`StandingBook`), per producer key, from the audits heard about it:
 
     probation   fewer than `probation_passes` audits passed, none failed. Audited at
                 `PROBATION_AUDIT_FRACTION` (every record: the validator pays for a fresh
                 key's audits, so a Sybil splitting its work over many keys buys each key
-                that many audits); credited at `PROBATION_CREDIT`; only records with a pass
+                that many audits); credited at `PROBATION_CREDIT` (of a credit that, for a
+                young key, is at most the swarm's mean: `protocol.credit`); only records with a pass
                 verdict of their own train.
     good        passed its probation, no audit failed: its records train once the cheap
                 checks the trainer runs itself passed (signature, counter density, task
@@ -33,7 +36,7 @@ fraction c of its records is caught by the first audit of a changed record, afte
 1 / (f c) records, and loses everything it had been credited (`PROBATION_CREDIT` of its
 probation and all since) plus the key's probation. Cheating pays only if what it saves on
 those 1 / (f c) records exceeds that: `g / (f c) > C`, g the gain per changed record and C
-the credit at stake; the README gives the default numbers.
+the credit at stake; docs/PROTOCOL.md gives the default numbers.
 
 A validator holds the pass verdicts of a producer on probation (`HeldPasses`) until the
 window of the record is judged: a slightly changed model whose records pass one by one

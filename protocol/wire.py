@@ -101,6 +101,9 @@ class RunManifest(WireObject):
     # the dtype policy versions are published in: "float32" = the trainer's weights as held
     # (its fp32 master), "bfloat16" = floating tensors cast from the master at each publish
     weights_dtype: str = spec(Str(16, choices=WEIGHT_DTYPES), default="float32", omit_default=True)
+    # content id of the model directory's other files (config, tokenizer, calibration;
+    # protocol.model_bundle), which a joining peer fetches from the run; b"" = not pinned
+    model_files_digest: bytes = spec(OPTIONAL_DIGEST, default=b"", omit_default=True)
 
 
 @wire("run_release", schema=1, max_bytes=64 * KiB)

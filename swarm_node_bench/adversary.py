@@ -50,6 +50,22 @@ full `protocol.standing.HOLD_S`) and the validator closes windows after `--close
                            re-scored held bodies, failed, skipped and withheld counters at 0)
                            divided by the mean true reward of the counters it made that the
                            trainer accounts for (its first to its last counter heard)
+Per attack also `honest_penalty` (the score the honest peers and the case's victims lost
+at honest peers, from the case's start until the next case's: 0.0 means no honest key
+paid) and, for the second credit round's cases (`swarm_node_bench.parts.attacks`:
+`minority_change_per_window`, `partial_window_keys`, `bound_digest_theft`,
+`key_shopping`, `delayed_restart_batch`), `credit_gain`: the attacker's keys' credited
+mean reward per counter the trainer accounts for, weighted by standing as paid, divided
+by the true worth per counter of everything they made (a changed model's record, another
+producer's body and a counter never published included; None when that is 0, with
+`credited` in the raw report); `victim_held_fraction` (theft, restart: the share of the
+victim's counters whose bodies the trainer credited). Measures: `theft` counts stolen
+bodies credited to the thief; `gain` has no message to refuse (rejected unless
+`credit_gain` > 1.02). The trainer's free go-back window is `adv_peer.BACK_WINDOW_S`
+(40 s) so that two restarts `attacks.RESTART_GAP_S` apart (signed) fit in a run. In
+`--quick`, a case's `honest_trained_fraction` is None when the trainer held fewer than
+90% of the bodies of the honest records made in its window by the report: too short to
+judge.
 `claimed_reward_lie`: every header claims reward 1, only solved bodies are served;
 rejected counts reward credited beyond the attacker's true rewards, per lie.
 `version_shopping`: per counter the task sampled under V, V+1, V+2 (the trainer published
@@ -130,6 +146,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -237,6 +254,9 @@ async def _run(
             )
             runs[name] = {**answer, "window": (start, time.time())}
             _say(f"{name}: sent {answer.get('sent')}")
+        starts = [r["window"][0] for r in runs.values()]
+        for r, until in zip(runs.values(), [*starts[1:], math.inf], strict=True):
+            r["until"] = until  # its charges: until the next case starts
         conn: dict[str, Any] = {}
         for name in [a for a in CONN_ATTACKS if a in opts.attacks]:
             conn[name] = await _conn_case(name, procs, keys, validator, opts)
@@ -248,7 +268,13 @@ async def _run(
         )  # verdicts, holds
         honest = {k.peer_id_b58 for k in keys.values()}
         ids = sorted(
-            honest | {p for r in runs.values() for p in [r.get("attacker", ""), *r["signers"]] if p}
+            honest
+            | {
+                p
+                for r in runs.values()
+                for p in [r.get("attacker", ""), *r["signers"], *r.get("victims", [])]
+                if p
+            }
         )
         t_rep = await procs["trainer"].ask({"cmd": "report", "ids": ids}, timeout=60)
         v_rep = await procs["validator"].ask({"cmd": "report", "ids": ids}, timeout=60)
@@ -265,7 +291,7 @@ async def _run(
             cleanup.shield = True
             for p in procs.values():
                 await p.stop()
-    out = figures(runs, t_rep, v_rep, views, keys, baseline, max(rss))
+    out = figures(runs, t_rep, v_rep, views, keys, baseline, max(rss), quick=opts.quick)
     if conn:
         out["connection_attacks"] = {k: v["figures"] for k, v in conn.items()}
         out["connection_details"] = {k: v["details"] for k, v in conn.items()}
@@ -386,8 +412,11 @@ def figures(
     keys: dict[str, Identity],
     baseline: tuple[float, float],
     rss: float,
+    *,
+    quick: bool = False,
 ) -> dict[str, Any]:
-    """The benchmark's figures from the runs' reports: per attack what it cost the honest workers and the attacker."""
+    """The benchmark's figures from the runs' reports: per attack what it cost the honest
+    workers and the attacker (`quick`: an honest fraction too short to judge is None)."""
     workers = {keys["w1"].peer_id_b58, keys["w2"].peer_id_b58}
     cut_off = set(t_rep["banned_producers"]) | set(v_rep.get("standing_banned", []))
     honest_all = {k.peer_id_b58 for k in keys.values()}
@@ -418,6 +447,13 @@ def figures(
         elif measure == "ahead":  # rollouts of unpublished versions admitted by the trainer
             effect = sum(t_rep["admitted_ahead"].get(s, 0) for s in signers)
             sent = max(1, int(r["shopped"]))
+        elif measure == "theft":  # stolen bodies credited to the thief
+            held = (t_rep["credit"].get(r.get("attacker", "")) or {}).get("held", 0)
+            own = len(r["truth_by_signer"].get(signers[0], {})) - int(r["stolen"])
+            effect = max(0, held - own)
+            sent = max(1, int(r["stolen"]))
+        elif measure == "gain":  # no message to refuse: what it earned is the measure
+            effect = sent if "truth_by_signer" in r and (_gain(r, t_rep) or 0.0) > 1.02 else 0
         else:  # "double": a unit of work counted twice anywhere
             effect = t_rep["double_counted"]
         attacker = r.get("attacker", "")
@@ -443,6 +479,13 @@ def figures(
         if "true_sum" in r:
             attacks[name]["credit_gain"] = _credit_gain(r, t_rep["credit"].get(attacker) or {})
             attacks[name]["true_solved"] = int(r["true_sum"])
+        if "truth_by_signer" in r:
+            attacks[name]["credit_gain"] = _gain(r, t_rep)
+        attacks[name]["honest_penalty"] = _honest_penalty(r, views, honest_all)
+        if r.get("victims"):
+            attacks[name]["victim_held_fraction"] = _victim_held(r, t_rep)
+        if quick and not _judgeable(r["window"], t_rep, workers):
+            attacks[name]["honest_trained_fraction"] = None  # too short to judge
         if "lies" in r:
             attacks[name]["lies"] = int(r["lies"])  # headers that lie, or counters shopped
     shopper = runs.get("counter_shopping", {}).get("attacker", "")
@@ -476,6 +519,65 @@ def figures(
         "honest_trained_fraction": _trained_fraction(baseline, t_rep, workers),
         "cheater_records_trained": cheated,
     }
+
+
+def _gain(r: dict[str, Any], t_rep: dict[str, Any]) -> float | None:
+    """The attacker's credited mean reward per counter the trainer accounts for (weighted
+    by standing, as paid), over all its keys, divided by the true mean worth of every
+    counter it made (a changed model's record or another's body worth 0); None when its
+    work was worth nothing (then `credited` says what it got)."""
+    truth = r["truth_by_signer"]
+    victims = set(r.get("victims", []))
+    made = [v for s, t in truth.items() if s not in victims for v in t.values()]
+    paid = accounted = 0.0
+    for s in truth:
+        if s in victims:
+            continue
+        c = t_rep["credit"].get(s) or {}
+        n = sum(c.get(k, 0) for k in ("held", "skipped", "out_of_order", "stale", "withheld"))
+        paid += (c.get("credited") or 0.0) * n
+        accounted += n
+    true_mean = sum(made) / len(made) if made else 0.0
+    r["credited"] = paid / accounted if accounted else 0.0
+    if not true_mean:
+        return None if r["credited"] else 0.0
+    return round(r["credited"] / true_mean, 3)
+
+
+def _honest_penalty(r: dict[str, Any], views: list[dict[str, Any]], honest: set[str]) -> float:
+    """The score the honest peers (and the case's victims) lost at honest peers from the
+    case's start until the next case's: 0.0 when nobody honest paid."""
+    start, until = r["window"][0], r.get("until", math.inf)
+    keys = honest | set(r.get("victims", []))
+    lost = sum(
+        d
+        for v in views
+        for p, charges in (v.get("charges") or {}).items()
+        if p in keys
+        for t, d in charges
+        if start <= t < until
+    )
+    return round(lost, 3)
+
+
+def _victim_held(r: dict[str, Any], t_rep: dict[str, Any]) -> float | None:
+    """The share of the victims' counters whose bodies the trainer credited (held)."""
+    made = sum(len(r["truth_by_signer"].get(v, {})) for v in r["victims"])
+    held = sum((t_rep["credit"].get(v) or {}).get("held", 0) for v in r["victims"])
+    return round(held / made, 4) if made else None
+
+
+def _judgeable(window: tuple[float, float], t_rep: dict[str, Any], workers: set[str]) -> bool:
+    """Whether the honest records made in `window` can be judged: the trainer held the
+    bodies of at least 90% of them by the report (a quick run may end before it pulled
+    them; trained-or-not then says nothing)."""
+    held = set(t_rep.get("bodies", []))
+    made = [
+        rid
+        for rid, (producer, t) in t_rep["made"].items()
+        if producer in workers and _in(window, t)
+    ]
+    return bool(made) and sum(rid in held for rid in made) >= 0.9 * len(made)
 
 
 def _penalized(peer: str, views: list[dict[str, Any]]) -> bool:
@@ -549,6 +651,7 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
         help="1.5 MB gossip RPCs, each on its own stream",
     )
     opts = parser.parse_args(args)
+    opts.quick = quick
     names = [a for a in opts.attacks.split(",") if a]
     unknown = set(names) - set(ATTACKS) - set(CONN_ATTACKS)
     if unknown:

@@ -29,7 +29,9 @@ real `swarm-node start` relay, trainer and validator of a small untrained policy
                            and the honest workers still delivering everything through it
 
 `--quick`: fewer payloads and a shorter settle time, no full-stack join (`--full-join`
-adds it, 30-60 s more).
+adds it, 30-60 s more). `--hostile` adds a `hostile` section: the join path under attack
+(`swarm_node_bench.reach_hostile`: DCUtR amplification, AutoNAT liars, the relay's per-IP
+cap under concurrency, conflicting authorities, a bad bootstrap at restart, slow peers).
 """
 
 from __future__ import annotations
@@ -296,8 +298,17 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
         default=None,
         help="also time a full-stack worker's join (default: on, off with --quick)",
     )
+    parser.add_argument(
+        "--hostile", action="store_true", help="add the hostile section (the join path attacked)"
+    )
     opts = parser.parse_args(args)
     opts.full_join = not quick if opts.full_join is None else opts.full_join
     opts.payloads = opts.payloads or (10 if quick else 200)
     opts.settle = opts.settle or (10.0 if quick else 20.0)
-    return trio.run(_main, opts)
+    result = trio.run(_main, opts)
+    if opts.hostile:
+        from swarm_node_bench.reach_hostile import run_hostile  # deferred: heavy import
+
+        _say("hostile cases: DCUtR flood, AutoNAT liars, relay per-IP cap, joins, slow peers")
+        result["hostile"] = run_hostile()
+    return result

@@ -65,7 +65,7 @@ DEFAULT_WORKLOAD = Workload(
 QUICK_WORKLOAD = Workload(peers=150, duration_s=120, publish_interval_s=60, warm_start=True)
 # 10,000 peers for an hour: the mesh, heartbeats, churn and admission state of every peer,
 # with 25 workers publishing every 10 minutes (150 rollouts, 1.5 million deliveries):
-# what 2 shared cores can carry in 10 minutes (see the README's simulator section).
+# what 2 shared cores can carry in 10 minutes (see docs/SIMULATOR.md).
 SCALE_WORKLOAD = Workload(
     peers=10_000, duration_s=3600, publish_interval_s=600, publishers=0.0025, pullers=0.002
 )
@@ -85,7 +85,9 @@ def _peak_rss_mb() -> float:
 def _gossip(wl: Workload, seed: int, net: NetConfig | None = None) -> tuple[dict, float, int]:
     sw = Swarm(wl, net=net, churn=CHURN, seed=seed)
     t0 = time.monotonic()
-    fig = sw.run(progress_printer(wl.duration_s, "bench sim"))
+    fig = sw.run(
+        progress_printer(wl.duration_s + wl.lifetime_s, "bench sim", publish_s=wl.duration_s)
+    )
     return fig, time.monotonic() - t0, sw.loop.events
 
 

@@ -42,9 +42,13 @@ ETA_WINDOW_S = 30.0  # the ETA extrapolates the pace of the last this many wall 
 
 
 def progress_printer(
-    total_s: float, label: str = "sim", every_fraction: float = 0.0
+    total_s: float, label: str = "sim", every_fraction: float = 0.0, publish_s: float = 0.0
 ) -> Callable[[float, int], None]:
     """A progress callback printing virtual time, events and an ETA to stderr.
+
+    `total_s` is the whole run, its drain included (a gossip run publishes for `publish_s`,
+    then drains until every message is judged): the progress never passes 100%, and the
+    line names the phase ("publishing", then "draining") when `publish_s` is given.
 
     The ETA extrapolates the recent pace (virtual seconds per wall second over the last
     `ETA_WINDOW_S`), not the pace since the start: a run's first minutes (peers still
@@ -61,6 +65,7 @@ def progress_printer(
         samples.append((wall, now))
         while len(samples) > 2 and wall - samples[1][0] >= ETA_WINDOW_S:
             samples.popleft()
+        now = min(now, total_s) if total_s > 0 else now
         frac = min(1.0, now / total_s) if total_s > 0 else 1.0
         if every_fraction > 0:
             if frac < next_step:
@@ -72,8 +77,11 @@ def progress_printer(
             eta = "ETA estimating"
         else:
             eta = f"ETA {max(0.0, total_s - now) / pace:,.0f} s"
+        phase = ""
+        if publish_s > 0:
+            phase = "  publishing" if now < publish_s else "  draining"
         print(
-            f"{label}: {100 * frac:5.1f}%  virtual {now:,.0f}/{total_s:,.0f} s"
+            f"{label}: {100 * frac:5.1f}%  virtual {now:,.0f}/{total_s:,.0f} s{phase}"
             f"  {events:,} events  wall {wall:,.0f} s  {eta}",
             file=sys.stderr,
             flush=True,

@@ -103,7 +103,7 @@ class Workload:
     sample_s: float = 10.0  # how often time series are sampled
     # A swarm that has run before: every peer starts knowing every peer's key as a signer
     # it admitted (what the node restores from its store after a restart, `Known`), so
-    # no header is refused as a new identity. False: a cold start (see the README).
+    # no header is refused as a new identity. False: a cold start (see docs/SIMULATOR.md).
     warm_start: bool = False
     admission: AdmissionConfig = AdmissionConfig(
         dedup_entries=4096,

@@ -41,3 +41,24 @@ def test_credit_cases_meet_the_issue_targets() -> None:
         assert c["credit_gain"] is not None and c["credit_gain"] <= 1.02, (name, c)
         assert c["attacker_penalized"] or name == "stay_low_version_shopping", (name, c)
     assert out["honest_credit_ratio"] >= 0.98, out  # honest work keeps its credit
+
+
+def test_the_second_credit_rounds_cases_gain_nothing_and_cost_honest_workers_nothing() -> None:
+    """A minority change per window, partial windows over many keys, a thief naming a
+    worker's body digest, key shopping and a relay holding a restart batch: none is
+    credited above what its work was worth, and no honest key (nor the victim the case
+    plays) pays anything at any honest peer."""
+    names = [
+        "minority_change_per_window",
+        "partial_window_keys",
+        "bound_digest_theft",
+        "key_shopping",
+        "delayed_restart_batch",
+    ]
+    out = adversary.run(True, ["--attacks", ",".join(names), "--settle", "8"])
+    cases = out["attacks"]
+    assert set(cases) == set(names)
+    for name, c in cases.items():
+        assert c["honest_penalty"] == 0, (name, c)
+        assert not c["honest_banned"], (name, c)
+        assert c["credit_gain"] is not None and c["credit_gain"] <= 1.02, (name, c)

@@ -33,6 +33,8 @@ NOT_SIMULATED = {
     "protocol.credit": "the simulator runs no model: no bodies are re-scored and no verdicts judged, so nothing is credited",
     "protocol.weights_plan": "versions are adopted as one download (swarm_sim.broadcast runs the shard rules)",
     "protocol.forwarding": "simulated headers travel one per message: no HeaderBatch, and a Forward action is what is forwarded",
+    "protocol.hole_punch": "simulated peers reach each other directly: no NAT, no relay, no hole punching",
+    "protocol.reachability": "simulated peers are all reachable: no NAT, so no AutoNAT rounds",
 }
 
 

@@ -59,6 +59,15 @@ async def test_work_stored_while_no_trainer_listened_is_caught_up_and_receipted(
             )
         status = w.store.delivery_status()
         assert status == {"produced": 6, "delivered": 6, "pending": 0, "too_stale": 0}
+        # The worker's status (and /metrics) carry what became of its work, as `status` shows it.
+        await until(
+            "the worker accounts its work",
+            lambda: w.stats()["delivery"].get("delivered") == 6,
+            timeout=15,
+        )
+        work = w.stats()["delivery"]
+        assert work["produced"] == 6 and work["audited"] == 0, work
+        assert work["awaiting_audit"] + work["trained_unaudited"] == 6, work
 
 
 async def test_a_pull_owed_at_a_crash_is_pulled_after_restart(tmp_path: Path) -> None:

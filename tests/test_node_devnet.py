@@ -9,32 +9,15 @@ import pytest
 
 from node.commands import devnet
 from node.run_file import manifest_from_table, manifest_to_toml
-from trainer.model_dir import save_model_dir
-from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
+from tests.support.devnet_model import small_run_file
+from trainer.tiny_policy import run_manifest_table
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("devnet-model")
-    tok = build_tokenizer(seed=0)
-    model = build_model(
-        tok,
-        seed=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    model_dir = save_model_dir(model, tok, root / "model")
-    table = run_manifest_table(run_id="devnet-test", seed=3)
-    table["run"]["model"] = str(model_dir)
-    table["sampling"]["max_new_tokens"] = 24
-    run = root / "run.toml"
-    run.write_text(manifest_to_toml(manifest_from_table(table)))
-    return run
+    return small_run_file(tmp_path_factory.mktemp("devnet-model"), "devnet-test", 24)
 
 
 def test_devnet_runs_workers_validator_trainer_and_writes_a_report(

@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from node.run_file import manifest_from_table, manifest_to_toml
-from trainer.model_dir import save_model_dir
-from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
+from tests.support.devnet_model import small_run_file
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -24,23 +22,7 @@ NODES = 3  # trainer, validator, one worker
 
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("devnet-stop-model")
-    tok = build_tokenizer(seed=0)
-    model = build_model(
-        tok,
-        seed=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    table = run_manifest_table(run_id="devnet-stop", seed=3)
-    table["run"]["model"] = str(save_model_dir(model, tok, root / "model"))
-    table["sampling"]["max_new_tokens"] = 16
-    run = root / "run.toml"
-    run.write_text(manifest_to_toml(manifest_from_table(table)))
-    return run
+    return small_run_file(tmp_path_factory.mktemp("devnet-stop-model"), "devnet-stop", 16)
 
 
 def _children(pid: int) -> list[int]:

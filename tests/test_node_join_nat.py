@@ -53,3 +53,31 @@ def test_a_worker_behind_a_cone_nat_joins_with_join_and_its_rollouts_are_accepte
             print(f"join_s {join_s:.1f}")
         finally:
             stack.close()
+
+
+def test_a_fresh_machine_joins_in_one_command_fetching_the_model_from_the_run(
+    tmp_path: Path,
+) -> None:
+    """No model directory and no `init-model` on the joining machine: the worker fetches
+    the run's model files and base weights from its peers (checked against the signed
+    manifest's pins) and its rollouts are accepted."""
+    _need_netlab()
+    with NetLab() as lab:
+        stack = FullStack(lab, tmp_path, fresh_joiner=True)
+        try:
+            home = lab.add_nat("cone")
+            stack.start_public()
+            join_s = stack.join(home, timeout=JOIN_WITHIN_S)
+            counts = stack.validator_counts()
+            assert counts["passed"] > 0 and counts.get("failed", 0) == 0, counts
+            log = stack.log_tail("worker", 100_000)
+            assert "fetching the run's model from its peers" in log, log[-3000:]
+            assert "model: ready in " in log, log[-3000:]
+            assert "Traceback" not in log, log[log.find("Traceback") :][:3000]
+            # into the node's data root (its --data-dir), not the machine's empty one
+            assert not (tmp_path / "fresh-machine").exists()
+            fetched = list((tmp_path / "worker" / "models").glob("run-*/config.json"))
+            assert len(fetched) == 1, fetched
+            print(f"fresh join_s {join_s:.1f}")
+        finally:
+            stack.close()

@@ -5,6 +5,7 @@ cheap to observe without a network."""
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import libp2p.identity.identify.identify as identify
 import libp2p.io.msgio as msgio
@@ -16,8 +17,10 @@ import libp2p.stream_muxer.yamux.yamux as yamux
 import libp2p.transport.tcp.tcp as tcp
 import pytest
 from libp2p.io.trio import TrioTCPStream
+from libp2p.peer.id import ID
 
 from node.host import libp2p_patches as patches
+from node.testing.dcutr_flood import Conn, connect_stream, flood_target, new_peer
 
 
 def _installed() -> dict[str, object]:
@@ -129,3 +132,57 @@ async def test_buffered_tcp_reads_return_at_most_what_was_asked() -> None:
     assert await read(stream, 200) == bytes(100)
     assert await read(stream, 0) == b""
     assert await read(stream, 10) == b"tail"
+
+
+def _dcutr(peers: list[ID]) -> tuple[Any, Any, list[tuple[str, str]]]:
+    """The library's DCUtR on a stand-in host reaching `peers` through a relay only, and
+    the (peer, reason) pairs its punch reporter was told."""
+    dcutr, network = flood_target(peers)
+    charged: list[tuple[str, str]] = []
+    patches.set_punch_reporter(dcutr, lambda peer, reason: charged.append((peer, reason)))
+    return dcutr, network, charged
+
+
+async def test_a_connect_listing_a_third_partys_addresses_costs_at_most_8_dials(
+    autojump_clock: object,
+) -> None:
+    patches.apply()
+    attacker, accomplice = new_peer(), new_peer()
+    dcutr, network, charged = _dcutr([attacker, accomplice])
+    victim = [f"/ip4/198.51.100.7/tcp/{port}" for port in range(1000, 1400)]
+    per_message = []
+    for i in range(8):  # eight CONNECTs of 400 addresses each, as the attack sent them
+        before = len(network.dials)
+        offered = victim[i * 50 :] + victim[: i * 50]  # a new order each time
+        await dcutr._handle_dcutr_stream(connect_stream(attacker, offered))
+        per_message.append(len(network.dials) - before)
+    assert max(per_message) <= 8, per_message
+    assert network.again_within_a_minute == 0
+    assert charged and {peer for peer, _ in charged} == {attacker.to_base58()}
+    # another peer naming the addresses already dialled gets none of them within the minute
+    before = len(network.dials)
+    await dcutr._handle_dcutr_stream(connect_stream(accomplice, network.dials[:8]))
+    assert len(network.dials) == before
+    assert accomplice.to_base58() in {peer for peer, _ in charged}
+    assert len(dcutr.host.get_peerstore().addrs(attacker)) <= 8 * 20  # stored: 20 a message
+
+
+async def test_an_honest_hole_punch_still_dials_the_peers_addresses(
+    autojump_clock: object,
+) -> None:
+    patches.apply()
+    honest = new_peer()
+    dcutr, network, charged = _dcutr([honest])
+    own = ["/ip4/198.51.100.20/tcp/4100", "/ip4/198.51.100.20/tcp/4101"]
+    await dcutr._handle_dcutr_stream(connect_stream(honest, own))
+    assert sorted(network.dials) == own
+    assert not charged
+    # never loopback (this machine), our own IP, or a peer reached directly
+    network.dials.clear()
+    odd = ["/ip4/127.0.0.1/tcp/22", "/ip4/10.9.9.9/tcp/80", "/ip4/0.0.0.0/tcp/1"]
+    await dcutr._handle_dcutr_stream(connect_stream(honest, odd))
+    assert network.dials == [] and not charged
+    direct = new_peer()
+    network.connections[direct] = [Conn("/ip4/198.51.100.30/tcp/4100")]
+    await dcutr._handle_dcutr_stream(connect_stream(direct, ["/ip4/198.51.100.30/tcp/4100"]))
+    assert network.dials == []

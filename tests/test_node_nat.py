@@ -191,12 +191,12 @@ async def test_the_library_autonat_says_reachable_without_dialing_and_ours_dials
 ) -> None:
     """py-libp2p 0.8.1's AutoNAT server answers with `host.connect()`, a no-op for the
     (always connected) asker: an address nobody listens on is reported reachable.
-    `_DialBackAutoNAT` dials afresh. If the first assertion fails, the library is fixed."""
+    `DialBackAutoNAT` dials afresh. If the first assertion fails, the library is fixed."""
     from libp2p.host.autonat import AutoNATService
     from libp2p.peer.id import ID
 
     from node.host import reachability as host_reachability
-    from node.host.reachability import _DialBackAutoNAT
+    from node.host.reachability import DialBackAutoNAT
 
     monkeypatch.setattr(host_reachability, "DIAL_BACK_EVERY_S", 0.0)  # one asker, two questions
 
@@ -209,13 +209,48 @@ async def test_the_library_autonat_says_reachable_without_dialing_and_ours_dials
         AutoNATService(server._lh, serve=True)
         status, _ = await client.query_server(server_id, advertised)
         assert status == 0  # OK: "reachable" at a closed port (the library's behaviour)
-        _DialBackAutoNAT(server._lh, serve=True)  # replaces the handler
+        DialBackAutoNAT(server._lh, serve=True)  # replaces the handler
         status, _ = await client.query_server(server_id, advertised)
         assert status != 0  # E_DIAL_ERROR: our server really dialed, and failed
         status, _ = await client.query_server(
             server_id, [multiaddr.Multiaddr(asker.listen_addrs()[0].split("/p2p/")[0]).to_bytes()]
         )
         assert status == 0  # and a real listener is reachable
+
+
+async def test_three_liars_cannot_flip_a_reachable_node_and_pay_for_lying() -> None:
+    """Three peers answer every dial-back request "dial failed"; one honest peer dials us
+    back. The honest dial-back is seen to arrive (a new connection from it), so the node
+    stays public and each liar is reported to the host's misbehaviour listeners."""
+    from node.host.gossip_guard import Misbehaviour
+    from node.host.reachability import DialBackAutoNAT, Reachability
+
+    async def never_dials(peer_id: object, addrs: object) -> None:
+        return None
+
+    async with (
+        open_host(os.urandom(32)) as node,
+        open_host(os.urandom(32)) as liar1,
+        open_host(os.urandom(32)) as liar2,
+        open_host(os.urandom(32)) as liar3,
+        open_host(os.urandom(32)) as honest,
+    ):
+        liars = (liar1, liar2, liar3)
+        for liar in liars:
+            lying = DialBackAutoNAT(liar._lh, serve=True)
+            lying._try_dial = never_dials  # type: ignore[method-assign]
+        DialBackAutoNAT(honest._lh, serve=True)
+        charged: list[Misbehaviour] = []
+        node.on_misbehaviour(charged.append)
+        reach = Reachability(node)
+        for peer in (*liars, honest):
+            assert (await node.connect(peer.listen_addrs()[0])).ok
+        with trio.fail_after(30):
+            verdict = await reach.check([p.peer_id for p in (*liars, honest)], 10.0)
+        assert verdict == "public"
+        assert reach.last is not None and reach.last.proven == 1 and reach.last.answered == 4
+        assert sorted(m.peer for m in charged) == sorted(p.peer_id for p in liars)
+        assert all(m.reason == "misbehaved" and m.penalty < 0 for m in charged)
 
 
 async def test_a_relay_announces_itself_through_identify_and_a_public_node_reserves_nothing() -> (
@@ -457,9 +492,10 @@ async def test_a_dial_back_request_costs_a_bounded_number_of_dials_per_asker() -
     is answered without dialing (raw listeners that accept and hang up count the addresses
     dialed; the library retries each dial, so connections are counted apart)."""
     from libp2p.host.autonat import AutoNATService
+    from libp2p.host.autonat.pb.autonat_pb2 import Message
     from libp2p.peer.id import ID
 
-    from node.host.reachability import DIAL_BACK_ADDRS, _DialBackAutoNAT
+    from node.host.reachability import DIAL_BACK_ADDRS, DialBackAutoNAT
 
     accepted = 0
     hit: set[int] = set()
@@ -484,7 +520,7 @@ async def test_a_dial_back_request_costs_a_bounded_number_of_dials_per_asker() -
         ]
         async with open_host(os.urandom(32)) as server, open_host(os.urandom(32)) as asker:
             assert (await asker.connect(server.listen_addrs()[0])).ok
-            _DialBackAutoNAT(server._lh, serve=True)
+            DialBackAutoNAT(server._lh, serve=True)
             client = AutoNATService(asker._lh, serve=False)
             server_id = ID.from_base58(server.peer_id)
             seen = []  # (status, addresses dialed, connections) after each request
@@ -495,5 +531,6 @@ async def test_a_dial_back_request_costs_a_bounded_number_of_dials_per_asker() -
         nursery.cancel_scope.cancel()
     for s in listeners:
         s.close()
-    assert seen[0][0] != 0 and seen[0][1] == DIAL_BACK_ADDRS, seen
-    assert seen[1] == seen[0], seen  # asked again too soon: not one more connection
+    assert seen[0][0] == Message.E_DIAL_ERROR and seen[0][1] == DIAL_BACK_ADDRS, seen
+    # asked again too soon: refused (no verdict) and not one more connection
+    assert seen[1][0] == Message.E_DIAL_REFUSED and seen[1][1:] == seen[0][1:], seen

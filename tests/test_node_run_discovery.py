@@ -5,6 +5,7 @@ foreign-signed ones, and `doctor` names what stands in the way."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 from node.keyfile import write_key
 from node.run_file import manifest_to_toml
 from node.testing.records import net_manifest
+from protocol.content_id import content_id
 from protocol.identity import Identity
 from tests.support.cli import ROOT, run_cli
 
@@ -40,9 +42,21 @@ def _peer_id(key: Path) -> str:
     return run_cli("id", str(key)).stdout.strip()
 
 
-def _run_file(tmp: Path, name: str, run_id: str, authority: Path | None, version: int = 1) -> Path:
+def _run_file(
+    tmp: Path,
+    name: str,
+    run_id: str,
+    authority: Path | None,
+    version: int = 1,
+    pin_files: bool = False,
+) -> Path:
+    """A run file (signed by `authority` unless None); `pin_files`: the run pins model
+    files for joiners to fetch (`model_files_digest`; no peer serves them here)."""
     path = tmp / f"{name}.toml"
-    path.write_text(manifest_to_toml(net_manifest(run_id)))
+    manifest = net_manifest(run_id)
+    if pin_files:
+        manifest = dataclasses.replace(manifest, model_files_digest=content_id(b"model files"))
+    path.write_text(manifest_to_toml(manifest))
     if authority is not None:
         r = run_cli("run", "sign", str(path), "--key", str(authority), "--version", str(version))
         assert r.returncode == 0, r.stderr
@@ -103,25 +117,42 @@ def _stop(*procs: subprocess.Popen[str]) -> None:
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory):
-    """Two relays of run 'found': one serving a release signed by the run authority, one
-    serving the same run unsigned."""
+    """Three relays of run 'found': one serving a release signed by the run authority, one
+    serving the same run unsigned, one serving it signed by a rival key."""
     tmp = tmp_path_factory.mktemp("runs")
     authority = _key(tmp, "authority")
-    signed = _run_file(tmp, "signed", "found", authority)
+    signed = _run_file(tmp, "signed", "found", authority, pin_files=True)
     unsigned = _run_file(tmp, "unsigned", "found", None)
+    rivalled = _run_file(tmp, "rivalled", "found", _key(tmp, "rival-authority"), version=5)
     good, good_addr = _start(tmp, "good", "--run", str(signed), "--duration", "300")
     bare, bare_addr = _start(tmp, "bare", "--run", str(unsigned), "--duration", "300")
+    rival, rival_addr = _start(tmp, "rival", "--run", str(rivalled), "--duration", "300")
     try:
-        _wait_status(tmp, "good")
-        _wait_status(tmp, "bare")
-        yield {"tmp": tmp, "authority": authority, "good": good_addr, "bare": bare_addr}
+        for name in ("good", "bare", "rival"):
+            _wait_status(tmp, name)
+        yield {
+            "tmp": tmp,
+            "authority": authority,
+            "good": good_addr,
+            "bare": bare_addr,
+            "rival": rival_addr,
+        }
     finally:
-        _stop(good, bare)
+        _stop(good, bare, rival)
 
 
 def test_doctor_exits_0_on_a_good_bootstrap(swarm) -> None:
-    r = run_cli("doctor", "--join", swarm["good"], "--data-dir", str(swarm["tmp"] / "doc"))
+    r = run_cli(
+        "doctor",
+        "--join",
+        swarm["good"],
+        "--data-dir",
+        str(swarm["tmp"] / "doc"),
+        env={"SWARM_NODE_DATA": str(swarm["tmp"] / "fresh")},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
+    # no model on this machine, but the run pins one a joiner fetches from its peers
+    assert "ok   model: none here; `start --join` fetches it from the run's peers" in r.stdout
     assert f"ok   bootstrap {swarm['good']}: answered" in r.stdout
     assert f"authority {_peer_id(swarm['authority'])}" in r.stdout and "version 1" in r.stdout
     assert "observed address: /ip4/127.0.0.1/tcp/" in r.stdout
@@ -155,6 +186,24 @@ def test_doctor_names_the_cause(swarm, case: str) -> None:
     assert r.returncode == 1, r.stdout + r.stderr
     assert expect in r.stdout, r.stdout
     assert "doctor: this node could NOT join: " in r.stdout
+
+
+def test_doctor_fails_a_run_whose_model_is_neither_here_nor_pinned(swarm) -> None:
+    unpinned = _run_file(swarm["tmp"], "unpinned", "found", None)
+    r = run_cli(
+        "doctor",
+        "--run",
+        str(unpinned),
+        "--bootstrap",
+        swarm["good"],
+        "--data-dir",
+        str(swarm["tmp"] / "doc2"),
+        env={"SWARM_NODE_DATA": str(swarm["tmp"] / "fresh")},
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL model: the built-in policy is not built yet" in r.stdout, r.stdout
+    assert "does not pin its model files for joiners to fetch" in r.stdout, r.stdout
+    assert "doctor: this node could NOT join: no model" in r.stdout, r.stdout
 
 
 def test_doctor_usage_errors_exit_2() -> None:
@@ -245,12 +294,55 @@ def test_join_refuses_foreign_unsigned_and_pins_on_first_use(swarm) -> None:
         _stop(imposter)
 
 
+def _join(tmp: Path, name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`start --role relay --join ...` for one second, in data directory `name`."""
+    return run_cli(
+        "start",
+        "--role",
+        "relay",
+        "--key",
+        str(_key(tmp, name)),
+        "--data-dir",
+        str(tmp / name),
+        *args,
+        "--duration",
+        "1",
+    )
+
+
+def test_a_first_join_refuses_a_run_served_under_two_authorities(swarm) -> None:
+    tmp, good, rival = swarm["tmp"], swarm["good"], swarm["rival"]
+    honest, rival_id = _peer_id(swarm["authority"]), _peer_id(tmp / "rival-authority.key")
+    for i, order in enumerate(((rival, good), (good, rival))):  # whoever is listed first
+        r = _join(tmp, f"first-{i}", "--join", order[0], "--join", order[1])
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert honest in r.stderr and rival_id in r.stderr and "--authority" in r.stderr
+        assert not (tmp / f"first-{i}" / "run_authority").exists()
+    # the operator chooses: the other authority is reported, not trusted
+    r = _join(tmp, "chosen", "--join", rival, "--join", good, "--authority", honest)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"authority {honest}" in r.stdout and f"{rival}: foreign-signed" in r.stdout
+
+
+def test_a_restart_starts_when_one_bootstrap_confirms_despite_a_bad_one(swarm) -> None:
+    tmp = swarm["tmp"]
+    r = _join(tmp, "restarts", "--join", swarm["good"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _join(tmp, "restarts", "--join", swarm["bare"], "--join", swarm["good"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{swarm['bare']}: unsigned" in r.stdout and f"confirmed by {swarm['good']}" in r.stdout
+    # nothing confirms it: the bad bootstrap alone is still refused
+    r = _join(tmp, "restarts", "--join", swarm["bare"])
+    assert r.returncode == 2 and "unsigned" in r.stderr, r.stdout + r.stderr
+
+
 def test_peers_adopt_a_newer_release_and_refuse_older_and_foreign(tmp_path: Path) -> None:
     authority = _key(tmp_path, "authority")
     v1 = _run_file(tmp_path, "v1", "upd", authority, version=1)
     v2 = _run_file(tmp_path, "v2", "upd", authority, version=2)
     foreign = _run_file(tmp_path, "foreign", "upd", _key(tmp_path, "mallory"), version=7)
-    old, old_addr = _start(tmp_path, "old", "--run", str(v1), "--duration", "25")
+    # stopped by the test (`_stop`): its own bound only has to outlast a slow machine
+    old, old_addr = _start(tmp_path, "old", "--run", str(v1), "--duration", "120")
     try:
         _wait_status(tmp_path, "old")
         new, _ = _start(

@@ -13,10 +13,15 @@ from node.commands import run_sign
 from node.errors import CommandError
 from node.exchange import runs as run_exchange
 from node.keyfile import write_key
+from node.model_fetch import read_bundle_files
 from node.run_file import load_run_release, manifest_to_toml
 from node.testing.records import net_manifest
 from protocol import run_manifest as rm
+from protocol.content_id import content_id
 from protocol.identity import Identity
+from protocol.model_bundle import encode_bundle
+from tests.support.devnet_model import small_run_file
+from trainer.checkpoint import from_model_dir
 
 
 def _keys(tmp: Path) -> tuple[Path, Path]:
@@ -128,3 +133,20 @@ def test_a_run_directory_answer_round_trips() -> None:
 )
 def test_dial_failures_are_named(error: str, cause: str) -> None:
     assert join.dial_cause(error, 5.0)[0] == cause
+
+
+def test_sign_with_pin_model_pins_weights_and_files_of_that_directory(tmp_path: Path) -> None:
+    a, _ = _keys(tmp_path)
+    small = small_run_file(tmp_path / "small", "pinned", 8)
+    model_dir = tmp_path / "small" / "model"
+    run = tmp_path / "run.toml"
+    run.write_text(manifest_to_toml(net_manifest("demo")))
+    assert load_run_release(run)[0].model_files_digest == b""
+    run_sign.main(run, a, model_dir=model_dir)
+    manifest, data = load_run_release(run)
+    assert manifest.model_digest == content_id(from_model_dir(model_dir))
+    assert manifest.model_files_digest == content_id(encode_bundle(read_bundle_files(model_dir)))
+    assert isinstance(rm.check(data, None, None), rm.Adopt)  # the pins are signed
+    with pytest.raises(CommandError, match="--pin-model: model directory .* does not exist"):
+        run_sign.main(run, a, model_dir=tmp_path / "nowhere")
+    assert small.exists()

@@ -78,3 +78,47 @@ async def test_a_garbage_run_directory_request_costs_its_sender_and_breaks_nothi
             # an honest question on a new stream is still answered
             [served] = await run_exchange.fetch_runs(client.host, server.host.peer_id)
             assert served.release == release and served.summary["run"] == "garbage"
+
+
+def _bad_signature(release: bytes) -> bytes:
+    """`release` with one bit of its signature flipped."""
+    from protocol.codec import decode, encode
+    from protocol.wire import Envelope
+
+    env = decode(Envelope, release)
+    signature = bytes([env.signature[0] ^ 1]) + env.signature[1:]
+    return encode(dataclasses.replace(env, signature=signature))
+
+
+async def test_a_peer_serving_a_bad_signature_release_is_charged_as_a_forger(
+    tmp_path: Path,
+) -> None:
+    import time
+
+    from protocol import penalties
+
+    authority = Identity.generate()
+    manifest = net_manifest("forged-sig")
+    v1 = rm.seal_release(authority, manifest, 1, 1_700_000_000_000)
+    v2 = rm.seal_release(authority, manifest, 2, 1_700_000_001_000)
+    assert rm.check(_bad_signature(v2), authority.peer_id, None).reason == rm.BAD_SIGNATURE
+    async with open_peer(relay_config(tmp_path, "forger", manifest)) as forger:
+        forging = RunService(forger, v1, authority.peer_id)
+        forging.data = _bad_signature(v2)  # serves a "version 2" whose signature fails
+        cfg = relay_config(tmp_path, "honest", manifest, bootstrap=(forger.host.listen_addrs()[0],))
+        async with open_peer(cfg) as honest:
+            service = RunService(honest, v1, authority.peer_id)
+            scores = honest.admission.scores
+            who = forger.host.peer_id
+            await until(
+                "the forger is charged for the bad signature",
+                lambda: scores.score(who, time.time()) <= penalties.BAD_SIGNATURE.cost / 2,
+            )
+            assert service.counters["run_release_refused_bad_signature"] >= 1
+            assert service.release is not None and service.release.manifest_version == 1
+            # a foreign-signed release (another run's authority) is refused, not charged
+            before = scores.score("someone-else", time.time())
+            foreign = rm.seal_release(Identity.generate(), manifest, 3, 1_700_000_002_000)
+            assert service.consider(foreign, "someone-else").reason == rm.FOREIGN
+            await trio.sleep(0.1)
+            assert scores.score("someone-else", time.time()) == before

@@ -89,6 +89,58 @@ def test_the_producers_own_work_is_admitted() -> None:
     assert any(isinstance(x, Deliver) for x in acts), acts
 
 
+def stolen_digest(thief: Identity, counter: int, victim: Identity, victim_counter: int) -> bytes:
+    """A record signed by `thief` for its own counter with its own bound seed, whose header
+    names `victim`'s body (the body itself: the victim's, bound to the victim's seed)."""
+    seed = task_seed(RUN_SEED, counter, thief.peer_id)
+    return make_record(
+        thief,
+        body(seed=task_seed(RUN_SEED, victim_counter, victim.peer_id)),
+        dataset="chain_sum",
+        task_index=counter,
+        counter=counter,
+        task_seed=seed,
+        reward=1.0,
+        run_id=RUN,
+        policy_version=10,
+        seq=counter,
+        timestamp_ms=int(T0 * 1000),
+    )
+
+
+def test_a_thief_naming_a_workers_body_digest_first_never_makes_the_workers_header_a_duplicate() -> (
+    None
+):
+    """Bound-digest theft: the thief's header (its own counter, its own bound seed, the
+    worker's body digest) reaches us first. Headers prove nothing of who made a body, so
+    across signers only bodies are deduplicated: the worker's header and its record are
+    admitted, and the thief's record (the worker's body, not of the thief's task) is
+    refused and charged to the thief."""
+    a = machine()
+    mine = bound_record(ALICE, 6)
+    theirs = stolen_digest(THIEF, 9, ALICE, 6)
+    assert decode(RolloutRecord, theirs).body == decode(RolloutRecord, mine).body
+    acts = a.handle(MessageReceived(THIEF.peer_id, Kind.ROLLOUT_HEADER, header(theirs), T0))
+    assert any(isinstance(x, Deliver) for x in acts), acts  # a claim, like any header
+    acts = a.handle(MessageReceived(RELAY, Kind.ROLLOUT_HEADER, header(mine), T0 + 0.1))
+    assert any(isinstance(x, Deliver) for x in acts), acts  # not a free duplicate
+    acts = a.handle(MessageReceived(THIEF.peer_id, Kind.ROLLOUT_RECORD, theirs, T0 + 0.2))
+    (r,) = [x for x in acts if isinstance(x, Reject)]
+    assert r.reason is Reason.NOT_BOUND and r.penalty < 0
+    acts = a.handle(MessageReceived(ALICE.peer_id, Kind.ROLLOUT_RECORD, mine, T0 + 0.3))
+    assert any(isinstance(x, Deliver) for x in acts), acts  # its catch-up copy too
+    assert a.scores.score(ALICE.peer_id, T0 + 0.4) >= 0
+    assert a.scores.score(THIEF.peer_id, T0 + 0.4) < 0
+    # the worker's body held first: the thief's record is refused all the same
+    b = machine()
+    assert any(
+        isinstance(x, Deliver)
+        for x in b.handle(MessageReceived(RELAY, Kind.ROLLOUT_RECORD, mine, T0))
+    )
+    acts = b.handle(MessageReceived(RELAY, Kind.ROLLOUT_RECORD, theirs, T0 + 0.1))
+    assert [x.reason for x in acts if isinstance(x, Reject)] == [Reason.NOT_BOUND]
+
+
 # -- credit is the re-scored reward of a body someone holds ---------------------------------
 
 VALIDATOR = Identity.from_private_bytes(bytes(range(3, 35)))
@@ -118,7 +170,7 @@ def claimed_record(
     seed = task_seed(RUN_SEED, counter, producer.peer_id)
     return make_record(
         producer,
-        body(seed=seed + salt),
+        body(n=8 + salt, seed=seed),
         dataset="chain_sum",
         task_index=counter,
         counter=counter,
@@ -596,3 +648,80 @@ def test_the_trainer_never_trains_a_stale_claim_and_credits_it_0() -> None:
     assert [ro.header.counter for ro in ready] == [2]
     assert c.credited_reward(ALICE.peer_id, t) == 0.5
     assert c.credit.standing(ALICE.peer_id).stale == 1
+
+
+# -- what a relay's delay and a key's youth cannot change -----------------------------------
+
+
+def test_a_restart_batch_a_relay_delays_is_judged_by_its_signed_time() -> None:
+    """An honest worker restarts twice, 700 s apart, each time one batch at an older
+    version. A relay holds the first batch until just before the second: by arrival both
+    go-backs fall in one window and the second costs 16 charges; by their signed times
+    (within the allowed skew) they are two windows, both free. A signed time further in
+    the future than the skew counts as the skew, so a producer cannot sign its way out."""
+    from protocol.credit import CreditBook
+
+    book = CreditBook(pull_window_s=WINDOW_S, back_window_s=600.0, max_skew_s=120.0)
+    for c in range(16):
+        assert book.on_header(b"p", c, 12, 0.0, T0, signed_at=T0) is None
+    for c in range(32, 48):  # after the first restart, at the newest again
+        assert book.on_header(b"p", c, 12, 0.0, T0 + 30, signed_at=T0 + 30) is None
+    held = [  # the first restart's batch (signed at T0 + 10), held by the relay
+        book.on_header(b"p", c, 10, 0.0, T0 + 650, signed_at=T0 + 10) for c in range(16, 32)
+    ]
+    second = [book.on_header(b"p", c, 11, 0.0, T0 + 710, signed_at=T0 + 710) for c in range(48, 64)]
+    assert held == [None] * 16 and second == [None] * 16
+    assert book.standing(b"p").out_of_order == 32  # never trained on, and free
+    # a real second go-back within the window still costs, whatever it signs
+    q = [book.on_header(b"q", 0, 12, 0.0, T0, signed_at=T0)]
+    q.append(book.on_header(b"q", 1, 10, 0.0, T0 + 1, signed_at=T0 + 1))
+    q.append(book.on_header(b"q", 2, 11, 0.0, T0 + 2, signed_at=T0 + 100_000))
+    assert q[:2] == [None, None] and q[2] is not None
+
+
+def test_a_key_abandoned_at_its_first_unsolved_counter_earns_at_most_the_swarms_mean() -> None:
+    """Key shopping: a fresh key publishes its counters while they solve and is abandoned
+    at the first that does not. Each key's own mean is 1.0; a young key is credited at
+    most the mean of the keys that are not young, so the shopper earns no more per key
+    than an honest key's mean. An honest key past its youth keeps its own mean."""
+    import random
+
+    from protocol.credit import YOUNG_COUNTERS, CreditBook
+
+    rng = random.Random(4)
+    book = CreditBook(pull_window_s=WINDOW_S)
+    honest = [1.0 if rng.random() < 0.3 else 0.0 for _ in range(4 * YOUNG_COUNTERS)]
+    for c, r in enumerate(honest):
+        book.on_body(b"honest", c, 10, r, r, T0)
+    mean = sum(honest) / len(honest)
+    assert book.credited_reward(b"honest") == pytest.approx(mean)
+    made = solved = 0
+    for k in range(200):
+        key = b"key%d" % k
+        while rng.random() < 0.3:  # solved: published; the first unsolved: abandoned
+            book.on_body(key, solved, 10, 1.0, 1.0, T0)
+            solved, made = solved + 1, made + 1
+        made += 1
+    per_key = [x for k in range(200) if (x := book.credited_reward(b"key%d" % k)) is not None]
+    assert per_key and max(per_key) <= mean + 1e-12  # its own mean was 1.0
+    # per key it earns the swarm's mean, what its counters were truly worth on average
+    assert max(per_key) / (solved / made) <= 1.02 + 3 * (0.3 * 0.7 / made) ** 0.5 / 0.3
+
+
+def test_the_collector_judges_a_late_restart_batch_by_its_envelopes_signed_time() -> None:
+    """Through admission and the trainer's collector: the first restart's batch, signed
+    at T0 + 10 and pulled only at T0 + 650, and the second, signed and heard at T0 + 710,
+    cost their honest producer nothing."""
+    from protocol.admission import VersionChanged
+
+    a, c = collector()
+    a.handle(VersionChanged(12, T0))
+    batches = [(range(0, 8), 12, T0, T0), (range(8, 16), 12, T0 + 30, T0 + 30)]
+    batches += [(range(16, 24), 10, T0 + 10, T0 + 650), (range(24, 32), 11, T0 + 710, T0 + 710)]
+    for counters, version, signed, heard in batches:
+        for counter in counters:
+            rec = claimed_record(ALICE, counter, 0.0, version=version, at=signed)
+            for item in delivered(a, RELAY, Kind.ROLLOUT_RECORD, rec, heard):
+                c.on_deliver(item)
+    assert c.credit.standing(ALICE.peer_id).out_of_order == 16
+    assert c.take_went_back() == []

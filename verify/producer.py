@@ -19,7 +19,9 @@ What lives here, pure (no model, no IO): `ProducerTally` collects, per producer,
 statistic of its audited records (passed or failed: a failed record is as much the
 producer's work) in windows, and the headers of the windows it audits whole; it returns a
 `ProducerFinding` when a window fails, judged when full or `close_after_s` after it last
-heard anything (a header whose body never came counting as failed). The rule itself
+heard anything (a header whose body never came counting as failed), or when the
+producer's records over the limit fail the sequential rule (`rule` "sequential", naming
+those records). The rule itself
 (`window_failed`, the blocks) lives in `protocol.producer_cases`, which a peer
 re-checking a finding applies to its own audits of the same records. A window is an
 aligned block of the producer's task counters, `[k * WINDOW, (k + 1) * WINDOW)`, not any
@@ -38,6 +40,8 @@ from protocol.producer_cases import (
     MISSING,
     PRODUCER_WINDOW,
     WINDOW_OVER,
+    SequentialTest,
+    span_llr,
     window_failed,
     window_statistic,
 )
@@ -51,14 +55,17 @@ CLOSE_AFTER_S = 30.0
 
 @dataclass(frozen=True, slots=True)
 class ProducerFinding:
-    """A window of `producer`'s records whose statistic is over `limit`, named in counter
-    order; `missing` of them are headers whose bodies never arrived (counted as failed)."""
+    """Records of `producer` over `limit`, named in counter order: a window whose statistic
+    is over it (`rule` "window"; `missing` of them are headers whose bodies never arrived,
+    counted as failed), or a span that fails the sequential rule (`rule` "sequential",
+    `statistic` its log-likelihood ratio, every record named over the limit)."""
 
     producer: bytes
     rollout_ids: tuple[bytes, ...]
     statistic: float
     limit: float
     missing: int = 0
+    rule: str = "window"
 
 
 @dataclass
@@ -72,7 +79,8 @@ class _Window:
 class ProducerTally:
     """Per (producer, window), the statistic of its audited records and the headers of
     records expected in it; at most `max_windows` windows open (the least recently added
-    to is forgotten first)."""
+    to is forgotten first), and as many producers' records over the limit for the
+    sequential rule (`sequential` False: the window rule alone)."""
 
     def __init__(
         self,
@@ -82,6 +90,7 @@ class ProducerTally:
         stat: str = STAT,
         max_windows: int = 4096,
         close_after_s: float = CLOSE_AFTER_S,
+        sequential: bool = True,
     ) -> None:
         if window < 1 or max_windows < 1:
             raise ValueError("ProducerTally: window and max_windows must be >= 1")
@@ -92,9 +101,12 @@ class ProducerTally:
         self.stat = stat
         self.max_windows = max_windows
         self.close_after_s = close_after_s
+        self.sequential = sequential  # the sequential rule too (off: windows alone)
         self.judged = 0  # windows whose statistic was taken
         self._cleared: list[tuple[bytes, int]] = []  # (producer, window index) judged clean
         self._open: OrderedDict[tuple[bytes, int], _Window] = OrderedDict()
+        # per producer, its records over the limit (the sequential rule); as many as windows
+        self._over: OrderedDict[bytes, SequentialTest] = OrderedDict()
 
     def _get(self, producer: bytes, counter: int, now: float) -> _Window:
         key = (producer, counter // self.window)
@@ -137,10 +149,30 @@ class ProducerTally:
         held = self._get(producer, counter, now)
         held.values[counter] = (rollout_id, float(value))
         held.expected.pop(counter, None)
+        over = self._sequential(producer, counter, rollout_id, float(value))
         if len(held.values) < self.window:
-            return None
+            return over
         del self._open[(producer, counter // self.window)]
-        return self._judge(producer, counter // self.window, held)
+        return self._judge(producer, counter // self.window, held) or over
+
+    def _sequential(
+        self, producer: bytes, counter: int, rollout_id: bytes, value: float
+    ) -> ProducerFinding | None:
+        """The sequential rule over the producer's audited records: a finding naming the
+        failing span's records (then forgotten: a next finding needs new ones)."""
+        if not (self.sequential and value > self.limit):
+            return None
+        test = self._over.pop(producer, None) or SequentialTest()
+        self._over[producer] = test
+        while len(self._over) > self.max_windows:
+            self._over.popitem(last=False)
+        if not test.add(counter, rollout_id):
+            return None
+        span = test.evidence()
+        test.clear()
+        assert span is not None
+        llr = span_llr(len(span), max(span) - min(span) + 1)
+        return ProducerFinding(producer, tuple(span.values()), llr, self.limit, rule="sequential")
 
     def close(self, now: float) -> list[ProducerFinding]:
         """Judge the windows that heard nothing for more than `close_after_s` with what

@@ -51,3 +51,26 @@ def check_listen(addrs: Sequence[str]) -> list[str]:
             )
         out.append(a)
     return out
+
+
+def loopback_note(listen: Sequence[str], peers: Sequence[str]) -> str | None:
+    """Why peers elsewhere could not dial a node listening on `listen` that joins `peers`:
+    every listen address is a loopback one while some peer is not on this machine; None
+    when that is not so."""
+
+    def loopback(addr: str) -> bool:
+        parts = addr.strip("/").split("/")
+        try:
+            return len(parts) > 1 and ipaddress.ip_address(parts[1]).is_loopback
+        except ValueError:
+            return False
+
+    if not listen or not all(loopback(a) for a in listen):
+        return None
+    if not any(not loopback(p) for p in peers):
+        return None
+    return (
+        "listening on loopback only: peers on other machines cannot dial this node (it can "
+        "still dial out, and a relay can carry it); listen on all interfaces with "
+        "--listen /ip4/0.0.0.0/tcp/<port>"
+    )

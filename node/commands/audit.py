@@ -116,9 +116,7 @@ def main(
     versions: str | Path | None = None,
 ) -> int:
     """Run the audit; returns the exit status (0 all passed, 1 any failed). Usage and IO
-    problems raise `CommandError` (exit status 2)."""
-    from verify.auditor import audit_versions  # deferred: heavy import
-
+    problems raise `CommandError` (exit status 2), found before the heavy imports."""
     out = out or sys.stdout
     precision = _precision(precision, manifest)
     if not files:
@@ -131,6 +129,8 @@ def main(
     settings, judge = _settings(run, precision, tokenizer, model_path)
     opened, lines = _open_records(records)
     model_for = _version_models(lm, model_version, versions)
+    from verify.auditor import audit_versions  # deferred: heavy import
+
     results = audit_versions([ro for _, ro in opened], model_for, judge=judge, settings=settings)
     for (k, ro), res in zip(opened, results, strict=True):
         lines[k] = _result_line(records[k], ro, res)

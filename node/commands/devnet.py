@@ -33,6 +33,7 @@ import dataclasses
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -54,11 +55,16 @@ from node.commands.devnet_report import node_totals, say_summary, write_report
 from node.commands.run_sign import without_release
 from node.errors import CommandError
 from node.keyfile import read_key, write_key
+from node.model_fetch import read_bundle_files
+from node.paths import resolve_model
 from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml, release_to_toml
+from protocol.content_id import content_id
 from protocol.identity import Identity
+from protocol.model_bundle import encode_bundle
 from protocol.run_manifest import seal_release
 from protocol.standing import HOLD_S
 from trainer import tiny_policy
+from trainer.checkpoint import from_model_dir
 
 DEFAULT_DURATION_S = 300.0
 START_TIMEOUT_S = 120.0
@@ -134,8 +140,16 @@ class _Signals:
         return previous
 
 
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the node binds it itself)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _spawn(name: str, role: str, root: Path, run: Path, extra: list[str]) -> NodeProc:
     d = root / "nodes" / name
+    page = f"127.0.0.1:{_free_port()}"
     _node_key(root, name)
     key = d / "node.key"
     log = d / "node.log"
@@ -156,6 +170,8 @@ def _spawn(name: str, role: str, root: Path, run: Path, extra: list[str]) -> Nod
         "/ip4/127.0.0.1/tcp/0",
         "--threads",
         "1",  # several nodes share this machine (the default is all its cores)
+        "--metrics",
+        page,
         *extra,
     ]
     fh = open(log, "ab")  # noqa: SIM115 - the child owns it; closed when we exit
@@ -174,7 +190,7 @@ def _spawn(name: str, role: str, root: Path, run: Path, extra: list[str]) -> Nod
         preexec_fn=_child_setup(nice, os.getpid()),
     )  # noqa: PLW1509
     fh.close()
-    return NodeProc(name, role, d, proc, log)
+    return NodeProc(name, role, d, proc, log, page=f"http://{page}/")
 
 
 def _wait_banner(node: NodeProc, timeout: float) -> None:
@@ -407,6 +423,7 @@ def main(
     root = Path(out) if out else Path.cwd() / "devnet-reports" / time.strftime("%Y%m%d-%H%M%S")
     manifest, run_path = _write_run(run, root, validators)
     _prepare_policy(manifest, console)
+    manifest = _pin_model(manifest, run_path, root)
     swarm = _Swarm()
     interrupted = False
     # SIGTERM (`timeout`, a service manager) stops the devnet as Ctrl-C does: the nodes are
@@ -415,6 +432,10 @@ def main(
     previous = signals.install()
     try:
         _start_nodes(swarm, root, run_path, plan, plan.rollouts_per_version(manifest))
+        console.print(
+            "devnet: status pages (live charts): "
+            + ", ".join(f"{n.name} {n.page}" for n in swarm.nodes)
+        )
         _watch(swarm, plan.duration, live, console)
         _drain_and_sample(swarm, console)
     except KeyboardInterrupt:
@@ -510,6 +531,23 @@ def _prepare_policy(manifest: Any, console: Any) -> None:
         console.print(f"devnet: policy {'built' if built else 'cached'} at {path}")
         digest = ensure_calibration(path, force=built, say=lambda m: console.print(f"  {m}"))
         console.print(f"devnet: audit limits calibrated ({digest[:16]})")
+
+
+def _pin_model(manifest: Any, run_path: Path, root: Path) -> Any:
+    """The run with its model pinned (`model_digest`, `model_files_digest`) where it was
+    not, so a node can join the devnet with `start --join` and fetch the model from it;
+    the run file is rewritten and signed again when anything was added."""
+    if manifest.model_digest and manifest.model_files_digest:
+        return manifest
+    model_dir = resolve_model(None, manifest.model, None)
+    pinned = dataclasses.replace(
+        manifest,
+        model_digest=manifest.model_digest or content_id(from_model_dir(model_dir)),
+        model_files_digest=manifest.model_files_digest
+        or content_id(encode_bundle(read_bundle_files(model_dir))),
+    )
+    run_path.write_text(_signed(manifest_to_toml(pinned), pinned, root))
+    return pinned
 
 
 def _restore_signals(previous: dict[int, Any]) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 
 @dataclass
 class NodeProc:
-    """One node process of the devnet: its name, role, folder, process, log and what its
-    status file and start-up lines said last."""
+    """One node process of the devnet: its name, role, folder, process, log, status page
+    and what its status file and start-up lines said last."""
 
     name: str
     role: str
@@ -23,6 +23,7 @@ class NodeProc:
     peer_id: str = ""
     addr: str = ""
     status: dict[str, Any] = field(default_factory=dict)
+    page: str = ""  # the node's status page URL
     exit_code: int | None = None
 
     def read_status(self) -> None:

@@ -8,7 +8,7 @@ can this machine join the run? One plain line per check, each starting with `ok`
     relay it would use (one a bootstrap peer announces by identify), `node.reachability`;
     not reachable with no relay on offer fails (`no relay`); clock skew against the
     peers; free disk, memory and CPUs for the role; the device its model computes on and,
-    with --run, whether it computes at the run's `verification.precision` (a worker that
+    with the run's manifest, whether it computes at the run's `verification.precision` (a worker that
     cannot fails here instead of being banned for its rollouts later); the manifest's
     authority and version.
 
@@ -29,10 +29,12 @@ import click
 import trio
 
 from node.cli_errors import one_line_errors
-from node.commands.addrs import check_addrs, check_listen
+from node.commands.addrs import check_addrs, check_listen, loopback_note
 from node.commands.start_run import parse_authority
 from node.config import load_config
 from node.errors import CommandError
+from node.model_fetch import model_availability
+from node.paths import data_root
 from node.reachability import NO_RELAY, Reachability, describe
 from node.resources import available_memory, existing_parent, free_disk
 from node.run_file import load_run_release
@@ -41,9 +43,8 @@ from protocol.identity import Identity, peer_id_to_b58
 
 CHECK_TIMEOUT_S = 60.0
 DIAL_BACK_TIMEOUT_S = (
-    12.0  # one bootstrap peer's AutoNAT answer (its dial-backs time out in 3 s each)
+    12.0  # each bootstrap peer's AutoNAT answer, all asked at once (dial-backs: 3 s each)
 )
-MAX_DIAL_BACK = 3  # bootstrap peers asked to dial us back
 MAX_SKEW_MS = 120_000  # what admission tolerates on envelope timestamps (max_skew_s)
 WARN_SKEW_MS = 10_000
 GiB = 2**30
@@ -62,6 +63,7 @@ class Report:
 
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    manifest: Any = None  # the run's manifest, once read or fetched
 
     def ok(self, text: str) -> None:
         """A passed check."""
@@ -101,9 +103,6 @@ def main(
     device: str | None = None,
 ) -> int:
     """Run the checks, print the lines; returns the exit status (see the module docstring)."""
-    from node import settings  # deferred: heavy import
-    from node.join import quiet_library_logs  # deferred: heavy import
-
     if bool(join) == bool(run):
         raise CommandError("give --join MULTIADDR or --run RUN.toml (one of them)")
     if join and bootstrap:
@@ -125,8 +124,11 @@ def main(
     listen_addrs = check_listen(cfg.node.listen)
     flag = parse_authority(authority)
     report = Report()
-    quiet_library_logs()
     local = _local_manifest(run, report) if run else None
+    from node import settings  # deferred: heavy import
+    from node.join import quiet_library_logs  # deferred: heavy import
+
+    quiet_library_logs()
     trio.run(
         _network_checks,
         report,
@@ -143,7 +145,10 @@ def main(
         role,
         Path(cfg.node.data_dir).expanduser() if cfg.node.data_dir else Path.cwd(),
     )
-    _device(report, role, cfg.node.device, local)
+    manifest = local or report.manifest
+    if manifest is not None and role != "relay":
+        _model_line(report, manifest, Path(cfg.node.data_dir) if cfg.node.data_dir else None)
+    _device(report, role, cfg.node.device, manifest)
     for line in report.lines:
         click.echo(line)
     if report.problems:
@@ -168,6 +173,12 @@ def _local_manifest(run: Path, report: Report) -> Any:
             f"{peer_id_to_b58(authority)} (from {run})"
         )
     return manifest
+
+
+def _model_line(report: Report, manifest: Any, data_dir: Path | None) -> None:
+    """Where the node would take the run's model from (`node.model_fetch.model_availability`)."""
+    level, line = model_availability(manifest, None, data_root(data_dir))
+    report.add(level, line, "no model" if level == "FAIL" else None)
 
 
 async def _network_checks(
@@ -195,20 +206,32 @@ async def _network_checks(
                 open_reachability(host) as autonat,
             ):
                 reach.listen = host.listen_addrs()
-                report.ok(f"listen: {', '.join(reach.listen)}")
-                for addr in addrs:
-                    answer = await join.ask(host, addr, probe=True)
-                    answers.append(answer)
-                    if answer.peer and answer.cause not in join.UNCONNECTED:
-                        said = await identify(host, answer.peer)
-                        if said.observed:
-                            reach.observed[answer.peer] = said.observed
-                        if RELAY_HOP_PROTOCOL in said.protocols:
-                            reach.relays[answer.peer] = addr
+                note = loopback_note(listen, addrs)
+                if note is None:
+                    report.ok(f"listen: {', '.join(reach.listen)}")
+                else:
+                    report.warn(f"listen: {', '.join(reach.listen)}: {note}")
+                answers = await join.ask_all(host, addrs)
+
+                async def identify_one(answer: join.Answer) -> None:
+                    assert answer.peer is not None
+                    said = await identify(host, answer.peer)  # under its own deadline
+                    if said.observed:
+                        reach.observed[answer.peer] = said.observed
+                    if RELAY_HOP_PROTOCOL in said.protocols:
+                        reach.relays[answer.peer] = answer.addr
+
+                async with trio.open_nursery() as nursery:
+                    for answer in answers:
+                        if answer.peer and answer.cause not in join.UNCONNECTED:
+                            nursery.start_soon(identify_one, answer)
                 connected = set(host.connected_peers())
-                reach.asked = [a.peer for a in answers if a.peer in connected][:MAX_DIAL_BACK]
+                reach.asked = autonat.pick([a.peer for a in answers if a.peer in connected])
                 if reach.asked:
                     reach.dial_back = await autonat.check(reach.asked, DIAL_BACK_TIMEOUT_S)
+                    if autonat.last is not None:
+                        reach.agreed, reach.answered = autonat.last.agreed, autonat.last.answered
+                        reach.proven = autonat.last.proven
     except (ListenFailed, OSError) as exc:
         report.fail(f"listen: cannot listen on {', '.join(listen)}: {exc}", "cannot listen")
         return
@@ -287,6 +310,7 @@ def _joined_manifest(
         return
     for addr, reason in choice.refusals.items():
         report.warn(f"manifest from {addr} refused: {reason}")
+    report.manifest = choice.release.manifest
     how = (
         "pinned by --authority"
         if flag
@@ -344,7 +368,7 @@ def _device(report: Report, role: str, device: str, manifest: Any) -> None:
         return
     precision = "fp32" if role == "trainer" else getattr(manifest, "worker_precision", None)
     if precision is None:
-        report.info(f"device: {role} computes on {where} (give --run to check the run's precision)")
+        report.info(f"device: {role} computes on {where} (the run manifest was not read)")
         return
     problem = precision_problem(where, precision)
     if problem is not None:

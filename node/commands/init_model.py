@@ -28,6 +28,7 @@ from node.cli_errors import one_line_errors
 from node.commands.calibrate import ensure_calibration
 from node.console import say as _say
 from node.errors import CommandError
+from node.paths import check_writable
 from node.resources import available_memory, existing_parent, free_disk
 from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml
 from trainer import shaped_model, tiny_policy
@@ -170,6 +171,7 @@ def main_shape(
     if report_file.is_file() and not force:
         report, built = json.loads(report_file.read_text()), False
     else:
+        check_writable(path, "--out")
         source = find_tokenizer(tokenizer, [Path.cwd(), root])
         estimate = shaped_model.estimate(spec, dtype)
         check_resources(estimate, path)

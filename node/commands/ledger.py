@@ -5,7 +5,9 @@ or rejected by a validator, with its reason), and what others sent us and what a
 made of it (direction "in": accepted, or rejected with the reason and the sender). Read
 from the node's SQLite store (safe while the node runs). Filters: `--out` / `--in`,
 `--rejected`, `--kind`, `--last N` (newest N lines); `--json` prints one JSON object a
-line, for pipes.
+line, for pipes. The text form ends with the totals (every line ever logged, those
+retention compacted into per-reason totals included, and how many were compacted), so a
+filter that matches no line still says what the node holds.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import click
 
 from node.cli_errors import one_line_errors
+from node.commands.status import work_lines
 from node.errors import CommandError
 from node.paths import find_node_dir
 from node.store.store import DB_FILENAME, LedgerEntry, Store
@@ -64,6 +67,34 @@ def as_dict(e: LedgerEntry) -> dict[str, Any]:
     }
 
 
+def totals(data_dir: Path, direction: str | None = None) -> list[str]:
+    """The ledger's totals as text: this node's own work (`Store.own_work`; direction
+    "out"), what others sent by outcome and how many lines retention compacted into those
+    totals ("in"); both for None."""
+    with Store(data_dir / DB_FILENAME) as store:
+        work = store.own_work()
+        summary = store.ledger_summary("in")
+        compacted = sum(store.ledger_compacted().values())
+    out = [line.replace("own work       ", "totals: own work", 1) for line in work_lines(work)[:1]]
+    if direction == "in":
+        out = []
+    inbound: dict[str, int] = {}
+    for (_d, outcome, _r), n in summary.items():
+        inbound[outcome] = inbound.get(outcome, 0) + n
+    if inbound and direction != "out":
+        out.append(
+            "totals: received "
+            + ", ".join(f"{n} {outcome}" for outcome, n in sorted(inbound.items()))
+            + (
+                f" ({compacted} older lines compacted into these totals by retention:"
+                " not listed line by line)"
+                if compacted
+                else ""
+            )
+        )
+    return out
+
+
 def _line(e: LedgerEntry) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
     item = e.item_id.hex()[:12] if e.item_id else "-"
@@ -87,8 +118,12 @@ def main(
     lines = entries(data_dir, direction, rejected, kind, last)
     for e in lines:
         click.echo(json.dumps(as_dict(e)) if as_json else _line(e))
-    if not as_json and not lines:
+    if as_json:
+        return
+    if not lines:
         click.echo(f"ledger of {data_dir}: no lines match")
+    for line in totals(data_dir, direction):
+        click.echo(line)
 
 
 @click.command(name="ledger")

@@ -20,7 +20,7 @@ from node.console import say as _say
 from node.errors import CommandError
 from node.keyfile import read_key
 from node.local_model import check_datasets, load_engine
-from node.paths import resolve_model
+from node.paths import check_writable, resolve_model
 from node.run_file import load_run_manifest
 from trainer.produce import DEFAULT_BATCH_SIZE, generate_records
 from trainer.tasks import TaskError
@@ -64,6 +64,7 @@ def main(
         raise CommandError(f"--out {out} is a directory; give a file path")
     if not out.parent.exists():
         raise CommandError(f"--out {out}: directory {out.parent} does not exist")
+    check_writable(out, "--out")
     gen = load_engine(model_path, batch_size=batch_size, threads=threads, engine=engine)
     build = None
     if proofs:

@@ -1,15 +1,22 @@
-"""`swarm-node run sign RUN.toml --key AUTHORITY.key [--version N] [--out FILE]`: release a
-run manifest signed by its run authority.
+"""`swarm-node run sign RUN.toml --key AUTHORITY.key [--version N] [--out FILE]
+[--pin-model DIR]`: release a run manifest signed by its run authority.
 
 Writes the run file (in place, or to `--out`) with a `[release]` section: the version
 (default: one above the file's current release, or 1), the authority's peer id, the time
 and the signature (`node.run_file` reads it back, `protocol.run_manifest` has the rules).
 Peers adopt a release only from the authority they trust and only when its version is
 higher than the one they hold, so every update needs the same key and a higher version.
+
+`--pin-model DIR` first pins the run's model to that directory: `model_digest` (its
+weights, policy version 0) and `model_files_digest` (its other files: config, tokenizer,
+calibration; `protocol.model_bundle`), so a node can join with no model of its own and
+fetch it from the run's peers, checked against the signed release. The file is then
+rewritten from the manifest (comments are not kept).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -20,9 +27,15 @@ from node.cli_errors import one_line_errors
 from node.config import read_toml
 from node.errors import CommandError
 from node.keyfile import read_key
-from node.run_file import manifest_from_table, release_to_toml
+from node.model_fetch import read_bundle_files
+from node.run_file import manifest_from_table, manifest_to_toml, release_to_toml
 from protocol import run_manifest as rm
+from protocol.content_id import content_id
 from protocol.identity import peer_id_to_b58
+from protocol.model_bundle import encode_bundle
+from protocol.wire import RunManifest
+from trainer.checkpoint import CheckpointError, from_model_dir
+from trainer.model_dir import ModelDirError, check_model_dir
 
 
 def without_release(text: str) -> str:
@@ -37,12 +50,36 @@ def without_release(text: str) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def main(path: Path, key: Path, version: int | None = None, out: Path | None = None) -> None:
+def pin_model(manifest: RunManifest, model_dir: Path) -> RunManifest:
+    """`manifest` with its model pinned to `model_dir` (weights and other files)."""
+    try:
+        check_model_dir(model_dir)
+        weights = from_model_dir(model_dir)
+        files = encode_bundle(read_bundle_files(model_dir))
+    except (ModelDirError, CheckpointError, ValueError) as exc:
+        raise CommandError(f"--pin-model: {exc}") from None
+    except OSError as exc:
+        raise CommandError(f"--pin-model: cannot read {model_dir}: {exc.strerror or exc}") from None
+    return dataclasses.replace(
+        manifest, model_digest=content_id(weights), model_files_digest=content_id(files)
+    )
+
+
+def main(
+    path: Path,
+    key: Path,
+    version: int | None = None,
+    out: Path | None = None,
+    model_dir: Path | None = None,
+) -> None:
     """Sign the run file at `path` with the authority key `key` as release `version`
-    (default: one above the current), writing `out` or the file itself."""
+    (default: one above the current), writing `out` or the file itself; with `model_dir`,
+    pin the run's model to it first."""
     authority = read_key(key)
     table = read_toml(path, "run manifest")
     manifest = manifest_from_table(table, source=str(path))
+    if model_dir is not None:
+        manifest = pin_model(manifest, model_dir)
     release = table.get("release")
     old: dict[str, Any] = release if isinstance(release, dict) else {}
     old_version: int = old["version"] if type(old.get("version")) is int else 0
@@ -60,10 +97,19 @@ def main(path: Path, key: Path, version: int | None = None, out: Path | None = N
     data = rm.seal_release(authority, manifest, version, int(time.time() * 1000))
     target = out or path
     try:
-        text = without_release(path.read_text())
+        text = (
+            manifest_to_toml(manifest)
+            if model_dir is not None
+            else without_release(path.read_text())
+        )
         target.write_text(f"{text}\n{release_to_toml(data)}")
     except OSError as exc:
         raise CommandError(f"cannot write {target}: {exc.strerror or exc}") from None
+    if model_dir is not None:
+        click.echo(
+            f"pinned the model in {model_dir}: weights {manifest.model_digest.hex()[:16]}..., "
+            f"files {manifest.model_files_digest.hex()[:16]}... (joiners fetch it from the run)"
+        )
     click.echo(
         f"released run {manifest.run_id!r} version {version} signed by "
         f"{peer_id_to_b58(authority.peer_id)} -> {target}"
@@ -90,7 +136,16 @@ def group() -> None:
     help="Manifest version (default: one above the file's current release, or 1).",
 )
 @click.option("--out", type=click.Path(path_type=Path), help="Write here instead of in place.")
+@click.option(
+    "--pin-model",
+    "model_dir",
+    type=click.Path(path_type=Path),
+    help="Pin the run's model to this directory first (weights and files), so nodes can "
+    "join without it and fetch it from the run.",
+)
 @one_line_errors
-def sign(path: Path, key: Path, version: int | None, out: Path | None) -> None:
+def sign(
+    path: Path, key: Path, version: int | None, out: Path | None, model_dir: Path | None
+) -> None:
     """Sign run file PATH as the run authority (adds a [release] section)."""
-    main(path, key, version, out)
+    main(path, key, version, out, model_dir)

@@ -1,17 +1,22 @@
 """`swarm-node runs MULTIADDR...`: the runs that bootstrap peers serve.
 
-    run 'demo'  model builtin:tiny  policy version 3  manifest version 2
+    run 'demo'  model builtin:tiny  manifest version 2
       authority 12D3KooW... (signature good)
-      peers: trainer 1, validator 1, inference 4
+      the peer says (not signed): policy version 3; peers: trainer 1, validator 1, inference 4
       served by /ip4/1.2.3.4/tcp/4001/p2p/12D3KooW...
 
-A release whose signature does not check is shown with the reason (unsigned, bad signature);
-nothing here decides whom to trust: `start --join` does. Exit 1 when no peer answered.
+Every field on the first two lines comes from the release, once its signature checks; what
+the peer says of itself besides (policy version, peers, and any version or authority that
+differs from the release's) is printed as its unsigned claim. A release whose signature
+does not check is shown with the reason (unsigned, bad signature) and nothing of it but
+the claim. Nothing here decides whom to trust: `start --join` does. Exit 1 when no peer
+answered.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -21,26 +26,30 @@ from node.cli_errors import one_line_errors
 from node.commands.addrs import check_addrs
 from node.errors import CommandError
 from protocol import run_manifest as rm
-from protocol.identity import Identity
+from protocol.identity import Identity, peer_id_to_b58
 
 ASK_TIMEOUT_S = 30.0
 
 
 def main(addrs: list[str], *, as_json: bool = False) -> None:
-    """Ask every peer at `addrs` which runs it serves and print them (a table, or one JSON
-    object)."""
+    """Ask every peer at `addrs` which runs it serves and print them (a table, each peer's
+    runs as soon as it answered; or one JSON object at the end)."""
+    addrs = check_addrs(addrs, "MULTIADDR", need_peer=True)
     from node import join  # deferred: heavy import
 
-    addrs = check_addrs(addrs, "MULTIADDR", need_peer=True)
     join.quiet_library_logs()
-    answers = trio.run(_ask_all, addrs)
-    rows = [_row(a, r) for a in answers if a.answered for r in a.runs]
+
+    def shown(answer: Any) -> None:
+        if not as_json and answer.answered:
+            for served in answer.runs:
+                _print(_row(answer, served))
+
+    answers = trio.run(_ask_all, addrs, shown)
     if as_json:
+        rows = [_row(a, r) for a in answers if a.answered for r in a.runs]
         failed = {a.addr: a.why() for a in answers if not a.answered}
         click.echo(json.dumps({"runs": rows, "failed": failed}))
     else:
-        for row in rows:
-            _print(row)
         for a in answers:
             if not a.answered:
                 click.echo(f"{a.addr}: no run: {a.why()}")
@@ -48,9 +57,10 @@ def main(addrs: list[str], *, as_json: bool = False) -> None:
         raise CommandError("no peer answered with a run", exit_code=1)
 
 
-async def _ask_all(addrs: list[str]) -> list[Any]:
+async def _ask_all(addrs: list[str], on_answer: Callable[[Any], None] | None = None) -> list[Any]:
     """Ask every address at once (a slow or hanging peer cannot use up the others' time),
-    within one deadline; an address that has not answered by then is reported timed out."""
+    within one deadline; an address that has not answered by then is reported timed out.
+    `on_answer(answer)` is called as each answer arrives."""
     from node import join  # deferred: heavy import
     from node.host.host import open_host  # deferred: heavy import
 
@@ -58,6 +68,8 @@ async def _ask_all(addrs: list[str]) -> list[Any]:
 
     async def ask_one(host: Any, index: int, addr: str) -> None:
         answers[index] = await join.ask(host, addr)
+        if on_answer is not None:
+            on_answer(answers[index])
 
     with trio.move_on_after(ASK_TIMEOUT_S):
         async with open_host(Identity.generate().private_bytes(), ["/ip4/127.0.0.1/tcp/0"]) as host:
@@ -71,29 +83,63 @@ async def _ask_all(addrs: list[str]) -> list[Any]:
     ]
 
 
+# What a peer says of its run besides the release, printed as its claim.
+CLAIMED = ("run", "model", "manifest_version", "authority", "policy_version", "peers")
+
+
 def _row(answer: Any, served: Any) -> dict[str, Any]:
+    """One run as printed: `run`, `model`, `manifest_version` and `authority` from the
+    verified release (None when its signature does not check), `signature`, and `claimed`:
+    what the peer's own summary says, unverified."""
     verdict = rm.check(served.release, None, None)
-    s = served.summary
-    return {
-        "run": s["run"],
-        "model": s["model"],
-        "policy_version": s["policy_version"],
-        "manifest_version": s["manifest_version"],
-        "authority": s["authority"],
-        "signature": "good" if isinstance(verdict, rm.Adopt) else str(verdict),
-        "peers": s["peers"],
+    claimed = {k: served.summary.get(k) for k in CLAIMED if k in served.summary}
+    row: dict[str, Any] = {
+        "run": None,
+        "model": None,
+        "manifest_version": None,
+        "authority": None,
+        "signature": str(verdict),
+        "claimed": claimed,
         "served_by": answer.addr,
     }
+    if isinstance(verdict, rm.Adopt):
+        release = verdict.release
+        row.update(
+            run=release.manifest.run_id,
+            model=release.manifest.model,
+            manifest_version=release.manifest_version,
+            authority=peer_id_to_b58(release.authority),
+            signature="good",
+        )
+    return row
+
+
+def _claim_text(row: dict[str, Any]) -> str:
+    """The peer's claims: those the release does not carry, and those it contradicts."""
+    claimed = row["claimed"]
+    parts = []
+    for key in ("run", "model", "manifest_version", "authority"):
+        if key in claimed and claimed[key] != row[key]:
+            parts.append(f"{key.replace('_', ' ')} {claimed[key]!r}")
+    if "policy_version" in claimed:
+        parts.append(f"policy version {claimed['policy_version']}")
+    if isinstance(claimed.get("peers"), dict):
+        peers = ", ".join(f"{role} {n}" for role, n in sorted(claimed["peers"].items()))
+        parts.append(f"peers: {peers or 'none known'}")
+    return "; ".join(parts)
 
 
 def _print(row: dict[str, Any]) -> None:
-    click.echo(
-        f"run {row['run']!r}  model {row['model']}  policy version {row['policy_version']}"
-        f"  manifest version {row['manifest_version']}"
-    )
-    click.echo(f"  authority {row['authority'] or '(none)'} (signature {row['signature']})")
-    peers = ", ".join(f"{role} {n}" for role, n in sorted(row["peers"].items())) or "none known"
-    click.echo(f"  peers: {peers}")
+    if row["signature"] == "good":
+        click.echo(
+            f"run {row['run']!r}  model {row['model']}  manifest version {row['manifest_version']}"
+        )
+        click.echo(f"  authority {row['authority']} (signature good)")
+    else:
+        click.echo(f"run: no verified release: {row['signature']}")
+    claims = _claim_text(row)
+    if claims:
+        click.echo(f"  the peer says (not signed): {claims}")
     click.echo(f"  served by {row['served_by']}")
 
 

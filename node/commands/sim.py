@@ -14,6 +14,7 @@ import click
 
 from node.cli_errors import one_line_errors
 from node.errors import CommandError
+from node.paths import check_writable
 from swarm_sim.report import start_note, write_outputs
 from swarm_sim.runner import progress_printer, run_scenario
 from swarm_sim.scenario import ScenarioError, load
@@ -26,14 +27,17 @@ def main(scenario: str, out: Path, seed: int, quiet: bool = False) -> None:
         scn = load(scenario)
     except ScenarioError as exc:
         raise CommandError(str(exc)) from None
-    total = scn.workload.duration_s if scn.kind == "gossip" else 0.0
+    check_writable(out, "--out")
+    # a gossip run publishes for duration_s, then drains for lifetime_s (Swarm.run)
+    publish = scn.workload.duration_s if scn.kind == "gossip" else 0.0
+    total = publish + scn.workload.lifetime_s if scn.kind == "gossip" else 0.0
     if not quiet:
         print(f"sim: {scn.name} (seed {seed}) -> {out}", file=sys.stderr, flush=True)
     # quiet: no banner and a progress line only at each quarter of the run
     progress = (
         None
         if scn.kind != "gossip"
-        else progress_printer(total, every_fraction=0.25 if quiet else 0.0)
+        else progress_printer(total, every_fraction=0.25 if quiet else 0.0, publish_s=publish)
     )
     results, info = run_scenario(scn, seed, progress)
     try:

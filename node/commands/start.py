@@ -22,6 +22,7 @@ with separate data directories.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -38,16 +39,22 @@ import trio
 from node import metrics
 from node.cli_errors import one_line_errors
 from node.commands import start_run
-from node.commands.addrs import check_addrs, check_listen
+from node.commands.addrs import check_addrs, check_listen, loopback_note
 from node.config import NodeConfig, config_options, flag_overrides, load_config
 from node.console import sayer
+from node.dashboard import History
+from node.disk_trouble import DiskTrouble
 from node.errors import CommandError
 from node.keyfile import read_key
 from node.log_format import configure
-from node.paths import node_dir, required_path
-from node.roles import RoleConfig, RoleIO, check_local, role_module
+from node.model_fetch import fetched_dir, fetched_version, read_bundle_files
+from node.paths import model_roots, node_dir, required_path
+from node.roles import RoleConfig, RoleIO, check_local, check_role_device, role_module
+from node.run_file import load_run_release
 from protocol.content_id import content_id
+from protocol.model_bundle import encode_bundle
 from trainer.checkpoint import CheckpointError, from_model_dir
+from trainer.model_dir import ModelDirError, check_model_dir
 
 STATUS_FILE = "status.json"
 LOCK_FILE = "node.lock"
@@ -88,10 +95,16 @@ def _lock(data_dir: Path) -> Any:
 
 
 def write_status(data_dir: Path, status: dict[str, Any]) -> None:
-    """Atomically replace `<data dir>/status.json`."""
+    """Atomically replace `<data dir>/status.json`; an `OSError` (a full or read-only
+    disk) leaves no temporary file behind."""
     tmp = data_dir / f".{STATUS_FILE}.tmp"
-    tmp.write_text(json.dumps(status))
-    os.replace(tmp, data_dir / STATUS_FILE)
+    try:
+        tmp.write_text(json.dumps(status))
+        os.replace(tmp, data_dir / STATUS_FILE)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def _base_weights(model_dir: Path, manifest: Any) -> bytes:
@@ -108,6 +121,22 @@ def _base_weights(model_dir: Path, manifest: Any) -> bytes:
             f"model_digest is {manifest.model_digest.hex()}: not the run's model"
         )
     return data
+
+
+def _serve_model(peer: Any, manifest: Any, model_dir: Path) -> None:
+    """Serve what joiners fetch of the run's model: the bundle of `model_dir`'s files when
+    it is the one the run pins, and version 0's weights when they are installed."""
+    blobs: dict[bytes, bytes | Path] = {}
+    if manifest.model_files_digest:
+        bundle = encode_bundle(read_bundle_files(model_dir))
+        if content_id(bundle) == manifest.model_files_digest:
+            blobs[manifest.model_files_digest] = bundle
+    if manifest.model_digest and peer.weights.installed().get(0) == manifest.model_digest:
+        blobs[manifest.model_digest] = peer.weights.path(0)
+    if blobs:
+        from node.exchange.model_files import serve_model  # deferred: heavy import
+
+        serve_model(peer.host, manifest.run_id, blobs, peer.bad_request)
 
 
 def parse_local_train(value: str | None, role: str | None) -> tuple[int, int] | None:
@@ -187,12 +216,13 @@ def main(cfg: NodeConfig, opts: StartOptions | None = None) -> None:
         return
     _check_limits(opts.duration, opts.max_rollouts)
     split = parse_local_train(opts.local_train, role)
-    _configure_logging(cfg)
     metrics_at = _metrics_addr(cfg.node.metrics)
     listen_addrs = check_listen(cfg.node.listen)
     boot = check_addrs(cfg.node.bootstrap, "--bootstrap", need_peer=True)
     join_addrs = check_addrs(opts.join, "--join", need_peer=True)
     boot += [a for a in join_addrs if a not in boot]
+    _usage_checks(cfg, join_addrs)
+    _configure_logging(cfg)
     run_choice, identity, ddir = _run_key_and_dir(cfg, role, join_addrs, opts.authority)
     manifest = run_choice.manifest
     from node import settings  # deferred: heavy import
@@ -204,8 +234,15 @@ def main(cfg: NodeConfig, opts: StartOptions | None = None) -> None:
         local_train=split,
     )
     io = RoleIO(say=lambda m: _say(f"  {m}"))
-    model_dir = check_local(role, role_config, manifest)  # model and datasets: before the network
-    base = _base_weights(model_dir, manifest) if model_dir is not None else None
+    check_role_device(role, role_config, manifest)  # before a model is fetched, too
+    role_config, fetch_to = _model_or_fetch(role, role_config, manifest, bool(join_addrs))
+    # the model and datasets: checked before the network (a model to fetch: after joining)
+    model_dir = None if fetch_to is not None else check_local(role, role_config, manifest)
+    base = (
+        _base_weights(model_dir, manifest)
+        if model_dir is not None and fetched_version(model_dir) in (None, 0)
+        else None
+    )
     lock = _lock(ddir)
     try:
         trio.run(
@@ -223,6 +260,8 @@ def main(cfg: NodeConfig, opts: StartOptions | None = None) -> None:
             base,
             metrics_at,
             run_choice,
+            model_dir or fetch_to,
+            fetch_to is not None,
         )
     finally:
         lock.close()
@@ -244,11 +283,49 @@ def _follow(cfg: NodeConfig) -> None:
         raise CommandError(str(exc)) from None
 
 
+FETCHING_ROLES = ("inference", "validator")  # roles that may fetch the run's model
+
+
+def _model_or_fetch(
+    role: str, config: RoleConfig, manifest: Any, joining: bool
+) -> tuple[RoleConfig, Path | None]:
+    """(the role's config, the directory to fetch the run's model into, or None). A node
+    that joins a run, was given no `--model` and finds no model directory of the run's
+    fetches the model from its peers when the run pins its files (`model_files_digest`):
+    into `<data root>/models/run-<digest>/`, used as is when already there."""
+    model = getattr(config, "model", None)
+    if not joining or model is None or model.model or role not in FETCHING_ROLES:
+        return config, None
+    try:
+        check_local(role, config, manifest)
+        return config, None
+    except CommandError:
+        if not manifest.model_files_digest:
+            raise
+    dest = fetched_dir(model_roots(model.models_dir)[0], manifest.model_files_digest)
+    config = dataclasses.replace(config, model=dataclasses.replace(model, model=str(dest)))
+    try:
+        check_model_dir(dest)
+        return config, None  # fetched before
+    except ModelDirError:
+        return config, dest
+
+
 def _check_limits(duration: float | None, max_rollouts: int | None) -> None:
     if duration is not None and not duration > 0:
         raise CommandError(f"--duration must be positive, got {duration}")
     if max_rollouts is not None and max_rollouts < 1:
         raise CommandError(f"--max-rollouts must be >= 1, got {max_rollouts}")
+
+
+def _usage_checks(cfg: NodeConfig, join: list[str]) -> None:
+    """The key and the run file read before the heavy imports, so that a missing or bad
+    one is answered at once (they are read again where they are used)."""
+    if join and cfg.node.run:
+        raise CommandError("give --run RUN.toml or --join MULTIADDR, not both")
+    read_key(required_path(None, cfg.node.key, "--key", "node.key"))
+    if not join:
+        load_run_release(required_path(None, cfg.node.run, "--run", "node.run"))
 
 
 def _configure_logging(cfg: NodeConfig) -> None:
@@ -310,6 +387,8 @@ async def _run(
     base: bytes | None = None,
     metrics_at: tuple[str, int] | None = None,
     run_choice: Any = None,
+    model_dir: Path | None = None,
+    fetch_model_first: bool = False,
 ) -> None:
     from node.host.host import ListenFailed  # deferred: heavy import
     from node.peer.peer import open_peer  # deferred: heavy import
@@ -326,13 +405,22 @@ async def _run(
                 from node.peer.run_service import RunService  # deferred: heavy import
 
                 RunService(peer, run_choice.release, run_choice.pin)  # serves until the host closes
+            if fetch_model_first and model_dir is not None:
+                from node.model_fetch import fetch_model  # deferred: heavy import
+
+                base = await fetch_model(peer, manifest, model_dir, io.say)
             if base is not None and peer.weights is not None:
                 await peer.weights.adopt_base(base)  # version 0: the model directory
+            if model_dir is not None and peer.weights is not None:
+                _serve_model(peer, manifest, model_dir)
             _say_started(
                 peer, role, manifest, data_dir, boot, metrics_at if scrape is not None else None
             )
             await _serve(peer, module, role_config, io, data_dir, scrape, duration)
-            write_status(data_dir, {**_status(peer, io), "stopped": True})
+            try:
+                write_status(data_dir, {**_status(peer, io), "stopped": True})
+            except OSError as exc:  # a full or read-only disk: said, not a failure to stop
+                _say(f"swarm-node: cannot write {data_dir / STATUS_FILE}: {exc.strerror or exc}")
     except ListenFailed as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:
@@ -397,6 +485,9 @@ def _say_started(
     )
     for a in peer.host.listen_addrs():
         _say(f"  listening on {a}")
+    note = loopback_note(peer.host.listen_addrs(), boot)
+    if note is not None:
+        _say(f"  note: {note}")
     if boot:
         ok = sum(1 for _, good, _ in peer.bootstrap_results if good)
         _say(f"  bootstrap: {ok}/{len(boot)} reached")
@@ -406,6 +497,7 @@ def _say_started(
     _say(f"  peers reached: {len(peer.host.connected_peers())}")
     if metrics_at is not None:
         _say(f"  metrics at http://{metrics_at[0]}:{metrics_at[1]}/metrics")
+        _say(f"  status page at http://{metrics_at[0]}:{metrics_at[1]}/")
 
 
 def _status(peer: Any, io: RoleIO) -> dict[str, Any]:
@@ -429,7 +521,9 @@ async def _serve(
             nursery.start_soon(_stop_on_signal, signals, io, nursery.cancel_scope)
             nursery.start_soon(_status_loop, peer, io, data_dir)
             if scrape is not None:
-                nursery.start_soon(metrics.serve, scrape, lambda: _status(peer, io))
+                history = History()
+                nursery.start_soon(history.sample_forever, lambda: _status(peer, io))
+                nursery.start_soon(metrics.serve, scrape, lambda: _status(peer, io), history)
             nursery.start_soon(module.run, peer, role_config, io)
             if duration is not None:
                 await trio.sleep(duration)
@@ -451,8 +545,24 @@ async def _stop_on_signal(signals: Any, io: RoleIO, scope: Any) -> None:
 
 
 async def _status_loop(peer: Any, io: RoleIO, data_dir: Path) -> None:
+    """Write `status.json` each second; a disk that refuses it (full, read-only) is one
+    warning, retried with backoff (`node.disk_trouble`), and the node runs on."""
+    trouble = DiskTrouble()
+    log = logging.getLogger("swarm.node")
     while True:
-        write_status(data_dir, _status(peer, io))
+        if trouble.ready(time.monotonic()):
+            try:
+                write_status(data_dir, _status(peer, io))
+            except OSError as exc:
+                if trouble.failed(time.monotonic()):
+                    log.warning(
+                        "cannot write %s: %s; retrying with backoff",
+                        data_dir / STATUS_FILE,
+                        exc.strerror or exc,
+                    )
+            else:
+                if trouble.ok():
+                    log.warning("status.json is written again")
         await trio.sleep(1.0)
 
 

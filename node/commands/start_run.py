@@ -107,14 +107,21 @@ def from_network(addrs: list[str], ddir: Path, flag: bytes | None, settings: Any
     choice = trio.run(_fetch, addrs, pin, settings, saved[1] if saved else None)
     for addr, reason in choice.refusals.items():
         _say(f"  join: {addr}: {reason}")
+    if pin is None:
+        _refuse_conflicts(choice)
     if choice.release is None:
         untrusted = (rm.FOREIGN, rm.UNSIGNED, rm.BAD_SIGNATURE, rm.MALFORMED, rm.OTHER_RUN)
-        if saved is None or any(r.startswith(untrusted) for r in choice.refusals.values()):
+        contradicted = any(r.startswith(untrusted) for r in choice.refusals.values())
+        if saved is None or (contradicted and not choice.confirmed):
             why = "; ".join(f"{a}: {r}" for a, r in choice.refusals.items()) or "no answer"
             raise CommandError(
                 f"--join: no bootstrap peer served a run this node can trust ({why})"
             )
-        _say(f"  join: using the run manifest version {saved[1].manifest_version} adopted earlier")
+        confirmed = f", confirmed by {', '.join(choice.confirmed)}" if choice.confirmed else ""
+        _say(
+            f"  join: using the run manifest version {saved[1].manifest_version} adopted "
+            f"earlier{confirmed}"
+        )
         return RunChoice(saved[1].manifest, saved[0], saved[1].authority)
     release = choice.release
     assert release is not None
@@ -138,8 +145,21 @@ def from_network(addrs: list[str], ddir: Path, flag: bytes | None, settings: Any
     return RunChoice(release.manifest, choice.data, release.authority)
 
 
+def _refuse_conflicts(choice: Any) -> None:
+    """A first join (nothing pinned, nothing held) refuses a run id that the bootstrap
+    peers serve under more than one authority: whoever answers first must not decide."""
+    run_id = choice.release.manifest.run_id if choice.release is not None else None
+    found = [c for c in choice.conflicts if run_id is None or c.run_id == run_id]
+    if found:
+        raise CommandError(
+            f"--join: {'; '.join(str(c) for c in found)}. Nothing pinned here says which is "
+            "the run's: check the authority with the run's operator and pass --authority PEER_ID"
+        )
+
+
 async def _fetch(addrs: list[str], pin: bytes | None, settings: Any, held: Any) -> Any:
-    """Ask each bootstrap address from a short-lived host of a throwaway identity."""
+    """Ask every bootstrap address at once (each under its own deadline) from a
+    short-lived host of a throwaway identity."""
     from node import join  # deferred: heavy import
     from node.host.host import open_host  # deferred: heavy import
 
@@ -148,6 +168,5 @@ async def _fetch(addrs: list[str], pin: bytes | None, settings: Any, held: Any) 
         async with open_host(
             Identity.generate().private_bytes(), ["/ip4/127.0.0.1/tcp/0"], settings
         ) as host:
-            for addr in addrs:
-                answers.append(await join.ask(host, addr))
+            answers = await join.ask_all(host, addrs)
     return join.choose(answers, pin, held=held)

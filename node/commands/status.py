@@ -1,11 +1,11 @@
 """`swarm-node status`: what a node's data directory says about it.
 
 Reads the node's SQLite store (safe while the node runs: WAL readers do not block the
-writer) and prints the stored rollouts, this peer's own work as trainers received it (delivered,
-pending, too stale) and as validators judged it, what
-it accepted and rejected from others and why, and the peers it has banned; and the
-installed policy versions (`<data dir>/weights/`) with any weight download in progress
-(from the running node's status file).
+writer) and prints the stored rollouts, this peer's own work (`Store.own_work`: produced,
+delivered to a trainer, audited, trained, too stale, refused, awaiting audit, trained
+unaudited), what it accepted and rejected from others and why, and the peers it has banned;
+the role's own figures and the installed policy versions (`<data dir>/weights/`) with any
+weight download in progress (from the running node's status file).
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ def collect(data_dir: Path, now: float | None = None) -> dict[str, Any]:
         peers = store.load_peers()
         bans = store.active_bans(now)
         live = _read_live(data_dir)
+        version = (live or {}).get("policy_version")
+        staleness = (live or {}).get("max_staleness")
         return {
             "live": live,
             "weights": _weights(data_dir, live),
@@ -48,6 +50,10 @@ def collect(data_dir: Path, now: float | None = None) -> dict[str, Any]:
             "rollouts_stored": store.count_rollouts(),
             "own_rollouts": store.produced_status("rollout"),
             "delivery": store.delivery_status(),
+            "own_work": store.own_work(
+                version if isinstance(version, int) else None,
+                staleness if isinstance(staleness, int) else None,
+            ),
             "inbound": inbound,
             "peers_scored": len(peers),
             "banned": [
@@ -80,6 +86,38 @@ def _weights(data_dir: Path, live: dict[str, Any] | None) -> dict[str, Any]:
     out["target"] = w.get("target")
     out["error"] = out["error"] or w.get("error")
     return out
+
+
+def work_lines(work: dict[str, int]) -> list[str]:
+    """This node's own rollouts (`Store.own_work`) as text; none for a node that made none."""
+    if not work.get("produced"):
+        return []
+    return [
+        f"own work        {work['produced']} produced, {work['delivered']} delivered,"
+        f" {work['audited']} audited, {work['trained']} trained, {work['too_stale']} too stale,"
+        f" {work['refused']} refused",
+        f"  not judged    {work['awaiting_audit']} awaiting audit,"
+        f" {work['trained_unaudited']} trained unaudited",
+    ]
+
+
+def role_lines(role: Any) -> list[str]:
+    """The role's own figures (`role_status` of the live status) as text: its numbers on
+    one line, each table of numbers on its own, each series by its length and last point."""
+    if not isinstance(role, dict) or not role:
+        return []
+    flat = [f"{k}={v}" for k, v in role.items() if isinstance(v, int | float | str | bool)]
+    lines = [f"role            {', '.join(flat)}"] if flat else []
+    for key, value in role.items():
+        if isinstance(value, dict) and value:
+            inner = ", ".join(
+                f"{k}={v}" for k, v in value.items() if isinstance(v, int | float | str | bool)
+            )
+            if inner:
+                lines.append(f"  {key:<14}{inner}")
+        elif isinstance(value, list) and value:
+            lines.append(f"  {key:<14}{len(value)} points, last {json.dumps(value[-1])}")
+    return lines
 
 
 def _state(live: dict[str, Any]) -> str:
@@ -129,22 +167,16 @@ def main(data_dir: Path | None, as_json: bool) -> None:
 def _show(data_dir: Path) -> None:
     """The status of one node as text."""
     status = collect(data_dir)
-    own = status["own_rollouts"]
     live = status["live"]
     if live:
         summary = ", ".join(f"{k}={v}" for k, v in live.items() if isinstance(v, int | float | str))
         click.echo(f"{_state(live):<16}{summary}")
+        for line in role_lines(live.get("role_status")):
+            click.echo(line)
     click.echo(f"store           {status['store']} (schema v{status['schema_version']})")
     click.echo(f"rollouts stored {status['rollouts_stored']}")
-    d = status["delivery"]
-    click.echo(
-        f"delivery        {d['produced']} produced, {d['delivered']} delivered,"
-        f" {d['pending']} pending, {d['too_stale']} too stale"
-    )
-    click.echo(
-        f"own rollouts    {own['produced']} produced, {own['accepted']} accepted,"
-        f" {own['rejected']} rejected, {own['pending']} pending"
-    )
+    for line in work_lines(status["own_work"]):
+        click.echo(line)
     for outcome, reasons in sorted(status["inbound"].items()):
         line = f"inbound {outcome} {sum(reasons.values())}"
         if set(reasons) != {"-"}:

@@ -20,7 +20,7 @@ import click
 
 from node.cli_errors import one_line_errors
 from node.errors import CommandError
-from node.paths import resolve_model
+from node.paths import check_writable, resolve_model
 from node.run_file import load_run_manifest
 from protocol.errors import RemoteProtocolError
 from protocol.rollout import open_record, read_records
@@ -40,15 +40,20 @@ def main(
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Train offline on the rollout files with the run's loss and loop; returns the summary
-    printed as JSON."""
+    printed as JSON. Usage errors (no file, a missing file, a bad run file, an unwritable
+    `--out`) are found before the heavy imports."""
+    if not files:
+        raise CommandError("train: give at least one rollout record file", exit_code=2)
+    for f in files:
+        if not Path(f).is_file():
+            raise CommandError(f"{f}: no such file", exit_code=2)
+    manifest = load_run_manifest(run)
+    check_writable(out or Path("train-out"), "--out")
+    path = resolve_model(model, manifest.model, data_dir)
     from trainer.engine_hf import torch_threads  # deferred: heavy import
     from trainer.micro_step import StepSettings  # deferred: heavy import
     from trainer.train_loop import Trainer  # deferred: heavy import
 
-    if not files:
-        raise CommandError("train: give at least one rollout record file", exit_code=2)
-    manifest = load_run_manifest(run)
-    path = resolve_model(model, manifest.model, data_dir)
     try:
         net, tokenizer = load_model_dir(path)
     except ModelDirError as exc:

@@ -110,6 +110,7 @@ from node.host.listen import explain, listen_failures, plain_listen_failed
 from node.host.peers import PeerTable, short
 from node.host.settings import MAX_FRAME_BYTES, MAX_GOSSIP_BYTES, HostSettings
 
+MAX_OPENED_REMEMBERED = 4096  # peers whose newest connection time is kept
 log = logging.getLogger("swarm.host")
 
 GOSSIPSUB_PROTOCOLS = [  # newest first: the newest both sides speak wins
@@ -226,7 +227,7 @@ class SwarmHost:
             ),
         )
         self._misbehaviour_listeners: list[Callable[[Misbehaviour], None]] = []
-        budget = new_budget(settings.gossip_limits, self._report_misbehaviour)
+        budget = new_budget(settings.gossip_limits, self.report_misbehaviour)
         self._gossipsub = GuardedGossipSub(
             budget=budget,
             protocols=list(GOSSIPSUB_PROTOCOLS),
@@ -247,6 +248,8 @@ class SwarmHost:
         self._listeners: list[Callable[[PeerEvent], None]] = []
         self._nursery: trio.Nursery | None = None
         self._closing = False
+        # peer -> trio time its newest connection opened (bounded: the oldest forgotten)
+        self._opened: dict[str, float] = {}
         network = self._lh.get_network()
         self.peers = PeerTable()
         self.inbound_gate = IpGate(settings)
@@ -342,7 +345,9 @@ class SwarmHost:
         Without one every peer scores 0."""
         self.limits.set_scorer(scorer)
 
-    def _report_misbehaviour(self, notice: Misbehaviour) -> None:
+    def report_misbehaviour(self, notice: Misbehaviour) -> None:
+        """Hand `notice` to every `on_misbehaviour` callback (the host's own guards, and
+        its protocols such as DCUtR, report through here)."""
         for callback in list(self._misbehaviour_listeners):
             callback(notice)
 
@@ -394,10 +399,20 @@ class SwarmHost:
         as connected, as the swarm's own notice would."""
         self._on_connected(ID.from_base58(peer))
 
+    def connection_opened_at(self, peer: str) -> float | None:
+        """When (trio time) the newest connection with `peer` opened, None when unknown:
+        a connection it opened while we were not dialling it proves it reached us
+        (AutoNAT's dial-back, `node.host.reachability`)."""
+        return self._opened.get(peer)
+
     def _on_connected(self, pid: ID, conn: Any = None) -> None:
         if self._closing:
             return  # shutting down: the connection is closed with the network
         peer = pid.to_base58()
+        self._opened.pop(peer, None)
+        self._opened[peer] = trio.current_time()
+        while len(self._opened) > MAX_OPENED_REMEMBERED:
+            del self._opened[next(iter(self._opened))]
         if self.is_banned(peer):
             if self._nursery is not None:
                 self._nursery.start_soon(

@@ -32,8 +32,12 @@ The patches, and the test that fails if the library's behaviour comes back:
   tests/test_node_connection_limits.py::test_closed_connections_give_their_inbound_slot_back,
   ::test_inbound_connections_per_ip_are_capped_and_released
 - `report_oversize_rpcs`: tests/test_node_gossip_guard.py::test_an_oversize_rpc_is_reported
+- `bound_hole_punch_dials`:
+  tests/test_node_libp2p_patches.py::test_a_connect_listing_a_third_partys_addresses_costs_at_most_8_dials,
+  ::test_an_honest_hole_punch_still_dials_the_peers_addresses
 
-Per host, not process-wide: `no_auto_dials(swarm)`
+Per host, not process-wide: `no_auto_dials(swarm)`, `set_punch_reporter(dcutr, report)`
+(who pays for a refused hole-punch dial),
 (tests/test_node_connection_limits.py::test_the_library_never_dials_peers_on_its_own) and
 `set_inbound_gate(swarm, gate)` (the per-IP admission `release_inbound_slots_on_close`
 consults). What could be a subclass is one: garbage GossipSub RPCs and ban races are
@@ -45,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib.metadata
+import itertools
 import logging
 import socket
 import struct
@@ -57,6 +62,7 @@ import libp2p.io.trio as _libp2p_io_trio
 import libp2p.network.swarm as _libp2p_swarm
 import libp2p.protocol_muxer.multiselect_client as _libp2p_multiselect_client
 import libp2p.pubsub.pubsub as _libp2p_pubsub
+import libp2p.relay.circuit_v2.dcutr as _libp2p_dcutr
 import libp2p.security.noise.io as _libp2p_noise_io
 import libp2p.security.secure_session as _libp2p_secure_session
 import libp2p.stream_muxer.yamux.yamux as _libp2p_yamux
@@ -69,6 +75,9 @@ from libp2p.protocol_muxer.multiselect_communicator import MultiselectCommunicat
 from libp2p.stream_muxer.exceptions import MuxedStreamError
 from libp2p.transport.exceptions import OpenConnectionError
 from libp2p.utils import encode_delim
+from multiaddr import Multiaddr
+
+from protocol import hole_punch
 
 log = logging.getLogger("swarm.host")
 
@@ -328,6 +337,31 @@ def report_oversize_rpcs() -> None:
     )
 
 
+def bound_hole_punch_dials() -> None:
+    """Upstream: a DCUtR CONNECT's addresses are dialled as the remote lists them: all of
+    them (up to what fits in 4 KiB, about 400), in three rounds, plus every address the
+    peerstore holds for the peer (which identify fills from the peer's own claims), and the
+    library stores them all in the peerstore for 10 minutes. Nothing checks they are the
+    peer's, so a peer can make us send thousands of connection attempts to a third party
+    for a few KB of its own. Change: every DCUtR dial (`DCUtRProtocol._dial_peer`) goes
+    through `protocol.hole_punch.HolePunchBudget` (one per DCUtR instance): only to a peer
+    reached through a relay, only IP+TCP addresses a peer can have, at most 8 per punch
+    (one CONNECT exchange: `_handle_dcutr_stream`, `initiate_hole_punch`), an address for
+    one peer per minute, and budgets per IP and per peer; a CONNECT's addresses are cut
+    to the 20 the library itself sends at most (`_decode_observed_addrs`). A refusal the
+    remote caused goes to the instance's reporter (`set_punch_reporter`), once per punch.
+    Safe: an honest punch lists a few addresses of its one NAT and still dials them with
+    the library's retry rounds; a refused dial is one the library would have let fail.
+    Related: the DCUtR spec leaves the address check to implementations
+    (https://github.com/libp2p/specs/blob/master/relay/DCUtR.md); go-libp2p's holepunch
+    service filters the remote's addresses to public ones, upstream py-libp2p has none."""
+    owner = _libp2p_dcutr.DCUtRProtocol
+    _wrap("bound_hole_punch_dials", owner, "_handle_dcutr_stream", _punch_inbound)
+    _wrap("bound_hole_punch_dials", owner, "initiate_hole_punch", _punch_outbound)
+    _wrap("bound_hole_punch_dials", owner, "_decode_observed_addrs", _offered_capped)
+    _wrap("bound_hole_punch_dials", owner, "_dial_peer", _dial_budgeted)
+
+
 # Every process-wide patch, in the order `apply()` installs them.
 PATCHES: tuple[Callable[[], None], ...] = (
     enlarge_subscription_queue,
@@ -345,6 +379,7 @@ PATCHES: tuple[Callable[[], None], ...] = (
     window_update_at_half,
     release_inbound_slots_on_close,
     report_oversize_rpcs,
+    bound_hole_punch_dials,
 )
 
 # Every attribute the patches replace (or read), checked before any of them is installed.
@@ -375,6 +410,10 @@ TARGETS: tuple[tuple[str, Any, str], ...] = (
     ("release_inbound_slots_on_close", _libp2p_swarm.Swarm, "_do_handle_inbound_connection"),
     ("release_inbound_slots_on_close", _libp2p_swarm.Swarm, "upgrade_inbound_raw_conn"),
     ("report_oversize_rpcs", _libp2p_pubsub, "read_varint_prefixed_bytes_limited"),
+    ("bound_hole_punch_dials", _libp2p_dcutr.DCUtRProtocol, "_handle_dcutr_stream"),
+    ("bound_hole_punch_dials", _libp2p_dcutr.DCUtRProtocol, "initiate_hole_punch"),
+    ("bound_hole_punch_dials", _libp2p_dcutr.DCUtRProtocol, "_decode_observed_addrs"),
+    ("bound_hole_punch_dials", _libp2p_dcutr.DCUtRProtocol, "_dial_peer"),
 )
 
 _applied = False
@@ -421,6 +460,26 @@ def set_inbound_gate(swarm: Any, gate: InboundGate) -> None:
     """Admit this swarm's inbound connections through `gate` (the per-IP cap), consulted
     by `release_inbound_slots_on_close`'s handler."""
     setattr(swarm, GATE_ATTR, gate)
+
+
+PunchReport = Callable[[str, str], None]  # (peer base58, reason)
+PUNCH_BUDGET_ATTR = "_swarm_punch_budget"  # where a DCUtR instance keeps its budget
+PUNCH_REPORT_ATTR = "_swarm_punch_report"  # and its reporter
+
+
+def set_punch_reporter(dcutr: Any, report: PunchReport) -> None:
+    """Tell `report(peer, reason)` of each hole punch a peer made us refuse dials for
+    (`bound_hole_punch_dials`), at most once per punch; it must not block."""
+    setattr(dcutr, PUNCH_REPORT_ATTR, report)
+
+
+def punch_budget(dcutr: Any) -> hole_punch.HolePunchBudget:
+    """The hole-punch dial budget of one DCUtR instance (made on first use)."""
+    budget = getattr(dcutr, PUNCH_BUDGET_ATTR, None)
+    if budget is None:
+        budget = hole_punch.HolePunchBudget()
+        setattr(dcutr, PUNCH_BUDGET_ATTR, budget)
+    return budget
 
 
 async def _no_dials() -> None:
@@ -817,3 +876,145 @@ def _slot_held_while_open(
                 gate.release(ip)
 
     return _do_handle_inbound_connection
+
+
+class _Punch:
+    """One DCUtR exchange with one peer: the unit of the dial budget."""
+
+    _numbers = itertools.count(1)
+
+    def __init__(self, peer: str) -> None:
+        self.number = next(self._numbers)
+        self.peer = peer
+        self.charged = False
+
+
+_PUNCH: contextvars.ContextVar[_Punch | None] = contextvars.ContextVar(
+    "swarm_hole_punch", default=None
+)
+
+
+def _charge(dcutr: Any, punch: _Punch, reason: str) -> None:
+    """Report `punch`'s peer for `reason`, once per punch."""
+    if punch.charged:
+        return
+    punch.charged = True
+    log.info("peer %s: hole punch refused: %s", punch.peer[:12], reason)
+    report: PunchReport | None = getattr(dcutr, PUNCH_REPORT_ATTR, None)
+    if report is not None:
+        try:
+            report(punch.peer, reason)
+        except Exception:  # a listener's bug must not end the DCUtR handler
+            log.exception("hole punch reporter failed")
+
+
+def _peer_b58(peer_id: Any) -> str:
+    with contextlib.suppress(Exception):
+        return str(peer_id.to_base58())
+    return str(peer_id)
+
+
+def _punch_inbound(original: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """`DCUtRProtocol._handle_dcutr_stream`, as one punch for the budget."""
+
+    async def _handle_dcutr_stream(self: Any, stream: Any) -> None:
+        peer = _peer_b58(getattr(getattr(stream, "muxed_conn", None), "peer_id", "?"))
+        token = _PUNCH.set(_Punch(peer))
+        try:
+            await original(self, stream)
+        finally:
+            _PUNCH.reset(token)
+
+    return _handle_dcutr_stream
+
+
+def _punch_outbound(original: Callable[..., Awaitable[bool]]) -> Callable[..., Awaitable[bool]]:
+    """`DCUtRProtocol.initiate_hole_punch`, as one punch for the budget."""
+
+    async def initiate_hole_punch(self: Any, peer_id: Any) -> bool:
+        token = _PUNCH.set(_Punch(_peer_b58(peer_id)))
+        try:
+            return await original(self, peer_id)
+        finally:
+            _PUNCH.reset(token)
+
+    return initiate_hole_punch
+
+
+def _offered_capped(original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+    """`DCUtRProtocol._decode_observed_addrs` of at most the first `offered_max` addresses
+    of a CONNECT; a longer list is charged to the punch's peer."""
+
+    def _decode_observed_addrs(self: Any, addr_bytes: list[bytes]) -> list[Any]:
+        budget = punch_budget(self)
+        refusal = budget.offered(len(addr_bytes))
+        punch = _PUNCH.get()
+        if refusal is not None and punch is not None:
+            _charge(self, punch, refusal.reason)
+        return original(self, list(addr_bytes[: budget.limits.offered_max]))
+
+    return _decode_observed_addrs
+
+
+def _tcp_endpoint(addr: Any) -> tuple[str | None, int]:
+    """(IP, TCP port) of a multiaddr such as /ip4/A/tcp/P[/p2p/...], (None, 0) otherwise."""
+    parts = str(addr).strip("/").split("/")
+    if len(parts) >= 4 and parts[0] in ("ip4", "ip6") and parts[2] == "tcp":
+        if len(parts) == 4 or parts[4] == "p2p":
+            with contextlib.suppress(ValueError):
+                return parts[1], int(parts[3])
+    return None, 0
+
+
+def _relayed_only(host: Any, peer_id: Any) -> bool:
+    """Whether every connection to `peer_id` is relayed (and there is one)."""
+    with contextlib.suppress(Exception):
+        conns = host.get_network().connections.get(peer_id) or []
+        conns = conns if isinstance(conns, list) else [conns]
+        kinds = [any("/p2p-circuit" in str(a) for a in c.get_transport_addresses()) for c in conns]
+        return bool(kinds) and all(kinds)
+    return False
+
+
+def _own_ips(host: Any) -> frozenset[str]:
+    ips: set[str] = set()
+    with contextlib.suppress(Exception):
+        for a in host.get_addrs():
+            ip, _ = _tcp_endpoint(a)
+            if ip is not None:
+                ips.add(ip)
+    return frozenset(ips)
+
+
+def _dial_budgeted(original: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """`DCUtRProtocol._dial_peer`, admitted first by the instance's `HolePunchBudget`."""
+
+    async def _dial_peer(
+        self: Any,
+        peer_id: Any,
+        addr: Multiaddr,
+        source: tuple[str, int] | None = None,
+        as_responder: bool = False,
+    ) -> None:
+        peer = _peer_b58(peer_id)
+        punch = _PUNCH.get()
+        if punch is None or punch.peer != peer:  # a dial outside any exchange: its own punch
+            punch = _Punch(peer)
+        ip, port = _tcp_endpoint(addr)
+        refusal = punch_budget(self).admit(
+            punch.number,
+            peer,
+            ip,
+            port,
+            trio.current_time(),
+            relayed=_relayed_only(self.host, peer_id),
+            own_ips=_own_ips(self.host),
+        )
+        if refusal is not None:
+            log.debug("hole punch dial to %s at %s refused: %s", peer[:12], addr, refusal.reason)
+            if refusal.charge:
+                _charge(self, punch, refusal.reason)
+            return
+        await original(self, peer_id, addr, source, as_responder)
+
+    return _dial_peer

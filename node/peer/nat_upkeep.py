@@ -1,5 +1,6 @@
-"""A node's reachability upkeep: ask peers whether we are reachable (AutoNAT), and when we
-are not, hold a slot on relays found among the connected peers.
+"""A node's reachability upkeep: ask peers whether we are reachable (AutoNAT: a few chosen
+at random, one per subnet, and a verdict by agreement, `node.host.reachability`), and when
+we are not, hold a slot on relays found among the connected peers.
 
 A relay announces itself through identify: a peer running the relay service lists the
 circuit relay v2 hop protocol, so any node connected to it (a bootstrap peer, a peer met
@@ -10,6 +11,7 @@ read `stats()`: `reachability`, `direct_peers`, `relayed_peers`, `relay_bytes`, 
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -26,7 +28,6 @@ log = logging.getLogger("swarm.nat")
 
 CHECK_EVERY_S = 120.0  # re-ask peers whether we are reachable
 FIRST_CHECK_AFTER_S = 3.0  # let identify finish on the bootstrap connections first
-MAX_SERVERS = 3  # peers asked per check
 MAX_RELAYS = 2  # slots held at once
 MAX_ANNOUNCE = 64  # peers told of a new relayed address
 
@@ -47,6 +48,7 @@ class NatUpkeep:
         self.reach = reach
         self._bootstrap = list(bootstrap)
         self._greet = greet  # tells a connected peer our addresses again (discovery's hello)
+        self._rng = random.Random()  # whom to ask: never predictable from peer ids
 
     def own_addrs(self) -> list[str]:
         """The addresses our hello announces: listen addresses, then relayed ones (a peer's
@@ -73,7 +75,7 @@ class NatUpkeep:
     async def check_once(self) -> str:
         """Ask a few peers whether we are reachable; when we are not, reserve relay slots
         and announce them. Returns the reachability status."""
-        servers = self._host.connected_peers()[:MAX_SERVERS]
+        servers = self.reach.pick(self._host.connected_peers(), self._rng)
         status = await self.reach.check(servers)
         if status != "private" or len(self.relay.reservations) >= MAX_RELAYS:
             return status

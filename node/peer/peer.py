@@ -317,6 +317,7 @@ class Peer:
             "roles": list(self.cfg.roles),
             "run": self.run_id,
             "policy_version": self.policy_version,
+            "max_staleness": self.manifest.max_staleness,
             "peers": len(self.host.connected_peers()),
             "known_peers": len(self.discovery.book),
             "banned": self.host.banned_count(),

@@ -177,6 +177,12 @@ class RunPeer(VersionView, Protocol):
         """Charge `peer` for a malformed request."""
         ...
 
+    def report(
+        self, peer: bytes | str, penalty: float, reason: str, offence: str | None = None
+    ) -> None:
+        """Score `peer` down by `penalty` (<= 0) for `reason`."""
+        ...
+
 
 class WeightsView(Protocol):
     """The peer's policy weights (None when it keeps none) and its run's manifest."""

@@ -27,6 +27,7 @@ import trio
 from node.exchange import runs as run_exchange
 from node.host.host import PeerError, PeerEvent
 from node.peer.ports import RunPeer
+from protocol import penalties
 from protocol import run_manifest as rm
 from protocol.identity import peer_id_from_b58, peer_id_to_b58
 from protocol.wire import RunRelease
@@ -39,6 +40,8 @@ PULL_TIMEOUT_S = 10.0
 # A peer that just connected may not serve its run yet (it starts serving once its own
 # bootstrap dials are done): ask after a moment, and once more a little later.
 PULL_DELAYS_S = (1.0, 3.0)
+# What serving a refused release costs the peer that served it, by refusal.
+CHARGED = {rm.BAD_SIGNATURE: penalties.BAD_SIGNATURE, rm.MALFORMED: penalties.MALFORMED}
 ASK_AGAIN_S = 300.0  # ask one peer for its release at most this often
 MAX_PULLS = 4  # pulls at once
 MAX_ASKED = 4096  # peers remembered as asked
@@ -179,11 +182,21 @@ class RunService:
             log.debug("run: %s did not answer for its run release: %s", who[:12], exc)
         return False
 
+    def _charge(self, verdict: rm.Refuse, source: str) -> None:
+        """A release whose signature fails, or that is no release at all, was forged or
+        broken by whoever handed it over (honest peers serve only releases they checked):
+        it pays as for any forged message. Foreign, unsigned, older or other-run releases
+        may come from an honest peer of another run: refused, free."""
+        offence = CHARGED.get(verdict.reason)
+        if offence is not None:
+            self.peer.report(source, offence.cost, str(verdict), offence=offence.name)
+
     def consider(self, data: bytes, source: str) -> rm.Adopt | rm.Refuse:
         """Check a release `source` holds; adopt it if `check` says so, else log why not."""
         verdict = rm.check(data, self.pin, self.release)
         if isinstance(verdict, rm.Refuse):
             self.counters[f"run_release_refused_{verdict.reason.replace(' ', '_')}"] += 1
+            self._charge(verdict, source)
             quiet = data == self.data  # the same release again: nothing to say
             log.log(
                 logging.DEBUG if quiet else logging.WARNING,

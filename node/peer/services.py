@@ -178,7 +178,10 @@ class CatchUpDriver:
         if verdict.too_stale:
             reason = f"no trainer holds it and it is older than version {version} - S"
             store.mark_too_stale(sorted(verdict.too_stale), reason, now)
-        self.delivery = store.delivery_status()
+        self.delivery = {
+            **store.delivery_status(),
+            **store.own_work(version, self.max_staleness),
+        }
 
 
 def bad_request_event(peer: str, reason: str) -> Misbehaved:

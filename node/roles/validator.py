@@ -25,8 +25,10 @@ records that no record ticket sampled publish no verdict (`window_audited`). A w
 is judged when it is full or `verify.producer.CLOSE_AFTER_S` after it opened, each header
 of an audited window whose body never came counting as a failed record (`producer_windows`
 counts them); one with at least `WINDOW_OVER` records over the calibrated limit costs the
-producer `PRODUCER_PENALTY` here and, when it names a whole window, is gossiped as a
-signed `ProducerClaim`. Another validator's claim is re-checked like a failed verdict
+producer `PRODUCER_PENALTY` here, and so do its records over the limit when they fail the
+sequential rule over all of its audited records (`protocol.producer_cases`); either
+finding, about any number of records, is gossiped as a signed `ProducerClaim` that any
+peer re-checks and a trainer acts on. Another validator's claim is re-checked like a failed verdict
 (`protocol.producer_cases`): we take every record of the window, audit each ourselves,
 and the producer or the accuser pays by our own statistic (`producer_findings`,
 `producer_findings_last`, `producer_claims` in status).
@@ -427,21 +429,23 @@ class ValidatorRole:
             )
 
     async def on_finding(self, found: Any, authorized: bool) -> None:
-        """A producer's window over the limit: it pays here, loses its standing with us, and
-        the claim is gossiped when it names a whole window (a peer re-checking it that cannot
-        pull a withheld body drops the case, nobody pays; a trainer bans on it)."""
+        """Records of a producer over the limit (a window, or a span failing the sequential
+        rule): it pays here, loses its standing with us, and the claim is gossiped, whatever
+        the number of records (a peer re-checking it that cannot pull a withheld body drops
+        the case, nobody pays; a trainer bans on it)."""
         self.counts["producer_findings"] += 1
-        self.standing.ban(found.producer, "producer window over the limit")
+        self.standing.ban(found.producer, f"producer {found.rule} over the limit")
         self.held_passes.failed(found.producer)
         self.peer.report(
             found.producer,
             PRODUCER_PENALTY,
-            f"producer window statistic {found.statistic:.3g} over {found.limit:.3g}",
+            f"producer {found.rule} statistic {found.statistic:.3g} over {found.limit:.3g}",
             penalties.PRODUCER_WINDOW.name,
         )
         self.findings.append(
             {
                 "producer": found.producer.hex()[-12:],
+                "rule": found.rule,
                 "statistic": found.statistic,
                 "limit": found.limit,
                 "records": len(found.rollout_ids),
@@ -449,13 +453,13 @@ class ValidatorRole:
             }
         )
         del self.findings[:-8]
-        if authorized and len(found.rollout_ids) == self.producers.window:
+        if authorized:
             await self.peer.publish_producer_claim(
                 ProducerClaim(
                     producer=found.producer,
                     rollout_ids=found.rollout_ids,
                     statistic=self.producers.stat,
-                    median=found.statistic,
+                    median=min(found.statistic, 1e6),
                     limit=found.limit,
                 )
             )

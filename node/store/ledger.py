@@ -195,6 +195,73 @@ class LedgerStore:
             "pending": produced - accepted - rejected,
         }
 
+    def own_work(
+        self, version: int | None = None, max_staleness: int | None = None
+    ) -> dict[str, int]:
+        """What became of this peer's own rollouts, as far as it can tell: `produced`;
+        `delivered` (a trainer holds it); `too_stale` (no trainer took it in time);
+        `audited` (a verdict came), of which `refused` (a validator rejected it);
+        `awaiting_audit` (no verdict, neither too stale nor past its window);
+        `trained_unaudited` (delivered, no verdict, its staleness window closed: the
+        trainer takes such rollouts of producers in good standing without an audit);
+        `trained` (delivered, not refused, its window closed). A rollout's window is
+        closed when `version - its version > max_staleness` (both given), or when retention
+        already dropped its row (it does so only past the window)."""
+        sql = """
+            SELECT
+              count(*),
+              sum(CASE WHEN rej > 0 OR acc > 0 THEN 1 ELSE 0 END),
+              sum(CASE WHEN rej > 0 THEN 1 ELSE 0 END),
+              sum(CASE WHEN state = 'delivered' THEN 1 ELSE 0 END),
+              sum(CASE WHEN state = 'too_stale' THEN 1 ELSE 0 END),
+              sum(CASE WHEN state = 'delivered' AND rej = 0 AND closed THEN 1 ELSE 0 END),
+              sum(CASE WHEN state = 'delivered' AND rej = 0 AND acc = 0 AND closed
+                  THEN 1 ELSE 0 END),
+              sum(CASE WHEN rej = 0 AND acc = 0 AND state IS NOT 'too_stale'
+                  AND NOT (state IS 'delivered' AND closed) THEN 1 ELSE 0 END)
+            FROM (
+              SELECT p.item_id,
+                (SELECT count(*) FROM ledger v WHERE v.item_id = p.item_id
+                   AND v.direction='out' AND v.outcome='rejected') AS rej,
+                (SELECT count(*) FROM ledger v WHERE v.item_id = p.item_id
+                   AND v.direction='out' AND v.outcome='accepted') AS acc,
+                d.state AS state,
+                (r.rollout_id IS NULL OR (? IS NOT NULL AND ? - r.policy_version > ?)) AS closed
+              FROM ledger p
+              LEFT JOIN deliveries d ON d.rollout_id = p.item_id
+              LEFT JOIN rollouts r ON r.rollout_id = p.item_id
+              WHERE p.direction='out' AND p.outcome='produced' AND p.kind='rollout'
+              GROUP BY p.item_id
+            )"""
+        known = version is not None and max_staleness is not None
+        args = (1 if known else None, version if known else 0, max_staleness if known else 0)
+        with self._read() as c:
+            row = c.execute(sql, args).fetchone()
+        produced, audited, refused, delivered, stale, trained, unaudited, awaiting = (
+            int(n or 0) for n in row
+        )
+        return {
+            "produced": produced,
+            "delivered": delivered,
+            "audited": audited,
+            "refused": refused,
+            "trained": trained,
+            "too_stale": stale,
+            "awaiting_audit": awaiting,
+            "trained_unaudited": unaudited,
+        }
+
+    def ledger_compacted(self) -> dict[tuple[str, str, str | None], int]:
+        """The ledger lines retention compacted away, counted per (direction, outcome,
+        reason)."""
+        with self._read() as c:
+            return {
+                (d, o, r or None): int(n)
+                for d, o, r, n in c.execute(
+                    "SELECT direction, outcome, reason, n FROM ledger_totals"
+                ).fetchall()
+            }
+
     # -- counters ------------------------------------------------------------------
 
     def reserve(self, name: str, n: int = 1) -> int:

@@ -58,6 +58,9 @@ Catch-up and delivery (see `protocol.catch_up`):
     `mark_delivered(ids, peer, at) -> int`, `mark_too_stale(ids, reason, at) -> int`
     `undelivered_own(limit) -> list[(rollout_id, policy_version)]`
     `delivery_status() -> {produced, delivered, pending, too_stale}` of our own rollouts
+    `own_work(version, max_staleness) -> dict` produced / delivered / audited / refused /
+    trained / too_stale / awaiting_audit / trained_unaudited counts of our own rollouts
+    `ledger_compacted() -> {(direction, outcome, reason): n}` lines retention compacted
 Counters that must never repeat across restarts (envelope sequence numbers, task counters):
     `reserve(name, n=1) -> int`   durably reserve n consecutive numbers, returns the first;
     reserve blocks (say 1,000) and take from them in memory: a crash only skips numbers

@@ -12,6 +12,8 @@ The code is organized as follows:
 - `nat_peer.py`: a host with circuit relay v2, AutoNAT and DCUtR as a process; `start_in` starts one in a namespace
 - `netlab.py`: `NetLab`, an emulated network of namespaces with peers behind cone and symmetric NATs
 - `reach_join.py`: `FullStack`, a worker of the full role stack joining a public run from behind NAT
+- `dcutr_flood.py`: py-libp2p's DCUtR handler on a stand-in host whose network counts dial attempts
+- `relay_flood.py`: reservation requests at once from one IP to the relay's reservation handler
 - `conn_attacks.py`: connection and GossipSub-control attacks from plain py-libp2p hosts, and the honest probe
 
 The process modules (`gossip_peer`, `net_peer`, `nat_peer`) are run with `python -m` and are

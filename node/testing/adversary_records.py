@@ -59,10 +59,11 @@ def honest_record(
     rng: random.Random,
     change: float = 0.0,
     claim: float | None = None,
+    signed_at: float | None = None,
 ) -> bytes:
     """A synthetic record claiming its true reward (or lying: claiming the opposite, or
     `claim` whatever the truth); `change` (SLIGHT_MARK, CHANGED_MARK) makes it a changed
-    model's (`model_change`)."""
+    model's (`model_change`); `signed_at` its envelope's time (default now)."""
     base = synthetic_record(ident, m, counter, n_prompt=16, n_completion=64, seq=seq, rng=rng)
     rec = decode(RolloutRecord, base)
     # The task seed derives from the run, the counter and the signer's key
@@ -87,5 +88,5 @@ def honest_record(
         run_id=run_id or m.run_id,
         policy_version=version,
         seq=seq,
-        timestamp_ms=int(time.time() * 1000),
+        timestamp_ms=int((time.time() if signed_at is None else signed_at) * 1000),
     )

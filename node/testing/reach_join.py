@@ -21,9 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from node.keyfile import write_key
+from node.model_fetch import read_bundle_files
 from node.run_file import load_run_manifest, manifest_from_table, manifest_to_toml
 from node.testing.netlab import PUBLIC_IP, NetLab
+from protocol.content_id import content_id
 from protocol.identity import Identity
+from protocol.model_bundle import encode_bundle
+from trainer.checkpoint import from_model_dir
 from trainer.model_dir import save_model_dir
 from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
 
@@ -64,7 +68,12 @@ def read_status(data_dir: Path) -> dict[str, Any]:
 class FullStack:
     """Public relay + trainer + validator of one signed run; workers join from NATs."""
 
-    def __init__(self, lab: NetLab, tmp: Path, template: Path | None = None) -> None:
+    def __init__(
+        self, lab: NetLab, tmp: Path, template: Path | None = None, fresh_joiner: bool = False
+    ) -> None:
+        """`fresh_joiner`: the run names the built-in model but pins the small one (the
+        public nodes are given its directory with `--model`), and a joiner sees an empty
+        data root, as on a fresh machine: it must fetch the model from the run."""
         self.lab, self.tmp = lab, tmp
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ids: dict[str, str] = {}
@@ -77,6 +86,18 @@ class FullStack:
             validator_keys=(keys["validator"].peer_id,),
             trainer_keys=(keys["trainer"].peer_id,),
         )
+        self.model_args: tuple[str, ...] = ()
+        self.joiner_env: dict[str, str] = {}
+        if fresh_joiner:
+            model_dir = Path(manifest.model)
+            manifest = dataclasses.replace(
+                manifest,
+                model="builtin:tiny",
+                model_digest=content_id(from_model_dir(model_dir)),
+                model_files_digest=content_id(encode_bundle(read_bundle_files(model_dir))),
+            )
+            self.model_args = ("--model", str(model_dir))
+            self.joiner_env = {"SWARM_NODE_DATA": str(tmp / "fresh-machine")}
         self.run = tmp / "signed-run.toml"
         self.run.write_text(manifest_to_toml(manifest))
         self._cli(
@@ -95,7 +116,15 @@ class FullStack:
         if done.returncode != 0:
             raise RuntimeError(f"swarm-node {args[0]}: {done.stderr.strip()}")
 
-    def _start(self, ns: str, name: str, role: str, listen: str, *extra: str) -> None:
+    def _start(
+        self,
+        ns: str,
+        name: str,
+        role: str,
+        listen: str,
+        *extra: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
         try:
             self.procs[name] = subprocess.Popen(
@@ -123,7 +152,7 @@ class FullStack:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
-                env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})},
             )
         finally:
             log.close()
@@ -155,7 +184,7 @@ class FullStack:
             self.lab.wan, "relay", "relay", f"/ip4/{PUBLIC_IP}/tcp/4001", "--run", str(self.run)
         )
         self._wait("relay")
-        boot = ("--run", str(self.run), "--bootstrap", self.relay_addr)
+        boot = ("--run", str(self.run), "--bootstrap", self.relay_addr, *self.model_args)
         self._start(self.lab.wan, "trainer", "trainer", f"/ip4/{PUBLIC_IP}/tcp/4002", *boot)
         self._start(
             self.lab.wan,
@@ -189,6 +218,7 @@ class FullStack:
             self.ids["authority"],
             "--batch-size",
             "2",
+            env=self.joiner_env,
         )
         while time.monotonic() - started < timeout:
             if self.validator_counts().get("passed", 0) > 0:

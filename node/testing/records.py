@@ -63,7 +63,7 @@ def synthetic_record(
         top_p=1.0,
         top_k=0,
         max_new_tokens=max(1, n_completion),
-        sampling_seed=rng.getrandbits(63),
+        sampling_seed=task_seed(manifest.seed, counter, identity.peer_id),  # bound, as a worker's
         finish_reason="length",
         proofs=proofs,
     )

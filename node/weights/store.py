@@ -37,6 +37,7 @@ Versions: `installed() -> dict[version, digest]`, `version_path(v)`, `read_versi
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -104,7 +105,8 @@ def _fsync_write(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
         _fsync_dir(path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # on a read-only disk the cleanup fails as well
+            tmp.unlink(missing_ok=True)
         raise _write_error(path, exc) from None
 
 

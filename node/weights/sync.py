@@ -67,6 +67,7 @@ from typing import Any
 
 import trio
 
+from node.disk_trouble import DiskTrouble
 from node.exchange import shards as shard_exchange
 from node.host.host import PeerError
 from node.weights.serve import WeightServer
@@ -135,6 +136,7 @@ class WeightSync:
         self._nursery: trio.Nursery | None = None
         self._started = time.monotonic()
         self._retry_at = 0.0
+        self._disk = DiskTrouble()  # shard writes failing (a full disk): back off
         self._wanted: set[bytes] = set()
         self.server = WeightServer(
             store, self._manifests, self.limiter, self.newest, self._bump, self._misbehaved
@@ -337,6 +339,10 @@ class WeightSync:
             return
         self._notify()  # our have-map lists it now if we hold any of its shards
 
+    def known_top(self) -> int:
+        """The newest version this node knows of: its target, or what a peer said it has."""
+        return max([self.target, *self._peer_versions.values()])
+
     def on_hello(self, peer: str, version: int) -> None:
         """Remember the newest version `peer` said it has."""
         self._peer_versions[peer] = version
@@ -414,6 +420,8 @@ class WeightSync:
             if time.monotonic() >= self._retry_at:
                 await self._install(steps)
             return
+        if not self._disk.ready(time.monotonic()):
+            return  # the last shard could not be written: ask again after the pause
         for action in self.sched.next_requests(now):
             self._do(action, nursery)
 
@@ -475,10 +483,14 @@ class WeightSync:
                     return
                 except WeightsError as exc:
                     self.error = str(exc)
-                    log.warning("weights: %s", exc)
                     self.sched.on_missing(req.peer, req.manifest_id, req.index, now())
-                    self._retry_at = time.monotonic() + 5.0
+                    self._bump("shard_write_failed")
+                    if self._disk.failed(time.monotonic()):
+                        log.warning("weights: %s: downloads paused, retried with backoff", exc)
+                    self._retry_at = self._disk.retry_at
                     return
+                if self._disk.ok():
+                    log.warning("weights: shards are written again")
                 self._bump("bytes_downloaded", len(data))
                 self._bump("shards_verified")
                 self.server.held_changed()

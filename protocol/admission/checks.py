@@ -76,6 +76,12 @@ def check_context(
             r = refuse(Reason.NOT_BOUND, "task seed not derived from the signer's key and counter")
             r.blame_signer = True  # it signed a claim to work its key did not make
             raise r
+        if op.body is not None and obj.body.sampling_seed != header.task_seed:
+            # The body is another producer's (its seed is bound to that key): a header
+            # naming someone else's body digest, served as its own.
+            r = refuse(Reason.NOT_BOUND, "body not sampled with the signer's task seed")
+            r.blame_signer = True
+            raise r
     if rule.versioned:
         v, t, s = env.policy_version, view.version, run.max_staleness
         if t - v > s:

@@ -63,42 +63,60 @@ class DedupCache:
 
 
 class WorkIndex:
-    """Which rollout holds each unit of work: (signer, counter) and body digest.
+    """Which rollout holds each unit of work: (signer, counter), each signer's body digests,
+    and the bodies held.
 
-    Bounded: at most `max_entries` of each, oldest forgotten first.
+    Across signers only bodies count: a header names a body digest but proves nothing of
+    who made the body (anyone can sign a header naming a digest it saw), so the first
+    *record* whose body is bound to its signer (admission's CONTEXT checks the binding)
+    holds the body, never the first header. Within one signer a digest named twice is
+    double work, header or record. Bounded: at most `max_entries` of each, oldest
+    forgotten first.
     """
 
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
         self._units: OrderedDict[tuple[bytes, int], bytes] = OrderedDict()
+        self._own: OrderedDict[tuple[bytes, bytes], bytes] = OrderedDict()  # signer, digest
         self._bodies: OrderedDict[bytes, tuple[bytes, bytes]] = OrderedDict()  # -> signer, id
 
     def __len__(self) -> int:
         return len(self._units)
 
-    def clash(self, signer: bytes, key: tuple[int, bytes], rid: bytes) -> str | None:
-        """None if `rid` may hold this work; else what it clashes on ("counter", "body",
-        or "other_signer" when another signer's rollout already holds the body)."""
+    def clash(
+        self, signer: bytes, key: tuple[int, bytes], rid: bytes, body: bool = False
+    ) -> str | None:
+        """None if `rid` (a record when `body`, else a header) may hold this work; else
+        what it clashes on ("counter", "body", or "other_signer" when another signer's
+        record already holds the body)."""
         counter, digest = key
         held = self._units.get((signer, counter))
         if held is not None and held != rid:
             return "counter"
-        body = self._bodies.get(digest)
-        if body is not None and body[1] != rid:
-            return "body" if body[0] == signer else "other_signer"
+        own = self._own.get((signer, digest))
+        if own is not None and own != rid:
+            return "body"
+        other = self._bodies.get(digest) if body else None
+        if other is not None and other[0] != signer:
+            return "other_signer"
         return None
 
-    def add(self, signer: bytes, key: tuple[int, bytes], rid: bytes) -> None:
-        """Record that rollout `rid` of `signer` holds this unit of work."""
+    def add(self, signer: bytes, key: tuple[int, bytes], rid: bytes, body: bool = False) -> None:
+        """Record that rollout `rid` of `signer` holds this unit of work (and, when `body`,
+        that its record's body is here)."""
         counter, digest = key
-        self._units[(signer, counter)] = rid
-        self._units.move_to_end((signer, counter))
-        self._bodies[digest] = (signer, rid)
-        self._bodies.move_to_end(digest)
-        while len(self._units) > self.max_entries:
-            self._units.popitem(last=False)
-        while len(self._bodies) > self.max_entries:
-            self._bodies.popitem(last=False)
+        _put(self._units, (signer, counter), rid, self.max_entries)
+        _put(self._own, (signer, digest), rid, self.max_entries)
+        if body and digest not in self._bodies:  # the first body held keeps it
+            _put(self._bodies, digest, (signer, rid), self.max_entries)
+
+
+def _put(index: OrderedDict[Any, Any], key: Any, value: Any, limit: int) -> None:
+    """Set `key` as the newest entry of `index`, the oldest past `limit` forgotten."""
+    index[key] = value
+    index.move_to_end(key)
+    while len(index) > limit:
+        index.popitem(last=False)
 
 
 class SeenWork:
@@ -146,15 +164,17 @@ class SeenWork:
             raise Refused(Stage.REPLAY, Reason.REPLAY, str(exc), signer=env.signer) from None
 
     def check_unique(self, m: InFlight) -> None:
-        """UNIQUE: one rollout per (producer, counter) and per body digest."""
+        """UNIQUE: one rollout per (producer, counter) and per body digest of a producer;
+        across producers, one record per body held (`WorkIndex`)."""
         assert m.opened is not None
         op = m.opened
         signer = op.envelope.signer
-        clash = self.work.clash(signer, work_key(op), op.content_id)
+        clash = self.work.clash(signer, work_key(op), op.content_id, body=op.body is not None)
         if clash is None:
             return
         if clash == "other_signer":
-            # Someone else signed this body first: not provably this signer's fault.
+            # Another signer's record holds this body (a run without bound seeds cannot
+            # tell who made it): not provably this signer's fault.
             raise Refused(Stage.UNIQUE, Reason.DUPLICATE, "body already admitted", 0.0)
         raise Refused(
             Stage.UNIQUE,

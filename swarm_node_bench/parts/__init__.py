@@ -10,6 +10,7 @@ The code is organized as follows:
 - `generate_vllm.py`: the vLLM part of `bench generate`
 - `learn_sapo.py`: `bench learn`'s `sapo` grid
 - `learn_swarm.py`: `bench learn`'s `efficiency` and `devnet` parts
+- `sequential_power.py`: the sequential producer rule's false positives and power, simulated (`python -m swarm_node_bench.parts.sequential_power`)
 - `verify_models.py`: the changed models `bench verify`'s cases generate with
 - `verify_records.py`: how `bench verify` makes, doctors and audits signed records
 - `window_statistic.py`: which window statistic catches a partly changed window (`python -m swarm_node_bench.parts.window_statistic`)

@@ -62,7 +62,7 @@ from protocol.accounting import WorkLedger
 from protocol.admission import AdmissionConfig, Admitted, Kind
 from protocol.audit_sample import sample_ticket, sampled, window_ticket
 from protocol.body_pull import PullConfig
-from protocol.credit import STALE_AFTER_S
+from protocol.credit import STALE_AFTER_S, CreditBook
 from protocol.identity import Identity, peer_id_from_b58, peer_id_to_b58
 from protocol.producer_cases import PRODUCER_PENALTY
 from protocol.rollout import open_record
@@ -79,6 +79,41 @@ HONEST_STAT, SLIGHT_STAT = 1e-7, 5e-6
 
 
 CREDIT_WINDOW_S = 12.0  # the trainer's body pull window: a header unserved this long is skipped
+# The trainer's free go-back window (`protocol.credit`, 600 s in a run): short enough that
+# two restarts signed `attacks.RESTART_GAP_S` apart fall in windows of their own.
+BACK_WINDOW_S = 40.0
+MAX_CHARGES = 100_000  # score changes below zero remembered per process
+
+
+class _Charges:
+    """Every score change below zero this peer's admission made, per peer id (base58):
+    the bench's `honest_penalty`. Wraps the one method every change goes through."""
+
+    def __init__(self, scores: Any) -> None:
+        self.log: dict[str, list[tuple[float, float]]] = {}
+        self.count = 0
+        adjust = scores.adjust
+
+        def recording(peer: Any, delta: float, now: float) -> Any:
+            if delta < 0 and self.count < MAX_CHARGES:
+                self.count += 1
+                self.log.setdefault(_b58(peer), []).append((now, delta))
+            return adjust(peer, delta, now)
+
+        scores.adjust = recording
+
+    def of(self, ids: list[str]) -> dict[str, list[tuple[float, float]]]:
+        """The charges of `ids`."""
+        return {p: self.log.get(p, []) for p in ids}
+
+
+def _b58(peer: Any) -> str:
+    if isinstance(peer, (bytes, bytearray)):
+        try:
+            return peer_id_to_b58(bytes(peer))
+        except Exception:  # noqa: BLE001 - an opaque id that is no peer id
+            return bytes(peer).hex()
+    return str(peer)
 
 
 class _Counting:
@@ -101,6 +136,9 @@ class _Counting:
         self.waiting: OrderedDict[bytes, tuple[Any, float]] = OrderedDict()
         self.trained: dict[str, list[str]] = {}  # producer -> rollout ids trained on
         self.admitted_ahead: Counter[str] = Counter()  # rollouts of versions above ours
+        self.collector.credit = CreditBook(
+            pull_window_s=CREDIT_WINDOW_S, back_window_s=BACK_WINDOW_S
+        )
         # Everyone runs VERSION from the start: it was published long enough ago that
         # claims of older versions are stale (`protocol.credit`).
         self.collector.on_published(VERSION, time.time() - STALE_AFTER_S)
@@ -192,6 +230,7 @@ class _Counting:
                 "credited": None if earned is None else earned * weight,
                 "first": span.first if span else None,
                 "last": span.last if span else None,
+                "withheld": span.withheld if span else 0,
                 **(dataclasses.asdict(s) if s is not None else {}),
             }
         return {
@@ -206,6 +245,11 @@ class _Counting:
             "counted_reward": reward,
             "trained": self.trained,
             "made": {rid.hex(): (producer, t) for rid, (producer, t, _c, _d) in self.made.items()},
+            "bodies": [
+                rid.hex()
+                for rid in self.made
+                if (tr := self.collector.tracks.get(rid)) is not None and tr.body
+            ],
             "banned_producers": sorted(
                 p for p in ids if self.standing.state(peer_id_from_b58(p)) is State.BANNED
             ),
@@ -342,19 +386,19 @@ class _Validator:
             await self.peer.publish_verdict(v)
 
     async def on_finding(self, found: Any) -> None:
-        self.standing.ban(found.producer, "producer window over the limit")
+        self.standing.ban(found.producer, f"producer {found.rule} over the limit")
         self.held.failed(found.producer)
-        self.peer.report(found.producer, PRODUCER_PENALTY, "producer window over the limit")
-        if len(found.rollout_ids) == self.tally.window:
-            await self.peer.publish_producer_claim(
-                ProducerClaim(
-                    producer=found.producer,
-                    rollout_ids=found.rollout_ids,
-                    statistic=STAT,
-                    median=min(found.statistic, 1e6),
-                    limit=found.limit,
-                )
+        self.peer.report(found.producer, PRODUCER_PENALTY, f"producer {found.rule} over the limit")
+        # a finding about any number of records is a claim (`node.roles.validator`)
+        await self.peer.publish_producer_claim(
+            ProducerClaim(
+                producer=found.producer,
+                rollout_ids=found.rollout_ids,
+                statistic=STAT,
+                median=min(found.statistic, 1e6),
+                limit=found.limit,
             )
+        )
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -377,6 +421,7 @@ async def main(args: argparse.Namespace) -> None:
     )
     with trio.move_on_after(args.max_life):
         async with open_peer(cfg) as peer, trio.open_nursery() as nursery:
+            charges = _Charges(peer.admission.scores)
             counting = _Counting(peer, args.hold) if args.role == "trainer" else None
             if counting is not None:
                 peer.on_deliver(counting.on_deliver)
@@ -402,7 +447,7 @@ async def main(args: argparse.Namespace) -> None:
                 elif kind == "report":
                     ids = cmd.get("ids", [])
                     if counting is not None:
-                        reply(counting.report(ids))
+                        reply({**counting.report(ids), "charges": charges.of(ids)})
                     else:
                         now = time.time()
                         sc = peer.admission.scores
@@ -411,6 +456,7 @@ async def main(args: argparse.Namespace) -> None:
                                 "banned": {p: sc.is_banned(p, now) for p in ids},
                                 "rss_mb": _rss_mb(),
                                 "scores": {p: sc.score(p, now) for p in ids},
+                                "charges": charges.of(ids),
                                 "sampled": sampled_at,
                                 "standing_banned": sorted(
                                     p

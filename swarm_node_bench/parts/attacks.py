@@ -16,6 +16,25 @@ Every loop is bounded in count and time.
 The cases of the per-producer window rule and of standing use the stand-in models of
 `swarm_node_bench.parts.adv_peer.model_change` (SLIGHT_CHANGE: passes alone, over the producer limit;
 FAILING_CHANGE: fails its audit) and publish at `WINDOW_RATE` records a second.
+
+The cases of the second credit round also answer `truth_by_signer` (signer -> counter ->
+the true worth of each counter it made: a changed model's record or another producer's
+body is worth 0) for `credit_gain`, and `victims`: honest keys this process signs for,
+playing a worker the attack is aimed at (their penalties count as an honest worker's):
+    minority_change_per_window  WINDOW_OVER - 1 slightly changed records of every window
+                                (never a window over): the sequential rule's case
+    partial_window_keys         PARTIAL_KEYS keys of PRODUCER_WINDOW - 1 records each,
+                                WINDOW_OVER of them changed: a finding about a partial
+                                window must reach the trainer
+    bound_digest_theft          a thief's header (its own counter and bound seed) names a
+                                victim's body digest and reaches the peers first; it serves
+                                the body under its own header; every other of its counters
+                                is its own honest work
+    key_shopping                fresh keys publishing counters while they solve, each
+                                abandoned at its first unsolved one (never published)
+    delayed_restart_batch       a relay holds a victim's first restart batch (signed
+                                RESTART_GAP_S before the second) until the second restart:
+                                the victim must not pay for going back twice
 """
 
 from __future__ import annotations
@@ -40,6 +59,7 @@ from node.testing.adversary_records import (
     true_reward,
 )
 from protocol.admission import Admitted, Kind
+from protocol.assignment import task_seed
 from protocol.codec import decode, encode
 from protocol.content_id import content_id
 from protocol.envelope import seal
@@ -55,6 +75,12 @@ CHEATER_HONEST = 48  # the changed-model cheater's honest records first (its pro
 CHEATER_CHANGED = 128  # then its changed model's, a quarter of them failing alone
 CREDIT_RATE = 15.0  # counters a second in the credit cases: under every receiver's signer rate
 SERVE_S = 6.0  # a credit attacker serves what it stored this long after its last counter
+MINORITY_WINDOWS = 6  # windows of the minority change
+PARTIAL_KEYS = 4  # keys of a partial window each
+THEFT_COUNTERS = 40  # the thief's counters, every other one a stolen digest
+SHOP_KEYS = 150  # fresh keys of the key shopper (about one in four publishes anything)
+RESTART_GAP_S = 80.0  # between a victim's two restarts (signed), over the trainer's back window
+SERVE_LONG_S = 2 * SERVE_S  # the second round's cases serve longer: pulls come late on a busy host
 
 
 async def attack(cmd: dict[str, Any], manifest: Any, data_dir: Path) -> dict[str, Any]:
@@ -73,7 +99,7 @@ async def attack(cmd: dict[str, Any], manifest: Any, data_dir: Path) -> dict[str
     )
     seen: list[Admitted] = []
     out: dict[str, Any] = {"sent": 0, "signers": [ident.peer_id_b58], "measure": "admitted"}
-    with trio.move_on_after(seconds + 30):
+    with trio.move_on_after(seconds + 60):
         async with open_peer(cfg) as peer:
             peer.on_deliver(lambda item: seen.append(item) if len(seen) < 4096 else None)
             out["attacker"] = peer.host.peer_id
@@ -447,6 +473,153 @@ async def _fresh_identity_flood(c: _Ctx, out: dict[str, Any]) -> None:
         await c.publish("rollouts", _header(c.record(ident=f)), out)
 
 
+def _changed_window(
+    c: _Ctx, out: dict[str, Any], ident: Identity, changed: set[int], n: int
+) -> list[tuple[bytes, bool]]:
+    """`n` records of `ident` from the next window on, those at window offsets `changed`
+    slightly changed; their true worth joins `truth_by_signer`."""
+    truth = out["truth_by_signer"].setdefault(ident.peer_id_b58, {})
+    c.counter = PRODUCER_WINDOW - 1  # the next record opens a window
+    recs = []
+    for _ in range(n):
+        k = (c.counter + 1) % PRODUCER_WINDOW
+        rec = c.record(ident=ident, change=SLIGHT_CHANGE if k in changed else 0.0)
+        truth[c.counter] = 0.0 if k in changed else _truth(rec)
+        recs.append((rec, k in changed))
+    return recs
+
+
+async def _minority_change_per_window(c: _Ctx, out: dict[str, Any]) -> None:
+    """A slightly changed model in WINDOW_OVER - 1 records of every window: no window is
+    ever over; the producer's records over the limit, taken together, are."""
+    out.update(measure="trained", truth_by_signer={}, changed_ids=[])
+    changed = {2, 7, 11}
+    assert len(changed) == WINDOW_OVER - 1
+    for rec, slight in _changed_window(
+        c, out, c.ident, changed, MINORITY_WINDOWS * PRODUCER_WINDOW
+    ):
+        rid = await _paced(c, out, rec)
+        if slight:
+            out["changed_ids"].append(rid)
+    await trio.sleep(SERVE_LONG_S)
+
+
+async def _partial_window_keys(c: _Ctx, out: dict[str, Any]) -> None:
+    """A slightly changed model over PARTIAL_KEYS keys, PRODUCER_WINDOW - 1 records each
+    with WINDOW_OVER changed: no window fills; each is judged when it closes."""
+    out.update(measure="trained", truth_by_signer={}, changed_ids=[])
+    keys = [Identity.generate() for _ in range(PARTIAL_KEYS)]
+    out["signers"] = [k.peer_id_b58 for k in keys]
+    changed = {1, 5, 9, 13}
+    assert len(changed) == WINDOW_OVER
+    for key in keys:
+        for rec, slight in _changed_window(c, out, key, changed, PRODUCER_WINDOW - 1):
+            rid = await _paced(c, out, rec)
+            if slight:
+                out["changed_ids"].append(rid)
+    await trio.sleep(SERVE_LONG_S)
+
+
+def _stolen(thief: Identity, counter: int, seq: int, victim_record: bytes, m: Any) -> bytes:
+    """The thief's record for its own `counter` (its own bound seed) carrying the victim's
+    body: its header names the victim's body digest."""
+    op = open_record(victim_record)
+    return make_record(
+        thief,
+        op.body,
+        dataset=op.header.dataset,
+        task_index=counter,
+        counter=counter,
+        task_seed=task_seed(m.seed, counter, thief.peer_id),
+        reward=op.header.reward,
+        run_id=m.run_id,
+        policy_version=VERSION,
+        seq=seq,
+        timestamp_ms=int(time.time() * 1000),
+    )
+
+
+async def _bound_digest_theft(c: _Ctx, out: dict[str, Any]) -> None:
+    """Every other counter of the thief names a victim's body digest, its header ahead of
+    the victim's (a thief that wins the race); it serves that body under its header."""
+    out.update(measure="theft", truth_by_signer={}, stolen=0)
+    victim = Identity.generate()
+    out["victims"] = [victim.peer_id_b58]
+    mine = out["truth_by_signer"].setdefault(c.ident.peer_id_b58, {})
+    theirs = out["truth_by_signer"].setdefault(victim.peer_id_b58, {})
+    for i in range(THEFT_COUNTERS):
+        if i % 2 == 0:  # its own work
+            rec = c.record()
+            mine[c.counter] = _truth(rec)
+            await c.store_and_publish(rec, out)
+        else:
+            v_counter = len(theirs)
+            v_rec = honest_record(victim, c.manifest, v_counter, v_counter + 1, rng=c.rng)
+            theirs[v_counter] = _truth(v_rec)
+            c.counter += 1
+            mine[c.counter] = 0.0  # another's body: worth nothing to the thief
+            await c.store_and_publish(
+                _stolen(c.ident, c.counter, c.peer.seq.next(), v_rec, c.manifest), out
+            )
+            out["stolen"] += 1
+            await trio.sleep(0.2)  # the victim's own header, just behind the thief's
+            await c.store_and_publish(v_rec, out)
+        await trio.sleep(1.0 / CREDIT_RATE)
+    await trio.sleep(SERVE_LONG_S)
+
+
+async def _key_shopping(c: _Ctx, out: dict[str, Any]) -> None:
+    """Fresh keys, each publishing its counters while they solve and abandoned at the
+    first that does not (never published)."""
+    out.update(measure="gain", truth_by_signer={})
+    keys = [Identity.generate() for _ in range(SHOP_KEYS)]
+    out["signers"] = [k.peer_id_b58 for k in keys]
+    for key in keys:
+        truth = out["truth_by_signer"].setdefault(key.peer_id_b58, {})
+        for counter in range(64):
+            rec = honest_record(key, c.manifest, counter, counter + 1, rng=c.rng)
+            truth[counter] = _truth(rec)
+            if not truth[counter]:
+                break  # abandoned: the key never shows what did not solve
+            await c.store_and_publish(rec, out)
+            await trio.sleep(1.0 / CREDIT_RATE)
+    await trio.sleep(SERVE_LONG_S)
+
+
+async def _delayed_restart_batch(c: _Ctx, out: dict[str, Any]) -> None:
+    """A victim worker: 16 counters at VERSION, a restart batch of 16 at VERSION - 1, 16
+    at VERSION, a second restart batch at VERSION - 2 RESTART_GAP_S later, 16 at VERSION.
+    This relay passes its messages on at once, except the first restart batch: held
+    until the second restart. Signed times are the victim's."""
+    out.update(measure="gain", truth_by_signer={}, signers=[])
+    victim = Identity.generate()
+    out["victims"] = [victim.peer_id_b58]
+    truth = out["truth_by_signer"].setdefault(victim.peer_id_b58, {})
+    now = time.time()
+    plan = [  # (first counter, version, signed seconds before now), in the relay's order
+        (0, VERSION, RESTART_GAP_S + 10),  # within admission's clock skew (120 s)
+        (32, VERSION, RESTART_GAP_S - 10),
+        (16, VERSION - 1, RESTART_GAP_S),  # held by the relay
+        (48, VERSION - 2, 0.0),
+        (64, VERSION, -1.0),
+    ]
+    for first, version, ago in plan:
+        for counter in range(first, first + PRODUCER_WINDOW):
+            rec = honest_record(
+                victim,
+                c.manifest,
+                counter,
+                counter + 1,
+                rng=c.rng,
+                version=version,
+                signed_at=now - ago + counter * 0.01,
+            )
+            truth[counter] = _truth(rec)
+            await c.store_and_publish(rec, out)
+            await trio.sleep(1.0 / CREDIT_RATE)
+    await trio.sleep(SERVE_LONG_S)
+
+
 ATTACKS = {
     "forged_signature": _forged_signature,
     "other_run": _other_run,
@@ -471,4 +644,9 @@ ATTACKS = {
     "version_shopping": _version_shopping,
     "published_version_shopping": _published_version_shopping,
     "stay_low_version_shopping": _stay_low_version_shopping,
+    "minority_change_per_window": _minority_change_per_window,
+    "partial_window_keys": _partial_window_keys,
+    "bound_digest_theft": _bound_digest_theft,
+    "key_shopping": _key_shopping,
+    "delayed_restart_batch": _delayed_restart_batch,
 }
