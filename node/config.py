@@ -198,6 +198,22 @@ class NodeSection:
         flag=Flag("--model", "Model directory or builtin:tiny (default: the manifest's model)."),
         path=True,
     )
+    device: str = setting(
+        "auto",
+        Choice(("auto", "cpu", "cuda")),
+        "auto | cpu | cuda",
+        "where this role's model computes (auto: a CUDA GPU when torch sees one, else the CPU;"
+        " cuda: GPU LOCAL_RANK, pick others with CUDA_VISIBLE_DEVICES)",
+        flag=Flag("--device", "Where the role's model computes: auto, cpu or cuda (default auto)."),
+    )
+    threads: int = setting(
+        0,
+        Integer(0, 4096),
+        "an integer in [0, 4096] (0: the cores available)",
+        "torch CPU threads of this process (0: the cores this process may run on, shared"
+        " among the trainer's --nproc ranks)",
+        flag=Flag("--threads", "Torch CPU threads (default 0: the cores available)."),
+    )
     listen: tuple[str, ...] = setting(
         ("/ip4/127.0.0.1/tcp/0",),
         MultiaddrList(),
@@ -342,6 +358,17 @@ class TrainerSection:
             "--micro-batch",
             "Trainer: sequences per forward/backward pass of a step (default 8).",
             click_min=True,
+        ),
+    )
+
+    nproc: int = setting(
+        1,
+        Integer(1, 1024),
+        "an integer in [1, 1024]",
+        "training ranks on this machine (torch.distributed DDP): this process is rank 0 and"
+        " starts the others (gloo on a CPU, NCCL on GPUs); under torchrun leave it 1",
+        flag=Flag(
+            "--nproc", "Trainer: training ranks on this machine (DDP; default 1).", click_min=True
         ),
     )
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import CommandError
+from trainer.devices import DeviceError, precision_problem, resolve_device
 from trainer.engines import EngineError, open_engine
 from trainer.tasks import TaskError, resolve_dataset
 from verify.calibration import FILE_NAME, CalibrationError, apply, decode_calibration
@@ -26,13 +27,42 @@ def check_datasets(manifest: Any, source: str) -> None:
             raise CommandError(f"{source}: datasets[{i}]: {exc}") from None
 
 
-def load_engine(path: Path, *, batch_size: int, threads: int | None, engine: str = "hf") -> Any:
-    """`trainer.engines.open_engine`: `hf` (transformers, CPU) or `vllm` (vLLM's CPU build
-    or a GPU)."""
+def load_engine(
+    path: Path,
+    *,
+    batch_size: int,
+    threads: int | None,
+    engine: str = "hf",
+    device: str = "cpu",
+    precision: str = "fp32",
+) -> Any:
+    """`trainer.engines.open_engine`: `hf` (transformers, on `device`) or `vllm` (vLLM's
+    CPU build or a GPU), computing at the run's `precision`."""
     try:
-        return open_engine(path, batch_size=batch_size, threads=threads, engine=engine)
+        return open_engine(
+            path,
+            batch_size=batch_size,
+            threads=threads,
+            engine=engine,
+            device=device,
+            precision=precision,
+        )
     except EngineError as exc:
         raise CommandError(str(exc)) from None
+
+
+def check_device(device: str, precision: str) -> str:
+    """`--device` resolved (`cpu` or `cuda`), checked able to compute at the run's
+    `precision`; a one-line `CommandError` otherwise (before the node joins, so a worker
+    that cannot meet the precision is never banned for rollouts that fail their audits)."""
+    try:
+        where = resolve_device(device)
+    except DeviceError as exc:
+        raise CommandError(str(exc)) from None
+    problem = precision_problem(where, precision)
+    if problem is not None:
+        raise CommandError(f"--device {device}: {problem}")
+    return where
 
 
 def load_calibration(

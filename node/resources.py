@@ -1,4 +1,4 @@
-"""What this machine has free: memory available and disk space under a path.
+"""What this machine has free: memory available, disk space under a path, CPU cores.
 
 Used by `swarm-node doctor` (can this machine join?) and `swarm-node init-model --shape`
 (refuses a build that clearly does not fit).
@@ -34,3 +34,12 @@ def existing_parent(path: Path) -> Path:
 def free_disk(path: Path) -> float:
     """Bytes free on the file system that `path` (or its nearest existing ancestor) is on."""
     return float(shutil.disk_usage(existing_parent(path)).free)
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask: a container's or a
+    `taskset` share, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)

@@ -15,6 +15,7 @@ from node.config import NodeConfig
 from node.host.host import HostSettings
 from node.host.relay import RelayLimitsConfig
 from node.peer.config import PeerConfig
+from node.resources import available_cores
 from node.roles.config import (
     InferenceConfig,
     ModelChoice,
@@ -103,18 +104,31 @@ def peer_config(
     )
 
 
+def role_threads(cfg: NodeConfig) -> int:
+    """Torch threads of one process: `node.threads`, or (0) the cores this process may run
+    on, shared among a trainer's `trainer.nproc` ranks."""
+    if cfg.node.threads:
+        return cfg.node.threads
+    ranks = cfg.trainer.nproc if cfg.node.role == "trainer" else 1
+    return max(1, available_cores() // ranks)
+
+
 def role_config(
     cfg: NodeConfig,
     *,
     data_dir: Path,
-    threads: int | None,
     max_rollouts: int | None,
     local_train: tuple[int, int] | None,
 ) -> RoleConfig:
     """The config of `cfg.node.role` from `[node]`, `[inference]`, `[validator]` and
-    `[trainer]`, with what `start` takes besides the tree (threads, a bound on rollouts,
-    the local-training split); built-in models are cached under `data_dir`."""
-    model = ModelChoice(model=cfg.node.model or None, models_dir=str(data_dir), threads=threads)
+    `[trainer]`, with what `start` takes besides the tree (a bound on rollouts, the
+    local-training split); built-in models are cached under `data_dir`."""
+    model = ModelChoice(
+        model=cfg.node.model or None,
+        models_dir=str(data_dir),
+        threads=role_threads(cfg),
+        device=cfg.node.device,
+    )
     role = cfg.node.role
     if role == "inference":
         return InferenceConfig(
@@ -139,5 +153,6 @@ def role_config(
             data_dir=data_dir,
             publish_every_s=cfg.trainer.publish_every_s,
             micro_batch=cfg.trainer.micro_batch,
+            nproc=cfg.trainer.nproc,
         )
     return RelayConfig()

@@ -64,7 +64,6 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         "max_rollouts",
         "local_train",
         "duration",
-        "threads",
         "join",
         "authority",
     }

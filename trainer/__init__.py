@@ -17,6 +17,9 @@ The code is organized as follows:
 - `loss.py`: the RL loss: group-relative advantages and the clipped surrogate.
 - `train_loop.py`: the training loop: re-scored groups in, policy versions out.
 - `micro_step.py`: one step's gradients in micro-batches, log-probs at completion positions only.
+- `distributed.py`: the trainer's ranks on torch.distributed (DDP): channels, launch.
+- `follower.py`: a rank other than 0, taking part in the steps rank 0 sends.
+- `devices.py`: where a model computes (`--device`) and at which precision.
 - `local_train.py`: local training on a peer's own copy (SAPO style).
 - `single.py`: plain on-policy GRPO in one process, the reference learner.
 - `checkpoint.py`: canonical safetensors checkpoints (one layout, one digest).

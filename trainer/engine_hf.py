@@ -239,7 +239,7 @@ def _per_sample(step_hidden: list[tuple[torch.Tensor, list[int]]], b: int) -> li
     """Each sample's hidden rows [its steps, H], in step order, from the per-step batches
     (rows [alive, H] and which sample each row is): one gather for the whole batch, where
     a row at a time cost ~1% of generation."""
-    h = torch.cat([hs for hs, _ in step_hidden])
+    h = torch.cat([hs for hs, _ in step_hidden]).to("cpu")  # `Generation.hidden` is on the CPU
     owner = torch.tensor([i for _, who in step_hidden for i in who], dtype=torch.long)
     counts = torch.bincount(owner, minlength=b).tolist()
     return list(torch.split(h[torch.argsort(owner, stable=True)], counts))

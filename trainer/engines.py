@@ -1,5 +1,7 @@
-"""Opening a generation engine on a model directory: `hf` (transformers, CPU) or `vllm`
-(vLLM's CPU build, or a GPU). Both keep the contract of `trainer.engine`.
+"""Opening a generation engine on a model directory: `hf` (transformers, on the CPU or a
+GPU) or `vllm` (vLLM's CPU build, or a GPU). Both keep the contract of `trainer.engine`
+and compute at the run's precision (`trainer.devices.precision_dtype`: the model loaded
+in float32 or bfloat16), the one precision audits judge at.
 
 Used by `swarm-node rollouts` and by the inference role (through `node.local_model`, which
 turns `EngineError` into the CLI's one-line error). The messages name the `--engine`
@@ -12,6 +14,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from trainer.devices import PRECISION_DTYPES, precision_dtype
 from trainer.model_dir import ModelDirError, check_model_dir, load_model_dir
 
 ENGINES = ("hf", "vllm")
@@ -22,8 +25,22 @@ class EngineError(ValueError):
     directory); the message is one line."""
 
 
-def open_engine(path: Path, *, batch_size: int, threads: int | None, engine: str = "hf") -> Any:
-    """The engine named `engine` on the model directory `path`; `EngineError` otherwise."""
+def open_engine(
+    path: Path,
+    *,
+    batch_size: int,
+    threads: int | None,
+    engine: str = "hf",
+    device: str = "cpu",
+    precision: str = "fp32",
+) -> Any:
+    """The engine named `engine` on the model directory `path`, computing at `precision`
+    (`fp32` or `bf16`) on `device` (`cpu` or `cuda`; vLLM runs where its build does);
+    `EngineError` otherwise."""
+    if precision not in PRECISION_DTYPES:
+        raise EngineError(
+            f"precision must be one of {', '.join(PRECISION_DTYPES)}, got {precision!r}"
+        )
     if engine not in ENGINES:
         raise EngineError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     try:
@@ -37,12 +54,12 @@ def open_engine(path: Path, *, batch_size: int, threads: int | None, engine: str
             from trainer.engine_vllm import VLLMEngine  # deferred: heavy import
 
             try:
-                return VLLMEngine(path, threads=threads)
+                return VLLMEngine(path, threads=threads, dtype=PRECISION_DTYPES[precision])
             except RuntimeError as exc:
                 raise EngineError(f"--engine vllm: {str(exc).splitlines()[0]}") from None
         from trainer.engine_hf import HFEngine  # deferred: heavy import
 
-        model, tokenizer = load_model_dir(path)
+        model, tokenizer = load_model_dir(path, dtype=precision_dtype(precision))
     except ModelDirError as exc:
         raise EngineError(str(exc)) from None
-    return HFEngine(model, tokenizer, max_batch=batch_size, threads=threads)
+    return HFEngine(model.to(device), tokenizer, max_batch=batch_size, threads=threads)

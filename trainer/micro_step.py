@@ -29,12 +29,25 @@ one pass over all B sequences:
 With `kl_coef > 0`, log π_ref comes from `ref_model` (a frozen copy of the starting weights,
 `frozen_copy`) through the same chunked path under `torch.no_grad`.
 
-Deliberately left out: mixed precision (autocast), sorting sequences by length to cut
-padding, and overlapping micro-batches with anything else.
+The forward pass is one module, `CompletionLogprobs` (packed micro-batch in, (b, T) log-probs
+out), so that a data-parallel wrapper (`trainer.distributed`: DDP) sees every parameter's
+use. On W ranks, rank r takes micro-batches r, r + W, r + 2W, ... of the step; DDP
+averages the gradients over the ranks, so each rank's loss is multiplied by W and the
+average is the step's sum. A rank left without a micro-batch forwards the step's first one
+with its loss multiplied by 0 (DDP needs every rank in the gradient all-reduce). Only the
+last micro-batch of a rank synchronises (`no_sync` before it).
+
+Mixed precision (`StepSettings.autocast`, on by default on a CUDA device that has bf16):
+the forward runs under `torch.autocast(dtype=bfloat16)`; the weights, their gradients and
+AdamW's state stay float32 (the master), and the log-softmax of each chunk is float32.
+
+Deliberately left out: sorting sequences by length to cut padding, and overlapping
+micro-batches with anything else.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,6 +72,9 @@ class StepSettings:
     logit_chunk: int = LOGIT_CHUNK  # completion rows per LM-head chunk
     # activation checkpointing of the transformer body; None: on for a CUDA model, off else
     grad_checkpointing: bool | None = None
+    # bf16 autocast of the forward (fp32 master weights); None: on where the model's device
+    # computes bf16 natively (a CUDA GPU that has it), off else (a CPU)
+    autocast: bool | None = None
 
     def __post_init__(self) -> None:
         if self.micro_batch < 1:
@@ -157,17 +173,41 @@ def completion_token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs (b, T), mask (b, T)) of each sample's completion tokens under `model` at
     its sampling temperature: one body pass, then the LM head on completion rows only."""
-    p = pack(samples, pad_id)
-    body, head = body_and_head(model)
-    dev = next(model.parameters()).device
-    out = body(input_ids=p.ids.to(dev), attention_mask=p.attn.to(dev), use_cache=False)
-    hidden = out.last_hidden_state  # (b, L, H)
-    seq, slot = p.seq.to(dev), p.slot.to(dev)
-    rows = hidden[seq, p.pos.to(dev)]  # (n, H)
-    logp_rows = row_logprobs(head, rows, p.targets.to(dev), p.temps.to(dev), chunk)  # (n,)
-    logp = torch.zeros(p.mask.shape, dtype=logp_rows.dtype, device=dev)
-    logp = logp.index_put((seq, slot), logp_rows)  # (b, T)
-    return logp, p.mask.to(dev)
+    return CompletionLogprobs(model, chunk)(pack(samples, pad_id))
+
+
+class CompletionLogprobs(torch.nn.Module):
+    """The policy as a training step forwards it: a packed micro-batch in, the (b, T)
+    log-probs of its completion tokens and their mask out (module docstring). One module,
+    so that DDP wraps the whole forward; `autocast` runs it under bf16 autocast."""
+
+    def __init__(self, model: Any, chunk: int = LOGIT_CHUNK, autocast: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.chunk = chunk
+        self.autocast = autocast
+
+    def forward(self, p: Packed) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs (b, T), mask (b, T)) of the micro-batch `p`."""
+        body, head = body_and_head(self.model)
+        dev = next(self.model.parameters()).device
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.autocast):
+            out = body(input_ids=p.ids.to(dev), attention_mask=p.attn.to(dev), use_cache=False)
+            hidden = out.last_hidden_state  # (b, L, H)
+            seq, slot = p.seq.to(dev), p.slot.to(dev)
+            rows = hidden[seq, p.pos.to(dev)]  # (n, H)
+            logp_rows = row_logprobs(head, rows, p.targets.to(dev), p.temps.to(dev), self.chunk)
+        logp = torch.zeros(p.mask.shape, dtype=logp_rows.dtype, device=dev)
+        logp = logp.index_put((seq, slot), logp_rows)  # (b, T)
+        return logp, p.mask.to(dev)
+
+
+def autocast_wanted(settings: StepSettings, device: torch.device) -> bool:
+    """Whether the step runs under bf16 autocast (`StepSettings.autocast`; None: on a CUDA
+    device that computes bf16)."""
+    if settings.autocast is not None:
+        return settings.autocast
+    return device.type == "cuda" and torch.cuda.is_bf16_supported()
 
 
 def frozen_copy(model: Any) -> Any:
@@ -197,13 +237,23 @@ def accumulate_gradients(
     loss: LossSettings,
     settings: StepSettings,
     ref_model: Any = None,
+    *,
+    policy: Any = None,
+    rank: int = 0,
+    world: int = 1,
 ) -> tuple[float, dict[str, float]]:
     """Backpropagate one step's loss over `samples` micro-batch by micro-batch (the caller
-    zeroes gradients before and steps the optimiser after); returns the step's loss and
-    its statistics, token-weighted over the micro-batches (module docstring has the math)."""
+    zeroes gradients before and steps the optimiser after); returns this rank's share of
+    the step's loss and of its statistics, token-weighted over the micro-batches (module
+    docstring has the math). `policy` is what is forwarded (default a `CompletionLogprobs`
+    of `model`; a DDP wrapper of one on W = `world` ranks, this one `rank`)."""
     if loss.kl_coef > 0 and ref_model is None:
         raise ValueError("kl_coef > 0 needs a reference model (trainer.micro_step.frozen_copy)")
     use_body_checkpointing(model, settings)
+    amp = autocast_wanted(settings, next(model.parameters()).device)
+    if policy is None:
+        policy = CompletionLogprobs(model, settings.logit_chunk, amp)
+    ref = CompletionLogprobs(ref_model, settings.logit_chunk, amp) if loss.kl_coef > 0 else None
     n_tokens = sum(len(s.completion_ids) for s in samples)
     total = float(n_tokens if loss.aggregation == "token" else len(samples))
     value = 0.0
@@ -213,31 +263,42 @@ def accumulate_gradients(
         "is_truncated_fraction": 0.0,
         "kl": 0.0,
     }
-    for lo in range(0, len(samples), settings.micro_batch):
-        mb = samples[lo : lo + settings.micro_batch]
+    batches = [
+        (lo, samples[lo : lo + settings.micro_batch])
+        for lo in range(0, len(samples), settings.micro_batch)
+        if any(s.completion_ids for s in samples[lo : lo + settings.micro_batch])
+    ]
+    mine = [(lo, mb, float(world)) for lo, mb in batches[rank::world]]
+    if not mine and world > 1 and batches:  # nothing left for this rank: join with weight 0
+        mine = [(*batches[0], 0.0)]
+    for k, (lo, mb, scale) in enumerate(mine):
         adv = list(advantages[lo : lo + settings.micro_batch])
-        if not any(s.completion_ids for s in mb):
+        last = k == len(mine) - 1
+        sync = contextlib.nullcontext() if last or world == 1 else policy.no_sync()
+        with sync:
+            p = pack(mb, pad_id)
+            logp, mask = policy(p)  # (b, T)
+            sampler = torch.zeros(logp.shape)
+            for i, s in enumerate(mb):
+                recorded = s.sampler_logprobs[: logp.shape[1]]
+                sampler[i, : len(recorded)] = torch.tensor(recorded)
+            ref_logp = None
+            if ref is not None:
+                with torch.no_grad():
+                    ref_logp, _ = ref(p)
+            part, part_stats = policy_loss(
+                logp,
+                logp.detach(),  # π_old: one optimiser step per batch, so ρ = 1 at the step
+                sampler.to(logp.device),
+                torch.tensor(adv, device=logp.device),
+                mask,
+                loss,
+                ref_logp=ref_logp,
+                total=total,
+            )
+            (part * scale).backward()  # DDP divides the gradients by W: scale = W
+        if scale == 0.0:
             continue
-        logp, mask = completion_token_logprobs(model, mb, pad_id, settings.logit_chunk)  # (b, T)
-        sampler = torch.zeros(logp.shape)
-        for i, s in enumerate(mb):
-            recorded = s.sampler_logprobs[: logp.shape[1]]
-            sampler[i, : len(recorded)] = torch.tensor(recorded)
-        ref_logp = None
-        if loss.kl_coef > 0:
-            with torch.no_grad():
-                ref_logp, _ = completion_token_logprobs(ref_model, mb, pad_id, settings.logit_chunk)
-        part, part_stats = policy_loss(
-            logp,
-            logp.detach(),  # π_old: one optimiser step per batch, so ρ = 1 at the step
-            sampler.to(logp.device),
-            torch.tensor(adv, device=logp.device),
-            mask,
-            loss,
-            ref_logp=ref_logp,
-            total=total,
-        )
-        part.backward()
         value += float(part.detach())
         weight = float(mask.sum()) / n_tokens
         for key in ("clip_fraction", "is_weight_mean", "is_truncated_fraction"):

@@ -23,6 +23,12 @@ current policy version and the groups waiting to be trained on:
 `train_on(groups)` is step 2 for a caller that picks its own groups (SAPO-style local
 training: I own + J foreign groups per round, no staleness rule, no publishing).
 Model work here is synchronous; callers on a trio loop run it in a thread.
+
+On several ranks (`ranks`, `trainer.distributed`): every rank builds a `Trainer`; rank 0's
+`train_on` first sends the groups to the others (`trainer.follower` runs theirs), each rank
+backpropagates its share of the micro-batches through DDP, the loss and statistics are
+summed over the ranks, and every rank clips and steps the same gradients. Only rank 0
+checkpoints and publishes; the others start from its weights and AdamW state.
 """
 
 from __future__ import annotations
@@ -37,10 +43,13 @@ from typing import Any
 
 import torch
 
+from trainer.distributed import CHECK, STOP, TRAIN, Ranks
 from trainer.loss import LossSettings, group_advantages
 from trainer.micro_step import (
+    CompletionLogprobs,
     StepSettings,
     accumulate_gradients,
+    autocast_wanted,
     completion_token_logprobs,
     frozen_copy,
 )
@@ -81,9 +90,13 @@ class Trainer:
         ckpt_dir: str | os.PathLike[str] | None = None,
         publish: Publish | None = None,
         step_settings: StepSettings | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
         self.model = model
         self.step_settings = step_settings if step_settings is not None else StepSettings()
+        self.ranks = ranks
+        if ranks is not None:
+            ranks.sync_module(model)  # every rank starts from rank 0's weights
         # π_ref of the KL term: the weights this trainer was given, before any resume
         self.ref_model = frozen_copy(model) if loss.kl_coef > 0 else None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -112,6 +125,13 @@ class Trainer:
         self.published: list[int] = []
         self.last_stats: dict[str, float] = {}
         self.resumed = self._resume()
+        self.policy: Any = None  # what a step forwards: DDP over the model on several ranks
+        if ranks is not None:
+            self._share_resume(ranks)
+            amp = autocast_wanted(self.step_settings, next(model.parameters()).device)
+            self.policy = ranks.wrap(
+                CompletionLogprobs(model, self.step_settings.logit_chunk, amp)
+            )  # DDP sets every rank's weights to rank 0's (resumed) ones
 
     @classmethod
     def from_manifest(cls, model: Any, tokenizer: Any, manifest: Any, **kwargs: Any) -> Trainer:
@@ -198,8 +218,11 @@ class Trainer:
 
     def train_on(self, groups: Sequence[Sequence[Sample]]) -> dict[str, float]:
         """Advantages, forward/backward passes in micro-batches (`trainer.micro_step`) and
-        one AdamW step over these groups."""
+        one AdamW step over these groups (on several ranks: rank 0 sends them first)."""
         t0 = time.perf_counter()
+        ranks = self.ranks
+        if ranks is not None and ranks.rank == 0:
+            ranks.send(TRAIN, [list(g) for g in groups])
         samples: list[Sample] = []
         advs: list[float] = []
         for g in groups:
@@ -224,7 +247,14 @@ class Trainer:
                 self.loss,
                 self.step_settings,
                 self.ref_model,
+                policy=self.policy,
+                rank=ranks.rank if ranks is not None else 0,
+                world=ranks.world if ranks is not None else 1,
             )
+            if ranks is not None:  # each rank holds its micro-batches' share: sum them
+                keys = sorted(loss_stats)
+                loss, *sums = ranks.sum([loss, *(loss_stats[k] for k in keys)])
+                loss_stats = dict(zip(keys, sums, strict=True))
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
             self.opt.step()
             self.model.eval()
@@ -260,6 +290,35 @@ class Trainer:
         tmp = self.ckpt_dir / f".{CKPT_FILE}.tmp-{os.getpid()}"
         torch.save(state, tmp)
         os.replace(tmp, self.ckpt_dir / CKPT_FILE)
+
+    def _share_resume(self, ranks: Ranks) -> None:
+        """Rank 0's resumed counters and AdamW state on every rank (its weights follow
+        when DDP wraps the model)."""
+        state = None
+        if ranks.rank == 0 and self.resumed:
+            state = {"optimizer": self.opt.state_dict(), "version": self.version}
+            state.update(steps=self.steps, groups_trained=self.groups_trained)
+        state = ranks.share(state)
+        if state is not None and ranks.rank != 0:
+            self.opt.load_state_dict(state["optimizer"])
+            self.version, self.steps = state["version"], state["steps"]
+            self.groups_trained = state["groups_trained"]
+            self.resumed = True
+
+    def ranks_agree(self) -> bool:
+        """Whether every rank holds the same weights (True on one rank); rank 0 only."""
+        if self.ranks is None:
+            return True
+        self.ranks.send(CHECK)
+        return self.ranks.same_weights(self.model)
+
+    def close(self) -> None:
+        """Rank 0: stop the other ranks and leave the process group (nothing on one rank)."""
+        ranks, self.ranks = self.ranks, None
+        if ranks is not None:
+            if ranks.rank == 0:
+                ranks.send(STOP)
+            ranks.close()
 
     def _resume(self) -> bool:
         path = self.ckpt_dir / CKPT_FILE if self.ckpt_dir is not None else None

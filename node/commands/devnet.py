@@ -168,6 +168,8 @@ def _spawn(name: str, role: str, root: Path, run: Path, extra: list[str]) -> Nod
         str(d / "data"),
         "--listen",
         "/ip4/127.0.0.1/tcp/0",
+        "--threads",
+        "1",  # several nodes share this machine (the default is all its cores)
         "--metrics",
         page,
         *extra,

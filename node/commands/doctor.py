@@ -7,7 +7,10 @@ can this machine join the run? One plain line per check, each starting with `ok`
     publicly reachable or not (the bootstrap peers asked to dial us back, AutoNAT) and the
     relay it would use (one a bootstrap peer announces by identify), `node.reachability`;
     not reachable with no relay on offer fails (`no relay`); clock skew against the
-    peers; free disk, memory and CPUs for the role; the manifest's authority and version.
+    peers; free disk, memory and CPUs for the role; the device its model computes on and,
+    with the run's manifest, whether it computes at the run's `verification.precision` (a worker that
+    cannot fails here instead of being banned for its rollouts later); the manifest's
+    authority and version.
 
 The last line says whether the node could join, and if not why. Exit 0 when it could, 1
 when not, 2 on usage errors. The check runs a short-lived host of a throwaway identity on
@@ -97,6 +100,7 @@ def main(
     listen: tuple[str, ...] = (),
     data_dir: Path | None = None,
     config: Path | None = None,
+    device: str | None = None,
 ) -> int:
     """Run the checks, print the lines; returns the exit status (see the module docstring)."""
     if bool(join) == bool(run):
@@ -111,6 +115,7 @@ def main(
             "node.listen": list(listen) or None,
             "node.bootstrap": list(bootstrap) or None,
             "node.data_dir": str(data_dir) if data_dir else None,
+            "node.device": device,
         },
     )
     addrs = check_addrs(
@@ -143,6 +148,7 @@ def main(
     manifest = local or report.manifest
     if manifest is not None and role != "relay":
         _model_line(report, manifest, Path(cfg.node.data_dir) if cfg.node.data_dir else None)
+    _device(report, role, cfg.node.device, manifest)
     for line in report.lines:
         click.echo(line)
     if report.problems:
@@ -344,6 +350,33 @@ def _resources(report: Report, role: str, where: Path) -> None:
         report.ok(text)
 
 
+def _device(report: Report, role: str, device: str, manifest: Any) -> None:
+    """Where the role's model would compute and whether it computes at the run's precision
+    (workers and validators; the trainer keeps an fp32 master)."""
+    from trainer.devices import (
+        DeviceError,
+        precision_problem,
+        resolve_device,
+    )  # deferred: heavy import
+
+    if role == "relay":
+        return
+    try:
+        where = resolve_device(device)
+    except DeviceError as exc:
+        report.fail(f"device: {exc}", "no such device")
+        return
+    precision = "fp32" if role == "trainer" else getattr(manifest, "worker_precision", None)
+    if precision is None:
+        report.info(f"device: {role} computes on {where} (the run manifest was not read)")
+        return
+    problem = precision_problem(where, precision)
+    if problem is not None:
+        report.fail(f"device: {where}: {problem}", "device cannot compute at the run's precision")
+    else:
+        report.ok(f"device: {role} computes on {where} at {precision}")
+
+
 @click.command(name="doctor")
 @click.option("--join", multiple=True, metavar="MULTIADDR", help="Bootstrap peer to join through.")
 @click.option("--run", "run", type=click.Path(path_type=Path), help="Run manifest TOML.")
@@ -361,6 +394,11 @@ def _resources(report: Report, role: str, where: Path) -> None:
 @click.option("--listen", multiple=True, help="Multiaddr to listen on (default the config's).")
 @click.option("--data-dir", type=click.Path(path_type=Path), help="The node's data directory.")
 @click.option("--config", type=click.Path(path_type=Path), help="Node configuration TOML.")
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    help="Where the role's model would compute (default the config's).",
+)
 @one_line_errors
 def command(**kwargs: Any) -> None:
     """Check that this machine can join a run; one line per check (exit 0: it can)."""

@@ -49,7 +49,7 @@ from node.keyfile import read_key
 from node.log_format import configure
 from node.model_fetch import fetched_dir, fetched_version, read_bundle_files
 from node.paths import model_roots, node_dir, required_path
-from node.roles import RoleConfig, RoleIO, check_local, role_module
+from node.roles import RoleConfig, RoleIO, check_local, check_role_device, role_module
 from node.run_file import load_run_release
 from protocol.content_id import content_id
 from protocol.model_bundle import encode_bundle
@@ -164,7 +164,6 @@ class StartOptions:
     max_rollouts: int | None = None
     local_train: str | None = None
     duration: float | None = None
-    threads: int | None = 1
     join: tuple[str, ...] = ()
     authority: str | None = None
 
@@ -179,7 +178,6 @@ class StartOptions:
     help="Inference: train an own copy on I own + J swarm groups a round (never published).",
 )
 @click.option("--duration", type=float, help="Stop by itself after this many seconds.")
-@click.option("--threads", default=1, show_default=True, type=int, help="Torch CPU threads.")
 @click.option(
     "--join",
     multiple=True,
@@ -213,6 +211,9 @@ def main(cfg: NodeConfig, opts: StartOptions | None = None) -> None:
     `cfg` is the file with the flags applied; paths resolve as `node.paths` says."""
     opts = opts or StartOptions()
     role = cfg.node.role
+    if role == "trainer" and os.environ.get("RANK", "0") not in ("", "0"):
+        _follow(cfg)  # a rank > 0 of a trainer under torchrun: no key, run or network
+        return
     _check_limits(opts.duration, opts.max_rollouts)
     split = parse_local_train(opts.local_train, role)
     metrics_at = _metrics_addr(cfg.node.metrics)
@@ -229,11 +230,11 @@ def main(cfg: NodeConfig, opts: StartOptions | None = None) -> None:
     role_config = settings.role_config(
         cfg,
         data_dir=ddir,
-        threads=opts.threads,
         max_rollouts=opts.max_rollouts,
         local_train=split,
     )
     io = RoleIO(say=lambda m: _say(f"  {m}"))
+    check_role_device(role, role_config, manifest)  # before a model is fetched, too
     role_config, fetch_to = _model_or_fetch(role, role_config, manifest, bool(join_addrs))
     # the model and datasets: checked before the network (a model to fetch: after joining)
     model_dir = None if fetch_to is not None else check_local(role, role_config, manifest)
@@ -264,6 +265,22 @@ def main(cfg: NodeConfig, opts: StartOptions | None = None) -> None:
         )
     finally:
         lock.close()
+
+
+def _follow(cfg: NodeConfig) -> None:
+    """Be one of the trainer's ranks > 0 (`trainer.follower`): rank 0 sends the setup."""
+    from node import settings  # deferred: heavy import
+    from trainer.devices import DeviceError, resolve_device  # deferred: heavy import
+    from trainer.distributed import RankEnv, RankError  # deferred: heavy import
+    from trainer.follower import follow  # deferred: heavy import
+
+    try:
+        env = RankEnv.from_env()
+        if env is None:
+            raise CommandError("RANK is set but WORLD_SIZE is not: start it under torchrun")
+        follow(env, resolve_device(cfg.node.device), settings.role_threads(cfg))
+    except (RankError, DeviceError) as exc:
+        raise CommandError(str(exc)) from None
 
 
 FETCHING_ROLES = ("inference", "validator")  # roles that may fetch the run's model

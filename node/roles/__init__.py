@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 
 from node.errors import CommandError
-from node.local_model import check_datasets
+from node.local_model import check_datasets, check_device
 from node.paths import resolve_model
 from node.roles.config import (
     InferenceConfig,
@@ -55,6 +55,7 @@ __all__ = [
     "TrainerConfig",
     "ValidatorConfig",
     "check_local",
+    "check_role_device",
     "role_module",
 ]
 
@@ -66,14 +67,27 @@ def role_module(role: str) -> ModuleType:
     return importlib.import_module(f"node.roles.{role}")
 
 
+def check_role_device(role: str, config: RoleConfig, manifest: RunManifest) -> None:
+    """The `--device` of a role that loads the policy is here and, for workers and
+    validators, computes at the run's `verification.precision` (the trainer keeps an fp32
+    master); raises a one-line `CommandError` otherwise."""
+    if not getattr(role_module(role), "NEEDS_MODEL", False) or isinstance(config, RelayConfig):
+        return
+    fp32_master = isinstance(config, TrainerConfig)
+    check_device(config.model.device, "fp32" if fp32_master else manifest.worker_precision)
+
+
 def check_local(role: str, config: RoleConfig, manifest: RunManifest) -> Path | None:
     """Everything a role needs from this machine, checked cheaply before any network IO:
     the run's datasets and, for roles that load the policy, its model directory (found and
-    complete; not loaded). Returns the model directory, or None. Raises `CommandError`."""
+    complete; not loaded) and a `--device` that is here and, for workers and validators,
+    computes at the run's `verification.precision`. Returns the model directory, or None.
+    Raises `CommandError`."""
     if not getattr(role_module(role), "NEEDS_MODEL", False):
         return None
     assert not isinstance(config, RelayConfig), "the relay role loads no model"
     check_datasets(manifest, "run manifest")
+    check_role_device(role, config, manifest)
     path = resolve_model(config.model.model, manifest.model, config.model.models_dir)
     if isinstance(config, InferenceConfig) and config.engine == "vllm":
         if importlib.util.find_spec("vllm") is None:

@@ -13,11 +13,13 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ModelChoice:
-    """Which policy model a role loads, and how many torch threads it may use."""
+    """Which policy model a role loads, where it computes, and how many torch threads it
+    may use."""
 
     model: str | None = None  # --model: a model directory or builtin:tiny (default: the run's)
     models_dir: str | None = None  # where built-in models are cached (default: SWARM_NODE_DATA)
     threads: int | None = 1  # torch threads per process (None: torch's default)
+    device: str = "cpu"  # --device: auto | cpu | cuda (`trainer.devices.resolve_device`)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class TrainerConfig:
     data_dir: Path = Path(".")  # the node's data directory (the checkpoint goes to trainer/)
     publish_every_s: float = 0.0  # publish perturbed weights this often, no training (0: never)
     micro_batch: int = 8  # sequences per forward/backward pass of a step
+    nproc: int = 1  # training ranks on this machine (`trainer.distributed`); this one is rank 0
 
 
 @dataclass(frozen=True)

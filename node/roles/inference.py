@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 import trio
 
-from node.local_model import check_datasets, load_engine
+from node.local_model import check_datasets, check_device, load_engine
 from node.paths import resolve_model
 from node.peer.config import PACE_MARGIN
 from node.peer.ports import InferencePeer
@@ -46,11 +46,18 @@ CLOSE_TIMEOUT_S = 30.0  # vLLM's own shutdown waits 5 s for its processes, then 
 
 
 def load(config: InferenceConfig, manifest: Any) -> Any:
-    """Check the datasets, find and load the model (blocking: call in a thread)."""
+    """Check the datasets and the device, find and load the model at the run's precision
+    (blocking: call in a thread)."""
     check_datasets(manifest, "run manifest")
+    device = check_device(config.model.device, manifest.worker_precision)
     path = resolve_model(config.model.model, manifest.model, config.model.models_dir)
     return load_engine(
-        path, batch_size=config.batch_size, threads=config.model.threads, engine=config.engine
+        path,
+        batch_size=config.batch_size,
+        threads=config.model.threads,
+        engine=config.engine,
+        device=device,
+        precision=manifest.worker_precision,
     )
 
 

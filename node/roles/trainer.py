@@ -56,10 +56,12 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 import trio
 
+from node.errors import CommandError
 from node.local_model import check_datasets
 from node.paths import resolve_model
 from node.peer.ports import TrainerPeer
@@ -94,6 +96,7 @@ MAX_TRACKED = 100_000
 MAX_VOTES = 16  # votes remembered per rollout
 MAX_WENT_BACK = 1024  # out-of-order charges kept between two `take_went_back` calls
 REPORT_EVERY_S = 2.0
+CLOSE_TIMEOUT_S = 60.0  # the other ranks stop (they exit on STOP; stop_local kills after 30 s)
 PRINT_EVERY_S = 30.0
 
 
@@ -274,13 +277,47 @@ class Collector:
         }
 
 
-def _load(choice: ModelChoice, manifest: Any) -> tuple[Any, Any, bytes]:
-    """Model, tokenizer and the canonical bytes of the starting weights (blocking)."""
+def _load(choice: ModelChoice, manifest: Any, device: Any) -> tuple[Any, Any, bytes, Path]:
+    """Model (on `device`, float32: the master), tokenizer, the canonical bytes of the
+    starting weights and the model directory (blocking)."""
     check_datasets(manifest, "run manifest")
-    model, tokenizer = load_model_dir(
-        resolve_model(choice.model, manifest.model, choice.models_dir)
+    path = resolve_model(choice.model, manifest.model, choice.models_dir)
+    model, tokenizer = load_model_dir(path)
+    base = from_state_dict(model.state_dict())
+    return model.to(device), tokenizer, base, path
+
+
+def start_ranks(
+    config: TrainerConfig, device: str, model_dir: Path, manifest: Any, step: Any
+) -> tuple[Any, list[Any]]:
+    """Rank 0 of the trainer's ranks (`trainer.distributed`): under torchrun the ranks it
+    launched, with `nproc` > 1 the ones it spawns here; the others are sent the setup.
+    (None, []) for a trainer alone (blocking: call in a thread)."""
+    from trainer.distributed import (  # deferred: heavy import
+        RankEnv,
+        RankError,
+        Ranks,
+        follower_argv,
+        rank_device,
+        start_local,
     )
-    return model, tokenizer, from_state_dict(model.state_dict())
+    from trainer.follower import RankSetup  # deferred: heavy import
+
+    try:
+        env = RankEnv.from_env()
+        if env is None and config.nproc <= 1:
+            return None, []
+        if env is not None:
+            if config.nproc > 1:
+                raise CommandError("--nproc starts ranks on this machine: not under torchrun")
+            ranks, procs = Ranks(env, rank_device(device, env.local_rank)), []
+        else:
+            argv = follower_argv(device, config.model.threads)
+            ranks, procs = start_local(config.nproc, device, argv)
+    except RankError as exc:
+        raise CommandError(f"trainer: {exc}") from None
+    ranks.share(RankSetup(str(model_dir), manifest, step))
+    return ranks, procs
 
 
 def train_ready(
@@ -457,6 +494,7 @@ class TrainerRole:
         self.published = 0
         self.publish_error: str | None = None
         self.learning: list[dict[str, Any]] = []
+        self.rank_procs: list[Any] = []  # ranks 1..N-1 this process spawned (`--nproc`)
         self.started = time.time()
         self.last_print = -math.inf
         self.last_eval = -math.inf
@@ -521,20 +559,32 @@ class TrainerRole:
     async def start(self) -> None:
         """Load the model (adopted as version 0) and the trainer, resuming from its
         checkpoint at the version last published."""
+        from trainer.devices import resolve_device  # deferred: heavy import
+        from trainer.distributed import RankEnv, rank_device  # deferred: heavy import
         from trainer.micro_step import StepSettings  # deferred: heavy import
         from trainer.train_loop import Trainer  # deferred: heavy import
 
         peer, config, manifest = self.peer, self.config, self.manifest
-        model, tokenizer, base = await trio.to_thread.run_sync(_load, config.model, manifest)
+        device = resolve_device(config.model.device)
+        env = RankEnv.from_env()
+        where = rank_device(device, env.local_rank if env is not None else 0)
+        model, tokenizer, base, path = await trio.to_thread.run_sync(
+            _load, config.model, manifest, where
+        )
         if peer.weights is not None:
             await peer.weights.adopt_base(base)
+        step = StepSettings(micro_batch=config.micro_batch)
+        ranks, self.rank_procs = await trio.to_thread.run_sync(
+            start_ranks, config, device, path, manifest, step
+        )
         trainer = await trio.to_thread.run_sync(
             lambda: Trainer.from_manifest(
                 model,
                 tokenizer,
                 manifest,
                 ckpt_dir=config.data_dir / "trainer",
-                step_settings=StepSettings(micro_batch=config.micro_batch),
+                step_settings=step,
+                ranks=ranks,
             )
         )
         self.model, self.tokenizer, self.trainer = model, tokenizer, trainer
@@ -544,12 +594,22 @@ class TrainerRole:
         )
         trainer.version = max(trainer.version, self.published)
         self.collector.on_published(self.published, time.time())
+        on = f"{where}" if ranks is None else f"{ranks.world} ranks (DDP), rank 0 on {where}"
         self.io.say(
-            f"trainer: {'resumed' if trainer.resumed else 'starting'} at version {trainer.version}; "
-            f"training on verified rollouts, a version every {manifest.rl_publish_every} groups"
+            f"trainer: {'resumed' if trainer.resumed else 'starting'} at version {trainer.version} "
+            f"on {on}; training on verified rollouts, a version every "
+            f"{manifest.rl_publish_every} groups"
         )
         self.last_print = trio.current_time()
         self.started = time.time()
+
+    def close(self) -> None:
+        """Stop the other ranks, if any, and wait for those this process spawned (blocking)."""
+        from trainer.distributed import stop_local  # deferred: heavy import
+
+        if self.trainer is not None:
+            self.trainer.close()
+        stop_local(self.rank_procs)
 
     async def evaluate(self) -> None:
         """Score the held-out tasks; the result joins `learning` in status."""
@@ -703,6 +763,11 @@ async def run(peer: TrainerPeer, config: TrainerConfig, io: RoleIO) -> None:
     if config.publish_every_s > 0:  # a broadcast drill: perturbed versions on a clock, no training
         await publish_loop(peer.weights, config, io)
         return
-    await role.start()
-    await role.evaluate()  # the starting (warm-start) level
-    await role.train_forever()
+    try:
+        await role.start()
+        await role.evaluate()  # the starting (warm-start) level
+        await role.train_forever()
+    finally:
+        with trio.move_on_after(CLOSE_TIMEOUT_S) as scope:  # the other ranks stop with this one
+            scope.shield = True
+            await trio.to_thread.run_sync(role.close)

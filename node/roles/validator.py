@@ -65,7 +65,7 @@ from typing import Any
 
 import trio
 
-from node.local_model import load_calibration
+from node.local_model import check_device, load_calibration
 from node.paths import resolve_model
 from node.peer.ports import ValidatorPeer
 from node.roles.config import RoleIO, ValidatorConfig
@@ -112,8 +112,10 @@ def load(
     from verify.auditor import eos_token_ids, settings_for_run  # deferred: heavy import
 
     path = resolve_model(config.model.model, manifest.model, config.model.models_dir)
+    device = check_device(config.model.device, manifest.worker_precision)
     with torch_threads(config.model.threads):
         model, tokenizer = load_model_dir(path)
+        model = model.to(device)  # audits judge on this device (at the run's precision)
     settings, note = load_calibration(path, settings_for_run(manifest), manifest)
     say(f"validator: {manifest.worker_precision} workers; {note}")
     return model, make_judge(manifest, tokenizer), settings, eos_token_ids(model)
