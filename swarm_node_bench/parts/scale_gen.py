@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from node.console import sayer
 from swarm_node_bench.parts.scale_model import (
     bench_manifest,
     child_setup,
@@ -107,6 +108,7 @@ def gen_part(config: dict[str, Any]) -> dict[str, Any]:
     from trainer.produce import generate_records  # deferred: heavy import
     from verify.toploc import build_proofs_bytes_many  # deferred: heavy import
 
+    say = sayer("bench scale gen")
     device = child_setup(config)
     model, tok, loaded = load_timed(config, device)
     manifest = bench_manifest(config["model_dir"], config["tokens"], config.get("lr", 1e-6))
@@ -119,7 +121,9 @@ def gen_part(config: dict[str, Any]) -> dict[str, Any]:
     warm = SamplingSettings(max_new_tokens=2)
     engine.generate([prompts[0][:8]], warm, [seeds[0]])  # warm-up, both paths
     plain_generate(model, tok, [prompts[0][:8]], warm, device)
+    say(f"plain transformers generate: {batch} x {settings.max_new_tokens} tokens")
     plain_s, plain_tokens = plain_generate(model, tok, prompts, settings, device)
+    say(f"plain: {plain_tokens / plain_s:.2f} tokens/s; now ours, {n} rollouts")
     plain_tps = plain_tokens / plain_s
 
     builder = _TimedBuilder(build_proofs_bytes_many)
@@ -132,6 +136,7 @@ def gen_part(config: dict[str, Any]) -> dict[str, Any]:
         out=Path(config["records"]),
         batch_size=batch,
         build_proofs=builder,
+        say=say,
     )
     sync(device)
     ours_s = time.perf_counter() - t0
