@@ -43,6 +43,7 @@ trainer's activation checkpointing),
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -233,7 +234,8 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
         )
         status[part] = res.pop("status")
         results[part] = res
-        _say(f"bench scale: part {part}: {status[part]}")
+        # each part's figures as soon as it ends: a long run that is stopped keeps them
+        _say(f"bench scale: part {part}: {status[part]} {json.dumps(res)}")
     after_step.unlink(missing_ok=True)
     return _assemble(opts, quick, built, status, results, time.perf_counter() - t_start)
 
