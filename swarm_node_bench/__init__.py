@@ -14,6 +14,7 @@ The code is organized as follows:
 - `gossip.py`: rollout gossip among real peer processes on loopback
 - `learn.py`: does training make the built-in policy better, and what helps
 - `reach.py`: peers behind NAT on an emulated network: reachability and join time
+- `scale.py`: the node's work on a Qwen2-shaped 0.5B–7B model, each part in a capped child
 - `sim.py`: the simulator's speed and what it predicts, side by side
 - `verify.py`: proofs and audits: what passes, what fails
 - `parts/`: pieces that one benchmark uses (its peer processes, attacks, model edits)

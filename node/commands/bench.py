@@ -59,6 +59,7 @@ def command(ctx: click.Context, name: str, as_json: bool, quick: bool) -> None:
     """Run benchmark NAME; the JSON result is the last line.
 
     \b
-    NAME: adversary, broadcast, churn, codec, generate, gossip, learn, reach, sim, verify
+    NAME: adversary, broadcast, churn, codec, generate, gossip, learn, reach, scale, sim,
+    verify
     """
     main(name, quick=quick, args=list(ctx.args), as_json=as_json)

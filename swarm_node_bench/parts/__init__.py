@@ -12,6 +12,10 @@ The code is organized as follows:
 - `learn_sapo.py`: `bench learn`'s `sapo` grid
 - `learn_swarm.py`: `bench learn`'s `efficiency` and `devnet` parts
 - `sequential_power.py`: the sequential producer rule's false positives and power, simulated (`python -m swarm_node_bench.parts.sequential_power`)
+- `scale_runner.py`: `bench scale`'s parts in child processes under a memory cap
+- `scale_child.py`: one such child (`python -m swarm_node_bench.parts.scale_child`)
+- `scale_model.py`: the model directory, run manifest and memory estimates of `bench scale`
+- `scale_gen.py`, `scale_audit.py`, `scale_train.py`, `scale_weights.py`, `scale_e2e.py`: its parts
 - `verify_models.py`: the changed models `bench verify`'s cases generate with
 - `verify_records.py`: how `bench verify` makes, doctors and audits signed records
 - `window_statistic.py`: which window statistic catches a partly changed window (`python -m swarm_node_bench.parts.window_statistic`)
