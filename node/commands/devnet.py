@@ -63,6 +63,10 @@ from trainer import tiny_policy
 DEFAULT_DURATION_S = 300.0
 START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 15.0
+# A node that said it is stopping but is still inside model work it cannot interrupt
+# (loading a model, its first evaluation: seconds to minutes on a busy machine) stops by
+# itself once that returns: it is given this long before it is killed.
+STOPPING_GRACE_S = 180.0
 INFERENCE_NICE = 5
 DRAIN_S = 30.0
 # Workers together make this many times what the trainer trains per version (`--pace`):
@@ -85,11 +89,14 @@ _PR_SET_PDEATHSIG = 1
 
 def _child_setup(nice: int, parent: int) -> Any:
     """The function a node process runs between fork and exec: a lower CPU priority for
-    workers, and (Linux) SIGTERM to the node when the devnet process dies, however it
-    dies, so that no node outlives its devnet."""
+    workers, (Linux) SIGTERM to the node when the devnet process dies, however it dies, so
+    that no node outlives its devnet, and SIGTERM blocked until `start` can take it (it
+    unblocks it once its handler is in place): a stop that comes while the interpreter
+    is still importing waits for that, and the node stops cleanly instead of dying."""
     libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
     def setup() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         if nice:
             os.nice(nice)
         if libc is not None:
@@ -192,15 +199,45 @@ def _wait_banner(node: NodeProc, timeout: float) -> None:
     )
 
 
-def _stop_all(nodes: list[NodeProc], hurry: Any = lambda: False) -> None:
-    """SIGTERM everyone, wait up to STOP_GRACE_S (or until `hurry()` says so), then
-    SIGKILL the rest."""
+def _stopping(node: NodeProc) -> bool:
+    """Whether the node's log says it took the stop signal (and is finishing model work)."""
+    try:
+        with open(node.log, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 4096))
+            tail = fh.read().decode(errors="replace")
+    except OSError:
+        return False
+    return ": stopping" in tail or "stopped before it was running" in tail
+
+
+def _stop_all(
+    nodes: list[NodeProc], hurry: Any = lambda: False, say: Any = lambda _m: None
+) -> None:
+    """SIGTERM everyone, wait up to STOP_GRACE_S (or until `hurry()` says so), and up to
+    STOPPING_GRACE_S for nodes that said they are stopping, then SIGKILL the rest."""
     for n in nodes:
         if n.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 n.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    while time.monotonic() < deadline and not hurry() and any(n.proc.poll() is None for n in nodes):
+    started, told = time.monotonic(), False
+    while not hurry():
+        alive = [n for n in nodes if n.proc.poll() is None]
+        waited = time.monotonic() - started
+        if not alive or waited >= STOPPING_GRACE_S:
+            break
+        if waited >= STOP_GRACE_S:
+            finishing = [n for n in alive if _stopping(n)]
+            for n in alive:
+                if n not in finishing:  # silent: frozen, or never got that far
+                    with contextlib.suppress(ProcessLookupError):
+                        n.proc.kill()
+            if finishing and not told:
+                told = True
+                say(
+                    f"devnet: {', '.join(n.name for n in finishing)} finishing model work "
+                    "before stopping (Ctrl-C again stops them at once)"
+                )
         time.sleep(0.1)
     for n in nodes:
         if n.proc.poll() is None:
@@ -422,7 +459,7 @@ def main(
         )
     finally:
         signals.stopping = True
-        _stop_all(swarm.nodes, signals.hurry)
+        _stop_all(swarm.nodes, signals.hurry, console.print)
     try:
         for n in swarm.nodes:
             n.read_status()
