@@ -242,5 +242,5 @@ def test_the_learning_plot_zooms_to_the_data_with_intervals(tmp_path: Path) -> N
     assert summary["plot"] == "learning.png" and (tmp_path / "learning.png").stat().st_size > 1000
     lo, hi = summary["solve_rate_ci95"][0]
     assert (
-        lo < 0.2 < hi and abs((hi - lo) / 2 - solve_rate_ci95(0.2, summary["heldout_tasks"])) < 1e-3
+        lo < 0.2 < hi and abs((hi - lo) / 2 - solve_rate_ci95(0.2, summary["checks_tasks"])) < 1e-3
     )

@@ -246,42 +246,46 @@ def _stop_all(
         n.exit_code = n.proc.wait(timeout=5)
 
 
+TABLE_LEGEND = (
+    "made: rollouts generated, r: their mean reward; ok/bad: audits passed/failed, "
+    "q: waiting for audit; verified/trained: at the trainer; held-out: the trainer's "
+    "solve rate on 128 held-out tasks; loading: a node still loading (the first ~40 s)"
+)
+
+
 def _table(nodes: list[NodeProc], elapsed: float, duration: float) -> Any:
+    """The live table: one row a node, at most 80 columns, a legend under it."""
+    trainer = next((n for n in nodes if n.role == "trainer"), None)
+    tstat = trainer.status.get("role_status", {}) if trainer else {}
+    learning = tstat.get("learning") or []
+    version = trainer.status.get("policy_version", "-") if trainer else "-"
+    heldout = f"  held-out {learning[-1]['solve_rate']:.3f}" if learning else ""
     t = Table(
-        title=f"swarm-node devnet  {elapsed:4.0f}/{duration:.0f} s  (Ctrl-C stops)", expand=False
+        title=f"devnet {elapsed:4.0f}/{duration:.0f} s  version {version}{heldout}  (Ctrl-C stops)",
+        expand=False,
     )
-    for col in ("node", "peer", "peers", "work", "headers", "bodies", "state"):
-        t.add_column(col, no_wrap=True)
+    for col in ("node", "ver", "peers", "work", "state"):
+        t.add_column(col, no_wrap=True, overflow="ellipsis", max_width=40)
     for n in nodes:
         s = n.status
         rs = s.get("role_status", {})
         if n.role == "inference":
-            work = f"{rs.get('produced', 0)} made r={rs.get('reward_mean', 0) or 0:.2f}"
+            work = f"{rs.get('produced', 0)} made  r={rs.get('reward_mean', 0) or 0:.2f}"
         elif n.role == "validator":
-            work = (
-                f"{rs.get('passed', 0)} ok {rs.get('failed', 0)} bad /{rs.get('sampled', 0)}"
-                f" q{rs.get('queued', 0)}"
-            )
+            work = f"{rs.get('passed', 0)} ok  {rs.get('failed', 0)} bad  q{rs.get('queued', 0)}"
         elif n.role == "trainer":
-            work = f"{rs.get('verified', 0)} verified"
+            fates = rs.get("fates") or {}
+            work = f"{rs.get('verified', 0)} verified  {fates.get('trained', 0)} trained"
         else:
             work = f"{rs.get('served', 0)} served"
-        counters = s.get("counters", {})
         alive = n.proc.poll() is None
         state = ("up" if s else "loading") if alive else f"exit {n.proc.returncode}"
-        t.add_row(
-            n.name,
-            (n.peer_id or "")[-6:],
-            str(s.get("peers", "-")),
-            work,
-            str(counters.get("stored_rollout_header", 0)),
-            str(counters.get("stored_rollout_record", 0)),
-            state,
-        )
+        t.add_row(n.name, str(s.get("policy_version", "-")), str(s.get("peers", "-")), work, state)
     totals = node_totals(nodes)
     t.caption = (
-        f"{totals['produced']} produced, {totals['trainer_bodies']} at trainer, "
-        f"{totals['audits_passed']}/{totals['audited']} audits passed"
+        f"{totals['produced']} made, {totals['trainer_bodies']} at trainer, "
+        f"{totals['trained']} trained, {totals['stale']} stale, {totals['refused']} refused\n"
+        + TABLE_LEGEND
     )
     return t
 
@@ -468,6 +472,7 @@ def main(
             "parameters": plan.parameters(manifest),
             "interrupted": interrupted,
             "stopped_by": signals.first(),
+            "stopped_at": stopped_at,
             "elapsed_s": round(time.monotonic() - swarm.started, 1),
             "drain_s": swarm.drained_s,
         }
@@ -478,7 +483,7 @@ def main(
             else final_evaluation(trainer, manifest, plan.eval_tasks, console.print)
         )
         report = write_report(root, head, swarm.nodes, swarm.series, final)
-        say_summary(console, report, swarm.nodes, root, stopped_at)
+        say_summary(console, report, swarm.nodes, root)
     finally:
         _restore_signals(previous)  # also when the run or its report failed
     return report
