@@ -11,6 +11,7 @@ error, as every other error, is one line on stderr.
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 from typing import Any
 
@@ -34,6 +35,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("node.commands.status", "command"),
     "train": ("node.commands.train", "command"),
 }
+# Commands for which SIGINT or SIGTERM before they run (while the command still loads) is
+# a clean stop, exit 0: a node's start-up can be stopped at any moment.
+STOP_CLEANLY = frozenset({"start"})
 
 
 def command_path(ctx: click.Context | None) -> str:
@@ -66,6 +70,10 @@ class LazyGroup(click.Group):
     def main(self, *args: Any, **kwargs: Any) -> Any:
         """Run the group; usage and click errors become one line on stderr."""
         kwargs["standalone_mode"] = False
+        argv = list(kwargs.get("args") or (args[0] if args else None) or sys.argv[1:])
+        stop_cleanly = bool(argv) and argv[0] in STOP_CLEANLY
+        if stop_cleanly:  # from now on, while the command loads, SIGTERM is a Ctrl-C
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
             return super().main(*args, **kwargs)
         except click.UsageError as exc:
@@ -78,6 +86,9 @@ class LazyGroup(click.Group):
             click.echo(f"swarm-node: error: {exc.format_message()}", err=True)
             sys.exit(exc.exit_code)
         except click.Abort:
+            if stop_cleanly:
+                click.echo("swarm-node: stopped before it was running", err=True)
+                sys.exit(0)
             click.echo("swarm-node: interrupted", err=True)
             sys.exit(130)
 

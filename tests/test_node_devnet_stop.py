@@ -107,6 +107,59 @@ def test_sigterm_stops_every_node_and_writes_the_report(small_run: Path, tmp_pat
     assert report["stopped_by"] == "SIGTERM"
 
 
+def _spawn_devnet(run: Path, out: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "node.cli",
+            "devnet",
+            "--inference",
+            "1",
+            "--validators",
+            "1",
+            "--duration",
+            "120",
+            "--batch-size",
+            "2",
+            "--run",
+            str(run),
+            "--out",
+            str(out),
+            "--no-live",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+@pytest.mark.parametrize("when", ["first log", "first listening"])
+def test_sigterm_during_start_up_stops_every_node_cleanly(
+    small_run: Path, tmp_path: Path, when: str
+) -> None:
+    """Signalled while its nodes are still starting (importing, loading the model, or some
+    already listening), the devnet stops them all without killing any (no -9)."""
+    out = tmp_path / "out"
+    proc = _spawn_devnet(small_run, out)
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline and proc.poll() is None:
+        logs = list((out / "nodes").glob("*/node.log")) if (out / "nodes").exists() else []
+        texts = [p.read_text(errors="replace") for p in logs]
+        if when == "first log" and logs:
+            break
+        if when == "first listening" and any("listening on " in x for x in texts):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=300)[0].decode(errors="replace")
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    codes = {n["name"]: n["exit_code"] for n in report["nodes"]}
+    assert all(c == 0 for c in codes.values()), (codes, output[-3000:])
+    assert not _children(proc.pid)
+
+
 def test_two_sigints_stop_every_node_and_write_the_report(small_run: Path, tmp_path: Path) -> None:
     proc, pids = _start_devnet(small_run, tmp_path / "out")
     proc.send_signal(signal.SIGINT)
@@ -171,5 +224,5 @@ def test_the_learning_plot_zooms_to_the_data_with_intervals(tmp_path: Path) -> N
     assert summary["plot"] == "learning.png" and (tmp_path / "learning.png").stat().st_size > 1000
     lo, hi = summary["solve_rate_ci95"][0]
     assert (
-        lo < 0.2 < hi and abs((hi - lo) / 2 - solve_rate_ci95(0.2, summary["heldout_tasks"])) < 1e-3
+        lo < 0.2 < hi and abs((hi - lo) / 2 - solve_rate_ci95(0.2, summary["checks_tasks"])) < 1e-3
     )

@@ -1,5 +1,6 @@
-"""`swarm-node start` stopped by SIGINT or SIGTERM exits 0 whether it was still starting
-(here: dialing a bootstrap address that never answers) or already running."""
+"""`swarm-node start` stopped by SIGINT or SIGTERM exits 0 whether it was still loading
+its command, still starting (here: dialing a bootstrap address that never answers) or
+already running."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ SILENT = (
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-@pytest.mark.parametrize("after", [1.5, None])  # during start-up; once listening
+# during start-up (loading the command or dialing, by the machine's load); once listening
+@pytest.mark.parametrize("after", [1.5, None])
 def test_a_signal_stops_start_with_exit_0(
     tmp_path: Path, sig: signal.Signals, after: float | None
 ) -> None:

@@ -79,6 +79,11 @@ def test_the_held_out_gain_is_paired_over_the_same_tasks() -> None:
     assert heldout_gain([first]) == {} and heldout_gain([first, {"solved": "1"}]) == {}
     assert heldout_gain([{"solve_rate": 0.2}, {"solve_rate": 0.3}]) == {}  # no outcomes kept
     text = gain_text(
-        {**got, "warm_start_solve_rate": 0.4, "final_solve_rate": 0.55, "heldout_tasks": 100}
+        {
+            **{f"checks_{k}": v for k, v in got.items()},
+            "checks_first_solve_rate": 0.4,
+            "checks_last_solve_rate": 0.55,
+            "checks_tasks": 100,
+        }
     )
-    assert "gain +0.150" in text and "paired over 100 tasks" in text
+    assert "+0.150" in text and "(100 tasks, 1 sample)" in text

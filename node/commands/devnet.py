@@ -69,6 +69,10 @@ from trainer.checkpoint import from_model_dir
 DEFAULT_DURATION_S = 300.0
 START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 15.0
+# A node that said it is stopping but is still inside model work it cannot interrupt
+# (loading a model, its first evaluation: seconds to minutes on a busy machine) stops by
+# itself once that returns: it is given this long before it is killed.
+STOPPING_GRACE_S = 180.0
 INFERENCE_NICE = 5
 DRAIN_S = 30.0
 # Workers together make this many times what the trainer trains per version (`--pace`):
@@ -91,11 +95,14 @@ _PR_SET_PDEATHSIG = 1
 
 def _child_setup(nice: int, parent: int) -> Any:
     """The function a node process runs between fork and exec: a lower CPU priority for
-    workers, and (Linux) SIGTERM to the node when the devnet process dies, however it
-    dies, so that no node outlives its devnet."""
+    workers, (Linux) SIGTERM to the node when the devnet process dies, however it dies, so
+    that no node outlives its devnet, and SIGTERM blocked until `start` can take it (it
+    unblocks it once its handler is in place): a stop that comes while the interpreter
+    is still importing waits for that, and the node stops cleanly instead of dying."""
     libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
     def setup() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         if nice:
             os.nice(nice)
         if libc is not None:
@@ -210,15 +217,45 @@ def _wait_banner(node: NodeProc, timeout: float) -> None:
     )
 
 
-def _stop_all(nodes: list[NodeProc], hurry: Any = lambda: False) -> None:
-    """SIGTERM everyone, wait up to STOP_GRACE_S (or until `hurry()` says so), then
-    SIGKILL the rest."""
+def _stopping(node: NodeProc) -> bool:
+    """Whether the node's log says it took the stop signal (and is finishing model work)."""
+    try:
+        with open(node.log, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 4096))
+            tail = fh.read().decode(errors="replace")
+    except OSError:
+        return False
+    return ": stopping" in tail or "stopped before it was running" in tail
+
+
+def _stop_all(
+    nodes: list[NodeProc], hurry: Any = lambda: False, say: Any = lambda _m: None
+) -> None:
+    """SIGTERM everyone, wait up to STOP_GRACE_S (or until `hurry()` says so), and up to
+    STOPPING_GRACE_S for nodes that said they are stopping, then SIGKILL the rest."""
     for n in nodes:
         if n.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 n.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    while time.monotonic() < deadline and not hurry() and any(n.proc.poll() is None for n in nodes):
+    started, told = time.monotonic(), False
+    while not hurry():
+        alive = [n for n in nodes if n.proc.poll() is None]
+        waited = time.monotonic() - started
+        if not alive or waited >= STOPPING_GRACE_S:
+            break
+        if waited >= STOP_GRACE_S:
+            finishing = [n for n in alive if _stopping(n)]
+            for n in alive:
+                if n not in finishing:  # silent: frozen, or never got that far
+                    with contextlib.suppress(ProcessLookupError):
+                        n.proc.kill()
+            if finishing and not told:
+                told = True
+                say(
+                    f"devnet: {', '.join(n.name for n in finishing)} finishing model work "
+                    "before stopping (Ctrl-C again stops them at once)"
+                )
         time.sleep(0.1)
     for n in nodes:
         if n.proc.poll() is None:
@@ -227,42 +264,46 @@ def _stop_all(nodes: list[NodeProc], hurry: Any = lambda: False) -> None:
         n.exit_code = n.proc.wait(timeout=5)
 
 
+TABLE_LEGEND = (
+    "made: rollouts generated, r: their mean reward; ok/bad: audits passed/failed, "
+    "q: waiting for audit; verified/trained: at the trainer; held-out: the trainer's "
+    "solve rate on 128 held-out tasks; loading: a node still loading (the first ~40 s)"
+)
+
+
 def _table(nodes: list[NodeProc], elapsed: float, duration: float) -> Any:
+    """The live table: one row a node, at most 80 columns, a legend under it."""
+    trainer = next((n for n in nodes if n.role == "trainer"), None)
+    tstat = trainer.status.get("role_status", {}) if trainer else {}
+    learning = tstat.get("learning") or []
+    version = trainer.status.get("policy_version", "-") if trainer else "-"
+    heldout = f"  held-out {learning[-1]['solve_rate']:.3f}" if learning else ""
     t = Table(
-        title=f"swarm-node devnet  {elapsed:4.0f}/{duration:.0f} s  (Ctrl-C stops)", expand=False
+        title=f"devnet {elapsed:4.0f}/{duration:.0f} s  version {version}{heldout}  (Ctrl-C stops)",
+        expand=False,
     )
-    for col in ("node", "peer", "peers", "work", "headers", "bodies", "state"):
-        t.add_column(col, no_wrap=True)
+    for col in ("node", "ver", "peers", "work", "state"):
+        t.add_column(col, no_wrap=True, overflow="ellipsis", max_width=40)
     for n in nodes:
         s = n.status
         rs = s.get("role_status", {})
         if n.role == "inference":
-            work = f"{rs.get('produced', 0)} made r={rs.get('reward_mean', 0) or 0:.2f}"
+            work = f"{rs.get('produced', 0)} made  r={rs.get('reward_mean', 0) or 0:.2f}"
         elif n.role == "validator":
-            work = (
-                f"{rs.get('passed', 0)} ok {rs.get('failed', 0)} bad /{rs.get('sampled', 0)}"
-                f" q{rs.get('queued', 0)}"
-            )
+            work = f"{rs.get('passed', 0)} ok  {rs.get('failed', 0)} bad  q{rs.get('queued', 0)}"
         elif n.role == "trainer":
-            work = f"{rs.get('verified', 0)} verified"
+            fates = rs.get("fates") or {}
+            work = f"{rs.get('verified', 0)} verified  {fates.get('trained', 0)} trained"
         else:
             work = f"{rs.get('served', 0)} served"
-        counters = s.get("counters", {})
         alive = n.proc.poll() is None
         state = ("up" if s else "loading") if alive else f"exit {n.proc.returncode}"
-        t.add_row(
-            n.name,
-            (n.peer_id or "")[-6:],
-            str(s.get("peers", "-")),
-            work,
-            str(counters.get("stored_rollout_header", 0)),
-            str(counters.get("stored_rollout_record", 0)),
-            state,
-        )
+        t.add_row(n.name, str(s.get("policy_version", "-")), str(s.get("peers", "-")), work, state)
     totals = node_totals(nodes)
     t.caption = (
-        f"{totals['produced']} produced, {totals['trainer_bodies']} at trainer, "
-        f"{totals['audits_passed']}/{totals['audited']} audits passed"
+        f"{totals['produced']} made, {totals['trainer_bodies']} at trainer, "
+        f"{totals['trained']} trained, {totals['stale']} stale, {totals['refused']} refused\n"
+        + TABLE_LEGEND
     )
     return t
 
@@ -445,7 +486,7 @@ def main(
         )
     finally:
         signals.stopping = True
-        _stop_all(swarm.nodes, signals.hurry)
+        _stop_all(swarm.nodes, signals.hurry, console.print)
     try:
         for n in swarm.nodes:
             n.read_status()
@@ -454,6 +495,7 @@ def main(
             "parameters": plan.parameters(manifest),
             "interrupted": interrupted,
             "stopped_by": signals.first(),
+            "stopped_at": stopped_at,
             "elapsed_s": round(time.monotonic() - swarm.started, 1),
             "drain_s": swarm.drained_s,
         }
@@ -464,7 +506,7 @@ def main(
             else final_evaluation(trainer, manifest, plan.eval_tasks, console.print)
         )
         report = write_report(root, head, swarm.nodes, swarm.series, final)
-        say_summary(console, report, swarm.nodes, root, stopped_at)
+        say_summary(console, report, swarm.nodes, root)
     finally:
         _restore_signals(previous)  # also when the run or its report failed
     return report

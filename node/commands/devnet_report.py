@@ -46,6 +46,10 @@ def node_totals(nodes: list[NodeProc]) -> dict[str, Any]:
             trainer.status.get("counters", {}).get("stored_rollout_record", 0) if trainer else 0
         ),
         "trainer_verified": tstat.get("verified", 0),
+        # what became of the work at the trainer (`fates`), and what audits or the trainer refused
+        "trained": (tstat.get("fates") or {}).get("trained", 0),
+        "stale": (tstat.get("fates") or {}).get("stale", 0),
+        "refused": sum(v.get("failed", 0) for v in validators) + (tstat.get("rejected", 0) or 0),
         "trainer_rejected": tstat.get("rejected", 0),
         "trainer_usable": tstat.get("usable_at_version", 0),
         "audited": sum(v.get("passed", 0) + v.get("failed", 0) for v in validators),
@@ -102,8 +106,11 @@ def _plots(out: Path, series: list[dict[str, Any]], nodes: list[NodeProc]) -> li
             ("trainer_bodies", "received by trainer"),
             ("audited", "audited (validators)"),
             ("trainer_verified", "verified at trainer"),
+            ("trained", "trained on"),
+            ("stale", "too stale to train"),
+            ("refused", "refused (failed audit or trainer)"),
         ):
-            ax.plot(ts, [p[key] for p in series], label=label)
+            ax.plot(ts, [p.get(key, 0) for p in series], label=label)
         drain = next((p["t"] for p in series if p.get("phase") == "drain"), None)
         if drain is not None:
             ax.axvline(drain, color="grey", linestyle=":", label="workers paused (drain)")
@@ -123,9 +130,28 @@ def _plots(out: Path, series: list[dict[str, Any]], nodes: list[NodeProc]) -> li
             [n.status.get("role_status", {}).get(k, 0) or 0 for n in these] for k in keys
         ]
 
-    names, (made,) = figures("inference", "produced")
-    if names:
-        panels.append(("workers", names, "node", [("produced", made, None)], "rollouts"))
+    workers = [n for n in nodes if n.role == "inference"]
+    if workers:
+        names = [n.name for n in workers]
+        made = [n.status.get("role_status", {}).get("produced", 0) or 0 for n in workers]
+        # each worker's own account of its rollouts (`Store.own_work`)
+        own = [n.status.get("delivery") or {} for n in workers]
+        trained = [min(m, d.get("trained", 0)) for m, d in zip(made, own, strict=True)]
+        stale = [d.get("too_stale", 0) for d in own]
+        refused = [d.get("refused", 0) for d in own]
+        rest = [
+            max(0, m - t - s - r) for m, t, s, r in zip(made, trained, stale, refused, strict=True)
+        ]
+        stack, bottom = [], [0] * len(workers)
+        for label, values in (
+            ("trained", trained),
+            ("too stale", stale),
+            ("refused", refused),
+            ("not yet known", rest),
+        ):
+            stack.append((label, values, list(bottom)))
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        panels.append(("workers (what became of their rollouts)", names, "node", stack, "rollouts"))
     names, (passed, failed) = figures("validator", "passed", "failed")
     if names:
         panels.append(
@@ -142,12 +168,13 @@ def _plots(out: Path, series: list[dict[str, Any]], nodes: list[NodeProc]) -> li
         t = trainer[0]
         got = t.status.get("counters", {}).get("stored_rollout_record", 0)
         verified = t.status.get("role_status", {}).get("verified", 0) or 0
+        trained = (t.status.get("role_status", {}).get("fates") or {}).get("trained", 0) or 0
         panels.append(
             (
                 "trainer",
-                ["received", "verified"],
+                ["received", "verified", "trained"],
                 t.name,
-                [("rollouts", [got, verified], None)],
+                [("rollouts", [got, verified, trained], None)],
                 "rollouts",
             )
         )
@@ -239,14 +266,14 @@ def heldout_gain(series: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def gain_text(learning: dict[str, Any]) -> str:
-    """`heldout_gain` in words, or "" without one."""
-    if "gain" not in learning:
+    """The course of the run (the trainer's checks, `heldout_gain`) in words, or ""."""
+    if "checks_gain" not in learning:
         return ""
-    low, high = learning["gain_ci95"]
+    low, high = learning["checks_gain_ci95"]
     return (
-        f"held-out solve rate {learning['warm_start_solve_rate']:.3f} -> {learning['final_solve_rate']:.3f}: "
-        f"gain {learning['gain']:+.3f} (95% interval {low:+.3f} to {high:+.3f}, paired over "
-        f"{learning['heldout_tasks']} tasks)"
+        f"during the run ({learning['checks_tasks']} tasks, 1 sample): "
+        f"{learning['checks_first_solve_rate']:.3f} -> {learning['checks_last_solve_rate']:.3f}, "
+        f"{learning['checks_gain']:+.3f} (95% {low:+.3f} to {high:+.3f})"
     )
 
 
@@ -262,12 +289,13 @@ def learning(
     if final is not None:
         summary["final"] = final
     if series:
+        # the trainer's checks during the run; the closing evaluation is `final`
         summary.update(
-            warm_start_solve_rate=series[0]["solve_rate"],
-            final_solve_rate=series[-1]["solve_rate"],
-            final_version=series[-1]["version"],
-            heldout_tasks=trainer_eval_tasks(),
-            **heldout_gain(series),
+            checks_first_solve_rate=series[0]["solve_rate"],
+            checks_last_solve_rate=series[-1]["solve_rate"],
+            checks_last_version=series[-1]["version"],
+            checks_tasks=trainer_eval_tasks(),
+            **{f"checks_{k}": v for k, v in heldout_gain(series).items()},
         )
     try:
         import matplotlib  # deferred: heavy import
@@ -292,7 +320,7 @@ def learning(
     ts = [p["t"] for p in series]
     rates = [p["solve_rate"] for p in series]
     rewards = [p["reward_mean"] if p["reward_mean"] is not None else float("nan") for p in series]
-    half = [solve_rate_ci95(r, summary["heldout_tasks"]) for r in rates]
+    half = [solve_rate_ci95(r, summary["checks_tasks"]) for r in rates]
     summary["solve_rate_ci95"] = [
         [round(r - h, 4), round(r + h, 4)] for r, h in zip(rates, half, strict=True)
     ]
@@ -316,7 +344,7 @@ def learning(
             yerr=half,
             fmt="o-",
             capsize=3,
-            label=f"held-out solve rate (95% interval, {summary['heldout_tasks']} tasks)",
+            label=f"held-out solve rate (95% interval, {summary['checks_tasks']} tasks)",
         )
         ax.plot(x, rewards, "s--", label="mean reward (last training batch)")
         ax.axhline(
@@ -330,7 +358,10 @@ def learning(
     a1.set_title("devnet learning")
     if closing and final is not None:
         _closing_panel(axes[2], final)
-    if "gain" in summary:
+    if closing and final is not None:  # the headline: the closing, paired 512-task result
+        fig.suptitle(final_text(final), fontsize=11, fontweight="bold")
+        a1.set_title(f"devnet learning: {gain_text(summary)}", fontsize=8)
+    elif "checks_gain" in summary:
         fig.suptitle(gain_text(summary), fontsize=9)
     fig.tight_layout()
     fig.savefig(out / "learning.png", dpi=100)
@@ -487,32 +518,51 @@ def fates_line(fates: dict[str, Any]) -> str:
     )
 
 
-def say_summary(
-    console: Any, report: dict[str, Any], nodes: list[NodeProc], root: Path, stopped_at: float
-) -> None:
-    """The closing lines: totals, audits, each version's spread, nodes that did not stop
-    cleanly."""
-    totals = report["totals"]
-    console.print(
-        f"devnet: {totals['produced']} rollouts produced, {totals['trainer_bodies']} at the trainer, "
-        f"{totals['audits_passed']} audits passed / {totals['audits_failed']} failed; report in {root}"
+def versions_line(versions: list[dict[str, Any]]) -> str:
+    """The versions published and how fast they reached the workers, in one line (each
+    version's spread stays in report.json, `versions`)."""
+    if not versions:
+        return "devnet: no policy version published"
+    spreads = sorted(v["spread_s"] for v in versions if v["spread_s"] is not None)
+    late = len(versions) - len(spreads)
+    reach = (
+        f"the workers generated with each within {spreads[len(spreads) // 2]:g} s of its "
+        f"publication (median), {spreads[-1]:g} s at most"
+        if spreads
+        else "none reached every worker"
     )
-    console.print(audit_line(totals))
-    console.print(fates_line(report.get("fates", {})))
-    console.print(
-        "devnet: the trainer counted "
-        f"{totals['trainer_verified']} verified ({max(0, totals['audits_passed'] - totals['trainer_verified'])}"
-        f" passing verdicts it had not counted when it stopped: in flight, or about rollouts "
-        f"it did not hold); {totals['too_stale']} rollouts reached it too stale to use"
-    )
-    if gain_text(report.get("learning", {})):
-        console.print(f"devnet: {gain_text(report['learning'])}")
-    if "final" in report.get("learning", {}):
-        console.print(f"devnet: {final_text(report['learning']['final'])}")
-    for line in penalty_lines(report.get("penalties", [])):
-        console.print(line)
+    tail = f"; {late} not yet at every worker at the stop" if late else ""
+    return f"devnet: {len(versions)} versions published; {reach}{tail}"
+
+
+MAX_SUMMARY_LINES = 10
+
+
+def summary_lines(report: dict[str, Any], nodes: list[NodeProc], root: Path) -> list[str]:
+    """The closing lines (at most MAX_SUMMARY_LINES): what became of the rollouts, the
+    audits, the learning (the closing paired evaluation first), penalties, versions, nodes
+    that did not stop cleanly, and where the report is."""
+    learned = report.get("learning", {})
+    lines = [fates_line(report.get("fates", {})), audit_line(report["totals"])]
+    if "final" in learned:
+        lines.append(f"devnet: {final_text(learned['final'])}")
+    if gain_text(learned):
+        lines.append(f"devnet: {gain_text(learned)}")
+    found = report.get("penalties", [])
+    lines += penalty_lines(found)[:1]
+    honest = [g for g in found if g["honest"]]
+    if honest:
+        lines.append(penalty_lines(honest)[1])
+    lines.append(versions_line(report["versions"]))
     bad = [n.name for n in nodes if n.exit_code not in (0, None)]
-    for v in report["versions"]:
-        console.print(version_line(v, stopped_at))
     if bad:
-        console.print(f"devnet: nodes that did not stop cleanly: {', '.join(bad)} (see their logs)")
+        lines.append(f"devnet: nodes that did not stop cleanly: {', '.join(bad)} (see their logs)")
+    plots = ", ".join(report.get("plots", []))
+    lines.append(f"devnet: report in {root} (report.json{'; ' + plots if plots else ''})")
+    return lines[:MAX_SUMMARY_LINES]
+
+
+def say_summary(console: Any, report: dict[str, Any], nodes: list[NodeProc], root: Path) -> None:
+    """Print `summary_lines`."""
+    for line in summary_lines(report, nodes, root):
+        console.print(line)

@@ -196,6 +196,9 @@ def command(config: Path | None, join: tuple[str, ...], **kwargs: Any) -> None:
     # SIGTERM stops start-up as SIGINT does; either way the exit status is 0.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
+        # (a parent may have blocked it until now: `swarm-node devnet` does, so that a
+        # SIGTERM sent while this process was still importing is taken here, not fatal there)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         cfg = load_config(config, flag_overrides(kwargs))
         main(cfg, StartOptions(join=tuple(join), **kwargs))
     except KeyboardInterrupt:
