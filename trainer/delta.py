@@ -30,25 +30,37 @@ adds them back (wrapping), which is exact whatever the values:
      "tensors": [[name, element size, element count, changed count, zlib(planes)], ...]}
 
 Public API: `make_patch(base, target, difference=False) -> bytes`, `apply_patch(base, patch) -> bytes`,
-`patch_stats(patch)`, `PatchError`. Decompression is bounded by the sizes the patch
+`patch_stats(patch)`, `PatchError`; streamed, for checkpoints never whole in memory:
+`patch_entry(tensor, old, new, difference)` and `pack_patch(base, target, entries,
+difference)` (what `make_patch` does tensor by tensor), `read_patch(patch)` and
+`apply_stream(tensors, header, read, patch, write)` (the result piece by piece). Decompression is bounded by the sizes the patch
 declares and the base tensor's size (no zip bomb gets past it).
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import msgpack
 import numpy as np
 
-from trainer.checkpoint import Checkpoint, CheckpointError, parse, weights_digest
+from trainer.checkpoint import (
+    STREAM_CHUNK,
+    Checkpoint,
+    CheckpointError,
+    TensorEntry,
+    parse,
+    weights_digest,
+)
 
 FORMAT = "swarm-rl-patch/1"
 DIFF_FORMAT = "swarm-rl-diff/1"
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 ZLIB_LEVEL = 6
 MAX_PATCH_TENSORS = 1_000_000
+INFLATE_PIECE = 64 * 1024
 
 
 class PatchError(ValueError):
@@ -68,38 +80,50 @@ def make_patch(base: bytes, target: bytes, difference: bool = False) -> bytes:
         raise PatchError(f"cannot diff: {exc}") from None
     if not _same_layout(a, b):
         raise PatchError("the two checkpoints differ in layout (names, dtypes or shapes)")
-    entries: list[list[Any]] = []
-    for t in a.tensors:
-        size = _element_size(t.dtype, t.nbytes, t.shape)
-        if t.nbytes == 0:
-            continue
-        old = np.frombuffer(a.data, dtype=_UINT[size], count=t.nbytes // size, offset=t.begin)
-        new = np.frombuffer(b.data, dtype=_UINT[size], count=t.nbytes // size, offset=t.begin)
-        changed = np.flatnonzero(old != new)
-        if changed.size == 0:
-            continue
-        if difference:
-            diff = (new - old).astype(new.dtype.newbyteorder("<"))  # wraps mod 2**bits
-            planes = diff.view(np.uint8).reshape(-1, size).T.tobytes()  # (size, count)
-            entries.append(
-                [t.name, size, int(diff.size), int(changed.size), zlib.compress(planes, ZLIB_LEVEL)]
-            )
-            continue
-        gaps = np.diff(changed, prepend=0).astype("<u4")
-        values = new[changed].astype(new.dtype.newbyteorder("<"))
-        entries.append(
-            [
-                t.name,
-                size,
-                int(changed.size),
-                zlib.compress(gaps.tobytes(), ZLIB_LEVEL),
-                zlib.compress(values.tobytes(), ZLIB_LEVEL),
-            ]
-        )
+    entries = [
+        e
+        for t in a.tensors
+        if (e := patch_entry(t, a.data[t.begin : t.end], b.data[t.begin : t.end], difference))
+    ]
+    return pack_patch(weights_digest(base), weights_digest(target), entries, difference)
+
+
+def patch_entry(t: TensorEntry, old: Any, new: Any, difference: bool) -> list[Any] | None:
+    """The patch entry of one tensor from its old and new raw bytes (buffers), None when
+    nothing changed."""
+    size = _element_size(t.dtype, t.nbytes, t.shape)
+    if t.nbytes == 0:
+        return None
+    old_v = np.frombuffer(old, dtype=_UINT[size], count=t.nbytes // size)
+    new_v = np.frombuffer(new, dtype=_UINT[size], count=t.nbytes // size)
+    changed = np.flatnonzero(old_v != new_v)
+    if changed.size == 0:
+        return None
+    if difference:
+        diff = (new_v - old_v).astype(new_v.dtype.newbyteorder("<"), copy=False)  # wraps
+        del changed
+        planes = diff.view(np.uint8).reshape(-1, size).T.tobytes()  # (size, count)
+        count = int(diff.size)
+        nonzero = int(np.count_nonzero(diff))
+        del diff
+        return [t.name, size, count, nonzero, zlib.compress(planes, ZLIB_LEVEL)]
+    gaps = np.diff(changed, prepend=0).astype("<u4")
+    values = new_v[changed].astype(new_v.dtype.newbyteorder("<"), copy=False)
+    return [
+        t.name,
+        size,
+        int(changed.size),
+        zlib.compress(gaps.tobytes(), ZLIB_LEVEL),
+        zlib.compress(values.tobytes(), ZLIB_LEVEL),
+    ]
+
+
+def pack_patch(base: bytes, target: bytes, entries: list[list[Any]], difference: bool) -> bytes:
+    """The patch file from the base and target digests and the tensors' entries."""
     patch = {
         "format": DIFF_FORMAT if difference else FORMAT,
-        "base": weights_digest(base),
-        "target": weights_digest(target),
+        "base": base,
+        "target": target,
         "tensors": entries,
     }
     # packb returns bytes when it is given no stream; pyright reads its fallback's None
@@ -168,6 +192,27 @@ def _inflate(data: bytes, size: int, what: str) -> bytes:
     return out
 
 
+def _inflate_pieces(data: bytes, size: int, what: str) -> Iterator[bytes]:
+    """`_inflate` in pieces of at most `INFLATE_PIECE` bytes (zlib builds each piece in
+    blocks and joins them: small pieces keep that second copy small)."""
+    d = zlib.decompressobj()
+    left, tail = size, data
+    try:
+        while left:
+            out = d.decompress(tail, min(left, INFLATE_PIECE))
+            tail = d.unconsumed_tail
+            if not out:
+                break
+            left -= len(out)
+            yield out
+        if not d.eof:
+            d.decompress(tail, 1)
+    except zlib.error as exc:
+        raise PatchError(f"{what}: corrupt compressed data ({exc})") from None
+    if left or d.unconsumed_tail or not d.eof:
+        raise PatchError(f"{what}: expected {size} bytes after decompression")
+
+
 def apply_patch(base: bytes, patch: bytes) -> bytes:
     """`target` from `base` and a patch; checks both digests (`PatchError` otherwise)."""
     p = read_patch(patch)
@@ -177,39 +222,83 @@ def apply_patch(base: bytes, patch: bytes) -> bytes:
             f"the base is {weights_digest(base).hex()[:16]}"
         )
     ck = parse(base)
-    by_name = ck.by_name()
-    out = bytearray(base)
-    seen: set[str] = set()
-    difference = p["format"] == DIFF_FORMAT
-    for name, size, n, a, b in p["tensors"]:
-        t = by_name.get(name)
-        if t is None or name in seen:
-            raise PatchError(f"patch names tensor {name!r} absent from the base (or twice)")
-        seen.add(name)
-        count = t.nbytes // size if t.nbytes else 0
-        if _element_size(t.dtype, t.nbytes, t.shape) != size or n > count:
-            raise PatchError(f"patch entry {name!r} does not fit the base tensor")
-        view = np.frombuffer(out, dtype=_UINT[size], count=count, offset=t.begin)
-        if difference:
-            if n != count:
-                raise PatchError(f"patch entry {name!r} does not fit the base tensor")
-            planes = np.frombuffer(_inflate(b, size * n, name), dtype=np.uint8)
-            diff = planes.reshape(size, n).T.copy().view(np.dtype(_UINT[size]).newbyteorder("<"))
-            if np.count_nonzero(diff) != a:
-                raise PatchError(f"patch entry {name!r}: changed count does not match")
-            view += diff.reshape(n).astype(_UINT[size])  # wraps mod 2**bits
-            continue
-        zgaps, zvalues = a, b
-        gaps = np.frombuffer(_inflate(zgaps, 4 * n, name), dtype="<u4").astype(np.int64)
-        idx = np.cumsum(gaps)
-        if idx[-1] >= count or (n > 1 and not np.all(gaps[1:] > 0)):
-            raise PatchError(f"patch entry {name!r}: indices out of range or not increasing")
-        values = np.frombuffer(_inflate(zvalues, size * n, name), dtype=_UINT[size])
-        view[idx] = values
-    result = bytes(out)
+    view = memoryview(ck.data)
+    pieces: list[bytes] = []
+    apply_stream(
+        ck.tensors,
+        view[: ck.header_end],
+        lambda off, n: bytearray(view[off : off + n]),
+        p,
+        lambda piece: pieces.append(bytes(piece)),
+    )
+    result = b"".join(pieces)
     if weights_digest(result) != p["target"]:
         raise PatchError("patched weights do not match the target digest")
     return result
+
+
+def apply_stream(
+    tensors: tuple[TensorEntry, ...],
+    header: Any,
+    read: Callable[[int, int], bytearray],
+    p: dict[str, Any],
+    write: Callable[[Any], object],
+) -> None:
+    """Write the patched checkpoint in file order (`write(piece)`: the header, then each
+    tensor, patched or read unchanged in chunks) from the base's `tensors` and `header` and
+    a decoded patch `p` (`read_patch`); `read(offset, size)` reads the base. One patched
+    tensor is in memory at a time. The caller checks the result's digest."""
+    by_name = {t.name: t for t in tensors}
+    entries: dict[str, list[Any]] = {}
+    for e in p["tensors"]:
+        t = by_name.get(e[0])
+        if t is None or e[0] in entries:
+            raise PatchError(f"patch names tensor {e[0]!r} absent from the base (or twice)")
+        size, n = e[1], e[2]
+        count = t.nbytes // size if t.nbytes else 0
+        if _element_size(t.dtype, t.nbytes, t.shape) != size or n > count:
+            raise PatchError(f"patch entry {e[0]!r} does not fit the base tensor")
+        if p["format"] == DIFF_FORMAT and n != count:
+            raise PatchError(f"patch entry {e[0]!r} does not fit the base tensor")
+        entries[e[0]] = e
+    write(header)
+    for t in tensors:
+        e = entries.get(t.name)
+        if e is None:
+            for off in range(t.begin, t.end, STREAM_CHUNK):
+                write(read(off, min(STREAM_CHUNK, t.end - off)))
+            continue
+        out = read(t.begin, t.nbytes)
+        _apply_entry(out, e, p["format"] == DIFF_FORMAT)
+        write(out)
+        del out
+
+
+def _apply_entry(out: bytearray, e: list[Any], difference: bool) -> None:
+    """Apply one checked patch entry to a tensor's bytes in place."""
+    name, size, n, a, b = e
+    count = len(out) // size
+    view = np.frombuffer(out, dtype=_UINT[size], count=count)
+    if difference:
+        diff = np.empty((n, size), dtype=np.uint8)  # planes land in its columns
+        pos = 0
+        for piece in _inflate_pieces(b, size * n, name):
+            got = np.frombuffer(piece, dtype=np.uint8)
+            while got.size:
+                k, j = divmod(pos, n)
+                take = min(got.size, n - j)
+                diff[j : j + take, k] = got[:take]
+                got, pos = got[take:], pos + take
+        le = diff.view(np.dtype(_UINT[size]).newbyteorder("<")).reshape(n)
+        if np.count_nonzero(le) != a:
+            raise PatchError(f"patch entry {name!r}: changed count does not match")
+        view += le.astype(_UINT[size], copy=False)  # wraps mod 2**bits
+        return
+    gaps = np.frombuffer(_inflate(a, 4 * n, name), dtype="<u4").astype(np.int64)
+    idx = np.cumsum(gaps)
+    if idx[-1] >= count or (n > 1 and not np.all(gaps[1:] > 0)):
+        raise PatchError(f"patch entry {name!r}: indices out of range or not increasing")
+    view[idx] = np.frombuffer(_inflate(b, size * n, name), dtype=_UINT[size])
 
 
 def patch_stats(patch: bytes) -> dict[str, int]:

@@ -67,7 +67,7 @@ from protocol.body_pull import PullConfig
 from protocol.credit import CreditBook, FalseClaim, OutOfOrder
 from protocol.standing import Banned, Decision, StandingBook, State
 from protocol.verified import Status, VerifiedRule, Vote, judge
-from trainer.checkpoint import from_state_dict, snapshot_state
+from trainer.checkpoint import snapshot_state
 from trainer.groups import heldout_items, heldout_solved
 from trainer.model_dir import load_model_dir
 from trainer.samples import Refused, Rescorer
@@ -247,13 +247,13 @@ class Collector:
         }
 
 
-def _load(choice: ModelChoice, manifest: Any) -> tuple[Any, Any, bytes]:
-    """Model, tokenizer and the canonical bytes of the starting weights (blocking)."""
+def _load(choice: ModelChoice, manifest: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """Model, tokenizer and the starting weights' state dict (version 0; blocking)."""
     check_datasets(manifest, "run manifest")
     model, tokenizer = load_model_dir(
         resolve_model(choice.model, manifest.model, choice.models_dir)
     )
-    return model, tokenizer, from_state_dict(model.state_dict())
+    return model, tokenizer, model.state_dict()
 
 
 def train_ready(
