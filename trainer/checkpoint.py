@@ -456,19 +456,22 @@ class VersionFile:
         try:
             self._fh = open(path, "rb")  # noqa: SIM115 (closed by close / __exit__)
             self.size = os.fstat(self._fh.fileno()).st_size
-            head = self.read(0, min(self.size, _LEN.size))
+            head = self.read(0, min(self.size, _LEN.size)).tobytes()
             n = _LEN.unpack_from(head, 0)[0] if len(head) == _LEN.size else 0
             if n <= MAX_HEADER_BYTES:
-                head += self.read(_LEN.size, min(n, max(0, self.size - _LEN.size)))
+                head += self.read(_LEN.size, min(n, max(0, self.size - _LEN.size))).tobytes()
         except OSError as exc:
             raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
         self.header_end, self.index = _index(head, self.size)
         self.header = bytes(head[: self.header_end])
 
-    def read(self, offset: int, size: int) -> bytearray:
-        """`size` bytes at `offset` (`CheckpointError` if the file is shorter)."""
-        buf = bytearray(size)
-        got = os.preadv(self._fh.fileno(), [buf], offset) if size else 0
+    def read(self, offset: int, size: int) -> Any:
+        """`size` bytes at `offset`, a writable uint8 numpy array (`CheckpointError` if the
+        file is shorter). Not a `bytearray`: that zero-fills holding the GIL."""
+        import numpy as np  # deferred: heavy import
+
+        buf = np.empty(size, dtype=np.uint8)
+        got = os.preadv(self._fh.fileno(), [buf.data], offset) if size else 0
         if got != size:
             raise CheckpointError(f"{self._fh.name}: short read at {offset}")
         return buf

@@ -61,6 +61,7 @@ _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 ZLIB_LEVEL = 6
 MAX_PATCH_TENSORS = 1_000_000
 INFLATE_PIECE = 64 * 1024
+PATCH_CHUNK = 4 * 2**20  # bytes of a tensor compared or applied at once
 
 
 class PatchError(ValueError):
@@ -83,39 +84,80 @@ def make_patch(base: bytes, target: bytes, difference: bool = False) -> bytes:
     entries = [
         e
         for t in a.tensors
-        if (e := patch_entry(t, a.data[t.begin : t.end], b.data[t.begin : t.end], difference))
+        if (
+            e := patch_entry(
+                t, lambda off, n: a.data[off : off + n], b.data[t.begin : t.end], difference
+            )
+        )
     ]
     return pack_patch(weights_digest(base), weights_digest(target), entries, difference)
 
 
-def patch_entry(t: TensorEntry, old: Any, new: Any, difference: bool) -> list[Any] | None:
-    """The patch entry of one tensor from its old and new raw bytes (buffers), None when
-    nothing changed."""
+def patch_entry(
+    t: TensorEntry, old: Callable[[int, int], Any], new: Any, difference: bool
+) -> list[Any] | None:
+    """The patch entry of one tensor from its new raw bytes `new` (a buffer) and a reader of
+    the old file (`old(offset, size)`, file offsets), None when nothing changed. The old
+    tensor is read in `PATCH_CHUNK` pieces; besides them, a difference entry holds only
+    its compressed planes, an overwrite entry the changed indices and values."""
     size = _element_size(t.dtype, t.nbytes, t.shape)
     if t.nbytes == 0:
         return None
-    old_v = np.frombuffer(old, dtype=_UINT[size], count=t.nbytes // size)
-    new_v = np.frombuffer(new, dtype=_UINT[size], count=t.nbytes // size)
-    changed = np.flatnonzero(old_v != new_v)
+    uint = _UINT[size]
+    count = t.nbytes // size
+    new_v = np.frombuffer(new, dtype=uint, count=count)
+    step = max(1, PATCH_CHUNK // size)
+    if difference:
+        nonzero, planes = _planes_deflated(t, old, new_v, size, step)
+        return [t.name, size, count, nonzero, planes] if nonzero else None
+    parts = []
+    for i in range(0, count, step):
+        j = min(count, i + step)
+        old_v = np.frombuffer(old(t.begin + i * size, (j - i) * size), dtype=uint)
+        parts.append(np.flatnonzero(old_v != new_v[i:j]) + i)
+    changed = np.concatenate(parts)
     if changed.size == 0:
         return None
-    if difference:
-        diff = (new_v - old_v).astype(new_v.dtype.newbyteorder("<"), copy=False)  # wraps
-        del changed
-        planes = diff.view(np.uint8).reshape(-1, size).T.tobytes()  # (size, count)
-        count = int(diff.size)
-        nonzero = int(np.count_nonzero(diff))
-        del diff
-        return [t.name, size, count, nonzero, zlib.compress(planes, ZLIB_LEVEL)]
     gaps = np.diff(changed, prepend=0).astype("<u4")
     values = new_v[changed].astype(new_v.dtype.newbyteorder("<"), copy=False)
     return [
         t.name,
         size,
         int(changed.size),
-        zlib.compress(gaps.tobytes(), ZLIB_LEVEL),
-        zlib.compress(values.tobytes(), ZLIB_LEVEL),
+        zlib.compress(np.ascontiguousarray(gaps).data, ZLIB_LEVEL),
+        zlib.compress(np.ascontiguousarray(values).data, ZLIB_LEVEL),
     ]
+
+
+def _planes_deflated(
+    t: TensorEntry, old: Callable[[int, int], Any], new_v: Any, size: int, step: int
+) -> tuple[int, bytes]:
+    """(changed count, zlib of the little-endian bytes of `new - old` split into planes:
+    all low bytes, then the next, ...). The differences are recomputed per plane from
+    `step`-element pieces of the old tensor (read again for each plane) rather than held
+    for the whole tensor."""
+    co = zlib.compressobj(ZLIB_LEVEL)
+    out: list[bytes] = []
+    count = len(new_v)
+    nonzero = 0
+    buf = np.empty(min(step, count), dtype=np.uint8)
+    le = np.dtype(new_v.dtype).newbyteorder("<")
+    for k in range(size):
+        for i in range(0, count, step):
+            j = min(count, i + step)
+            old_v = np.frombuffer(old(t.begin + i * size, (j - i) * size), dtype=new_v.dtype)
+            d = np.subtract(new_v[i:j], old_v).astype(le, copy=False)  # wraps mod 2**bits
+            if k == 0:
+                nonzero += int(np.count_nonzero(d))
+            piece = buf[: j - i]
+            # an assignment, not `.T.tobytes()`: numpy copies a transposed array to bytes
+            # holding the GIL, which would stall the event loop for seconds at real sizes
+            piece[:] = d.view(np.uint8).reshape(-1, size)[:, k]
+            out.append(co.compress(piece.data))
+        if nonzero == 0:
+            return 0, b""
+    out.append(co.flush())
+    return nonzero, b"".join(out)
 
 
 def pack_patch(base: bytes, target: bytes, entries: list[list[Any]], difference: bool) -> bytes:
@@ -240,7 +282,7 @@ def apply_patch(base: bytes, patch: bytes) -> bytes:
 def apply_stream(
     tensors: tuple[TensorEntry, ...],
     header: Any,
-    read: Callable[[int, int], bytearray],
+    read: Callable[[int, int], Any],
     p: dict[str, Any],
     write: Callable[[Any], object],
 ) -> None:
@@ -268,37 +310,51 @@ def apply_stream(
             for off in range(t.begin, t.end, STREAM_CHUNK):
                 write(read(off, min(STREAM_CHUNK, t.end - off)))
             continue
+        if p["format"] == DIFF_FORMAT:
+            diff = _differences(e)
+            step = max(1, PATCH_CHUNK // e[1])
+            for i in range(0, len(diff), step):
+                piece = read(t.begin + i * e[1], min(step, len(diff) - i) * e[1])
+                view = np.frombuffer(piece, dtype=_UINT[e[1]])
+                view += diff[i : i + len(view)]  # wraps mod 2**bits
+                write(piece)
+            del diff
+            continue
         out = read(t.begin, t.nbytes)
-        _apply_entry(out, e, p["format"] == DIFF_FORMAT)
+        _overwrite(out, e)
         write(out)
         del out
 
 
-def _apply_entry(out: bytearray, e: list[Any], difference: bool) -> None:
-    """Apply one checked patch entry to a tensor's bytes in place."""
-    name, size, n, a, b = e
-    count = len(out) // size
+def _differences(e: list[Any]) -> Any:
+    """The element differences of a checked difference entry, as native unsigned ints
+    (the planes inflated piece by piece into the columns of one tensor-sized array)."""
+    name, size, n, changed, planes = e
+    diff = np.empty((n, size), dtype=np.uint8)
+    pos = 0
+    for piece in _inflate_pieces(planes, size * n, name):
+        got = np.frombuffer(piece, dtype=np.uint8)
+        while got.size:
+            k, j = divmod(pos, n)
+            take = min(got.size, n - j)
+            diff[j : j + take, k] = got[:take]
+            got, pos = got[take:], pos + take
+    le = diff.view(np.dtype(_UINT[size]).newbyteorder("<")).reshape(n)
+    if np.count_nonzero(le) != changed:
+        raise PatchError(f"patch entry {name!r}: changed count does not match")
+    return le.astype(_UINT[size], copy=False)
+
+
+def _overwrite(out: Any, e: list[Any]) -> None:
+    """Apply one checked overwrite entry to a tensor's bytes (a writable buffer) in place."""
+    name, size, n, zgaps, zvalues = e
+    count = memoryview(out).nbytes // size
     view = np.frombuffer(out, dtype=_UINT[size], count=count)
-    if difference:
-        diff = np.empty((n, size), dtype=np.uint8)  # planes land in its columns
-        pos = 0
-        for piece in _inflate_pieces(b, size * n, name):
-            got = np.frombuffer(piece, dtype=np.uint8)
-            while got.size:
-                k, j = divmod(pos, n)
-                take = min(got.size, n - j)
-                diff[j : j + take, k] = got[:take]
-                got, pos = got[take:], pos + take
-        le = diff.view(np.dtype(_UINT[size]).newbyteorder("<")).reshape(n)
-        if np.count_nonzero(le) != a:
-            raise PatchError(f"patch entry {name!r}: changed count does not match")
-        view += le.astype(_UINT[size], copy=False)  # wraps mod 2**bits
-        return
-    gaps = np.frombuffer(_inflate(a, 4 * n, name), dtype="<u4").astype(np.int64)
+    gaps = np.frombuffer(_inflate(zgaps, 4 * n, name), dtype="<u4").astype(np.int64)
     idx = np.cumsum(gaps)
     if idx[-1] >= count or (n > 1 and not np.all(gaps[1:] > 0)):
         raise PatchError(f"patch entry {name!r}: indices out of range or not increasing")
-    view[idx] = np.frombuffer(_inflate(b, size * n, name), dtype=_UINT[size])
+    view[idx] = np.frombuffer(_inflate(zvalues, size * n, name), dtype=_UINT[size])
 
 
 def patch_stats(patch: bytes) -> dict[str, int]:

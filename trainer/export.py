@@ -264,7 +264,7 @@ class Parent:
     version: int
     digest: bytes
     header: bytes
-    read: Callable[[int, int], bytearray]
+    read: Callable[[int, int], Any]
 
 
 def export_stream(
@@ -292,7 +292,7 @@ def export_stream(
             write(piece)
             digests.feed(piece)
             if patching and t is not None and parent is not None:
-                e = patch_entry(t, parent.read(t.begin, t.nbytes), piece, difference)
+                e = patch_entry(t, parent.read, piece, difference)
                 if e is not None:
                     entries.append(e)
     except CheckpointError as exc:
