@@ -228,3 +228,53 @@ def test_store_installs_a_patch_without_holding_the_base_and_result(tmp_path: Pa
     assert peak < len(b), f"a patch install peaked at {peak / len(b):.2f} x the version"
     assert peak < 4 * tensor
     store.close()
+
+
+class _Weights:
+    """The parts of `WeightSync` a validator's `HeldVersions` reads, over a real store."""
+
+    def __init__(self, store: WeightsStore) -> None:
+        self.store = store
+        self.target = max(store.installed())
+
+    def installed(self) -> dict[int, bytes]:
+        return self.store.installed()
+
+    async def wait_installed(self, version: int) -> None:
+        raise AssertionError("every version asked for is installed")
+
+    async def load_state_dict(self, version: int) -> dict[str, Any]:
+        from trainer.checkpoint import mapped_state_dict
+
+        return mapped_state_dict(self.store.version_path(version))
+
+
+async def test_a_validator_holds_staleness_plus_one_versions_memory_mapped_for_one_model(
+    tmp_path: Path,
+) -> None:
+    """Records of the newest version and of `max_staleness` versions before it are
+    judgeable at once; the one model takes each version's weights from its memory map."""
+    from node.roles.policy_versions import HeldVersions
+    from protocol.content_id import content_id
+    from trainer.checkpoint import from_state_dict
+
+    model = torch.nn.Linear(8, 8)
+    store = WeightsStore.open(tmp_path)
+    for v in range(5):
+        with torch.no_grad():
+            data = from_state_dict({k: t + v for k, t in model.state_dict().items()})
+        store.install_bytes(v, data, content_id(data))
+    for staleness in (1, 2, 3):
+        peer = dataclasses.replace(net_manifest("held", max_staleness=staleness))
+        view = type("View", (), {"manifest": peer, "weights": _Weights(store)})()
+        held = HeldVersions(torch.nn.Linear(8, 8))
+        for v in range(5):
+            await held.fetch(view, v)  # type: ignore[arg-type]
+        # version 0: the model as loaded, until another version's weights replace it
+        assert [v for v in range(1, 5) if held.holds(v)] == list(range(4 - staleness, 5))
+        for v in range(4 - staleness, 5):
+            m = held.get(v)
+            assert m is held.model
+            assert torch.equal(m.bias, model.bias + v)
+        assert not held.holds(0) and held.get(0) is None  # swapped away, not mapped
+    store.close()
