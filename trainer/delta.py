@@ -235,23 +235,33 @@ def _inflate(data: bytes, size: int, what: str) -> bytes:
 
 
 def _inflate_pieces(data: bytes, size: int, what: str) -> Iterator[bytes]:
-    """`_inflate` in pieces of at most `INFLATE_PIECE` bytes (zlib builds each piece in
-    blocks and joins them: small pieces keep that second copy small)."""
+    """`_inflate` in pieces of at most `INFLATE_PIECE` bytes, fed `INFLATE_PIECE` bytes of
+    input at a time (zlib builds each output piece in blocks and joins them, and returns
+    the input it has not used as a new object: small pieces keep both copies small)."""
     d = zlib.decompressobj()
-    left, tail = size, data
+    view = memoryview(data)
+    left, pos, pending = size, 0, b""
     try:
         while left:
-            out = d.decompress(tail, min(left, INFLATE_PIECE))
-            tail = d.unconsumed_tail
-            if not out:
+            if not pending:
+                if pos >= len(view):
+                    break
+                pending = view[pos : pos + INFLATE_PIECE]
+                pos += len(pending)
+            out = d.decompress(pending, min(left, INFLATE_PIECE))
+            pending = d.unconsumed_tail
+            if out:
+                left -= len(out)
+                yield out
+            elif d.eof:
                 break
-            left -= len(out)
-            yield out
-        if not d.eof:
-            d.decompress(tail, 1)
+        if not d.eof and not left:  # the declared size is reached: the stream must end
+            if d.decompress(bytes(pending) + bytes(view[pos:]), 1):
+                left = 1
+            pending, pos = d.unconsumed_tail, len(view)
     except zlib.error as exc:
         raise PatchError(f"{what}: corrupt compressed data ({exc})") from None
-    if left or d.unconsumed_tail or not d.eof:
+    if left or pending or pos < len(view) or not d.eof:
         raise PatchError(f"{what}: expected {size} bytes after decompression")
 
 
@@ -318,6 +328,7 @@ def apply_stream(
                 view = np.frombuffer(piece, dtype=_UINT[e[1]])
                 view += diff[i : i + len(view)]  # wraps mod 2**bits
                 write(piece)
+                del piece, view
             del diff
             continue
         out = read(t.begin, t.nbytes)

@@ -21,8 +21,9 @@ Figures (seconds, GiB): `publish_full_s` (version 0), `publish_s` (version 1, fu
 `install_delta_s`, `install_delta_sha_passes`, `hot_swap_s`, `version_gib`,
 `peak_rss_gib`, `extra_rss_gib` (peak over the resident size when `measure` began, the
 successor state included), `publish_extra_rss_gib`, `install_full_extra_rss_gib`,
-`install_delta_extra_rss_gib`, `hot_swap_extra_rss_gib` (each step's peak over its start:
-what the step itself holds; file pages the page cache maps count, anonymous or not),
+`install_delta_extra_rss_gib`, `hot_swap_extra_rss_gib` (each step's peak anonymous
+resident memory over its start: what the step itself holds, without the page-cache pages
+of the memory-mapped versions),
 `loop_max_stall_s`.
 
 `python -m swarm_node_bench.parts.weights_stream --shape tiny|qwen2-test [--snapshot]`
@@ -112,29 +113,42 @@ def rss_bytes() -> int:
         return 0
 
 
+def anon_bytes() -> int:
+    """This process's anonymous resident memory now (`RssAnon`: heap and private maps, not
+    the page-cache pages of memory-mapped files; Linux, 0 elsewhere)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 class RssPeak:
     """The peak resident size, sampled by a thread every `RSS_EVERY_S` while running."""
 
     def __init__(self) -> None:
         self.start = rss_bytes()
-        self.peak = self.phase_peak = self.start
+        self.peak = self.start
+        self.phase_peak = anon_bytes()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(RSS_EVERY_S):
-            now = rss_bytes()
-            self.peak = max(self.peak, now)
-            self.phase_peak = max(self.phase_peak, now)
+            self.peak = max(self.peak, rss_bytes())
+            self.phase_peak = max(self.phase_peak, anon_bytes())
 
     def phase(self) -> Callable[[], int]:
-        """Start a phase: returns a function giving the phase's peak over its start
-        (bytes; sampled, so a peak shorter than `RSS_EVERY_S` may be missed)."""
-        base = rss_bytes()
+        """Start a phase: returns a function giving the phase's peak anonymous memory over
+        its start (bytes; sampled, so a peak shorter than `RSS_EVERY_S` may be missed)."""
+        base = anon_bytes()
         self.phase_peak = base
 
         def extra() -> int:
-            self.phase_peak = max(self.phase_peak, rss_bytes())
+            self.phase_peak = max(self.phase_peak, anon_bytes())
             return self.phase_peak - base
 
         return extra
