@@ -28,6 +28,7 @@ import trio
 
 from node.errors import CommandError
 from protocol.model_bundle import MAX_BUNDLE_BYTES, BundleError, bundled, decode_bundle
+from trainer.checkpoint import ModelDirWeights, model_dir_weights
 
 PEERS_WAIT_S = 60.0  # for a first connection after start-up
 VERSION_WAIT_S = 10.0  # for the peers' hellos naming their newest version
@@ -110,10 +111,10 @@ def _write_dir(dest: Path, files: dict[str, bytes], weights: bytes, version: int
 
 async def fetch_model(
     peer: Any, manifest: Any, dest: Path, say: Callable[[str], None]
-) -> bytes | None:
+) -> ModelDirWeights | None:
     """Fetch the run's model into `dest` (see the module docstring). Returns version 0's
-    canonical weights when those were fetched (the caller installs them as version 0), or
-    None when the weights are a later version the weight sync already installed."""
+    weights (in `dest`) when those were fetched (the caller installs them as version 0),
+    or None when the weights are a later version the weight sync already installed."""
     from node.exchange.model_files import fetch_blob  # deferred: heavy import (libp2p)
 
     host, run_id = peer.host, manifest.run_id
@@ -173,5 +174,6 @@ async def fetch_model(
         charge,
     )
     await trio.to_thread.run_sync(_write_dir, dest, files, data, 0)
+    del data
     say(f"model: ready in {dest} (the run's base weights)")
-    return data
+    return await trio.to_thread.run_sync(model_dir_weights, dest)

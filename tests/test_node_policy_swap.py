@@ -93,16 +93,18 @@ async def test_hot_swap_staleness_wait_and_audit_models(tmp_path: Path, model) -
             s2 = perturb(s1, 2)
             await t.weights.publish(s2)
             await until("v2 installed", lambda: w.weights.newest() == 2)
-            # A validator audits a rollout of version 1 after 2 is installed.
+            # A validator audits a rollout of version 1 after 2 is installed: one model,
+            # which takes the weights of the version being audited.
             held = HeldVersions(copy.deepcopy(model))
             await held.fetch(w, 1)
             m1 = held.get(1)
             assert m1 is not None and _same(m1, s1)
             await held.fetch(w, 2)
             m2 = held.get(2)
-            assert m2 is not None and _same(m2, s2) and m1 is not m2
+            assert m2 is m1 and _same(m2, s2)
+            assert held.get(1) is m1 and _same(m1, s1)  # and back, from the memory map
             await held.fetch(w, 9)  # never announced: not waited for
-            assert held.get(9) is None
+            assert held.get(9) is None and not held.holds(9)
 
 
 def test_load_weights_refuses_a_foreign_checkpoint(model) -> None:  # type: ignore[no-untyped-def]

@@ -252,6 +252,7 @@ async def test_disk_full_keeps_the_previous_version(tmp_path: Path, monkeypatch)
                 raise WeightsError("disk full while writing 1.safetensors")
 
             monkeypatch.setattr(a.weights.store, "install_bytes", full_disk)
+            monkeypatch.setattr(a.weights.store, "install_file", full_disk)  # a patch's result
             await t.weights.publish(ckpt(1, change=0.01))
             await until("install failed", lambda: a.weights.counters.get("install_failed", 0) >= 1)
             assert a.weights.newest() == 0 and a.policy_version == 0

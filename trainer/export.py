@@ -20,18 +20,29 @@ can take "snapshot + patches" from many holders.
 Public API: `shard_layout(data, max_shard_bytes) -> list[(offset, size)]`,
 `shard_infos(data, layout)`, `full_manifest(...)`, `delta_manifest(...)`,
 `export_version(version, data, parent=None, max_shard_bytes=..., difference=False)
--> list[Exported]`,
+-> list[Exported]`; streamed (a version written out as it is exported, never whole in
+memory): `export_stream(version, src, write, parent, ...) -> (full manifest, delta)`,
+`Parent`, `layout_of(header_end, tensors, total, max_shard_bytes)`;
 `is_snapshot(version, snapshot_every)`, `DEFAULT_SHARD_BYTES`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from protocol.content_id import content_id
+from protocol.content_id import content_id, new_hasher
 from protocol.wire import MAX_SHARD_BYTES, ShardInfo, WeightManifest
-from trainer.checkpoint import CheckpointError, parse, weights_digest
-from trainer.delta import PatchError, make_patch
+from trainer.checkpoint import (
+    CheckpointError,
+    Streamed,
+    TensorEntry,
+    parse,
+    stream_bytes,
+    weights_digest,
+)
+from trainer.delta import pack_patch, patch_entry
 
 DEFAULT_SHARD_BYTES = 64 * 1024 * 1024
 MIN_SHARD_BYTES = 4096
@@ -67,9 +78,17 @@ def shard_layout(data: bytes, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> lis
         ck = parse(data)
     except CheckpointError as exc:
         raise ExportError(str(exc)) from None
-    pieces: list[tuple[int, int]] = _cut(0, ck.header_end, max_shard_bytes)
-    pos = ck.header_end
-    for t in ck.tensors:
+    return layout_of(ck.header_end, ck.tensors, len(data), max_shard_bytes)
+
+
+def layout_of(
+    header_end: int, tensors: tuple[TensorEntry, ...], total: int, max_shard_bytes: int
+) -> list[tuple[int, int]]:
+    """`shard_layout` from a checkpoint's header size and tensor entries (no data)."""
+    _check_shard_size(max_shard_bytes)
+    pieces: list[tuple[int, int]] = _cut(0, header_end, max_shard_bytes)
+    pos = header_end
+    for t in tensors:
         if t.begin != pos:
             raise ExportError(f"tensor {t.name!r} does not follow the previous one: not canonical")
         pos = t.end
@@ -84,7 +103,7 @@ def shard_layout(data: bytes, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> lis
             elem = max(1, t.nbytes // max(1, _count(t.shape)))
             step = (max_shard_bytes // elem) * elem
         pieces.extend(_cut(t.begin, t.end, step))
-    if pos != len(data):
+    if pos != total:
         raise ExportError("bytes after the last tensor: not a canonical checkpoint")
     # Pack consecutive pieces into shards while they fit (pieces are never split again).
     shards: list[tuple[int, int]] = []
@@ -105,10 +124,46 @@ def _count(shape: tuple[int, ...]) -> int:
 
 def shard_infos(data: bytes, layout: list[tuple[int, int]]) -> tuple[ShardInfo, ...]:
     """The manifest's shard entries (index, offset, size, digest) of `data` cut as `layout`."""
+    view = memoryview(data)
     return tuple(
-        ShardInfo(index=i, offset=off, size=size, digest=content_id(data[off : off + size]))
+        ShardInfo(index=i, offset=off, size=size, digest=content_id(view[off : off + size]))
         for i, (off, size) in enumerate(layout)
     )
+
+
+class _Digests:
+    """The file digest and every shard's digest of a file fed in order, piece by piece:
+    each byte is hashed twice (once for the file, once for its shard), never again."""
+
+    def __init__(self, layout: list[tuple[int, int]]) -> None:
+        self.layout = layout
+        self.file = new_hasher()
+        self.shards: list[bytes] = []
+        self._shard = new_hasher()
+        self._left = layout[0][1] if layout else 0
+
+    def feed(self, piece: memoryview) -> None:
+        self.file.update(piece)
+        while piece.nbytes:
+            take = min(self._left, piece.nbytes)
+            self._shard.update(piece[:take])
+            piece = piece[take:]
+            self._left -= take
+            if self._left == 0 and len(self.shards) < len(self.layout):
+                self.shards.append(self._shard.digest())
+                self._shard = new_hasher()
+                if len(self.shards) < len(self.layout):
+                    self._left = self.layout[len(self.shards)][1]
+                elif piece.nbytes:
+                    raise ExportError("bytes beyond the shard layout")
+
+    def infos(self) -> tuple[ShardInfo, ...]:
+        if len(self.shards) != len(self.layout):
+            raise ExportError("the checkpoint ended before its last shard")
+        return tuple(
+            ShardInfo(index=i, offset=off, size=size, digest=d)
+            for i, ((off, size), d) in enumerate(zip(self.layout, self.shards, strict=True))
+        )
 
 
 def full_manifest(
@@ -169,28 +224,103 @@ def export_version(
     smaller (a difference patch with `difference`, see `trainer.delta`)."""
     if parent is not None and parent[0] >= version:
         raise ExportError(f"version {version} must be newer than its parent {parent[0]}")
-    parent_ref = (parent[0], weights_digest(parent[1])) if parent is not None else None
-    out = [
-        Exported(
-            full_manifest(version, data, parent=parent_ref, max_shard_bytes=max_shard_bytes), data
-        )
-    ]
+    try:
+        src = stream_bytes(data)
+    except CheckpointError as exc:
+        raise ExportError(str(exc)) from None
+    if src.header != bytes(memoryview(data)[: src.header_end]):
+        layout_of(*_index_of(data), len(data), max_shard_bytes)  # says why it is not canonical
+        raise ExportError("checkpoint header is not canonical")
+    base = None
     if parent is not None:
-        try:
-            patch = make_patch(parent[1], data, difference=difference)
-        except PatchError:
-            return out  # a layout change ships as a full version only
-        if len(patch) < len(data):
-            assert parent_ref is not None
-            m = delta_manifest(
-                version,
-                patch,
-                base=parent_ref,
-                target_digest=weights_digest(data),
-                max_shard_bytes=max_shard_bytes,
-            )
-            out.append(Exported(m, patch))
-    return out
+        view = memoryview(parent[1])
+        base = Parent(
+            parent[0],
+            weights_digest(parent[1]),
+            bytes(view[: min(len(view), src.header_end)]),
+            lambda off, n: bytearray(view[off : off + n]),
+        )
+    full, delta = export_stream(
+        version,
+        src,
+        lambda _piece: None,
+        base,
+        max_shard_bytes=max_shard_bytes,
+        difference=difference,
+    )
+    return [Exported(full, data), *([delta] if delta is not None else [])]
+
+
+def _index_of(data: bytes) -> tuple[int, tuple[TensorEntry, ...]]:
+    ck = parse(data)
+    return ck.header_end, ck.tensors
+
+
+@dataclass(frozen=True, slots=True)
+class Parent:
+    """The version a new one is patched from: its number, digest (as installed, not hashed
+    again), header bytes and a reader of its file (`read(offset, size)`)."""
+
+    version: int
+    digest: bytes
+    header: bytes
+    read: Callable[[int, int], Any]
+
+
+def export_stream(
+    version: int,
+    src: Streamed,
+    write: Callable[[memoryview], object],
+    parent: Parent | None = None,
+    *,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    difference: bool = False,
+) -> tuple[WeightManifest, Exported | None]:
+    """Export the canonical checkpoint `src` as version `version` while it is written out
+    (`write(piece)`, in file order): its full manifest, and the delta from `parent` when the
+    layouts match and the patch is smaller than the version. Each byte of the version is
+    hashed twice (file digest, shard digest) and the patch once (its shard digests); one
+    tensor of the version and of the parent is in memory at a time, besides the patch."""
+    if parent is not None and parent.version >= version:
+        raise ExportError(f"version {version} must be newer than its parent {parent.version}")
+    layout = layout_of(src.header_end, src.tensors, src.size, max_shard_bytes)
+    digests = _Digests(layout)
+    patching = parent is not None and parent.header == src.header
+    entries: list[list[Any]] = []
+    try:
+        for t, piece in src.pieces():
+            write(piece)
+            digests.feed(piece)
+            if patching and t is not None and parent is not None:
+                e = patch_entry(t, parent.read, piece, difference)
+                if e is not None:
+                    entries.append(e)
+    except CheckpointError as exc:
+        raise ExportError(str(exc)) from None
+    target = digests.file.digest()
+    full = WeightManifest(
+        version=version,
+        kind="full",
+        base_version=parent.version if parent is not None else version,
+        base_digest=parent.digest if parent is not None else b"",
+        total_bytes=src.size,
+        file_digest=target,
+        shards=digests.infos(),
+    )
+    if not patching or parent is None:
+        return full, None
+    patch = pack_patch(parent.digest, target, entries, difference)
+    del entries
+    if len(patch) >= src.size:
+        return full, None
+    m = delta_manifest(
+        version,
+        patch,
+        base=(parent.version, parent.digest),
+        target_digest=target,
+        max_shard_bytes=max_shard_bytes,
+    )
+    return full, Exported(m, patch)
 
 
 def is_snapshot(version: int, snapshot_every: int) -> bool:

@@ -53,7 +53,7 @@ from node.roles import RoleConfig, RoleIO, check_local, check_role_device, role_
 from node.run_file import load_run_release
 from protocol.content_id import content_id
 from protocol.model_bundle import encode_bundle
-from trainer.checkpoint import CheckpointError, from_model_dir
+from trainer.checkpoint import CheckpointError, ModelDirWeights, model_dir_weights
 from trainer.model_dir import ModelDirError, check_model_dir
 
 STATUS_FILE = "status.json"
@@ -107,20 +107,21 @@ def write_status(data_dir: Path, status: dict[str, Any]) -> None:
         raise
 
 
-def _base_weights(model_dir: Path, manifest: Any) -> bytes:
-    """The model directory's weights as a canonical checkpoint (policy version 0), checked
-    against the run manifest's `model_digest` when it names one."""
+def _base_weights(model_dir: Path, manifest: Any) -> ModelDirWeights:
+    """The model directory's weights (policy version 0) by path and canonical digest,
+    checked against the run manifest's `model_digest` when it names one; the files are
+    hashed as they are read and nothing of them is kept."""
     try:
-        data = from_model_dir(model_dir)
+        base = model_dir_weights(model_dir)
     except (CheckpointError, OSError) as exc:
         raise CommandError(f"--model: {exc}") from None
-    digest = content_id(data)
+    digest = base.digest
     if manifest.model_digest and digest != manifest.model_digest:
         raise CommandError(
             f"--model: the weights in {model_dir} have digest {digest.hex()}, the run manifest's "
             f"model_digest is {manifest.model_digest.hex()}: not the run's model"
         )
-    return data
+    return base
 
 
 def _serve_model(peer: Any, manifest: Any, model_dir: Path) -> None:
@@ -387,7 +388,7 @@ async def _run(
     io: RoleIO,
     cfg: NodeConfig,
     duration: float | None,
-    base: bytes | None = None,
+    base: ModelDirWeights | None = None,
     metrics_at: tuple[str, int] | None = None,
     run_choice: Any = None,
     model_dir: Path | None = None,

@@ -8,19 +8,18 @@ S = `max_staleness` ahead of what it holds, it waits for the download (saying so
 rate and ETA) before the next batch. The version a batch was generated with is what its
 rollouts carry.
 
-Validators (`HeldVersions`): a rollout is audited with the version it claims, so a
-validator keeps one model per recent version, built from the base model and the
-installed checkpoint of that version (a version it cannot load leaves those records
-unjudged).
+Validators (`HeldVersions`): a rollout is audited with the version it claims. A validator
+holds one model and the recent versions memory-mapped (the run's staleness + 1 of them);
+the model takes a version's weights when that version's records are audited (a version
+it cannot load leaves those records unjudged).
 
 Loading: `load_weights(model, state)` copies a checkpoint's tensors into a loaded model
-(dtype converted by torch); it refuses a checkpoint with unknown tensors or missing ones
+(dtype converted by torch), tensor by tensor from the version's memory map; it refuses a checkpoint with unknown tensors or missing ones
 other than tied duplicates, so a wrong checkpoint never silently half-loads.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import Any
 
@@ -34,9 +33,19 @@ FETCH_WAIT_S = 30.0  # a validator waits this long for an announced version to i
 
 
 def load_weights(model: Any, state: dict[str, Any]) -> None:
-    """Copy `state` into `model` in place (blocking: call in a thread)."""
+    """Copy `state` into `model` in place, tensor by tensor (blocking: call in a thread).
+    `state` may be memory-mapped (`WeightSync.load_state_dict`): each tensor is read
+    from the page cache straight into the parameter, no second copy of the model."""
     import torch  # deferred: heavy import
 
+    check_weights(model, state)
+    with torch.no_grad():
+        model.load_state_dict(state, strict=False)
+
+
+def check_weights(model: Any, state: dict[str, Any]) -> None:
+    """`CommandError` unless `state` names exactly the model's tensors (tied duplicates
+    may be missing) in their shapes; reads no tensor data."""
     own = model.state_dict()
     unknown = sorted(set(state) - set(own))
     if unknown:
@@ -45,8 +54,9 @@ def load_weights(model: Any, state: dict[str, Any]) -> None:
     tied = {n for n in missing if _tied(model, n, state)}
     if missing - tied:
         raise CommandError(f"checkpoint lacks tensors of the model: {sorted(missing - tied)[:3]}")
-    with torch.no_grad():
-        model.load_state_dict(state, strict=False)
+    wrong = sorted(n for n, t in state.items() if tuple(t.shape) != tuple(own[n].shape))
+    if wrong:
+        raise CommandError(f"checkpoint tensors of another shape than the model's: {wrong[:3]}")
 
 
 def _tied(model: Any, name: str, state: dict[str, Any]) -> bool:
@@ -96,27 +106,46 @@ class HotSwap:
 
 
 class HeldVersions:
-    """The policy versions this validator can judge: version 0 (the model directory) and
-    versions the node's weight store installed (`peer.weights`, the broadcast), loaded on
-    first use into a copy of the base model; at most `KEEP` besides version 0."""
-
-    KEEP = 2
+    """The policy versions this validator can judge, with one model: the versions are
+    held memory-mapped from the node's weight store (`peer.weights`, the broadcast), the
+    newest `keep_for(manifest)` of them, and the model takes a version's weights when
+    records of that version are audited (`get`, in the audit thread). Version 0 is the
+    model as loaded until another version replaces it, and held mapped like the others
+    once the store has it. A version that does not fit the model is not tried again."""
 
     def __init__(self, base: Any) -> None:
-        self.base = base
-        self.models: dict[int, Any] = {0: base}
+        self.model = base
+        self.loaded = 0  # the version whose weights the model holds
+        self.states: dict[int, dict[str, Any]] = {}  # memory-mapped, by version
         self.failed: set[int] = set()
 
+    @staticmethod
+    def keep_for(manifest: Any) -> int:
+        """How many versions a validator holds: the run accepts rollouts of the newest
+        version and of `max_staleness` versions before it."""
+        return int(manifest.max_staleness) + 1
+
+    def holds(self, version: int) -> bool:
+        """Whether records of `version` can be judged now (no model work)."""
+        return version in self.states or (version == self.loaded and version not in self.failed)
+
     def get(self, version: int) -> Any | None:
-        """The model of `version`, when held."""
-        return self.models.get(version)
+        """The model with the weights of `version` (copied from its memory map when the
+        model holds another one: blocking, call it where the model is used), or None."""
+        if version != self.loaded:
+            state = self.states.get(version)
+            if state is None:
+                return None
+            load_weights(self.model, state)
+            self.loaded = version
+        return self.model
 
     async def fetch(self, peer: WeightsView, version: int) -> None:
-        """Load the model of `version` if the weight store has it (waiting a little for
-        an announced one still downloading); a version that fails to load is not tried
-        again."""
+        """Map `version` if the weight store has it (waiting a little for an announced one
+        still downloading), dropping the oldest beyond `keep_for`; a version that does not
+        load is not tried again."""
         weights = peer.weights
-        if version in self.models or version in self.failed or weights is None:
+        if version in self.states or version in self.failed or weights is None:
             return
         if version not in weights.installed() and version <= weights.target:
             with trio.move_on_after(FETCH_WAIT_S):  # announced, downloading: worth a wait
@@ -125,15 +154,10 @@ class HeldVersions:
             return
         try:
             state = await weights.load_state_dict(version)
-            model = await trio.to_thread.run_sync(self._load, state)
+            await trio.to_thread.run_sync(check_weights, self.model, state)
         except (OSError, KeyError, RuntimeError, ValueError, CommandError):
             self.failed.add(version)  # not loadable here: such records stay unjudged
             return
-        for old in sorted(v for v in self.models if v != 0)[: max(0, len(self.models) - self.KEEP)]:
-            del self.models[old]
-        self.models[version] = model
-
-    def _load(self, state: dict[str, Any]) -> Any:
-        model = copy.deepcopy(self.base)
-        load_weights(model, state)  # strict, except tied tensors a checkpoint holds once
-        return model.eval()
+        self.states[version] = state
+        for old in sorted(self.states)[: max(0, len(self.states) - self.keep_for(peer.manifest))]:
+            del self.states[old]

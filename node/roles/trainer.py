@@ -78,7 +78,7 @@ from protocol.credit import CreditBook, FalseClaim, OutOfOrder
 from protocol.judges import Charge, JudgeBook
 from protocol.standing import Banned, Decision, StandingBook, State
 from protocol.verified import Status, VerifiedRule, Vote, judge
-from trainer.checkpoint import from_state_dict, snapshot_state
+from trainer.checkpoint import snapshot_state
 from trainer.groups import heldout_items, heldout_solved
 from trainer.model_dir import load_model_dir
 from trainer.samples import Refused, Rescorer
@@ -277,14 +277,14 @@ class Collector:
         }
 
 
-def _load(choice: ModelChoice, manifest: Any, device: Any) -> tuple[Any, Any, bytes, Path]:
-    """Model (on `device`, float32: the master), tokenizer, the canonical bytes of the
-    starting weights and the model directory (blocking)."""
+def _load(choice: ModelChoice, manifest: Any, device: Any) -> tuple[Any, Any, dict[str, Any], Path]:
+    """Model (on `device`, float32: the master), tokenizer, the starting weights' state
+    dict (version 0) and the model directory (blocking)."""
     check_datasets(manifest, "run manifest")
     path = resolve_model(choice.model, manifest.model, choice.models_dir)
     model, tokenizer = load_model_dir(path)
-    base = from_state_dict(model.state_dict())
-    return model.to(device), tokenizer, base, path
+    model = model.to(device)
+    return model, tokenizer, model.state_dict(), path
 
 
 def start_ranks(

@@ -358,11 +358,9 @@ class ValidatorRole:
         batch = [item for item in batch if not disputed(item[0].envelope.policy_version)]
         for version in {ro.envelope.policy_version for ro, _ in batch}:
             await self.held.fetch(self.peer, version)
-        known = [
-            item for item in batch if self.held.get(item[0].envelope.policy_version) is not None
-        ]
+        known = [item for item in batch if self.held.holds(item[0].envelope.policy_version)]
         for ro, ticket in batch:
-            if ticket is None and self.held.get(ro.envelope.policy_version) is None:
+            if ticket is None and not self.held.holds(ro.envelope.policy_version):
                 self.cannot_judge(ro.rollout_id)
         self.counts["unknown_version"] = (
             self.counts.get("unknown_version", 0) + len(batch) - len(known)

@@ -16,7 +16,10 @@ again (`have(manifest)`). Installing a full version reads its file once to check
 digest against the manifest's `file_digest`, then renames it into place (no second copy
 of the checkpoint is written: joining the shards and writing them out again sat on the
 broadcast's critical path, see docs/BENCHMARKS.md);
-a patch's result is written to a temporary file, fsynced and checked the same way.
+a patch is applied tensor by tensor from its base's file into a temporary file, hashed on
+the way, checked and renamed the same way (the base is never read whole into memory).
+A version this node makes itself (publish, version 0) is written to a staging file as it
+is exported, its digest computed on the way, and installed by rename (`install_file`).
 A version that is listed is complete and verified, and a failed install (bad patch,
 wrong base, disk full) leaves the previous versions as they were.
 
@@ -32,6 +35,7 @@ Manifests: `put_manifest(manifest_id, manifest, envelope)`, `manifest(id)`,
 Shards: `have(id) -> set[int]`, `put_shard(id, index, data)`, `read_shard(id, index)`
 Versions: `installed() -> dict[version, digest]`, `version_path(v)`, `read_version(v)`,
     `install_full(id)`, `install_delta(id)`, `install_bytes(version, data, digest)`,
+    `staging() -> Path`, `install_file(version, path, digest)`,
     `prune(keep)` (drops other versions and manifests of dropped versions)
 """
 
@@ -44,6 +48,7 @@ import shutil
 import sqlite3
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +56,10 @@ from node.errors import CommandError
 from protocol.codec import decode, encode
 from protocol.content_id import content_id, new_hasher
 from protocol.wire import WeightManifest
-from trainer.checkpoint import weights_digest
-from trainer.delta import PatchError, apply_patch
+from trainer.checkpoint import CheckpointError, VersionFile, weights_digest
+from trainer.delta import PatchError, apply_stream, read_patch
+
+STAGE_PREFIX = ".stage-"  # a version being written (publish, patch): renamed into versions/
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS manifests (
@@ -94,7 +101,7 @@ def _write_error(path: Path, exc: OSError) -> WeightsError:
     return WeightsError(f"cannot write {path}: {exc.strerror or exc}")
 
 
-def _fsync_write(path: Path, data: bytes) -> None:
+def _fsync_write(path: Path, data: bytes | memoryview) -> None:
     """Write `data` to `path` atomically: temp file, fsync, rename, fsync the directory."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -110,7 +117,7 @@ def _fsync_write(path: Path, data: bytes) -> None:
         raise _write_error(path, exc) from None
 
 
-def _fsync_write_at(path: Path, offset: int, data: bytes, size: int) -> None:
+def _fsync_write_at(path: Path, offset: int, data: bytes | memoryview, size: int) -> None:
     """Write `data` at `offset` of the `size`-byte file `path` (created sparse if new) and
     fsync it (and its directory when the file is new)."""
     new = not path.exists()
@@ -143,6 +150,8 @@ class WeightsStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(SCHEMA)
+            for left in (root / "parts").glob(f"{STAGE_PREFIX}*"):
+                left.unlink(missing_ok=True)
         except (OSError, sqlite3.Error) as exc:
             raise WeightsError(f"cannot open the weights store in {root}: {exc}") from None
         self._lock = threading.Lock()
@@ -215,15 +224,24 @@ class WeightsStore:
         rows = self._exec("SELECT idx FROM shards WHERE manifest_id=?", (manifest_id,))
         return {i for (i,) in rows if self._held(manifest_id, m, i)}
 
-    def put_shard(self, manifest_id: bytes, index: int, data: bytes) -> None:
-        """Store a shard that matches its signed digest (`BadShard` if it does not)."""
+    def put_shard(
+        self,
+        manifest_id: bytes,
+        index: int,
+        data: bytes | memoryview,
+        *,
+        digest_known: bool = False,
+    ) -> None:
+        """Store a shard that matches its signed digest (`BadShard` if it does not);
+        `digest_known`: the caller made the shard and its digest (a publish), so it is not
+        hashed again."""
         m = self.manifest(manifest_id)
         if m is None:
             raise ManifestGone("shard of a manifest not held (pruned meanwhile?)")
         if not 0 <= index < len(m.shards):
             raise ValueError("shard index outside its manifest")
         info = m.shards[index]
-        if len(data) != info.size or content_id(data) != info.digest:
+        if len(data) != info.size or (not digest_known and content_id(data) != info.digest):
             raise BadShard("shard does not match its digest")
         if m.kind == "full":
             if info.offset + info.size > m.total_bytes:
@@ -339,19 +357,64 @@ class WeightsStore:
 
     def install_delta(self, manifest_id: bytes) -> int:
         """Apply a delta manifest's patch to its installed base and install the result; returns its
-        version."""
+        version. The base is read tensor by tensor (its digest is the one recorded when it
+        was installed: not hashed again) and the result written to a temporary file, hashed
+        once on the way and checked against the signed digest before it is renamed into
+        place."""
         m = self._need(manifest_id, "delta")
         if self._installed_digest(m.base_version) != m.base_digest:
             raise WeightsError(
                 f"patch to version {m.version}: base version {m.base_version} not installed"
             )
-        patch = self._payload(manifest_id, m)
         try:
-            data = apply_patch(self.read_version(m.base_version), patch)
-        except PatchError as exc:
+            p = read_patch(self._payload(manifest_id, m))
+            if p["base"] != m.base_digest or p["target"] != m.file_digest:
+                raise PatchError("the patch names other versions than its signed manifest")
+            tmp = self.staging()
+            try:
+                with VersionFile(self.version_path(m.base_version)) as base:
+                    hasher = new_hasher()
+                    with open(tmp, "wb") as out:
+
+                        def write(piece: Any) -> None:
+                            hasher.update(piece)
+                            out.write(piece)
+
+                        apply_stream(base.index, base.header, base.read, p, write)
+                if hasher.digest() != m.file_digest:
+                    raise WeightsError(
+                        f"version {m.version}: the weights do not match the signed digest"
+                    )
+                self.install_file(m.version, tmp, m.file_digest)
+            finally:
+                tmp.unlink(missing_ok=True)
+        except (PatchError, CheckpointError) as exc:
             raise WeightsError(f"patch to version {m.version}: {exc}") from None
-        self.install_bytes(m.version, data, m.file_digest)
+        except OSError as exc:
+            raise _write_error(self.version_path(m.version), exc) from None
         return m.version
+
+    def staging(self) -> Path:
+        """A fresh temporary path in the store (for `install_file`; removed at the next
+        `open` if left behind)."""
+        return self.root / "parts" / f"{STAGE_PREFIX}{uuid.uuid4().hex}"
+
+    def install_file(self, version: int, path: Path, digest: bytes) -> None:
+        """Install the checkpoint file at `path` (written by this process, `digest` computed
+        as it was written: not hashed again) as `version`: fsynced, renamed into place."""
+        target = self.version_path(version)
+        try:
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+                size = os.fstat(fh.fileno()).st_size
+            os.replace(path, target)
+            _fsync_dir(target)
+        except OSError as exc:
+            raise _write_error(target, exc) from None
+        self._exec(
+            "INSERT OR REPLACE INTO versions VALUES (?,?,?,?)",
+            (version, digest, size, time.time()),
+        )
 
     def _need(self, manifest_id: bytes, kind: str) -> WeightManifest:
         m = self.manifest(manifest_id)

@@ -19,8 +19,14 @@ from the weights given (the trainer's fp32 master, left untouched) and ships eac
 a difference patch (`trainer.delta`). Version 0 is the model directory as every role loads
 it, so in a bf16 run version 1 changes the layout and ships as a full version only; later
 versions patch the previous bf16 one. Returns the new version number.
+The version is streamed, in one worker thread: written to the store tensor by tensor while
+its file digest and shard digests are computed (two hash passes), the patch made from the
+previous version's file read tensor by tensor, nothing hashed again when it is installed;
+besides the weights given, one tensor and the patch are in memory at a time.
 Other calls: `installed()`, `newest()`, `target`, `load_state_dict(v)` (torch tensors of
-an installed version, for a hot swap), `wait_installed(v)` (with progress), `status()`.
+an installed version memory-mapped from its file, for a hot swap), `adopt_base(base)`
+(version 0 from a model directory, a state dict or bytes), `wait_installed(v)` (with
+progress), `status()`.
 
 Fetching
 --------
@@ -75,7 +81,7 @@ from node.weights.store import BadShard, ManifestGone, WeightsError, WeightsStor
 from node.weights.upload_limit import UploadLimiter
 from protocol import penalties
 from protocol.admission import Admitted, Kind
-from protocol.content_id import content_id
+from protocol.content_id import content_id, new_hasher
 from protocol.envelope import seal
 from protocol.identity import peer_id_to_b58
 from protocol.shard_schedule import Cancel, DropPeer, Request, ScheduleConfig, ShardScheduler
@@ -83,13 +89,23 @@ from protocol.weights_plan import Offer, plan
 from protocol.wire import WeightManifest
 from trainer.checkpoint import (
     CheckpointError,
-    canonicalize,
-    cast_checkpoint,
-    from_state_dict,
-    parse,
+    ModelDirWeights,
+    Streamed,
+    VersionFile,
+    mapped_state_dict,
+    stream_bytes,
+    stream_files,
+    stream_state_dict,
     to_state_dict,
 )
-from trainer.export import DEFAULT_SHARD_BYTES, ExportError, export_version, is_snapshot
+from trainer.export import (
+    DEFAULT_SHARD_BYTES,
+    Exported,
+    ExportError,
+    Parent,
+    export_stream,
+    is_snapshot,
+)
 
 log = logging.getLogger("swarm.weights")
 
@@ -162,9 +178,13 @@ class WeightSync:
         return self.store.version_path(version)
 
     async def load_state_dict(self, version: int) -> dict[str, Any]:
-        """The torch tensors of an installed version, read off the event loop."""
-        data = await trio.to_thread.run_sync(self.store.read_version, version)
-        return await trio.to_thread.run_sync(to_state_dict, data)
+        """The torch tensors of an installed version, memory-mapped from its file (nothing
+        read into memory until a tensor is; mapped off the event loop)."""
+        path = self.store.version_path(version)
+        try:
+            return await trio.to_thread.run_sync(mapped_state_dict, path)
+        except CheckpointError as exc:
+            raise WeightsError(f"version {version} is not readable: {exc}") from None
 
     def status(self) -> dict[str, Any]:
         """Installed versions, the download's progress, uploads and counters, for `status`."""
@@ -220,19 +240,16 @@ class WeightSync:
 
     # -- version 0 and publishing ----------------------------------------------------------
 
-    async def adopt_base(self, data: bytes) -> bytes:
-        """Install the model directory's weights as version 0 (if nothing is installed),
-        after checking them against the run manifest's `model_digest` when it is set."""
-        data = await trio.to_thread.run_sync(canonicalize, data)
-        digest = content_id(data)
-        want = self.peer.manifest.model_digest
-        if want and digest != want:
-            raise WeightsError(
-                f"the model's weights digest {digest.hex()[:16]}... does not match the run "
-                f"manifest's model_digest {want.hex()[:16]}...: wrong model for this run"
-            )
+    async def adopt_base(self, base: BaseWeights) -> bytes:
+        """Install the model's weights as version 0 (if nothing is installed), after
+        checking them against the run manifest's `model_digest` when it is set. `base`: a
+        model directory (`trainer.checkpoint.ModelDirWeights`, digest already known), a
+        state dict or checkpoint bytes. Hashing and writing run in a worker thread; nothing
+        of the checkpoint is kept."""
+        digest = await trio.to_thread.run_sync(
+            adopt_into, self.store, base, self.peer.manifest.model_digest, 0 in self._installed
+        )
         if 0 not in self._installed:
-            await trio.to_thread.run_sync(self.store.install_bytes, 0, data, digest)
             self._installed[0] = digest
             self._notify()
         return digest
@@ -243,50 +260,59 @@ class WeightSync:
             raise WeightsError("this node's key is not one of the run manifest's trainer_keys")
         newest = self.newest()
         version = 0 if newest is None else max(newest, self.target) + 1
-        parent = None
-        names: set[str] = set()
-        if newest is not None:
-            parent = (newest, await trio.to_thread.run_sync(self.store.read_version, newest))
-            names = {t.name for t in parse(parent[1]).tensors}
+        parent = None if newest is None else (newest, self._installed[newest])
         dtype = self.peer.manifest.weights_dtype
-        data = await trio.to_thread.run_sync(version_bytes, weights, names, dtype)
+        staged = self.store.staging()
         try:
-            exported = await trio.to_thread.run_sync(
-                lambda: export_version(
+            full, delta = await trio.to_thread.run_sync(
+                lambda: export_to_file(
+                    self.store,
+                    staged,
                     version,
-                    data,
+                    weights,
                     parent,
+                    dtype,
                     max_shard_bytes=self.settings.shard_bytes,
-                    difference=dtype != "float32",
                 )
             )
-        except ExportError as exc:
-            raise WeightsError(f"cannot publish version {version}: {exc}") from None
-        announce = b""
-        for e in exported:
-            env = seal(
-                self.peer.identity,
-                e.manifest,
-                run_id=self.run_id,
-                policy_version=version,
-                seq=self.peer.seq.next(),
-                timestamp_ms=int(time.time() * 1000),
-            )
-            mid = content_id(env)
+            announce = b""
+            for manifest, payload in [
+                (full, None),
+                *([(delta.manifest, delta.payload)] if delta else []),
+            ]:
+                env = seal(
+                    self.peer.identity,
+                    manifest,
+                    run_id=self.run_id,
+                    policy_version=version,
+                    seq=self.peer.seq.next(),
+                    timestamp_ms=int(time.time() * 1000),
+                )
+                mid = content_id(env)
 
-            def keep(e: Any = e, env: bytes = env, mid: bytes = mid) -> None:
-                self.store.put_manifest(mid, e.manifest, env)
-                if e.manifest.kind == "full":
-                    self.store.install_bytes(version, e.payload, e.manifest.file_digest)
-                else:
-                    for s in e.manifest.shards:
-                        self.store.put_shard(mid, s.index, e.payload[s.offset : s.offset + s.size])
+                def keep(
+                    m: WeightManifest = manifest,
+                    data: bytes | None = payload,
+                    env: bytes = env,
+                    mid: bytes = mid,
+                ) -> None:
+                    self.store.put_manifest(mid, m, env)
+                    if data is None:
+                        self.store.install_file(version, staged, m.file_digest)
+                        return
+                    view = memoryview(data)
+                    for s in m.shards:
+                        self.store.put_shard(
+                            mid, s.index, view[s.offset : s.offset + s.size], digest_known=True
+                        )
 
-            await trio.to_thread.run_sync(keep)
-            self._manifests[mid] = e.manifest
-            self.server.published.add(mid)
-            announce = env  # the delta (exported last) when there is one
-        self._installed[version] = exported[0].manifest.file_digest
+                await trio.to_thread.run_sync(keep)
+                self._manifests[mid] = manifest
+                self.server.published.add(mid)
+                announce = env  # the delta (exported last) when there is one
+        finally:
+            staged.unlink(missing_ok=True)
+        self._installed[version] = full.file_digest
         self.target = max(self.target, version)
         self.published_at[version] = time.time()
         self.installed_at[version] = time.time()
@@ -603,19 +629,120 @@ class WeightSync:
         self.sched.on_have(peer, mid, shard_exchange.from_bitfield(bits, n), trio.current_time())
 
 
+BaseWeights = ModelDirWeights | Mapping[str, Any] | bytes
+
+
+def adopt_into(
+    store: WeightsStore, base: BaseWeights, want: bytes | None, installed: bool
+) -> bytes:
+    """Version 0's digest; checked against `want` (the run's `model_digest`) when set, and
+    written to the store unless a version 0 is `installed` already. One hash pass (none
+    for a model directory, whose digest was taken when it was named), one write; blocking:
+    call it in a thread."""
+    try:
+        if isinstance(base, ModelDirWeights):
+            digest, src = base.digest, base.stream()
+        else:
+            src = (
+                stream_bytes(bytes(base))
+                if isinstance(base, bytes | bytearray)
+                else stream_state_dict(base)
+            )
+            digest = src.digest()
+    except (CheckpointError, OSError) as exc:
+        raise WeightsError(f"the model's weights: {exc}") from None
+    if want and digest != want:
+        raise WeightsError(
+            f"the model's weights digest {digest.hex()[:16]}... does not match the run "
+            f"manifest's model_digest {want.hex()[:16]}...: wrong model for this run"
+        )
+    if installed:
+        return digest
+    staged = store.staging()
+    try:
+        hasher = new_hasher() if isinstance(base, ModelDirWeights) else None
+        with open(staged, "wb") as fh:
+            src.write_to(fh, hasher)
+        if hasher is not None and hasher.digest() != digest:
+            raise WeightsError("the model directory's weights changed while the node started")
+        store.install_file(0, staged, digest)
+    except CheckpointError as exc:
+        raise WeightsError(f"the model's weights: {exc}") from None
+    except OSError as exc:
+        raise WeightsError(f"cannot write version 0: {exc.strerror or exc}") from None
+    finally:
+        staged.unlink(missing_ok=True)
+    return digest
+
+
+def export_to_file(
+    store: WeightsStore,
+    path: Path,
+    version: int,
+    weights: bytes | Mapping[str, Any] | str | os.PathLike[str],
+    parent: tuple[int, bytes] | None,
+    dtype: str,
+    *,
+    max_shard_bytes: int,
+) -> tuple[WeightManifest, Exported | None]:
+    """Write `weights` as version `version` to `path` while exporting it (`trainer.export.
+    export_stream`): its full manifest and, from `parent` = (installed version, digest),
+    its delta. The parent is read tensor by tensor from the store. Blocking: call it in
+    a thread."""
+    try:
+        base = VersionFile(store.version_path(parent[0])) if parent is not None else None
+    except CheckpointError as exc:
+        raise WeightsError(f"cannot publish: the previous version: {exc}") from None
+    try:
+        names = {t.name for t in base.index} if base is not None else set()
+        src = version_stream(weights, names, dtype)
+        ref = (
+            Parent(parent[0], parent[1], base.header, base.read)
+            if base is not None and parent is not None
+            else None
+        )
+        with open(path, "wb") as fh:
+            return export_stream(
+                version,
+                src,
+                fh.write,
+                ref,
+                max_shard_bytes=max_shard_bytes,
+                difference=dtype != "float32",
+            )
+    except ExportError as exc:
+        raise WeightsError(f"cannot publish version {version}: {exc}") from None
+    except OSError as exc:
+        raise WeightsError(f"cannot publish version {version}: {exc.strerror or exc}") from None
+    finally:
+        if base is not None:
+            base.close()
+
+
 def version_bytes(
     weights: bytes | Mapping[str, Any] | str | os.PathLike[str], names: set[str], dtype: str
 ) -> bytes:
-    """The canonical bytes a run publishes for `weights` (a state dict, checkpoint bytes or
-    a `.safetensors` path): tied tensors under `names` (the previous version's) when they
-    have one, floating tensors cast to the run's `weights_dtype` `dtype` unless it is
-    "float32", which publishes them as given. Blocking: call it in a thread."""
+    """The canonical bytes a run publishes for `weights` (`version_stream`, in memory)."""
+    return version_stream(weights, names, dtype).to_bytes()
+
+
+def version_stream(
+    weights: bytes | Mapping[str, Any] | str | os.PathLike[str], names: set[str], dtype: str
+) -> Streamed:
+    """The canonical checkpoint a run publishes for `weights` (a state dict, checkpoint bytes or
+    a `.safetensors` path), as a stream: tied tensors under `names` (the previous version's)
+    when they have one, floating tensors cast to the run's `weights_dtype` `dtype` unless it
+    is "float32", which publishes them as given. Blocking: call it in a thread."""
     cast = None if dtype == "float32" else dtype
     try:
         if isinstance(weights, bytes | bytearray):
-            return cast_checkpoint(canonicalize(bytes(weights)), cast)
+            if cast is None:
+                return stream_bytes(bytes(weights))
+            return stream_state_dict(to_state_dict(bytes(weights)), cast=cast)
         if isinstance(weights, str | os.PathLike):
-            return cast_checkpoint(canonicalize(Path(weights).read_bytes()), cast)
-        return from_state_dict(weights, prefer=names, cast=cast)
+            if cast is None:
+                return stream_files([Path(weights)])
+            return stream_state_dict(mapped_state_dict(Path(weights)), cast=cast)
+        return stream_state_dict(weights, prefer=names, cast=cast)
     except (CheckpointError, OSError) as exc:
         raise WeightsError(f"cannot publish: {exc}") from None
