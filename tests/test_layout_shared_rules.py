@@ -36,6 +36,7 @@ NOT_SIMULATED = {
     "protocol.forwarding": "simulated headers travel one per message: no HeaderBatch, and a Forward action is what is forwarded",
     "protocol.hole_punch": "simulated peers reach each other directly: no NAT, no relay, no hole punching",
     "protocol.reachability": "simulated peers are all reachable: no NAT, so no AutoNAT rounds",
+    "protocol.model_bundle": "simulated peers start with the run's model: no model files to fetch",
 }
 
 
