@@ -14,7 +14,8 @@ Slots (`slot_of`) and what makes two objects of one slot conflict (`conflicts`):
                       publisher signs both)
     verdict           (rollout id): another pass/fail (a verdict naming another producer
                       than the rollout's counts for nothing anywhere: no conflict)
-    producer claim    (producer, rollout ids): any other bytes
+    producer claim    (producer, rollout ids): another statistic or limit (the window's
+                      value may differ in its last digits between two honest audits of it)
 
 `evidence(first, second)` checks two envelopes and returns the `Equivocation`, or raises
 `DecodeError`/`SignatureError` (the bytes prove nothing). `EquivocationEvidence` is its
@@ -72,6 +73,8 @@ def _decision(kind: str, obj: Any) -> Any:
     """What of an object two signatures of one slot must agree on."""
     if kind == Verdict.KIND:
         return bool(obj.passed)
+    if kind == ProducerClaim.KIND:
+        return (obj.statistic, float(obj.limit))
     return hashlib.sha256(encode(obj)).digest()
 
 

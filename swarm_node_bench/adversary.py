@@ -144,6 +144,9 @@ trainer's rules: two honest validators and one that fails an honest worker and p
 everything else at once; `honest_credit_kept` the worker's credit with the liar over
 without, `bad_validators_flagged`, `honest_validators_flagged`, `cheater_changed_trained`).
 
+`--attacks` may name `equivocation` and `validators` too: only the sections named run
+(both when it names none of them and no case either; neither when it names cases only).
+
 `--quick`: 2.5 s per attack window and the connection cases' quick counts (about three
 minutes on 2 shared cores, the connection cases ~45 s of it). Full: 10 s windows and the issue's counts. Options after the name:
 `--window S`, `--rate R` (honest records per second per worker), `--attacks A,B` (only
@@ -612,6 +615,9 @@ def _credit_gain(r: dict[str, Any], credit: dict[str, Any]) -> float | None:
     return round((credit.get("credited") or 0.0) / true_mean, 3)
 
 
+AUTHORITY_SECTIONS = ("equivocation", "validators")  # `--attacks` may name them too
+
+
 def run(quick: bool, args: list[str]) -> dict[str, Any]:
     """Run the benchmark (arguments as in the module docstring); returns its figures."""
     parser = argparse.ArgumentParser(prog="swarm-node bench adversary")
@@ -663,12 +669,15 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     opts = parser.parse_args(args)
     opts.quick = quick
     names = [a for a in opts.attacks.split(",") if a]
-    unknown = set(names) - set(ATTACKS) - set(CONN_ATTACKS)
+    unknown = set(names) - set(ATTACKS) - set(CONN_ATTACKS) - set(AUTHORITY_SECTIONS)
     if unknown:
         parser.error(f"unknown attack(s): {sorted(unknown)}")
-    opts.attacks = set(names) or set(ATTACKS) | set(CONN_ATTACKS)
-    figures = trio.run(_run, opts.window, opts.rate, opts.settle, opts)
+    wanted: set[str] = set(names) & set(AUTHORITY_SECTIONS) if names else set(AUTHORITY_SECTIONS)
+    opts.attacks = (set(names) - set(AUTHORITY_SECTIONS)) or (
+        set() if names else set(ATTACKS) | set(CONN_ATTACKS)
+    )
+    figures = trio.run(_run, opts.window, opts.rate, opts.settle, opts) if opts.attacks else {}
     from swarm_node_bench.parts.authority import sections  # deferred: heavy import
 
-    figures.update(sections())  # the `equivocation` and `validators` sections
+    figures.update(sections(wanted))  # the run's authorities
     return figures

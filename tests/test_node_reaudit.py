@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import trio
 
 from protocol.admission import Kind
 from protocol.codec import decode
@@ -72,3 +73,11 @@ async def test_a_failed_verdict_is_answered_by_our_own_published_verdict(
             ),
         )
         assert peer.admission.scores.score(liar.peer_id_b58, time.time()) < 0
+        # Re-audited and audited for its window: a second fail is not answered twice (two
+        # verdicts of ours on one rollout could be held against our own key).
+        await until("audited for its window too", lambda: ctx.status.get("window_audited", 0) >= 2)
+        liar2 = fail(fresh)
+        assert (await peer.admit(sender, Kind.VERDICT, liar2)).accepted
+        await trio.sleep(0.5)  # what would publish a second verdict runs at once
+        mine = [v for v in peer.store.verdicts_for(rid2) if v.validator == me.peer_id]
+        assert len(mine) == 1

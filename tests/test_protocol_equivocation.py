@@ -88,10 +88,13 @@ def test_verdicts_conflict_only_on_their_decision():
 def test_producer_claims_of_one_window_that_differ_are_evidence():
     ids = (b"1" * 32, b"2" * 32)
     one = ProducerClaim(producer=PRODUCER, rollout_ids=ids, statistic="m", median=2.0, limit=1.0)
-    two = dataclasses.replace(one, median=3.0)
+    two = dataclasses.replace(one, limit=3.0)
     assert (
         evidence(_sealed(VALIDATOR, one), _sealed(VALIDATOR, two, seq=2)).kind == "producer_claim"
     )
+    again = dataclasses.replace(one, median=2.1)  # the same finding, the value re-measured
+    with pytest.raises(DecodeError):
+        evidence(_sealed(VALIDATOR, one), _sealed(VALIDATOR, again, seq=3))
 
 
 def test_evidence_needs_one_key_one_run_and_valid_signatures():

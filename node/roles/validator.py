@@ -90,6 +90,7 @@ FAILED_AUDIT_PENALTY = penalties.FAILED_AUDIT.cost
 QUEUE = 1024
 CLOSE_EVERY_S = 10.0  # how often windows past their time are judged
 UNPUBLISHED_KEPT = 4096  # window-only verdicts kept, to answer another validator's fail
+SAID_KEPT = 65_536  # rollouts we published a verdict on (one verdict per rollout)
 
 # Queued for a window audit only (`protocol.audit_sample.window_ticket`): the record's own
 # ticket did not sample it, so its verdict counts here and is not published.
@@ -164,11 +165,32 @@ class ValidatorRole:
         self.held = HeldVersions(model)
         # rollout id -> our verdict of a window-only audit, published if another fails it
         self.unpublished: OrderedDict[bytes, Any] = OrderedDict()
+        self.said: OrderedDict[bytes, None] = OrderedDict()  # rollouts we published a verdict on
         # set by `run` while it runs (record lookups start in it); None once it stops, as
         # deliveries go on while the node drains
         self.nursery: trio.Nursery | None = None
 
     # -- cases and the queue -------------------------------------------------------------
+
+    async def publish(self, verdict: Any) -> None:
+        """Publish our verdict on a rollout, at most once: a second one (a re-audit that
+        came out otherwise at a borderline) would be two conflicting objects of one slot,
+        evidence of equivocation against our own key (`protocol.equivocation`). The store
+        remembers what we said before a restart."""
+        me = self.peer.identity.peer_id
+        rid = verdict.rollout_id
+        if rid not in self.said and any(
+            v.validator == me
+            for v in await trio.to_thread.run_sync(self.peer.store.verdicts_for, rid)
+        ):
+            self.said[rid] = None
+        if rid in self.said:
+            self.counts["said_before"] = self.counts.get("said_before", 0) + 1
+            return
+        self.said[verdict.rollout_id] = None
+        while len(self.said) > SAID_KEPT:
+            self.said.popitem(last=False)
+        await self.peer.publish_verdict(verdict)
 
     def carry_out(self, actions: list[Any], record: Any = None) -> None:
         """Carry out what a fraud case or a producer claim decided."""
@@ -251,7 +273,7 @@ class ValidatorRole:
         if mine is not None and not banned and self.nursery is not None and self.may_publish():
             # We audited it for its window and said nothing: a second opinion is owed now.
             self.counts["reaudits_published"] = self.counts.get("reaudits_published", 0) + 1
-            self.nursery.start_soon(self.peer.publish_verdict, mine)
+            self.nursery.start_soon(self.publish, mine)
 
     def on_claim(self, item: Admitted) -> None:
         """Another validator's producer claim opens a claim case."""
@@ -293,7 +315,7 @@ class ValidatorRole:
         for verdict in cleared_passes(
             self.producers.take_cleared(), self.held_passes, self.standing
         ):
-            await self.peer.publish_verdict(verdict)
+            await self.publish(verdict)
 
     def on_record(self, item: Admitted) -> None:
         """A rollout record: for an open case, sampled by its own ticket (every record of
@@ -416,7 +438,7 @@ class ValidatorRole:
         if ticket is None:
             if case and authorized:  # the re-audit's word: no validator decides alone
                 self.counts["reaudits_published"] = self.counts.get("reaudits_published", 0) + 1
-                await self.peer.publish_verdict(verdict)
+                await self.publish(verdict)
             return  # a re-check decides nothing else here
         signer = ro.envelope.signer
         probation = self.standing.state(signer) is State.PROBATION
@@ -447,7 +469,7 @@ class ValidatorRole:
         ):
             self.counts["withheld_passes"] = self.counts.get("withheld_passes", 0) + 1
         elif now_verdict is not None:
-            await self.peer.publish_verdict(now_verdict)
+            await self.publish(now_verdict)
         await self.publish_cleared()
         if verdict.passed:
             self.counts["passed"] += 1

@@ -111,6 +111,11 @@ async def equivocation(halves: int = 2, deadline_s: float = 30.0) -> dict[str, A
             }
 
 
-def sections() -> dict[str, Any]:
-    """Both sections, for `bench adversary`'s figures."""
-    return {"equivocation": trio.run(equivocation), "validators": validators_figures()}
+def sections(names: set[str]) -> dict[str, Any]:
+    """The sections named (`equivocation`, `validators`), for `bench adversary`'s figures."""
+    out: dict[str, Any] = {}
+    if "equivocation" in names:
+        out["equivocation"] = trio.run(equivocation)
+    if "validators" in names:
+        out["validators"] = validators_figures()
+    return out
