@@ -47,7 +47,7 @@ from typing import Any
 import trio
 import trio.testing
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 THIRD_PARTY = "198.51.100.7"  # the flood's victim (a documentation address)
 FLOOD_MESSAGES = 8
 FLOOD_ADDRS = 400
