@@ -300,7 +300,7 @@ def test_peers_adopt_a_newer_release_and_refuse_older_and_foreign(tmp_path: Path
     v1 = _run_file(tmp_path, "v1", "upd", authority, version=1)
     v2 = _run_file(tmp_path, "v2", "upd", authority, version=2)
     foreign = _run_file(tmp_path, "foreign", "upd", _key(tmp_path, "mallory"), version=7)
-    old, old_addr = _start(tmp_path, "old", "--run", str(v1), "--duration", "25")
+    old, old_addr = _start(tmp_path, "old", "--run", str(v1), "--duration", "90")
     try:
         _wait_status(tmp_path, "old")
         new, _ = _start(
