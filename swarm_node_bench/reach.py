@@ -30,7 +30,7 @@ real `swarm-node start` relay, trainer and validator of a small untrained policy
 
 `--quick`: fewer payloads and a shorter settle time, no full-stack join (`--full-join`
 adds it, 30-60 s more). `--hostile` adds a `hostile` section: the join path under attack
-(`swarm_node_bench.reach_hostile`: DCUtR amplification, AutoNAT liars, the relay's per-IP
+(`swarm_node_bench.parts.reach_hostile`: DCUtR amplification, AutoNAT liars, the relay's per-IP
 cap under concurrency, conflicting authorities, a bad bootstrap at restart, slow peers).
 """
 
@@ -307,7 +307,7 @@ def run(quick: bool, args: list[str]) -> dict[str, Any]:
     opts.settle = opts.settle or (10.0 if quick else 20.0)
     result = trio.run(_main, opts)
     if opts.hostile:
-        from swarm_node_bench.reach_hostile import run_hostile  # deferred: heavy import
+        from swarm_node_bench.parts.reach_hostile import run_hostile  # deferred: heavy import
 
         _say("hostile cases: DCUtR flood, AutoNAT liars, relay per-IP cap, joins, slow peers")
         result["hostile"] = run_hostile()

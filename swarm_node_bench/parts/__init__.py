@@ -9,6 +9,7 @@ The code is organized as follows:
 - `broadcast_real.py`: `bench broadcast`'s real part: 1 origin + N receivers as processes on loopback
 - `weights_peer.py`: one peer process of that real part (`python -m swarm_node_bench.parts.weights_peer`)
 - `generate_vllm.py`: the vLLM part of `bench generate`
+- `reach_hostile.py`: `bench reach --hostile`: the join path under attack, one case each
 - `learn_sapo.py`: `bench learn`'s `sapo` grid
 - `learn_swarm.py`: `bench learn`'s `efficiency` and `devnet` parts
 - `sequential_power.py`: the sequential producer rule's false positives and power, simulated (`python -m swarm_node_bench.parts.sequential_power`)
