@@ -59,11 +59,17 @@ def _assert_same(got, want, exact):
 
 
 def _compare(model, bodies, monkeypatch, rows_per_chunk):
-    """Chunked replay (shared and plain prefill) against the full-logits replay."""
+    """Chunked replay (shared and plain prefill; the numpy and the torch rule) against
+    the full-logits replay."""
     seqs = [(b.prompt_ids, b.completion_ids) for b in bodies]
     vocab = int(model.get_output_embeddings().weight.shape[0])
     monkeypatch.setattr(head, "CHUNK_VALUES", rows_per_chunk * vocab)
-    for share, full in ((True, prefill_shared), (False, prefill)):
+    for share, full, numpy_rule in (
+        (True, prefill_shared, True),
+        (False, prefill, True),
+        (True, prefill_shared, False),
+    ):
+        monkeypatch.setattr(head, "NUMPY_ON_CPU", numpy_rule)
         want = checks.replay_many([lg for _, lg in full(model, seqs)], bodies)
         rows = hidden_rows(model, seqs, share_prompts=share)
         with torch.inference_mode():
@@ -188,13 +194,13 @@ def test_an_audit_never_applies_the_head_to_more_than_a_chunk_of_rows(env, monke
     seen: list[int] = []
     noise: list[int] = []
     hook = lm_head.register_forward_hook(lambda _m, _i, out: seen.append(out.numel() // vocab))
-    real_noise = sampling.noise_rows
+    real_noise = sampling.gumbel_noise_batch
 
-    def counting_noise(seeds, steps, vocab_size, device):
+    def counting_noise(seeds, steps, vocab_size):
         noise.append(len(seeds))
-        return real_noise(seeds, steps, vocab_size, device)
+        return real_noise(seeds, steps, vocab_size)
 
-    monkeypatch.setattr(sampling, "noise_rows", counting_noise)
+    monkeypatch.setattr(sampling, "gumbel_noise_batch", counting_noise)
     try:
         results = audit_records(env["opened"], model, judge=env["judge"], settings=env["settings"])
     finally:

@@ -410,25 +410,41 @@ def replay_many(logits: Sequence[torch.Tensor], bodies: Sequence[Any]) -> list[R
         seeds = np.repeat(sampling.seed_array([bodies[i].sampling_seed for i in idx]), lengths)
         steps = np.concatenate([np.arange(n) for n in lengths])
         tokens = np.concatenate([np.asarray(bodies[i].completion_ids, dtype=np.int64) for i in idx])
-        margins, lp = np.empty(len(x)), np.empty(len(x))
-        # in slices of rows whose arrays (noise, scores, float64 log-softmax) stay in cache
-        rows = max(1, sampling.CACHE_SLICE_VALUES // max(1, x.shape[1]))
-        for a in range(0, len(x), rows):
-            b = min(a + rows, len(x))
-            scores, zk = sampling.perturbed_scores(
-                x[a:b],
-                temperature=temp,
-                top_p=top_p,
-                top_k=top_k,
-                seeds=seeds[a:b],
-                steps=steps[a:b],
-            )
-            margins[a:b], lp[a:b] = _replay_rows(scores, zk, tokens[a:b], temp)
+        margins, lp = replay_rows(x, tokens, seeds, steps, temp, top_p, top_k)
         start = 0
         for i, n in zip(idx, lengths, strict=True):
             out[i] = Replay(margins[start : start + n], lp[start : start + n])
             start += n
     return [r for r in out if r is not None]
+
+
+def replay_rows(
+    x: np.ndarray,
+    tokens: np.ndarray,
+    seeds: np.ndarray,
+    steps: np.ndarray,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(margins, sampler log-probs) float64 [rows] of the recorded `tokens` for float32
+    logits x [rows, V], row r sampled with (seeds[r], steps[r]) under one setting (sampling
+    temperature > 0). In slices of rows whose arrays (noise, scores, float64 log-softmax)
+    stay in cache."""
+    margins, lp = np.empty(len(x)), np.empty(len(x))
+    rows = max(1, sampling.CACHE_SLICE_VALUES // max(1, x.shape[1]))
+    for a in range(0, len(x), rows):
+        b = min(a + rows, len(x))
+        scores, zk = sampling.perturbed_scores(
+            x[a:b],
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seeds=seeds[a:b],
+            steps=steps[a:b],
+        )
+        margins[a:b], lp[a:b] = _replay_rows(scores, zk, tokens[a:b], temperature)
+    return margins, lp
 
 
 def _replay_rows(

@@ -12,7 +12,9 @@ scores), so memory no longer grows with batch size x completion length x vocabul
 The values are those of `verify.checks.replay` on the full logits: the same float32
 logits per row (the head applied to a chunk of rows), the same noise
 (`verify.sampling.noise_rows`), the same float32 scores, so margins are equal; log-probs
-are float64 sums whose order may differ in the last bits.
+are float64 sums whose order may differ in the last bits. On a CPU each chunk's replay is
+`verify.checks.replay_rows` (numpy, in slices of rows that stay in cache: faster there
+than torch's full-chunk passes), so it is the full-logits replay's own code.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from verify import sampling
+from verify import checks, sampling
 from verify.checks import Replay
 
 # Logits per chunk of rows: 2^22 float32 values (16 MiB; 27 rows of a 151,936-token
 # vocabulary, 8,192 of a 512-token one). Big enough that a GPU's head matmul is efficient,
 # small enough that the chunk's float64 log-softmax and noise stay far below a model's size.
 CHUNK_VALUES = 1 << 22
+# On a CPU, a chunk's replay runs the numpy rule (`verify.checks.replay_rows`); the torch
+# one runs on every other device (tests set this False to check it on a CPU).
+NUMPY_ON_CPU = True
 
 
 def chunk_rows(vocab: int) -> int:
@@ -99,6 +104,12 @@ def _rows_of(
     for a in range(0, n, step):
         b = min(a + step, n)
         x = _logits(head, hidden[a:b])
+        if noise and NUMPY_ON_CPU and dev.type == "cpu" and settings[0] > 0.0:
+            # on a CPU the numpy rule, in slices that stay in cache, is the faster one
+            margins[a:b], lps[a:b] = checks.replay_rows(
+                x.numpy(), tokens[a:b], seeds[a:b], steps[a:b], *settings
+            )
+            continue
         tok = torch.from_numpy(tokens[a:b]).to(dev)
         m, lp = _replay_chunk(x, tok, seeds[a:b], steps[a:b], *settings, noise=noise)
         if m is not None:
