@@ -157,6 +157,7 @@ def _run(
     return [r for r in out if r is not None]
 
 
+@torch.inference_mode()
 def replay_hidden(head: Any, hidden: torch.Tensor, bodies: Sequence[Any]) -> list[Replay]:
     """`verify.checks.replay_many` from hidden rows: `hidden` [sum of completion lengths,
     H] holds the rows that chose each body's completion tokens, body after body; the head
@@ -173,6 +174,7 @@ def replay_hidden(head: Any, hidden: torch.Tensor, bodies: Sequence[Any]) -> lis
     return [Replay(m, lp) for m, lp in res]
 
 
+@torch.inference_mode()
 def logprobs_hidden(
     head: Any,
     hidden: torch.Tensor,
