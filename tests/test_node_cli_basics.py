@@ -205,7 +205,7 @@ def test_unknown_benchmark_is_a_clear_error():
 def test_bench_help_lists_every_benchmark():
     result = cli("bench", "--help")
     assert result.returncode == 0
-    listed = result.stdout.split("NAME:", 1)[1].split("\n", 1)[0]
+    listed = " ".join(result.stdout.split("NAME:", 1)[1].split("\n\n", 1)[0].split())
     benches = sorted(
         p.stem for p in (Path(__file__).parent.parent / "swarm_node_bench").glob("[a-z]*.py")
     )
