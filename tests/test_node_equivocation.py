@@ -185,7 +185,7 @@ async def test_a_validator_judges_no_record_of_a_disputed_version(
     from node.roles.policy_versions import HeldVersions
 
     # It holds a model of every version (of version 2: its own side's).
-    monkeypatch.setattr(HeldVersions, "get", lambda self, version: self.base)
+    monkeypatch.setattr(HeldVersions, "get", lambda self, version: self.model)
     async with _validator(tmp_path, monkeypatch, manifest, me, fail_all, 1.0) as (peer, _ctx):
         sender = Identity.generate().peer_id_b58
         peer.set_policy_version(2)

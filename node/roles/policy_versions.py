@@ -147,6 +147,8 @@ class HeldVersions:
         weights = peer.weights
         if version in self.states or version in self.failed or weights is None:
             return
+        if version == self.loaded and version not in weights.installed():
+            return  # the model as loaded holds it: nothing to wait for
         if version not in weights.installed() and version <= weights.target:
             with trio.move_on_after(FETCH_WAIT_S):  # announced, downloading: worth a wait
                 await weights.wait_installed(version)
