@@ -17,6 +17,7 @@ import pytest
 
 from node.keyfile import write_key
 from node.run_file import manifest_to_toml
+from node.testing.reach_join import small_run
 from node.testing.records import net_manifest
 from protocol.content_id import content_id
 from protocol.identity import Identity
@@ -410,25 +411,7 @@ def test_peers_adopt_a_newer_release_and_refuse_older_and_foreign(tmp_path: Path
 def _random_model_run(tmp: Path, run_id: str, authority: Path) -> Path:
     """A run file signed by `authority` whose model is a small random-weight policy saved
     in `tmp/model` (builds in seconds, unlike the built-in policy's warm start)."""
-    from node.run_file import manifest_from_table
-    from trainer.model_dir import save_model_dir
-    from trainer.tiny_policy import build_model, build_tokenizer, run_manifest_table
-
-    tok = build_tokenizer(seed=0)
-    model = build_model(
-        tok,
-        seed=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    table = run_manifest_table(run_id=run_id, seed=3)
-    table["run"]["model"] = str(save_model_dir(model, tok, tmp / "model"))
-    table["sampling"]["max_new_tokens"] = 8
-    run = tmp / "run.toml"
-    run.write_text(manifest_to_toml(manifest_from_table(table)))
+    run = small_run(tmp, run_id, max_new_tokens=8)
     assert run_cli("run", "sign", str(run), "--key", str(authority)).returncode == 0
     return run
 

@@ -36,8 +36,9 @@ START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 
 
-def small_run(root: Path, run_id: str = "reach-join") -> Path:
-    """A run manifest (unsigned) of a small untrained policy saved under `root`."""
+def small_run(root: Path, run_id: str = "reach-join", max_new_tokens: int = 24) -> Path:
+    """A run manifest (unsigned) of a small untrained policy saved under `root`:
+    `root/model/` and `root/run.toml` (returned)."""
 
     tok = build_tokenizer(seed=0)
     model = build_model(
@@ -51,7 +52,7 @@ def small_run(root: Path, run_id: str = "reach-join") -> Path:
     )
     table = run_manifest_table(run_id=run_id, seed=3)
     table["run"]["model"] = str(save_model_dir(model, tok, root / "model"))
-    table["sampling"]["max_new_tokens"] = 24
+    table["sampling"]["max_new_tokens"] = max_new_tokens
     run = root / "run.toml"
     run.write_text(manifest_to_toml(manifest_from_table(table)))
     return run
