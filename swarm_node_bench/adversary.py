@@ -268,7 +268,8 @@ async def _run(
             runs[name] = {**answer, "window": (start, time.time())}
             _say(f"{name}: sent {answer.get('sent')}")
         starts = [r["window"][0] for r in runs.values()]
-        for r, until in zip(runs.values(), [*starts[1:], math.inf], strict=True):
+        ends = [*starts[1:], math.inf] if starts else []  # each case until the next begins
+        for r, until in zip(runs.values(), ends, strict=True):
             r["until"] = until  # its charges: until the next case starts
         conn: dict[str, Any] = {}
         for name in [a for a in CONN_ATTACKS if a in opts.attacks]:
