@@ -133,8 +133,19 @@ def _chart_points(url: str) -> dict[str, int]:
         timeout=90,
     ).stdout
     found = re.findall(r'<div id="(\w+)"><svg [^>]*data-points="(\d+)"', dom)
-    assert found, dom[-2000:]
     return {chart: int(n) for chart, n in found}
+
+
+def _drawn(url: str, charts: tuple[str, ...], tries: int = 4) -> dict[str, int]:
+    """`_chart_points(url)` once every chart named has points; a loaded machine may need
+    a few page loads (each lets the page's script run for its virtual-time budget)."""
+    points: dict[str, int] = {}
+    for _ in range(tries):
+        points = _chart_points(url)
+        if all(points.get(c, 0) > 0 for c in charts):
+            return points
+        time.sleep(5)
+    raise AssertionError(f"charts not drawn at {url}: {points}")
 
 
 @pytest.mark.slow
@@ -201,11 +212,8 @@ def test_the_status_page_of_a_running_devnet_draws_its_charts_in_chromium(
         worker_page = next(
             u for name, u in re.findall(r"(\w+) (http://\S+/)", line) if name.startswith("worker")
         )
-        charts = _chart_points(worker_page)
-        assert charts["version"] > 0 and charts["peers"] > 0, charts
-        assert charts["throughput"] > 0 and charts["credit"] > 0, charts
-        trainer = _chart_points(pages["trainer"])
-        assert trainer["version"] > 0 and trainer["peers"] > 0, trainer
+        _drawn(worker_page, ("version", "peers", "throughput", "credit"))
+        _drawn(pages["trainer"], ("version", "peers"))
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
