@@ -162,10 +162,11 @@ function line(samples,key,t0){return samples.filter(s=>key in s).map(s=>[(s.t-t0
 // Per-minute rate of a counter over the trailing RATE_WINDOW_S seconds (counters move in
 // steps, so a rate between neighbouring samples is spiky).
 const RATE_WINDOW_S=30;
-function rate(samples,key,t0){const have=samples.filter(s=>key in s);const out=[];let j=0;
-  for(let i=0;i<have.length;i++){const s=have[i];
-    while(j<i&&s.t-have[j+1].t>=RATE_WINDOW_S)j++;
-    const p=have[j];if(s.t>p.t)out.push([(s.t-t0)/60,Math.max(0,(s[key]-p[key])/(s.t-p.t)*60)])}
+// A counter not reported yet counts as 0 (a worker reports "produced" after its first batch).
+function rate(samples,key,t0){const v=s=>s[key]||0;const out=[];let j=0;
+  for(let i=0;i<samples.length;i++){const s=samples[i];
+    while(j<i&&s.t-samples[j+1].t>=RATE_WINDOW_S)j++;
+    const p=samples[j];if(s.t>p.t)out.push([(s.t-t0)/60,Math.max(0,(v(s)-v(p))/(s.t-p.t)*60)])}
   return out}
 function draw(h){
   const s=h.samples;if(!s.length)return;const t0=s[0].t;const last=s[s.length-1];

@@ -121,11 +121,12 @@ async def test_an_equivocating_trainer_key_is_failed_everywhere_and_nobody_hones
     shown = status_command.collect(tmp_path / "a")["equivocations"]
     assert [(e["kind"], e["slot"]) for e in shown] == [("weight_manifest", 2)]
     lines = []
-    ledger_command.click.echo = lines.append  # type: ignore[attr-defined]
+    echo = ledger_command.click.echo
+    ledger_command.click.echo = lines.append  # type: ignore[assignment]
     try:
         ledger_command.main(tmp_path / "a", None, False, None, 100, True)
     finally:
-        del ledger_command.click.echo  # type: ignore[attr-defined]
+        ledger_command.click.echo = echo  # click's own, for every later test
     held = [json.loads(line) for line in lines if '"evidence"' in line]
     assert held and held[0]["kind"] == "weight_manifest" and held[0]["slot"] == 2
 

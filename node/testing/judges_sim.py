@@ -91,7 +91,7 @@ def run(liar: bool) -> dict[str, Any]:
             producer, counter = payload
             rid = rid_of(producer, counter)
             made[rid] = (producer, counter)
-            env = SimpleNamespace(signer=producer, policy_version=0)
+            env = SimpleNamespace(signer=producer, policy_version=0, timestamp_ms=int(t * 1000))
             header = SimpleNamespace(counter=counter, reward=1.0, dataset="d", task_index=counter)
             ro = SimpleNamespace(rollout_id=rid, envelope=env, header=header)
             deliver(Admitted(Kind.ROLLOUT_RECORD, rid, b"relay", env, ro, b"", t), t)  # type: ignore[arg-type]
