@@ -85,12 +85,13 @@ def fetched_version(model_dir: Path) -> int | None:
         return None
 
 
-def _write_dir(dest: Path, files: dict[str, bytes], weights: bytes, version: int) -> None:
-    """`dest` with `files`, `weights` as model.safetensors and the FETCHED_FILE marker,
-    written beside it and renamed into place."""
+def _write_dir(dest: Path, files: dict[str, bytes], weights: bytes | Path, version: int) -> None:
+    """`dest` with `files`, `weights` (checkpoint bytes, or a checkpoint file read through a
+    memory map) as model.safetensors and the FETCHED_FILE marker, written beside it and
+    renamed into place."""
     from safetensors.torch import save_file  # deferred: heavy import
 
-    from trainer.checkpoint import to_state_dict  # deferred: heavy import
+    from trainer.checkpoint import mapped_state_dict, to_state_dict  # deferred: heavy import
 
     tmp = dest.with_name(f".{dest.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -98,7 +99,8 @@ def _write_dir(dest: Path, files: dict[str, bytes], weights: bytes, version: int
     try:
         for name, data in files.items():
             (tmp / name).write_bytes(data)
-        save_file(to_state_dict(weights), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        state = mapped_state_dict(weights) if isinstance(weights, Path) else to_state_dict(weights)
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / FETCHED_FILE).write_text(json.dumps({"weights_version": version}))
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)
@@ -154,8 +156,8 @@ async def fetch_model(
         say(f"model: downloading policy version {top} (the run's newest) ...")
         await weights.wait_installed(top, say=say, every_s=PROGRESS_EVERY_S)
         version = max(weights.installed())
-        data = await trio.to_thread.run_sync(weights.store.read_version, version)
-        await trio.to_thread.run_sync(_write_dir, dest, files, data, version)
+        path = weights.path(version)  # the store's file, mapped: never held whole as bytes
+        await trio.to_thread.run_sync(_write_dir, dest, files, path, version)
         say(f"model: ready in {dest} (weights of policy version {version})")
         return None
     if not manifest.model_digest:

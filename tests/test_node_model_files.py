@@ -90,3 +90,23 @@ def test_no_peer_holding_it_is_one_line_naming_what_each_said(monkeypatch) -> No
                     raise AssertionError("fetch_blob returned without a peer holding it")
 
     trio.run(main)
+
+
+def test_a_fetched_version_is_written_from_the_stores_file_with_its_tensors(
+    tmp_path: Path,
+) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from node.model_fetch import FETCHED_FILE, _write_dir, fetched_version
+    from trainer.checkpoint import from_state_dict
+
+    state = {"a.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4)}
+    stored = tmp_path / "v3.safetensors"
+    stored.write_bytes(from_state_dict(state))
+    dest = tmp_path / "models" / "run-x"
+    _write_dir(dest, {"config.json": b"{}"}, stored, 3)
+    back = load_file(str(dest / "model.safetensors"))
+    assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in state)
+    assert (dest / "config.json").read_bytes() == b"{}" and (dest / FETCHED_FILE).is_file()
+    assert fetched_version(dest) == 3
