@@ -28,9 +28,9 @@ from typing import Any
 
 import trio
 
-SAMPLE_EVERY_S = 2.0
-MAX_SAMPLES = 1800  # one hour at SAMPLE_EVERY_S
-MAX_FIGURES = 256  # numeric leaves kept per sample
+SAMPLE_EVERY_S = 5.0
+MAX_SAMPLES = 720  # one hour at SAMPLE_EVERY_S
+MAX_FIGURES = 128  # numeric leaves kept per sample
 MAX_LEARNING_POINTS = 500
 
 
@@ -61,12 +61,14 @@ class History:
         self.samples: deque[dict[str, float]] = deque(maxlen=max_samples)
         self.learning: list[dict[str, Any]] = []
         self.role = ""
+        self._encoded: bytes | None = None  # to_json's answer until the next sample
 
     def record(self, now: float, status: dict[str, Any]) -> None:
         """Add one sample taken at `now` (unix seconds) from the node's status dict."""
         sample = _figures(status)
         sample["t"] = round(now, 3)
         self.samples.append(sample)
+        self._encoded = None
         roles = status.get("roles")
         if isinstance(roles, list) and roles:
             self.role = "+".join(str(r) for r in roles)
@@ -86,11 +88,14 @@ class History:
             await trio.sleep(SAMPLE_EVERY_S)
 
     def to_json(self) -> bytes:
-        """The history as the page reads it: samples, learning points and the role."""
-        return json.dumps(
-            {"role": self.role, "samples": list(self.samples), "learning": self.learning},
-            separators=(",", ":"),
-        ).encode()
+        """The history as the page reads it: samples, learning points and the role; encoded
+        once per sample, however many pages poll it."""
+        if self._encoded is None:
+            self._encoded = json.dumps(
+                {"role": self.role, "samples": list(self.samples), "learning": self.learning},
+                separators=(",", ":"),
+            ).encode()
+        return self._encoded
 
 
 PAGE = """<!doctype html>

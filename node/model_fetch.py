@@ -33,6 +33,7 @@ from trainer.checkpoint import ModelDirWeights, model_dir_weights
 PEERS_WAIT_S = 60.0  # for a first connection after start-up
 VERSION_WAIT_S = 10.0  # for the peers' hellos naming their newest version
 PROGRESS_EVERY_S = 3.0
+WEIGHTS_WAIT_S = 3600.0  # for the newest version's download (a 7B version on a slow link)
 FETCHED_FILE = ".swarm-fetched.json"
 
 
@@ -154,7 +155,13 @@ async def fetch_model(
     top = weights.known_top()
     if top >= 1:
         say(f"model: downloading policy version {top} (the run's newest) ...")
-        await weights.wait_installed(top, say=say, every_s=PROGRESS_EVERY_S)
+        with trio.move_on_after(WEIGHTS_WAIT_S):
+            await weights.wait_installed(top, say=say, every_s=PROGRESS_EVERY_S)
+        if (weights.newest() or 0) < top:
+            raise CommandError(
+                f"policy version {top} was not downloaded within {WEIGHTS_WAIT_S:g} s: "
+                "no peer served its shards (check `swarm-node doctor`)"
+            )
         version = max(weights.installed())
         path = weights.path(version)  # the store's file, mapped: never held whole as bytes
         await trio.to_thread.run_sync(_write_dir, dest, files, path, version)
